@@ -1,0 +1,58 @@
+"""The `slurm-geo` command: thin shells that parse, call the library and report.
+
+Subcommand groups are imported only when used, so `slurm-geo --help` stays fast and never
+pulls in torch, boto3 or the Slurm layer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from slurm_geo import __version__
+from slurm_geo.errors import SlurmGeoError
+
+# name -> (module, attribute, one-line help shown by --help without importing the module)
+SUBCOMMANDS = {
+    "sandbox": ("slurm_geo.cli.sandbox", "sandbox", "Run a local two-cluster Slurm sandbox."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *SUBCOMMANDS])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in SUBCOMMANDS:
+            module, attr, _ = SUBCOMMANDS[name]
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, SUBCOMMANDS[name][2]) for name in sorted(SUBCOMMANDS)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup)
+@click.version_option(__version__, prog_name="slurm-geo")
+def cli() -> None:
+    """slurm-geo: Slurm training jobs that survive the loss of their cluster."""
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except SlurmGeoError as exc:
+        click.echo(f"slurm-geo: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

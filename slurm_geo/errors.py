@@ -1,0 +1,23 @@
+"""Errors a user or a script can act on.
+
+Each class has a stable exit code so that prolog/epilog callers and scripts can branch on
+it; the CLI prints the message (one line, naming the thing and the fix) and exits with it.
+"""
+
+
+class SlurmGeoError(Exception):
+    """Base of every error slurm-geo reports to a user instead of a traceback."""
+
+    exit_code = 1
+
+
+class ConfigError(SlurmGeoError):
+    """The slurm-geo config file is missing, malformed or names something unknown."""
+
+    exit_code = 3
+
+
+class SandboxError(SlurmGeoError):
+    """The local sandbox cannot be brought up, inspected or torn down."""
+
+    exit_code = 4

@@ -1,0 +1,138 @@
+"""Where everything of a sandbox lives and which ports it uses: pure data, no I/O."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_ROOT = Path("/var/lib/slurm-geo/sandbox")
+ROOT_ENV = "SLURM_GEO_SANDBOX_DIR"
+DEFAULT_PORT_BASE = 16800
+S3_BUCKET = "slurm-geo"
+REST_USER = "root"
+# slurmrestd refuses to run as root or as SlurmUser; this account exists on every Debian.
+RESTD_OS_USER = "nobody"
+RESTD_OS_GROUP = "nogroup"
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    name: str
+    region: str
+    root: Path
+    ctld_port: int
+    dbd_port: int
+    node_ports: tuple[int, ...]
+    rest_port: int | None = None
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def slurmdbd_conf(self) -> Path:
+        # slurmdbd reads slurmdbd.conf from the directory of SLURM_CONF.
+        return self.etc / "slurmdbd.conf"
+
+    @property
+    def jwt_key(self) -> Path:
+        return self.etc / "jwt.key"
+
+    @property
+    def token_file(self) -> Path:
+        return self.root / "jwt.token"
+
+    @property
+    def database(self) -> str:
+        return f"slurm_acct_{self.name}"
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}-n{i}" for i in range(1, len(self.node_ports) + 1))
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}" if self.rest_port else ""
+
+    @property
+    def uses_rest(self) -> bool:
+        return self.rest_port is not None
+
+
+@dataclass(frozen=True)
+class SandboxLayout:
+    root: Path
+    port_base: int = DEFAULT_PORT_BASE
+
+    @property
+    def onprem(self) -> ClusterLayout:
+        b = self.port_base
+        return ClusterLayout("onprem", "home", self.root / "onprem", b + 10, b + 11, (b + 12, b + 13))
+
+    @property
+    def rented(self) -> ClusterLayout:
+        b = self.port_base
+        return ClusterLayout(
+            "rented", "remote", self.root / "rented", b + 20, b + 21, (b + 22, b + 23), b + 25
+        )
+
+    @property
+    def clusters(self) -> tuple[ClusterLayout, ClusterLayout]:
+        return (self.onprem, self.rented)
+
+    def cluster(self, name: str) -> ClusterLayout | None:
+        return next((c for c in self.clusters if c.name == name), None)
+
+    @property
+    def mariadb_port(self) -> int:
+        return self.port_base + 30
+
+    @property
+    def s3_port(self) -> int:
+        return self.port_base + 40
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def mariadb_dir(self) -> Path:
+        return self.root / "mariadb"
+
+    @property
+    def mariadb_socket(self) -> Path:
+        return self.mariadb_dir / "mysqld.sock"
+
+    @property
+    def db_password_file(self) -> Path:
+        return self.mariadb_dir / "slurm.password"
+
+    @property
+    def pfs_dir(self) -> Path:
+        """Stands for the on-prem parallel filesystem."""
+        return self.root / "pfs"
+
+    @property
+    def site_config(self) -> Path:
+        return self.root / "slurm-geo.toml"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "sandbox.json"
+
+
+def root_from_env(explicit: Path | None = None) -> Path:
+    return explicit or Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT)

@@ -1,0 +1,365 @@
+"""Bring the two-cluster sandbox up, report on it, and take it down.
+
+`up` is idempotent: every step checks before it acts, and a daemon already running from
+this sandbox is left alone. Daemons start in stages, each stage waiting for its
+dependencies (munge and MariaDB, then slurmdbd, then slurmctld, then slurmd/slurmrestd).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from slurm_geo.errors import SandboxError
+from slurm_geo.sandbox import render
+from slurm_geo.sandbox.layout import (
+    DEFAULT_PORT_BASE,
+    REST_USER,
+    RESTD_OS_GROUP,
+    RESTD_OS_USER,
+    S3_BUCKET,
+    ClusterLayout,
+    SandboxLayout,
+)
+from slurm_geo.sandbox.processes import Daemon, ProcessTable, port_is_open, wait_until
+from slurm_geo.slurm import admin
+from slurm_geo.slurm.errors import SlurmError
+
+DEBIAN_PACKAGES = ("slurm-wlm", "slurmdbd", "slurmrestd", "munge", "mariadb-server")
+REQUIRED_COMMANDS = {
+    "munged": "munge",
+    "mariadbd": "mariadb-server",
+    "mariadb-install-db": "mariadb-server",
+    "slurmctld": "slurm-wlm",
+    "slurmd": "slurm-wlm",
+    "slurmdbd": "slurmdbd",
+    "slurmrestd": "slurmrestd",
+    "sacctmgr": "slurm-wlm",
+}
+TOKEN_LIFESPAN_S = 30 * 24 * 3600
+STAGE_TIMEOUT_S = 45
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    up: bool
+    pid: int | None
+    endpoint: str
+
+
+class Sandbox:
+    def __init__(self, root: Path, port_base: int | None = None):
+        self.layout = SandboxLayout(root, _remembered_port_base(root, port_base))
+        self.processes = ProcessTable(root)
+
+    # --- public operations -------------------------------------------------------------
+
+    def up(self, progress=print) -> None:
+        _require_root()
+        _install_missing_packages(progress)
+        _require_moto()
+        version = admin.installed_slurm_version()
+        self._prepare_files(version)
+        stages = self._stages(version)
+        self._check_ports(daemon for stage in stages for daemon in stage)
+
+        self._start_stage(stages[0], progress)
+        self._create_databases()
+        self._start_stage(stages[1], progress)
+        for cluster in self.layout.clusters:
+            admin.register_cluster(cluster.slurm_conf, cluster.name)
+        self._start_stage(stages[2], progress)
+        self._start_stage(stages[3], progress)
+        self._write_token()
+        self._create_bucket()
+        progress(f"sandbox up: config {self.layout.site_config}")
+
+    def down(self, purge: bool = False) -> None:
+        names = [d.name for stage in self._stages(None) for d in stage]
+        self.processes.stop_all(reversed(names))
+        if purge:
+            shutil.rmtree(self.layout.root, ignore_errors=True)
+
+    def status(self) -> list[ComponentStatus]:
+        rows = []
+        for stage in self._stages(None):
+            for daemon in stage:
+                pid = self.processes.running_pid(daemon.name)
+                up = pid is not None and _is_ready(daemon)
+                rows.append(ComponentStatus(daemon.name, up, pid, _endpoint(daemon)))
+        return rows
+
+    def env_lines(self, cluster_name: str) -> list[str]:
+        cluster = self.layout.cluster(cluster_name)
+        if cluster is None:
+            names = ", ".join(c.name for c in self.layout.clusters)
+            raise SandboxError(f"no sandbox cluster '{cluster_name}'; choose one of: {names}")
+        values = {
+            "SLURM_CONF": str(cluster.slurm_conf),
+            "SLURM_GEO_CONFIG": str(self.layout.site_config),
+            "SLURM_GEO_SANDBOX_DIR": str(self.layout.root),
+            "AWS_ENDPOINT_URL": self.layout.s3_endpoint,
+            "AWS_ACCESS_KEY_ID": "sandbox",
+            "AWS_SECRET_ACCESS_KEY": "sandbox",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        if cluster.uses_rest:
+            values["SLURMRESTD_URL"] = cluster.rest_url
+            values["SLURM_JWT"] = _read_or_fail(cluster.token_file, "sandbox is not up")
+        return [f"export {key}={shlex.quote(value)}" for key, value in values.items()]
+
+    # --- stages --------------------------------------------------------------------------
+
+    def _stages(self, version: tuple[int, int] | None) -> list[list[Daemon]]:
+        layout = self.layout
+        infra = [
+            Daemon(
+                "munged",
+                ["munged", "--foreground", f"--socket={layout.munge_socket}",
+                 f"--key-file={layout.munge_dir / 'munge.key'}",
+                 f"--pid-file={layout.munge_dir / 'munged.pid'}",
+                 f"--log-file={layout.munge_dir / 'munged.log'}",
+                 f"--seed-file={layout.munge_dir / 'munged.seed'}"],
+                ready_path=layout.munge_socket,
+            ),
+            Daemon(
+                "mariadb",
+                ["mariadbd", "--no-defaults", f"--datadir={layout.mariadb_dir / 'data'}",
+                 f"--socket={layout.mariadb_socket}", f"--port={layout.mariadb_port}",
+                 "--bind-address=127.0.0.1", "--skip-name-resolve", "--user=root",
+                 f"--pid-file={layout.mariadb_dir / 'mariadbd.pid'}",
+                 f"--log-error={layout.mariadb_dir / 'error.log'}",
+                 "--innodb-buffer-pool-size=64M", "--innodb-lock-wait-timeout=900"],
+                port=layout.mariadb_port,
+            ),
+            Daemon(
+                "s3",
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(layout.s3_port)],
+                port=layout.s3_port,
+            ),
+        ]
+        dbds = [self._slurm_daemon(c, "slurmdbd", ["slurmdbd", "-D"], c.dbd_port)
+                for c in layout.clusters]
+        ctlds = [self._slurm_daemon(c, "slurmctld", ["slurmctld", "-D", "-i"], c.ctld_port)
+                 for c in layout.clusters]
+        nodes = [
+            self._slurm_daemon(c, node, ["slurmd", "-D", "-N", node], port)
+            for c in layout.clusters
+            for node, port in zip(c.node_names, c.node_ports, strict=True)
+        ]
+        rented = layout.rented
+        restd_argv = ["slurmrestd", "-a", "rest_auth/jwt"]
+        restd_argv += render.restd_plugins(version) if version else []
+        restd_argv.append(f"127.0.0.1:{rented.rest_port}")
+        restd = Daemon(
+            f"{rented.name}-slurmrestd",
+            restd_argv,
+            env={"SLURM_CONF": str(rented.slurm_conf), "SLURM_JWT": "daemon"},
+            user=RESTD_OS_USER,
+            group=RESTD_OS_GROUP,
+            port=rented.rest_port,
+        )
+        return [infra, dbds, ctlds, [*nodes, restd]]
+
+    @staticmethod
+    def _slurm_daemon(cluster: ClusterLayout, name: str, argv: list[str], port: int) -> Daemon:
+        name = name if name.startswith(f"{cluster.name}-") else f"{cluster.name}-{name}"
+        return Daemon(name, argv, {"SLURM_CONF": str(cluster.slurm_conf)},
+                      port=port)
+
+    def _start_stage(self, daemons: list[Daemon], progress) -> None:
+        for daemon in daemons:
+            if self.processes.running_pid(daemon.name) is None:
+                progress(f"starting {daemon.name}")
+                self.processes.start(daemon)
+        for daemon in daemons:
+            ready = wait_until(
+                lambda d=daemon: _is_ready(d) or self.processes.running_pid(d.name) is None,
+                STAGE_TIMEOUT_S,
+            )
+            if not (ready and _is_ready(daemon)):
+                log = self.processes.log_file(daemon.name)
+                raise SandboxError(
+                    f"{daemon.name} did not come up within {STAGE_TIMEOUT_S} s; "
+                    f"its last output: {_tail(log)!r} (full log: {log})"
+                )
+
+    def _check_ports(self, daemons: Iterable[Daemon]) -> None:
+        for daemon in daemons:
+            if daemon.port is None or self.processes.running_pid(daemon.name) is not None:
+                continue
+            if port_is_open(daemon.port):
+                raise SandboxError(
+                    f"port {daemon.port} (for {daemon.name}) is in use by another process; "
+                    "stop it, or pick free ports with `slurm-geo sandbox up --port-base N` "
+                    "on a fresh --dir"
+                )
+
+    # --- files ---------------------------------------------------------------------------
+
+    def _prepare_files(self, version: tuple[int, int]) -> None:
+        layout = self.layout
+        layout.root.mkdir(parents=True, exist_ok=True)
+        # slurmrestd runs unprivileged and must traverse to slurm.conf.
+        layout.root.chmod(0o755)
+        layout.state_file.write_text(json.dumps(
+            {"port_base": layout.port_base, "slurm_version": list(version)}) + "\n")
+        layout.pfs_dir.mkdir(exist_ok=True)
+        layout.munge_dir.mkdir(exist_ok=True)
+        layout.munge_dir.chmod(0o755)  # munged insists clients can reach its socket
+        _write_secret(layout.munge_dir / "munge.key", lambda: secrets.token_bytes(1024))
+        layout.mariadb_dir.mkdir(mode=0o700, exist_ok=True)
+        password = _write_secret(layout.db_password_file, lambda: secrets.token_hex(16).encode())
+        if not (layout.mariadb_dir / "data" / "mysql").is_dir():
+            _run_checked(["mariadb-install-db", "--no-defaults",
+                          f"--datadir={layout.mariadb_dir / 'data'}", "--user=root",
+                          "--auth-root-authentication-method=socket", "--skip-test-db"],
+                         "initialising MariaDB")
+        hostname = socket.gethostname()
+        for cluster in layout.clusters:
+            for sub in ("etc", "state", "spool", "run", "log"):
+                (cluster.root / sub).mkdir(parents=True, exist_ok=True)
+            cluster.root.chmod(0o755)
+            cluster.etc.chmod(0o755)
+            if cluster.uses_rest:
+                _write_secret(cluster.jwt_key, lambda: secrets.token_bytes(32))
+            _write_text(cluster.slurm_conf, render.slurm_conf(layout, cluster, hostname), 0o644)
+            _write_text(cluster.slurmdbd_conf,
+                        render.slurmdbd_conf(layout, cluster, password.decode().strip()), 0o600)
+        _write_text(layout.site_config, render.site_config(layout), 0o644)
+
+    def _create_databases(self) -> None:
+        password = self.layout.db_password_file.read_text().strip()
+        statements = [f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'"]
+        for cluster in self.layout.clusters:
+            statements += [
+                f"CREATE DATABASE IF NOT EXISTS {cluster.database}",
+                f"GRANT ALL ON {cluster.database}.* TO 'slurm'@'127.0.0.1'",
+            ]
+        _run_checked(["mariadb", "--no-defaults", f"--socket={self.layout.mariadb_socket}",
+                      "-u", "root", "-e", "; ".join(statements)], "creating Slurm's databases")
+
+    def _write_token(self) -> None:
+        rented = self.layout.rented
+        try:
+            token = admin.issue_token(rented.slurm_conf, REST_USER, TOKEN_LIFESPAN_S)
+        except SlurmError as exc:
+            raise SandboxError(f"cannot issue a JWT for {rented.name}: {exc}") from None
+        _write_text(rented.token_file, token + "\n", 0o600)
+
+    def _create_bucket(self) -> None:
+        url = f"{self.layout.s3_endpoint}/{S3_BUCKET}"
+        if requests.head(url, timeout=5).status_code != 200:
+            requests.put(url, timeout=5).raise_for_status()
+
+
+def _is_ready(daemon: Daemon) -> bool:
+    if daemon.ready_path is not None:
+        return daemon.ready_path.exists()
+    return daemon.port is None or port_is_open(daemon.port)
+
+
+def _endpoint(daemon: Daemon) -> str:
+    if daemon.port is not None:
+        return f"127.0.0.1:{daemon.port}"
+    return str(daemon.ready_path or "")
+
+
+def _remembered_port_base(root: Path, requested: int | None) -> int:
+    try:
+        stored = json.loads((root / "sandbox.json").read_text())["port_base"]
+    except (FileNotFoundError, KeyError, ValueError):
+        return requested or DEFAULT_PORT_BASE
+    if requested is not None and requested != stored:
+        raise SandboxError(
+            f"sandbox {root} was created with --port-base {stored}; "
+            f"take it down with --purge first, or use another --dir"
+        )
+    return int(stored)
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise SandboxError(
+            "the sandbox starts munge, MariaDB and Slurm daemons and must run as root; "
+            "rerun with sudo"
+        )
+
+
+def _install_missing_packages(progress) -> None:
+    missing = sorted({pkg for cmd, pkg in REQUIRED_COMMANDS.items() if shutil.which(cmd) is None})
+    if not missing:
+        return
+    progress(f"installing {' '.join(missing)} (apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
+        if subprocess.run(argv, env=env, capture_output=True, check=False).returncode != 0:
+            raise SandboxError(
+                f"missing packages {' '.join(missing)} and `{' '.join(argv[:2])}` failed; "
+                f"install them with: apt-get install -y {' '.join(DEBIAN_PACKAGES)}"
+            )
+
+
+def _require_moto() -> None:
+    if importlib.util.find_spec("moto") is None:
+        raise SandboxError(
+            "the sandbox's S3 endpoint needs moto's server; install it with: "
+            "pip install 'slurm-geo[sandbox]'"
+        )
+
+
+def _write_secret(path: Path, make) -> bytes:
+    if not path.exists():
+        _write_text(path, make(), 0o600)
+    return path.read_bytes()
+
+
+def _write_text(path: Path, content: str | bytes, mode: int) -> None:
+    """Write atomically, so a crash never leaves a half-written config behind."""
+    data = content.encode() if isinstance(content, str) else content
+    if path.exists() and path.read_bytes() == data:
+        path.chmod(mode)
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _run_checked(argv: list[str], what: str) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    if proc.returncode != 0:
+        raise SandboxError(f"{what} failed: {(proc.stderr or proc.stdout).strip()[-400:]}")
+
+
+def _read_or_fail(path: Path, why: str) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        raise SandboxError(f"{path} is missing ({why}); run `slurm-geo sandbox up`") from None
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+

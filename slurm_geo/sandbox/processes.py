@@ -1,0 +1,151 @@
+"""Start daemons detached, track them by pid file, and stop exactly what was started.
+
+A process belongs to a sandbox when its environment carries that sandbox's marker; that
+survives pid reuse and also covers what our daemons spawn (slurmstepd and job steps), so
+`stop_all` never has to look processes up by name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+MARKER_ENV = "SLURM_GEO_SANDBOX"
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """A long-running process of the sandbox and how to tell it is ready."""
+
+    name: str
+    argv: list[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    user: str | None = None
+    group: str | None = None
+    port: int | None = None
+    ready_path: Path | None = None
+
+
+class ProcessTable:
+    """The pid files of one sandbox, under `run_dir`, with logs under `log_dir`."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.run_dir = root / "run"
+        self.log_dir = root / "log"
+
+    def pid_file(self, name: str) -> Path:
+        return self.run_dir / f"{name}.pid"
+
+    def log_file(self, name: str) -> Path:
+        return self.log_dir / f"{name}.out"
+
+    def running_pid(self, name: str) -> int | None:
+        """The pid of daemon `name` if it is alive and ours, else None."""
+        try:
+            pid = int(self.pid_file(name).read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if self._is_ours(pid) else None
+
+    def start(self, daemon: Daemon) -> int:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **daemon.env, MARKER_ENV: str(self.root)}
+        with open(self.log_file(daemon.name), "ab") as log:
+            proc = subprocess.Popen(
+                daemon.argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                user=daemon.user,
+                group=daemon.group,
+                extra_groups=[] if daemon.user else None,
+                cwd=self.root,
+            )
+        self.pid_file(daemon.name).write_text(f"{proc.pid}\n")
+        return proc.pid
+
+    def stop(self, name: str, grace_s: float = 10.0) -> None:
+        pid = self.running_pid(name)
+        if pid is not None:
+            _terminate(_with_descendants([psutil.Process(pid)]), grace_s)
+        self.pid_file(name).unlink(missing_ok=True)
+
+    def stop_all(self, names_in_stop_order: Iterable[str], grace_s: float = 10.0) -> None:
+        """Stop the named daemons in order, then anything else carrying our marker."""
+        for name in names_in_stop_order:
+            self.stop(name, grace_s)
+        _terminate(_with_descendants(self.marked_processes()), grace_s)
+
+    def marked_processes(self) -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get(MARKER_ENV) == str(self.root):
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+    def _is_ours(self, pid: int) -> bool:
+        try:
+            proc = psutil.Process(pid)
+            return (
+                proc.status() != psutil.STATUS_ZOMBIE
+                and proc.environ().get(MARKER_ENV) == str(self.root)
+            )
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
+
+
+def _with_descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
+    seen: dict[int, psutil.Process] = {}
+    for proc in procs:
+        try:
+            for member in [proc, *proc.children(recursive=True)]:
+                seen[member.pid] = member
+        except psutil.NoSuchProcess:
+            continue
+    return list(seen.values())
+
+
+def _terminate(procs: list[psutil.Process], grace_s: float) -> None:
+    for proc in procs:
+        _send(proc, signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        _send(proc, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=5)
+
+
+def _send(proc: psutil.Process, sig: signal.Signals) -> None:
+    try:
+        proc.send_signal(sig)
+    except psutil.NoSuchProcess:
+        pass
+
+
+def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(interval_s)
+    return check()

@@ -1,0 +1,67 @@
+"""Administrative Slurm commands used to provision a cluster (sacctmgr, scontrol token).
+
+Kept apart from the job-facing client: these need the cluster's own slurm.conf and root,
+as an admin on that site would have.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from slurm_geo.slurm.errors import SlurmCommandError
+
+_VERSION = re.compile(r"(\d+)\.(\d+)")
+
+
+def installed_slurm_version() -> tuple[int, int]:
+    """(major, minor) of the installed Slurm, e.g. (22, 5) for 22.05.8."""
+    out = _run(["slurmctld", "-V"], timeout_s=10).strip()
+    match = _VERSION.search(out)
+    if not match:
+        raise SlurmCommandError("slurmctld -V", f"cannot read a version from {out!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def registered_clusters(slurm_conf: Path, timeout_s: float = 20) -> set[str]:
+    out = _run(
+        ["sacctmgr", "--noheader", "--parsable2", "list", "cluster", "format=cluster"],
+        timeout_s,
+        slurm_conf,
+    )
+    return {line for line in out.splitlines() if line}
+
+
+def register_cluster(slurm_conf: Path, name: str, timeout_s: float = 20) -> None:
+    if name not in registered_clusters(slurm_conf, timeout_s):
+        _run(["sacctmgr", "-i", "add", "cluster", name], timeout_s, slurm_conf)
+
+
+def issue_token(slurm_conf: Path, username: str, lifespan_s: int, timeout_s: float = 20) -> str:
+    """A JWT for `username` from the cluster's slurmctld (needs root or SlurmUser)."""
+    out = _run(
+        ["scontrol", "token", f"username={username}", f"lifespan={lifespan_s}"],
+        timeout_s,
+        slurm_conf,
+    )
+    match = re.search(r"SLURM_JWT=(\S+)", out)
+    if not match:
+        raise SlurmCommandError("scontrol token", f"no SLURM_JWT in output {out!r}")
+    return match.group(1)
+
+
+def _run(argv: list[str], timeout_s: float, slurm_conf: Path | None = None) -> str:
+    env = {**os.environ, "SLURM_CONF": str(slurm_conf)} if slurm_conf else None
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise SlurmCommandError(" ".join(argv[:3]), f"no answer within {timeout_s:g} s") from None
+    except FileNotFoundError:
+        raise SlurmCommandError(argv[0], "command not found; install Slurm's client tools") from None
+    if proc.returncode != 0:
+        raise SlurmCommandError(" ".join(argv[:3]), (proc.stderr or proc.stdout).strip())
+    return proc.stdout

@@ -1,0 +1,53 @@
+"""Typed failures of the Slurm access layer; each names the cluster it concerns."""
+
+from __future__ import annotations
+
+from slurm_geo.errors import SlurmGeoError
+
+
+class SlurmError(SlurmGeoError):
+    exit_code = 10
+
+
+class ControllerUnreachable(SlurmError):
+    """The cluster's controller (or its slurmrestd) did not answer within the timeout."""
+
+    exit_code = 11
+
+    def __init__(self, cluster: str, detail: str, timeout_s: float):
+        self.cluster = cluster
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"cluster '{cluster}': controller unreachable within {timeout_s:g} s ({detail}); "
+            "check that slurmctld (and slurmrestd for REST clusters) is running"
+        )
+
+
+class JobNotFound(SlurmError):
+    exit_code = 12
+
+    def __init__(self, cluster: str, job_id: int):
+        self.cluster = cluster
+        self.job_id = job_id
+        super().__init__(f"cluster '{cluster}': job {job_id} is not known to Slurm")
+
+
+class SlurmRejected(SlurmError):
+    """Slurm answered, and said no (invalid request, permission, job in the wrong state)."""
+
+    exit_code = 13
+
+    def __init__(self, cluster: str, action: str, detail: str):
+        self.cluster = cluster
+        self.action = action
+        self.detail = detail
+        super().__init__(f"cluster '{cluster}': {action} refused: {detail}")
+
+
+class SlurmCommandError(SlurmError):
+    """A Slurm command could not be run, or printed what we cannot read."""
+
+    exit_code = 14
+
+    def __init__(self, command: str, detail: str):
+        super().__init__(f"{command}: {detail}")
