@@ -1,0 +1,31 @@
+"""The only code that talks to Slurm: one interface, a CLI and a slurmrestd backend."""
+
+from slurm_geo.config.model import ClusterConfig
+from slurm_geo.slurm.cli_backend import CliSlurmClient
+from slurm_geo.slurm.client import SlurmClient
+from slurm_geo.slurm.errors import (
+    ControllerUnreachable,
+    JobNotFound,
+    SlurmCommandError,
+    SlurmError,
+    SlurmRejected,
+)
+from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobSpec, JobState, NodeInfo
+from slurm_geo.slurm.rest_backend import RestSlurmClient
+
+
+def connect(cluster: ClusterConfig) -> SlurmClient:
+    """The client for `cluster`, by its configured access method."""
+    if cluster.access == "rest":
+        assert cluster.token_file is not None
+        return RestSlurmClient(cluster.name, cluster.rest_url, cluster.rest_user,
+                               cluster.token_file, cluster.timeout_s)
+    assert cluster.slurm_conf is not None
+    return CliSlurmClient(cluster.name, cluster.slurm_conf, cluster.timeout_s)
+
+
+__all__ = [
+    "AccountingRecord", "CliSlurmClient", "ControllerUnreachable", "JobInfo", "JobNotFound",
+    "JobSpec", "JobState", "NodeInfo", "RestSlurmClient", "SlurmClient", "SlurmCommandError",
+    "SlurmError", "SlurmRejected", "connect",
+]

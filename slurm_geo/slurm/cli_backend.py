@@ -1,0 +1,182 @@
+"""A cluster reached through its command-line tools (sbatch, squeue, scontrol, sacct)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from slurm_geo.slurm import parse
+from slurm_geo.slurm.client import WINDOW_SLACK, SlurmClient, overlaps
+from slurm_geo.slurm.errors import (
+    ControllerUnreachable,
+    JobNotFound,
+    SlurmCommandError,
+    SlurmRejected,
+)
+from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobSpec, NodeInfo
+
+# What Slurm's commands print when the controller (or slurmdbd) does not answer.
+UNREACHABLE_MARKERS = (
+    "Unable to contact slurm controller",
+    "Slurm controller not responding",
+    "Socket timed out",
+    "Connection refused",
+    "Unable to establish connection",
+    "Problem talking to the database",
+)
+
+
+def sbatch_arguments(spec: JobSpec) -> list[str]:
+    """sbatch flags for `spec`; the script itself goes to sbatch's stdin."""
+    args = [f"--job-name={spec.name}", f"--chdir={spec.working_dir}",
+            f"--nodes={spec.nodes}", f"--cpus-per-task={spec.cpus_per_task}"]
+    if spec.partition:
+        args.append(f"--partition={spec.partition}")
+    if spec.time_limit_minutes is not None:
+        args.append(f"--time={spec.time_limit_minutes}")
+    if spec.requeue is not None:
+        args.append("--requeue" if spec.requeue else "--no-requeue")
+    if spec.signal:
+        args.append(f"--signal={spec.signal}")
+    if spec.output:
+        args.append(f"--output={spec.output}")
+    if spec.hold:
+        args.append("--hold")
+    if spec.comment:
+        args.append(f"--comment={spec.comment}")
+    return args
+
+
+class CliSlurmClient(SlurmClient):
+    def __init__(self, cluster: str, slurm_conf: Path, timeout_s: float):
+        self.cluster = cluster
+        self.slurm_conf = slurm_conf
+        self.timeout_s = timeout_s
+
+    def submit(self, spec: JobSpec) -> int:
+        out = self._run(["sbatch", "--parsable", *sbatch_arguments(spec)], "submit",
+                        stdin=spec.script, extra_env=spec.environment)
+        return parse.submitted_job_id(out)
+
+    def job(self, job_id: int) -> JobInfo:
+        for info in self.jobs(all_states=True):
+            if info.job_id == job_id:
+                return info
+        records = self.accounting([job_id])
+        if not records:
+            raise JobNotFound(self.cluster, job_id)
+        return _job_from_records(records)
+
+    def jobs(self, all_states: bool = False) -> list[JobInfo]:
+        # squeue --json ignores --jobs on 22.05, so callers filter.
+        argv = ["squeue", "--json"] + (["--states=all"] if all_states else [])
+        return parse.jobs_from_ctld(self._json(argv, "list jobs"), self.cluster)
+
+    def cancel(self, job_id: int) -> None:
+        self._run(["scancel", str(job_id)], "cancel", job_id=job_id)
+
+    def requeue(self, job_id: int) -> None:
+        self._run(["scontrol", "requeue", str(job_id)], "requeue", job_id=job_id)
+
+    def hold(self, job_id: int) -> None:
+        self._run(["scontrol", "hold", str(job_id)], "hold", job_id=job_id)
+
+    def release(self, job_id: int) -> None:
+        self._run(["scontrol", "release", str(job_id)], "release", job_id=job_id)
+
+    def ping(self) -> float:
+        began = time.monotonic()
+        out = self._run(["scontrol", "ping"], "ping")
+        if not parse.ping_is_up_text(out):
+            raise ControllerUnreachable(self.cluster, out.strip(), self.timeout_s)
+        return time.monotonic() - began
+
+    def nodes(self) -> list[NodeInfo]:
+        return parse.nodes(self._json(["sinfo", "--json"], "list nodes"))
+
+    def expected_start(self, spec: JobSpec) -> datetime | None:
+        out = self._run(["sbatch", "--test-only", *sbatch_arguments(spec)], "test-only submit",
+                        stdin=spec.script, extra_env=spec.environment, merge_stderr=True)
+        return parse.expected_start_from_test_only(out)
+
+    def accounting(
+        self,
+        job_ids: Iterable[int] = (),
+        start: datetime | None = None,
+        end: datetime | None = None,
+    ) -> list[AccountingRecord]:
+        argv = ["sacct", "--json", "--duplicates", "--allusers", "--allocations"]
+        ids = [str(i) for i in job_ids]
+        if ids:
+            argv.append(f"--jobs={','.join(ids)}")
+        else:
+            if start is None or end is None:
+                raise ValueError("accounting needs job ids or a start and an end")
+            argv += [f"--starttime={_local(start - WINDOW_SLACK)}",
+                     f"--endtime={_local(end + WINDOW_SLACK)}"]
+        records = parse.accounting(self._json(argv, "accounting"), self.cluster)
+        if not ids:
+            assert start is not None and end is not None
+            records = [r for r in records if overlaps(r, start, end)]
+        return records
+
+    # --- running commands ----------------------------------------------------------------
+
+    def _json(self, argv: list[str], action: str) -> dict[str, Any]:
+        out = self._run(argv, action)
+        try:
+            return json.loads(out)
+        except json.JSONDecodeError:
+            raise SlurmCommandError(argv[0], f"printed no JSON: {out[:200]!r}") from None
+
+    def _run(
+        self,
+        argv: list[str],
+        action: str,
+        job_id: int | None = None,
+        stdin: str | None = None,
+        extra_env: dict[str, str] | None = None,
+        merge_stderr: bool = False,
+    ) -> str:
+        env = {**os.environ, **(extra_env or {}), "SLURM_CONF": str(self.slurm_conf)}
+        try:
+            proc = subprocess.run(
+                argv, input=stdin, capture_output=True, text=True, env=env,
+                timeout=self.timeout_s, check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise ControllerUnreachable(
+                self.cluster, f"{argv[0]} got no answer", self.timeout_s) from None
+        except FileNotFoundError:
+            raise SlurmCommandError(argv[0], "not found; install Slurm's client tools") from None
+        message = (proc.stderr or proc.stdout).strip()
+        if any(marker in message for marker in UNREACHABLE_MARKERS):
+            raise ControllerUnreachable(self.cluster, message.splitlines()[-1], self.timeout_s)
+        if proc.returncode != 0:
+            if job_id is not None and "Invalid job id" in message:
+                raise JobNotFound(self.cluster, job_id)
+            raise SlurmRejected(self.cluster, action, message or f"exit {proc.returncode}")
+        return proc.stdout + proc.stderr if merge_stderr else proc.stdout
+
+
+def _job_from_records(records: list[AccountingRecord]) -> JobInfo:
+    """A job slurmctld has forgotten, rebuilt from its accounting incarnations."""
+    last = max(records, key=lambda r: r.submit_time or datetime.min.replace(tzinfo=UTC))
+    return JobInfo(
+        cluster=last.cluster, job_id=last.job_id, name=last.name, state=last.state,
+        reason="", user=last.user, account=last.account, partition=last.partition,
+        nodes=last.nodes, restart_count=len(records) - 1, submit_time=last.submit_time,
+        start_time=last.start_time, end_time=last.end_time, time_limit_minutes=None,
+        exit_code=last.exit_code,
+    )
+
+
+def _local(moment: datetime) -> str:
+    """sacct reads times in the host's local zone, without an offset."""
+    return moment.astimezone().replace(tzinfo=None).isoformat(timespec="seconds")

@@ -1,0 +1,79 @@
+"""The one interface through which slurm-geo asks anything of a Slurm cluster."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobSpec, NodeInfo
+
+
+class SlurmClient(ABC):
+    """A cluster, reached by its CLI or by slurmrestd.
+
+    Every method returns within the cluster's timeout or raises a `SlurmError` subclass:
+    `ControllerUnreachable` when the controller does not answer, `JobNotFound`, or
+    `SlurmRejected` when Slurm answered no.
+    """
+
+    cluster: str
+    timeout_s: float
+
+    @abstractmethod
+    def submit(self, spec: JobSpec) -> int:
+        """Queue a batch job; returns its job id."""
+
+    @abstractmethod
+    def job(self, job_id: int) -> JobInfo:
+        """Current state of a job, including finished ones slurmctld or slurmdbd remember."""
+
+    @abstractmethod
+    def jobs(self) -> list[JobInfo]:
+        """Every job slurmctld currently holds (pending, running, recently finished)."""
+
+    @abstractmethod
+    def cancel(self, job_id: int) -> None: ...
+
+    @abstractmethod
+    def requeue(self, job_id: int) -> None:
+        """Put a running or finished batch job back in the queue, keeping its job id."""
+
+    @abstractmethod
+    def hold(self, job_id: int) -> None: ...
+
+    @abstractmethod
+    def release(self, job_id: int) -> None: ...
+
+    @abstractmethod
+    def ping(self) -> float:
+        """Seconds the controller took to answer; raises ControllerUnreachable if it did not."""
+
+    @abstractmethod
+    def nodes(self) -> list[NodeInfo]: ...
+
+    @abstractmethod
+    def expected_start(self, spec: JobSpec) -> datetime | None:
+        """When a job like `spec` would start if submitted now; None if Slurm cannot tell."""
+
+    @abstractmethod
+    def accounting(
+        self,
+        job_ids: Iterable[int] = (),
+        start: datetime | None = None,
+        end: datetime | None = None,
+    ) -> list[AccountingRecord]:
+        """slurmdbd's records, every requeued incarnation included, all users.
+
+        Either `job_ids`, or a window [start, end) the records overlap.
+        """
+
+
+def overlaps(record: AccountingRecord, start: datetime, end: datetime) -> bool:
+    began = record.start_time or record.submit_time
+    return began is not None and began < end and (record.end_time is None or record.end_time >= start)
+
+
+# Windows sent to Slurm are widened by this much, then cut exactly on the epoch times the
+# records carry: the server reads window bounds in its own local time zone.
+WINDOW_SLACK = timedelta(days=1)

@@ -1,0 +1,143 @@
+"""What slurm-geo knows about jobs, nodes and accounting, independent of how it was asked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+
+
+class JobState(Enum):
+    PENDING = "PENDING"
+    CONFIGURING = "CONFIGURING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    COMPLETING = "COMPLETING"
+    REQUEUED = "REQUEUED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    REQUEUE_FED = "REQUEUE_FED"
+    RESIZING = "RESIZING"
+    SIGNALING = "SIGNALING"
+    STAGE_OUT = "STAGE_OUT"
+    STOPPED = "STOPPED"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    REVOKED = "REVOKED"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def parse(cls, text: str) -> JobState:
+        # sacct prints e.g. "CANCELLED by 0"; only the first word is the state.
+        word = text.split()[0].upper() if text.strip() else "UNKNOWN"
+        try:
+            return cls(word)
+        except ValueError:
+            return cls.UNKNOWN
+
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    def is_active(self) -> bool:
+        """Holds resources or is about to: the job may still write checkpoints."""
+        return self in (JobState.RUNNING, JobState.CONFIGURING, JobState.COMPLETING,
+                        JobState.SUSPENDED, JobState.SIGNALING, JobState.STAGE_OUT)
+
+
+_TERMINAL = frozenset({
+    JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED, JobState.TIMEOUT,
+    JobState.NODE_FAIL, JobState.PREEMPTED, JobState.BOOT_FAIL, JobState.DEADLINE,
+    JobState.OUT_OF_MEMORY, JobState.REVOKED, JobState.SPECIAL_EXIT,
+})
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A batch job to submit: the same fields work through sbatch and through slurmrestd.
+
+    slurmrestd does not read `#SBATCH` lines, so everything Slurm must know is a field here.
+    """
+
+    script: str
+    name: str = "slurm-geo"
+    working_dir: Path = Path("/tmp")
+    environment: dict[str, str] = field(default_factory=dict)
+    partition: str | None = None
+    time_limit_minutes: int | None = None
+    nodes: int = 1
+    cpus_per_task: int = 1
+    requeue: bool | None = None
+    signal: str | None = None  # as sbatch --signal, e.g. "B:USR1@60"
+    output: str | None = None
+    hold: bool = False
+    comment: str | None = None
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    cluster: str
+    job_id: int
+    name: str
+    state: JobState
+    reason: str
+    user: str
+    account: str
+    partition: str
+    nodes: str
+    restart_count: int
+    submit_time: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+    time_limit_minutes: int | None
+    exit_code: int | None
+
+    @property
+    def held(self) -> bool:
+        return self.state is JobState.PENDING and self.reason.startswith("JobHeld")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    state: str  # base state in lower case: idle, mixed, allocated, down, ...
+    flags: tuple[str, ...]
+    reason: str
+    cpus: int
+    partitions: tuple[str, ...]
+
+    @property
+    def available(self) -> bool:
+        """Can take new work now or soon: up, and not draining or being powered down."""
+        blocked = {"DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "POWERED_DOWN", "FAIL"}
+        return self.state in ("idle", "mixed", "allocated", "completing") and not (
+            blocked & set(self.flags)
+        )
+
+
+@dataclass(frozen=True)
+class AccountingRecord:
+    """One incarnation of a job as slurmdbd recorded it (requeues give several)."""
+
+    cluster: str
+    job_id: int
+    name: str
+    user: str
+    account: str
+    partition: str
+    state: JobState
+    submit_time: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+    elapsed_s: int
+    allocated_tres: dict[str, int]
+    exit_code: int | None
+    nodes: str
+    comment: str = ""

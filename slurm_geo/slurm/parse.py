@@ -1,0 +1,198 @@
+"""Pure parsers for what Slurm prints and serves.
+
+`squeue --json`/`sinfo --json`/`sacct --json` and slurmrestd share their schemas per
+OpenAPI version, so one set of normalisers reads both backends. Two shapes exist:
+v0.0.38/39 (Slurm 22.05, 23.02) uses plain numbers and strings; v0.0.40 and later
+(23.11, 24.x) wraps numbers as {"set", "infinite", "number"} and states as lists.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobState, NodeInfo
+
+Json = dict[str, Any]
+
+
+def number(value: Any) -> int | None:
+    """An integer from either shape; None when unset or infinite."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite", False):
+            return None
+        value = value.get("number")
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return int(value)
+    return None
+
+
+def timestamp(value: Any) -> datetime | None:
+    seconds = number(value)
+    return datetime.fromtimestamp(seconds, UTC) if seconds else None
+
+
+def words(value: Any) -> list[str]:
+    """A state or flag set from either shape: "RUNNING" or ["RUNNING", "COMPLETING"]."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value else []
+    return [str(item) for item in value]
+
+
+def job_state(value: Any) -> JobState:
+    states = words(value)
+    return JobState.parse(states[0]) if states else JobState.UNKNOWN
+
+
+def errors(doc: Json) -> list[Json]:
+    return [e for e in doc.get("errors") or [] if isinstance(e, dict)]
+
+
+def error_text(doc: Json) -> str:
+    parts = []
+    for err in errors(doc):
+        text = err.get("description") or err.get("error") or ""
+        if err.get("error") and err.get("error") not in text:
+            text = f"{text} ({err['error']})" if text else err["error"]
+        parts.append(text)
+    return "; ".join(p for p in parts if p)
+
+
+def jobs_from_ctld(doc: Json, cluster: str) -> list[JobInfo]:
+    """Jobs as slurmctld reports them: `squeue --json` or slurmrestd /slurm/vX/job(s)."""
+    return [_job(raw, cluster) for raw in doc.get("jobs") or []]
+
+
+def _job(raw: Json, cluster: str) -> JobInfo:
+    limit = number(raw.get("time_limit"))
+    return JobInfo(
+        cluster=raw.get("cluster") or cluster,
+        job_id=int(number(raw.get("job_id")) or 0),
+        name=raw.get("name") or "",
+        state=job_state(raw.get("job_state")),
+        reason=raw.get("state_reason") or "",
+        user=raw.get("user_name") or "",
+        account=raw.get("account") or "",
+        partition=raw.get("partition") or "",
+        nodes=raw.get("nodes") or "",
+        restart_count=number(raw.get("restart_cnt")) or 0,
+        submit_time=timestamp(raw.get("submit_time")),
+        start_time=timestamp(raw.get("start_time")),
+        end_time=timestamp(raw.get("end_time")),
+        time_limit_minutes=limit,
+        exit_code=_exit_code(raw.get("exit_code")),
+    )
+
+
+def _exit_code(value: Any) -> int | None:
+    if isinstance(value, dict) and "return_code" in value:
+        return number(value["return_code"])
+    return number(value)
+
+
+def nodes(doc: Json) -> list[NodeInfo]:
+    """Nodes from `sinfo --json` or slurmrestd /slurm/vX/nodes."""
+    found = []
+    for raw in doc.get("nodes") or []:
+        states = words(raw.get("state"))
+        base = states[0].lower() if states else "unknown"
+        flags = [s.upper() for s in states[1:]] + [f.upper() for f in words(raw.get("state_flags"))]
+        found.append(NodeInfo(
+            name=raw.get("name") or raw.get("hostname") or "",
+            state=base,
+            flags=tuple(flags),
+            reason=raw.get("reason") or "",
+            cpus=number(raw.get("cpus")) or 0,
+            partitions=tuple(words(raw.get("partitions"))),
+        ))
+    return found
+
+
+def accounting(doc: Json, cluster: str) -> list[AccountingRecord]:
+    """Job records from `sacct --json` or slurmrestd /slurmdb/vX/job(s)."""
+    return [_record(raw, cluster) for raw in doc.get("jobs") or []]
+
+
+def _record(raw: Json, cluster: str) -> AccountingRecord:
+    times = raw.get("time") or {}
+    state = raw.get("state") or {}
+    return AccountingRecord(
+        cluster=raw.get("cluster") or cluster,
+        job_id=int(number(raw.get("job_id")) or 0),
+        name=raw.get("name") or "",
+        user=raw.get("user") or "",
+        account=raw.get("account") or "",
+        partition=raw.get("partition") or "",
+        state=job_state(state.get("current")),
+        submit_time=timestamp(times.get("submission")),
+        start_time=timestamp(times.get("start")),
+        end_time=timestamp(times.get("end")),
+        elapsed_s=number(times.get("elapsed")) or 0,
+        allocated_tres=tres((raw.get("tres") or {}).get("allocated")),
+        exit_code=_exit_code(raw.get("exit_code")),
+        nodes=raw.get("nodes") or "",
+        comment=_comment(raw.get("comment")),
+    )
+
+
+def tres(entries: Any) -> dict[str, int]:
+    """{"cpu": 2, "node": 1, "gres/gpu": 1} from a TRES list; counts of None are dropped."""
+    found: dict[str, int] = {}
+    for entry in entries or []:
+        count = number(entry.get("count"))
+        if count is None:
+            continue
+        key = entry.get("type") or ""
+        if entry.get("name"):
+            key = f"{key}/{entry['name']}"
+        found[key] = count
+    return found
+
+
+def _comment(value: Any) -> str:
+    if isinstance(value, dict):
+        return value.get("job") or ""
+    return value or ""
+
+
+_TEST_ONLY = re.compile(r"Job \d+ to start at (\S+)")
+
+
+def expected_start_from_test_only(text: str, local_tz: Any = None) -> datetime:
+    """The start time `sbatch --test-only` predicts, as an aware datetime.
+
+    sbatch prints local time without a zone; `local_tz` says which (default: this host's).
+    """
+    match = _TEST_ONLY.search(text)
+    if not match:
+        raise ValueError(f"no start time in sbatch --test-only output: {text.strip()!r}")
+    naive = datetime.fromisoformat(match.group(1))
+    return naive.replace(tzinfo=local_tz) if local_tz else naive.astimezone()
+
+
+def ping_is_up_text(text: str) -> bool:
+    """`scontrol ping`: "Slurmctld(primary) at host is UP"."""
+    return bool(re.search(r"\bis UP\b", text)) and "DOWN" not in text
+
+
+def ping_is_up_json(doc: Json) -> bool:
+    pings = doc.get("pings") or []
+    if not pings:
+        return False
+    first = pings[0]
+    if "responding" in first:
+        return bool(first["responding"])
+    return str(first.get("pinged") or first.get("ping") or "").upper() == "UP"
+
+
+def submitted_job_id(text: str) -> int:
+    """`sbatch --parsable` prints "ID" or "ID;cluster"."""
+    head = text.strip().split(";")[0]
+    if not head.isdigit():
+        raise ValueError(f"sbatch printed no job id: {text.strip()!r}")
+    return int(head)
