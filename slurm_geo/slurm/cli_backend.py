@@ -29,6 +29,7 @@ UNREACHABLE_MARKERS = (
     "Connection refused",
     "Unable to establish connection",
     "Problem talking to the database",
+    "is DOWN",  # scontrol ping
 )
 
 
@@ -79,7 +80,8 @@ class CliSlurmClient(SlurmClient):
         return parse.jobs_from_ctld(self._json(argv, "list jobs"), self.cluster)
 
     def cancel(self, job_id: int) -> None:
-        self._run(["scancel", str(job_id)], "cancel", job_id=job_id)
+        # Only --verbose makes scancel mention an unknown job id (it exits 0 either way).
+        self._run(["scancel", "--verbose", str(job_id)], "cancel", job_id=job_id)
 
     def requeue(self, job_id: int) -> None:
         self._run(["scontrol", "requeue", str(job_id)], "requeue", job_id=job_id)
@@ -156,11 +158,13 @@ class CliSlurmClient(SlurmClient):
         except FileNotFoundError:
             raise SlurmCommandError(argv[0], "not found; install Slurm's client tools") from None
         message = (proc.stderr or proc.stdout).strip()
-        if any(marker in message for marker in UNREACHABLE_MARKERS):
-            raise ControllerUnreachable(self.cluster, message.splitlines()[-1], self.timeout_s)
+        unreachable = [line for line in message.splitlines()
+                       if any(marker in line for marker in UNREACHABLE_MARKERS)]
+        if unreachable:
+            raise ControllerUnreachable(self.cluster, unreachable[0].strip(), self.timeout_s)
+        if job_id is not None and "Invalid job id" in proc.stderr:
+            raise JobNotFound(self.cluster, job_id)
         if proc.returncode != 0:
-            if job_id is not None and "Invalid job id" in message:
-                raise JobNotFound(self.cluster, job_id)
             raise SlurmRejected(self.cluster, action, message or f"exit {proc.returncode}")
         return proc.stdout + proc.stderr if merge_stderr else proc.stdout
 

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import requests
 
@@ -188,8 +189,9 @@ class RestSlurmClient(SlurmClient):
             return records
         if start is None or end is None:
             raise ValueError("accounting needs job ids or a start and an end")
-        params = {"start_time": _server_time(start - WINDOW_SLACK),
-                  "end_time": _server_time(end + WINDOW_SLACK)}
+        # slurmrestd 22.05 cannot parse a raw ':' in a query; urlencode escapes it.
+        params = urlencode({"start_time": _server_time(start - WINDOW_SLACK),
+                            "end_time": _server_time(end + WINDOW_SLACK)})
         doc = self._call("GET", "slurmdb", "jobs", "accounting", params=params)
         return [r for r in parse.accounting(doc, self.cluster) if overlaps(r, start, end)]
 
@@ -207,9 +209,8 @@ class RestSlurmClient(SlurmClient):
 
     def _call(self, method: str, family: str, path: str, action: str, job_id: int | None = None,
               missing_ok: bool = False, **kwargs: Any) -> dict[str, Any]:
-        prefix = "slurmdb/v" if family == "slurmdb" else "slurm/v"
-        url = f"{self.url}/{prefix}{self.api_version}/{path}"
-        response = self._send(method, url, action, **kwargs)
+        began = time.monotonic()
+        response = self._send(method, self._url(family, path), action, **kwargs)
         doc = _decode(response)
         message = parse.error_text(doc)
         if any(marker in message for marker in UNREACHABLE_MARKERS):
@@ -220,10 +221,29 @@ class RestSlurmClient(SlurmClient):
             if missing_ok:
                 return {}
             raise JobNotFound(self.cluster, job_id)
+        if response.status_code >= 500 and not self._controller_answers(began):
+            raise ControllerUnreachable(self.cluster, f"{action} failed: {message}",
+                                        self.timeout_s)
         if response.status_code >= 400:
             raise SlurmRejected(self.cluster, action,
                                 message or f"HTTP {response.status_code} from slurmrestd")
         return doc
+
+    def _controller_answers(self, began: float) -> bool:
+        """After a vague server error: is it Slurm saying no, or slurmctld being gone?"""
+        remaining = self.timeout_s - (time.monotonic() - began)
+        if remaining <= 0.1:
+            return False
+        try:
+            response = self._http.get(self._url("slurm", "ping"), headers=self._headers(),
+                                      timeout=remaining)
+        except (requests.ConnectionError, requests.Timeout):
+            return False
+        return parse.ping_is_up_json(_decode(response))
+
+    def _url(self, family: str, path: str) -> str:
+        prefix = "slurmdb/v" if family == "slurmdb" else "slurm/v"
+        return f"{self.url}/{prefix}{self.api_version}/{path}"
 
     def _get_json(self, url: str, action: str) -> dict[str, Any]:
         response = self._send("GET", url, action)
