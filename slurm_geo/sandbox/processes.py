@@ -89,24 +89,28 @@ class ProcessTable:
         _terminate(_with_descendants(self.marked_processes()), grace_s)
 
     def marked_processes(self) -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter():
-            try:
-                if proc.environ().get(MARKER_ENV) == str(self.root):
-                    found.append(proc)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return found
+        return [proc for proc in psutil.process_iter() if self._is_ours(proc.pid)]
 
     def _is_ours(self, pid: int) -> bool:
         try:
-            proc = psutil.Process(pid)
-            return (
-                proc.status() != psutil.STATUS_ZOMBIE
-                and proc.environ().get(MARKER_ENV) == str(self.root)
-            )
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.Error:
             return False
+        return has_marker(pid, self.root)
+
+
+def has_marker(pid: int, root: Path) -> bool:
+    """Whether process `pid` carries the marker of the sandbox at `root`.
+
+    Reads /proc directly: slurmstepd overwrites the start of its environment with its
+    process title, and psutil stops parsing at the first empty entry.
+    """
+    try:
+        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"{MARKER_ENV}={root}".encode() in entries
 
 
 def _with_descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:

@@ -1,0 +1,3 @@
+from slurm_geo.cli import main
+
+main()

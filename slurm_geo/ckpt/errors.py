@@ -1,0 +1,105 @@
+"""Typed checkpoint failures; each names the object it concerns and what to do about it.
+
+Pure layers (codec, chunking) know no object names: they raise `MalformedData`, and the
+layer that fetched the bytes re-raises it as `CorruptObject` naming the object.
+"""
+
+from __future__ import annotations
+
+from slurm_geo.errors import SlurmGeoError
+
+
+class MalformedData(ValueError):
+    """Bytes that do not decode; raised by pure functions that do not know the object."""
+
+
+class CkptError(SlurmGeoError):
+    """Base of every checkpoint-store error; `name` is the object concerned."""
+
+    exit_code = 20
+
+    def __init__(self, name: str, message: str):
+        self.name = name
+        super().__init__(message)
+
+
+class CorruptObject(CkptError):
+    exit_code = 21
+
+    def __init__(self, name: str, detail: str):
+        self.detail = detail
+        super().__init__(
+            name,
+            f"object '{name}' is corrupt ({detail}); restore it from another replica or "
+            "resume from an earlier checkpoint",
+        )
+
+
+class UnsupportedFormat(CkptError):
+    exit_code = 22
+
+    def __init__(self, name: str, version: object):
+        self.version = version
+        super().__init__(
+            name,
+            f"object '{name}' has format version {version!r}, this slurm-geo reads version 1; "
+            "upgrade slurm-geo",
+        )
+
+
+class WrongKey(CkptError):
+    exit_code = 23
+
+    def __init__(self, name: str, expected: str, held: str):
+        super().__init__(
+            name,
+            f"object '{name}' was sealed with key {expected}, not with the key given ({held}); "
+            "use the site master key this run was written with",
+        )
+
+
+class UnsafeObjectName(CkptError):
+    exit_code = 24
+
+    def __init__(self, name: str, reason: str):
+        super().__init__(name, f"object name {name!r} is refused: {reason}")
+
+
+class StoreUnavailable(CkptError):
+    exit_code = 25
+
+    def __init__(self, name: str, detail: str):
+        super().__init__(
+            name, f"store cannot access '{name}' ({detail}); check the store path and its mount"
+        )
+
+
+class ObjectMissing(CkptError):
+    exit_code = 26
+
+    def __init__(self, name: str):
+        super().__init__(
+            name,
+            f"object '{name}' does not exist; the checkpoint is incomplete in this store, "
+            "resume from another replica or an earlier checkpoint",
+        )
+
+
+class StepMismatch(CkptError):
+    exit_code = 27
+
+    def __init__(self, name: str, global_step: int, optimizer_step: int):
+        super().__init__(
+            name,
+            f"checkpoint '{name}' refused: weights are from step {global_step} but the "
+            f"optimizer state is from step {optimizer_step}; save both from the same step",
+        )
+
+
+class KeyFileError(CkptError):
+    exit_code = 28
+
+    def __init__(self, name: str, detail: str):
+        super().__init__(
+            name, f"master key file '{name}': {detail}; fix it or point to the site key file"
+        )

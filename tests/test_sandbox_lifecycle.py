@@ -1,0 +1,114 @@
+"""`slurm-geo sandbox up|status|env|down` on a second, throw-away sandbox of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from slurm_geo.cli import main
+from slurm_geo.sandbox import Sandbox
+from tests.helpers import eventually
+from slurm_geo.sandbox.processes import has_marker
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+PORT_BASE = 17800
+
+
+def slurm_geo(*args: str):
+    return subprocess.run([sys.executable, "-m", "slurm_geo", *args], capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def marked(root: Path) -> list[int]:
+    return [pid for pid in psutil.pids() if has_marker(pid, root)]
+
+
+@pytest.fixture(scope="module")
+def throwaway():
+    # Not under tmp_path: slurmrestd runs as nobody and must reach the config files.
+    root = Path(f"/var/tmp/slurm-geo-lifecycle-{os.getpid()}")
+    yield root
+    Sandbox(root).down(purge=True)
+
+
+def test_up_twice_status_env_and_down_leave_nothing(throwaway):
+    first = slurm_geo("sandbox", "up", "--dir", str(throwaway), "--port-base", str(PORT_BASE))
+    assert first.returncode == 0, first.stderr
+    pids = {row["name"]: row["pid"] for row in status(throwaway)}
+
+    again = slurm_geo("sandbox", "up", "--dir", str(throwaway))
+    assert again.returncode == 0, again.stderr
+    assert "starting" not in again.stderr
+    rows = status(throwaway)
+    assert {row["name"]: row["pid"] for row in rows} == pids
+    assert all(row["up"] for row in rows)
+
+    env = slurm_geo("sandbox", "env", "--dir", str(throwaway), "onprem")
+    shell = f'{env.stdout}\nsinfo --noheader --format=%D --partition=batch'
+    nodes = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=30)
+    assert nodes.stdout.strip() == "2"
+
+    down = slurm_geo("sandbox", "down", "--dir", str(throwaway))
+    assert down.returncode == 0, down.stderr
+    assert marked(throwaway) == []
+    assert not any(row["up"] for row in status(throwaway, expect_rc=1))
+    for port in (PORT_BASE + 10, PORT_BASE + 25, PORT_BASE + 30, PORT_BASE + 40):
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"
+
+
+def test_down_also_ends_what_the_daemons_spawned(throwaway):
+    assert slurm_geo("sandbox", "up", "--dir", str(throwaway)).returncode == 0
+    daemons = set(marked(throwaway))
+    env = slurm_geo("sandbox", "env", "--dir", str(throwaway), "onprem").stdout
+    subprocess.run(["bash", "-c", f"{env}\nsbatch --wrap 'sleep 600'"], check=True,
+                   capture_output=True, timeout=30)
+    eventually(lambda: set(marked(throwaway)) - daemons, bool)  # slurmstepd is up
+
+    assert slurm_geo("sandbox", "down", "--dir", str(throwaway)).returncode == 0
+
+    assert marked(throwaway) == []
+
+
+def status(root: Path, expect_rc: int = 0) -> list[dict]:
+    result = slurm_geo("sandbox", "status", "--json", "--dir", str(root))
+    assert result.returncode == expect_rc, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_busy_port_is_one_clear_line(tmp_path):
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", 18840))
+        squatter.listen()
+        root = Path("/var/tmp") / f"slurm-geo-busy-{os.getpid()}"
+        try:
+            result = slurm_geo("sandbox", "up", "--dir", str(root), "--port-base", "18800")
+        finally:
+            Sandbox(root).down(purge=True)
+
+    assert result.returncode == 4
+    assert result.stderr.count("\n") == 1
+    assert "port 18840" in result.stderr and "in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_up_without_root_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(sys, "argv", ["slurm-geo", "sandbox", "up", "--dir", "/nonexistent"])
+
+    with pytest.raises(SystemExit) as exited:
+        main()
+
+    assert exited.value.code == 4
+    err = capsys.readouterr().err
+    assert "must run as root" in err and "Traceback" not in err
+    assert not Path("/nonexistent").exists()
