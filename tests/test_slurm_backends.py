@@ -130,11 +130,13 @@ def test_accounting_window_and_job_ids_agree(cluster, shared_dir):
     eventually(lambda: cluster.job(job_id), lambda j: j.state is JobState.COMPLETED)
 
     [record] = eventually(lambda: cluster.accounting([job_id]),
-                          lambda rs: len(rs) == 1 and rs[0].state is JobState.COMPLETED)
+                          lambda rs: len(rs) == 1 and rs[0].state is JobState.COMPLETED
+                          and rs[0].settled)
     window = cluster.accounting(start=before, end=datetime.now(UTC) + timedelta(seconds=1))
     earlier = cluster.accounting(start=before - timedelta(hours=2),
                                  end=before - timedelta(hours=1))
 
+    assert record.name == "slurm-geo" and record.partition == "batch"
     assert record in window
     assert record not in earlier
     assert record.elapsed_s >= 2

@@ -67,3 +67,43 @@ def env(root: Path | None, cluster: str) -> None:
     """Print `export` lines for CLUSTER: eval "$(slurm-geo sandbox env onprem)"."""
     for line in Sandbox(root_from_env(root)).env_lines(cluster):
         click.echo(line)
+
+
+@sandbox.command()
+@dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def demo(root: Path | None, as_json: bool) -> None:
+    """Run one job on each sandbox cluster and print their accounting rows."""
+    from slurm_geo.config import load_config
+    from slurm_geo.sandbox.demo import all_completed, run_job_on_each_cluster
+
+    site = load_config(Sandbox(root_from_env(root)).layout.site_config)
+    records = run_job_on_each_cluster(site, progress=lambda msg: click.echo(msg, err=True))
+    if as_json:
+        click.echo(json.dumps([_record_json(r) for r in records], indent=2))
+    else:
+        click.echo(_accounting_table(records))
+    sys.exit(0 if all_completed(records) else 1)
+
+
+def _record_json(record) -> dict:
+    row = asdict(record)
+    row["state"] = record.state.value
+    for key in ("submit_time", "start_time", "end_time"):
+        row[key] = row[key].isoformat() if row[key] else None
+    return row
+
+
+def _accounting_table(records) -> str:
+    header = ("CLUSTER", "JOBID", "NAME", "STATE", "START (UTC)", "END (UTC)", "ELAPSED",
+              "TRES")
+    rows = [header] + [
+        (r.cluster, str(r.job_id), r.name, r.state.value,
+         r.start_time.strftime("%Y-%m-%d %H:%M:%S") if r.start_time else "-",
+         r.end_time.strftime("%Y-%m-%d %H:%M:%S") if r.end_time else "-",
+         f"{r.elapsed_s} s", ",".join(f"{k}={v}" for k, v in sorted(r.allocated_tres.items())))
+        for r in records
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+                     for row in rows)

@@ -141,3 +141,12 @@ class AccountingRecord:
     exit_code: int | None
     nodes: str
     comment: str = ""
+
+    @property
+    def settled(self) -> bool:
+        """slurmdbd holds the job's full record, not the placeholder it keeps briefly.
+
+        For a job that starts right after submission slurmdbd may first store a row with
+        no partition and the name "allocation"; the real values follow seconds later.
+        """
+        return bool(self.partition)

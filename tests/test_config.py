@@ -1,0 +1,97 @@
+"""The config file: what it accepts, and one clear message for each mistake."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from slurm_geo.config import Prices, load_config, parse_config
+from slurm_geo.errors import ConfigError
+from slurm_geo.sandbox.layout import SandboxLayout
+from slurm_geo.sandbox.render import site_config
+
+GOOD = {
+    "site": {"home_cluster": "onprem"},
+    "clusters": {
+        "onprem": {"region": "home", "access": "cli", "slurm_conf": "/etc/slurm/slurm.conf"},
+        "rented": {"region": "eu", "access": "rest", "rest_url": "https://r.example:6820/",
+                   "rest_user": "geo", "token_file": "/etc/slurm-geo/rented.jwt",
+                   "timeout_s": 5, "prices": {"gpu_hour": 2.5, "egress_per_gb": 0.09}},
+    },
+    "stores": {"offsite": {"url": "s3://bucket/ckpt", "region": "eu",
+                           "endpoint_url": "http://minio:9000"}},
+}
+
+
+def test_good_config_reads_into_typed_values():
+    site = parse_config(GOOD)
+    rented = site.cluster("rented")
+    assert rented.rest_url == "https://r.example:6820"
+    assert rented.token_file == Path("/etc/slurm-geo/rented.jwt")
+    assert rented.timeout_s == 5.0
+    assert rented.prices == Prices(gpu_hour=2.5, egress_per_gb=0.09)
+    assert site.cluster("onprem").slurm_conf == Path("/etc/slurm/slurm.conf")
+    assert site.stores["offsite"].endpoint_url == "http://minio:9000"
+
+
+def with_change(path: str, value):
+    """GOOD with one key set (or removed when value is None), by dotted path."""
+    import copy
+
+    raw = copy.deepcopy(GOOD)
+    *parents, last = path.split(".")
+    table = raw
+    for key in parents:
+        table = table[key]
+    if value is None:
+        del table[last]
+    else:
+        table[last] = value
+    return raw
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("site.home_cluster", "nowhere", "home_cluster 'nowhere'"),
+    ("clusters.onprem.access", "ssh", "access 'ssh' is not one of cli, rest"),
+    ("clusters.onprem.slurm_conf", None, "needs slurm_conf"),
+    ("clusters.rented.token_file", None, "missing token_file"),
+    ("clusters.rented.region", None, "missing region"),
+    ("clusters.rented.timeout_s", -1, "timeout_s must be a positive number"),
+    ("clusters.rented.prices", {"gpu_hour": -1}, "gpu_hour must be a number >= 0"),
+    ("clusters.rented.prices", {"gpu_hours": 1}, "unknown key(s) gpu_hours"),
+    ("clusters.rented.colour", "red", "unknown key(s) colour"),
+    ("stores.offsite.url", "ftp://x", "must start with file:// or s3://"),
+    ("clusters", "not a table", "[clusters] must be a table"),
+])
+def test_each_mistake_has_its_own_message(path, value, message):
+    with pytest.raises(ConfigError) as caught:
+        parse_config(with_change(path, value), source="site.toml")
+    assert message in str(caught.value)
+    assert "site.toml" in str(caught.value)
+
+
+def test_unknown_cluster_lists_the_known_ones():
+    with pytest.raises(ConfigError, match=r"known clusters: onprem, rented"):
+        parse_config(GOOD).cluster("elsewhere")
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist; set SLURM_GEO_CONFIG"):
+        load_config(tmp_path / "absent.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[site\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken)
+
+
+def test_sandbox_config_is_a_valid_site_config():
+    layout = SandboxLayout(Path('/srv/sandbox "quoted" dir'), 20000)
+    site = parse_config(tomllib.loads(site_config(layout)))
+    assert site.home_cluster == "onprem"
+    assert site.cluster("onprem").slurm_conf == layout.onprem.slurm_conf
+    assert site.cluster("rented").access == "rest"
+    assert site.cluster("rented").rest_url == "http://127.0.0.1:20025"
+    assert site.cluster("rented").prices.gpu_hour > site.cluster("onprem").prices.gpu_hour
+    assert site.stores["offsite"].endpoint_url == "http://127.0.0.1:20040"

@@ -1,0 +1,62 @@
+"""The sandbox's Slurm config files, rendered from its layout without running anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_geo.sandbox.layout import SandboxLayout
+from slurm_geo.sandbox.render import restd_plugins, slurm_conf, slurmdbd_conf
+
+LAYOUT = SandboxLayout(Path("/srv/box"), 20000)
+
+
+def settings(text: str) -> list[tuple[str, str]]:
+    return [tuple(line.split("=", 1)) for line in text.splitlines() if "=" in line]
+
+
+def test_two_nodes_on_one_host_get_their_own_ports_and_paths():
+    conf = slurm_conf(LAYOUT, LAYOUT.onprem, "host1")
+    nodes = [line for line in conf.splitlines() if line.startswith("NodeName=")]
+    assert [n.split()[0] for n in nodes] == ["NodeName=onprem-n1", "NodeName=onprem-n2"]
+    assert "Port=20012" in nodes[0] and "Port=20013" in nodes[1]
+    assert all("NodeHostname=host1" in n for n in nodes)
+    assert "SlurmdSpoolDir=/srv/box/onprem/spool/%n" in conf
+    assert "SlurmdPidFile=/srv/box/onprem/run/slurmd-%n.pid" in conf
+
+
+def test_clusters_do_not_share_ports_state_or_accounting():
+    onprem = dict(settings(slurm_conf(LAYOUT, LAYOUT.onprem, "h")))
+    rented = dict(settings(slurm_conf(LAYOUT, LAYOUT.rented, "h")))
+    for key in ("ClusterName", "SlurmctldPort", "StateSaveLocation", "AccountingStoragePort"):
+        assert onprem[key] != rented[key], key
+    assert "AuthAltTypes" not in onprem
+    assert rented["AuthAltTypes"] == "auth/jwt"
+
+
+def test_each_slurmdbd_has_its_own_database_and_only_rented_takes_jwt():
+    onprem = dict(settings(slurmdbd_conf(LAYOUT, LAYOUT.onprem, "pw")))
+    rented = dict(settings(slurmdbd_conf(LAYOUT, LAYOUT.rented, "pw")))
+    assert onprem["StorageLoc"] == "slurm_acct_onprem"
+    assert rented["StorageLoc"] == "slurm_acct_rented"
+    assert "AuthAltParameters" not in onprem
+    assert rented["AuthAltParameters"] == "jwt_key=/srv/box/rented/etc/jwt.key"
+
+
+def test_every_port_is_distinct():
+    ports = [LAYOUT.mariadb_port, LAYOUT.s3_port]
+    for cluster in LAYOUT.clusters:
+        ports += [cluster.ctld_port, cluster.dbd_port, *cluster.node_ports]
+    ports.append(LAYOUT.rented.rest_port)
+    assert len(ports) == len(set(ports))
+
+
+@pytest.mark.parametrize("version, expected", [
+    ((22, 5), ["-s", "openapi/v0.0.38,openapi/dbv0.0.38"]),
+    ((23, 2), ["-s", "openapi/v0.0.39,openapi/dbv0.0.39"]),
+    ((23, 11), []),
+    ((24, 11), []),
+])
+def test_restd_plugins_by_release(version, expected):
+    assert restd_plugins(version) == expected
