@@ -14,8 +14,8 @@ import pytest
 
 from slurm_geo.cli import main
 from slurm_geo.sandbox import Sandbox
-from tests.helpers import eventually
 from slurm_geo.sandbox.processes import has_marker
+from tests.helpers import eventually
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

@@ -105,5 +105,5 @@ def _accounting_table(records) -> str:
         for r in records
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
                      for row in rows)

@@ -128,7 +128,8 @@ def _parse_cluster(name: str, table: Any, where: str) -> ClusterConfig:
     if access not in ACCESS_METHODS:
         raise ConfigError(f"{where}: access '{access}' is not one of {', '.join(ACCESS_METHODS)}")
     if access == "cli" and "slurm_conf" not in table:
-        raise ConfigError(f"{where}: access 'cli' needs slurm_conf = PATH to the cluster's slurm.conf")
+        raise ConfigError(
+            f"{where}: access 'cli' needs slurm_conf = PATH to the cluster's slurm.conf")
     if access == "rest":
         for key in ("rest_url", "rest_user", "token_file"):
             _required_str(table, key, where)

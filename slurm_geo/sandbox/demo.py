@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 
 from slurm_geo.config import SiteConfig
-from slurm_geo.slurm import AccountingRecord, JobSpec, JobState, SlurmClient, connect
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.slurm import AccountingRecord, JobSpec, JobState, SlurmClient, connect
 
 JOB_SCRIPT = "#!/bin/bash\necho \"hello from $SLURM_CLUSTER_NAME on $(hostname)\"\nsleep 1\n"
 WAIT_S = 120

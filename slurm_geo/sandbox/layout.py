@@ -72,7 +72,9 @@ class SandboxLayout:
     @property
     def onprem(self) -> ClusterLayout:
         b = self.port_base
-        return ClusterLayout("onprem", "home", self.root / "onprem", b + 10, b + 11, (b + 12, b + 13))
+        return ClusterLayout(
+            "onprem", "home", self.root / "onprem", b + 10, b + 11, (b + 12, b + 13)
+        )
 
     @property
     def rented(self) -> ClusterLayout:

@@ -7,6 +7,7 @@ dependencies (munge and MariaDB, then slurmdbd, then slurmctld, then slurmd/slur
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -88,8 +89,8 @@ class Sandbox:
         progress(f"sandbox up: config {self.layout.site_config}")
 
     def down(self, purge: bool = False) -> None:
-        names = [d.name for stage in self._stages(None) for d in stage]
-        self.processes.stop_all(reversed(names))
+        stages = [[d.name for d in stage] for stage in self._stages(None)]
+        self.processes.stop_all(reversed(stages))
         if purge:
             shutil.rmtree(self.layout.root, ignore_errors=True)
 
@@ -186,16 +187,16 @@ class Sandbox:
                 progress(f"starting {daemon.name}")
                 self.processes.start(daemon)
         for daemon in daemons:
-            ready = wait_until(
-                lambda d=daemon: _is_ready(d) or self.processes.running_pid(d.name) is None,
-                STAGE_TIMEOUT_S,
-            )
-            if not (ready and _is_ready(daemon)):
+            wait_until(functools.partial(self._ready_or_dead, daemon), STAGE_TIMEOUT_S)
+            if not _is_ready(daemon):
                 log = self.processes.log_file(daemon.name)
                 raise SandboxError(
                     f"{daemon.name} did not come up within {STAGE_TIMEOUT_S} s; "
                     f"its last output: {_tail(log)!r} (full log: {log})"
                 )
+
+    def _ready_or_dead(self, daemon: Daemon) -> bool:
+        return _is_ready(daemon) or self.processes.running_pid(daemon.name) is None
 
     def _check_ports(self, daemons: Iterable[Daemon]) -> None:
         for daemon in daemons:

@@ -77,15 +77,20 @@ class ProcessTable:
         return proc.pid
 
     def stop(self, name: str, grace_s: float = 10.0) -> None:
-        pid = self.running_pid(name)
-        if pid is not None:
-            _terminate(_with_descendants([psutil.Process(pid)]), grace_s)
-        self.pid_file(name).unlink(missing_ok=True)
+        self.stop_together([name], grace_s)
 
-    def stop_all(self, names_in_stop_order: Iterable[str], grace_s: float = 10.0) -> None:
-        """Stop the named daemons in order, then anything else carrying our marker."""
-        for name in names_in_stop_order:
-            self.stop(name, grace_s)
+    def stop_together(self, names: Iterable[str], grace_s: float = 10.0) -> None:
+        """SIGTERM the named daemons (and what they spawned) at once; SIGKILL after grace."""
+        names = list(names)
+        pids = [pid for pid in map(self.running_pid, names) if pid is not None]
+        _terminate(_with_descendants(_processes(pids)), grace_s)
+        for name in names:
+            self.pid_file(name).unlink(missing_ok=True)
+
+    def stop_all(self, groups_in_stop_order: Iterable[list[str]], grace_s: float = 10.0) -> None:
+        """Stop each group of daemons in turn, then anything else carrying our marker."""
+        for group in groups_in_stop_order:
+            self.stop_together(group, grace_s)
         _terminate(_with_descendants(self.marked_processes()), grace_s)
 
     def marked_processes(self) -> list[psutil.Process]:
@@ -111,6 +116,16 @@ def has_marker(pid: int, root: Path) -> bool:
     except OSError:
         return False
     return f"{MARKER_ENV}={root}".encode() in entries
+
+
+def _processes(pids: Iterable[int]) -> list[psutil.Process]:
+    found = []
+    for pid in pids:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def _with_descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:

@@ -8,8 +8,10 @@ from slurm_geo.sandbox.layout import REST_USER, S3_BUCKET, ClusterLayout, Sandbo
 
 # Prices the sandbox advertises so cost-aware code has something realistic to weigh.
 SANDBOX_PRICES = {
-    "onprem": {"gpu_hour": 0.0, "cpu_hour": 0.01, "egress_per_gb": 0.0, "marketplace_fee_pct": 0.0},
-    "rented": {"gpu_hour": 2.5, "cpu_hour": 0.04, "egress_per_gb": 0.09, "marketplace_fee_pct": 5.0},
+    "onprem": {"gpu_hour": 0.0, "cpu_hour": 0.01, "egress_per_gb": 0.0,
+               "marketplace_fee_pct": 0.0},
+    "rented": {"gpu_hour": 2.5, "cpu_hour": 0.04, "egress_per_gb": 0.09,
+               "marketplace_fee_pct": 5.0},
 }
 CPUS_PER_NODE = 2
 MEMORY_MB_PER_NODE = 2000

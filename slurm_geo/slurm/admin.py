@@ -61,7 +61,7 @@ def _run(argv: list[str], timeout_s: float, slurm_conf: Path | None = None) -> s
     except subprocess.TimeoutExpired:
         raise SlurmCommandError(" ".join(argv[:3]), f"no answer within {timeout_s:g} s") from None
     except FileNotFoundError:
-        raise SlurmCommandError(argv[0], "command not found; install Slurm's client tools") from None
+        raise SlurmCommandError(argv[0], "not found; install Slurm's client tools") from None
     if proc.returncode != 0:
         raise SlurmCommandError(" ".join(argv[:3]), (proc.stderr or proc.stdout).strip())
     return proc.stdout

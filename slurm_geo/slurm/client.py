@@ -71,7 +71,9 @@ class SlurmClient(ABC):
 
 def overlaps(record: AccountingRecord, start: datetime, end: datetime) -> bool:
     began = record.start_time or record.submit_time
-    return began is not None and began < end and (record.end_time is None or record.end_time >= start)
+    if began is None or began >= end:
+        return False
+    return record.end_time is None or record.end_time >= start
 
 
 # Windows sent to Slurm are widened by this much, then cut exactly on the epoch times the

@@ -15,7 +15,7 @@ import requests
 from slurm_geo.slurm import parse
 from slurm_geo.slurm.client import WINDOW_SLACK, SlurmClient, overlaps
 from slurm_geo.slurm.errors import ControllerUnreachable, JobNotFound, SlurmRejected
-from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobSpec, NodeInfo, JobState
+from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobSpec, JobState, NodeInfo
 
 # OpenAPI versions whose shapes `parse` reads, newest first. 0.0.38: Slurm 22.05;
 # 0.0.39: 23.02; 0.0.40+: 23.11 and later.
@@ -269,8 +269,9 @@ class RestSlurmClient(SlurmClient):
         try:
             token = self.token_file.read_text().strip()
         except OSError as exc:
-            raise SlurmRejected(self.cluster, "authenticate",
-                                f"cannot read token_file {self.token_file}: {exc.strerror}") from None
+            raise SlurmRejected(
+                self.cluster, "authenticate",
+                f"cannot read token_file {self.token_file}: {exc.strerror}") from None
         return {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": token}
 
 

@@ -1,0 +1,32 @@
+# Everything runs as root on Debian 12 (Slurm 22.05) or Debian 13 (Slurm 24.11).
+PYTHON ?= python3
+DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic
+SLURM_GEO = $(PYTHON) -m slurm_geo
+
+.PHONY: install demo test test-quick lint bench
+
+install:  ## Debian and Python packages (only what is missing)
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "apt-get install $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[dev]' 'torch==2.13.0'
+
+demo: install  ## bring the sandbox up and run a job on each cluster
+	$(SLURM_GEO) sandbox up
+	$(SLURM_GEO) sandbox demo
+
+lint:
+	ruff check .
+	mypy slurm_geo
+
+test: install lint  ## the whole suite, against the real sandbox
+	$(PYTHON) -m pytest -q
+
+test-quick: lint  ## skips tests marked slow
+	$(PYTHON) -m pytest -q -m "not slow"
+
+bench: install
+	$(PYTHON) bench/cli_startup.py
+	$(PYTHON) bench/sandbox_up.py
