@@ -1,0 +1,217 @@
+"""Checkpoints of runs in a store (docs/format.md §8): save, load, find the latest, verify.
+
+A save writes the run's wrapped key (once), then packs, then the manifest, then the latest
+pointer; a crash at any point leaves the previous checkpoint intact and still the latest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from slurm_geo.ckpt.chunking import content_defined_chunks, fixed_chunks
+from slurm_geo.ckpt.errors import CkptError, CorruptObject, ObjectMissing
+from slurm_geo.ckpt.keys import KEY_SIZE, SALT_SIZE, RandomBytes, RunKeys
+from slurm_geo.ckpt.manifest import (
+    DTYPE_SIZES,
+    PLANE_DTYPES,
+    BlobEntry,
+    ChunkRef,
+    Manifest,
+    Metadata,
+    TensorEntry,
+    check_metadata,
+    latest_to_json,
+    manifest_to_json,
+    parse_latest,
+    parse_manifest,
+    tensor_nbytes,
+)
+from slurm_geo.ckpt.names import (
+    check_run_id,
+    key_name,
+    latest_name,
+    manifest_name,
+    manifest_prefix,
+    step_of_manifest_name,
+)
+from slurm_geo.ckpt.reader import ChunkReader
+from slurm_geo.ckpt.seal import Kind, open_sealed, seal
+from slurm_geo.ckpt.store import Bytes, Store
+from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, ChunkWriter, WriteOptions
+
+
+class Tensor(NamedTuple):
+    """One state-dict entry: C-contiguous little-endian bytes of `dtype` and `shape`."""
+
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: Bytes
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    manifest: Manifest
+    tensors: list[Tensor]
+    extra_state: bytes
+
+
+class Repository:
+    """The checkpoints of every run in one store, sealed under one site master key."""
+
+    def __init__(self, store: Store, master_key: bytes, options: WriteOptions = DEFAULT_OPTIONS,
+                 random_bytes: RandomBytes = os.urandom):
+        if len(master_key) != KEY_SIZE:
+            raise ValueError(f"a master key is {KEY_SIZE} bytes")
+        self._store = store
+        self._master_key = master_key
+        self._options = options
+        self._random_bytes = random_bytes
+        self._run_keys: dict[str, RunKeys] = {}
+
+    def write_checkpoint(
+        self, run: str, tensors: Sequence[Tensor], extra_state: Bytes, metadata: Metadata,
+        parent: int | None = None, delta: bool = False,
+    ) -> Manifest:
+        """Save a checkpoint at `metadata.global_step`; `parent` (a step) enables dedup/delta."""
+        name = manifest_name(run, metadata.global_step)
+        check_metadata(name, metadata)
+        _check_tensors(tensors)
+        parent_manifest = None if parent is None else self.manifest(run, parent)
+        keys = self._keys(run, create=True)
+        writer = ChunkWriter(self._store, keys, self._options, self._random_bytes,
+                             _known_refs(parent_manifest), ChunkReader(self._store, keys).read)
+        bases = _delta_bases(parent_manifest, self._options.chunk_size) if delta else {}
+        tensor_ids = [self._add_tensor(writer, t, bases.get((t.path, t.dtype), ()))
+                      for t in tensors]
+        extra = _bytes_view(extra_state)
+        extra_ids = [writer.add(c, 1) for c in content_defined_chunks(extra, self._options.cdc)]
+        writer.flush()
+        manifest = Manifest(
+            run=run, metadata=metadata, parent_step=parent, chunk_size=self._options.chunk_size,
+            tensors=tuple(
+                TensorEntry(t.path, t.dtype, tuple(t.shape), tuple(map(writer.ref, ids)))
+                for t, ids in zip(tensors, tensor_ids, strict=True)
+            ),
+            extra_state=BlobEntry(len(extra), tuple(map(writer.ref, extra_ids))),
+        )
+        # The manifest is the commit point; the pointer only saves readers a listing.
+        self._put_sealed(keys.data_key, Kind.MANIFEST, name, manifest_to_json(manifest))
+        self._put_sealed(keys.data_key, Kind.LATEST, latest_name(run),
+                         latest_to_json(run, metadata.global_step))
+        return manifest
+
+    def read_checkpoint(self, run: str, step: int) -> Checkpoint:
+        """Every tensor and the extra state of a checkpoint, each chunk verified."""
+        manifest = self.manifest(run, step)
+        reader = ChunkReader(self._store, self._keys(run))
+        tensors = [
+            Tensor(t.path, t.dtype, t.shape, b"".join(reader.read(r) for r in t.chunks))
+            for t in manifest.tensors
+        ]
+        extra = b"".join(reader.read(r) for r in manifest.extra_state.chunks)
+        return Checkpoint(manifest, tensors, extra)
+
+    def manifest(self, run: str, step: int) -> Manifest:
+        name = manifest_name(run, step)
+        sealed = self._store.get(name)
+        payload = open_sealed(self._keys(run).data_key, Kind.MANIFEST, sealed, name)
+        return parse_manifest(payload, name, run, step)
+
+    def latest(self, run: str) -> int | None:
+        """The step saved last, or None if the run has no checkpoint."""
+        name = latest_name(run)
+        try:
+            sealed = self._store.get(name)
+        except ObjectMissing:
+            steps = self.steps(run)  # pointer never written: a crash right after a commit
+            return steps[-1] if steps else None
+        payload = open_sealed(self._keys(run).data_key, Kind.LATEST, sealed, name)
+        return parse_latest(payload, name, run)
+
+    def steps(self, run: str) -> list[int]:
+        """Steps of the run's committed checkpoints, ascending."""
+        steps = (step_of_manifest_name(run, n) for n in self._store.list(manifest_prefix(run)))
+        return sorted(s for s in steps if s is not None)
+
+    def verify(self, run: str, step: int) -> list[CkptError]:
+        """Read every chunk of a checkpoint; one fault per damaged or missing object."""
+        try:
+            manifest = self.manifest(run, step)
+        except CkptError as exc:
+            return [exc]
+        reader = ChunkReader(self._store, self._keys(run))
+        faults: dict[str, CkptError] = {}
+        for ref in {r.id: r for r in manifest.refs()}.values():
+            try:
+                reader.read(ref)
+            except CkptError as exc:
+                faults.setdefault(exc.name, exc)
+        return list(faults.values())
+
+    def _add_tensor(self, writer: ChunkWriter, tensor: Tensor,
+                    bases: tuple[ChunkRef, ...]) -> list[str]:
+        """The tensor's chunk ids; chunk i may be a delta against the parent's chunk i."""
+        element_size = PLANE_DTYPES.get(tensor.dtype, 1)
+        chunks = fixed_chunks(_bytes_view(tensor.data), self._options.chunk_size)
+        return [writer.add(c, element_size, bases[i] if i < len(bases) else None)
+                for i, c in enumerate(chunks)]
+
+    def _keys(self, run: str, create: bool = False) -> RunKeys:
+        if run not in self._run_keys:
+            self._run_keys[run] = self._load_keys(run, create)
+        return self._run_keys[run]
+
+    def _load_keys(self, run: str, create: bool) -> RunKeys:
+        name = key_name(check_run_id(run))
+        try:
+            sealed = self._store.get(name)
+        except ObjectMissing:
+            if not create:
+                raise
+            data_key = self._random_bytes(KEY_SIZE)
+            self._put_sealed(self._master_key, Kind.DATA_KEY, name, data_key)
+            return RunKeys(data_key)
+        data_key = open_sealed(self._master_key, Kind.DATA_KEY, sealed, name)
+        if len(data_key) != KEY_SIZE:
+            raise CorruptObject(name, f"holds a {len(data_key)}-byte key")
+        return RunKeys(data_key)
+
+    def _put_sealed(self, key: bytes, kind: Kind, name: str, payload: bytes) -> None:
+        self._store.put(name, seal(key, kind, self._random_bytes(SALT_SIZE), payload, name))
+
+
+def _bytes_view(data: Bytes) -> memoryview:
+    return memoryview(data).cast("B")
+
+
+def _check_tensors(tensors: Sequence[Tensor]) -> None:
+    """Refuse bad input before anything is written."""
+    paths = set()
+    for path, dtype, shape, data in tensors:
+        if path in paths:
+            raise ValueError(f"tensor {path!r} is given twice")
+        paths.add(path)
+        if dtype not in DTYPE_SIZES:
+            raise ValueError(f"tensor {path!r}: unknown dtype {dtype!r}")
+        if not all(type(d) is int and d >= 0 for d in shape):
+            raise ValueError(f"tensor {path!r}: shape {shape!r} is not a sequence of sizes")
+        if len(_bytes_view(data)) != tensor_nbytes(dtype, tuple(shape)):
+            raise ValueError(f"tensor {path!r}: {len(_bytes_view(data))} bytes do not hold "
+                             f"{dtype}{list(shape)}")
+
+
+def _known_refs(parent: Manifest | None) -> dict[str, ChunkRef]:
+    return {} if parent is None else {r.id: r for r in parent.refs()}
+
+
+def _delta_bases(
+    parent: Manifest | None, chunk_size: int
+) -> dict[tuple[str, str], tuple[ChunkRef, ...]]:
+    """Per (path, dtype), the parent's chunks a delta may be taken against."""
+    if parent is None or parent.chunk_size != chunk_size:
+        return {}
+    return {(t.path, t.dtype): t.chunks for t in parent.tensors}

@@ -1,0 +1,133 @@
+"""Where checkpoint objects live: one small interface, and a local-directory store.
+
+Stores only move bytes and classify their own failures: a missing object raises
+`ObjectMissing`, any other I/O failure `StoreUnavailable`, and a name that could leave
+the store `UnsafeObjectName`. Everything else (crypto, formats) happens above them.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+from slurm_geo.ckpt.errors import ObjectMissing, StoreUnavailable, UnsafeObjectName
+from slurm_geo.ckpt.names import check_object_name
+
+Bytes = bytes | bytearray | memoryview
+
+
+class Store(Protocol):
+    def put(self, name: str, data: Bytes) -> None:
+        """Store `data` under `name`, replacing any object there, atomically and durably."""
+
+    def get(self, name: str) -> bytes: ...
+
+    def list(self, prefix: str) -> list[str]:
+        """Names starting with `prefix`, sorted."""
+
+    def delete(self, name: str) -> None:
+        """Remove `name`; removing a missing object is not an error (retries are safe)."""
+
+    def exists(self, name: str) -> bool: ...
+
+
+class LocalDirStore:
+    """Objects as files under `root`, written by temp file, fsync, rename, directory fsync."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise StoreUnavailable(str(root), "not a directory")
+
+    def __repr__(self) -> str:
+        return f"LocalDirStore({str(self.root)!r})"
+
+    def put(self, name: str, data: Bytes) -> None:
+        path = self._path(name)
+        try:
+            self._make_dirs(path.parent)
+            fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(temp, path)
+            except BaseException:
+                Path(temp).unlink(missing_ok=True)
+                raise
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            raise StoreUnavailable(name, exc.strerror or str(exc)) from None
+
+    def get(self, name: str) -> bytes:
+        path = self._path(name)
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectMissing(name) from None
+        except OSError as exc:
+            raise StoreUnavailable(name, exc.strerror or str(exc)) from None
+
+    def list(self, prefix: str) -> list[str]:
+        directory = prefix.rpartition("/")[0]
+        top = self._path(directory) if directory else self.root
+        try:
+            names = [n for n in self._walk(top) if n.startswith(prefix)]
+        except OSError as exc:
+            raise StoreUnavailable(prefix, exc.strerror or str(exc)) from None
+        return sorted(names)
+
+    def delete(self, name: str) -> None:
+        path = self._path(name)
+        try:
+            path.unlink(missing_ok=True)
+            _fsync_dir(path.parent)
+        except FileNotFoundError:
+            pass  # the directory itself is gone: so is the object
+        except OSError as exc:
+            raise StoreUnavailable(name, exc.strerror or str(exc)) from None
+
+    def exists(self, name: str) -> bool:
+        return self._path(name).is_file()
+
+    def _path(self, name: str) -> Path:
+        path = self.root / check_object_name(name)
+        if not path.resolve().is_relative_to(self.root):
+            raise UnsafeObjectName(name, "it leads out of the store through a symbolic link")
+        return path
+
+    def _walk(self, top: Path) -> Iterator[str]:
+        # Names starting with '.' are temporary files of an unfinished put.
+        for directory, subdirs, files in os.walk(top, onerror=_raise_unless_missing):
+            subdirs[:] = [d for d in subdirs if not d.startswith(".")]
+            relative = Path(directory).relative_to(self.root)
+            for file in files:
+                if not file.startswith("."):
+                    yield (relative / file).as_posix()
+
+    def _make_dirs(self, directory: Path) -> None:
+        """Create missing directories, each made durable in its parent."""
+        missing = []
+        while directory != self.root and not directory.is_dir():
+            missing.append(directory)
+            directory = directory.parent
+        for created in reversed(missing):
+            created.mkdir(exist_ok=True)  # another writer may have just made it
+            _fsync_dir(created.parent)
+
+
+def _raise_unless_missing(error: OSError) -> None:
+    if not isinstance(error, FileNotFoundError):
+        raise error
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,216 @@
+"""Pure tests of blob encoding (byte planes, zstd, raw fallback, xor delta) and chunking."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+import zstandard
+
+from slurm_geo.ckpt.chunking import GEAR, CdcParams, content_defined_chunks, fixed_chunks
+from slurm_geo.ckpt.codec import (
+    Method,
+    decode,
+    delta_base_id,
+    encode,
+    encode_delta,
+    merge_planes,
+    split_planes,
+    xor_bytes,
+)
+from slurm_geo.ckpt.errors import MalformedData
+
+
+def float32_bytes(count: int, seed: int = 0) -> bytes:
+    rng = random.Random(seed)
+    return struct.pack(f"<{count}f", *(rng.gauss(0, 0.02) for _ in range(count)))
+
+
+def bfloat16_bytes(count: int, seed: int = 0) -> bytes:
+    """bfloat16 is the high half of a float32."""
+    full = float32_bytes(count, seed)
+    return b"".join(full[i + 2:i + 4] for i in range(0, len(full), 4))
+
+
+def random_bytes(count: int, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(count)
+
+
+def method_of(blob: bytes) -> Method:
+    return Method(blob[0])
+
+
+@pytest.mark.parametrize(
+    "data, element_size, method",
+    [
+        (b"", 1, Method.RAW),
+        (b"hello", 1, Method.RAW),
+        (bytes(4096), 1, Method.ZSTD),
+        (random_bytes(4096), 1, Method.RAW),
+        (random_bytes(4096), 4, Method.RAW),
+        (float32_bytes(2048), 4, Method.PLANES),
+        (bfloat16_bytes(2048), 2, Method.PLANES),
+        (float32_bytes(2048) + b"x", 4, Method.ZSTD),  # not whole elements: no planes
+        (bytes(4096), 8, Method.ZSTD),  # planes are for element sizes 2 and 4 only
+        (b"ab" * 3000, 2, Method.PLANES),
+    ],
+    ids=["empty", "tiny", "zeros", "random", "random-f32", "f32", "bf16", "ragged", "f64",
+         "pattern"],
+)
+def test_encode_round_trips_with_the_expected_method(data, element_size, method):
+    blob = encode(data, element_size=element_size)
+    assert method_of(blob) == method
+    assert decode(blob) == data
+    assert len(blob) <= len(data) + 5
+
+
+def test_incompressible_data_is_stored_raw_with_a_five_byte_header():
+    data = random_bytes(10_000)
+    assert encode(data, element_size=4) == b"\x00" + struct.pack("<I", len(data)) + data
+
+
+def test_float_planes_compress_exponents_and_keep_mantissa_noise_raw():
+    blob = encode(float32_bytes(4096), element_size=4)
+    assert blob[5] == 4  # element size
+    plane_methods, pos = [], 6
+    for _ in range(4):
+        method, length = struct.unpack_from("<BI", blob, pos)
+        plane_methods.append(Method(method))
+        pos += 5 + length
+    assert plane_methods[0] == Method.RAW  # lowest mantissa byte: noise
+    assert plane_methods[3] == Method.ZSTD  # sign and exponent
+    assert len(blob) < len(encode(float32_bytes(4096), element_size=1))
+
+
+@pytest.mark.parametrize(
+    "data, element_size, planes",
+    [
+        (bytes(range(8)), 4, [b"\x00\x04", b"\x01\x05", b"\x02\x06", b"\x03\x07"]),
+        (bytes(range(6)), 2, [b"\x00\x02\x04", b"\x01\x03\x05"]),
+    ],
+)
+def test_byte_planes_split_and_merge(data, element_size, planes):
+    assert split_planes(data, element_size) == planes
+    assert merge_planes(planes) == data
+
+
+@pytest.mark.parametrize(
+    "a, b, result",
+    [(b"", b"", b""), (b"\x0f\xf0", b"\xff\xff", b"\xf0\x0f"), (b"abc", b"abc", bytes(3))],
+)
+def test_xor_bytes(a, b, result):
+    assert xor_bytes(a, b) == result
+
+
+def test_xor_of_unequal_lengths_is_refused():
+    with pytest.raises(MalformedData):
+        xor_bytes(b"ab", b"a")
+
+
+def test_delta_of_a_lightly_changed_chunk_is_small_and_round_trips():
+    base = float32_bytes(4096)
+    changed = bytearray(base)
+    changed[100:104] = struct.pack("<f", 1.5)
+    base_id = bytes(range(32))
+    blob = encode_delta(bytes(changed), base, base_id, element_size=4)
+    assert method_of(blob) == Method.XOR_DELTA
+    assert delta_base_id(blob) == base_id
+    assert len(blob) < 200 < len(encode(bytes(changed), element_size=4))
+    assert decode(blob, base) == bytes(changed)
+
+
+def test_standalone_blob_has_no_delta_base():
+    assert delta_base_id(encode(b"hello")) is None
+
+
+def _zstd(data: bytes) -> bytes:
+    return zstandard.ZstdCompressor().compress(data)
+
+
+def _head(method: int, size: int) -> bytes:
+    return struct.pack("<BI", method, size)
+
+
+DELTA_OF_5 = _head(3, 5) + bytes(32) + _head(0, 5) + b"\x00" * 5
+
+
+@pytest.mark.parametrize(
+    "blob, base",
+    [
+        (b"\x00\x01", None),  # shorter than the header
+        (_head(9, 1) + b"x", None),  # unknown method
+        (_head(0, 6) + b"hello", None),  # raw body shorter than declared
+        (_head(1, 6) + _zstd(b"hello"), None),  # frame declares another size
+        (_head(1, 5) + b"not a frame", None),
+        (_head(2, 4) + b"\x03" + b"abcd", None),  # element size 3
+        (_head(2, 4) + b"\x02" + _head(0, 2) + b"ab", None),  # one of two planes
+        (_head(2, 4) + b"\x02" + (_head(0, 2) + b"ab") * 2 + b"!", None),  # trailing byte
+        (DELTA_OF_5, None),  # delta without its base
+        (DELTA_OF_5, b"abcd"),  # base of another size
+        (_head(3, 5) + bytes(32) + DELTA_OF_5[:5] + bytes(37), b"hello"),  # nested delta
+    ],
+    ids=["short", "method", "raw-short", "zstd-size", "zstd-garbage", "plane-size",
+         "plane-missing", "plane-trailing", "no-base", "base-size", "nested-delta"],
+)
+def test_malformed_blobs_are_refused(blob, base):
+    with pytest.raises(MalformedData):
+        decode(blob, base)
+
+
+@pytest.mark.parametrize(
+    "length, chunk_size, sizes",
+    [(0, 16, []), (16, 16, [16]), (40, 16, [16, 16, 8]), (5, 16, [5])],
+)
+def test_fixed_chunks_cut_at_multiples_of_the_chunk_size(length, chunk_size, sizes):
+    chunks = list(fixed_chunks(memoryview(bytes(range(length))), chunk_size))
+    assert [len(c) for c in chunks] == sizes
+    assert b"".join(chunks) == bytes(range(length))
+
+
+SMALL_CDC = CdcParams(min_size=256, mask_bits=8, max_size=2048)
+
+
+def reference_cuts(data: bytes, params: CdcParams) -> list[int]:
+    """The gear chunker as docs/format.md §7.2 words it: hash from each cut, byte by byte."""
+    cuts, start = [], 0
+    while start < len(data):
+        h, end = 0, min(len(data), start + params.max_size)
+        for i in range(start, end):
+            h = ((h << 1) + GEAR[data[i]]) & (2**64 - 1)
+            if i + 1 - start >= params.min_size and h >> (64 - params.mask_bits) == 0:
+                end = i + 1
+                break
+        cuts.append(end)
+        start = end
+    return cuts
+
+
+def cdc_cuts(data: bytes, params: CdcParams = SMALL_CDC) -> list[int]:
+    cuts, end = [], 0
+    for chunk in content_defined_chunks(memoryview(data), params):
+        end += len(chunk)
+        cuts.append(end)
+    return cuts
+
+
+@pytest.mark.parametrize("length", [0, 100, 256, 5000, 40_000])
+def test_content_defined_chunks_match_the_specified_algorithm(length):
+    data = random_bytes(length, seed=length)
+    cuts = cdc_cuts(data)
+    assert cuts == reference_cuts(data, SMALL_CDC)
+    sizes = [b - a for a, b in zip([0] + cuts, cuts, strict=False)]
+    assert all(s <= SMALL_CDC.max_size for s in sizes)
+    assert all(s >= SMALL_CDC.min_size for s in sizes[:-1])
+
+
+def test_content_defined_cuts_survive_an_insertion_at_the_front():
+    data = random_bytes(60_000, seed=7)
+    shifted = b"inserted!" + data
+    later = {c + 9 for c in cdc_cuts(data)[3:]}
+    assert later <= set(cdc_cuts(shifted))
+
+
+def test_cdc_parameters_are_checked():
+    with pytest.raises(ValueError):
+        CdcParams(min_size=10, mask_bits=8, max_size=100)

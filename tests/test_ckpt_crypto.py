@@ -1,0 +1,230 @@
+"""Known-answer vectors (docs/format.md §10), sealed objects, packs and the master key file.
+
+The vectors are checked twice: against the implementation, and against a few lines of
+independent code written from the spec, so the spec and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+import struct
+
+import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from slurm_geo.ckpt.codec import encode
+from slurm_geo.ckpt.errors import (
+    CkptError,
+    CorruptObject,
+    KeyFileError,
+    UnsupportedFormat,
+    WrongKey,
+)
+from slurm_geo.ckpt.keys import (
+    RunKeys,
+    chunk_id,
+    create_master_key_file,
+    fingerprint,
+    load_master_key,
+)
+from slurm_geo.ckpt.pack import Entry, PackReader, PackWriter, check_pack_id
+from slurm_geo.ckpt.seal import Kind, open_sealed, seal
+
+MASTER = bytes(range(32))
+DATA_KEY = bytes(range(32, 64))
+SALT = bytes(range(0xA0, 0xB0))
+
+FINGERPRINT_MASTER = "55ade8af0381597a"
+FINGERPRINT_DATA = "af5518d68abf18c7"
+ID_KEY = "faceef5df6d471442a0b92b15ef19e26c0b194ed0622e688cd17cfe887ff1adb"
+HELLO_ID = "ff7bdaa843e27bb41908be2a371af66f8b2ac4c991dfcb6b6595908d7e0f94eb"
+SEALED_KEY = (
+    "5347454f5345414c010155ade8af0381597aa0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
+    "d98663de9c354511ad969e76a1d5d7bb18472212a01cc2883e7d2aa83c13097346b9965f2beb199cf8a157696bf89a3e"
+)
+HELLO_BLOB = "000500000068656c6c6f"
+PACK = (
+    "5347454f5041434b01a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
+    "ff7bdaa843e27bb41908be2a371af66f8b2ac4c991dfcb6b6595908d7e0f94eb1a000000"
+    "bbf75e4de2eaaa0d9f1ae771e8980b892655202b1e6c55e0b7b4"
+)
+PACK_ID = "4e5f6732ce6bf919c82cc7ba980c5f5cb82aa447113f9d1a5fa5349a0141019f"
+
+
+def test_key_derivations_match_the_vectors():
+    keys = RunKeys(DATA_KEY)
+    assert fingerprint(MASTER).hex() == FINGERPRINT_MASTER
+    assert keys.fingerprint.hex() == FINGERPRINT_DATA
+    assert keys.id_key.hex() == ID_KEY
+    assert chunk_id(keys.id_key, b"hello").hex() == HELLO_ID
+
+
+def test_sealed_key_and_pack_match_the_vectors():
+    assert seal(MASTER, Kind.DATA_KEY, SALT, DATA_KEY, "keys/r").hex() == SEALED_KEY
+    assert encode(b"hello").hex() == HELLO_BLOB
+    writer = PackWriter(DATA_KEY, SALT)
+    assert writer.add(bytes.fromhex(HELLO_ID), bytes.fromhex(HELLO_BLOB)) == Entry(
+        bytes.fromhex(HELLO_ID), 25, 62)
+    assert writer.finish() == (PACK_ID, bytes.fromhex(PACK))
+
+
+# An independent reader, from docs/format.md alone.
+
+def hkdf(ikm: bytes, salt: bytes | None, info: bytes) -> bytes:
+    prk = hmac.digest(salt or bytes(32), ikm, hashlib.sha256)
+    return hmac.digest(prk, info + b"\x01", hashlib.sha256)  # one block is 32 bytes
+
+
+def test_an_independent_reader_opens_the_vectors():
+    print_master = hmac.digest(MASTER, b"slurm-geo/v1/fingerprint", "sha256")[:8]
+    assert print_master.hex() == FINGERPRINT_MASTER
+    id_key = hkdf(DATA_KEY, None, b"slurm-geo/v1/chunk-id")
+    assert id_key.hex() == ID_KEY
+    sealed = bytes.fromhex(SEALED_KEY)
+    header, salt = sealed[:34], sealed[18:34]
+    seal_key = hkdf(MASTER, salt, b"slurm-geo/v1/seal")
+    assert AESGCM(seal_key).decrypt(bytes(12), sealed[34:], header + b"keys/r") == DATA_KEY
+
+    pack = bytes.fromhex(PACK)
+    assert hashlib.sha256(pack).hexdigest() == PACK_ID
+    assert pack[:9] == b"SGEOPACK\x01"
+    pack_key = hkdf(DATA_KEY, pack[9:25], b"slurm-geo/v1/pack")
+    entry_id, length = struct.unpack_from("<32sI", pack, 25)
+    blob = AESGCM(pack_key).decrypt((25).to_bytes(12, "big"), pack[61:61 + length], entry_id)
+    assert blob == b"\x00" + struct.pack("<I", 5) + b"hello"
+    assert hmac.digest(id_key, blob[5:], "sha256") == entry_id
+
+
+def test_sealed_objects_round_trip():
+    sealed = seal(DATA_KEY, Kind.MANIFEST, os.urandom(16), b"{}", "manifests/r/1")
+    assert open_sealed(DATA_KEY, Kind.MANIFEST, sealed, "manifests/r/1") == b"{}"
+
+
+@pytest.mark.parametrize(
+    "key, kind, name, error",
+    [
+        (MASTER, Kind.DATA_KEY, "keys/r", None),
+        (DATA_KEY, Kind.DATA_KEY, "keys/r", WrongKey),
+        (MASTER, Kind.MANIFEST, "keys/r", CorruptObject),
+        (MASTER, Kind.DATA_KEY, "keys/other", CorruptObject),  # moved to another name
+    ],
+    ids=["right", "wrong-key", "wrong-kind", "moved"],
+)
+def test_opening_a_sealed_object(key, kind, name, error):
+    sealed = bytes.fromhex(SEALED_KEY)
+    if error is None:
+        assert open_sealed(key, kind, sealed, name) == DATA_KEY
+    else:
+        with pytest.raises(error) as info:
+            open_sealed(key, kind, sealed, name)
+        assert info.value.name == name
+
+
+def test_a_sealed_object_from_a_newer_format_is_unsupported():
+    sealed = bytearray.fromhex(SEALED_KEY)
+    sealed[8] = 2
+    with pytest.raises(UnsupportedFormat, match="version 2"):
+        open_sealed(MASTER, Kind.DATA_KEY, bytes(sealed), "keys/r")
+
+
+def flips(data: bytes):
+    """`data` with one bit flipped, for each byte; the flipped bit varies with position."""
+    for position in range(len(data)):
+        damaged = bytearray(data)
+        damaged[position] ^= 1 << (position % 8)
+        yield position, bytes(damaged)
+
+
+def test_every_flipped_bit_in_a_sealed_object_is_caught_and_named():
+    for position, damaged in flips(bytes.fromhex(SEALED_KEY)):
+        with pytest.raises(CkptError) as info:
+            open_sealed(MASTER, Kind.DATA_KEY, damaged, "keys/r")
+        assert info.value.name == "keys/r", position
+
+
+@pytest.mark.parametrize("length", [0, 10, 49, 60, len(SEALED_KEY) // 2 - 1])
+def test_a_truncated_sealed_object_is_corrupt(length):
+    with pytest.raises(CorruptObject):
+        open_sealed(MASTER, Kind.DATA_KEY, bytes.fromhex(SEALED_KEY)[:length], "keys/r")
+
+
+def pack_of(blobs: list[bytes]) -> tuple[str, bytes, list[Entry]]:
+    writer = PackWriter(DATA_KEY, SALT)
+    entries = [writer.add(hashlib.sha256(b).digest(), b) for b in blobs]
+    return *writer.finish(), entries
+
+
+def test_pack_round_trip():
+    blobs = [b"one", b"", b"three" * 1000]
+    pack_id, data, entries = pack_of(blobs)
+    check_pack_id("p", pack_id, data)
+    reader = PackReader(DATA_KEY, "p", data)
+    assert [reader.blob(e) for e in entries] == blobs
+    assert [e.offset for e in entries] == [25, 25 + 36 + 19, 25 + 2 * 36 + 19 + 16]
+
+
+def test_every_flipped_bit_in_a_pack_is_caught_even_without_the_hash():
+    _pack_id, data, entries = pack_of([b"alpha", b"beta"])
+    for position, damaged in flips(data):
+        with pytest.raises(CkptError) as info:
+            reader = PackReader(DATA_KEY, "packs/x", damaged)
+            for entry in entries:
+                reader.blob(entry)
+        assert info.value.name == "packs/x", position
+
+
+def test_a_truncated_pack_is_corrupt_and_fails_its_hash():
+    pack_id, data, entries = pack_of([b"alpha", b"beta"])
+    with pytest.raises(CorruptObject, match="outside the pack"):
+        PackReader(DATA_KEY, "p", data[:-1]).blob(entries[1])
+    with pytest.raises(CorruptObject, match="does not match its name"):
+        check_pack_id("p", pack_id, data[:-1])
+
+
+def test_a_pack_of_a_newer_format_is_unsupported():
+    data = bytearray(pack_of([b"x"])[1])
+    data[8] = 2
+    with pytest.raises(UnsupportedFormat):
+        PackReader(DATA_KEY, "p", bytes(data))
+
+
+def test_an_entry_moved_within_its_pack_does_not_open():
+    _pack_id, data, entries = pack_of([b"alpha", b"gamma"])
+    first, second = entries
+    swapped = data[:first.offset] + data[second.offset:] + data[first.offset:second.offset]
+    moved = Entry(second.chunk_id, first.offset, second.length)
+    with pytest.raises(CorruptObject, match="failed authentication"):
+        PackReader(DATA_KEY, "p", swapped).blob(moved)
+
+
+def test_master_key_file_is_created_private_and_loads(tmp_path):
+    path = tmp_path / "master.key"
+    key = create_master_key_file(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_master_key(path) == key and len(key) == 32
+    with pytest.raises(KeyFileError, match="already exists"):
+        create_master_key_file(path)
+    assert load_master_key(path) == key
+
+
+@pytest.mark.parametrize(
+    "content, mode, message",
+    [
+        (bytes(32), 0o644, "chmod 600"),
+        (bytes(32), 0o640, "chmod 600"),
+        (bytes(31), 0o600, "holds 31 bytes"),
+        (bytes(64), 0o600, "holds 64 bytes"),
+        (None, None, "cannot read"),
+    ],
+)
+def test_bad_master_key_files_are_refused(tmp_path, content, mode, message):
+    path = tmp_path / "master.key"
+    if content is not None:
+        path.write_bytes(content)
+        path.chmod(mode)
+    with pytest.raises(KeyFileError, match=message) as info:
+        load_master_key(path)
+    assert info.value.name == str(path)

@@ -1,0 +1,355 @@
+"""Checkpoints end to end on a LocalDirStore: round trips, dedup, delta, and damage."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import struct
+from pathlib import Path
+
+import pytest
+
+from slurm_geo.ckpt import (
+    CorruptObject,
+    LocalDirStore,
+    Metadata,
+    ObjectMissing,
+    Repository,
+    StepMismatch,
+    StoreUnavailable,
+    Tensor,
+    UnsafeObjectName,
+    UnsupportedFormat,
+    WriteOptions,
+    WrongKey,
+)
+from slurm_geo.ckpt.chunking import CdcParams
+from slurm_geo.ckpt.keys import SALT_SIZE
+from slurm_geo.ckpt.seal import Kind, open_sealed, seal
+
+RUN = "run-1"
+CHUNK = 4096
+OPTIONS = WriteOptions(chunk_size=CHUNK, pack_size=32 * 1024, max_delta_depth=2,
+                       cdc=CdcParams(min_size=1024, mask_bits=10, max_size=4096))
+
+
+def metadata(step: int, optimizer_step: int | None = None) -> Metadata:
+    return Metadata(step, step if optimizer_step is None else optimizer_step, 0, 2.5,
+                    "2026-11-29T15:02:11Z", "onprem", "4711")
+
+
+def floats(count: int, seed: int) -> bytes:
+    rng = random.Random(seed)
+    return struct.pack(f"<{count}f", *(rng.gauss(0, 1) for _ in range(count)))
+
+
+def noise(count: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(count)
+
+
+def state(seed: int = 0) -> list[Tensor]:
+    return [
+        Tensor("model.w", "float32", (3000,), floats(3000, seed)),  # three chunks
+        Tensor("model.b", "bfloat16", (7,), noise(14, seed)),
+        Tensor("optimizer.step", "int64", (), struct.pack("<q", 42)),
+        Tensor("model.empty", "float16", (0, 4), b""),
+        Tensor("model.mask", "bool", (2, 2), bytes([1, 0, 0, 1])),
+    ]
+
+
+EXTRA = noise(20_000, 99)
+
+
+@pytest.fixture
+def store(tmp_path) -> LocalDirStore:
+    return LocalDirStore(tmp_path)
+
+
+@pytest.fixture
+def master() -> bytes:
+    return os.urandom(32)
+
+
+@pytest.fixture
+def repo(store, master) -> Repository:
+    return Repository(store, master, OPTIONS)
+
+
+def pack_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / "packs").rglob("*") if p.is_file())
+
+
+def object_path(store: LocalDirStore, prefix: str) -> Path:
+    (name,) = store.list(prefix)
+    return store.root / name
+
+
+def flip_bit(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_round_trips(repo):
+    saved = repo.write_checkpoint(RUN, state(), EXTRA, metadata(10))
+    loaded = repo.read_checkpoint(RUN, 10)
+    assert loaded.tensors == state()
+    assert loaded.extra_state == EXTRA
+    assert loaded.manifest == saved
+    assert len(saved.extra_state.chunks) > 1  # content-defined chunks
+    assert (repo.latest(RUN), repo.steps(RUN), repo.verify(RUN, 10)) == (10, [10], [])
+
+
+def test_a_fresh_repository_reads_what_another_wrote(store, master, repo):
+    repo.write_checkpoint(RUN, state(), EXTRA, metadata(10))
+    assert Repository(store, master).read_checkpoint(RUN, 10).tensors == state()
+
+
+def test_the_store_sees_neither_plaintext_nor_keys(store, master, repo):
+    repo.write_checkpoint(RUN, [Tensor("secret.name", "uint8", (64,), b"P" * 64)], b"", metadata(1))
+    for name in store.list(""):
+        blob = store.get(name)
+        assert b"secret" not in blob and b"PPPP" not in blob and master not in blob
+
+
+def test_weights_and_optimizer_from_different_steps_are_refused_before_writing(store, repo):
+    with pytest.raises(StepMismatch, match="step 10 but the optimizer state is from step 9"):
+        repo.write_checkpoint(RUN, state(), EXTRA, metadata(10, optimizer_step=9))
+    assert store.list("") == []
+
+
+@pytest.mark.parametrize(
+    "tensors, match",
+    [
+        ([Tensor("w", "float32", (2,), b"1234")], "do not hold"),
+        ([Tensor("w", "float128", (1,), bytes(16))], "unknown dtype"),
+        ([Tensor("w", "uint8", (1,), b"1"), Tensor("w", "uint8", (1,), b"1")], "twice"),
+        ([Tensor("w", "uint8", (1.0,), b"1")], "shape"),
+    ],
+)
+def test_bad_tensors_are_refused_before_writing(store, repo, tensors, match):
+    with pytest.raises(ValueError, match=match):
+        repo.write_checkpoint(RUN, tensors, b"", metadata(1))
+    assert store.list("") == []
+
+
+@pytest.mark.parametrize(
+    "options", [{"chunk_size": 100}, {"chunk_size": 0}, {"max_delta_depth": 17}]
+)
+def test_write_options_are_checked(options):
+    with pytest.raises(ValueError):
+        WriteOptions(**options)
+
+
+def test_metadata_a_manifest_cannot_hold_is_refused_before_writing(store, repo):
+    bad = dataclasses.replace(metadata(1), job_id=4711)
+    with pytest.raises(ValueError, match="job_id"):
+        repo.write_checkpoint(RUN, state(), b"", bad)
+    assert store.list("") == []
+
+
+@pytest.mark.parametrize("run", ["../x", "a/b", "my run"])
+def test_hostile_run_ids_are_refused(repo, run):
+    with pytest.raises(UnsafeObjectName):
+        repo.write_checkpoint(run, state(), b"", metadata(1))
+
+
+def test_latest_follows_saves_and_falls_back_to_listing(store, repo):
+    assert repo.latest(RUN) is None
+    for step in (5, 20, 15):
+        repo.write_checkpoint(RUN, state(step), EXTRA, metadata(step))
+    assert repo.latest(RUN) == 15  # saved last, e.g. after a rollback
+    assert repo.steps(RUN) == [5, 15, 20]
+    store.delete(f"latest/{RUN}")  # a crash between manifest and pointer
+    assert repo.latest(RUN) == 20
+
+
+def test_identical_tensors_are_stored_once_across_checkpoints(store, repo):
+    repo.write_checkpoint(RUN, state(), EXTRA, metadata(1))
+    first = pack_bytes(store.root)
+    changed = state()
+    changed[1] = Tensor("model.b", "bfloat16", (7,), noise(14, seed=5))
+    repo.write_checkpoint(RUN, changed, EXTRA, metadata(2), parent=1)
+    assert pack_bytes(store.root) - first < 200  # one 14-byte chunk, one pack header
+    assert repo.read_checkpoint(RUN, 2).tensors == changed
+
+
+def test_identical_tensors_within_a_checkpoint_are_stored_once(store, repo):
+    weights = noise(8192, 1)
+    tied = [Tensor(path, "uint8", (8192,), weights) for path in ("embed", "lm_head")]
+    manifest = repo.write_checkpoint(RUN, tied, b"", metadata(1))
+    assert manifest.tensors[0].chunks == manifest.tensors[1].chunks
+    assert 8192 < pack_bytes(store.root) < 8192 + 300
+
+
+def fine_tune_step(weights: bytes, step: int) -> bytes:
+    """Change one float in the first chunk, as a fine-tuning step changes few values."""
+    changed = bytearray(weights)
+    changed[40:44] = struct.pack("<f", float(step))
+    return bytes(changed)
+
+
+def test_delta_mode_stores_a_changed_chunk_as_a_small_xor(store, repo):
+    weights = noise(3 * CHUNK, 3)
+    repo.write_checkpoint(RUN, [Tensor("w", "float32", (3 * CHUNK // 4,), weights)], b"",
+                          metadata(1))
+    before = pack_bytes(store.root)
+    tuned = fine_tune_step(weights, 2)
+    manifest = repo.write_checkpoint(RUN, [Tensor("w", "float32", (3 * CHUNK // 4,), tuned)], b"",
+                                     metadata(2), parent=1, delta=True)
+    assert pack_bytes(store.root) - before < CHUNK // 10  # a full chunk would be > CHUNK
+    assert [c.depth for c in manifest.tensors[0].chunks] == [1, 0, 0]
+    assert repo.read_checkpoint(RUN, 2).tensors[0].data == tuned
+    assert repo.read_checkpoint(RUN, 1).tensors[0].data == weights
+
+
+def test_delta_chains_are_bounded(repo):
+    weights = noise(CHUNK, 4)
+    depths = []
+    for step in range(1, 8):
+        weights = fine_tune_step(weights, step)
+        manifest = repo.write_checkpoint(
+            RUN, [Tensor("w", "uint8", (CHUNK,), weights)], b"", metadata(step),
+            parent=step - 1 if step > 1 else None, delta=True)
+        depths.append(manifest.tensors[0].chunks[0].depth)
+        assert repo.read_checkpoint(RUN, step).tensors[0].data == weights
+    assert depths == [0, 1, 2, 0, 1, 2, 0]  # OPTIONS.max_delta_depth is 2
+
+
+def save_two(repo: Repository, store: LocalDirStore) -> Path:
+    """Checkpoints 1 and 2 in separate packs; return the path of checkpoint 2's pack."""
+    repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
+    old = set(store.list("packs/"))
+    repo.write_checkpoint(RUN, state(2), noise(100, 2), metadata(2))
+    (new,) = set(store.list("packs/")) - old
+    return store.root / new
+
+
+@pytest.mark.parametrize("position", [0, 8, 20, 30, 60, 100, 5000, -1])
+def test_a_flipped_bit_in_a_pack_is_named_and_spares_the_previous_checkpoint(store, repo,
+                                                                             position):
+    pack = save_two(repo, store)
+    flip_bit(pack, position)
+    name = pack.relative_to(store.root).as_posix()
+    with pytest.raises(CorruptObject) as info:
+        repo.read_checkpoint(RUN, 2)
+    assert info.value.name == name
+    assert [f.name for f in repo.verify(RUN, 2)] == [name]
+    assert repo.read_checkpoint(RUN, 1).tensors == state(1)
+    assert repo.verify(RUN, 1) == []
+
+
+def test_a_truncated_pack_is_named(store, repo):
+    pack = save_two(repo, store)
+    pack.write_bytes(pack.read_bytes()[:-7])
+    with pytest.raises(CorruptObject, match="altered or truncated") as info:
+        repo.read_checkpoint(RUN, 2)
+    assert info.value.name == pack.relative_to(store.root).as_posix()
+
+
+def test_a_missing_pack_is_named(store, repo):
+    pack = save_two(repo, store)
+    pack.unlink()
+    with pytest.raises(ObjectMissing) as info:
+        repo.read_checkpoint(RUN, 2)
+    assert info.value.name == pack.relative_to(store.root).as_posix()
+
+
+@pytest.mark.parametrize("position", [0, 8, 12, 20, 40, 200, -1])
+def test_a_flipped_bit_in_a_manifest_is_named(store, repo, position):
+    repo.write_checkpoint(RUN, state(), EXTRA, metadata(3))
+    manifest = object_path(store, "manifests/")
+    flip_bit(manifest, position)
+    faults = repo.verify(RUN, 3)
+    assert [f.name for f in faults] == [f"manifests/{RUN}/{3:020d}"]
+    with pytest.raises(type(faults[0])):
+        repo.read_checkpoint(RUN, 3)
+
+
+@pytest.mark.parametrize("prefix", ["latest/", "keys/"])
+def test_a_damaged_pointer_or_key_is_named(store, master, repo, prefix):
+    repo.write_checkpoint(RUN, state(), EXTRA, metadata(3))
+    path = object_path(store, prefix)
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(CorruptObject) as info:
+        Repository(store, master).latest(RUN)
+    assert info.value.name == f"{prefix}{RUN}"
+
+
+def data_key(store: LocalDirStore, master: bytes) -> bytes:
+    return open_sealed(master, Kind.DATA_KEY, store.get(f"keys/{RUN}"), f"keys/{RUN}")
+
+
+def replace_manifest(store, master, step: int, edit) -> None:
+    """Re-seal a manifest after `edit`: what a buggy or hostile key holder could write."""
+    name = f"manifests/{RUN}/{step:020d}"
+    key = data_key(store, master)
+    payload = edit(open_sealed(key, Kind.MANIFEST, store.get(name), name).decode())
+    store.put(name, seal(key, Kind.MANIFEST, os.urandom(SALT_SIZE), payload.encode(), name))
+
+
+def test_a_manifest_naming_an_object_outside_the_store_is_refused(store, master, repo):
+    manifest = repo.write_checkpoint(RUN, state(), EXTRA, metadata(3))
+    pack = manifest.tensors[0].chunks[0].pack
+    replace_manifest(store, master, 3, lambda text: text.replace(pack, "../x", 1))
+    with pytest.raises(UnsafeObjectName, match="'../x'"):
+        repo.read_checkpoint(RUN, 3)
+
+
+def test_a_manifest_of_an_unknown_version_is_refused(store, master, repo):
+    repo.write_checkpoint(RUN, state(), EXTRA, metadata(3))
+    replace_manifest(store, master, 3, lambda text: text.replace('"format":1', '"format":2'))
+    with pytest.raises(UnsupportedFormat, match="version 2"):
+        repo.read_checkpoint(RUN, 3)
+
+
+def test_an_old_manifest_put_under_a_newer_name_is_refused(store, repo):
+    repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
+    repo.write_checkpoint(RUN, state(2), EXTRA, metadata(2))
+    store.put(f"manifests/{RUN}/{2:020d}", store.get(f"manifests/{RUN}/{1:020d}"))
+    with pytest.raises(CorruptObject, match="authentication failed"):
+        repo.read_checkpoint(RUN, 2)
+
+
+def test_a_wrong_master_key_is_named(store, repo):
+    repo.write_checkpoint(RUN, state(), EXTRA, metadata(3))
+    with pytest.raises(WrongKey) as info:
+        Repository(store, os.urandom(32)).read_checkpoint(RUN, 3)
+    assert info.value.name == f"keys/{RUN}"
+
+
+class CrashBeforeManifest:
+    """A store whose process dies as the manifest is about to be renamed into place."""
+
+    def __init__(self, inner: LocalDirStore):
+        self.inner = inner
+
+    def put(self, name, data):
+        if name.startswith("manifests/"):
+            raise StoreUnavailable(name, "simulated crash")
+        self.inner.put(name, data)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_crash_between_packs_and_manifest_keeps_the_previous_checkpoint(store, master, repo):
+    repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
+    packs_before = store.list("packs/")
+    crashing = Repository(CrashBeforeManifest(store), master, OPTIONS)
+    with pytest.raises(StoreUnavailable):
+        crashing.write_checkpoint(RUN, state(2), EXTRA, metadata(2), parent=1)
+    assert len(store.list("packs/")) > len(packs_before)  # data went first
+    fresh = Repository(store, master, OPTIONS)
+    assert (fresh.latest(RUN), fresh.steps(RUN)) == (1, [1])
+    assert fresh.read_checkpoint(RUN, 1).tensors == state(1)
+    fresh.write_checkpoint(RUN, state(2), EXTRA, metadata(2), parent=1)
+    assert fresh.read_checkpoint(RUN, 2).tensors == state(2)
+
+
+def test_a_resaved_step_replaces_its_manifest(repo):
+    repo.write_checkpoint(RUN, state(1), EXTRA, metadata(7))
+    repo.write_checkpoint(RUN, state(2), EXTRA, metadata(7))
+    assert repo.read_checkpoint(RUN, 7).tensors == state(2)
+    assert repo.steps(RUN) == [7]

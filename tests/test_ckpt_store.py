@@ -1,0 +1,108 @@
+"""Store conformance: every store passes the same tests; then LocalDirStore's own."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_geo.ckpt.errors import ObjectMissing, StoreUnavailable, UnsafeObjectName
+from slurm_geo.ckpt.store import LocalDirStore, Store
+
+
+@pytest.fixture(params=["local"])
+def store(request, tmp_path) -> Store:
+    return LocalDirStore(tmp_path)
+
+
+def test_put_get_replace_and_exists(store):
+    assert not store.exists("keys/r")
+    store.put("keys/r", b"one")
+    assert store.get("keys/r") == b"one" and store.exists("keys/r")
+    store.put("keys/r", memoryview(b"two"))
+    assert store.get("keys/r") == b"two"
+    store.put("empty", b"")
+    assert store.get("empty") == b""
+
+
+def test_getting_a_missing_object_says_so_by_name(store):
+    with pytest.raises(ObjectMissing) as info:
+        store.get("packs/ab/cd")
+    assert info.value.name == "packs/ab/cd"
+
+
+def test_delete_is_idempotent(store):
+    store.put("a/b", b"x")
+    store.delete("a/b")
+    store.delete("a/b")
+    store.delete("never/was")
+    assert not store.exists("a/b")
+
+
+def test_list_returns_sorted_names_under_a_prefix(store):
+    for name in ["manifests/r/2", "manifests/r/10", "manifests/r2/1", "latest/r", "keys/r"]:
+        store.put(name, b"x")
+    assert store.list("manifests/r/") == ["manifests/r/10", "manifests/r/2"]
+    assert store.list("manifests/r") == ["manifests/r/10", "manifests/r/2", "manifests/r2/1"]
+    assert store.list("") == sorted(["manifests/r/2", "manifests/r/10", "manifests/r2/1",
+                                     "latest/r", "keys/r"])
+    assert store.list("nothing/here/") == []
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../x", ".hidden", "a//b", "a b"])
+@pytest.mark.parametrize("operation", ["put", "get", "delete", "exists"])
+def test_names_that_could_escape_are_refused(store, name, operation):
+    args = (name, b"x") if operation == "put" else (name,)
+    with pytest.raises(UnsafeObjectName):
+        getattr(store, operation)(*args)
+
+
+def test_listing_outside_the_store_is_refused(store):
+    with pytest.raises(UnsafeObjectName):
+        store.list("../")
+
+
+def test_a_symlink_out_of_the_root_is_refused(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "packs").symlink_to(outside)
+    store = LocalDirStore(root)
+    with pytest.raises(UnsafeObjectName, match="symbolic link"):
+        store.put("packs/x", b"x")
+    assert list(outside.iterdir()) == []
+
+
+def test_a_missing_root_is_unavailable(tmp_path):
+    with pytest.raises(StoreUnavailable):
+        LocalDirStore(tmp_path / "absent")
+
+
+def test_io_failure_is_unavailable(tmp_path):
+    store = LocalDirStore(tmp_path)
+    store.put("a", b"file, not a directory")
+    with pytest.raises(StoreUnavailable) as info:
+        store.put("a/b", b"x")
+    assert info.value.name == "a/b"
+
+
+def test_a_crash_before_rename_keeps_the_old_object_and_hides_the_temp_file(tmp_path, monkeypatch):
+    store = LocalDirStore(tmp_path)
+    store.put("manifests/r/1", b"old")
+
+    def crash(_src, _dst):
+        raise KeyboardInterrupt  # stands for the process dying between write and rename
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        store.put("manifests/r/1", b"new")
+    monkeypatch.undo()
+    assert store.get("manifests/r/1") == b"old"
+    Path(tmp_path, "manifests/r/.1.leftover.tmp").write_bytes(b"half")
+    assert store.list("manifests/") == ["manifests/r/1"]
+
+
+def test_objects_are_plain_files_under_the_root(tmp_path):
+    LocalDirStore(tmp_path).put("packs/ab/cd", b"bytes")
+    assert (tmp_path / "packs" / "ab" / "cd").read_bytes() == b"bytes"
