@@ -103,3 +103,27 @@ class KeyFileError(CkptError):
         super().__init__(
             name, f"master key file '{name}': {detail}; fix it or point to the site key file"
         )
+
+
+class ImmutableCheckpoint(CkptError):
+    """Tier 3: a promoted checkpoint is never overwritten or deleted."""
+
+    exit_code = 29
+
+    def __init__(self, name: str):
+        super().__init__(
+            name,
+            f"checkpoint '{name}' is promoted (immutable); save under another step, or leave it",
+        )
+
+
+class StoreBusy(CkptError):
+    """Garbage collection refused while a push may still be writing packs."""
+
+    exit_code = 30
+
+    def __init__(self, name: str, since: str):
+        super().__init__(
+            name,
+            f"a push holds lock '{name}' (since {since}); run gc again once it has finished",
+        )

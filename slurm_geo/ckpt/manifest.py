@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +94,15 @@ class Manifest:
         for tensor in self.tensors:
             yield from tensor.chunks
         yield from self.extra_state.chunks
+
+
+def with_bases(refs: Iterable[ChunkRef]) -> Iterator[ChunkRef]:
+    """Each ref, followed by the delta bases it needs to be read."""
+    for ref in refs:
+        current: ChunkRef | None = ref
+        while current is not None:
+            yield current
+            current = current.base
 
 
 def tensor_nbytes(dtype: str, shape: tuple[int, ...]) -> int:

@@ -60,6 +60,22 @@ def manifest_name(run: str, step: int) -> str:
     return f"{manifest_prefix(run)}{step:0{STEP_DIGITS}d}"
 
 
+def promoted_name(run: str, step: int) -> str:
+    return f"promoted/{manifest_name(run, step).removeprefix('manifests/')}"
+
+
+def lock_name(token: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{32}", token):
+        raise UnsafeObjectName(token, "a lock token is 32 lowercase hex digits")
+    return f"locks/{token}"
+
+
+def run_of_manifest_name(name: str) -> str | None:
+    """The run a name under `manifests/` belongs to, or None."""
+    parts = name.split("/")
+    return parts[1] if len(parts) == 3 and parts[0] == "manifests" else None
+
+
 def step_of_manifest_name(run: str, name: str) -> int | None:
     """The step a manifest name stands for, or None if `name` is not one of `run`'s."""
     tail = name.removeprefix(manifest_prefix(run))

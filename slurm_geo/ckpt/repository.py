@@ -6,14 +6,17 @@ pointer; a crash at any point leaves the previous checkpoint intact and still th
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 from slurm_geo.ckpt.chunking import content_defined_chunks, fixed_chunks
-from slurm_geo.ckpt.errors import CkptError, CorruptObject, ObjectMissing
+from slurm_geo.ckpt.errors import CkptError, CorruptObject, ImmutableCheckpoint, ObjectMissing
 from slurm_geo.ckpt.keys import KEY_SIZE, SALT_SIZE, RandomBytes, RunKeys
+from slurm_geo.ckpt.locks import Clock, push_lock
 from slurm_geo.ckpt.manifest import (
     DTYPE_SIZES,
     PLANE_DTYPES,
@@ -35,6 +38,8 @@ from slurm_geo.ckpt.names import (
     latest_name,
     manifest_name,
     manifest_prefix,
+    promoted_name,
+    run_of_manifest_name,
     step_of_manifest_name,
 )
 from slurm_geo.ckpt.reader import ChunkReader
@@ -63,13 +68,14 @@ class Repository:
     """The checkpoints of every run in one store, sealed under one site master key."""
 
     def __init__(self, store: Store, master_key: bytes, options: WriteOptions = DEFAULT_OPTIONS,
-                 random_bytes: RandomBytes = os.urandom):
+                 random_bytes: RandomBytes = os.urandom, clock: Clock = lambda: datetime.now(UTC)):
         if len(master_key) != KEY_SIZE:
             raise ValueError(f"a master key is {KEY_SIZE} bytes")
         self._store = store
-        self._master_key = master_key
+        self.master_key = master_key
         self._options = options
         self._random_bytes = random_bytes
+        self._clock = clock
         self._run_keys: dict[str, RunKeys] = {}
 
     def write_checkpoint(
@@ -80,7 +86,16 @@ class Repository:
         name = manifest_name(run, metadata.global_step)
         check_metadata(name, metadata)
         _check_tensors(tensors)
+        if self.is_promoted(run, metadata.global_step):
+            raise ImmutableCheckpoint(name)
         parent_manifest = None if parent is None else self.manifest(run, parent)
+        with push_lock(self._store, self._random_bytes, self._clock):
+            return self._write(run, name, tensors, extra_state, metadata, parent_manifest,
+                               delta)
+
+    def _write(self, run: str, name: str, tensors: Sequence[Tensor], extra_state: Bytes,
+               metadata: Metadata, parent_manifest: Manifest | None, delta: bool) -> Manifest:
+        parent = None if parent_manifest is None else parent_manifest.step
         keys = self._keys(run, create=True)
         writer = ChunkWriter(self._store, keys, self._options, self._random_bytes,
                              _known_refs(parent_manifest), ChunkReader(self._store, keys).read)
@@ -100,9 +115,13 @@ class Repository:
         )
         # The manifest is the commit point; the pointer only saves readers a listing.
         self._put_sealed(keys.data_key, Kind.MANIFEST, name, manifest_to_json(manifest))
-        self._put_sealed(keys.data_key, Kind.LATEST, latest_name(run),
-                         latest_to_json(run, metadata.global_step))
+        self.point_latest(run, metadata.global_step)
         return manifest
+
+    def point_latest(self, run: str, step: int) -> None:
+        """Name `step` as the run's latest checkpoint (after its manifest is in place)."""
+        self._put_sealed(self._keys(run).data_key, Kind.LATEST, latest_name(run),
+                         latest_to_json(run, step))
 
     def read_checkpoint(self, run: str, step: int) -> Checkpoint:
         """Every tensor and the extra state of a checkpoint, each chunk verified."""
@@ -136,6 +155,30 @@ class Repository:
         """Steps of the run's committed checkpoints, ascending."""
         steps = (step_of_manifest_name(run, n) for n in self._store.list(manifest_prefix(run)))
         return sorted(s for s in steps if s is not None)
+
+    def runs(self) -> list[str]:
+        """Every run with at least one committed checkpoint, sorted."""
+        return sorted({r for n in self._store.list("manifests/")
+                       if (r := run_of_manifest_name(n)) is not None})
+
+    def promote(self, run: str, step: int) -> None:
+        """Tier 3: make a checkpoint immutable (never overwritten, deleted or collected)."""
+        self.manifest(run, step)  # only a valid checkpoint can be promoted
+        body = json.dumps({"run": run, "step": step, "promoted_at": self._clock().isoformat()})
+        self._put_sealed(self._keys(run).data_key, Kind.PROMOTED, promoted_name(run, step),
+                         body.encode())
+
+    def is_promoted(self, run: str, step: int) -> bool:
+        return self._store.exists(promoted_name(run, step))
+
+    def delete_checkpoint(self, run: str, step: int) -> None:
+        """Drop a checkpoint's manifest; its packs go at the next gc unless shared."""
+        name = manifest_name(run, step)
+        if self.is_promoted(run, step):
+            raise ImmutableCheckpoint(name)
+        if self.latest(run) == step:
+            self._store.delete(latest_name(run))  # readers fall back to listing manifests
+        self._store.delete(name)
 
     def verify(self, run: str, step: int) -> list[CkptError]:
         """Read every chunk of a checkpoint; one fault per damaged or missing object."""
@@ -173,9 +216,9 @@ class Repository:
             if not create:
                 raise
             data_key = self._random_bytes(KEY_SIZE)
-            self._put_sealed(self._master_key, Kind.DATA_KEY, name, data_key)
+            self._put_sealed(self.master_key, Kind.DATA_KEY, name, data_key)
             return RunKeys(data_key)
-        data_key = open_sealed(self._master_key, Kind.DATA_KEY, sealed, name)
+        data_key = open_sealed(self.master_key, Kind.DATA_KEY, sealed, name)
         if len(data_key) != KEY_SIZE:
             raise CorruptObject(name, f"holds a {len(data_key)}-byte key")
         return RunKeys(data_key)

@@ -28,6 +28,7 @@ class Kind(IntEnum):
     DATA_KEY = 1
     MANIFEST = 2
     LATEST = 3
+    PROMOTED = 4
 
 
 def seal(key: bytes, kind: Kind, salt: bytes, payload: bytes, name: str) -> bytes:

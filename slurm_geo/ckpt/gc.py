@@ -1,0 +1,63 @@
+"""Garbage collection (docs/format.md §8.1): drop packs no manifest references.
+
+Safe against a concurrent push because of the order: list packs, then check push locks,
+then read every manifest. A push that began before the pack listing holds a lock (gc
+refuses); one that began after it writes only packs the listing does not contain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from slurm_geo.ckpt.errors import StoreBusy
+from slurm_geo.ckpt.locks import is_fresh, locks
+from slurm_geo.ckpt.manifest import with_bases
+from slurm_geo.ckpt.names import pack_name, run_of_manifest_name, step_of_manifest_name
+from slurm_geo.ckpt.repository import Repository
+from slurm_geo.ckpt.store import Store
+
+
+@dataclass
+class GcReport:
+    deleted_packs: list[str] = field(default_factory=list)
+    kept_packs: int = 0
+    stale_locks_removed: list[str] = field(default_factory=list)
+
+
+def collect_garbage(store: Store, repository: Repository, now: datetime,
+                    dry_run: bool = False) -> GcReport:
+    """Delete unreferenced packs of every run in `store`.
+
+    Raises StoreBusy while a push may be in flight, and any CkptError from a manifest
+    that does not open: a manifest we cannot read could reference any pack.
+    """
+    candidates = store.list("packs/")
+    report = GcReport()
+    for lock in locks(store):
+        if is_fresh(lock, now):
+            raise StoreBusy(lock.name, lock.created_at.isoformat() if lock.created_at
+                            else "an unreadable time")
+        report.stale_locks_removed.append(lock.name)
+    referenced = _referenced_packs(store, repository)
+    for name in candidates:
+        if name in referenced:
+            report.kept_packs += 1
+        else:
+            report.deleted_packs.append(name)
+    if not dry_run:
+        for name in report.stale_locks_removed + report.deleted_packs:
+            store.delete(name)
+    return report
+
+
+def _referenced_packs(store: Store, repository: Repository) -> set[str]:
+    referenced: set[str] = set()
+    for name in store.list("manifests/"):
+        run = run_of_manifest_name(name)
+        step = step_of_manifest_name(run, name) if run else None
+        if run is None or step is None:
+            continue
+        refs = with_bases(repository.manifest(run, step).refs())
+        referenced.update(pack_name(ref.pack) for ref in refs)
+    return referenced
