@@ -28,20 +28,21 @@ class CopyReport:
 
 
 def copy_checkpoint(source: Repository, source_store: Store, destination: Store, run: str,
-                    step: int, on_bytes: Callable[[int], None] = lambda _n: None) -> CopyReport:
+                    step: int, on_pack: Callable[[int, int], None] = lambda _i, _n: None,
+                    ) -> CopyReport:
+    """Copy `run@step`; `on_pack(done, total)` is called after each pack is handled."""
     manifest = source.manifest(run, step)  # opens and validates: never copy a bad manifest
     packs = sorted({pack_name(r.pack) for r in with_bases(manifest.refs())})
     copied = present = moved = 0
     if not destination.exists(key_name(run)):
         _copy(source_store, destination, key_name(run))
-    for name in packs:
+    for done, name in enumerate(packs, 1):
         if destination.exists(name):
             present += 1
-            continue
-        size = _copy(source_store, destination, name)
-        copied += 1
-        moved += size
-        on_bytes(size)
+        else:
+            moved += _copy(source_store, destination, name)
+            copied += 1
+        on_pack(done, len(packs))
     _copy(source_store, destination, manifest_name(run, step))
     if _destination_latest(source, destination, run) < step:
         _copy_latest_naming(source, destination, run, step)

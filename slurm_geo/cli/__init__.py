@@ -17,6 +17,9 @@ from slurm_geo.errors import SlurmGeoError
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 SUBCOMMANDS = {
     "sandbox": ("slurm_geo.cli.sandbox", "sandbox", "Run a local two-cluster Slurm sandbox."),
+    "ckpt": ("slurm_geo.cli.ckpt", "ckpt",
+             "Push, pull, list, verify, promote and garbage-collect checkpoints."),
+    "keys": ("slurm_geo.cli.ckpt", "keys", "Create the site master key."),
 }
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import click
 
-from slurm_geo.sandbox import Sandbox, root_from_env
-from slurm_geo.sandbox.layout import ROOT_ENV
+from slurm_geo.sandbox.layout import ROOT_ENV, root_from_env
 
 dir_option = click.option(
     "--dir",
@@ -32,6 +31,8 @@ def sandbox() -> None:
               help="First of the sandbox's ports (default 16800; fixed at first `up`).")
 def up(root: Path | None, port_base: int | None) -> None:
     """Start munge, MariaDB, both clusters, slurmrestd and the S3 endpoint (idempotent)."""
+    from slurm_geo.sandbox.lifecycle import Sandbox
+
     Sandbox(root_from_env(root), port_base).up(progress=lambda msg: click.echo(msg, err=True))
 
 
@@ -40,6 +41,8 @@ def up(root: Path | None, port_base: int | None) -> None:
 @click.option("--purge", is_flag=True, help="Also delete the sandbox directory.")
 def down(root: Path | None, purge: bool) -> None:
     """Stop every process the sandbox started, and nothing else."""
+    from slurm_geo.sandbox.lifecycle import Sandbox
+
     Sandbox(root_from_env(root)).down(purge=purge)
 
 
@@ -48,6 +51,8 @@ def down(root: Path | None, purge: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(root: Path | None, as_json: bool) -> None:
     """Show each component up or down; exits 1 unless all are up."""
+    from slurm_geo.sandbox.lifecycle import Sandbox
+
     rows = Sandbox(root_from_env(root)).status()
     if as_json:
         click.echo(json.dumps([asdict(row) for row in rows], indent=2))
@@ -65,6 +70,8 @@ def status(root: Path | None, as_json: bool) -> None:
 @click.argument("cluster")
 def env(root: Path | None, cluster: str) -> None:
     """Print `export` lines for CLUSTER: eval "$(slurm-geo sandbox env onprem)"."""
+    from slurm_geo.sandbox.lifecycle import Sandbox
+
     for line in Sandbox(root_from_env(root)).env_lines(cluster):
         click.echo(line)
 
@@ -76,6 +83,7 @@ def demo(root: Path | None, as_json: bool) -> None:
     """Run one job on each sandbox cluster and print their accounting rows."""
     from slurm_geo.config import load_config
     from slurm_geo.sandbox.demo import all_completed, run_job_on_each_cluster
+    from slurm_geo.sandbox.lifecycle import Sandbox
 
     site = load_config(Sandbox(root_from_env(root)).layout.site_config)
     records = run_job_on_each_cluster(site, progress=lambda msg: click.echo(msg, err=True))

@@ -128,6 +128,11 @@ class SandboxLayout:
         return self.root / "pfs"
 
     @property
+    def master_key(self) -> Path:
+        """The site master key checkpoints are sealed under (it stays on-prem)."""
+        return self.root / "master.key"
+
+    @property
     def site_config(self) -> Path:
         return self.root / "slurm-geo.toml"
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import requests
 
+from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox import render
 from slurm_geo.sandbox.layout import (
@@ -112,6 +113,7 @@ class Sandbox:
             "SLURM_CONF": str(cluster.slurm_conf),
             "SLURM_GEO_CONFIG": str(self.layout.site_config),
             "SLURM_GEO_SANDBOX_DIR": str(self.layout.root),
+            "SLURM_GEO_KEY_FILE": str(self.layout.master_key),
             "AWS_ENDPOINT_URL": self.layout.s3_endpoint,
             "AWS_ACCESS_KEY_ID": "sandbox",
             "AWS_SECRET_ACCESS_KEY": "sandbox",
@@ -219,6 +221,8 @@ class Sandbox:
         layout.state_file.write_text(json.dumps(
             {"port_base": layout.port_base, "slurm_version": list(version)}) + "\n")
         layout.pfs_dir.mkdir(exist_ok=True)
+        if not layout.master_key.exists():
+            create_master_key_file(layout.master_key)
         layout.munge_dir.mkdir(exist_ok=True)
         layout.munge_dir.chmod(0o755)  # munged insists clients can reach its socket
         _write_secret(layout.munge_dir / "munge.key", lambda: secrets.token_bytes(1024))

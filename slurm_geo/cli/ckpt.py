@@ -1,0 +1,294 @@
+"""`slurm-geo ckpt ...` and `slurm-geo keys ...`: move, inspect and verify checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from slurm_geo.errors import ConfigError
+
+KEY_FILE_ENV = "SLURM_GEO_KEY_FILE"
+DEFAULT_KEY_FILE = "/etc/slurm-geo/master.key"
+
+key_file_option = click.option(
+    "--key-file", type=click.Path(path_type=Path), envvar=KEY_FILE_ENV,
+    default=DEFAULT_KEY_FILE, show_default=True,
+    help=f"The site master key (0600); also ${KEY_FILE_ENV}.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def store_option(flag: str, help_text: str):
+    return click.option(flag, "store_url", required=True, metavar="STORE",
+                        help=f"{help_text}: file:///PATH, s3://BUCKET/PREFIX, or a store "
+                             "name from the slurm-geo config.")
+
+
+@click.group()
+def keys() -> None:
+    """Create the site master key that wraps every run's data key."""
+
+
+@keys.command("init")
+@click.argument("path", type=click.Path(path_type=Path))
+def keys_init(path: Path) -> None:
+    """Create a new master key file at PATH (mode 0600; refuses to overwrite)."""
+    from slurm_geo.ckpt import create_master_key_file
+
+    if path.exists():
+        raise ConfigError(f"{path} already exists; a new key would orphan every checkpoint "
+                          "sealed under the old one. Choose another path.")
+    create_master_key_file(path)
+    click.echo(f"created master key {path} (keep it on-prem; back it up offline)")
+
+
+@click.group()
+def ckpt() -> None:
+    """Push, pull, list, verify, promote and garbage-collect checkpoints."""
+
+
+@ckpt.command()
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@store_option("--to", "Destination store")
+@click.option("--run", help="Run id (required for a torch.save file; picks the run of a "
+                            "checkpoint directory holding several).")
+@click.option("--step", type=click.IntRange(min=0),
+              help="Step (required for a torch.save file; default: the run's latest).")
+@key_file_option
+@json_option
+def push(path: Path, store_url: str, run: str | None, step: int | None, key_file: Path,
+         as_json: bool) -> None:
+    """Push PATH to a store: a checkpoint directory written by slurm-geo, or a plain
+    torch.save file of a state dict."""
+    from slurm_geo.ckpt import LocalDirStore, Repository, load_master_key
+
+    master_key = load_master_key(key_file)
+    destination = _open(store_url)
+    if path.is_dir():
+        source_store = LocalDirStore(path)
+        source = Repository(source_store, master_key)
+        run = run or _only_run(source, path)
+        step = step if step is not None else _latest(source, run, str(path))
+        report = _copy_with_progress(source, source_store, destination, run, step)
+        result = {"run": run, "step": step, "packs_copied": report.packs_copied,
+                  "packs_present": report.packs_present, "bytes_copied": report.bytes_copied}
+    else:
+        if run is None or step is None:
+            raise ConfigError(f"{path} is a torch.save file: give --run RUN --step N")
+        result = _push_torch_file(path, Repository(destination, master_key), run, step)
+    _report(result, as_json, "pushed {run}@{step}")
+
+
+@ckpt.command()
+@click.argument("target", metavar="RUN[@STEP]")
+@store_option("--from", "Source store")
+@click.option("--to", "path", required=True, type=click.Path(path_type=Path),
+              help="A directory (gets a verified copy of the checkpoint), or FILE.pt "
+                   "(gets a torch.save file of the state dict).")
+@key_file_option
+@json_option
+def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool) -> None:
+    """Fetch RUN (its latest step) or RUN@STEP from a store, verifying every chunk."""
+    from slurm_geo.ckpt import LocalDirStore, Repository, load_master_key
+
+    master_key = load_master_key(key_file)
+    source_store = _open(store_url)
+    source = Repository(source_store, master_key)
+    run, step = _parse_target(target, source, store_url)
+    if path.suffix == ".pt":
+        result = _pull_torch_file(source, run, step, path)
+    else:
+        path.mkdir(parents=True, exist_ok=True)
+        local = LocalDirStore(path)
+        report = _copy_with_progress(source, source_store, local, run, step)
+        _fail_on_faults(Repository(local, master_key).verify(run, step), f"{run}@{step}")
+        result = {"run": run, "step": step, "to": str(path), "bytes": report.bytes_copied}
+    _report(result, as_json, "pulled {run}@{step} to {to}", to=str(path))
+
+
+@ckpt.command("ls")
+@click.argument("run", required=False)
+@store_option("--store", "Store to list")
+@key_file_option
+@json_option
+def list_checkpoints(run: str | None, store_url: str, key_file: Path, as_json: bool) -> None:
+    """List runs and their checkpoints (step, epoch, loss, when, where, promoted)."""
+    from slurm_geo.ckpt import Repository, load_master_key
+
+    repository = Repository(_open(store_url), load_master_key(key_file))
+    rows = []
+    for name in [run] if run else repository.runs():
+        latest = repository.latest(name)
+        for step in repository.steps(name):
+            meta = repository.manifest(name, step).metadata
+            rows.append({"run": name, "step": step, "epoch": meta.epoch, "loss": meta.loss,
+                         "created_at": meta.created_at, "cluster": meta.cluster,
+                         "job_id": meta.job_id, "latest": step == latest,
+                         "promoted": repository.is_promoted(name, step)})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no checkpoints")
+        return
+    click.echo(_table(rows, ["run", "step", "epoch", "loss", "created_at", "cluster", "job_id",
+                             "latest", "promoted"]))
+
+
+@ckpt.command()
+@click.argument("target", metavar="RUN[@STEP]")
+@store_option("--store", "Store holding the checkpoint")
+@key_file_option
+@json_option
+def verify(target: str, store_url: str, key_file: Path, as_json: bool) -> None:
+    """Read every chunk of RUN's latest (or STEP's) checkpoint; exit 1 naming each fault."""
+    from slurm_geo.ckpt import Repository, load_master_key
+
+    repository = Repository(_open(store_url), load_master_key(key_file))
+    run, step = _parse_target(target, repository, store_url)
+    faults = repository.verify(run, step)
+    if as_json:
+        click.echo(json.dumps({"run": run, "step": step, "ok": not faults,
+                               "faults": [{"object": f.name, "error": str(f)} for f in faults]},
+                              indent=2))
+        sys.exit(1 if faults else 0)
+    _fail_on_faults(faults, f"{run}@{step}")
+    click.echo(f"{run}@{step}: ok, every chunk verified")
+
+
+@ckpt.command()
+@click.argument("target", metavar="RUN@STEP")
+@store_option("--store", "Store holding the checkpoint")
+@key_file_option
+def promote(target: str, store_url: str, key_file: Path) -> None:
+    """Make a checkpoint immutable (retention tier 3): never overwritten or collected."""
+    from slurm_geo.ckpt import Repository, load_master_key
+
+    repository = Repository(_open(store_url), load_master_key(key_file))
+    run, step = _parse_target(target, repository, store_url)
+    repository.promote(run, step)
+    click.echo(f"{run}@{step}: promoted")
+
+
+@ckpt.command()
+@store_option("--store", "Store to clean")
+@click.option("--dry-run", is_flag=True, help="Report what would be deleted; delete nothing.")
+@key_file_option
+@json_option
+def gc(store_url: str, dry_run: bool, key_file: Path, as_json: bool) -> None:
+    """Delete packs no checkpoint references (refuses while a push is in flight)."""
+    from slurm_geo.ckpt import Repository, load_master_key
+    from slurm_geo.ckpt.gc import collect_garbage
+
+    store = _open(store_url)
+    report = collect_garbage(store, Repository(store, load_master_key(key_file)),
+                             datetime.now(UTC), dry_run=dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    _report({**asdict(report), "dry_run": dry_run}, as_json,
+            f"{verb} {len(report.deleted_packs)} pack(s), kept {report.kept_packs}")
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+def _open(url: str):
+    from slurm_geo.ckpt.open_store import open_store
+
+    if "://" not in url:
+        from slurm_geo.config import load_config
+
+        site = load_config()
+        if url not in site.stores:
+            known = ", ".join(sorted(site.stores)) or "none"
+            raise ConfigError(f"store '{url}' is neither a URL (file:///PATH, "
+                              f"s3://BUCKET/PREFIX) nor in {site.source} (stores: {known})")
+        config = site.stores[url]
+        return open_store(config.url, endpoint_url=config.endpoint_url or None)
+    return open_store(url)
+
+
+def _parse_target(target: str, repository, store_url: str) -> tuple[str, int]:
+    run, _, step_text = target.partition("@")
+    if step_text:
+        if not step_text.isdigit():
+            raise ConfigError(f"'{target}': STEP after '@' must be a whole number")
+        return run, int(step_text)
+    return run, _latest(repository, run, store_url)
+
+
+def _latest(repository, run: str, where: str) -> int:
+    step = repository.latest(run)
+    if step is None:
+        raise ConfigError(f"run '{run}' has no checkpoint in {where}")
+    return step
+
+
+def _only_run(repository, path: Path) -> str:
+    runs = repository.runs()
+    if len(runs) != 1:
+        raise ConfigError(f"{path} holds runs {', '.join(runs) or 'none'}; choose one with --run")
+    return runs[0]
+
+
+def _copy_with_progress(source, source_store, destination, run: str, step: int):
+    from slurm_geo.ckpt.replicate import copy_checkpoint
+
+    if not sys.stderr.isatty():
+        return copy_checkpoint(source, source_store, destination, run, step)
+    with click.progressbar(length=1, label=f"{run}@{step} packs", file=sys.stderr,
+                           show_pos=True) as bar:
+        def advance(done: int, total: int) -> None:
+            bar.length = total
+            bar.update(done - bar.pos)
+
+        return copy_checkpoint(source, source_store, destination, run, step, on_pack=advance)
+
+
+def _push_torch_file(path: Path, repository, run: str, step: int) -> dict:
+    from slurm_geo.ckpt import Metadata
+    from slurm_geo.torch.state import tensors_from_torch_file
+
+    tensors, extra = tensors_from_torch_file(path)
+    metadata = Metadata(global_step=step, optimizer_step=step, epoch=0, loss=None,
+                        created_at=datetime.now(UTC).isoformat(),
+                        cluster=os.environ.get("SLURM_CLUSTER_NAME", ""),
+                        job_id=os.environ.get("SLURM_JOB_ID", ""))
+    parent = repository.latest(run) if run in repository.runs() else None
+    repository.write_checkpoint(run, tensors, extra, metadata, parent=parent)
+    return {"run": run, "step": step, "tensors": len(tensors),
+            "bytes": sum(len(memoryview(t.data).cast("B")) for t in tensors)}
+
+
+def _pull_torch_file(repository, run: str, step: int, path: Path) -> dict:
+    from slurm_geo.torch.state import save_torch_file
+
+    checkpoint = repository.read_checkpoint(run, step)
+    save_torch_file(checkpoint.tensors, checkpoint.extra_state, path)
+    return {"run": run, "step": step, "to": str(path)}
+
+
+def _fail_on_faults(faults, what: str) -> None:
+    if faults:
+        for fault in faults:
+            click.echo(f"slurm-geo: fault: {fault}", err=True)
+        click.echo(f"slurm-geo: error: {what}: {len(faults)} damaged object(s)", err=True)
+        sys.exit(1)
+
+
+def _report(result: dict, as_json: bool, template: str, **extra: str) -> None:
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(template.format(**{**result, **extra}))
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    cells = [[c.upper() for c in columns]] + [
+        ["-" if row[c] is None else str(row[c]) for c in columns] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+                     for r in cells)
