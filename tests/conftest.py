@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from slurm_geo.config import SiteConfig, load_config
 from slurm_geo.sandbox import Sandbox, root_from_env
+from slurm_geo.sandbox.layout import S3_BUCKET
 from slurm_geo.slurm import CliSlurmClient, SlurmClient, SlurmError, connect
 
 
@@ -77,3 +79,40 @@ def shared_dir(sandbox: Sandbox, request) -> Path:
     for stale in path.iterdir():
         stale.unlink()
     return path
+
+
+# --- the sandbox's S3 endpoint, one fresh prefix per test ---------------------------------
+
+@pytest.fixture(scope="session")
+def s3_endpoint(sandbox: Sandbox) -> str:
+    return sandbox.layout.s3_endpoint
+
+
+@pytest.fixture(scope="session")
+def s3_client(s3_endpoint):
+    from slurm_geo.ckpt.s3store import make_s3_client
+
+    return make_s3_client(s3_endpoint, "us-east-1", access_key_id="sandbox",
+                          secret_access_key="sandbox", connect_timeout_s=2, read_timeout_s=10)
+
+
+@pytest.fixture
+def s3_prefix(s3_client) -> Iterator[str]:
+    prefix = f"tests/{uuid.uuid4().hex}"
+    yield prefix
+    uploads = s3_client.list_multipart_uploads(Bucket=S3_BUCKET, Prefix=prefix + "/")
+    for upload in uploads.get("Uploads", ()):
+        s3_client.abort_multipart_upload(Bucket=S3_BUCKET, Key=upload["Key"],
+                                         UploadId=upload["UploadId"])
+    pages = s3_client.get_paginator("list_objects_v2").paginate(Bucket=S3_BUCKET,
+                                                                Prefix=prefix + "/")
+    for page in pages:
+        for item in page.get("Contents", ()):
+            s3_client.delete_object(Bucket=S3_BUCKET, Key=item["Key"])
+
+
+@pytest.fixture
+def s3_store(s3_client, s3_prefix):
+    from slurm_geo.ckpt.s3store import S3Store
+
+    return S3Store(S3_BUCKET, s3_prefix, s3_client)

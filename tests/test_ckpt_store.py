@@ -8,11 +8,22 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt.errors import ObjectMissing, StoreUnavailable, UnsafeObjectName
+from slurm_geo.ckpt.retry import RetryingStore
 from slurm_geo.ckpt.store import LocalDirStore, Store
 
+# The sandbox's S3 fixtures; each S3 test gets a fresh key prefix.
 
-@pytest.fixture(params=["local"])
+
+@pytest.fixture(params=[
+    "local",
+    pytest.param("s3", marks=pytest.mark.sandbox),
+    pytest.param("s3-retrying", marks=pytest.mark.sandbox),  # what open_store gives for s3://
+])
 def store(request, tmp_path) -> Store:
+    if request.param == "s3":
+        return request.getfixturevalue("s3_store")
+    if request.param == "s3-retrying":
+        return RetryingStore(request.getfixturevalue("s3_store"))
     return LocalDirStore(tmp_path)
 
 

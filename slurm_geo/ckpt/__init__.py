@@ -17,7 +17,9 @@ from slurm_geo.ckpt.errors import (
 )
 from slurm_geo.ckpt.keys import create_master_key_file, load_master_key
 from slurm_geo.ckpt.manifest import Manifest, Metadata
+from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.ckpt.repository import Checkpoint, Repository, Tensor
+from slurm_geo.ckpt.retry import RetryingStore, is_permanent
 from slurm_geo.ckpt.store import LocalDirStore, Store
 from slurm_geo.ckpt.writer import WriteOptions
 
@@ -25,5 +27,5 @@ __all__ = [
     "Checkpoint", "CkptError", "CorruptObject", "KeyFileError", "LocalDirStore", "Manifest",
     "Metadata", "ObjectMissing", "Repository", "StepMismatch", "Store", "StoreUnavailable",
     "Tensor", "UnsafeObjectName", "UnsupportedFormat", "WriteOptions", "WrongKey",
-    "create_master_key_file", "load_master_key",
+    "RetryingStore", "create_master_key_file", "is_permanent", "load_master_key", "open_store",
 ]

@@ -1,0 +1,73 @@
+"""Opening a store from its URL: the one place where stores and their wrappers are put
+together, so callers never build a client or a retry policy themselves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from slurm_geo.ckpt.errors import UnsafeObjectName
+from slurm_geo.ckpt.names import check_object_name
+from slurm_geo.ckpt.retry import RetryingStore
+from slurm_geo.ckpt.store import LocalDirStore, Store
+from slurm_geo.errors import ConfigError
+
+ACCEPTED_FORMS = "file:///absolute/path or s3://bucket[/prefix]"
+
+# S3's rules for bucket names (lowercase, 3-63 characters), minus the rarer exceptions.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def open_store(url: str, endpoint_url: str | None = None,
+               region_name: str | None = None) -> Store:
+    """The store `url` names, ready to use.
+
+    `file:///path` is a `LocalDirStore` on that directory (the path is taken literally, not
+    percent-decoded). `s3://bucket/prefix` is an `S3Store` wrapped in a `RetryingStore`;
+    `endpoint_url` and `region_name` (an AWS region, not a slurm-geo region), when empty,
+    come from boto3's resolution: AWS_ENDPOINT_URL, AWS_DEFAULT_REGION, and so on, as do
+    the credentials. A URL of any other form raises `ConfigError` naming it.
+    """
+    scheme, separator, rest = url.partition("://")
+    if scheme == "file" and separator:
+        if not rest.startswith("/"):
+            raise _bad_url(url, "names no absolute path (a file URL has three slashes)")
+        return LocalDirStore(Path(rest))
+    if scheme == "s3" and separator:
+        bucket, prefix = _parse_s3(url, rest)
+        return _open_s3(url, bucket, prefix, endpoint_url or None, region_name or None)
+    raise _bad_url(url, "has an unknown scheme")
+
+
+def _open_s3(url: str, bucket: str, prefix: str, endpoint_url: str | None,
+             region_name: str | None) -> Store:
+    # Imported here: botocore adds ~0.15 s (boto3 ~0.3 s) to the start of every command.
+    try:
+        from slurm_geo.ckpt.s3store import S3Store, make_s3_client
+
+        client = make_s3_client(endpoint_url, region_name)
+    except ImportError as exc:
+        raise ConfigError(f"store URL {url!r} needs boto3 ({exc}); install it with: "
+                          "pip install boto3") from None
+    except ValueError as exc:  # botocore's word for a malformed endpoint URL or region
+        raise ConfigError(f"store URL {url!r}: {exc}; check the endpoint URL "
+                          f"({endpoint_url!r}) and the AWS region ({region_name!r})") from None
+    return RetryingStore(S3Store(bucket, prefix, client))
+
+
+def _parse_s3(url: str, rest: str) -> tuple[str, str]:
+    bucket, _, prefix = rest.partition("/")
+    if not _BUCKET.fullmatch(bucket):
+        raise _bad_url(url, f"names no valid bucket ({bucket!r}: 3-63 lowercase letters, "
+                            "digits, '.' or '-')")
+    prefix = prefix.strip("/")
+    try:
+        if prefix:
+            check_object_name(prefix)
+    except UnsafeObjectName as exc:
+        raise _bad_url(url, f"has an unusable prefix ({exc})") from None
+    return bucket, prefix
+
+
+def _bad_url(url: str, reason: str) -> ConfigError:
+    return ConfigError(f"store URL {url!r} {reason}; use {ACCEPTED_FORMS}")

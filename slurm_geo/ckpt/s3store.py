@@ -1,0 +1,262 @@
+"""Checkpoint objects in an S3 bucket (or an S3-compatible store) under a key prefix.
+
+Every object is one key, `<prefix>/<name>`. Small objects go up in one PUT, which S3 makes
+visible all at once; large ones (packs) by multipart upload, which also appears all at
+once on completion, and which a later put() of the same object resumes after a crash
+(docs/stores.md). The client is passed in and never retries by itself: retrying is
+`RetryingStore`'s job, so that one policy covers every store.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    FlexibleChecksumError,
+    HTTPClientError,
+    IncompleteReadError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from slurm_geo.ckpt.errors import CkptError, ObjectMissing, StoreUnavailable
+from slurm_geo.ckpt.names import check_object_name
+from slurm_geo.ckpt.store import Bytes
+
+MIB = 1024 * 1024
+DEFAULT_PART_SIZE = 8 * MIB
+DEFAULT_MULTIPART_THRESHOLD = 16 * MIB
+MIN_PART_SIZE = 5 * MIB  # S3 refuses smaller parts (but the last) when completing
+MAX_PARTS = 10_000
+
+_Part = tuple[int, str]  # (size, MD5 hex or ETag) of one part of a multipart upload
+
+_MISSING_CODES = {"NoSuchKey", "NotFound", "404"}
+# Worth another try: throttling, server trouble, a corrupted transfer, an upload that a
+# concurrent put() aborted (the next attempt starts a new one).
+_TRANSIENT_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
+    "RequestTimeout", "InternalError", "ServiceUnavailable", "BadDigest", "NoSuchUpload",
+    "InvalidPart",
+}
+_CREDENTIALS_FIX = ("check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                    "AWS_PROFILE) and that the bucket policy grants this identity access")
+_PERMANENT_FIXES = {
+    "NoSuchBucket": "the bucket does not exist: create it, or fix the bucket in the store URL",
+    "AccessDenied": _CREDENTIALS_FIX,
+    "403": _CREDENTIALS_FIX,
+    "InvalidAccessKeyId": _CREDENTIALS_FIX + "; check AWS_ENDPOINT_URL names the right service",
+    "SignatureDoesNotMatch": _CREDENTIALS_FIX,
+    "ExpiredToken": "the session token has expired: refresh the credentials",
+    "RequestTimeTooSkewed": "this host's clock is wrong: synchronise it (NTP)",
+    "PermanentRedirect": "the bucket is in another region: set AWS_DEFAULT_REGION to it",
+    "AuthorizationHeaderMalformed": "the bucket is in another region: set AWS_DEFAULT_REGION",
+}
+
+
+class S3Unavailable(StoreUnavailable):
+    """The bucket could not serve a request. `permanent` failures (bad credentials, no such
+    bucket) need an admin, so `RetryingStore` gives up on them at once."""
+
+    def __init__(self, name: str, bucket: str, detail: str, fix: str, permanent: bool):
+        self.bucket = bucket
+        self.detail = detail
+        self.permanent = permanent
+        # Skips StoreUnavailable's message, whose advice (a path, a mount) is for directories.
+        CkptError.__init__(self, name, f"S3 bucket '{bucket}' cannot access '{name}' "
+                                       f"({detail}); {fix}")
+
+
+def make_s3_client(endpoint_url: str | None = None, region_name: str | None = None, *,
+                   access_key_id: str | None = None, secret_access_key: str | None = None,
+                   connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0) -> Any:
+    """A boto3 S3 client that fails fast and lets `RetryingStore` retry.
+
+    Arguments left None come from boto3's own resolution: AWS_ENDPOINT_URL(_S3),
+    AWS_DEFAULT_REGION/AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE and
+    ~/.aws, then instance roles.
+    """
+    import boto3  # only S3 users pay for importing it
+
+    options: dict[str, Any] = {
+        "connect_timeout": connect_timeout_s, "read_timeout": read_timeout_s,
+        "retries": {"total_max_attempts": 1},  # one attempt: no retries under our own
+    }
+    # Since botocore 1.36 clients add CRC checksums that many S3-compatible stores reject;
+    # we send Content-MD5 ourselves, and the checkpoint format verifies all bytes read.
+    for option in ("request_checksum_calculation", "response_checksum_validation"):
+        if option in Config.OPTION_DEFAULTS:
+            options[option] = "when_required"
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint_url, region_name=region_name,
+        aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key,
+        config=Config(**options),
+    )
+
+
+class S3Store:
+    """The Store interface over one bucket and key prefix; see docs/stores.md."""
+
+    def __init__(self, bucket: str, prefix: str, client: Any, *,
+                 part_size: int = DEFAULT_PART_SIZE,
+                 multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
+                 list_page_size: int = 1000):
+        if part_size < MIN_PART_SIZE:
+            raise ValueError(f"S3 parts are at least {MIN_PART_SIZE} bytes, not {part_size}")
+        prefix = prefix.strip("/")
+        self.bucket = bucket
+        self.prefix = check_object_name(prefix) + "/" if prefix else ""
+        self._client = client
+        self._part_size = part_size
+        self._threshold = multipart_threshold
+        self._page_size = list_page_size
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.bucket!r}, {self.prefix!r})"
+
+    def put(self, name: str, data: Bytes) -> None:
+        key = self._key(name)
+        view = memoryview(data).cast("B")
+        with self._errors_for(name):
+            if len(view) < self._threshold or not view:  # S3 has no zero-part uploads
+                body = bytes(view)  # boto3 takes bytes or files, not memoryviews
+                self._client.put_object(Bucket=self.bucket, Key=key, Body=body,
+                                        ContentMD5=_content_md5(body))
+            else:
+                self._put_multipart(key, view)
+
+    def get(self, name: str) -> bytes:
+        key = self._key(name)
+        with self._errors_for(name):
+            response = self._client.get_object(Bucket=self.bucket, Key=key)
+            return response["Body"].read()  # a cut stream raises inside this block
+
+    def list(self, prefix: str) -> list[str]:
+        directory = prefix.rpartition("/")[0]
+        if directory:
+            check_object_name(directory)  # as LocalDirStore: no '..' or absolute prefixes
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.prefix + prefix,
+            PaginationConfig={"PageSize": self._page_size})
+        names = []
+        with self._errors_for(prefix):
+            for page in pages:
+                names += [o["Key"][len(self.prefix):] for o in page.get("Contents", ())]
+        # Keys written by other tools may not be object names; get() would refuse them.
+        return sorted(n for n in names if _is_object_name(n))
+
+    def delete(self, name: str) -> None:
+        key = self._key(name)
+        with self._errors_for(name):
+            self._client.delete_object(Bucket=self.bucket, Key=key)  # S3: missing is fine
+
+    def exists(self, name: str) -> bool:
+        key = self._key(name)
+        try:
+            with self._errors_for(name):
+                self._client.head_object(Bucket=self.bucket, Key=key)
+        except ObjectMissing:
+            return False
+        return True
+
+    def _key(self, name: str) -> str:
+        return self.prefix + check_object_name(name)
+
+    def _put_multipart(self, key: str, view: memoryview) -> None:
+        """Upload the parts the store lacks, into an earlier unfinished upload if one fits."""
+        size = max(self._part_size, -(-len(view) // MAX_PARTS))
+        parts = {n: view[start:start + size]
+                 for n, start in enumerate(range(0, len(view), size), start=1)}
+        wanted = {n: (len(p), hashlib.md5(p, usedforsecurity=False).hexdigest())
+                  for n, p in parts.items()}
+        upload_id, stored = self._resumable_upload(key, wanted)
+        etags = []
+        for number, part in parts.items():
+            etag = stored.get(number)
+            if etag is None:
+                body = bytes(part)
+                etag = self._client.upload_part(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                    Body=body, ContentMD5=_content_md5(body))["ETag"]
+            etags.append({"PartNumber": number, "ETag": etag})
+        self._client.complete_multipart_upload(
+            Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": etags})
+
+    def _resumable_upload(self, key: str, wanted: dict[int, _Part]) -> tuple[str, dict[int, str]]:
+        """The unfinished upload of `key` holding most of the `wanted` parts, and the ETags
+        of those; or a new, empty upload if none holds any. Every other unfinished upload
+        of `key` is a leftover of a crashed put() (one writer per run) and is aborted."""
+        uploads = {u: self._stored_parts(key, u) for u in self._unfinished_uploads(key)}
+        reusable = {u: {n: etag for n, (size, etag) in stored.items()
+                        if (size, etag.strip('"')) == wanted.get(n)}
+                    for u, stored in uploads.items()}
+        best = max(reusable, key=lambda u: len(reusable[u]), default=None)
+        for upload_id in uploads:
+            if upload_id != best or not reusable[upload_id]:
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=key,
+                                                    UploadId=upload_id)
+        if best is not None and reusable[best]:
+            return best, reusable[best]
+        created = self._client.create_multipart_upload(Bucket=self.bucket, Key=key)
+        return created["UploadId"], {}
+
+    def _unfinished_uploads(self, key: str) -> set[str]:
+        pages = self._client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=key)
+        return {u["UploadId"] for page in pages for u in page.get("Uploads", ())
+                if u["Key"] == key}  # Prefix also matches longer keys
+
+    def _stored_parts(self, key: str, upload_id: str) -> dict[int, _Part]:
+        """Part number -> (size, ETag); for non-KMS S3 the ETag is the part's MD5, quoted."""
+        pages = self._client.get_paginator("list_parts").paginate(
+            Bucket=self.bucket, Key=key, UploadId=upload_id)
+        return {p["PartNumber"]: (p["Size"], p["ETag"])
+                for page in pages for p in page.get("Parts", ())}
+
+    @contextmanager
+    def _errors_for(self, name: str) -> Iterator[None]:
+        try:
+            yield
+        except (ClientError, BotoCoreError) as exc:
+            raise classify_s3_error(exc, self.bucket, name) from None
+
+
+def classify_s3_error(exc: ClientError | BotoCoreError, bucket: str, name: str) -> CkptError:
+    """The store error for a botocore failure concerning object `name`."""
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        detail = f"{code or status}: {error.get('Message') or 'no message'}"
+        if code in _MISSING_CODES:
+            return ObjectMissing(name)
+        if code in _TRANSIENT_CODES or status >= 500 or status == 429:
+            return S3Unavailable(name, bucket, detail, "retry later", permanent=False)
+        fix = _PERMANENT_FIXES.get(code, "the request was refused; see the detail")
+        return S3Unavailable(name, bucket, detail, fix, permanent=True)
+    if isinstance(exc, BotoConnectionError | HTTPClientError | IncompleteReadError
+                  | FlexibleChecksumError):
+        return S3Unavailable(name, bucket, str(exc), "check the endpoint URL and the network",
+                             permanent=False)
+    # Missing credentials, an invalid endpoint: retrying cannot help.
+    return S3Unavailable(name, bucket, str(exc), _CREDENTIALS_FIX + ", and the endpoint URL",
+                         permanent=True)
+
+
+def _content_md5(body: bytes) -> str:
+    """Lets S3 refuse a body corrupted on the way (BadDigest) instead of storing it."""
+    return base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
+
+
+def _is_object_name(name: str) -> bool:
+    try:
+        check_object_name(name)
+    except CkptError:
+        return False
+    return True
