@@ -140,3 +140,29 @@ def test_push_to_the_sandbox_object_store_by_config_name(sandbox, key_file, loca
     verified = slurm_geo("ckpt", "verify", run, "--store", "offsite", *key, env=run_env)
     assert verified.returncode == 0, verified.stderr
     assert f"{run}@5: ok" in verified.stdout
+
+
+def test_prune_keeps_what_is_not_yet_off_site_then_trims_tier_one(tmp_path, key_file):
+    master = load_master_key(key_file)
+    local_root, offsite_root = tmp_path / "local", tmp_path / "offsite"
+    local_root.mkdir()
+    offsite_root.mkdir()
+    local = Repository(LocalDirStore(local_root), master)
+    for step in (1, 2, 3, 4):
+        local.write_checkpoint("r", weights(step), b"",
+                               Metadata(step, step, 0, None, "2026-11-29T12:00:00Z", "o", "1"))
+    args = ["ckpt", "prune", "r", "--store", f"file://{local_root}", "--offsite",
+            f"file://{offsite_root}", "--keep-local", "2", "--json", "--key-file", str(key_file)]
+
+    before = json.loads(slurm_geo(*args).stdout)
+    assert before["local_deleted"] == []
+    assert before["awaiting_replication"] == [4, 3, 2, 1]
+
+    for step in (1, 2, 3, 4):
+        slurm_geo("ckpt", "push", str(local_root), "--run", "r", "--step", str(step), "--to",
+                  f"file://{offsite_root}", "--key-file", str(key_file))
+    after = json.loads(slurm_geo(*args).stdout)
+
+    assert after["local_deleted"] == [2, 1]
+    assert local.steps("r") == [3, 4]
+    assert Repository(LocalDirStore(offsite_root), master).steps("r") == [1, 2, 3, 4]

@@ -193,7 +193,57 @@ def gc(store_url: str, dry_run: bool, key_file: Path, as_json: bool) -> None:
             f"{verb} {len(report.deleted_packs)} pack(s), kept {report.kept_packs}")
 
 
+@ckpt.command()
+@click.argument("run")
+@store_option("--store", "The run's local (tier 1) store")
+@click.option("--offsite", "offsite_url", metavar="STORE",
+              help="Its off-site (tier 2) store; without it nothing counts as replicated.")
+@click.option("--keep-local", type=click.IntRange(min=1), help="Tier 1: checkpoints kept locally.")
+@click.option("--replicate-every", type=click.IntRange(min=1),
+              help="Tier 2: every k-th checkpoint goes off-site (the newest always does).")
+@click.option("--remote-days", type=click.FloatRange(min=0, min_open=True),
+              help="Tier 2: days a replica is kept (the newest always stays).")
+@click.option("--dry-run", is_flag=True, help="Report what would be deleted; delete nothing.")
+@key_file_option
+@json_option
+def prune(run: str, store_url: str, offsite_url: str | None, keep_local: int | None,
+          replicate_every: int | None, remote_days: float | None, dry_run: bool,
+          key_file: Path, as_json: bool) -> None:
+    """Apply the retention tiers to RUN (defaults from the config's [retention] table).
+
+    Never deletes a checkpoint that still owes its off-site replica, the newest replica,
+    or a promoted checkpoint. Packs are freed by the next `gc`.
+    """
+    from dataclasses import replace
+
+    from slurm_geo.ckpt import Repository, load_master_key
+    from slurm_geo.ckpt.prune import prune_run
+    from slurm_geo.policy.retention import RetentionPolicy
+
+    policy = _site_retention() or RetentionPolicy()
+    overrides = {"keep_local": keep_local, "replicate_every": replicate_every,
+                 "remote_days": remote_days}
+    policy = replace(policy, **{k: v for k, v in overrides.items() if v is not None})
+    master_key = load_master_key(key_file)
+    local = Repository(_open(store_url), master_key)
+    remote = Repository(_open(offsite_url), master_key) if offsite_url else None
+    report = prune_run(run, local, remote, policy, datetime.now(UTC), dry_run=dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    _report({**asdict(report), "dry_run": dry_run}, as_json,
+            f"{run}: {verb} {len(report.local_deleted)} local and "
+            f"{len(report.remote_deleted)} off-site checkpoint(s); "
+            f"{len(report.awaiting_replication)} await replication")
+
+
 # --- helpers ----------------------------------------------------------------------------
+
+def _site_retention():
+    """The config's [retention], or None when there is no config file."""
+    from slurm_geo.config.model import config_path_from_env, load_config
+
+    path = config_path_from_env()
+    return load_config(path).retention if path.exists() else None
+
 
 def _open(url: str):
     from slurm_geo.ckpt.open_store import open_store

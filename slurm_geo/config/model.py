@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.errors import ConfigError
+from slurm_geo.policy.retention import RetentionPolicy
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-geo/config.toml")
 CONFIG_ENV = "SLURM_GEO_CONFIG"
@@ -66,6 +67,7 @@ class SiteConfig:
     clusters: dict[str, ClusterConfig]
     stores: dict[str, StoreConfig]
     source: str = "<memory>"
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
 
     def cluster(self, name: str) -> ClusterConfig:
         try:
@@ -97,7 +99,7 @@ def load_config(path: Path | None = None) -> SiteConfig:
 
 
 def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
-    _reject_unknown(raw, {"site", "clusters", "stores"}, source)
+    _reject_unknown(raw, {"site", "clusters", "stores", "retention"}, source)
     site = _table(raw, "site", source)
     _reject_unknown(site, {"home_cluster"}, f"{source} [site]")
     clusters = {
@@ -111,7 +113,10 @@ def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
     home = site.get("home_cluster", "")
     if home and home not in clusters:
         raise ConfigError(f"{source}: home_cluster '{home}' is not one of [clusters]")
-    return SiteConfig(home_cluster=home, clusters=clusters, stores=stores, source=source)
+    retention = RetentionPolicy.from_mapping(_table(raw, "retention", source),
+                                             f"{source} [retention]")
+    return SiteConfig(home_cluster=home, clusters=clusters, stores=stores, source=source,
+                      retention=retention)
 
 
 _CLUSTER_KEYS = {

@@ -6,14 +6,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from slurm_geo.ckpt.retention import (
+from slurm_geo.errors import ConfigError
+from slurm_geo.policy.retention import (
     CheckpointRef,
     RetentionPolicy,
     local_to_delete,
     remote_to_delete,
     to_replicate,
 )
-from slurm_geo.errors import ConfigError
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

@@ -1,0 +1,1 @@
+"""Site policy as pure decisions: retention tiers (residency and budgets follow)."""
