@@ -166,3 +166,49 @@ def test_prune_keeps_what_is_not_yet_off_site_then_trims_tier_one(tmp_path, key_
     assert after["local_deleted"] == [2, 1]
     assert local.steps("r") == [3, 4]
     assert Repository(LocalDirStore(offsite_root), master).steps("r") == [1, 2, 3, 4]
+
+
+def test_push_and_pull_a_plain_torch_save_file(tmp_path, key_file):
+    import torch
+
+    state = {"layer.weight": torch.randn(64, 32),
+             "layer.bias": torch.zeros(64, dtype=torch.bfloat16), "steps": 7, "note": "it's"}
+    source = tmp_path / "model.pt"
+    torch.save(state, source)
+    store = tmp_path / "store"
+    store.mkdir()
+    key = ["--key-file", str(key_file)]
+
+    pushed = slurm_geo("ckpt", "push", str(source), "--to", f"file://{store}", "--run", "ft",
+                       "--step", "3", *key)
+    assert pushed.returncode == 0, pushed.stderr
+    pulled = slurm_geo("ckpt", "pull", "ft@3", "--from", f"file://{store}", "--to",
+                       str(tmp_path / "back.pt"), *key)
+    assert pulled.returncode == 0, pulled.stderr
+
+    back = torch.load(tmp_path / "back.pt", weights_only=True)
+    assert back.keys() == state.keys()
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(back[name], value) and back[name].dtype == value.dtype
+        else:
+            assert back[name] == value
+
+
+def test_push_of_a_torch_file_needs_run_and_step(tmp_path, key_file):
+    source = tmp_path / "model.pt"
+    source.write_bytes(b"not really")
+    result = slurm_geo("ckpt", "push", str(source), "--to", f"file://{tmp_path}",
+                       "--key-file", str(key_file))
+    assert result.returncode == 3
+    assert "give --run RUN --step N" in result.stderr
+
+
+def test_push_of_a_file_that_is_not_a_torch_save_is_one_clear_error(tmp_path, key_file):
+    source = tmp_path / "notes.txt"
+    source.write_text("just text")
+    result = slurm_geo("ckpt", "push", str(source), "--to", f"file://{tmp_path}", "--run", "r",
+                       "--step", "1", "--key-file", str(key_file))
+    assert result.returncode != 0
+    assert "notes.txt" in result.stderr and "torch.save" in result.stderr
+    assert "Traceback" not in result.stderr

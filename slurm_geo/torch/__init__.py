@@ -1,0 +1,26 @@
+"""The training side: checkpoint a PyTorch training loop and stop cleanly for a requeue.
+
+`Checkpointer` snapshots model, optimizer, scheduler, RNG and data position and writes
+them in the background; `RequeueOnSignal` turns Slurm's warning signal into a final
+checkpoint and a requeue. docs/training.md shows how to wire both into a script.
+"""
+
+from slurm_geo.torch.checkpointer import (
+    Checkpointer,
+    NoValidCheckpoint,
+    ResumeState,
+    optimizer_step_count,
+)
+from slurm_geo.torch.signals import EXIT_REQUEUE, RequeueOnSignal, request_requeue
+from slurm_geo.torch.state import (
+    StateFormatError,
+    flatten_state,
+    tensors_from_torch_file,
+    unflatten_state,
+)
+
+__all__ = [
+    "EXIT_REQUEUE", "Checkpointer", "NoValidCheckpoint", "RequeueOnSignal", "ResumeState",
+    "StateFormatError", "flatten_state", "optimizer_step_count", "request_requeue",
+    "tensors_from_torch_file", "unflatten_state",
+]

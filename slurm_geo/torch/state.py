@@ -1,0 +1,285 @@
+"""Nested training state <-> (checkpoint tensors, extra-state bytes), both ways, purely.
+
+A state is any nesting of dicts, lists and tuples whose leaves are tensors, numpy arrays or
+plain values: `model.state_dict()`, `optimizer.state_dict()`, RNG states, a data position.
+Flattening pulls every tensor out as a `slurm_geo.ckpt.Tensor` named by a stable dotted
+path (`model.fc1.weight`, `optimizer.state.0.exp_avg`), so the same tensor of the next save
+has the same path and the repository can deduplicate or delta it. What is left, the
+*skeleton*, is written as JSON into the checkpoint's extra state.
+
+No pickle anywhere. Plain values are JSON; what JSON cannot say (tuples, non-string dict
+keys, NaN, bytes, numpy scalars, torch dtypes) is a tagged object `{"$": kind, ...}`, and a
+dict that itself has a "$" key is written in the tagged form too, so tags are unambiguous.
+Any other object is refused with a TypeError naming its path: pickling it would make
+loading a checkpoint run code, and the store is off-site (sealing authenticates it, but a
+reader should not have to trust every writer's Python environment). Put such objects in
+the state as bytes you serialize yourself.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import sys
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slurm_geo.ckpt import Tensor
+from slurm_geo.ckpt.manifest import DTYPE_SIZES
+from slurm_geo.errors import SlurmGeoError
+
+SKELETON_FORMAT = "slurm-geo-torch/1"
+
+TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {
+    dtype: name
+    for name in DTYPE_SIZES
+    if isinstance(dtype := getattr(torch, name, None), torch.dtype)
+}
+_TORCH_DTYPES = {name: dtype for dtype, name in TORCH_DTYPE_NAMES.items()}
+
+try:
+    import numpy
+except ImportError:  # numpy is optional: states then hold no arrays
+    numpy = None  # type: ignore[assignment]
+
+
+class TorchFileError(SlurmGeoError):
+    """A file given as a `torch.save` state dict that torch cannot load as one."""
+
+    exit_code = 3
+
+    def __init__(self, path: Path | str, detail: str):
+        super().__init__(f"{path} is not a torch.save file of a state dict torch can load "
+                         f"with weights_only=True ({detail})")
+
+
+class StateFormatError(ValueError):
+    """Extra state that is not a skeleton this module wrote, or tensors it does not match."""
+
+
+def flatten_state(state: Any, *, copy: bool = False) -> tuple[list[Tensor], bytes]:
+    """The tensors of `state` and its skeleton; `copy` snapshots tensors into new CPU memory.
+
+    Without `copy`, a CPU tensor's bytes are shared, not copied (a view of the tensor's own
+    memory, only its elements, not the rest of its storage): the caller must not change
+    the tensors until the result has been written.
+    """
+    if sys.byteorder != "little":
+        raise RuntimeError("the checkpoint format is little-endian; this host is not")
+    encoder = _Encoder(copy)
+    skeleton = encoder.encode(state, ())
+    document = {"format": SKELETON_FORMAT, "state": skeleton}
+    return encoder.tensors, json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+
+
+def unflatten_state(tensors: Iterable[Tensor], extra_state: bytes) -> Any:
+    """The state `flatten_state` was given, with tensors on the CPU."""
+    try:
+        document = json.loads(extra_state)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StateFormatError(f"extra state is not a training-state skeleton ({exc})") from None
+    if not isinstance(document, dict) or document.get("format") != SKELETON_FORMAT:
+        raise StateFormatError(f"extra state is not in format {SKELETON_FORMAT!r}")
+    decoder = _Decoder({t.path: t for t in tensors})
+    state = decoder.decode(document.get("state"))
+    unused = decoder.records.keys() - decoder.used
+    if unused:
+        raise StateFormatError(f"tensors {sorted(unused)[:5]} are not in the skeleton")
+    return state
+
+
+def tensors_from_torch_file(path: Path | str) -> tuple[list[Tensor], bytes]:
+    """A `torch.save` file of a state dict as checkpoint tensors and skeleton.
+
+    Loads with `weights_only=True` (no arbitrary unpickling) and memory-maps the file when
+    it is in the zip format, so tensor bytes are paged in as they are written.
+    """
+    try:
+        state = _load(path)
+    # torch's unpickler fails on foreign bytes with whatever error it meets first
+    # (KeyError, UnpicklingError, RuntimeError, ...): any of them means "not such a file".
+    except Exception as exc:  # noqa: BLE001
+        raise TorchFileError(path, f"{type(exc).__name__}: {exc}"[:200]) from None
+    return flatten_state(state)
+
+
+def _load(path: Path | str) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as exc:
+        if "mmap" not in str(exc):
+            raise
+        return torch.load(path, map_location="cpu", weights_only=True)  # legacy format
+
+
+def save_torch_file(tensors: Iterable[Tensor], extra_state: bytes, path: Path | str) -> None:
+    """The inverse of `tensors_from_torch_file`: a `torch.save` file of the state."""
+    torch.save(unflatten_state(tensors, extra_state), path)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The C-contiguous bytes of a CPU tensor's elements; a view when it is contiguous."""
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        tensor = tensor.contiguous().cpu()
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
+
+
+def tensor_from_bytes(dtype: str, shape: tuple[int, ...], data: Any) -> torch.Tensor:
+    """A new, writable CPU tensor holding `data` (copied) as `dtype` and `shape`."""
+    if dtype not in _TORCH_DTYPES:
+        raise StateFormatError(f"dtype {dtype!r} has no torch equivalent here")
+    raw = bytearray(data)
+    if not raw:
+        return torch.empty(shape, dtype=_TORCH_DTYPES[dtype])
+    return torch.frombuffer(raw, dtype=torch.uint8).view(_TORCH_DTYPES[dtype]).reshape(shape)
+
+
+def _snapshot(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
+    tensor = tensor.detach().resolve_conj().resolve_neg()
+    if copy or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        out = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+        out.copy_(tensor)
+        return out
+    return tensor
+
+
+class _Encoder:
+    def __init__(self, copy: bool):
+        self.copy = copy
+        self.tensors: list[Tensor] = []
+        self.paths: set[str] = set()
+
+    def encode(self, value: Any, where: tuple[str, ...]) -> Any:
+        if value is None or type(value) in (bool, int, str):
+            return value
+        if isinstance(value, torch.Tensor):
+            return {"$": "tensor", "path": self.add_tensor(value, where)}
+        if numpy is not None and isinstance(value, (numpy.ndarray, numpy.generic)):
+            return self.encode_numpy(value, where)
+        if type(value) is float:
+            return value if math.isfinite(value) else {"$": "float", "v": repr(value)}
+        if isinstance(value, dict):
+            return self.encode_dict(value, where)
+        if type(value) is list:
+            return [self.encode(v, (*where, str(i))) for i, v in enumerate(value)]
+        if type(value) in (tuple, torch.Size):
+            items = [self.encode(v, (*where, str(i))) for i, v in enumerate(value)]
+            return {"$": "size" if type(value) is torch.Size else "tuple", "items": items}
+        if isinstance(value, bytes):
+            return {"$": "bytes", "v": base64.b64encode(value).decode()}
+        if isinstance(value, torch.dtype):
+            return {"$": "dtype", "v": str(value).removeprefix("torch.")}
+        if isinstance(value, torch.device):
+            return {"$": "device", "v": str(value)}
+        raise TypeError(
+            f"state at {'.'.join(where) or '<root>'!r} is a {type(value).__qualname__}, which "
+            "a checkpoint cannot hold: use tensors, arrays, numbers, strings, bytes, "
+            "lists, tuples and dicts"
+        )
+
+    def encode_dict(self, value: dict[Any, Any], where: tuple[str, ...]) -> Any:
+        metadata = getattr(value, "_metadata", None)  # nn.Module.state_dict's versions
+        if metadata is None and "$" not in value and all(type(k) is str for k in value):
+            return {k: self.encode(v, (*where, k)) for k, v in value.items()}
+        items = [[self.encode(k, (*where, "key")), self.encode(v, (*where, str(k)))]
+                 for k, v in value.items()]
+        tagged: dict[str, Any] = {"$": "dict", "items": items}
+        if metadata is not None:
+            tagged["metadata"] = self.encode(metadata, (*where, "_metadata"))
+        return tagged
+
+    def encode_numpy(self, value: Any, where: tuple[str, ...]) -> Any:
+        if isinstance(value, numpy.generic):
+            return {"$": "npscalar", "dtype": value.dtype.name,
+                    "v": self.encode(value.item(), where)}
+        name = value.dtype.name
+        if name not in DTYPE_SIZES or value.dtype.byteorder == ">":
+            raise TypeError(f"state at {'.'.join(where)!r}: numpy dtype {value.dtype} "
+                            "cannot be stored")
+        data = numpy.ascontiguousarray(value)
+        if self.copy and data is value:
+            data = data.copy()
+        path = self.unique_path(where)
+        self.tensors.append(Tensor(path, name, tuple(data.shape), data.reshape(-1).data.cast("B")))
+        return {"$": "ndarray", "path": path}
+
+    def add_tensor(self, tensor: torch.Tensor, where: tuple[str, ...]) -> str:
+        name = '.'.join(where) or '<root>'
+        if tensor.layout != torch.strided or tensor.is_quantized:
+            raise TypeError(f"tensor {name!r}: {tensor.layout} tensors cannot be stored")
+        if tensor.dtype not in TORCH_DTYPE_NAMES:
+            raise TypeError(f"tensor {name!r}: dtype {tensor.dtype} has no checkpoint name")
+        snapshot = _snapshot(tensor, self.copy)
+        path = self.unique_path(where)
+        self.tensors.append(Tensor(path, TORCH_DTYPE_NAMES[tensor.dtype], tuple(snapshot.shape),
+                                   tensor_bytes(snapshot)))
+        return path
+
+    def unique_path(self, where: tuple[str, ...]) -> str:
+        """The dotted path, made unique by a `~n` suffix (`{"a.b": x, "a": {"b": y}}`)."""
+        base = ".".join(where) or "state"
+        path, n = base, 1
+        while path in self.paths:
+            path, n = f"{base}~{n}", n + 1
+        self.paths.add(path)
+        return path
+
+
+class _Decoder:
+    def __init__(self, records: dict[str, Tensor]):
+        self.records = records
+        self.used: set[str] = set()
+
+    def decode(self, node: Any) -> Any:
+        if isinstance(node, list):
+            return [self.decode(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if "$" not in node:
+            return {k: self.decode(v) for k, v in node.items()}
+        try:
+            return self.decode_tagged(node["$"], node)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, StateFormatError):
+                raise
+            raise StateFormatError(f"malformed {node.get('$')!r} entry in skeleton") from exc
+
+    def decode_tagged(self, kind: str, node: dict[str, Any]) -> Any:
+        if kind == "tensor":
+            record = self.record(node["path"])
+            return tensor_from_bytes(record.dtype, tuple(record.shape), record.data)
+        if kind == "ndarray":
+            record = self.record(node["path"])
+            return numpy.frombuffer(bytes(record.data), dtype=record.dtype).reshape(
+                record.shape).copy()
+        if kind == "dict":
+            decoded = OrderedDict((self.decode(k), self.decode(v)) for k, v in node["items"])
+            if "metadata" in node:
+                decoded._metadata = self.decode(node["metadata"])  # type: ignore[attr-defined]
+                return decoded
+            return dict(decoded)
+        if kind in ("tuple", "size"):
+            items = tuple(self.decode(v) for v in node["items"])
+            return torch.Size(items) if kind == "size" else items
+        simple: dict[str, Callable[[Any], Any]] = {
+            "float": lambda v: float(v),
+            "bytes": base64.b64decode,
+            "dtype": lambda v: _TORCH_DTYPES[v],
+            "device": torch.device,
+            "npscalar": lambda v: numpy.dtype(node["dtype"]).type(self.decode(v)),
+        }
+        if kind not in simple:
+            raise StateFormatError(f"unknown skeleton entry kind {kind!r}")
+        return simple[kind](node["v"])
+
+    def record(self, path: str) -> Tensor:
+        if path not in self.records:
+            raise StateFormatError(f"the skeleton names tensor {path!r}, which is missing")
+        self.used.add(path)
+        return self.records[path]
