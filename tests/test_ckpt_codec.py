@@ -10,12 +10,17 @@ import zstandard
 
 from slurm_geo.ckpt.chunking import GEAR, CdcParams, content_defined_chunks, fixed_chunks
 from slurm_geo.ckpt.codec import (
+    SAMPLE_MIN,
+    Compressors,
     Method,
     decode,
+    decode_into,
     delta_base_id,
     encode,
     encode_delta,
+    encode_plane,
     merge_planes,
+    merge_planes_into,
     split_planes,
     xor_bytes,
 )
@@ -214,3 +219,96 @@ def test_content_defined_cuts_survive_an_insertion_at_the_front():
 def test_cdc_parameters_are_checked():
     with pytest.raises(ValueError):
         CdcParams(min_size=10, mask_bits=8, max_size=100)
+
+
+@pytest.mark.parametrize(
+    "data, element_size",
+    [(b"hello", 1), (bytes(4096), 1), (float32_bytes(2048), 4), (bfloat16_bytes(2048), 2),
+     (random_bytes(4096), 4)],
+    ids=["raw", "zstd", "f32-planes", "bf16-planes", "raw-f32"],
+)
+def test_decode_into_writes_the_chunk_in_place_and_nothing_else(data, element_size):
+    blob = encode(data, element_size=element_size)
+    out = bytearray(b"\xee" * (len(data) + 20))
+    decode_into(blob, out, 7, len(data))
+    assert out[7:7 + len(data)] == data
+    assert out[:7] == b"\xee" * 7 and out[7 + len(data):] == b"\xee" * 13
+
+
+def test_decode_into_refuses_a_blob_of_another_size_before_writing():
+    out = bytearray(16)
+    with pytest.raises(MalformedData, match="expected 4"):
+        decode_into(encode(b"hello"), out, 0, 4)
+    assert out == bytearray(16)
+
+
+def test_decode_into_applies_a_delta():
+    base = float32_bytes(1024)
+    changed = bytearray(base)
+    changed[8:12] = struct.pack("<f", 2.0)
+    blob = encode_delta(bytes(changed), base, bytes(32), element_size=4)
+    out = bytearray(len(base))
+    decode_into(blob, out, 0, len(base), base)
+    assert out == changed
+
+
+def plane_methods(blob: bytes) -> list[Method]:
+    methods, pos = [], 6
+    for _ in range(blob[5]):
+        method, length = struct.unpack_from("<BI", blob, pos)
+        methods.append(Method(method))
+        pos += 5 + length
+    return methods
+
+
+def test_large_planes_whose_sample_does_not_compress_are_stored_raw():
+    data = float32_bytes(SAMPLE_MIN)  # four planes of SAMPLE_MIN bytes
+    blob = encode(data, element_size=4)
+    assert plane_methods(blob) == [Method.RAW, Method.RAW, Method.RAW, Method.ZSTD]
+    assert decode(blob) == data
+
+
+def test_the_sample_is_spread_over_the_plane():
+    """Noise first, zeros after: a sample of the start alone would store it raw."""
+    half = SAMPLE_MIN
+    data = random_bytes(half * 2) + bytes(half * 2)  # two planes, each half noise
+    blob = encode(data, element_size=2)
+    assert plane_methods(blob) == [Method.ZSTD, Method.ZSTD]
+    assert decode(blob) == data
+
+
+def test_merge_planes_into_fills_only_its_range():
+    out = bytearray(b"." * 10)
+    merge_planes_into([b"ac", b"bd"], out, 3)
+    assert out == bytearray(b"...abcd...")
+
+
+@pytest.mark.parametrize("level", [-1, 1, 3, 9])
+def test_every_level_round_trips(level):
+    data = float32_bytes(4096) + bytes(4096)
+    for element_size in (1, 4):
+        assert decode(encode(data, element_size=element_size, level=level)) == data
+
+
+def structured_plane(size: int) -> bytes:
+    """An optimizer-state exponent plane: zero rows (never updated) and rows that repeat
+    (low-rank gradients make rows alike): long-range structure."""
+    rng = random.Random(3)
+    row = 2048
+    rows = [bytes(rng.choice(b"\x3c\x3d\x3e\xbc\xbd\xbe") for _ in range(row))
+            for _ in range(4)]
+    return b"".join(bytes(row) if rng.random() < 0.5 else rng.choice(rows)
+                    for _ in range(size // row))
+
+
+@pytest.mark.parametrize("size", [64 * 1024, SAMPLE_MIN])
+def test_a_plane_is_compressed_by_whichever_context_suits_it(size):
+    """Plane parameters for noise-like exponents; plain zstd where zero runs dominate."""
+    compressors = Compressors()
+    exponents = float32_bytes(size)[3::4] + float32_bytes(size, seed=1)[3::4]
+    for plane, context in ((exponents, compressors.plane),
+                           (structured_plane(size), compressors.whole)):
+        head, body = encode_plane(plane, compressors)
+        assert Method(head[0]) == Method.ZSTD
+        assert body == context.compress(plane)
+        assert len(body) <= len(compressors.plane.compress(plane))

@@ -135,7 +135,8 @@ def test_bad_tensors_are_refused_before_writing(store, repo, tensors, match):
 
 
 @pytest.mark.parametrize(
-    "options", [{"chunk_size": 100}, {"chunk_size": 0}, {"max_delta_depth": 17}]
+    "options",
+    [{"chunk_size": 100}, {"chunk_size": 0}, {"max_delta_depth": 17}, {"workers": -1}],
 )
 def test_write_options_are_checked(options):
     with pytest.raises(ValueError):
@@ -353,3 +354,144 @@ def test_a_resaved_step_replaces_its_manifest(repo):
     repo.write_checkpoint(RUN, state(2), EXTRA, metadata(7))
     assert repo.read_checkpoint(RUN, 7).tensors == state(2)
     assert repo.steps(RUN) == [7]
+
+
+# Parallel pipeline, unchanged hints and streaming reads.
+
+
+def seeded_random(seed: int):
+    rng = random.Random(seed)
+    return rng.randbytes
+
+
+def all_objects(store: LocalDirStore) -> dict[str, bytes]:
+    return {name: store.get(name) for name in store.list("")}
+
+
+def busy_history() -> list[tuple[list[Tensor], bytes]]:
+    """Three checkpoints: tied weights, multi-chunk tensors, changes small and large."""
+    tied = noise(3 * CHUNK, 7)
+    history = []
+    for step in range(3):
+        tensors = state(step) + [
+            Tensor("embed", "uint8", (len(tied),), tied),
+            Tensor("lm_head", "uint8", (len(tied),), tied),
+            Tensor("big", "float32", (5000,), floats(5000, 0 if step < 2 else 9)),
+            Tensor("tuned", "bfloat16", (4 * CHUNK,), fine_tune_step(noise(8 * CHUNK, 1), step)),
+        ]
+        history.append((tensors, noise(20_000, 99 + step)))
+    return history
+
+
+def write_history(root: Path, master: bytes, workers: int, delta: bool) -> dict[str, bytes]:
+    store = LocalDirStore(root)
+    options = dataclasses.replace(OPTIONS, workers=workers)
+    repo = Repository(store, master, options, random_bytes=seeded_random(5))
+    for step, (tensors, extra) in enumerate(busy_history(), start=1):
+        repo.write_checkpoint(RUN, tensors, extra, metadata(step),
+                              parent=step - 1 if step > 1 else None, delta=delta)
+    return all_objects(store)
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_the_parallel_writer_writes_the_same_bytes_as_the_sequential_one(tmp_path, master,
+                                                                         delta):
+    roots = [tmp_path / name for name in ("one", "four")]
+    for root in roots:
+        root.mkdir()
+    sequential = write_history(roots[0], master, workers=1, delta=delta)
+    parallel = write_history(roots[1], master, workers=4, delta=delta)
+    assert len([n for n in sequential if n.startswith("packs/")]) > 3  # several packs
+    assert sequential == parallel
+
+
+def test_a_tensor_hinted_unchanged_gets_the_manifest_hashing_gives(tmp_path, master):
+    first = state(1) + [Tensor("frozen", "float32", (3000,), floats(3000, 5))]
+    second = [Tensor("model.w", "float32", (3000,), floats(3000, 2))] + first[1:]
+    saved = []
+    for name, hint in (("hashed", set()), ("hinted", {"frozen", "model.b", "model.empty"})):
+        (tmp_path / name).mkdir()
+        store = LocalDirStore(tmp_path / name)
+        repo = Repository(store, master, OPTIONS, random_bytes=seeded_random(3))
+        repo.write_checkpoint(RUN, first, EXTRA, metadata(1))
+        manifest = repo.write_checkpoint(RUN, second, EXTRA, metadata(2), parent=1,
+                                         delta=True, unchanged=hint)
+        assert repo.read_checkpoint(RUN, 2).tensors == second
+        saved.append((manifest, all_objects(store)))
+    assert saved[0] == saved[1]
+
+
+def test_a_tensor_hinted_unchanged_is_not_read(store, repo):
+    repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
+    packs = store.list("packs/")
+    stale = state(2)  # the hint is trusted: its data is never looked at
+    manifest = repo.write_checkpoint(RUN, stale, EXTRA, metadata(2), parent=1,
+                                     unchanged={t.path for t in stale})
+    assert store.list("packs/") == packs
+    assert repo.read_checkpoint(RUN, 2).tensors == state(1)
+    assert manifest.tensors == repo.manifest(RUN, 1).tensors
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        Tensor("model.w", "float32", (1000, 3), floats(3000, 1)),  # another shape
+        Tensor("model.w", "int32", (3000,), floats(3000, 1)),  # another dtype
+        Tensor("model.new", "float32", (3000,), floats(3000, 1)),  # not in the parent
+    ],
+    ids=["shape", "dtype", "absent"],
+)
+def test_a_hint_the_parent_cannot_satisfy_falls_back_to_hashing(repo, tensor):
+    repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
+    repo.write_checkpoint(RUN, [tensor], b"", metadata(2), parent=1, unchanged={tensor.path})
+    assert repo.read_checkpoint(RUN, 2).tensors == [tensor]
+
+
+def test_tensors_stream_one_at_a_time(store, master, repo):
+    repo.write_checkpoint(RUN, state(), EXTRA, metadata(4))
+    fresh = Repository(store, master, dataclasses.replace(OPTIONS, workers=3))
+    stream = fresh.iter_tensors(RUN, 4)
+    first = next(stream)
+    assert first == state()[0] and isinstance(first.data, bytearray)
+    assert list(stream) == state()[1:]
+    assert fresh.read_extra_state(RUN, 4) == EXTRA
+    stream = fresh.iter_tensors(RUN, 4)
+    next(stream)
+    stream.close()  # abandoning a stream stops its read-ahead
+
+
+def test_a_stream_of_a_missing_checkpoint_fails_at_once(repo):
+    repo.write_checkpoint(RUN, state(), EXTRA, metadata(4))
+    with pytest.raises(ObjectMissing):
+        repo.iter_tensors(RUN, 5)
+
+
+def test_a_stream_stops_at_a_damaged_pack_before_yielding_its_tensor(store, repo):
+    pack = save_two(repo, store)
+    flip_bit(pack, 5000)
+    stream = repo.iter_tensors(RUN, 2)
+    with pytest.raises(CorruptObject):
+        list(stream)
+
+
+def test_writes_and_reads_agree_for_any_number_of_workers(store, master):
+    for workers in (1, 2, 5):
+        options = dataclasses.replace(OPTIONS, workers=workers)
+        repo = Repository(store, master, options)
+        repo.write_checkpoint(RUN, state(workers), EXTRA, metadata(workers))
+        for step in repo.steps(RUN):
+            assert repo.read_checkpoint(RUN, step).tensors == state(step)
+            assert repo.verify(RUN, step) == []
+
+
+def test_a_failed_pack_upload_fails_the_save_and_commits_nothing(store, master):
+    class FailingPacks(CrashBeforeManifest):
+        def put(self, name, data):
+            if name.startswith("packs/"):
+                raise StoreUnavailable(name, "disk full")
+            self.inner.put(name, data)
+
+    repo = Repository(FailingPacks(store), master, dataclasses.replace(OPTIONS, workers=3))
+    with pytest.raises(StoreUnavailable, match="disk full"):
+        repo.write_checkpoint(RUN, state(), EXTRA, metadata(1))
+    assert store.list("manifests/") == [] and store.list("locks/") == []

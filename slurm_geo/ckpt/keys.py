@@ -35,7 +35,7 @@ def fingerprint(key: bytes) -> bytes:
     return hmac.digest(key, _FINGERPRINT_MESSAGE, hashlib.sha256)[:FINGERPRINT_SIZE]
 
 
-def chunk_id(id_key: bytes, plaintext: bytes | memoryview) -> bytes:
+def chunk_id(id_key: bytes, plaintext: bytes | bytearray | memoryview) -> bytes:
     """Keyed, so equal ids show the store only that two chunks of one run are equal."""
     return hmac.digest(id_key, plaintext, hashlib.sha256)
 

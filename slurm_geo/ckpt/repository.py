@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -42,7 +42,7 @@ from slurm_geo.ckpt.names import (
     run_of_manifest_name,
     step_of_manifest_name,
 )
-from slurm_geo.ckpt.reader import ChunkReader
+from slurm_geo.ckpt.reader import ChunkReader, ordered_map, worker_pool
 from slurm_geo.ckpt.seal import Kind, open_sealed, seal
 from slurm_geo.ckpt.store import Bytes, Store
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, ChunkWriter, WriteOptions
@@ -80,9 +80,16 @@ class Repository:
 
     def write_checkpoint(
         self, run: str, tensors: Sequence[Tensor], extra_state: Bytes, metadata: Metadata,
-        parent: int | None = None, delta: bool = False,
+        parent: int | None = None, delta: bool = False, unchanged: Collection[str] = (),
     ) -> Manifest:
-        """Save a checkpoint at `metadata.global_step`; `parent` (a step) enables dedup/delta."""
+        """Save a checkpoint at `metadata.global_step`; `parent` (a step) enables dedup/delta.
+
+        `unchanged` names tensors the caller knows equal the parent's (frozen parameters):
+        their chunk refs are copied from the parent without reading or hashing `data`,
+        which gives the manifest hashing would. A tensor the parent lacks, or holds with
+        another dtype, shape or chunk size, is read and hashed as usual. The hint is
+        trusted: a tensor named but changed is saved with the parent's content.
+        """
         name = manifest_name(run, metadata.global_step)
         check_metadata(name, metadata)
         _check_tensors(tensors)
@@ -91,28 +98,36 @@ class Repository:
         parent_manifest = None if parent is None else self.manifest(run, parent)
         with push_lock(self._store, self._random_bytes, self._clock):
             return self._write(run, name, tensors, extra_state, metadata, parent_manifest,
-                               delta)
+                               delta, frozenset(unchanged))
 
     def _write(self, run: str, name: str, tensors: Sequence[Tensor], extra_state: Bytes,
-               metadata: Metadata, parent_manifest: Manifest | None, delta: bool) -> Manifest:
+               metadata: Metadata, parent_manifest: Manifest | None, delta: bool,
+               unchanged: frozenset[str]) -> Manifest:
         parent = None if parent_manifest is None else parent_manifest.step
         keys = self._keys(run, create=True)
-        writer = ChunkWriter(self._store, keys, self._options, self._random_bytes,
-                             _known_refs(parent_manifest), ChunkReader(self._store, keys).read)
-        bases = _delta_bases(parent_manifest, self._options.chunk_size) if delta else {}
-        tensor_ids = [self._add_tensor(writer, t, bases.get((t.path, t.dtype), ()))
-                      for t in tensors]
-        extra = _bytes_view(extra_state)
-        extra_ids = [writer.add(c, 1) for c in content_defined_chunks(extra, self._options.cdc)]
-        writer.flush()
-        manifest = Manifest(
-            run=run, metadata=metadata, parent_step=parent, chunk_size=self._options.chunk_size,
-            tensors=tuple(
-                TensorEntry(t.path, t.dtype, tuple(t.shape), tuple(map(writer.ref, ids)))
-                for t, ids in zip(tensors, tensor_ids, strict=True)
-            ),
-            extra_state=BlobEntry(len(extra), tuple(map(writer.ref, extra_ids))),
-        )
+        chunk_size = self._options.chunk_size
+        reusable = _reusable_chunks(parent_manifest, chunk_size, unchanged)
+        bases = _delta_bases(parent_manifest, chunk_size) if delta else {}
+        with ChunkWriter(self._store, keys, self._options, self._random_bytes,
+                         _known_refs(parent_manifest), ChunkReader(self._store, keys).read
+                         ) as writer:
+            tensor_slots = [
+                [writer.reuse(r) for r in reusable[t.path].chunks] if _same_as(reusable, t)
+                else self._add_tensor(writer, t, bases.get((t.path, t.dtype), ()))
+                for t in tensors
+            ]
+            extra = _bytes_view(extra_state)
+            extra_slots = [writer.add(c, 1)
+                           for c in content_defined_chunks(extra, self._options.cdc)]
+            writer.close()
+            manifest = Manifest(
+                run=run, metadata=metadata, parent_step=parent, chunk_size=chunk_size,
+                tensors=tuple(
+                    TensorEntry(t.path, t.dtype, tuple(t.shape), tuple(map(writer.ref, slots)))
+                    for t, slots in zip(tensors, tensor_slots, strict=True)
+                ),
+                extra_state=BlobEntry(len(extra), tuple(map(writer.ref, extra_slots))),
+            )
         # The manifest is the commit point; the pointer only saves readers a listing.
         self._put_sealed(keys.data_key, Kind.MANIFEST, name, manifest_to_json(manifest))
         self.point_latest(run, metadata.global_step)
@@ -127,12 +142,22 @@ class Repository:
         """Every tensor and the extra state of a checkpoint, each chunk verified."""
         manifest = self.manifest(run, step)
         reader = ChunkReader(self._store, self._keys(run))
-        tensors = [
-            Tensor(t.path, t.dtype, t.shape, b"".join(reader.read(r) for r in t.chunks))
-            for t in manifest.tensors
-        ]
-        extra = b"".join(reader.read(r) for r in manifest.extra_state.chunks)
-        return Checkpoint(manifest, tensors, extra)
+        tensors = [t._replace(data=bytes(t.data)) for t in self._tensors(manifest, reader)]
+        return Checkpoint(manifest, tensors, bytes(self._blob(manifest.extra_state, reader)))
+
+    def iter_tensors(self, run: str, step: int) -> Iterator[Tensor]:
+        """The checkpoint's tensors one at a time, in manifest order, each chunk verified.
+
+        For streaming pulls: only the tensor being assembled (a bytearray the caller owns)
+        and a few chunks and packs are in memory. The manifest is read before this returns.
+        """
+        return self._tensors(self.manifest(run, step), ChunkReader(self._store, self._keys(run)))
+
+    def read_extra_state(self, run: str, step: int) -> bytes:
+        """The checkpoint's opaque non-tensor state, verified."""
+        manifest = self.manifest(run, step)
+        reader = ChunkReader(self._store, self._keys(run))
+        return bytes(self._blob(manifest.extra_state, reader))
 
     def manifest(self, run: str, step: int) -> Manifest:
         name = manifest_name(run, step)
@@ -187,17 +212,52 @@ class Repository:
         except CkptError as exc:
             return [exc]
         reader = ChunkReader(self._store, self._keys(run))
-        faults: dict[str, CkptError] = {}
-        for ref in {r.id: r for r in manifest.refs()}.values():
+
+        def fault_of(ref: ChunkRef) -> CkptError | None:
             try:
                 reader.read(ref)
             except CkptError as exc:
-                faults.setdefault(exc.name, exc)
+                return exc
+            return None
+
+        faults: dict[str, CkptError] = {}
+        unique = {r.id: r for r in manifest.refs()}.values()
+        with worker_pool(self._options.threads, "slurm-geo-verify") as pool:
+            for fault in ordered_map(fault_of, unique, pool, self._options.window):
+                if fault is not None:
+                    faults.setdefault(fault.name, fault)
         return list(faults.values())
 
+    def _tensors(self, manifest: Manifest, reader: ChunkReader) -> Iterator[Tensor]:
+        """Chunks are decoded straight into each tensor's buffer, `window` at a time,
+        reading ahead across tensor boundaries."""
+
+        def fill(job: tuple[ChunkRef, bytearray, int]) -> bytearray:
+            ref, data, offset = job
+            reader.read_into(ref, data, offset)
+            return data
+
+        with worker_pool(self._options.threads, "slurm-geo-read") as pool:
+            filled = ordered_map(fill, _fill_jobs(manifest.tensors), pool, self._options.window)
+            try:
+                for entry in manifest.tensors:
+                    data = bytearray()
+                    for _ref in entry.chunks:
+                        data = next(filled)
+                    yield Tensor(entry.path, entry.dtype, entry.shape, data)
+            finally:
+                filled.close()  # cancel the read-ahead before the pool waits for it
+
+    def _blob(self, blob: BlobEntry, reader: ChunkReader) -> bytearray:
+        with worker_pool(self._options.threads, "slurm-geo-read") as pool:
+            data = bytearray()
+            for chunk in ordered_map(reader.read, blob.chunks, pool, self._options.window):
+                data += chunk
+            return data
+
     def _add_tensor(self, writer: ChunkWriter, tensor: Tensor,
-                    bases: tuple[ChunkRef, ...]) -> list[str]:
-        """The tensor's chunk ids; chunk i may be a delta against the parent's chunk i."""
+                    bases: tuple[ChunkRef, ...]) -> list[int]:
+        """The tensor's chunk slots; chunk i may be a delta against the parent's chunk i."""
         element_size = PLANE_DTYPES.get(tensor.dtype, 1)
         chunks = fixed_chunks(_bytes_view(tensor.data), self._options.chunk_size)
         return [writer.add(c, element_size, bases[i] if i < len(bases) else None)
@@ -249,6 +309,29 @@ def _check_tensors(tensors: Sequence[Tensor]) -> None:
 
 def _known_refs(parent: Manifest | None) -> dict[str, ChunkRef]:
     return {} if parent is None else {r.id: r for r in parent.refs()}
+
+
+def _fill_jobs(tensors: Sequence[TensorEntry]) -> Iterator[tuple[ChunkRef, bytearray, int]]:
+    """(chunk, its tensor's buffer, its offset there), allocating each buffer when reached."""
+    for entry in tensors:
+        data = bytearray(tensor_nbytes(entry.dtype, entry.shape))
+        offset = 0
+        for ref in entry.chunks:
+            yield ref, data, offset
+            offset += ref.size
+
+
+def _reusable_chunks(parent: Manifest | None, chunk_size: int,
+                     unchanged: frozenset[str]) -> dict[str, TensorEntry]:
+    """The parent's entries of tensors named unchanged, if cut with the same chunk size."""
+    if parent is None or parent.chunk_size != chunk_size:
+        return {}
+    return {t.path: t for t in parent.tensors if t.path in unchanged}
+
+
+def _same_as(reusable: dict[str, TensorEntry], tensor: Tensor) -> bool:
+    entry = reusable.get(tensor.path)
+    return entry is not None and (entry.dtype, entry.shape) == (tensor.dtype, tuple(tensor.shape))
 
 
 def _delta_bases(

@@ -1,12 +1,26 @@
-"""Saving chunks: deduplicate by keyed id, encode (maybe as a delta), fill and store packs."""
+"""Saving chunks: deduplicate by keyed id, encode (maybe as a delta), fill and store packs.
+
+The pipeline, per chunk: keyed hash, byte planes, zstd (worker threads, in parallel:
+hashlib and zstandard release the GIL), then, in submission order, AES-GCM into the open
+pack (the caller's thread: an entry's nonce is its offset, known only in order), then the
+pack's SHA-256 and its upload (two uploader threads). Entries, packs and random salts
+follow the order of submission, so the bytes written depend neither on the number of
+workers nor on timing (`workers=1` runs everything in the caller's thread). Memory stays
+bounded: `WriteOptions.window` chunks in flight, the open pack, and at most
+`UPLOAD_WINDOW` finished packs waiting for the store; pack buffers are reused.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from types import TracebackType
 
 from slurm_geo.ckpt.chunking import DEFAULT_CHUNK_SIZE, CdcParams
-from slurm_geo.ckpt.codec import DEFAULT_LEVEL, encode, encode_delta
+from slurm_geo.ckpt.codec import DEFAULT_LEVEL, Compressors, encode_delta_parts, encode_parts
 from slurm_geo.ckpt.keys import SALT_SIZE, RandomBytes, RunKeys, chunk_id
 from slurm_geo.ckpt.manifest import (
     CHUNK_SIZE_MULTIPLE,
@@ -15,8 +29,11 @@ from slurm_geo.ckpt.manifest import (
     ChunkRef,
 )
 from slurm_geo.ckpt.names import pack_name
-from slurm_geo.ckpt.pack import Entry, PackWriter
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.pack import Entry, PackWriter, pack_id_of
+from slurm_geo.ckpt.reader import default_workers, worker_pool
+from slurm_geo.ckpt.store import Bytes, Store
+
+UPLOAD_WINDOW = 2  # finished packs waiting for the store, at most
 
 
 @dataclass(frozen=True)
@@ -26,78 +43,195 @@ class WriteOptions:
     zstd_level: int = DEFAULT_LEVEL
     max_delta_depth: int = 4  # bounds how many chunks one read of a delta chunk needs
     cdc: CdcParams = CdcParams()
+    workers: int = 0  # threads hashing and encoding chunks; 0: one per core, at most 4
 
     def __post_init__(self) -> None:
         if self.chunk_size % CHUNK_SIZE_MULTIPLE or not 0 < self.chunk_size <= MAX_CHUNK_SIZE:
             raise ValueError(f"chunk_size must be a multiple of {CHUNK_SIZE_MULTIPLE} to 64 MiB")
         if not 0 <= self.max_delta_depth <= MAX_DELTA_DEPTH:
             raise ValueError(f"max_delta_depth must be 0 to {MAX_DELTA_DEPTH}")
+        if self.workers < 0:
+            raise ValueError("workers must be 0 (automatic) or more")
+
+    @property
+    def threads(self) -> int:
+        return self.workers or default_workers()
+
+    @property
+    def window(self) -> int:
+        """Chunks in flight at most: enough to keep every worker busy."""
+        return 2 * self.threads
 
 
 DEFAULT_OPTIONS = WriteOptions()
 
 
 @dataclass(frozen=True)
-class _Pending:
+class _Encoded:
+    """A chunk after the parallel stage: its blob in parts, None if it is already stored."""
+
+    id: str
+    size: int
+    blob: list[bytes] | None
+    base: ChunkRef | None
+
+
+@dataclass(frozen=True)
+class _Stored:
+    pack: int  # index of the pack in this writer
     entry: Entry
     size: int
     base: ChunkRef | None
 
 
 class ChunkWriter:
-    """Writes the new chunks of one checkpoint; `ref(id)` locates any chunk it was given.
+    """Writes the new chunks of one checkpoint, in the order they are added.
 
+    `add` returns a slot; once `close` has returned, `ref(slot)` locates that chunk.
     `known` holds refs already stored (the parent's), so those chunks are not stored again.
-    `read_base` returns the plaintext of a stored chunk, for delta encoding.
+    `read_base` returns the plaintext of a stored chunk, for delta encoding; it is called
+    from worker threads. Use as a context manager, so threads stop on errors.
     """
 
     def __init__(
         self, store: Store, keys: RunKeys, options: WriteOptions, random_bytes: RandomBytes,
-        known: dict[str, ChunkRef], read_base: Callable[[ChunkRef], bytes],
+        known: dict[str, ChunkRef], read_base: Callable[[ChunkRef], Bytes],
     ):
         self._store = store
         self._keys = keys
         self._options = options
         self._random_bytes = random_bytes
-        self._refs = dict(known)
+        self._known = known
         self._read_base = read_base
+        self._workers = worker_pool(options.threads, "slurm-geo-encode")
+        self._uploader = worker_pool(1 if options.threads == 1 else 2, "slurm-geo-upload")
+        self._local = threading.local()
+        self._slots: list[str | None] = []
+        self._in_flight: deque[tuple[int, Future[_Encoded]]] = deque()
+        self._stored: dict[str, _Stored] = {}
         self._pack: PackWriter | None = None
-        self._pending: dict[str, _Pending] = {}
+        self._buffer = bytearray()  # the open pack's
+        self._spare_buffers: list[bytearray] = []  # of packs already stored, for reuse
+        self._uploads: list[Future[str]] = []
+        self._unfinished: deque[Future[str]] = deque()
+        self._pack_ids: list[str] = []
 
-    def add(self, data: memoryview, element_size: int, base: ChunkRef | None = None) -> str:
-        """Store `data` unless already stored; return its chunk id (hex)."""
+    def __enter__(self) -> ChunkWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._shutdown()
+
+    def add(self, data: memoryview, element_size: int, base: ChunkRef | None = None) -> int:
+        """Queue `data` to be stored unless it already is; its slot."""
+        slot = len(self._slots)
+        self._slots.append(None)
+        self._in_flight.append(
+            (slot, self._workers.submit(self._encode, data, element_size, base)))
+        while len(self._in_flight) > self._options.window:
+            self._commit_next()
+        return slot
+
+    def reuse(self, ref: ChunkRef) -> int:
+        """A slot for a chunk known unchanged: `ref`'s id, as if hashed (no read, no hash)."""
+        if ref.id not in self._known:
+            raise ValueError(f"chunk {ref.id} is not among the known chunks")
+        self._slots.append(ref.id)
+        return len(self._slots) - 1
+
+    def close(self) -> None:
+        """Store everything added; afterwards every slot has a ref."""
+        while self._in_flight:
+            self._commit_next()
+        self._finish_pack()
+        self._pack_ids = [upload.result() for upload in self._uploads]
+
+    def ref(self, slot: int) -> ChunkRef:
+        cid = self._slots[slot]
+        if cid is None:
+            raise RuntimeError("ref() before close()")
+        if cid in self._known:
+            return self._known[cid]
+        stored = self._stored[cid]
+        entry = stored.entry
+        return ChunkRef(cid, self._pack_ids[stored.pack], entry.offset, entry.length,
+                        stored.size, stored.base)
+
+    # Worker threads.
+
+    def _encode(self, data: memoryview, element_size: int, base: ChunkRef | None) -> _Encoded:
         cid = chunk_id(self._keys.id_key, data).hex()
-        if cid in self._refs or cid in self._pending:
-            return cid
-        blob = encode(data, element_size=element_size, level=self._options.zstd_level)
+        if cid in self._known or cid in self._stored:  # stored earlier in the order
+            return _Encoded(cid, len(data), None, None)
+        compressors = self._compressors()
+        blob = encode_parts(data, element_size=element_size, compressors=compressors)
         used_base = None
         if base is not None and self._may_delta_against(base, len(data)):
-            delta = encode_delta(data, self._read_base(base), bytes.fromhex(base.id),
-                                 element_size=element_size, level=self._options.zstd_level)
-            if len(delta) < len(blob):
+            delta = encode_delta_parts(data, self._read_base(base), bytes.fromhex(base.id),
+                                       element_size=element_size, compressors=compressors)
+            if _length(delta) < _length(blob):
                 blob, used_base = delta, base
-        if self._pack is None:
-            self._pack = PackWriter(self._keys.data_key, self._random_bytes(SALT_SIZE))
-        entry = self._pack.add(bytes.fromhex(cid), blob)
-        self._pending[cid] = _Pending(entry, len(data), used_base)
-        if self._pack.size >= self._options.pack_size:
-            self.flush()
-        return cid
+        return _Encoded(cid, len(data), blob, used_base)
+
+    def _compressors(self) -> Compressors:
+        compressors: Compressors | None = getattr(self._local, "compressors", None)
+        if compressors is None:
+            compressors = self._local.compressors = Compressors(self._options.zstd_level)
+        return compressors
 
     def _may_delta_against(self, base: ChunkRef, size: int) -> bool:
         return base.size == size and base.depth < self._options.max_delta_depth
 
-    def flush(self) -> None:
-        """Store the open pack; its chunks then have refs."""
+    # The caller's thread, in submission order.
+
+    def _commit_next(self) -> None:
+        slot, future = self._in_flight.popleft()
+        encoded = future.result()
+        self._slots[slot] = encoded.id
+        if encoded.id in self._known or encoded.id in self._stored:
+            return  # an earlier chunk of this checkpoint had the same content
+        assert encoded.blob is not None  # only known or stored chunks skip encoding
+        if self._pack is None:
+            self._buffer = self._spare_buffers.pop() if self._spare_buffers else bytearray()
+            self._pack = PackWriter(self._keys.data_key, self._random_bytes(SALT_SIZE),
+                                    self._buffer)
+        entry = self._pack.add_parts(bytes.fromhex(encoded.id), encoded.blob)
+        self._stored[encoded.id] = _Stored(len(self._uploads), entry, encoded.size,
+                                           encoded.base)
+        if self._pack.size >= self._options.pack_size:
+            self._finish_pack()
+
+    def _finish_pack(self) -> None:
+        """Hand the open pack to the uploader; wait while too many are on their way."""
         if self._pack is None:
             return
-        pack_id, data = self._pack.finish()
-        self._store.put(pack_name(pack_id), data)
-        for cid, pending in self._pending.items():
-            entry = pending.entry
-            self._refs[cid] = ChunkRef(cid, pack_id, entry.offset, entry.length, pending.size,
-                                       pending.base)
-        self._pack, self._pending = None, {}
+        data, self._pack = self._pack.release(), None
+        upload = self._uploader.submit(self._upload, data, self._buffer)
+        self._uploads.append(upload)
+        self._unfinished.append(upload)
+        for finished in [u for u in self._unfinished if u.done()]:
+            finished.result()  # a failed upload fails the save now, not at the end
+            self._unfinished.remove(finished)
+        while len(self._unfinished) > UPLOAD_WINDOW:
+            self._unfinished.popleft().result()
 
-    def ref(self, cid: str) -> ChunkRef:
-        return self._refs[cid]
+    def _upload(self, data: memoryview, buffer: bytearray) -> str:
+        pack_id = pack_id_of(data)
+        self._store.put(pack_name(pack_id), data)  # on failure the buffer is not reused
+        try:
+            data.release()
+        except BufferError:
+            return pack_id  # the store kept a view of it: leave the buffer alone
+        self._spare_buffers.append(buffer)
+        return pack_id
+
+    def _shutdown(self) -> None:
+        for _slot, future in self._in_flight:
+            future.cancel()
+        self._workers.shutdown(wait=True, cancel_futures=True)
+        self._uploader.shutdown(wait=True, cancel_futures=True)
+
+
+def _length(parts: list[bytes]) -> int:
+    return sum(len(p) for p in parts)
