@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,12 +63,38 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class SyncConfig:
+    """The [sync] table: what the checkpoint-sync daemon watches, where it replicates, how.
+
+    Every key is declared once in SYNC_SETTINGS (type, default, help); validation and the
+    table in docs/checkpoint-sync.md both come from there.
+    """
+
+    roots: tuple[str, ...]
+    destination: str
+    state: Path = Path("/var/lib/slurm-geo/checkpoint-sync.db")
+    key_file: Path | None = None
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 9851
+    bandwidth_mb_s: float = 0.0
+    poll_interval_s: float = 10.0
+    nice: int = 10
+    cpu_policy: str = "idle"
+    io_class: str = "idle"
+    max_attempts: int = 5
+    attempt_timeout_s: float = 1800.0
+    retry_base_s: float = 30.0
+    retry_max_s: float = 900.0
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     home_cluster: str
     clusters: dict[str, ClusterConfig]
     stores: dict[str, StoreConfig]
     source: str = "<memory>"
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    sync: SyncConfig | None = None  # the [sync] table, for the checkpoint-sync daemon
 
     def cluster(self, name: str) -> ClusterConfig:
         try:
@@ -99,7 +126,7 @@ def load_config(path: Path | None = None) -> SiteConfig:
 
 
 def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
-    _reject_unknown(raw, {"site", "clusters", "stores", "retention"}, source)
+    _reject_unknown(raw, {"site", "clusters", "stores", "retention", "sync"}, source)
     site = _table(raw, "site", source)
     _reject_unknown(site, {"home_cluster"}, f"{source} [site]")
     clusters = {
@@ -115,8 +142,9 @@ def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
         raise ConfigError(f"{source}: home_cluster '{home}' is not one of [clusters]")
     retention = RetentionPolicy.from_mapping(_table(raw, "retention", source),
                                              f"{source} [retention]")
+    sync = (_parse_sync(raw["sync"], stores, f"{source} [sync]") if "sync" in raw else None)
     return SiteConfig(home_cluster=home, clusters=clusters, stores=stores, source=source,
-                      retention=retention)
+                      retention=retention, sync=sync)
 
 
 _CLUSTER_KEYS = {
@@ -201,3 +229,162 @@ def _reject_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
         raise ConfigError(
             f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
         )
+
+
+# --- [sync]: settings declared once ------------------------------------------------------
+
+Parse = Callable[[Any, str], Any]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One key of a table: how to read it (raising ConfigError naming `where`), its default
+    and its help. A setting without a default is required."""
+
+    name: str
+    parse: Parse
+    default: Any
+    help: str
+    required: bool = False
+
+
+def _whole(low: int, high: int) -> Parse:
+    def parse(value: Any, where: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ConfigError(f"{where} must be a whole number from {low} to {high}, "
+                              f"got {value!r}")
+        return value
+    return parse
+
+
+def _seconds(value: Any, where: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+        raise ConfigError(f"{where} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _rate(value: Any, where: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{where} must be a number of MB/s >= 0 (0: no cap), got {value!r}")
+    return float(value)
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _path(value: Any, where: str) -> Path:
+    text = _text(value, where)
+    if not text.startswith("/"):
+        raise ConfigError(f"{where} must be an absolute path, got {value!r}")
+    return Path(text)
+
+
+def _choice(*choices: str) -> Parse:
+    def parse(value: Any, where: str) -> str:
+        if value not in choices:
+            raise ConfigError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
+        return str(value)
+    return parse
+
+
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(v, str) and v for v in value)):
+        raise ConfigError(f"{where} must be a non-empty list of store names or URLs, "
+                          f"got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where} names a store twice: {value!r}")
+    return tuple(value)
+
+
+SYNC_SETTINGS = (
+    Setting("roots", _names, None, "Stores to watch for committed checkpoints: names from "
+            "[stores], or file:// and s3:// URLs.", required=True),
+    Setting("destination", _text, None, "The [stores] name checkpoints are replicated to.",
+            required=True),
+    Setting("state", _path, SyncConfig.state, "The SQLite state database (WAL mode); its "
+            "directory must be writable."),
+    Setting("key_file", _path, None, "The site master key (0600). Default: "
+            "$SLURM_GEO_KEY_FILE, else /etc/slurm-geo/master.key."),
+    Setting("metrics_address", _text, SyncConfig.metrics_address,
+            "Address of the Prometheus endpoint."),
+    Setting("metrics_port", _whole(0, 65535), SyncConfig.metrics_port,
+            "Port of the Prometheus endpoint; 0 turns it off."),
+    Setting("bandwidth_mb_s", _rate, SyncConfig.bandwidth_mb_s,
+            "Cap on bytes sent to and read back from the destination, in MB/s "
+            "(10^6 bytes); 0: no cap."),
+    Setting("poll_interval_s", _seconds, SyncConfig.poll_interval_s,
+            "Seconds between scans of the roots."),
+    Setting("nice", _whole(0, 19), SyncConfig.nice, "CPU niceness the daemon gives itself "
+            "(for cpu_policy batch or normal)."),
+    Setting("cpu_policy", _choice("idle", "batch", "normal"), SyncConfig.cpu_policy,
+            "CPU scheduling policy: idle (SCHED_IDLE: runs in the gaps training leaves; "
+            "replicas lag on saturated CPUs), batch (SCHED_BATCH), normal."),
+    Setting("io_class", _choice("idle", "best-effort", "none"), SyncConfig.io_class,
+            "I/O scheduling class the daemon gives itself (none: leave it)."),
+    Setting("max_attempts", _whole(1, 1000), SyncConfig.max_attempts,
+            "Failed attempts before a checkpoint is marked failed; attempts cut short by an "
+            "unreachable store do not count."),
+    Setting("attempt_timeout_s", _seconds, SyncConfig.attempt_timeout_s,
+            "An attempt still running after this long fails (and counts)."),
+    Setting("retry_base_s", _seconds, SyncConfig.retry_base_s,
+            "Wait after a first failure; it doubles with each further one."),
+    Setting("retry_max_s", _seconds, SyncConfig.retry_max_s, "The longest wait between tries."),
+)
+
+
+def _parse_sync(table: Any, stores: dict[str, StoreConfig], where: str) -> SyncConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    _reject_unknown(table, {s.name for s in SYNC_SETTINGS}, where)
+    values = {}
+    for setting in SYNC_SETTINGS:
+        if setting.name in table:
+            values[setting.name] = setting.parse(table[setting.name], f"{where}: {setting.name}")
+        elif setting.required:
+            raise ConfigError(f"{where}: missing {setting.name} ({setting.help})")
+    config = SyncConfig(**values)
+    _check_sync_stores(config, stores, where)
+    if config.retry_max_s < config.retry_base_s:
+        raise ConfigError(f"{where}: retry_max_s ({config.retry_max_s:g}) is shorter than "
+                          f"retry_base_s ({config.retry_base_s:g})")
+    return config
+
+
+def _check_sync_stores(config: SyncConfig, stores: dict[str, StoreConfig], where: str) -> None:
+    known = ", ".join(sorted(stores)) or "none"
+    for root in config.roots:
+        if "://" in root:
+            if not root.startswith(("file://", "s3://")):
+                raise ConfigError(f"{where}: root '{root}' must start with file:// or s3://")
+        elif root not in stores:
+            raise ConfigError(f"{where}: root '{root}' is neither a URL nor one of [stores] "
+                              f"(stores: {known})")
+    if config.destination not in stores:
+        raise ConfigError(f"{where}: destination '{config.destination}' is not one of [stores] "
+                          f"(stores: {known})")
+    destination_url = stores[config.destination].url
+    for root in config.roots:
+        if root == config.destination or stores.get(root, StoreConfig("", root, "")).url \
+                == destination_url:
+            raise ConfigError(f"{where}: destination '{config.destination}' is also one of "
+                              "roots; a store cannot be replicated into itself")
+
+
+def settings_table(settings: tuple[Setting, ...] = SYNC_SETTINGS) -> str:
+    """The Markdown table of a settings declaration, as docs/checkpoint-sync.md shows it."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for s in settings:
+        default = "required" if s.required else ("-" if s.default is None else
+                                                 f"`{_toml_value(s.default)}`")
+        rows.append(f"| `{s.name}` | {default} | {s.help} |")
+    return "\n".join(rows)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, str | Path):
+        return f'"{value}"'
+    return f"{value:g}" if isinstance(value, float) else str(value)

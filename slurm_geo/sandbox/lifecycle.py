@@ -73,6 +73,7 @@ class Sandbox:
         _require_root()
         _install_missing_packages(progress)
         _require_moto()
+        _require_sync_program()
         version = admin.installed_slurm_version()
         self._prepare_files(version)
         stages = self._stages(version)
@@ -175,7 +176,18 @@ class Sandbox:
             group=RESTD_OS_GROUP,
             port=rented.rest_port,
         )
-        return [infra, dbds, ctlds, [*nodes, restd]]
+        return [infra, dbds, ctlds, [*nodes, restd, self._sync_daemon()]]
+
+    def _sync_daemon(self) -> Daemon:
+        """checkpoint-sync, run as its systemd unit runs it, replicating pfs to offsite."""
+        layout = self.layout
+        return Daemon(
+            "checkpoint-sync",
+            render.sync_argv(_sync_program(), layout.site_config),
+            env={"AWS_ACCESS_KEY_ID": "sandbox", "AWS_SECRET_ACCESS_KEY": "sandbox",
+                 "AWS_DEFAULT_REGION": "us-east-1"},
+            port=render.sync_metrics_port(layout),
+        )
 
     @staticmethod
     def _slurm_daemon(cluster: ClusterLayout, name: str, argv: list[str], port: int) -> Daemon:
@@ -323,6 +335,22 @@ def _require_moto() -> None:
         raise SandboxError(
             "the sandbox's S3 endpoint needs moto's server; install it with: "
             "pip install 'slurm-geo[sandbox]'"
+        )
+
+
+def _sync_program() -> str:
+    """The installed console script, next to this Python's executable if it is there."""
+    beside = Path(sys.executable).parent / render.SYNC_PROGRAM
+    if beside.exists():
+        return str(beside)
+    return shutil.which(render.SYNC_PROGRAM) or render.SYNC_PROGRAM
+
+
+def _require_sync_program() -> None:
+    if not Path(_sync_program()).is_absolute():
+        raise SandboxError(
+            f"the sandbox runs checkpoint-sync as `{render.SYNC_PROGRAM}`, which is not "
+            "installed; install slurm-geo with: pip install -e ."
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from slurm_geo.sandbox.layout import REST_USER, S3_BUCKET, ClusterLayout, SandboxLayout
 
@@ -15,6 +16,22 @@ SANDBOX_PRICES = {
 }
 CPUS_PER_NODE = 2
 MEMORY_MB_PER_NODE = 2000
+SYNC_METRICS_PORT_OFFSET = 45  # checkpoint-sync's Prometheus endpoint: port base + 45
+SYNC_PROGRAM = "slurm-geo-checkpoint-sync"
+
+
+def sync_metrics_port(layout: SandboxLayout) -> int:
+    return layout.port_base + SYNC_METRICS_PORT_OFFSET
+
+
+def sync_state_path(layout: SandboxLayout) -> Path:
+    return layout.root / "sync" / "checkpoint-sync.db"
+
+
+def sync_argv(program: str, config: Path) -> list[str]:
+    """checkpoint-sync's command line: the systemd unit's ExecStart, with the sandbox's
+    program path and config."""
+    return [program, "--config", str(config)]
 
 
 def slurm_conf(layout: SandboxLayout, cluster: ClusterLayout, hostname: str) -> str:
@@ -140,6 +157,17 @@ def site_config(layout: SandboxLayout) -> str:
         f'url = {_q(f"s3://{S3_BUCKET}/checkpoints")}',
         f'region = {_q(rented.region)}',
         f'endpoint_url = {_q(layout.s3_endpoint)}',
+        "",
+        "[sync]  # checkpoint-sync: pfs -> offsite",
+        'roots = ["pfs"]',
+        'destination = "offsite"',
+        f"state = {_q(sync_state_path(layout))}",
+        f"key_file = {_q(layout.master_key)}",
+        f"metrics_port = {sync_metrics_port(layout)}",
+        "poll_interval_s = 2",
+        'cpu_policy = "batch"  # it shares the host with the test suite: lag matters more',
+        "retry_base_s = 5",
+        "retry_max_s = 60",
     ]
     return "\n".join(parts) + "\n"
 

@@ -1,0 +1,394 @@
+"""The checkpoint-sync main loop: scan, plan, hand one attempt at a time to a worker thread.
+
+Daemon manners (docs/checkpoint-sync.md): signal handlers only enqueue the signal, and
+`signal.set_wakeup_fd` wakes the loop (`process.Wakeup`), which drains the queue and
+dispatches to `_handle_term` or `_handle_hup`. READY is sent once the state is open and
+the metrics endpoint listens, WATCHDOG on every turn of the loop, STOPPING on exit.
+
+Crash-only: nothing here needs a clean exit to be correct. A restart puts every replica
+left UPLOADING back to PENDING (`StateDB.recover_interrupted`), and the next copy skips what
+the destination already holds. A worker stuck past its timeout (a hung socket) cannot be
+killed from Python, so the daemon exits with EXIT_STUCK and lets systemd restart it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_geo.errors import SlurmGeoError
+from slurm_geo.sync.events import event
+from slurm_geo.sync.metrics import Live, SyncCollector, serve_metrics
+from slurm_geo.sync.notify import Notifier
+from slurm_geo.sync.planner import lowest_steps, next_work, reconcile, retry_delay_s
+from slurm_geo.sync.process import Wakeup, apply_priority
+from slurm_geo.sync.runtime import Runtime
+from slurm_geo.sync.scanner import RootScan, scan_root
+from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status, SyncError
+from slurm_geo.sync.worker import Attempt, Guard, Limits, Outcome, Result, Route, TokenBucket
+
+log = logging.getLogger("slurm_geo.sync")
+
+EXIT_OK = 0
+EXIT_BEHIND = 1        # --once: some replica is not verified
+EXIT_STUCK = 70        # an attempt outlived its timeout; systemd restarts us
+STOP_GRACE_S = 60.0    # SIGTERM waits this long for the object in flight
+STUCK_GRACE_S = 60.0   # past an attempt's timeout before it counts as stuck
+
+
+@dataclass
+class _Job:
+    replica: Replica
+    attempt: Callable[[StateDB], Attempt]  # built in the worker thread, with its own DB
+    thread: threading.Thread
+    deadline: float
+    result: Result | None = None
+    error: BaseException | None = None  # the attempt itself broke (the state DB failed)
+
+
+class Daemon:
+    """Replicates what `runtime` says, keeping its state in `state_path`; SIGHUP replaces
+    the runtime with `reload()`'s."""
+
+    def __init__(self, runtime: Runtime, reload: Callable[[], Runtime], state_path: Path, *,
+                 notifier: Notifier | None = None, metrics_port: int = 0,
+                 metrics_address: str = "127.0.0.1", clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 handle_signals: bool = True, set_priority: bool = True):
+        self._load = reload
+        self.runtime = runtime
+        self.state_path = state_path
+        self._notifier = notifier or Notifier({})
+        self._metrics_port = metrics_port
+        self._metrics_address = metrics_address
+        self._clock = clock
+        self._monotonic = monotonic
+        self._handle_signals = handle_signals
+        self._set_priority = set_priority
+        self.live = Live()
+        self._wakeup = Wakeup()
+        self._stop = threading.Event()
+        self._stop_deadline: float | None = None
+        self._bucket = TokenBucket(self.runtime.sync.bandwidth_mb_s * 1e6, monotonic)
+        self._job: _Job | None = None
+        self._scans: list[RootScan] = []
+        self._next_scan = 0.0
+        self._next_due: float | None = None
+        self._down_until = 0.0
+        self._outages = 0
+        self._state: StateDB | None = None
+        self._server: Any = None
+
+    # --- life -------------------------------------------------------------------------
+
+    def run(self, once: bool = False) -> int:
+        """Replicate until SIGTERM (or, with `once`, until nothing is due); the exit code."""
+        if self._set_priority:
+            sync = self.runtime.sync
+            apply_priority(sync.nice, sync.io_class, sync.cpu_policy)
+        with self._signals_installed():
+            self._state = StateDB(self.state_path)
+            try:
+                self._start()
+                return self._loop(once)
+            finally:
+                self._finish()
+
+    def _start(self) -> None:
+        assert self._state is not None
+        sync = self.runtime.sync
+        for replica in self._state.recover_interrupted(self._clock(), sync.max_attempts):
+            event(log, "recovered", logging.WARNING, run=replica.run, step=replica.step,
+                  destination=replica.destination, reason="attempt cut short")
+        if self._metrics_port:
+            collector = SyncCollector(self.state_path, lambda: self.live, self._clock)
+            try:
+                self._server = serve_metrics(collector, self._metrics_address,
+                                             self._metrics_port)
+            except OSError as exc:
+                raise SyncError(f"cannot serve metrics on {self._metrics_address}:"
+                                f"{self._metrics_port} ({exc.strerror}); choose another "
+                                "[sync] metrics_port") from None
+        self.live.destination_up[self.runtime.destination] = True
+        event(log, "started", pid=os.getpid(), roots=",".join(sync.roots),
+              destination=self.runtime.destination, state=self.state_path,
+              metrics=f"{self._metrics_address}:{self._metrics_port}"
+              if self._metrics_port else "off")
+        self._notifier.ready(f"replicating to {self.runtime.destination}")
+
+    def _finish(self) -> None:
+        self._notifier.stopping()
+        job = self._job
+        if job is not None and job.result is None and job.error is None:
+            self._put_back(job.replica)  # left after the grace: never half-done
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._state is not None:
+            self._state.close()
+        self._wakeup.close()
+        event(log, "stopped")
+
+    def _loop(self, once: bool) -> int:
+        while True:
+            self._drain_signals()
+            self._notifier.watchdog()
+            self._collect()
+            if self._is_stuck():
+                return EXIT_STUCK
+            if self._stop.is_set():
+                if self._job is None or self._monotonic() > (self._stop_deadline or 0):
+                    return EXIT_OK
+            else:
+                if self._monotonic() >= self._next_scan:
+                    self._scan()
+                if self._job is None and not self._dispatch() and once:
+                    return self._once_exit_code()
+            self._wakeup.wait(self._timeout())
+
+    # --- signals ----------------------------------------------------------------------
+
+    @contextmanager
+    def _signals_installed(self) -> Iterator[None]:
+        if not self._handle_signals:
+            yield
+            return
+        with self._wakeup.signals_installed():
+            yield
+
+    def _drain_signals(self) -> None:
+        while self._wakeup.signals:
+            signum = self._wakeup.signals.popleft()
+            if signum == signal.SIGHUP:
+                self._handle_hup()
+            else:
+                self._handle_term(signum)
+
+    def _handle_term(self, signum: int) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._stop_deadline = self._monotonic() + STOP_GRACE_S
+        self._notifier.stopping()
+        event(log, "stopping", signal=signal.Signals(signum).name,
+              in_flight=None if self._job is None else
+              f"{self._job.replica.run}@{self._job.replica.step}")
+
+    def _handle_hup(self) -> None:
+        self._notifier.reloading()
+        try:
+            runtime = self._load()
+        except SlurmGeoError as exc:
+            event(log, "reload_failed", logging.ERROR, error=exc)
+        else:
+            self._apply(runtime)
+        self._notifier.ready(f"replicating to {self.runtime.destination}")
+
+    def _apply(self, runtime: Runtime) -> None:
+        old = self.runtime.sync
+        new = runtime.sync
+        for name in ("state", "metrics_port", "metrics_address"):
+            if getattr(old, name) != getattr(new, name):
+                event(log, "restart_needed", logging.WARNING, setting=name,
+                      reason="takes effect at the next start")
+        self.runtime = runtime
+        self._bucket.set_rate(new.bandwidth_mb_s * 1e6)
+        if self._set_priority:
+            apply_priority(new.nice, new.io_class, new.cpu_policy)
+        self._next_scan = 0.0
+        self._down_until = 0.0
+        self.live.destination_up.setdefault(runtime.destination, True)
+        event(log, "reloaded", roots=",".join(new.roots), destination=runtime.destination,
+              bandwidth_mb_s=new.bandwidth_mb_s, poll_interval_s=new.poll_interval_s)
+
+    # --- scanning and planning --------------------------------------------------------
+
+    def _scan(self) -> None:
+        assert self._state is not None
+        runtime = self.runtime
+        scans = []
+        for root in runtime.sync.roots:
+            try:
+                scan = scan_root(root, runtime.root_store(root))
+            except SlurmGeoError as exc:  # the root could not even be opened
+                scan = RootScan(root, error=str(exc))
+            was_ok = all(s.root != root or s.ok for s in self._scans)
+            if was_ok and not scan.ok:
+                event(log, "root_unreadable", logging.WARNING, root=root, error=scan.error)
+            elif scan.ok and not was_ok:
+                event(log, "root_back", root=root)
+            scans.append(scan)
+        self._scans = scans
+        self.live.last_scan = self._clock()
+        self._next_scan = self._monotonic() + runtime.sync.poll_interval_s
+        rows = self._state.for_planning(runtime.destination, lowest_steps(scans))
+        changes = reconcile(scans, rows, self._state.max_sequences(runtime.destination),
+                            runtime.policy)
+        if changes:
+            self._apply_changes(changes)
+
+    def _apply_changes(self, changes: Any) -> None:
+        assert self._state is not None
+        now = self._clock()
+        destination = self.runtime.destination
+        self._state.add([{"root": n.root, "run": n.run, "step": n.step,
+                          "destination": destination, "sequence": n.sequence,
+                          "status": n.status.value, "promoted": n.promoted}
+                         for n in changes.new], now)
+        for n in changes.new:
+            event(log, "discovered", run=n.run, step=n.step, root=n.root,
+                  destination=destination, status=n.status.value)
+        for replica, wanted in [*((r, Status.SKIPPED) for r in changes.skip),
+                                *((r, Status.PENDING) for r in changes.unskip)]:
+            try:
+                self._state.move(replica.id, replica.status, wanted, now, next_attempt_at=now)
+            except StaleStatus:
+                continue
+            event(log, "skipped" if wanted is Status.SKIPPED else "requeued", run=replica.run,
+                  step=replica.step, destination=destination,
+                  reason="retention tier 2 no longer wants it, or it left the root"
+                  if wanted is Status.SKIPPED else "retention tier 2 wants it again")
+
+    def _dispatch(self) -> bool:
+        """Start the first due replica; False when nothing is due."""
+        assert self._state is not None
+        now = self._clock()
+        if self._monotonic() < self._down_until:
+            return False
+        runtime = self.runtime
+        rows = self._state.for_planning(runtime.destination, lowest_steps(self._scans))
+        work = next_work(rows, [s.root for s in self._scans if s.ok], now)
+        self._next_due = work.next_due
+        for replica in work.due:
+            if replica.root not in runtime.root_urls:
+                continue  # its root left the config at a reload
+            try:
+                if replica.status is Status.PENDING:
+                    self._state.move(replica.id, Status.PENDING, Status.UPLOADING, now,
+                                     attempts=("+", 1), started_at=now)
+                else:
+                    self._state.update(replica.id, replica.status, now, attempts=("+", 1),
+                                       started_at=now)
+            except StaleStatus:
+                continue
+            self._start_job(self._state.replica(replica.id))
+            return True
+        return False
+
+    # --- the worker thread ------------------------------------------------------------
+
+    def _start_job(self, replica: Replica) -> None:
+        runtime = self.runtime
+        sync = runtime.sync
+        limits = Limits(sync.max_attempts, sync.attempt_timeout_s, sync.retry_base_s,
+                        sync.retry_max_s)
+        route = Route(replica.root, runtime.root_store(replica.root),
+                      runtime.root_regions.get(replica.root, ""), runtime.destination,
+                      runtime.destination_store, runtime.destination_region)
+        deadline = self._monotonic() + sync.attempt_timeout_s
+        guard = Guard(self._stop, deadline, self._monotonic)
+
+        def attempt(state: StateDB) -> Attempt:
+            return Attempt(state, runtime.master_key, route, guard, self._bucket, limits,
+                           self._clock)
+
+        thread = threading.Thread(target=self._work, name=f"sync-{replica.run}-{replica.step}",
+                                  daemon=True)
+        self._job = _Job(replica, attempt, thread, deadline)
+        event(log, "uploading" if replica.status is Status.UPLOADING else "verifying",
+              run=replica.run, step=replica.step, destination=replica.destination,
+              attempt=replica.attempts)
+        thread.start()
+
+    def _work(self) -> None:
+        job = self._job
+        assert job is not None
+        try:
+            state = StateDB(self.state_path)
+            try:
+                job.result = job.attempt(state).run(job.replica)
+            finally:
+                state.close()
+        except BaseException as exc:  # handed to the main loop, which exits with it
+            job.error = exc
+        finally:
+            self._wakeup.wake()
+
+    def _collect(self) -> None:
+        job = self._job
+        if job is None or (job.result is None and job.error is None):
+            return
+        job.thread.join()
+        self._job = None
+        if job.error is not None:
+            raise job.error  # crash-only: systemd restarts us, recovery puts it back
+        assert job.result is not None
+        result = job.result
+        destination = self.runtime.destination
+        if result.outcome is Outcome.OUTAGE and result.side == "destination":
+            self._outages += 1
+            delay = retry_delay_s(self._outages, self.runtime.sync.retry_base_s,
+                                  self.runtime.sync.retry_max_s)
+            self._down_until = self._monotonic() + delay
+            self.live.destination_up[destination] = False
+            event(log, "outage", logging.WARNING, destination=destination,
+                  retry_in_s=round(delay, 1), error=result.detail)
+        elif result.outcome is not Outcome.INTERRUPTED and self._outages:
+            self._outages = 0
+            self.live.destination_up[destination] = True
+            event(log, "destination_back", destination=destination)
+        self._notifier.status(f"last: {job.replica.run}@{job.replica.step} "
+                              f"{result.outcome.value}")
+
+    def _is_stuck(self) -> bool:
+        job = self._job
+        if job is None or self._monotonic() < job.deadline + STUCK_GRACE_S:
+            return False
+        event(log, "stuck", logging.CRITICAL, run=job.replica.run, step=job.replica.step,
+              reason="the attempt outlived its timeout; exiting so that systemd restarts us")
+        return True
+
+    def _put_back(self, replica: Replica) -> None:
+        if self._state is None:
+            return
+        try:
+            current = self._state.replica(replica.id)
+            if current.status is Status.UPLOADING:
+                self._state.move(replica.id, Status.UPLOADING, Status.PENDING, self._clock(),
+                                 next_attempt_at=self._clock())
+        except SyncError:
+            pass  # the worker moved it after all
+
+    # --- waiting ----------------------------------------------------------------------
+
+    def _timeout(self) -> float:
+        now = self._monotonic()
+        if self._stop.is_set():
+            return 0.2
+        candidates = [self._next_scan - now]
+        if self._notifier.watchdog_interval_s:
+            candidates.append(self._notifier.watchdog_interval_s)
+        if self._job is not None:
+            candidates.append(self._job.deadline + STUCK_GRACE_S - now)
+        else:
+            if self._next_due is not None:
+                candidates.append(self._next_due - self._clock())
+            if self._down_until > now:
+                candidates.append(self._down_until - now)
+        return max(0.0, min(candidates))
+
+    def _once_exit_code(self) -> int:
+        assert self._state is not None
+        unsettled = self._state.replicas(
+            "destination = ? AND status NOT IN (?, ?)",
+            [self.runtime.destination, Status.VERIFIED.value, Status.SKIPPED.value])
+        return EXIT_OK if not unsettled else EXIT_BEHIND
+

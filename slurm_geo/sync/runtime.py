@@ -1,0 +1,92 @@
+"""What the daemon derives from the site config: stores, regions, policy and the master key.
+
+Built at start and again on SIGHUP, so a reload is "build a new Runtime, then switch".
+`open_store` and the environment are passed in; tests hand in wrapped stores.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.keys import load_master_key
+from slurm_geo.ckpt.open_store import open_store as default_open_store
+from slurm_geo.ckpt.store import Store
+from slurm_geo.config.model import SiteConfig, SyncConfig, load_config
+from slurm_geo.errors import ConfigError
+from slurm_geo.policy.retention import RetentionPolicy
+
+KEY_FILE_ENV = "SLURM_GEO_KEY_FILE"
+DEFAULT_KEY_FILE = Path("/etc/slurm-geo/master.key")
+
+OpenStore = Callable[..., Store]
+
+
+@dataclass
+class Runtime:
+    """One reading of the config, with stores opened on first use."""
+
+    sync: SyncConfig
+    policy: RetentionPolicy
+    master_key: bytes = field(repr=False)
+    destination: str
+    destination_store: Store
+    destination_region: str
+    root_urls: dict[str, tuple[str, str | None]]  # root -> (url, endpoint_url)
+    root_regions: dict[str, str]
+    open_store: OpenStore = default_open_store
+    _roots: dict[str, Store] = field(default_factory=dict, repr=False)
+
+    def root_store(self, root: str) -> Store:
+        """The root's store; opening it again later if it failed (an unmounted PFS)."""
+        if root not in self._roots:
+            url, endpoint = self.root_urls[root]
+            self._roots[root] = self.open_store(url, endpoint_url=endpoint)
+        return self._roots[root]
+
+
+def key_file_path(sync: SyncConfig, env: Mapping[str, str]) -> Path:
+    """[sync] key_file, else $SLURM_GEO_KEY_FILE, else /etc/slurm-geo/master.key."""
+    if sync.key_file is not None:
+        return sync.key_file
+    return Path(env.get(KEY_FILE_ENV) or DEFAULT_KEY_FILE)
+
+
+def load_runtime(config_path: Path, env: Mapping[str, str] = os.environ,
+                 open_store: OpenStore = default_open_store) -> Runtime:
+    """Read the config and key; raises ConfigError or KeyFileError naming the mistake."""
+    site = load_config(config_path)
+    return runtime_from_site(site, env, open_store)
+
+
+def runtime_from_site(site: SiteConfig, env: Mapping[str, str] = os.environ,
+                      open_store: OpenStore = default_open_store) -> Runtime:
+    if site.sync is None:
+        raise ConfigError(f"{site.source} has no [sync] table; checkpoint-sync needs at "
+                          "least roots = [...] and destination = \"...\" (see "
+                          "docs/checkpoint-sync.md)")
+    sync = site.sync
+    master_key = load_master_key(key_file_path(sync, env))
+    target = site.stores[sync.destination]
+    try:
+        destination_store = open_store(target.url, endpoint_url=target.endpoint_url or None)
+    except CkptError as exc:
+        raise ConfigError(f"{site.source} [sync]: destination '{sync.destination}' cannot "
+                          f"be opened: {exc}") from None
+    home = site.clusters.get(site.home_cluster)
+    urls, regions = {}, {}
+    for root in sync.roots:
+        if root in site.stores:
+            store = site.stores[root]
+            urls[root] = (store.url, store.endpoint_url or None)
+            regions[root] = store.region
+        else:
+            urls[root] = (root, None)
+            regions[root] = home.region if home is not None else ""
+    return Runtime(sync=sync, policy=site.retention, master_key=master_key,
+                   destination=sync.destination, destination_store=destination_store,
+                   destination_region=target.region, root_urls=urls, root_regions=regions,
+                   open_store=open_store)

@@ -1,0 +1,70 @@
+"""Finding committed checkpoints under a root store.
+
+A checkpoint exists once its manifest exists (docs/format.md §8): writers put every pack
+first and the manifest last, atomically (a local store renames a temporary file whose name
+starts with '.', which listings skip; S3 makes a single PUT visible all at once). So a
+manifest that is listed is committed, and a half-written checkpoint is never seen.
+
+One scan is two listings per root, `manifests/` and `promoted/`, whatever the number of
+runs: this runs every poll interval, and must stay cheap on a parallel filesystem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slurm_geo.ckpt.errors import CkptError, UnsafeObjectName
+from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
+from slurm_geo.ckpt.store import Store
+
+
+@dataclass(frozen=True)
+class Found:
+    """A committed checkpoint under a root."""
+
+    root: str
+    run: str
+    step: int
+    promoted: bool = False
+
+
+@dataclass(frozen=True)
+class RootScan:
+    """What one scan saw under `root`; `error` is set (and `found` empty) if it failed."""
+
+    root: str
+    found: tuple[Found, ...] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def scan_root(root: str, store: Store) -> RootScan:
+    """Every committed checkpoint under `store`; a store failure is reported, not raised."""
+    try:
+        manifests = store.list("manifests/")
+        promoted = set(_checkpoints(store.list("promoted/"), "promoted/"))
+    except CkptError as exc:
+        return RootScan(root, error=str(exc))
+    found = [Found(root, run, step, (run, step) in promoted)
+             for run, step in _checkpoints(manifests, "manifests/")]
+    return RootScan(root, tuple(sorted(found, key=lambda f: (f.run, f.step))))
+
+
+def _checkpoints(names: list[str], prefix: str) -> list[tuple[str, int]]:
+    """(run, step) of each well-formed `<prefix><run>/<step>` name; others are ignored."""
+    pairs = []
+    for name in names:
+        as_manifest = "manifests/" + name.removeprefix(prefix)
+        run = run_of_manifest_name(as_manifest)
+        if run is None:
+            continue
+        try:
+            step = step_of_manifest_name(run, as_manifest)
+        except UnsafeObjectName:  # a run id outside the grammar: not a checkpoint
+            continue
+        if step is not None:
+            pairs.append((run, step))
+    return pairs

@@ -1,0 +1,375 @@
+"""One replication attempt: copy a checkpoint to the destination, then verify it there.
+
+The copy is `copy_checkpoint` (key, missing packs, manifest, latest pointer, in the order
+of docs/format.md §8); packs already at the destination are skipped, and an S3 multipart
+put resumes the parts an interrupted one left. The replica is then read back and every
+chunk checked (`Repository.verify`). Each status change is written as it happens, so a
+kill at any point leaves the state one step behind the truth, never ahead of it.
+
+Stores are wrapped in `PacedStore`: a token bucket caps the bytes sent to (and read back
+from) the destination, and before every object the attempt checks whether it must stop
+(SIGTERM) or has run out of time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import TypeVar
+
+from slurm_geo.ckpt.errors import CkptError, CorruptObject, StoreUnavailable
+from slurm_geo.ckpt.names import manifest_name, promoted_name
+from slurm_geo.ckpt.replicate import copy_checkpoint
+from slurm_geo.ckpt.repository import Repository
+from slurm_geo.ckpt.retry import is_permanent
+from slurm_geo.ckpt.store import Bytes, Store
+from slurm_geo.sync.events import event
+from slurm_geo.sync.planner import retry_delay_s
+from slurm_geo.sync.state import Replica, StateDB, Status
+
+log = logging.getLogger("slurm_geo.sync")
+T = TypeVar("T")
+
+
+class Interrupted(Exception):
+    """The daemon is stopping: the attempt ends before its next object."""
+
+
+class AttemptTimedOut(Exception):
+    """The attempt ran past its timeout."""
+
+
+class Guard:
+    """Answers "may the attempt go on?" before each object, and sleeps interruptibly."""
+
+    def __init__(self, stop: threading.Event, deadline: float,
+                 monotonic: Callable[[], float] = time.monotonic):
+        self.stop = stop
+        self.deadline = deadline
+        self._monotonic = monotonic
+
+    def check(self) -> None:
+        if self.stop.is_set():
+            raise Interrupted()
+        if self._monotonic() > self.deadline:
+            raise AttemptTimedOut()
+
+    def sleep(self, seconds: float) -> None:
+        self.stop.wait(max(0.0, min(seconds, self.deadline - self._monotonic())))
+        self.check()
+
+
+class TokenBucket:
+    """At most `rate` bytes a second on average (0: no cap), with one second of burst.
+
+    Each object is paid for before it moves; a payment beyond the tokens available waits
+    until the debt is repaid, so the average holds over any stretch of objects.
+    """
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic):
+        self.rate = rate
+        self._clock = clock
+        self._tokens = rate
+        self._last = clock()
+        self._lock = threading.Lock()
+
+    def set_rate(self, rate: float) -> None:
+        with self._lock:
+            self.rate, self._tokens = rate, min(self._tokens, rate)
+
+    def take(self, size: int, sleep: Callable[[float], None]) -> None:
+        with self._lock:
+            if self.rate <= 0:
+                return
+            now = self._clock()
+            self._tokens = min(self.rate, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            self._tokens -= size
+            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
+        if wait > 0:
+            sleep(wait)
+
+
+Moved = Callable[[str, int, float, float], None]  # name, bytes, started, finished
+
+
+class PacedStore:
+    """`inner` with a bandwidth cap, a stop/timeout check before every operation, and a
+    callback for each object put (for the transfers table). A StoreUnavailable passing
+    through is tagged with `side` ("root" or "destination"): which store is out."""
+
+    def __init__(self, inner: Store, guard: Guard, side: str, bucket: TokenBucket | None = None,
+                 on_put: Moved | None = None, clock: Callable[[], float] = time.time):
+        self.inner = inner
+        self.side = side
+        self.bytes_read = 0
+        self._guard = guard
+        self._bucket = bucket
+        self._on_put = on_put
+        self._clock = clock
+
+    def put(self, name: str, data: Bytes) -> None:
+        size = len(memoryview(data).cast("B"))
+        self._guard.check()
+        if self._bucket is not None:
+            self._bucket.take(size, self._guard.sleep)
+        started = self._clock()
+        self._call(lambda: self.inner.put(name, data))
+        if self._on_put is not None:
+            self._on_put(name, size, started, self._clock())
+
+    def get(self, name: str) -> bytes:
+        data = self._call(lambda: self.inner.get(name))
+        self.bytes_read += len(data)
+        if self._bucket is not None:
+            self._bucket.take(len(data), self._guard.sleep)
+        return data
+
+    def list(self, prefix: str) -> list[str]:
+        return self._call(lambda: self.inner.list(prefix))
+
+    def delete(self, name: str) -> None:
+        self._call(lambda: self.inner.delete(name))
+
+    def exists(self, name: str) -> bool:
+        return self._call(lambda: self.inner.exists(name))
+
+    def _call(self, operation: Callable[[], T]) -> T:
+        self._guard.check()
+        try:
+            return operation()
+        except StoreUnavailable as exc:
+            exc.side = self.side  # type: ignore[attr-defined]
+            raise
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a replica's checkpoint comes from and goes to."""
+
+    root: str
+    root_store: Store
+    root_region: str
+    destination: str
+    destination_store: Store
+    destination_region: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_attempts: int = 5
+    timeout_s: float = 1800.0
+    retry_base_s: float = 30.0
+    retry_max_s: float = 900.0
+
+
+class Outcome(Enum):
+    VERIFIED = "verified"
+    CORRUPTED = "corrupted"
+    OUTAGE = "outage"            # a store was unreachable: try again when it is back
+    RETRY = "retry"              # failed; tried again after a backoff
+    FAILED = "failed"            # failed, and no attempts are left
+    INTERRUPTED = "interrupted"  # the daemon is stopping
+
+
+@dataclass(frozen=True)
+class Result:
+    replica_id: int
+    outcome: Outcome
+    detail: str = ""
+    side: str = ""  # for an outage: "root" or "destination"
+
+
+class Attempt:
+    """One attempt on one replica, in the calling thread, writing through `state`."""
+
+    def __init__(self, state: StateDB, master_key: bytes, route: Route, guard: Guard,
+                 bucket: TokenBucket, limits: Limits, clock: Callable[[], float] = time.time):
+        self._state = state
+        self._key = master_key
+        self._route = route
+        self._guard = guard
+        self._limits = limits
+        self._clock = clock
+        self._source = PacedStore(route.root_store, guard, "root", clock=clock)
+        self._destination = PacedStore(route.destination_store, guard, "destination", bucket,
+                                       on_put=self._record, clock=clock)
+        self._replica: Replica | None = None
+
+    def run(self, replica: Replica) -> Result:
+        """Copy (when UPLOADING) and verify (always) `replica`; never raises."""
+        self._replica = replica
+        try:
+            if replica.status is Status.UPLOADING:
+                self._copy(replica)
+                replica = self._state.replica(replica.id)
+            return self._verify(replica)
+        except Interrupted:
+            return self._interrupted(replica)
+        except AttemptTimedOut:
+            return self._failed(replica, f"timed out after {self._limits.timeout_s:g} s")
+        except StoreUnavailable as exc:
+            if is_permanent(exc):
+                return self._failed(replica, str(exc))
+            return self._outage(replica, str(exc), getattr(exc, "side", "destination"))
+        except CkptError as exc:
+            return self._failed(replica, str(exc))
+        except Exception as exc:  # a bug must cost one attempt, not the daemon
+            log.exception("event=attempt_crashed run=%s step=%d", replica.run, replica.step)
+            return self._failed(replica, f"{type(exc).__name__}: {exc}")
+
+    # --- copy and verify ----------------------------------------------------------------
+
+    def _copy(self, replica: Replica) -> None:
+        source = Repository(self._source, self._key)
+        report = copy_checkpoint(source, self._source, self._destination, replica.run,
+                                 replica.step)
+        now = self._clock()
+        moved = self._state.transferred_bytes(replica.id)
+        self._state.move(replica.id, Status.UPLOADING, Status.REPLICATED, now,
+                         replicated_at=now, bytes=moved)
+        event(log, "replicated", run=replica.run, step=replica.step,
+              destination=replica.destination, packs_copied=report.packs_copied,
+              packs_present=report.packs_present, bytes=report.bytes_copied)
+
+    def _verify(self, replica: Replica) -> Result:
+        started = self._clock()
+        self._destination.bytes_read = 0
+        replica_repo = Repository(self._destination, self._key)
+        faults = replica_repo.verify(replica.run, replica.step)
+        for fault in faults:
+            if isinstance(fault, StoreUnavailable):
+                raise fault
+        self._record_read(started)
+        if faults:
+            return self._corrupted(replica, replica_repo, faults)
+        sealed = self._destination.get(manifest_name(replica.run, replica.step))
+        metadata = replica_repo.manifest(replica.run, replica.step).metadata
+        self._carry_promotion(replica)
+        now = self._clock()
+        created = _timestamp(metadata.created_at) or replica.discovered_at
+        self._state.move(replica.id, Status.REPLICATED, Status.VERIFIED, now, verified_at=now,
+                         created_at=created, lag_s=max(0.0, now - created),
+                         manifest_sha256=hashlib.sha256(sealed).hexdigest(), last_error=None)
+        event(log, "verified", run=replica.run, step=replica.step,
+              destination=replica.destination, lag_s=round(max(0.0, now - created), 3))
+        return Result(replica.id, Outcome.VERIFIED)
+
+    def _carry_promotion(self, replica: Replica) -> None:
+        """Tier 3 holds off-site too: a promoted checkpoint's marker follows its replica."""
+        name = promoted_name(replica.run, replica.step)
+        if self._source.exists(name) and not self._destination.exists(name):
+            self._destination.put(name, self._source.get(name))
+
+    def _corrupted(self, replica: Replica, replica_repo: Repository,
+                   faults: list[CkptError]) -> Result:
+        """Take the replica out of reach of any resume, then flag it. Damaged packs and keys
+        are deleted, so that the next copy (or `sync retry`) puts good ones in their place."""
+        destination = self._destination
+        for fault in faults:
+            if isinstance(fault, CorruptObject) and fault.name.startswith(("packs/", "keys/")):
+                destination.delete(fault.name)
+        destination.delete(manifest_name(replica.run, replica.step))
+        self._repoint_latest(replica, replica_repo)
+        detail = "; ".join(str(f) for f in faults[:3])
+        self._state.move(replica.id, Status.REPLICATED, Status.CORRUPTED, self._clock(),
+                         corruptions=("+", 1), last_error=detail)
+        event(log, "corrupted", logging.ERROR, run=replica.run, step=replica.step,
+              destination=replica.destination, faults=len(faults), error=detail)
+        return Result(replica.id, Outcome.CORRUPTED, detail)
+
+    def _repoint_latest(self, replica: Replica, replica_repo: Repository) -> None:
+        try:
+            latest = replica_repo.latest(replica.run)
+        except StoreUnavailable:
+            raise
+        except CkptError:
+            latest = replica.step  # an unreadable pointer goes too
+        if latest != replica.step:
+            return
+        fallback = self._state.newest_verified(replica.run, replica.destination)
+        if fallback is not None and fallback != replica.step:
+            replica_repo.point_latest(replica.run, fallback)
+        else:
+            self._destination.delete(f"latest/{replica.run}")
+
+    # --- failures -----------------------------------------------------------------------
+
+    def _interrupted(self, replica: Replica) -> Result:
+        current = self._state.replica(replica.id)
+        if current.status is Status.UPLOADING:
+            self._state.move(replica.id, Status.UPLOADING, Status.PENDING, self._clock(),
+                             next_attempt_at=self._clock())
+        event(log, "interrupted", run=replica.run, step=replica.step,
+              destination=replica.destination)
+        return Result(replica.id, Outcome.INTERRUPTED)
+
+    def _outage(self, replica: Replica, detail: str, side: str) -> Result:
+        """An unreachable store costs no attempt: the replica waits for it to return (the
+        daemon backs off from an unreachable destination as a whole)."""
+        current = self._state.replica(replica.id)
+        now = self._clock()
+        retry_at = now if side == "destination" else now + self._limits.retry_base_s
+        changes = {"outages": ("+", 1), "last_error": detail, "next_attempt_at": retry_at}
+        if current.status is Status.UPLOADING:
+            self._state.move(replica.id, Status.UPLOADING, Status.PENDING, now, **changes)
+        else:
+            self._state.update(replica.id, current.status, now, **changes)
+        return Result(replica.id, Outcome.OUTAGE, detail, side)
+
+    def _failed(self, replica: Replica, detail: str) -> Result:
+        current = self._state.replica(replica.id)
+        now = self._clock()
+        charged = current.charged + 1
+        exhausted = charged >= self._limits.max_attempts
+        delay = retry_delay_s(charged, self._limits.retry_base_s, self._limits.retry_max_s)
+        changes = {"failures": ("+", 1), "charged": charged, "last_error": detail,
+                   "next_attempt_at": now + delay}
+        if exhausted:
+            self._state.move(replica.id, current.status, Status.FAILED, now, **changes)
+        elif current.status is Status.UPLOADING:
+            self._state.move(replica.id, Status.UPLOADING, Status.PENDING, now, **changes)
+        else:
+            self._state.update(replica.id, current.status, now, **changes)
+        outcome = Outcome.FAILED if exhausted else Outcome.RETRY
+        event(log, outcome.value, logging.ERROR if exhausted else logging.WARNING,
+              run=replica.run, step=replica.step, destination=replica.destination,
+              attempt=charged, retry_in_s=None if exhausted else round(delay, 1), error=detail)
+        return Result(replica.id, outcome, detail)
+
+    # --- transfers ----------------------------------------------------------------------
+
+    def _record(self, name: str, size: int, started: float, finished: float) -> None:
+        assert self._replica is not None
+        route = self._route
+        self._state.record_transfer(self._replica, {
+            "object": name, "kind": name.split("/", 1)[0], "bytes": size,
+            "source": route.root, "destination": route.destination,
+            "source_region": route.root_region,
+            "destination_region": route.destination_region,
+            "started_at": started, "finished_at": finished})
+
+    def _record_read(self, started: float) -> None:
+        """Verification reads the replica back: traffic out of the destination's region."""
+        assert self._replica is not None
+        route, replica = self._route, self._replica
+        self._state.record_transfer(replica, {
+            "object": manifest_name(replica.run, replica.step), "kind": "verify",
+            "bytes": self._destination.bytes_read, "source": route.destination,
+            "destination": route.root, "source_region": route.destination_region,
+            "destination_region": route.root_region,
+            "started_at": started, "finished_at": self._clock()})
+
+
+def _timestamp(text: str) -> float | None:
+    try:
+        moment = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return moment.timestamp() if moment.tzinfo else None
