@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from slurm_geo.ckpt.errors import ObjectMissing
 from slurm_geo.ckpt.manifest import with_bases
 from slurm_geo.ckpt.names import key_name, manifest_name, pack_name
 from slurm_geo.ckpt.repository import Repository
@@ -57,11 +56,7 @@ def _copy(source: Store, destination: Store, name: str) -> int:
 
 def _destination_latest(source: Repository, destination: Store, run: str) -> int:
     """The step the destination's pointer names; -1 when it has none."""
-    at_destination = Repository(destination, source.master_key)
-    try:
-        step = at_destination.latest(run)
-    except ObjectMissing:
-        return -1
+    step = Repository(destination, source.master_key).pointer(run)
     return -1 if step is None else step
 
 

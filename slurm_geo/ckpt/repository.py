@@ -167,12 +167,19 @@ class Repository:
 
     def latest(self, run: str) -> int | None:
         """The step saved last, or None if the run has no checkpoint."""
+        pointed = self.pointer(run)
+        if pointed is not None:
+            return pointed
+        steps = self.steps(run)  # pointer never written: a crash right after a commit
+        return steps[-1] if steps else None
+
+    def pointer(self, run: str) -> int | None:
+        """The step `latest/<run>` names, or None when there is no pointer."""
         name = latest_name(run)
         try:
             sealed = self._store.get(name)
         except ObjectMissing:
-            steps = self.steps(run)  # pointer never written: a crash right after a commit
-            return steps[-1] if steps else None
+            return None
         payload = open_sealed(self._keys(run).data_key, Kind.LATEST, sealed, name)
         return parse_latest(payload, name, run)
 
