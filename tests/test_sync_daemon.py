@@ -65,7 +65,7 @@ def test_once_replicates_verifies_and_restores_byte_identical(setup):
         checkpoint = restore(tmp_path / "offsite", trainer.repository.master_key, "run-a", step)
         assert [bytes(t.data) for t in checkpoint.tensors] == tensors
     kinds = {r["kind"] for r in rows(tmp_path / "state.db", "SELECT kind FROM transfers")}
-    assert kinds == {"keys", "packs", "manifests", "verify"}
+    assert kinds == {"keys", "packs", "manifests", "latest", "verify"}
     log = (tmp_path / "log").read_text()
     assert log.count("event=verified") == 3 and "Traceback" not in log
 
