@@ -65,3 +65,8 @@ def _run(argv: list[str], timeout_s: float, slurm_conf: Path | None = None) -> s
     if proc.returncode != 0:
         raise SlurmCommandError(" ".join(argv[:3]), (proc.stderr or proc.stdout).strip())
     return proc.stdout
+
+
+def reconfigure(slurm_conf: Path, timeout_s: float = 30) -> None:
+    """`scontrol reconfigure`: slurmctld and every slurmd read slurm.conf again."""
+    _run(["scontrol", "reconfigure"], timeout_s, slurm_conf)

@@ -7,12 +7,12 @@ import os
 import subprocess
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from slurm_geo.slurm import parse
-from slurm_geo.slurm.client import WINDOW_SLACK, SlurmClient, overlaps
+from slurm_geo.slurm.client import WINDOW_SLACK, SlurmClient, job_from_records, overlaps
 from slurm_geo.slurm.errors import (
     ControllerUnreachable,
     JobNotFound,
@@ -72,7 +72,7 @@ class CliSlurmClient(SlurmClient):
         records = self.accounting([job_id])
         if not records:
             raise JobNotFound(self.cluster, job_id)
-        return _job_from_records(records)
+        return job_from_records(records)
 
     def jobs(self, all_states: bool = False) -> list[JobInfo]:
         # squeue --json ignores --jobs on 22.05, so callers filter.
@@ -167,18 +167,6 @@ class CliSlurmClient(SlurmClient):
         if proc.returncode != 0:
             raise SlurmRejected(self.cluster, action, message or f"exit {proc.returncode}")
         return proc.stdout + proc.stderr if merge_stderr else proc.stdout
-
-
-def _job_from_records(records: list[AccountingRecord]) -> JobInfo:
-    """A job slurmctld has forgotten, rebuilt from its accounting incarnations."""
-    last = max(records, key=lambda r: r.submit_time or datetime.min.replace(tzinfo=UTC))
-    return JobInfo(
-        cluster=last.cluster, job_id=last.job_id, name=last.name, state=last.state,
-        reason="", user=last.user, account=last.account, partition=last.partition,
-        nodes=last.nodes, restart_count=len(records) - 1, submit_time=last.submit_time,
-        start_time=last.start_time, end_time=last.end_time, time_limit_minutes=None,
-        exit_code=last.exit_code,
-    )
 
 
 def _local(moment: datetime) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobSpec, NodeInfo
 
@@ -79,3 +79,15 @@ def overlaps(record: AccountingRecord, start: datetime, end: datetime) -> bool:
 # Windows sent to Slurm are widened by this much, then cut exactly on the epoch times the
 # records carry: the server reads window bounds in its own local time zone.
 WINDOW_SLACK = timedelta(days=1)
+
+
+def job_from_records(records: list[AccountingRecord]) -> JobInfo:
+    """A job slurmctld has forgotten, rebuilt from its accounting incarnations."""
+    last = max(records, key=lambda r: r.submit_time or datetime.min.replace(tzinfo=UTC))
+    return JobInfo(
+        cluster=last.cluster, job_id=last.job_id, name=last.name, state=last.state,
+        reason="", user=last.user, account=last.account, partition=last.partition,
+        nodes=last.nodes, restart_count=len(records) - 1, submit_time=last.submit_time,
+        start_time=last.start_time, end_time=last.end_time, time_limit_minutes=None,
+        exit_code=last.exit_code,
+    )

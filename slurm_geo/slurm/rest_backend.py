@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import requests
 
 from slurm_geo.slurm import parse
-from slurm_geo.slurm.client import WINDOW_SLACK, SlurmClient, overlaps
+from slurm_geo.slurm.client import WINDOW_SLACK, SlurmClient, job_from_records, overlaps
 from slurm_geo.slurm.errors import ControllerUnreachable, JobNotFound, SlurmRejected
 from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobSpec, JobState, NodeInfo
 
@@ -128,14 +128,7 @@ class RestSlurmClient(SlurmClient):
         records = self.accounting([job_id])
         if not records:
             raise JobNotFound(self.cluster, job_id)
-        last = max(records, key=lambda r: r.submit_time or datetime.min.replace(tzinfo=UTC))
-        return JobInfo(
-            cluster=self.cluster, job_id=job_id, name=last.name, state=last.state, reason="",
-            user=last.user, account=last.account, partition=last.partition, nodes=last.nodes,
-            restart_count=len(records) - 1, submit_time=last.submit_time,
-            start_time=last.start_time, end_time=last.end_time, time_limit_minutes=None,
-            exit_code=last.exit_code,
-        )
+        return job_from_records(records)
 
     def jobs(self) -> list[JobInfo]:
         return parse.jobs_from_ctld(self._call("GET", "slurm", "jobs", "list jobs"), self.cluster)
