@@ -1,9 +1,14 @@
 # Everything runs as root on Debian 12 (Slurm 22.05) or Debian 13 (Slurm 24.11).
 PYTHON ?= python3
-DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic
+DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic lua5.1
 SLURM_GEO = $(PYTHON) -m slurm_geo
 
-.PHONY: install demo test test-quick lint bench
+.PHONY: install demo test test-quick lint bench spank
+
+# The SPANK plugin of the --geo-* options, built against the installed Slurm headers.
+SPANK_SO = spank/geo_directives.so
+SLURM_INCLUDE ?= /usr/include
+SPANK_CFLAGS = -shared -fPIC -O2 -Wall -Wextra -Werror -std=gnu11
 
 install:  ## Debian and Python packages (only what is missing)
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -12,6 +17,13 @@ install:  ## Debian and Python packages (only what is missing)
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[dev]' 'torch==2.13.0'
+	@$(MAKE) --no-print-directory spank
+
+spank: $(SPANK_SO)  ## the SPANK plugin (spank/geo_directives.so)
+
+$(SPANK_SO): spank/geo_directives.c
+	@test -f $(SLURM_INCLUDE)/slurm/spank.h || { echo "spank: $(SLURM_INCLUDE)/slurm/spank.h is missing; install it with: apt-get install libslurm-dev" >&2; exit 1; }
+	$(CC) $(SPANK_CFLAGS) -I$(SLURM_INCLUDE) -o $@ $<
 
 demo: install  ## bring the sandbox up and run a job on each cluster
 	$(SLURM_GEO) sandbox up
@@ -30,3 +42,4 @@ test-quick: lint  ## skips tests marked slow
 bench: install
 	$(PYTHON) bench/cli_startup.py
 	$(PYTHON) bench/sandbox_up.py
+	$(PYTHON) bench/prolog_fastpath.py

@@ -20,6 +20,8 @@ SUBCOMMANDS = {
     "ckpt": ("slurm_geo.cli.ckpt", "ckpt",
              "Push, pull, list, verify, promote and garbage-collect checkpoints."),
     "keys": ("slurm_geo.cli.ckpt", "keys", "Create the site master key."),
+    "policy": ("slurm_geo.cli.policy", "policy",
+               "Check --geo-* directives; export the policy for job_submit.lua."),
     "sync": ("slurm_geo.cli.sync", "sync",
              "Replication state kept by checkpoint-sync; requeue failed replicas."),
 }

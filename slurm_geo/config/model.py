@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.errors import ConfigError
+from slurm_geo.policy.geo import GeoPolicy
 from slurm_geo.policy.retention import RetentionPolicy
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-geo/config.toml")
 CONFIG_ENV = "SLURM_GEO_CONFIG"
 ACCESS_METHODS = ("cli", "rest")
 DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_REGISTRY_PATH = Path("/var/lib/slurm-geo/registry.db")
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ class SiteConfig:
     source: str = "<memory>"
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     sync: SyncConfig | None = None  # the [sync] table, for the checkpoint-sync daemon
+    policy: GeoPolicy = field(default_factory=GeoPolicy)  # [policy]: the --geo-* rules
+    registry_path: Path = DEFAULT_REGISTRY_PATH  # [registry] path: the controller's jobs
 
     def cluster(self, name: str) -> ClusterConfig:
         try:
@@ -126,7 +130,8 @@ def load_config(path: Path | None = None) -> SiteConfig:
 
 
 def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
-    _reject_unknown(raw, {"site", "clusters", "stores", "retention", "sync"}, source)
+    _reject_unknown(raw, {"site", "clusters", "stores", "retention", "sync", "policy",
+                          "registry"}, source)
     site = _table(raw, "site", source)
     _reject_unknown(site, {"home_cluster"}, f"{source} [site]")
     clusters = {
@@ -143,8 +148,17 @@ def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
     retention = RetentionPolicy.from_mapping(_table(raw, "retention", source),
                                              f"{source} [retention]")
     sync = (_parse_sync(raw["sync"], stores, f"{source} [sync]") if "sync" in raw else None)
+    policy = GeoPolicy.from_mapping(_table(raw, "policy", source),
+                                    {c.region for c in clusters.values()}, f"{source} [policy]")
     return SiteConfig(home_cluster=home, clusters=clusters, stores=stores, source=source,
-                      retention=retention, sync=sync)
+                      retention=retention, sync=sync, policy=policy,
+                      registry_path=_parse_registry(_table(raw, "registry", source),
+                                                    f"{source} [registry]"))
+
+
+def _parse_registry(table: dict[str, Any], where: str) -> Path:
+    _reject_unknown(table, {"path"}, where)
+    return _path(table["path"], f"{where}: path") if "path" in table else DEFAULT_REGISTRY_PATH
 
 
 _CLUSTER_KEYS = {

@@ -25,7 +25,7 @@ import requests
 
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import render
+from slurm_geo.sandbox import geo, render
 from slurm_geo.sandbox.layout import (
     DEFAULT_PORT_BASE,
     REST_USER,
@@ -75,7 +75,7 @@ class Sandbox:
         _require_moto()
         _require_sync_program()
         version = admin.installed_slurm_version()
-        self._prepare_files(version)
+        to_reconfigure = self._prepare_files(version, progress)
         stages = self._stages(version)
         self._check_ports(daemon for stage in stages for daemon in stage)
 
@@ -86,6 +86,10 @@ class Sandbox:
             admin.register_cluster(cluster.slurm_conf, cluster.name)
         self._start_stage(stages[2], progress)
         self._start_stage(stages[3], progress)
+        for cluster in self.layout.clusters:
+            if cluster.name in to_reconfigure:
+                progress(f"reconfiguring {cluster.name} (its configuration changed)")
+                admin.reconfigure(cluster.slurm_conf)
         self._write_token()
         self._create_bucket()
         progress(f"sandbox up: config {self.layout.site_config}")
@@ -225,7 +229,8 @@ class Sandbox:
 
     # --- files ---------------------------------------------------------------------------
 
-    def _prepare_files(self, version: tuple[int, int]) -> None:
+    def _prepare_files(self, version: tuple[int, int], progress) -> set[str]:
+        """Write every file; the clusters whose running daemons must reconfigure."""
         layout = self.layout
         layout.root.mkdir(parents=True, exist_ok=True)
         # slurmrestd runs unprivileged and must traverse to slurm.conf.
@@ -246,6 +251,7 @@ class Sandbox:
                           "--auth-root-authentication-method=socket", "--skip-test-db"],
                          "initialising MariaDB")
         hostname = socket.gethostname()
+        changed = set()
         for cluster in layout.clusters:
             for sub in ("etc", "state", "spool", "run", "log"):
                 (cluster.root / sub).mkdir(parents=True, exist_ok=True)
@@ -253,10 +259,26 @@ class Sandbox:
             cluster.etc.chmod(0o755)
             if cluster.uses_rest:
                 _write_secret(cluster.jwt_key, lambda: secrets.token_bytes(32))
-            _write_text(cluster.slurm_conf, render.slurm_conf(layout, cluster, hostname), 0o644)
+            old = cluster.slurm_conf.read_text() if cluster.slurm_conf.exists() else None
+            new = render.slurm_conf(layout, cluster, hostname)
+            if _write_text(cluster.slurm_conf, new, 0o644) and old is not None:
+                changed.add(cluster.name)
+                if geo.needs_restart(old, new):
+                    self._stop_for_restart(cluster, progress)
             _write_text(cluster.slurmdbd_conf,
                         render.slurmdbd_conf(layout, cluster, password.decode().strip()), 0o600)
         _write_text(layout.site_config, render.site_config(layout), 0o644)
+        changed |= geo.install(layout, _write_text)
+        return {name for name in changed if self.processes.running_pid(f"{name}-slurmctld")}
+
+    def _stop_for_restart(self, cluster: ClusterLayout, progress) -> None:
+        """Settings read only at start changed: stop slurmctld and slurmd (jobs keep
+        running, slurmstepd is no child of slurmd); `up` starts them again."""
+        names = [f"{cluster.name}-slurmctld", *cluster.node_names]
+        if any(self.processes.running_pid(name) for name in names):
+            progress(f"restarting {cluster.name}'s slurmctld and slurmd (slurm.conf changed "
+                     "where Slurm reads it only at start)")
+            self.processes.stop_together(names)
 
     def _create_databases(self) -> None:
         password = self.layout.db_password_file.read_text().strip()
@@ -360,12 +382,13 @@ def _write_secret(path: Path, make) -> bytes:
     return path.read_bytes()
 
 
-def _write_text(path: Path, content: str | bytes, mode: int) -> None:
-    """Write atomically, so a crash never leaves a half-written config behind."""
+def _write_text(path: Path, content: str | bytes, mode: int) -> bool:
+    """Write atomically, so a crash never leaves a half-written config behind; True if
+    the file changed."""
     data = content.encode() if isinstance(content, str) else content
     if path.exists() and path.read_bytes() == data:
         path.chmod(mode)
-        return
+        return False
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as f:
@@ -374,6 +397,7 @@ def _write_text(path: Path, content: str | bytes, mode: int) -> None:
         os.fsync(f.fileno())
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+    return True
 
 
 def _run_checked(argv: list[str], what: str) -> None:

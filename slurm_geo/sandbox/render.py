@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from slurm_geo.sandbox.layout import REST_USER, S3_BUCKET, ClusterLayout, SandboxLayout
@@ -18,6 +19,19 @@ CPUS_PER_NODE = 2
 MEMORY_MB_PER_NODE = 2000
 SYNC_METRICS_PORT_OFFSET = 45  # checkpoint-sync's Prometheus endpoint: port base + 45
 SYNC_PROGRAM = "slurm-geo-checkpoint-sync"
+
+# --geo-* directives (docs/admin-slurm.md), installed on both clusters.
+GEO_HOOKS = ("prolog", "epilog", "prolog_slurmctld", "epilog_slurmctld")
+GEO_VALIDATOR = "check_directives"
+SPANK_PLUGIN = "geo_directives.so"
+SPANK_CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11"]
+# A requeued job waits cred_expire + 1 s before it may start again (Slurm's default is
+# 120 s); the backfill pass every bf_interval then starts it. Both kept short here.
+CRED_EXPIRE_S = 10
+BF_INTERVAL_S = 5
+SANDBOX_POLICY = {"require_cost_center": "true", "signal_lead_s": "15", "max_restarts": "2"}
+SANDBOX_DATA_CLASSES = {"restricted": ["home"]}
+SANDBOX_BUDGETS = {"ml-research": 500, "ops": 50}
 
 
 def sync_metrics_port(layout: SandboxLayout) -> int:
@@ -45,7 +59,7 @@ def slurm_conf(layout: SandboxLayout, cluster: ClusterLayout, hostname: str) -> 
         "SlurmdUser=root",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={layout.munge_socket}",
+        f"AuthInfo=socket={layout.munge_socket},cred_expire={CRED_EXPIRE_S}",
         f"StateSaveLocation={state}",
         f"SlurmdSpoolDir={cluster.root}/spool/%n",
         f"SlurmctldPidFile={cluster.root}/run/slurmctld.pid",
@@ -57,6 +71,7 @@ def slurm_conf(layout: SandboxLayout, cluster: ClusterLayout, hostname: str) -> 
         "TaskPlugin=task/none",
         "MpiDefault=none",
         "SchedulerType=sched/backfill",
+        f"SchedulerParameters=bf_interval={BF_INTERVAL_S}",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         "ReturnToService=2",
@@ -64,7 +79,9 @@ def slurm_conf(layout: SandboxLayout, cluster: ClusterLayout, hostname: str) -> 
         # Finished jobs stay visible to squeue/scontrol for ten minutes.
         "MinJobAge=600",
         "MessageTimeout=5",
-        "SlurmdTimeout=30",
+        # A dead node is declared down (and its jobs requeued) this long after its last
+        # answer; Slurm's default is 300 s.
+        "SlurmdTimeout=20",
         "InactiveLimit=0",
         "KillWait=5",
         "JobAcctGatherType=jobacct_gather/none",
@@ -76,6 +93,7 @@ def slurm_conf(layout: SandboxLayout, cluster: ClusterLayout, hostname: str) -> 
     ]
     if cluster.uses_rest:
         lines += ["AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={cluster.jwt_key}"]
+    lines += geo_slurm_conf_lines(cluster)
     for name, port in zip(cluster.node_names, cluster.node_ports, strict=True):
         lines.append(
             f"NodeName={name} NodeHostname={hostname} NodeAddr=127.0.0.1 Port={port} "
@@ -86,6 +104,63 @@ def slurm_conf(layout: SandboxLayout, cluster: ClusterLayout, hostname: str) -> 
         "MaxTime=INFINITE State=UP"
     )
     return "\n".join(lines) + "\n"
+
+
+def geo_slurm_conf_lines(cluster: ClusterLayout) -> list[str]:
+    """The slurm.conf lines of the --geo-* integration: plugin stack, Lua, hooks."""
+    return [
+        f"PlugStackConfig={cluster.etc / 'plugstack.conf'}",
+        "JobSubmitPlugins=lua",  # job_submit.lua next to slurm.conf
+        "CliFilterPlugins=cli_filter/lua",  # cli_filter.lua next to slurm.conf
+        *(f"{_hook_setting(hook)}={geo_hook_path(cluster, hook)}" for hook in GEO_HOOKS),
+    ]
+
+
+def _hook_setting(hook: str) -> str:
+    return {"prolog": "Prolog", "epilog": "Epilog", "prolog_slurmctld": "PrologSlurmctld",
+            "epilog_slurmctld": "EpilogSlurmctld"}[hook]
+
+
+def geo_hook_path(cluster: ClusterLayout, hook: str) -> Path:
+    """The wrapper slurm.conf names for `hook` (or for the validator)."""
+    return cluster.etc / f"geo-{hook}"
+
+
+def spank_plugin_path(layout: SandboxLayout) -> Path:
+    return layout.root / "lib" / SPANK_PLUGIN
+
+
+def spank_build_argv(compiler: str, source: Path, output: Path,
+                     include: Path = Path("/usr/include")) -> list[str]:
+    """The Makefile's `spank` recipe, for building the plugin into the sandbox."""
+    return [compiler, *SPANK_CFLAGS, f"-I{include}", "-o", str(output), str(source)]
+
+
+def plugstack_conf(layout: SandboxLayout, cluster: ClusterLayout) -> str:
+    return (f"required {spank_plugin_path(layout)} "
+            f"validator={geo_hook_path(cluster, GEO_VALIDATOR)} "
+            f"config={layout.site_config} cluster={cluster.name}\n")
+
+
+def hook_wrapper(layout: SandboxLayout, cluster: ClusterLayout, python: str,
+                 script: Path) -> str:
+    """A shell wrapper running a prolog_epilog/ script with the sandbox's config.
+
+    Slurm runs hooks with an almost empty environment and no arguments; a site installs
+    the scripts themselves with their first line pointing at its Python instead.
+    """
+    env = {
+        "SLURM_GEO_CONFIG": str(layout.site_config),
+        "SLURM_GEO_HOOK_LOG": str(layout.root / "log" / "geo-hooks.log"),
+        "SLURM_GEO_KEY_FILE": str(layout.master_key),
+        "SLURM_CONF": str(cluster.slurm_conf),
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "AWS_ACCESS_KEY_ID": "sandbox", "AWS_SECRET_ACCESS_KEY": "sandbox",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    exports = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
+    return ("#!/bin/sh\n# slurm-geo hook of the sandbox (generated by `slurm-geo sandbox up`)\n"
+            f"export {exports}\nexec {shlex.quote(python)} {shlex.quote(str(script))} \"$@\"\n")
 
 
 def slurmdbd_conf(layout: SandboxLayout, cluster: ClusterLayout, db_password: str) -> str:
@@ -168,6 +243,18 @@ def site_config(layout: SandboxLayout) -> str:
         'cpu_policy = "batch"  # it shares the host with the test suite: lag matters more',
         "retry_base_s = 5",
         "retry_max_s = 60",
+        "",
+        "[policy]  # what --geo-* directives may ask for (docs/admin-slurm.md)",
+        *(f"{key} = {value}" for key, value in SANDBOX_POLICY.items()),
+        "",
+        "[policy.data_classes]",
+        *(f"{name} = {json.dumps(regions)}" for name, regions in SANDBOX_DATA_CLASSES.items()),
+        "",
+        "[policy.budgets]",
+        *(f"{name} = {usd}" for name, usd in SANDBOX_BUDGETS.items()),
+        "",
+        "[registry]",
+        f"path = {_q(layout.root / 'registry' / 'registry.db')}",
     ]
     return "\n".join(parts) + "\n"
 

@@ -1,0 +1,73 @@
+"""`slurm-geo policy ...`: check --geo-* directives, and export the policy for Slurm's Lua."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+config_option = click.option(
+    "--config", "config_path", type=click.Path(path_type=Path), default=None,
+    help="The slurm-geo config (default: $SLURM_GEO_CONFIG or /etc/slurm-geo/config.toml).")
+
+
+@click.group()
+def policy() -> None:
+    """Residency, data classes and budgets of the --geo-* directives."""
+
+
+@policy.command("export-lua")
+@config_option
+@click.option("--cluster", required=True, help="The cluster whose controller reads the files.")
+@click.option("--dir", "directory", required=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="The directory of that cluster's slurm.conf.")
+def export_lua(config_path: Path | None, cluster: str, directory: Path) -> None:
+    """Write geo_policy.lua, job_submit.lua and cli_filter.lua into DIR.
+
+    slurmctld re-reads job_submit.lua when it changes, and reads geo_policy.lua at every
+    submission: no restart is needed after a policy change.
+    """
+    from slurm_geo.config import load_config
+    from slurm_geo.policy.geo import rules_for
+    from slurm_geo.policy.lua import export_files
+
+    site = load_config(config_path)
+    for name, text in export_files(rules_for(site), cluster, site.source).items():
+        changed = write_if_changed(directory / name, text)
+        click.echo(f"{'wrote' if changed else 'unchanged'} {directory / name}")
+
+
+@policy.command(context_settings={"ignore_unknown_options": True})
+@config_option
+@click.option("--cluster", default=None, help="The cluster the job goes to (default: home).")
+@click.argument("directives", nargs=-1, type=click.UNPROCESSED)
+def check(config_path: Path | None, cluster: str | None, directives: tuple[str, ...]) -> None:
+    """Check --geo-NAME=VALUE directives as sbatch would; exits 5 or 6 with the reason."""
+    from slurm_geo.policy.check import run
+
+    argv = [f"--config={config_path}"] if config_path else []
+    argv += [f"--cluster={cluster}"] if cluster else []
+    code = run([*argv, *directives])
+    if code == 0:
+        click.echo("accepted")
+    sys.exit(code)
+
+
+def write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
+    """Atomically replace `path` with `text` unless it already holds it; True if written."""
+    data = text.encode()
+    if path.exists() and path.read_bytes() == data:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    return True

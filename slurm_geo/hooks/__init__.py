@@ -1,0 +1,1 @@
+"""Slurm hooks of geo jobs: node Prolog/Epilog and PrologSlurmctld/EpilogSlurmctld."""

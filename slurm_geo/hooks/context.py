@@ -1,0 +1,82 @@
+"""What Slurm tells a Prolog/Epilog (node or controller) about its job, read from the env.
+
+Slurm 22.05 gives every hook SLURM_JOB_ID, SLURM_CLUSTER_NAME, SLURM_JOB_RESTART_COUNT
+(already counted up when an epilog follows a requeue), SLURM_JOB_UID/GID, and the
+directives the SPANK plugin handed over as SPANK_GEO_<NAME>. Node hooks also get
+SLURMD_NODENAME; epilogs SLURM_JOB_EXIT_CODE2 ("exit:signal").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from slurm_geo.policy.directives import (
+    DIRECTIVES,
+    SPANK_PREFIX,
+    DirectiveError,
+    Directives,
+    from_environment,
+)
+
+log = logging.getLogger("slurm_geo.hooks")
+
+
+@dataclass(frozen=True)
+class JobContext:
+    cluster: str
+    job_id: int
+    restart: int
+    uid: int
+    gid: int
+    user: str
+    name: str
+    node: str
+    nodes: str
+    exit_code: str
+    directives: Directives
+    raw_directives: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tag(self) -> str:
+        """`<cluster>-<job id>`: names this job's files in its checkpoint directory."""
+        return f"{self.cluster}-{self.job_id}"
+
+
+def _int(env: Mapping[str, str], key: str, default: int = 0) -> int:
+    try:
+        return int(env.get(key, default))
+    except ValueError:
+        return default
+
+
+def raw_directives(env: Mapping[str, str]) -> dict[str, str]:
+    return {spec.option: env[SPANK_PREFIX + spec.env] for spec in DIRECTIVES
+            if SPANK_PREFIX + spec.env in env}
+
+
+def job_context(env: Mapping[str, str]) -> JobContext:
+    """The job of this hook. Directives were checked at submission; one that no longer
+    parses (a config change since) is logged and dropped, never fatal here."""
+    raw = raw_directives(env)
+    try:
+        directives = from_environment(env, SPANK_PREFIX)
+    except DirectiveError as exc:
+        log.warning("job %s: %s; keeping only the checkpoint directory", env.get("SLURM_JOB_ID"),
+                    exc)
+        directives = Directives(ckpt_dir=raw.get("geo-ckpt-dir"))
+    return JobContext(
+        cluster=env.get("SLURM_CLUSTER_NAME", ""),
+        job_id=_int(env, "SLURM_JOB_ID"),
+        restart=_int(env, "SLURM_JOB_RESTART_COUNT"),
+        uid=_int(env, "SLURM_JOB_UID", -1),
+        gid=_int(env, "SLURM_JOB_GID", -1),
+        user=env.get("SLURM_JOB_USER", ""),
+        name=env.get("SLURM_JOB_NAME", ""),
+        node=env.get("SLURMD_NODENAME", ""),
+        nodes=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", ""),
+        exit_code=env.get("SLURM_JOB_EXIT_CODE2", ""),
+        directives=directives,
+        raw_directives=raw,
+    )

@@ -1,0 +1,129 @@
+"""Running a hook for Slurm: never raise, never fail the job for slurm-geo's own trouble.
+
+A node Prolog that exits non-zero drains the node and requeues the job, so every hook
+here logs what went wrong and exits 0: a broken config or an unreachable store must cost
+at most the geo extras of one job, never a node. The thin scripts in prolog_epilog/ call
+`run_hook` only for geo jobs; everything else has already exited.
+
+Log: $SLURM_GEO_HOOK_LOG, else /var/log/slurm-geo/hooks.log when that directory exists,
+else stderr (which slurmd discards).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("slurm_geo.hooks")
+
+DEFAULT_LOG = Path("/var/log/slurm-geo/hooks.log")
+DEFAULT_KEY_FILE = Path("/etc/slurm-geo/master.key")
+HOOKS = ("prolog", "epilog", "prolog_slurmctld", "epilog_slurmctld")
+
+
+def run_hook(name: str, env: Mapping[str, str] = os.environ,
+             clock: Callable[[], float] = time.time) -> int:
+    _set_up_logging(env)
+    try:
+        from slurm_geo.hooks.context import job_context
+
+        job = job_context(env)
+        site = _site_or_none()
+        _dispatch(name, job, site, env, clock())
+    except Exception:
+        log.exception("%s of job %s failed; the job goes on without it", name,
+                      env.get("SLURM_JOB_ID", "?"))
+    return 0
+
+
+def _dispatch(name: str, job: Any, site: Any, env: Mapping[str, str], now: float) -> None:
+    from slurm_geo.hooks import ctld, node
+
+    if name == "prolog":
+        node.prolog(job, lambda: staging_for(site, job, env), now)
+    elif name == "epilog":
+        node.epilog(job, sync_roots(site), now)
+    elif name in ("prolog_slurmctld", "epilog_slurmctld"):
+        from slurm_geo.registry import Registry
+
+        if site is None:
+            log.warning("%s: no config, so no registry to record job %s in", name, job.tag)
+            return
+        with Registry(site.registry_path) as registry:
+            if name == "prolog_slurmctld":
+                ctld.prolog_slurmctld(job, registry, now)
+            else:
+                max_restarts = site.policy.max_restarts
+                ctld.epilog_slurmctld(job, registry, max_restarts,
+                                      lambda: controller_client(site, job.cluster, env), now)
+    else:
+        raise ValueError(f"unknown hook {name!r}; expected one of {', '.join(HOOKS)}")
+    log.info("%s done for job %s (restart %d)", name, job.tag, job.restart)
+
+
+def _set_up_logging(env: Mapping[str, str]) -> None:
+    path = Path(env["SLURM_GEO_HOOK_LOG"]) if env.get("SLURM_GEO_HOOK_LOG") else DEFAULT_LOG
+    handler: logging.Handler
+    try:
+        handler = logging.FileHandler(path) if path.parent.is_dir() else logging.StreamHandler()
+    except OSError:
+        handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s {os.getpid()} %(levelname)s %(message)s"))
+    root = logging.getLogger("slurm_geo")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+def _site_or_none() -> Any:
+    from slurm_geo.config import load_config
+    from slurm_geo.errors import ConfigError
+
+    try:
+        return load_config()
+    except ConfigError as exc:
+        log.warning("no usable slurm-geo config (%s); going on with defaults", exc)
+        return None
+
+
+def sync_roots(site: Any) -> list[Path]:
+    """The local directories checkpoint-sync watches."""
+    if site is None or site.sync is None:
+        return []
+    roots = []
+    for root in site.sync.roots:
+        url = site.stores[root].url if root in site.stores else root
+        if url.startswith("file://"):
+            roots.append(Path(url.removeprefix("file://")))
+    return roots
+
+
+def staging_for(site: Any, job: Any, env: Mapping[str, str]) -> Any:
+    """The master key and, for a directory checkpoint-sync replicates, its replica."""
+    from slurm_geo.ckpt import load_master_key, open_store
+    from slurm_geo.hooks.node import Staging
+
+    key_file = (site.sync.key_file if site and site.sync and site.sync.key_file else
+                Path(env.get("SLURM_GEO_KEY_FILE") or DEFAULT_KEY_FILE))
+    key = load_master_key(key_file) if key_file.exists() else None
+    replica = None
+    ckpt_dir = Path(job.directives.ckpt_dir).resolve()
+    if site and site.sync and any(r.resolve() == ckpt_dir for r in sync_roots(site)):
+        destination = site.stores[site.sync.destination]
+        replica = open_store(destination.url, destination.endpoint_url or None)
+    return Staging(key, replica)
+
+
+def controller_client(site: Any, cluster: str, env: Mapping[str, str]) -> Any:
+    """This controller, by its own commands: the hook runs on the controller's host."""
+    from slurm_geo.slurm import CliSlurmClient
+
+    configured = site.clusters.get(cluster) if site else None
+    conf = (env.get("SLURM_CONF") or (configured and configured.slurm_conf)
+            or "/etc/slurm/slurm.conf")
+    timeout = configured.timeout_s if configured else 10.0
+    return CliSlurmClient(cluster, Path(conf), timeout)

@@ -1,0 +1,290 @@
+"""Node Prolog and Epilog of geo jobs: the checkpoint directory before and after a job.
+
+Prolog, before each incarnation of a job with --geo-ckpt-dir:
+  1. creates the checkpoint directory (owned by the job's user) and `.slurm-geo/` in it;
+  2. on a resumed incarnation (SLURM_JOB_RESTART_COUNT > 0), stages what it will resume
+     from: the newest checkpoint of each run is read in full and verified; a damaged one
+     is fetched again from checkpoint-sync's replica (into `.slurm-geo/staging-*`,
+     verified there, then put back), else the newest intact older one is named;
+  3. writes `.slurm-geo/prolog-<cluster>-<job>-<restart>.json`: what it saw and staged.
+Epilog, after each incarnation:
+  1. finds the job's final checkpoint (the run with the newest manifest, its last step);
+  2. tells why the incarnation ended (requeued, completed, failed) from the restart count
+     the prolog saw and the exit code;
+  3. hands the checkpoint to checkpoint-sync: the directory is one of its roots (it
+     replicates it on its next scan), or the record says it is not replicated;
+  4. appends all that to `.slurm-geo/job-<cluster>-<job>.json` and removes staged data.
+
+`.slurm-geo/` starts with a dot, which stores never list: it is not part of the checkpoint
+repository. Both hooks are correct to run twice.
+
+The hooks run as root, in a directory the job's user chose: everything they do there they
+do as that user (`as_user`), so a symbolic link planted in the directory leads nowhere
+the user could not write anyway. Only the master key is read as root, beforehand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
+from slurm_geo.ckpt.store import LocalDirStore, Store
+from slurm_geo.hooks.context import JobContext
+
+log = logging.getLogger("slurm_geo.hooks")
+
+META_DIR = ".slurm-geo"
+VERIFY_OLDER_LIMIT = 3  # older checkpoints tried when the newest is damaged
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What an incarnation resumes from, for one run."""
+
+    run: str
+    step: int | None
+    verified: bool
+    source: str  # "local", "replica", or "none"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Staging:
+    """How the prolog reaches checkpoints: the master key, and a replica if there is one."""
+
+    key: bytes | None
+    replica: Store | None = None
+
+
+# --- checkpoints, without the key ---------------------------------------------------------
+
+def newest_steps(store: Store) -> dict[str, list[int]]:
+    """{run: steps ascending} from the manifest names alone (no key needed)."""
+    runs: dict[str, list[int]] = {}
+    for name in store.list("manifests/"):
+        run = run_of_manifest_name(name)
+        step = step_of_manifest_name(run, name) if run else None
+        if run is not None and step is not None:
+            runs.setdefault(run, []).append(step)
+    return {run: sorted(steps) for run, steps in runs.items()}
+
+
+def final_checkpoint(ckpt_dir: Path) -> tuple[str, int] | None:
+    """(run, step) of the manifest written last in a local checkpoint directory."""
+    store = LocalDirStore(ckpt_dir)
+    newest: tuple[float, str, int] | None = None
+    for run, steps in newest_steps(store).items():
+        path = ckpt_dir / "manifests" / run / f"{steps[-1]:020d}"
+        try:
+            written = path.stat().st_mtime
+        except OSError:
+            continue
+        if newest is None or written > newest[0]:
+            newest = (written, run, steps[-1])
+    return None if newest is None else (newest[1], newest[2])
+
+
+# --- prolog --------------------------------------------------------------------------------
+
+@contextmanager
+def as_user(uid: int, gid: int) -> Iterator[None]:
+    """Run the block with the job user's effective ids and groups (when we are root and
+    the job is not); root's come back afterwards."""
+    if os.geteuid() != 0 or uid <= 0:
+        yield
+        return
+    groups = os.getgroups()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        os.setgroups(os.getgrouplist(name, gid))
+    except KeyError:
+        os.setgroups([gid])
+    os.setegid(gid)
+    os.seteuid(uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+        os.setgroups(groups)
+
+
+def prepare_directory(ckpt_dir: Path) -> Path:
+    """Create the checkpoint directory and its `.slurm-geo/` (as the job's user: see
+    `as_user`); returns the latter."""
+    ckpt_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+    meta = ckpt_dir / META_DIR
+    meta.mkdir(mode=0o755, exist_ok=True)
+    return meta
+
+
+def stage(ckpt_dir: Path, staging: Staging, scratch: Path) -> list[Staged]:
+    """Verify (and if need be fetch) the newest checkpoint of each run in `ckpt_dir`."""
+    store = LocalDirStore(ckpt_dir)
+    runs = newest_steps(store)
+    if staging.key is None:
+        return [Staged(run, steps[-1], False, "local", "no master key on this node")
+                for run, steps in runs.items()]
+    from slurm_geo.ckpt.repository import Repository
+
+    repo = Repository(store, staging.key)
+    return [_stage_run(repo, store, staging, scratch, run, steps) for run, steps in runs.items()]
+
+
+def _stage_run(repo: Any, store: Store, staging: Staging, scratch: Path, run: str,
+               steps: list[int]) -> Staged:
+    newest = steps[-1]
+    faults = repo.verify(run, newest)
+    if not faults:
+        return Staged(run, newest, True, "local")
+    note = f"step {newest} damaged locally ({faults[0]})"
+    log.warning("run %s: %s", run, note)
+    if staging.replica is not None and _fetch(store, staging, scratch, run, newest, faults):
+        return Staged(run, newest, True, "replica", note + "; fetched from the replica")
+    for step in reversed(steps[-1 - VERIFY_OLDER_LIMIT:-1]):
+        if not repo.verify(run, step):
+            return Staged(run, step, True, "local", note + f"; resuming from step {step}")
+    return Staged(run, None, False, "none", note + "; no intact checkpoint found")
+
+
+def _fetch(store: Store, staging: Staging, scratch: Path, run: str, step: int,
+           faults: list[Any]) -> bool:
+    """Copy run@step from the replica into `scratch`, verify it there, then repair the
+    local copy (damaged objects dropped, missing ones copied). False if that failed."""
+    from slurm_geo.ckpt.errors import CkptError
+    from slurm_geo.ckpt.replicate import copy_checkpoint
+    from slurm_geo.ckpt.repository import Repository
+
+    assert staging.key is not None and staging.replica is not None
+    scratch.mkdir(parents=True, exist_ok=True)
+    staged = LocalDirStore(scratch)
+    try:
+        copy_checkpoint(Repository(staging.replica, staging.key), staging.replica, staged,
+                        run, step)
+        if Repository(staged, staging.key).verify(run, step):
+            return False
+        for fault in faults:
+            store.delete(fault.name)
+        copy_checkpoint(Repository(staged, staging.key), staged, store, run, step)
+        return not Repository(store, staging.key).verify(run, step)
+    except CkptError as exc:
+        log.warning("run %s step %d: fetching from the replica failed: %s", run, step, exc)
+        return False
+
+
+def prolog(job: JobContext, staging_for: Callable[[], Staging], now: float) -> dict[str, Any]:
+    """Prepare the job's checkpoint directory; returns the marker it wrote."""
+    assert job.directives.ckpt_dir is not None
+    ckpt_dir = Path(job.directives.ckpt_dir)
+    staging = staging_for() if job.restart > 0 else None  # the key is root's to read
+    with as_user(job.uid, job.gid):
+        return _prolog(job, ckpt_dir, staging, now)
+
+
+def _prolog(job: JobContext, ckpt_dir: Path, staging: Staging | None,
+            now: float) -> dict[str, Any]:
+    meta = prepare_directory(ckpt_dir)
+    staged: list[Staged] = []
+    if staging is not None:
+        staged = stage(ckpt_dir, staging, meta / f"staging-{job.tag}-{job.restart}")
+    marker = {
+        "cluster": job.cluster, "job_id": job.job_id, "restart": job.restart,
+        "node": job.node, "at": now, "directives": job.directives.as_options(),
+        "staged": [asdict(s) for s in staged],
+    }
+    write_json(meta / f"prolog-{job.tag}-{job.restart}.json", marker)
+    return marker
+
+
+# --- epilog --------------------------------------------------------------------------------
+
+def end_reason(prolog_restart: int | None, job: JobContext) -> str:
+    """Why an incarnation ended: Slurm counts the restart before the epilog runs."""
+    if prolog_restart is not None and job.restart > prolog_restart:
+        return "requeued"
+    return "completed" if job.exit_code in ("", "0", "0:0") else "failed"
+
+
+def epilog(job: JobContext, sync_roots: list[Path], now: float) -> dict[str, Any]:
+    """Record the incarnation's end and final checkpoint; returns the record written."""
+    assert job.directives.ckpt_dir is not None
+    with as_user(job.uid, job.gid):
+        return _epilog(job, Path(job.directives.ckpt_dir), sync_roots, now)
+
+
+def _epilog(job: JobContext, ckpt_dir: Path, sync_roots: list[Path],
+            now: float) -> dict[str, Any]:
+    meta = prepare_directory(ckpt_dir)
+    prolog_restart = _last_prolog_restart(meta, job)
+    final = final_checkpoint(ckpt_dir)
+    root = next((r for r in sync_roots if _same_dir(r, ckpt_dir)), None)
+    entry = {
+        "restart": prolog_restart if prolog_restart is not None else job.restart,
+        "node": job.node, "ended_at": now, "reason": end_reason(prolog_restart, job),
+        "exit_code": job.exit_code,
+        "final_checkpoint": None if final is None else {"run": final[0], "step": final[1]},
+        "sync": {"root": str(root), "replicated": True} if root else
+                {"root": None, "replicated": False},
+    }
+    record_path = meta / f"job-{job.tag}.json"
+    record = read_json(record_path) or {"cluster": job.cluster, "job_id": job.job_id,
+                                        "incarnations": []}
+    record["incarnations"] = [i for i in record["incarnations"]
+                              if i.get("restart") != entry["restart"]] + [entry]
+    write_json(record_path, record)
+    for staged in meta.glob(f"staging-{job.tag}-*"):
+        shutil.rmtree(staged, ignore_errors=True)
+    if root is None:
+        log.info("job %s: %s is not a checkpoint-sync root; its checkpoints stay on this "
+                 "cluster only", job.tag, ckpt_dir)
+    return record
+
+
+def _last_prolog_restart(meta: Path, job: JobContext) -> int | None:
+    restarts = []
+    for marker in meta.glob(f"prolog-{job.tag}-*.json"):
+        tail = marker.stem.rsplit("-", 1)[-1]
+        if tail.isdigit() and int(tail) <= job.restart:
+            restarts.append(int(tail))
+    return max(restarts, default=None)
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+# --- files ---------------------------------------------------------------------------------
+
+def write_json(path: Path, value: Any) -> None:
+    """Atomically: temp file, fsync, rename, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(value, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None

@@ -1,0 +1,214 @@
+"""The `--geo-*` directives: declared once, parsed from any of the places they travel.
+
+A user writes `#SBATCH --geo-residency=home` (or passes it to sbatch). The SPANK plugin
+(spank/geo_directives.c) only carries values: to the validator as `--geo-NAME=VALUE`
+arguments, to Slurm's hooks as `SPANK_GEO_<NAME>` (job_submit.lua sees `GEO_<NAME>` in
+`job_desc.spank_job_env`) and to the job as `SLURM_GEO_<NAME>`. Jobs submitted through
+slurmrestd carry `SLURM_GEO_<NAME>` in their environment. Everything here is pure: text in,
+typed values or a `DirectiveError` with one line naming the option and the fix out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from slurm_geo.errors import SlurmGeoError
+
+DATA_CLASSES = ("public", "internal", "restricted")
+FAILOVER_MODES = ("auto", "manual", "never")
+MAX_INTERVAL_MIN = 10080  # a week
+
+SPANK_PREFIX = "SPANK_GEO_"      # Prolog, Epilog, PrologSlurmctld, EpilogSlurmctld
+CONTROL_PREFIX = "GEO_"          # job_desc.spank_job_env as job_submit.lua sees it
+JOB_PREFIX = "SLURM_GEO_"        # the job's environment; REST submissions
+
+
+class DirectiveError(SlurmGeoError):
+    """A `--geo-*` directive is malformed, names something unknown, or lacks a partner."""
+
+    exit_code = 5
+
+
+class PolicyViolation(DirectiveError):
+    """Well-formed directives the site's policy forbids (residency, data class, budget)."""
+
+    exit_code = 6
+
+
+@dataclass(frozen=True)
+class Directives:
+    """What a job asked for; None / () where a directive was not given."""
+
+    ckpt_dir: str | None = None
+    ckpt_interval_min: int | None = None
+    residency: tuple[str, ...] = ()
+    data_class: str | None = None
+    cost_center: str | None = None
+    max_cost_usd: float | None = None
+    failover: str | None = None
+    clusters: tuple[str, ...] = ()
+
+    @property
+    def is_geo(self) -> bool:
+        return self != Directives()
+
+    def as_options(self) -> dict[str, str]:
+        """`{option: value}` of the directives given, as a user would write them."""
+        out = {}
+        for spec in DIRECTIVES:
+            value = getattr(self, spec.field)
+            if value not in (None, ()):
+                out[spec.option] = spec.render(value)
+        return out
+
+
+@dataclass(frozen=True)
+class DirectiveSpec:
+    """One directive: its option, its environment name, how to read it, its help."""
+
+    option: str          # without the leading "--"
+    env: str             # the NAME in GEO_NAME, SPANK_GEO_NAME and SLURM_GEO_NAME
+    field: str
+    parse: Callable[[str, str], Any]
+    help: str
+    example: str
+
+    def render(self, value: Any) -> str:
+        if isinstance(value, tuple):
+            return ",".join(value)
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value)
+
+
+def quote(value: str) -> str:
+    """`'value'` with control characters shown as '?': messages stay on one line.
+
+    job_submit.lua quotes the same way, so both sides print the same message."""
+    return "'" + "".join("?" if ord(c) < 32 or ord(c) == 127 else c for c in value) + "'"
+
+
+def _reject(option: str, value: str, why: str) -> DirectiveError:
+    return DirectiveError(f"geo: --{option}: {quote(value)} {why}")
+
+
+def _absolute_path(value: str, option: str) -> str:
+    if not value.startswith("/") or any(c in value for c in "\0\n\r"):
+        raise _reject(option, value, "is not an absolute path")
+    return value
+
+
+def _minutes(value: str, option: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,6}", value) or not 1 <= int(value) <= MAX_INTERVAL_MIN:
+        raise _reject(option, value, f"is not a whole number of minutes from 1 to "
+                      f"{MAX_INTERVAL_MIN}")
+    return int(value)
+
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+
+
+def _names(value: str, option: str) -> tuple[str, ...]:
+    names = value.split(",")
+    if not all(re.fullmatch(_NAME, n) for n in names):
+        raise _reject(option, value, "is not a comma-separated list of names")
+    if len(set(names)) != len(names):
+        raise _reject(option, value, "names one entry twice")
+    return tuple(names)
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(value: str, option: str) -> str:
+        if value not in choices:
+            raise _reject(option, value, f"is not one of {', '.join(choices)}")
+        return value
+    return parse
+
+
+def _name(value: str, option: str) -> str:
+    if not re.fullmatch(_NAME, value):
+        raise _reject(option, value, "must be 1-64 letters, digits, '.', '_' or '-', "
+                      "starting with a letter or digit")
+    return value
+
+
+def _usd(value: str, option: str) -> float:
+    if not re.fullmatch(r"[0-9]{1,9}(\.[0-9]{1,2})?", value) or float(value) <= 0:
+        raise _reject(option, value, "is not an amount of USD greater than 0 (e.g. 250 or "
+                      "99.50)")
+    return float(value)
+
+
+DIRECTIVES = (
+    DirectiveSpec("geo-ckpt-dir", "CKPT_DIR", "ckpt_dir", _absolute_path,
+                  "Checkpoint directory of the job. Gives the job --requeue and a warning "
+                  "signal before its time limit, and lets it move with its checkpoints.",
+                  "/pfs/ckpt/llm-7b"),
+    DirectiveSpec("geo-ckpt-interval", "CKPT_INTERVAL", "ckpt_interval_min", _minutes,
+                  "Minutes between checkpoints (what a failure may cost).", "30"),
+    DirectiveSpec("geo-residency", "RESIDENCY", "residency", _names,
+                  "Regions the job's data and checkpoints may go to. Default: every region "
+                  "its data class allows.", "home,eu-west"),
+    DirectiveSpec("geo-data-class", "DATA_CLASS", "data_class", _one_of(DATA_CLASSES),
+                  "Sensitivity of the job's data; the site says where each class may "
+                  "reside.", "internal"),
+    DirectiveSpec("geo-cost-center", "COST_CENTER", "cost_center", _name,
+                  "Cost center charged for the job.", "ml-research"),
+    DirectiveSpec("geo-max-cost", "MAX_COST", "max_cost_usd", _usd,
+                  "Most the job may cost, in USD; at most the cost center's budget.", "500"),
+    DirectiveSpec("geo-failover", "FAILOVER", "failover", _one_of(FAILOVER_MODES),
+                  "When the cluster is lost: move the job (auto), ask (manual) or stay "
+                  "(never). auto needs --geo-ckpt-dir.", "auto"),
+    DirectiveSpec("geo-clusters", "CLUSTERS", "clusters", _names,
+                  "Clusters the job may run on. Default: every cluster its residency "
+                  "allows.", "onprem,rented"),
+)
+BY_OPTION = {spec.option: spec for spec in DIRECTIVES}
+
+
+def parse_options(raw: Mapping[str, str]) -> Directives:
+    """Directives from `{option: value}` (options without "--"); unknown options rejected."""
+    values: dict[str, Any] = {}
+    for option, text in raw.items():
+        spec = BY_OPTION.get(option)
+        if spec is None:
+            known = ", ".join(f"--{s.option}" for s in DIRECTIVES)
+            raise DirectiveError(f"geo: --{option} is not a slurm-geo directive (known: "
+                                 f"{known})")
+        values[spec.field] = spec.parse(text, option)
+    return replace(Directives(), **values)
+
+
+def from_environment(environ: Mapping[str, str], prefix: str) -> Directives:
+    """Directives from `<prefix><NAME>` variables, e.g. SPANK_GEO_RESIDENCY."""
+    return parse_options({spec.option: environ[prefix + spec.env] for spec in DIRECTIVES
+                          if prefix + spec.env in environ})
+
+
+def to_environment(directives: Directives, prefix: str = JOB_PREFIX) -> dict[str, str]:
+    """`{<prefix><NAME>: value}`: how a REST submission carries its directives."""
+    return {prefix + BY_OPTION[option].env: value
+            for option, value in directives.as_options().items()}
+
+
+def parse_arguments(argv: Iterable[str]) -> Directives:
+    """Directives from `--geo-NAME=VALUE` arguments, as the SPANK plugin passes them."""
+    raw = {}
+    for arg in argv:
+        option, sep, value = arg.removeprefix("--").partition("=")
+        if not arg.startswith("--") or not sep:
+            raise DirectiveError(f"geo: cannot read {quote(arg)}; expected --geo-NAME=VALUE")
+        raw[option] = value
+    return parse_options(raw)
+
+
+def directives_table() -> str:
+    """The Markdown table of the directives, as docs/directives.md shows it."""
+    rows = ["| directive | job sees | meaning | example |", "|---|---|---|---|"]
+    for spec in DIRECTIVES:
+        rows.append(f"| `--{spec.option}` | `{JOB_PREFIX}{spec.env}` | {spec.help} | "
+                    f"`--{spec.option}={spec.example}` |")
+    return "\n".join(rows)

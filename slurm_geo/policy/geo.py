@@ -1,0 +1,217 @@
+"""Where a job's data may go and what it may cost: the `[policy]` table, and the decision.
+
+The policy is written once, in the slurm-geo config. The client-side check (the SPANK
+plugin's validator) calls `check` here; the controller-side check (job_submit.lua) runs
+the same rules over the same data, exported by `slurm_geo.policy.lua`. Both report the
+same one-line messages, in the same order (tests/test_policy_geo.py holds them to it).
+
+    [policy]
+    require_cost_center = true
+    default_data_class = "internal"
+    signal_lead_s = 120          # --signal=B:USR1@120 for jobs with --geo-ckpt-dir
+    max_restarts = 10            # a job requeued more often is held
+
+    [policy.data_classes]        # regions each class may reside in; unlisted: anywhere
+    restricted = ["home"]
+
+    [policy.budgets]             # USD per job a cost center allows; none: no budgets
+    ml-research = 500
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from slurm_geo.errors import ConfigError
+from slurm_geo.policy.directives import (
+    DATA_CLASSES,
+    DirectiveError,
+    Directives,
+    PolicyViolation,
+    quote,
+)
+
+if TYPE_CHECKING:
+    from slurm_geo.config.model import SiteConfig
+
+DEFAULT_SIGNAL_LEAD_S = 120
+DEFAULT_MAX_RESTARTS = 10
+
+
+@dataclass(frozen=True)
+class GeoPolicy:
+    require_cost_center: bool = False
+    default_data_class: str = "internal"
+    signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    data_classes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    budgets: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], regions: set[str],
+                     where: str = "[policy]") -> GeoPolicy:
+        """Read the [policy] table; `regions` are the regions the config's clusters are in."""
+        _reject_unknown(raw, set(cls.__dataclass_fields__), where)
+        policy = cls(
+            require_cost_center=_flag(raw, "require_cost_center", where),
+            default_data_class=_data_class(raw.get("default_data_class", "internal"),
+                                           f"{where}: default_data_class"),
+            signal_lead_s=_whole(raw, "signal_lead_s", DEFAULT_SIGNAL_LEAD_S, 10, 3600, where),
+            max_restarts=_whole(raw, "max_restarts", DEFAULT_MAX_RESTARTS, 0, 1000, where),
+            data_classes=_allowlists(raw.get("data_classes", {}), regions,
+                                     f"{where}.data_classes"),
+            budgets=_budgets(raw.get("budgets", {}), f"{where}.budgets"),
+        )
+        return policy
+
+
+@dataclass(frozen=True)
+class GeoRules:
+    """A policy with the facts it is applied to: every cluster's region."""
+
+    policy: GeoPolicy
+    cluster_regions: Mapping[str, str]
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self.cluster_regions.values())))
+
+    def allowed_regions(self, data_class: str) -> tuple[str, ...]:
+        return self.policy.data_classes.get(data_class, self.regions)
+
+
+def check(directives: Directives, rules: GeoRules, cluster: str) -> None:
+    """Accept `directives` for a job submitted to `cluster`, or raise the first mistake.
+
+    `DirectiveError` for what the user must fix in the directives themselves (unknown
+    region or cluster, failover without checkpoints, a missing cost center);
+    `PolicyViolation` for what the site forbids (residency, data class, budget).
+    """
+    if not directives.is_geo:
+        return
+    _check_known(directives, rules)
+    if directives.failover == "auto" and directives.ckpt_dir is None:
+        raise DirectiveError("geo: --geo-failover=auto needs --geo-ckpt-dir=PATH: a job "
+                             "moves with its checkpoints")
+    if rules.policy.require_cost_center and directives.cost_center is None:
+        raise DirectiveError("geo: this site requires --geo-cost-center=NAME on jobs with "
+                             "--geo-* directives")
+    _check_residency(directives, rules, cluster)
+    _check_budget(directives, rules.policy)
+
+
+def effective_residency(directives: Directives, rules: GeoRules) -> tuple[str, ...]:
+    """The regions the job may use: as asked, else every region its data class allows."""
+    data_class = directives.data_class or rules.policy.default_data_class
+    return directives.residency or rules.allowed_regions(data_class)
+
+
+def _check_known(directives: Directives, rules: GeoRules) -> None:
+    for region in directives.residency:
+        if region not in rules.regions:
+            raise DirectiveError(f"geo: --geo-residency: unknown region {quote(region)} (known: "
+                                 f"{', '.join(rules.regions)})")
+    for name in directives.clusters:
+        if name not in rules.cluster_regions:
+            raise DirectiveError(f"geo: --geo-clusters: unknown cluster {quote(name)} (known: "
+                                 f"{', '.join(sorted(rules.cluster_regions))})")
+
+
+def _check_residency(directives: Directives, rules: GeoRules, cluster: str) -> None:
+    data_class = directives.data_class or rules.policy.default_data_class
+    allowed = rules.allowed_regions(data_class)
+    for region in directives.residency:
+        if region not in allowed:
+            raise PolicyViolation(f"geo: data class {quote(data_class)} may not reside in region "
+                                  f"{quote(region)} (allowed: {', '.join(allowed)})")
+    residency = effective_residency(directives, rules)
+    here = rules.cluster_regions.get(cluster)
+    if here is not None and here not in residency:
+        raise PolicyViolation(f"geo: cluster {quote(cluster)} is in region {quote(here)}, outside "
+                              f"the job's residency ({', '.join(residency)})")
+    for name in directives.clusters:
+        if rules.cluster_regions[name] not in residency:
+            raise PolicyViolation(f"geo: --geo-clusters: cluster {quote(name)} is in region "
+                                  f"{quote(rules.cluster_regions[name])}, outside the job's "
+                                  f"residency ({', '.join(residency)})")
+
+
+def _check_budget(directives: Directives, policy: GeoPolicy) -> None:
+    if not policy.budgets or directives.cost_center is None:
+        return
+    budget = policy.budgets.get(directives.cost_center)
+    if budget is None:
+        raise PolicyViolation(f"geo: --geo-cost-center: unknown cost center "
+                              f"{quote(directives.cost_center)} (known: "
+                              f"{', '.join(sorted(policy.budgets))})")
+    if directives.max_cost_usd is not None and directives.max_cost_usd > budget:
+        raise PolicyViolation(f"geo: --geo-max-cost={directives.max_cost_usd:g} exceeds the "
+                              f"budget of cost center {quote(directives.cost_center)} "
+                              f"({budget:g} USD)")
+
+
+# --- reading the table -------------------------------------------------------------------
+
+def _reject_unknown(table: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: "
+                          f"{', '.join(sorted(known))}")
+
+
+def _flag(raw: Mapping[str, Any], key: str, where: str) -> bool:
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
+
+
+def _whole(raw: Mapping[str, Any], key: str, default: int, low: int, high: int,
+           where: str) -> int:
+    value = raw.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{where}: {key} must be a whole number from {low} to {high}, "
+                          f"got {value!r}")
+    return value
+
+
+def _data_class(value: Any, where: str) -> str:
+    if value not in DATA_CLASSES:
+        raise ConfigError(f"{where} must be one of {', '.join(DATA_CLASSES)}, got {value!r}")
+    return str(value)
+
+
+def _allowlists(table: Any, regions: set[str], where: str) -> dict[str, tuple[str, ...]]:
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where} must be a table of data class = [regions]")
+    out = {}
+    for data_class, allowed in table.items():
+        _data_class(data_class, f"{where}: key")
+        if not isinstance(allowed, list) or not all(isinstance(r, str) for r in allowed):
+            raise ConfigError(f"{where}: {data_class} must be a list of regions, "
+                              f"got {allowed!r}")
+        unknown = sorted(set(allowed) - regions)
+        if unknown:
+            raise ConfigError(f"{where}: {data_class} names unknown region(s) "
+                              f"{', '.join(unknown)} (regions of [clusters]: "
+                              f"{', '.join(sorted(regions)) or 'none'})")
+        out[data_class] = tuple(sorted(set(allowed)))
+    return out
+
+
+def _budgets(table: Any, where: str) -> dict[str, float]:
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where} must be a table of cost center = USD")
+    out = {}
+    for name, usd in table.items():
+        if not isinstance(usd, int | float) or isinstance(usd, bool) or usd <= 0:
+            raise ConfigError(f"{where}: {name} must be a number of USD > 0, got {usd!r}")
+        out[name] = float(usd)
+    return out
+
+
+def rules_for(site: SiteConfig) -> GeoRules:
+    """The rules of a loaded `SiteConfig`: its [policy] and its clusters' regions."""
+    return GeoRules(site.policy, {name: c.region for name, c in site.clusters.items()})

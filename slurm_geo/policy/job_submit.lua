@@ -1,0 +1,279 @@
+--[[
+slurm-geo: controller-side check of the --geo-* directives (job_submit/lua).
+
+Install next to slurm.conf, with the policy data it reads at every submission:
+    slurm-geo policy export-lua --cluster NAME --dir /etc/slurm
+writes geo_policy.lua (the [policy] table of the slurm-geo config, and every cluster's
+region) and this file; slurm.conf needs JobSubmitPlugins=lua.
+
+A client can skip the SPANK plugin's check (another slurm.conf, another plugin, or
+slurmrestd, which never runs SPANK), so the rules that matter are enforced here again,
+with the same messages as slurm_geo/policy/geo.py, in the same order:
+  - directives from job_desc.spank_job_env (GEO_<NAME>, set by the SPANK plugin), else,
+    for batch jobs, from the job's environment (SLURM_GEO_<NAME>: REST submissions);
+  - malformed values, unknown regions and clusters, failover=auto without a checkpoint
+    directory, a missing cost center where required: rejected (slurm.ERROR);
+  - residency outside the data class's regions or excluding this cluster, clusters
+    outside the residency, unknown cost centers, budgets exceeded: rejected
+    (slurm.ESLURM_ACCESS_DENIED);
+  - a job with a checkpoint directory gets --requeue unless it said --no-requeue.
+Jobs without directives pass untouched. To add this to a site's own job_submit.lua, call
+geo_job_submit(job_desc, submit_uid) from its slurm_job_submit and return on non-SUCCESS.
+]]
+
+local NO_VAL16 = 65534
+local SPECS = {
+  { option = "geo-ckpt-dir", env = "CKPT_DIR" },
+  { option = "geo-ckpt-interval", env = "CKPT_INTERVAL" },
+  { option = "geo-residency", env = "RESIDENCY" },
+  { option = "geo-data-class", env = "DATA_CLASS" },
+  { option = "geo-cost-center", env = "COST_CENTER" },
+  { option = "geo-max-cost", env = "MAX_COST" },
+  { option = "geo-failover", env = "FAILOVER" },
+  { option = "geo-clusters", env = "CLUSTERS" },
+}
+local DATA_CLASSES = { "public", "internal", "restricted" }
+local FAILOVER_MODES = { "auto", "manual", "never" }
+local MAX_INTERVAL_MIN = 10080
+
+local function here()
+  local source = debug.getinfo(1, "S").source
+  return (string.match(source, "^@(.*)/[^/]*$")) or "."
+end
+local POLICY_FILE = here() .. "/geo_policy.lua"
+
+-- An error carries its message and the Slurm code to return.
+local function fail(message, code)
+  error({ message = message, code = code }, 0)
+end
+local function malformed(message) fail(message, slurm.ERROR) end
+local function forbidden(message) fail(message, slurm.ESLURM_ACCESS_DENIED or slurm.ERROR) end
+
+local function quote(value)
+  return "'" .. string.gsub(value, "%c", "?") .. "'"
+end
+
+local function contains(list, value)
+  for _, item in ipairs(list) do
+    if item == value then return true end
+  end
+  return false
+end
+
+local function split(value)
+  local parts, start = {}, 1
+  while true do
+    local comma = string.find(value, ",", start, true)
+    if not comma then
+      table.insert(parts, string.sub(value, start))
+      return parts
+    end
+    table.insert(parts, string.sub(value, start, comma - 1))
+    start = comma + 1
+  end
+end
+
+local function is_name(value)
+  return #value <= 64 and string.find(value, "^[%w][%w%._%-]*$") ~= nil
+end
+
+-- --- parsing: mirrors slurm_geo/policy/directives.py ---------------------------------
+
+local function reject(option, value, why)
+  malformed("geo: --" .. option .. ": " .. quote(value) .. " " .. why)
+end
+
+local PARSE = {}
+PARSE["geo-ckpt-dir"] = function(value, option)
+  if string.sub(value, 1, 1) ~= "/" or string.find(value, "[%z\n\r]") then
+    reject(option, value, "is not an absolute path")
+  end
+  return value
+end
+PARSE["geo-ckpt-interval"] = function(value, option)
+  local minutes = string.find(value, "^%d+$") and #value <= 6 and tonumber(value)
+  if not minutes or minutes < 1 or minutes > MAX_INTERVAL_MIN then
+    reject(option, value, "is not a whole number of minutes from 1 to " .. MAX_INTERVAL_MIN)
+  end
+  return minutes
+end
+local function names(value, option)
+  local parts, seen = split(value), {}
+  for _, name in ipairs(parts) do
+    if not is_name(name) then reject(option, value, "is not a comma-separated list of names") end
+  end
+  for _, name in ipairs(parts) do
+    if seen[name] then reject(option, value, "names one entry twice") end
+    seen[name] = true
+  end
+  return parts
+end
+PARSE["geo-residency"] = names
+PARSE["geo-clusters"] = names
+local function one_of(choices)
+  return function(value, option)
+    if not contains(choices, value) then
+      reject(option, value, "is not one of " .. table.concat(choices, ", "))
+    end
+    return value
+  end
+end
+PARSE["geo-data-class"] = one_of(DATA_CLASSES)
+PARSE["geo-failover"] = one_of(FAILOVER_MODES)
+PARSE["geo-cost-center"] = function(value, option)
+  if not is_name(value) then
+    reject(option, value,
+      "must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+  end
+  return value
+end
+PARSE["geo-max-cost"] = function(value, option)
+  local units = string.match(value, "^(%d+)$") or string.match(value, "^(%d+)%.%d%d?$")
+  local usd = units and #units <= 9 and tonumber(value)
+  if not usd or usd <= 0 then
+    reject(option, value, "is not an amount of USD greater than 0 (e.g. 250 or 99.50)")
+  end
+  return usd
+end
+
+local function parse(raw)
+  local d = {}
+  for _, spec in ipairs(SPECS) do
+    local value = raw[spec.env]
+    if value ~= nil then d[spec.option] = PARSE[spec.option](value, spec.option) end
+  end
+  return d
+end
+
+-- --- the rules: mirrors slurm_geo/policy/geo.py --------------------------------------
+
+local function allowed_regions(policy, data_class)
+  return policy.data_classes[data_class] or policy.regions
+end
+
+local function check_known(d, policy)
+  for _, region in ipairs(d["geo-residency"] or {}) do
+    if not contains(policy.regions, region) then
+      malformed("geo: --geo-residency: unknown region " .. quote(region) .. " (known: " ..
+        table.concat(policy.regions, ", ") .. ")")
+    end
+  end
+  for _, name in ipairs(d["geo-clusters"] or {}) do
+    if policy.cluster_regions[name] == nil then
+      malformed("geo: --geo-clusters: unknown cluster " .. quote(name) .. " (known: " ..
+        table.concat(policy.cluster_names, ", ") .. ")")
+    end
+  end
+end
+
+local function check_residency(d, policy, cluster)
+  local data_class = d["geo-data-class"] or policy.default_data_class
+  local allowed = allowed_regions(policy, data_class)
+  for _, region in ipairs(d["geo-residency"] or {}) do
+    if not contains(allowed, region) then
+      forbidden("geo: data class " .. quote(data_class) .. " may not reside in region " ..
+        quote(region) .. " (allowed: " .. table.concat(allowed, ", ") .. ")")
+    end
+  end
+  local residency = d["geo-residency"] or allowed
+  local region = policy.cluster_regions[cluster]
+  if region ~= nil and not contains(residency, region) then
+    forbidden("geo: cluster " .. quote(cluster) .. " is in region " .. quote(region) ..
+      ", outside the job's residency (" .. table.concat(residency, ", ") .. ")")
+  end
+  for _, name in ipairs(d["geo-clusters"] or {}) do
+    if not contains(residency, policy.cluster_regions[name]) then
+      forbidden("geo: --geo-clusters: cluster " .. quote(name) .. " is in region " ..
+        quote(policy.cluster_regions[name]) .. ", outside the job's residency (" ..
+        table.concat(residency, ", ") .. ")")
+    end
+  end
+end
+
+local function check_budget(d, policy)
+  local center = d["geo-cost-center"]
+  if #policy.budget_names == 0 or center == nil then return end
+  local budget = policy.budgets[center]
+  if budget == nil then
+    forbidden("geo: --geo-cost-center: unknown cost center " .. quote(center) ..
+      " (known: " .. table.concat(policy.budget_names, ", ") .. ")")
+  end
+  local max_cost = d["geo-max-cost"]
+  if max_cost ~= nil and max_cost > budget then
+    forbidden(string.format("geo: --geo-max-cost=%g exceeds the budget of cost center %s " ..
+      "(%g USD)", max_cost, quote(center), budget))
+  end
+end
+
+local function check(d, policy, cluster)
+  check_known(d, policy)
+  if d["geo-failover"] == "auto" and d["geo-ckpt-dir"] == nil then
+    malformed("geo: --geo-failover=auto needs --geo-ckpt-dir=PATH: a job moves with its " ..
+      "checkpoints")
+  end
+  if policy.require_cost_center and d["geo-cost-center"] == nil then
+    malformed("geo: this site requires --geo-cost-center=NAME on jobs with --geo-* directives")
+  end
+  check_residency(d, policy, cluster)
+  check_budget(d, policy)
+end
+
+-- --- where directives come from ------------------------------------------------------
+
+local function from_spank_env(job_desc)
+  local env, found, any = job_desc.spank_job_env, {}, false
+  if type(env) ~= "table" then return nil end
+  for _, entry in pairs(env) do
+    local name, value = string.match(entry, "^GEO_([A-Z_]+)=(.*)$")
+    if name then
+      found[name] = value
+      any = true
+    end
+  end
+  return any and found or nil
+end
+
+local function from_job_env(job_desc)
+  if job_desc.script == nil then return nil end -- only batch jobs carry an environment
+  local env, found, any = job_desc.environment, {}, false
+  if env == nil then return nil end
+  for _, spec in ipairs(SPECS) do
+    local value = env["SLURM_GEO_" .. spec.env]
+    if value ~= nil then
+      found[spec.env] = value
+      any = true
+    end
+  end
+  return any and found or nil
+end
+
+-- Returns slurm.SUCCESS, or an error code after telling the user why (slurm.log_user).
+function geo_job_submit(job_desc, submit_uid)
+  local raw = from_spank_env(job_desc) or from_job_env(job_desc)
+  if raw == nil then return slurm.SUCCESS end
+  local ok, err = pcall(function()
+    local loaded, policy = pcall(dofile, POLICY_FILE)
+    if not loaded then
+      fail("geo: the site's policy " .. POLICY_FILE .. " cannot be read; ask your admin " ..
+        "to run `slurm-geo policy export-lua`", slurm.ERROR)
+    end
+    local d = parse(raw)
+    check(d, policy, policy.cluster)
+    if d["geo-ckpt-dir"] ~= nil and job_desc.requeue == NO_VAL16 then
+      job_desc.requeue = 1
+    end
+  end)
+  if ok then return slurm.SUCCESS end
+  if type(err) ~= "table" then err = { message = "geo: " .. tostring(err), code = slurm.ERROR } end
+  slurm.log_info("geo: rejected a job of uid %s: %s", tostring(submit_uid), err.message)
+  slurm.log_user("%s", err.message)
+  return err.code
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  return geo_job_submit(job_desc, submit_uid)
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end

@@ -1,0 +1,15 @@
+"""The controller's record of geo jobs: every incarnation, and the lineage of logical jobs.
+
+Written by PrologSlurmctld and EpilogSlurmctld (prolog_epilog/), read by slurm-geo.
+"""
+
+from slurm_geo.registry.db import (
+    IllegalTransition,
+    Incarnation,
+    IncarnationState,
+    Registry,
+    restart_cap_reached,
+)
+
+__all__ = ["IllegalTransition", "Incarnation", "IncarnationState", "Registry",
+           "restart_cap_reached"]

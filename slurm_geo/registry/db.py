@@ -1,0 +1,241 @@
+"""SQLite registry of geo jobs on a cluster's controller.
+
+A *logical job* is what the user submitted once; it runs as one or more Slurm jobs (a new
+job id on each cluster it moves to), each as one or more *incarnations* (a requeue keeps
+the job id and starts a new incarnation). Lineage links each Slurm job to its logical job.
+
+Incarnation lifecycle (transitions enforced by `_move`):
+
+    RUNNING --> REQUEUED    ended, and Slurm queued the job again (time limit + requeue,
+                            preemption, node failure); the next incarnation follows
+    RUNNING --> ENDED       the job's last incarnation ended, with its exit code
+    RUNNING --> REQUEUED    also when a newer incarnation starts while this one was never
+                            seen to end (a lost EpilogSlurmctld)
+
+State is kept in SQLite in WAL mode; every write is one transaction, so concurrent hooks
+(PrologSlurmctld and EpilogSlurmctld run in parallel for different jobs) never see half a
+change.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from slurm_geo.errors import SlurmGeoError
+
+BUSY_TIMEOUT_S = 30.0
+DEFAULT_PATH = Path("/var/lib/slurm-geo/registry.db")
+
+
+class IncarnationState(Enum):
+    RUNNING = "running"
+    REQUEUED = "requeued"
+    ENDED = "ended"
+
+    def is_terminal(self) -> bool:
+        return self is not IncarnationState.RUNNING
+
+
+_ALLOWED = {
+    IncarnationState.RUNNING: {IncarnationState.REQUEUED, IncarnationState.ENDED},
+    IncarnationState.REQUEUED: set(),
+    IncarnationState.ENDED: set(),
+}
+
+
+class IllegalTransition(SlurmGeoError):
+    def __init__(self, cluster: str, job_id: int, restart: int, current: IncarnationState,
+                 wanted: IncarnationState):
+        super().__init__(f"job {cluster}:{job_id} incarnation {restart}: cannot go from "
+                         f"{current.value} to {wanted.value}")
+
+
+def restart_cap_reached(restart_count: int, max_restarts: int) -> bool:
+    """Whether a job queued again for the `restart_count`-th time has used up its restarts."""
+    return restart_count > max_restarts
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    cluster: str
+    job_id: int
+    restart: int
+    state: IncarnationState
+    nodes: str
+    started_at: float
+    ended_at: float | None
+    exit_code: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Incarnation:
+        return cls(row["cluster"], row["job_id"], row["restart"],
+                   IncarnationState(row["state"]), row["nodes"], row["started_at"],
+                   row["ended_at"], row["exit_code"])
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    cluster TEXT NOT NULL, job_id INTEGER NOT NULL, logical_id TEXT NOT NULL,
+    name TEXT NOT NULL, user TEXT NOT NULL, directives TEXT NOT NULL,
+    first_seen REAL NOT NULL, held_reason TEXT,
+    PRIMARY KEY (cluster, job_id));
+CREATE TABLE IF NOT EXISTS incarnations (
+    cluster TEXT NOT NULL, job_id INTEGER NOT NULL, restart INTEGER NOT NULL,
+    state TEXT NOT NULL, nodes TEXT NOT NULL, started_at REAL NOT NULL,
+    ended_at REAL, exit_code TEXT,
+    PRIMARY KEY (cluster, job_id, restart));
+CREATE TABLE IF NOT EXISTS lineage (
+    cluster TEXT NOT NULL, job_id INTEGER NOT NULL, logical_id TEXT NOT NULL,
+    parent_cluster TEXT, parent_job_id INTEGER, linked_at REAL NOT NULL,
+    PRIMARY KEY (cluster, job_id));
+CREATE INDEX IF NOT EXISTS lineage_by_logical ON lineage (logical_id);
+"""
+
+
+class Registry:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # --- written by the controller's hooks ----------------------------------------------
+
+    def job_started(self, cluster: str, job_id: int, restart: int, *, name: str, user: str,
+                    nodes: str, directives: Mapping[str, str], now: float) -> Incarnation:
+        """Record incarnation `restart` as running (PrologSlurmctld); idempotent."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO jobs (cluster, job_id, logical_id, name, user, "
+                "directives, first_seen) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (cluster, job_id, f"{cluster}:{job_id}", name, user,
+                 json.dumps(dict(directives), sort_keys=True), now))
+            db.execute(
+                "INSERT OR IGNORE INTO lineage (cluster, job_id, logical_id, linked_at) "
+                "VALUES (?, ?, ?, ?)", (cluster, job_id, f"{cluster}:{job_id}", now))
+            for older in self._running(db, cluster, job_id):
+                if older.restart < restart:  # its end was never recorded
+                    self._move(db, older, IncarnationState.REQUEUED, now, None)
+            db.execute(
+                "INSERT OR IGNORE INTO incarnations (cluster, job_id, restart, state, nodes, "
+                "started_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (cluster, job_id, restart, IncarnationState.RUNNING.value, nodes, now))
+        return self.incarnation(cluster, job_id, restart)
+
+    def job_ended(self, cluster: str, job_id: int, restart_now: int, exit_code: str,
+                  now: float) -> Incarnation | None:
+        """Record the end of the running incarnation (EpilogSlurmctld).
+
+        Slurm counts the restart before the epilog runs, so `restart_now` above the running
+        incarnation's number means the job was queued again. None if none was running.
+        """
+        with self._transaction() as db:
+            running = self._running(db, cluster, job_id)
+            if not running:
+                return None
+            current = running[-1]
+            if restart_now > current.restart:
+                self._move(db, current, IncarnationState.REQUEUED, now, exit_code)
+            else:
+                self._move(db, current, IncarnationState.ENDED, now, exit_code)
+        return self.incarnation(cluster, job_id, current.restart)
+
+    def mark_held(self, cluster: str, job_id: int, reason: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE jobs SET held_reason = ? WHERE cluster = ? AND job_id = ?",
+                       (reason, cluster, job_id))
+
+    def link(self, cluster: str, job_id: int, parent_cluster: str, parent_job_id: int,
+             now: float) -> str:
+        """Make a Slurm job a continuation of another's logical job; its logical id."""
+        with self._transaction() as db:
+            row = db.execute("SELECT logical_id FROM lineage WHERE cluster = ? AND job_id = ?",
+                             (parent_cluster, parent_job_id)).fetchone()
+            logical = row["logical_id"] if row else f"{parent_cluster}:{parent_job_id}"
+            db.execute(
+                "INSERT OR REPLACE INTO lineage (cluster, job_id, logical_id, parent_cluster, "
+                "parent_job_id, linked_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (cluster, job_id, logical, parent_cluster, parent_job_id, now))
+            db.execute("UPDATE jobs SET logical_id = ? WHERE cluster = ? AND job_id = ?",
+                       (logical, cluster, job_id))
+        return logical
+
+    # --- reading -------------------------------------------------------------------------
+
+    def incarnation(self, cluster: str, job_id: int, restart: int) -> Incarnation:
+        row = self._db.execute(
+            "SELECT * FROM incarnations WHERE cluster = ? AND job_id = ? AND restart = ?",
+            (cluster, job_id, restart)).fetchone()
+        if row is None:
+            raise KeyError((cluster, job_id, restart))
+        return Incarnation.from_row(row)
+
+    def incarnations(self, cluster: str, job_id: int) -> list[Incarnation]:
+        rows = self._db.execute(
+            "SELECT * FROM incarnations WHERE cluster = ? AND job_id = ? ORDER BY restart",
+            (cluster, job_id))
+        return [Incarnation.from_row(r) for r in rows]
+
+    def job(self, cluster: str, job_id: int) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT * FROM jobs WHERE cluster = ? AND job_id = ?",
+                               (cluster, job_id)).fetchone()
+        if row is None:
+            return None
+        job = dict(row)
+        job["directives"] = json.loads(job["directives"])
+        return job
+
+    def lineage(self, logical_id: str) -> list[tuple[str, int]]:
+        rows = self._db.execute(
+            "SELECT cluster, job_id FROM lineage WHERE logical_id = ? ORDER BY linked_at",
+            (logical_id,))
+        return [(r["cluster"], r["job_id"]) for r in rows]
+
+    # --- internals -----------------------------------------------------------------------
+
+    @staticmethod
+    def _running(db: sqlite3.Connection, cluster: str, job_id: int) -> list[Incarnation]:
+        rows = db.execute(
+            "SELECT * FROM incarnations WHERE cluster = ? AND job_id = ? AND state = ? "
+            "ORDER BY restart", (cluster, job_id, IncarnationState.RUNNING.value))
+        return [Incarnation.from_row(r) for r in rows]
+
+    @staticmethod
+    def _move(db: sqlite3.Connection, incarnation: Incarnation, wanted: IncarnationState,
+              now: float, exit_code: str | None) -> None:
+        if wanted not in _ALLOWED[incarnation.state]:
+            raise IllegalTransition(incarnation.cluster, incarnation.job_id,
+                                    incarnation.restart, incarnation.state, wanted)
+        db.execute(
+            "UPDATE incarnations SET state = ?, ended_at = ?, exit_code = ? WHERE cluster = ? "
+            "AND job_id = ? AND restart = ? AND state = ?",
+            (wanted.value, now, exit_code, incarnation.cluster, incarnation.job_id,
+             incarnation.restart, incarnation.state.value))

@@ -1,0 +1,324 @@
+/*
+ * geo_directives: the `--geo-*` sbatch/salloc/srun options of slurm-geo (SPANK plugin).
+ *
+ * It parses and hands over; every rule lives in Python (slurm_geo.policy):
+ *
+ *   allocator/local context (sbatch, salloc, srun on a login node), after all options:
+ *     1. if any --geo-* option was given and plugstack.conf names a validator, run it as
+ *        `VALIDATOR [--config=PATH] [--cluster=NAME] --geo-NAME=VALUE ...` (no shell) and,
+ *        when it exits non-zero, print its one-line message and exit 1: nothing is queued;
+ *     2. spank_job_control_setenv("GEO_<NAME>", value): Prolog, Epilog, PrologSlurmctld
+ *        and EpilogSlurmctld see SPANK_GEO_<NAME>; job_submit.lua sees GEO_<NAME> in
+ *        job_desc.spank_job_env.
+ *   remote context (slurmstepd, every step including the batch step):
+ *     3. spank_setenv("SLURM_GEO_<NAME>", value): the job's own environment.
+ *
+ * plugstack.conf:
+ *   required /usr/lib/slurm-geo/geo_directives.so validator=/usr/local/bin/geo-check \
+ *            config=/etc/slurm-geo/config.toml cluster=onprem
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(geo_directives, 1);
+
+#define GEO_OPTION_COUNT 8
+#define MESSAGE_MAX 1024
+#define VALIDATOR_TIMEOUT_MS 30000
+
+/* Option name, the NAME in GEO_NAME / SLURM_GEO_NAME, the help text. */
+static const char *const option_names[GEO_OPTION_COUNT] = {
+	"geo-ckpt-dir", "geo-ckpt-interval", "geo-residency", "geo-data-class",
+	"geo-cost-center", "geo-max-cost", "geo-failover", "geo-clusters",
+};
+static const char *const env_names[GEO_OPTION_COUNT] = {
+	"CKPT_DIR", "CKPT_INTERVAL", "RESIDENCY", "DATA_CLASS",
+	"COST_CENTER", "MAX_COST", "FAILOVER", "CLUSTERS",
+};
+static const char *const arg_info[GEO_OPTION_COUNT] = {
+	"path", "minutes", "region[,region...]", "public|internal|restricted",
+	"name", "usd", "auto|manual|never", "cluster[,cluster...]",
+};
+static const char *const usage[GEO_OPTION_COUNT] = {
+	"slurm-geo: checkpoint directory of this job (enables requeue on time limit)",
+	"slurm-geo: minutes between checkpoints",
+	"slurm-geo: regions the job's data and checkpoints may go to",
+	"slurm-geo: data class of the job's data",
+	"slurm-geo: cost center charged for the job",
+	"slurm-geo: most the job may cost, in USD",
+	"slurm-geo: what to do when the cluster is lost",
+	"slurm-geo: clusters the job may run on",
+};
+
+static char *values[GEO_OPTION_COUNT];
+static const char *validator;
+static const char *config_path;
+static const char *cluster_name;
+
+static int remember(int index, const char *optarg, int remote)
+{
+	(void) remote;
+	if (index < 0 || index >= GEO_OPTION_COUNT)
+		return -1;
+	free(values[index]);
+	values[index] = strdup(optarg ? optarg : "");
+	return values[index] ? 0 : -1;
+}
+
+static int any_given(void)
+{
+	for (int i = 0; i < GEO_OPTION_COUNT; i++)
+		if (values[i])
+			return 1;
+	return 0;
+}
+
+static void read_arguments(int ac, char **av)
+{
+	for (int i = 0; i < ac; i++) {
+		if (!strncmp(av[i], "validator=", 10))
+			validator = av[i] + 10;
+		else if (!strncmp(av[i], "config=", 7))
+			config_path = av[i] + 7;
+		else if (!strncmp(av[i], "cluster=", 8))
+			cluster_name = av[i] + 8;
+		else
+			slurm_error("geo_directives: unknown plugstack.conf argument '%s'", av[i]);
+	}
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	spank_context_t context = spank_context();
+
+	read_arguments(ac, av);
+	if (context != S_CTX_ALLOCATOR && context != S_CTX_LOCAL && context != S_CTX_REMOTE)
+		return 0;
+	for (int i = 0; i < GEO_OPTION_COUNT; i++) {
+		struct spank_option option = {
+			(char *) option_names[i], (char *) arg_info[i], (char *) usage[i],
+			1, i, remember,
+		};
+		if (spank_option_register(sp, &option) != ESPANK_SUCCESS) {
+			slurm_error("geo_directives: cannot register --%s", option_names[i]);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static char *with_prefix(const char *prefix, const char *name, const char *value)
+{
+	size_t size = strlen(prefix) + strlen(name) + (value ? strlen(value) : 0) + 3;
+	char *text = malloc(size);
+
+	if (!text)
+		return NULL;
+	if (value)
+		snprintf(text, size, "%s%s=%s", prefix, name, value);
+	else
+		snprintf(text, size, "%s%s", prefix, name);
+	return text;
+}
+
+/* argv for the validator; every element malloc'ed, NULL-terminated. */
+static char **validator_argv(void)
+{
+	char **argv = calloc(GEO_OPTION_COUNT + 4, sizeof(char *));
+	int n = 0;
+
+	if (!argv)
+		return NULL;
+	argv[n++] = strdup(validator);
+	if (config_path)
+		argv[n++] = with_prefix("--", "config", config_path);
+	if (cluster_name)
+		argv[n++] = with_prefix("--", "cluster", cluster_name);
+	for (int i = 0; i < GEO_OPTION_COUNT; i++)
+		if (values[i])
+			argv[n++] = with_prefix("--", option_names[i], values[i]);
+	for (int i = 0; i < n; i++)
+		if (!argv[i])
+			return NULL;
+	return argv;
+}
+
+static void free_argv(char **argv)
+{
+	if (!argv)
+		return;
+	for (int i = 0; argv[i]; i++)
+		free(argv[i]);
+	free(argv);
+}
+
+/* Read the child's output until EOF or the buffer is full; -1 if the timeout passed. */
+static int read_message(int fd, char *message, size_t size)
+{
+	size_t used = 0;
+	struct pollfd pfd = { fd, POLLIN, 0 };
+	int timed_out = 0;
+
+	message[0] = '\0';
+	while (used + 1 < size) {
+		int ready = poll(&pfd, 1, VALIDATOR_TIMEOUT_MS);
+		ssize_t got;
+
+		if (ready < 0 && errno == EINTR)
+			continue;
+		if (ready <= 0) {
+			timed_out = ready == 0;
+			break;
+		}
+		got = read(fd, message + used, size - 1 - used);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+			break;
+		used += (size_t) got;
+	}
+	message[used] = '\0';
+	message[strcspn(message, "\n")] = '\0';  /* one line */
+	return timed_out ? -1 : 0;
+}
+
+/* The child's exit status (128 + signal when killed). */
+static int wait_for(pid_t pid)
+{
+	int status;
+
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* 0 when the validator accepts the directives; prints its message and returns -1 if not. */
+static int validate(void)
+{
+	char message[MESSAGE_MAX];
+	char **argv = validator_argv();
+	int pipe_fds[2], code;
+	pid_t pid;
+
+	if (!argv || pipe(pipe_fds) < 0) {
+		free_argv(argv);
+		slurm_error("geo: cannot check the --geo-* options: %s", strerror(errno));
+		return -1;
+	}
+	pid = fork();
+	if (pid < 0) {
+		slurm_error("geo: cannot check the --geo-* options: %s", strerror(errno));
+		close(pipe_fds[0]);
+		close(pipe_fds[1]);
+		free_argv(argv);
+		return -1;
+	}
+	if (pid == 0) {
+		dup2(pipe_fds[1], STDOUT_FILENO);
+		dup2(pipe_fds[1], STDERR_FILENO);
+		close(pipe_fds[0]);
+		close(pipe_fds[1]);
+		execv(argv[0], argv);
+		fprintf(stderr, "geo: cannot run the directive validator %s: %s; ask your admin",
+			argv[0], strerror(errno));
+		_exit(127);
+	}
+	close(pipe_fds[1]);
+	free_argv(argv);
+	if (read_message(pipe_fds[0], message, sizeof(message)) < 0) {
+		kill(pid, SIGKILL);
+		snprintf(message, sizeof(message),
+			 "geo: the directive validator %s did not answer within %d s; ask your admin",
+			 validator, VALIDATOR_TIMEOUT_MS / 1000);
+	}
+	close(pipe_fds[0]);
+	code = wait_for(pid);
+	if (code == 0)
+		return 0;
+	slurm_error("%s", message[0] ? message : "geo: the --geo-* options were rejected");
+	return -1;
+}
+
+static int hand_to_job_control(spank_t sp)
+{
+	for (int i = 0; i < GEO_OPTION_COUNT; i++) {
+		char *name;
+		spank_err_t rc;
+
+		if (!values[i])
+			continue;
+		name = with_prefix("GEO_", env_names[i], NULL);
+		rc = name ? spank_job_control_setenv(sp, name, values[i], 1) : ESPANK_ERROR;
+		free(name);
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("geo: cannot pass --%s to Slurm: %s", option_names[i],
+				    spank_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static int hand_to_job_environment(spank_t sp)
+{
+	for (int i = 0; i < GEO_OPTION_COUNT; i++) {
+		char *name;
+
+		if (!values[i])
+			continue;
+		name = with_prefix("SLURM_GEO_", env_names[i], NULL);
+		if (!name || spank_setenv(sp, name, values[i], 1) != ESPANK_SUCCESS)
+			slurm_error("geo: cannot set SLURM_GEO_%s in the job", env_names[i]);
+		free(name);
+	}
+	return 0;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	spank_context_t context = spank_context();
+
+	(void) ac;
+	(void) av;
+	if (!any_given())
+		return 0;
+	if (context == S_CTX_LOCAL && getenv("SLURM_JOB_ID"))
+		return 0;  /* srun inside a job: the job's directives are already in place */
+	if (context == S_CTX_ALLOCATOR || context == S_CTX_LOCAL) {
+		/*
+		 * Nothing is queued yet. Exit here rather than return -1, after which sbatch
+		 * would add two generic lines about the plugin stack to our one clear line.
+		 */
+		if (validator && validate() < 0)
+			exit(1);
+		return hand_to_job_control(sp);
+	}
+	if (context == S_CTX_REMOTE)
+		return hand_to_job_environment(sp);
+	return 0;
+}
+
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	(void) sp;
+	(void) ac;
+	(void) av;
+	for (int i = 0; i < GEO_OPTION_COUNT; i++) {
+		free(values[i]);
+		values[i] = NULL;
+	}
+	return 0;
+}

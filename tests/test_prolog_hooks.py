@@ -1,0 +1,321 @@
+"""Prolog/Epilog logic without Slurm: checkpoint directory, staging, registry, restart cap,
+and the fast path that must never fail (or slow down) a job without directives."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor
+from slurm_geo.hooks import ctld, node
+from slurm_geo.hooks.context import job_context
+from slurm_geo.policy.directives import Directives
+from slurm_geo.registry import IllegalTransition, IncarnationState, Registry
+from slurm_geo.slurm.errors import SlurmRejected
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RUN = "train-1"
+
+
+def env_for(ckpt_dir: Path | None, restart: int = 0, **extra: str) -> dict[str, str]:
+    env = {"SLURM_JOB_ID": "42", "SLURM_CLUSTER_NAME": "onprem", "SLURMD_NODENAME": "n1",
+           "SLURM_JOB_RESTART_COUNT": str(restart), "SLURM_JOB_UID": str(os.getuid()),
+           "SLURM_JOB_GID": str(os.getgid()), "SLURM_JOB_USER": "alice",
+           "SLURM_JOB_NAME": "train", "SLURM_JOB_NODELIST": "n1", **extra}
+    if ckpt_dir is not None:
+        env["SPANK_GEO_CKPT_DIR"] = str(ckpt_dir)
+        env["SPANK_GEO_RESIDENCY"] = "home"
+    return env
+
+
+def save(repo: Repository, step: int) -> None:
+    data = struct.pack("<512f", *(random.Random(step).gauss(0, 1) for _ in range(512)))
+    repo.write_checkpoint(RUN, [Tensor("model.w", "float32", (512,), data)], b"{}",
+                          Metadata(step, step, 0, 1.0, "2026-11-29T15:00:00Z", "onprem", "42"))
+
+
+@pytest.fixture
+def key() -> bytes:
+    return os.urandom(32)
+
+
+# --- the context ------------------------------------------------------------------------------
+
+def test_context_reads_what_slurm_passes(tmp_path):
+    job = job_context(env_for(tmp_path, restart=2, SLURM_JOB_EXIT_CODE2="0:15"))
+    assert (job.cluster, job.job_id, job.restart, job.node, job.exit_code) == \
+        ("onprem", 42, 2, "n1", "0:15")
+    assert job.directives == Directives(ckpt_dir=str(tmp_path), residency=("home",))
+    assert job.tag == "onprem-42"
+
+
+def test_context_keeps_the_checkpoint_dir_when_a_directive_no_longer_parses(tmp_path):
+    job = job_context({**env_for(tmp_path), "SPANK_GEO_RESIDENCY": "home,,x"})
+    assert job.directives == Directives(ckpt_dir=str(tmp_path))
+
+
+# --- node prolog ------------------------------------------------------------------------------
+
+def test_prolog_creates_the_directory_and_a_marker(tmp_path):
+    ckpt = tmp_path / "a dir" / "with 'quotes'"
+    marker = node.prolog(job_context(env_for(ckpt)), lambda: node.Staging(None), now=100.0)
+    assert ckpt.is_dir() and (ckpt / ".slurm-geo" / "prolog-onprem-42-0.json").is_file()
+    assert marker["directives"] == {"geo-ckpt-dir": str(ckpt), "geo-residency": "home"}
+    assert marker["staged"] == []
+    assert LocalDirStore(ckpt).list("") == []  # the marker is not part of the repository
+
+
+def test_resumed_incarnation_verifies_the_newest_checkpoint(tmp_path, key):
+    save(Repository(LocalDirStore(tmp_path), key), 10)
+    marker = node.prolog(job_context(env_for(tmp_path, restart=1)),
+                         lambda: node.Staging(key), now=1.0)
+    assert marker["staged"] == [{"run": RUN, "step": 10, "verified": True, "source": "local",
+                                 "note": ""}]
+
+
+def damage_newest(ckpt: Path) -> None:
+    store = LocalDirStore(ckpt)
+    packs = sorted(ckpt.glob("packs/*/*"), key=lambda p: p.stat().st_mtime)
+    data = bytearray(packs[-1].read_bytes())
+    data[len(data) // 2] ^= 0x10
+    packs[-1].write_bytes(bytes(data))
+    assert store.list("packs/")
+
+
+def test_damaged_newest_is_fetched_from_the_replica(tmp_path, key):
+    local, replica = tmp_path / "local", tmp_path / "replica"
+    local.mkdir()
+    replica.mkdir()
+    repo = Repository(LocalDirStore(local), key)
+    save(repo, 10)
+    save(repo, 20)
+    from slurm_geo.ckpt.replicate import copy_checkpoint
+
+    copy_checkpoint(repo, LocalDirStore(local), LocalDirStore(replica), RUN, 20)
+    damage_newest(local)
+    assert repo.verify(RUN, 20)
+    marker = node.prolog(job_context(env_for(local, restart=1)),
+                         lambda: node.Staging(key, LocalDirStore(replica)), now=1.0)
+    (staged,) = marker["staged"]
+    assert (staged["step"], staged["verified"], staged["source"]) == (20, True, "replica")
+    assert Repository(LocalDirStore(local), key).verify(RUN, 20) == []
+
+
+def test_damaged_newest_without_replica_names_the_newest_intact(tmp_path, key):
+    repo = Repository(LocalDirStore(tmp_path), key)
+    save(repo, 10)
+    save(repo, 20)
+    damage_newest(tmp_path)
+    marker = node.prolog(job_context(env_for(tmp_path, restart=3)),
+                         lambda: node.Staging(key), now=1.0)
+    (staged,) = marker["staged"]
+    assert (staged["step"], staged["verified"], staged["source"]) == (10, True, "local")
+    assert "step 20 damaged locally" in staged["note"]
+
+
+def test_without_the_key_staging_says_so(tmp_path, key):
+    save(Repository(LocalDirStore(tmp_path), key), 5)
+    marker = node.prolog(job_context(env_for(tmp_path, restart=1)),
+                         lambda: node.Staging(None), now=1.0)
+    assert marker["staged"][0]["verified"] is False
+    assert marker["staged"][0]["note"] == "no master key on this node"
+
+
+# --- node epilog ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("restart_after", "exit_code", "reason"), [
+    (1, "0:0", "requeued"),       # Slurm counts the restart before the epilog
+    (0, "0:0", "completed"),
+    (0, "1:0", "failed"),
+    (0, "0:9", "failed"),
+])
+def test_epilog_records_reason_and_final_checkpoint(tmp_path, key, restart_after, exit_code,
+                                                    reason):
+    repo = Repository(LocalDirStore(tmp_path), key)
+    node.prolog(job_context(env_for(tmp_path)), lambda: node.Staging(key), now=1.0)
+    save(repo, 10)
+    time.sleep(0.01)
+    save(repo, 15)
+    (tmp_path / ".slurm-geo" / "staging-onprem-42-0").mkdir()
+    record = node.epilog(job_context(env_for(tmp_path, restart=restart_after,
+                                             SLURM_JOB_EXIT_CODE2=exit_code)),
+                         sync_roots=[tmp_path], now=2.0)
+    (entry,) = record["incarnations"]
+    assert entry["reason"] == reason
+    assert entry["restart"] == 0
+    assert entry["final_checkpoint"] == {"run": RUN, "step": 15}
+    assert entry["sync"] == {"root": str(tmp_path), "replicated": True}
+    assert not (tmp_path / ".slurm-geo" / "staging-onprem-42-0").exists()
+
+
+def test_epilog_outside_sync_roots_says_not_replicated(tmp_path):
+    record = node.epilog(job_context(env_for(tmp_path)), sync_roots=[], now=2.0)
+    assert record["incarnations"][0]["sync"] == {"root": None, "replicated": False}
+    assert record["incarnations"][0]["final_checkpoint"] is None
+
+
+# --- registry and the restart cap ---------------------------------------------------------------
+
+def test_incarnations_follow_their_lifecycle(tmp_path):
+    with Registry(tmp_path / "r.db") as registry:
+        started = registry.job_started("onprem", 7, 0, name="t", user="u", nodes="n1",
+                                       directives={"geo-ckpt-dir": "/x"}, now=1.0)
+        assert started.state is IncarnationState.RUNNING
+        requeued = registry.job_ended("onprem", 7, 1, "0:0", now=2.0)
+        assert requeued is not None and requeued.state is IncarnationState.REQUEUED
+        registry.job_started("onprem", 7, 1, name="t", user="u", nodes="n2", directives={},
+                             now=3.0)
+        ended = registry.job_ended("onprem", 7, 1, "0:0", now=4.0)
+        assert ended is not None and ended.state is IncarnationState.ENDED
+        assert [i.state for i in registry.incarnations("onprem", 7)] == \
+            [IncarnationState.REQUEUED, IncarnationState.ENDED]
+        assert registry.job_ended("onprem", 7, 1, "0:0", now=5.0) is None  # nothing running
+        assert registry.job("onprem", 7)["directives"] == {"geo-ckpt-dir": "/x"}
+
+
+def test_a_lost_epilog_is_repaired_by_the_next_start(tmp_path):
+    with Registry(tmp_path / "r.db") as registry:
+        registry.job_started("onprem", 8, 0, name="t", user="u", nodes="n1", directives={},
+                             now=1.0)
+        registry.job_started("onprem", 8, 1, name="t", user="u", nodes="n2", directives={},
+                             now=2.0)
+        assert [i.state for i in registry.incarnations("onprem", 8)] == \
+            [IncarnationState.REQUEUED, IncarnationState.RUNNING]
+
+
+def test_ended_incarnations_cannot_move_again(tmp_path):
+    with Registry(tmp_path / "r.db") as registry:
+        registry.job_started("onprem", 9, 0, name="t", user="u", nodes="n1", directives={},
+                             now=1.0)
+        ended = registry.job_ended("onprem", 9, 0, "0:0", now=2.0)
+        assert ended is not None
+        with pytest.raises(IllegalTransition, match="cannot go from ended to requeued"):
+            Registry._move(registry._db, ended, IncarnationState.REQUEUED, 3.0, None)
+
+
+def test_lineage_links_jobs_of_one_logical_job(tmp_path):
+    with Registry(tmp_path / "r.db") as registry:
+        registry.job_started("onprem", 1, 0, name="t", user="u", nodes="n1", directives={},
+                             now=1.0)
+        assert registry.link("rented", 50, "onprem", 1, now=2.0) == "onprem:1"
+        assert registry.link("onprem", 77, "rented", 50, now=3.0) == "onprem:1"
+        assert registry.lineage("onprem:1") == [("onprem", 1), ("rented", 50), ("onprem", 77)]
+
+
+class FakeController:
+    def __init__(self, fail: bool = False):
+        self.held: list[int] = []
+        self.fail = fail
+
+    def hold(self, job_id: int) -> None:
+        if self.fail:
+            raise SlurmRejected("onprem", "hold", "no")
+        self.held.append(job_id)
+
+
+@pytest.mark.parametrize(("requeues", "held"), [(1, False), (3, False), (4, True)])
+def test_restart_cap_holds_the_job(tmp_path, requeues, held):
+    """max_restarts = 3: four incarnations may run; the fourth requeue holds the job."""
+    controller = FakeController()
+    results = []
+    with Registry(tmp_path / "r.db") as registry:
+        for restart in range(requeues):
+            ctld.prolog_slurmctld(job_context(env_for(tmp_path, restart=restart)), registry,
+                                  now=float(restart))
+            after = job_context(env_for(tmp_path, restart=restart + 1))  # queued again
+            results.append(ctld.epilog_slurmctld(after, registry, 3, lambda: controller,
+                                                 now=float(restart) + 0.5))
+        assert results == [False] * (requeues - 1) + [held]
+        assert controller.held == ([42] if held else [])
+        assert (registry.job("onprem", 42)["held_reason"] is not None) is held
+
+
+def test_a_failed_hold_is_logged_not_raised(tmp_path):
+    with Registry(tmp_path / "r.db") as registry:
+        ctld.prolog_slurmctld(job_context(env_for(tmp_path)), registry, now=1.0)
+        after = job_context(env_for(tmp_path, restart=1))
+        assert ctld.epilog_slurmctld(after, registry, 0, lambda: FakeController(True),
+                                     now=2.0) is False
+
+
+# --- the entry points: fast, and never failing a job ------------------------------------------
+
+def run_script(name: str, env: dict[str, str]) -> tuple[int, float]:
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "prolog_epilog" / name)],
+                          env=env, capture_output=True, timeout=60, check=False)
+    return proc.returncode, time.monotonic() - began
+
+
+@pytest.mark.parametrize("script", ["prolog.py", "epilog.py", "prolog_slurmctld.py",
+                                    "epilog_slurmctld.py"])
+def test_non_geo_jobs_pass_even_when_slurm_geo_cannot_be_imported(script, tmp_path):
+    broken = tmp_path / "broken"
+    (broken / "slurm_geo").mkdir(parents=True)
+    (broken / "slurm_geo" / "__init__.py").write_text("raise ImportError('broken install')\n")
+    env = {**env_for(None), "PYTHONPATH": str(broken), "PATH": "/usr/bin:/bin"}
+    code, _ = run_script(script, env)
+    assert code == 0
+
+
+@pytest.mark.parametrize("script", ["prolog.py", "epilog.py", "prolog_slurmctld.py",
+                                    "epilog_slurmctld.py"])
+def test_geo_hooks_never_fail_the_job(script, tmp_path):
+    """A broken config and an impossible checkpoint directory: logged, exit 0."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {**env_for(blocker / "ckpt"), "SLURM_GEO_CONFIG": str(tmp_path / "missing.toml"),
+           "SLURM_GEO_HOOK_LOG": str(tmp_path / "hooks.log"), "PATH": os.environ["PATH"],
+           "SLURM_CONF": str(tmp_path / "no-slurm.conf")}
+    code, _ = run_script(script, env)
+    assert code == 0
+    log = (tmp_path / "hooks.log").read_text()
+    assert "no usable slurm-geo config" in log
+
+
+# --- as the job's user ------------------------------------------------------------------------
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def open_dir():
+    """A directory anyone may write to, outside pytest's root-only tmp_path."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="slurm-geo-hooks-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as slurmd runs hooks")
+def test_the_prolog_works_as_the_jobs_user(open_dir):
+    ckpt = open_dir / "alice" / "ckpt"
+    env = {**env_for(ckpt), "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOBODY)}
+    node.prolog(job_context(env), lambda: node.Staging(None), now=1.0)
+    assert ckpt.stat().st_uid == NOBODY
+    assert (ckpt / ".slurm-geo" / "prolog-onprem-42-0.json").stat().st_uid == NOBODY
+    assert os.geteuid() == 0 and os.getegid() == 0  # root's ids are back
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as slurmd runs hooks")
+def test_a_planted_link_leads_nowhere_the_user_could_not_write(open_dir, tmp_path):
+    protected = tmp_path / "root-only"
+    protected.mkdir(mode=0o755)
+    ckpt = open_dir / "ckpt"
+    ckpt.mkdir()
+    (ckpt / ".slurm-geo").symlink_to(protected)
+    env = {**env_for(ckpt), "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOBODY)}
+    with pytest.raises(PermissionError):
+        node.prolog(job_context(env), lambda: node.Staging(None), now=1.0)
+    assert list(protected.iterdir()) == []
+    assert os.geteuid() == 0
