@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import click
+
+from slurm_geo.atomic import write_if_changed
 
 config_option = click.option(
     "--config", "config_path", type=click.Path(path_type=Path), default=None,
@@ -54,20 +55,3 @@ def check(config_path: Path | None, cluster: str | None, directives: tuple[str, 
     if code == 0:
         click.echo("accepted")
     sys.exit(code)
-
-
-def write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
-    """Atomically replace `path` with `text` unless it already holds it; True if written."""
-    data = text.encode()
-    if path.exists() and path.read_bytes() == data:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-    return True

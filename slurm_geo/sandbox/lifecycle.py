@@ -23,6 +23,7 @@ from pathlib import Path
 
 import requests
 
+from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox import geo, render
@@ -261,14 +262,14 @@ class Sandbox:
                 _write_secret(cluster.jwt_key, lambda: secrets.token_bytes(32))
             old = cluster.slurm_conf.read_text() if cluster.slurm_conf.exists() else None
             new = render.slurm_conf(layout, cluster, hostname)
-            if _write_text(cluster.slurm_conf, new, 0o644) and old is not None:
+            if write_if_changed(cluster.slurm_conf, new, 0o644) and old is not None:
                 changed.add(cluster.name)
                 if geo.needs_restart(old, new):
                     self._stop_for_restart(cluster, progress)
-            _write_text(cluster.slurmdbd_conf,
+            write_if_changed(cluster.slurmdbd_conf,
                         render.slurmdbd_conf(layout, cluster, password.decode().strip()), 0o600)
-        _write_text(layout.site_config, render.site_config(layout), 0o644)
-        changed |= geo.install(layout, _write_text)
+        write_if_changed(layout.site_config, render.site_config(layout), 0o644)
+        changed |= geo.install(layout, write_if_changed)
         return {name for name in changed if self.processes.running_pid(f"{name}-slurmctld")}
 
     def _stop_for_restart(self, cluster: ClusterLayout, progress) -> None:
@@ -297,7 +298,7 @@ class Sandbox:
             token = admin.issue_token(rented.slurm_conf, REST_USER, TOKEN_LIFESPAN_S)
         except SlurmError as exc:
             raise SandboxError(f"cannot issue a JWT for {rented.name}: {exc}") from None
-        _write_text(rented.token_file, token + "\n", 0o600)
+        write_if_changed(rented.token_file, token + "\n", 0o600)
 
     def _create_bucket(self) -> None:
         url = f"{self.layout.s3_endpoint}/{S3_BUCKET}"
@@ -378,26 +379,10 @@ def _require_sync_program() -> None:
 
 def _write_secret(path: Path, make) -> bytes:
     if not path.exists():
-        _write_text(path, make(), 0o600)
+        write_if_changed(path, make(), 0o600)
     return path.read_bytes()
 
 
-def _write_text(path: Path, content: str | bytes, mode: int) -> bool:
-    """Write atomically, so a crash never leaves a half-written config behind; True if
-    the file changed."""
-    data = content.encode() if isinstance(content, str) else content
-    if path.exists() and path.read_bytes() == data:
-        path.chmod(mode)
-        return False
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-    return True
 
 
 def _run_checked(argv: list[str], what: str) -> None:

@@ -1,0 +1,30 @@
+"""Replacing a file atomically, so a crash never leaves a half-written one behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_if_changed(path: Path, content: str | bytes, mode: int = 0o644) -> bool:
+    """Replace `path` with `content` (temp file, fsync, rename, directory fsync) unless it
+    already holds it; either way leave it with `mode`. True if the file was written."""
+    data = content.encode() if isinstance(content, str) else content
+    if path.exists() and path.read_bytes() == data:
+        path.chmod(mode)
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return True
