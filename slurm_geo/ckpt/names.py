@@ -64,6 +64,10 @@ def promoted_name(run: str, step: int) -> str:
     return f"promoted/{manifest_name(run, step).removeprefix('manifests/')}"
 
 
+def fence_name(run: str) -> str:
+    return f"fences/{check_run_id(run)}"
+
+
 def lock_name(token: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{32}", token):
         raise UnsafeObjectName(token, "a lock token is 32 lowercase hex digits")

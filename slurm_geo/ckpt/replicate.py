@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from slurm_geo.ckpt.fence import check_admitted
 from slurm_geo.ckpt.manifest import with_bases
 from slurm_geo.ckpt.names import key_name, manifest_name, pack_name
 from slurm_geo.ckpt.repository import Repository
@@ -42,6 +43,8 @@ def copy_checkpoint(source: Repository, source_store: Store, destination: Store,
             moved += _copy(source_store, destination, name)
             copied += 1
         on_pack(done, len(packs))
+    # Checked last, right before the commit point: a fence set during the copy still holds.
+    check_admitted(Repository(destination, source.master_key), manifest)
     _copy(source_store, destination, manifest_name(run, step))
     if _destination_latest(source, destination, run) < step:
         _copy_latest_naming(source, destination, run, step)

@@ -34,6 +34,7 @@ from slurm_geo.ckpt.manifest import (
 )
 from slurm_geo.ckpt.names import (
     check_run_id,
+    fence_name,
     key_name,
     latest_name,
     manifest_name,
@@ -202,6 +203,19 @@ class Repository:
 
     def is_promoted(self, run: str, step: int) -> bool:
         return self._store.exists(promoted_name(run, step))
+
+    def put_fence(self, run: str, payload: bytes) -> None:
+        """Write the run's fence (§8.3); slurm_geo.ckpt.fence decides what it says."""
+        self._put_sealed(self._keys(run).data_key, Kind.FENCE, fence_name(run), payload)
+
+    def fence_payload(self, run: str) -> bytes | None:
+        """The opened payload of the run's fence, or None when the run is not fenced."""
+        name = fence_name(run)
+        try:
+            sealed = self._store.get(name)
+        except ObjectMissing:
+            return None
+        return open_sealed(self._keys(run).data_key, Kind.FENCE, sealed, name)
 
     def delete_checkpoint(self, run: str, step: int) -> None:
         """Drop a checkpoint's manifest; its packs go at the next gc unless shared."""

@@ -29,6 +29,7 @@ class Kind(IntEnum):
     MANIFEST = 2
     LATEST = 3
     PROMOTED = 4
+    FENCE = 5
 
 
 def seal(key: bytes, kind: Kind, salt: bytes, payload: bytes, name: str) -> bytes:

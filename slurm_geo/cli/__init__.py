@@ -16,6 +16,10 @@ from slurm_geo.errors import SlurmGeoError
 
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 SUBCOMMANDS = {
+    "drill": ("slurm_geo.cli.drill", "drill",
+              "Fail the home cluster in the sandbox; report RTO, RPO, bytes and cost."),
+    "audit": ("slurm_geo.cli.audit", "audit",
+              "Show and verify the federation daemon's hash-chained audit log."),
     "sandbox": ("slurm_geo.cli.sandbox", "sandbox", "Run a local two-cluster Slurm sandbox."),
     "ckpt": ("slurm_geo.cli.ckpt", "ckpt",
              "Push, pull, list, verify, promote and garbage-collect checkpoints."),

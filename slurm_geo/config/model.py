@@ -52,6 +52,10 @@ class ClusterConfig:
     token_file: Path | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     prices: Prices = field(default_factory=Prices)
+    store: str = ""  # the [stores] name jobs on this cluster write checkpoints to
+    partitions: tuple[str, ...] = ()  # empty: any
+    gpu_types: tuple[str, ...] = ()
+    compliance: str = ""  # compliance domain, e.g. "eu-gdpr"; informational
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ class SiteConfig:
     sync: SyncConfig | None = None  # the [sync] table, for the checkpoint-sync daemon
     policy: GeoPolicy = field(default_factory=GeoPolicy)  # [policy]: the --geo-* rules
     registry_path: Path = DEFAULT_REGISTRY_PATH  # [registry] path: the controller's jobs
+    federation: FederationConfig | None = None  # [federation]: the federation daemon
 
     def cluster(self, name: str) -> ClusterConfig:
         try:
@@ -131,7 +136,7 @@ def load_config(path: Path | None = None) -> SiteConfig:
 
 def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
     _reject_unknown(raw, {"site", "clusters", "stores", "retention", "sync", "policy",
-                          "registry"}, source)
+                          "registry", "federation"}, source)
     site = _table(raw, "site", source)
     _reject_unknown(site, {"home_cluster"}, f"{source} [site]")
     clusters = {
@@ -150,8 +155,14 @@ def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
     sync = (_parse_sync(raw["sync"], stores, f"{source} [sync]") if "sync" in raw else None)
     policy = GeoPolicy.from_mapping(_table(raw, "policy", source),
                                     {c.region for c in clusters.values()}, f"{source} [policy]")
+    for cluster in clusters.values():
+        if cluster.store and cluster.store not in stores:
+            raise ConfigError(f"{source} [clusters.{cluster.name}]: store '{cluster.store}' is "
+                              f"not one of [stores] ({', '.join(sorted(stores)) or 'none'})")
+    federation = (_parse_federation(raw["federation"], clusters, home, f"{source} [federation]")
+                  if "federation" in raw else None)
     return SiteConfig(home_cluster=home, clusters=clusters, stores=stores, source=source,
-                      retention=retention, sync=sync, policy=policy,
+                      retention=retention, sync=sync, policy=policy, federation=federation,
                       registry_path=_parse_registry(_table(raw, "registry", source),
                                                     f"{source} [registry]"))
 
@@ -163,7 +174,7 @@ def _parse_registry(table: dict[str, Any], where: str) -> Path:
 
 _CLUSTER_KEYS = {
     "region", "access", "provider", "slurm_conf", "rest_url", "rest_user", "token_file",
-    "timeout_s", "prices",
+    "timeout_s", "prices", "store", "partitions", "gpu_types", "compliance",
 }
 
 
@@ -194,7 +205,18 @@ def _parse_cluster(name: str, table: Any, where: str) -> ClusterConfig:
         token_file=Path(table["token_file"]) if "token_file" in table else None,
         timeout_s=float(timeout),
         prices=_parse_prices(table.get("prices", {}), f"{where}.prices"),
+        store=str(table.get("store", "")),
+        partitions=_string_list(table, "partitions", where),
+        gpu_types=_string_list(table, "gpu_types", where),
+        compliance=str(table.get("compliance", "")),
     )
+
+
+def _string_list(table: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where}: {key} must be a list of names, got {value!r}")
+    return tuple(value)
 
 
 def _parse_prices(table: Any, where: str) -> Prices:
@@ -402,3 +424,83 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str | Path):
         return f'"{value}"'
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# --- [federation]: the federation daemon --------------------------------------------------
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """The [federation] table: how the federation daemon watches clusters and moves jobs."""
+
+    state: Path = Path("/var/lib/slurm-geo/federation.db")
+    audit_path: Path = Path("/var/lib/slurm-geo/audit.db")
+    key_file: Path | None = None
+    listen_address: str = "127.0.0.1"
+    listen_port: int = 9852
+    public_url: str = ""
+    probe_interval_s: float = 10.0
+    outage_after: int = 3
+    lease_ttl_s: float = 60.0
+    margin_s: float = 60.0
+    failback: bool = True
+    failback_stable_s: float = 120.0
+
+    @property
+    def url(self) -> str:
+        """Where jobs reach the daemon's lease and key service."""
+        return self.public_url or f"http://{self.listen_address}:{self.listen_port}"
+
+    @property
+    def detection_window_s(self) -> float:
+        return self.probe_interval_s * self.outage_after
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+FEDERATION_SETTINGS = (
+    Setting("state", _path, FederationConfig.state, "The daemon's SQLite state (logical jobs, "
+            "incarnations, leases, cluster health, bandwidth)."),
+    Setting("audit_path", _path, FederationConfig.audit_path,
+            "The append-only, hash-chained audit log (SQLite)."),
+    Setting("key_file", _path, None, "The site master key (0600). Default: "
+            "$SLURM_GEO_KEY_FILE, else /etc/slurm-geo/master.key."),
+    Setting("listen_address", _text, FederationConfig.listen_address,
+            "Address of the lease/key service and the Prometheus /metrics endpoint."),
+    Setting("listen_port", _whole(1, 65535), FederationConfig.listen_port,
+            "Port of the lease/key service and /metrics."),
+    Setting("public_url", _text, None, "URL jobs on every cluster use to reach the service "
+            "(default http://listen_address:listen_port); put TLS in front of it off-site."),
+    Setting("probe_interval_s", _seconds, FederationConfig.probe_interval_s,
+            "Seconds between health probes of each cluster."),
+    Setting("outage_after", _whole(1, 100), FederationConfig.outage_after,
+            "Consecutive failed probes before a cluster is declared out."),
+    Setting("lease_ttl_s", _seconds, FederationConfig.lease_ttl_s,
+            "A job's training lease lasts this long without renewal; a job that cannot renew "
+            "stops training, and no other incarnation starts before the lease has expired."),
+    Setting("margin_s", _seconds, FederationConfig.margin_s,
+            "A running job moves only if that saves more than this many seconds."),
+    Setting("failback", _flag, FederationConfig.failback,
+            "Move jobs back home when home is healthy and the plan favours it."),
+    Setting("failback_stable_s", _seconds, FederationConfig.failback_stable_s,
+            "Home must have answered every probe for this long before a failback."),
+)
+
+
+def _parse_federation(table: Any, clusters: dict[str, ClusterConfig], home: str,
+                      where: str) -> FederationConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    _reject_unknown(table, {s.name for s in FEDERATION_SETTINGS}, where)
+    if not home:
+        raise ConfigError(f"{where} needs [site] home_cluster: jobs fail over from it and back")
+    missing = sorted(name for name, c in clusters.items() if not c.store)
+    if missing:
+        raise ConfigError(f"{where}: cluster(s) {', '.join(missing)} have no store = \"NAME\"; "
+                          "the daemon must know where each cluster's jobs keep checkpoints")
+    values = {s.name: s.parse(table[s.name], f"{where}: {s.name}")
+              for s in FEDERATION_SETTINGS if s.name in table}
+    return FederationConfig(**values)

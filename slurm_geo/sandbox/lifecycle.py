@@ -93,6 +93,7 @@ class Sandbox:
                 admin.reconfigure(cluster.slurm_conf)
         self._write_token()
         self._create_bucket()
+        self._start_stage(stages[4], progress)  # it needs the token and the bucket
         progress(f"sandbox up: config {self.layout.site_config}")
 
     def down(self, purge: bool = False) -> None:
@@ -181,7 +182,8 @@ class Sandbox:
             group=RESTD_OS_GROUP,
             port=rented.rest_port,
         )
-        return [infra, dbds, ctlds, [*nodes, restd, self._sync_daemon()]]
+        return [infra, dbds, ctlds, [*nodes, restd, self._sync_daemon()],
+                [self._federation_daemon()]]
 
     def _sync_daemon(self) -> Daemon:
         """checkpoint-sync, run as its systemd unit runs it, replicating pfs to offsite."""
@@ -192,6 +194,18 @@ class Sandbox:
             env={"AWS_ACCESS_KEY_ID": "sandbox", "AWS_SECRET_ACCESS_KEY": "sandbox",
                  "AWS_DEFAULT_REGION": "us-east-1"},
             port=render.sync_metrics_port(layout),
+        )
+
+    def _federation_daemon(self) -> Daemon:
+        """The federation daemon, run as its systemd unit runs it."""
+        layout = self.layout
+        render.federation_dir(layout).mkdir(parents=True, exist_ok=True)
+        return Daemon(
+            "federation",
+            [_program(render.FEDERATION_PROGRAM), "--config", str(layout.site_config)],
+            env={"AWS_ACCESS_KEY_ID": "sandbox", "AWS_SECRET_ACCESS_KEY": "sandbox",
+                 "AWS_DEFAULT_REGION": "us-east-1"},
+            port=render.federation_port(layout),
         )
 
     @staticmethod
@@ -362,11 +376,15 @@ def _require_moto() -> None:
 
 
 def _sync_program() -> str:
+    return _program(render.SYNC_PROGRAM)
+
+
+def _program(name: str) -> str:
     """The installed console script, next to this Python's executable if it is there."""
-    beside = Path(sys.executable).parent / render.SYNC_PROGRAM
+    beside = Path(sys.executable).parent / name
     if beside.exists():
         return str(beside)
-    return shutil.which(render.SYNC_PROGRAM) or render.SYNC_PROGRAM
+    return shutil.which(name) or name
 
 
 def _require_sync_program() -> None:

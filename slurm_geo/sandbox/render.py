@@ -19,6 +19,11 @@ CPUS_PER_NODE = 2
 MEMORY_MB_PER_NODE = 2000
 SYNC_METRICS_PORT_OFFSET = 45  # checkpoint-sync's Prometheus endpoint: port base + 45
 SYNC_PROGRAM = "slurm-geo-checkpoint-sync"
+FEDERATION_PORT_OFFSET = 50  # the federation daemon's lease/key service and /metrics
+FEDERATION_PROGRAM = "slurm-geo-federation"
+# Quick detection in the sandbox: an outage after 3 missed 1-s probes; a 4-s lease.
+SANDBOX_FEDERATION = {"probe_interval_s": 1, "outage_after": 3, "lease_ttl_s": 4,
+                      "margin_s": 30, "failback_stable_s": 10}
 
 # --geo-* directives (docs/admin-slurm.md), installed on both clusters.
 GEO_HOOKS = ("prolog", "epilog", "prolog_slurmctld", "epilog_slurmctld")
@@ -40,6 +45,14 @@ def sync_metrics_port(layout: SandboxLayout) -> int:
 
 def sync_state_path(layout: SandboxLayout) -> Path:
     return layout.root / "sync" / "checkpoint-sync.db"
+
+
+def federation_port(layout: SandboxLayout) -> int:
+    return layout.port_base + FEDERATION_PORT_OFFSET
+
+
+def federation_dir(layout: SandboxLayout) -> Path:
+    return layout.root / "federation"
 
 
 def sync_argv(program: str, config: Path) -> list[str]:
@@ -212,6 +225,7 @@ def site_config(layout: SandboxLayout) -> str:
         'access = "cli"',
         f'slurm_conf = {_q(onprem.slurm_conf)}',
         "timeout_s = 10",
+        'store = "pfs"',
         _prices_table(onprem.name),
         "",
         f"[clusters.{rented.name}]",
@@ -222,6 +236,7 @@ def site_config(layout: SandboxLayout) -> str:
         f'rest_user = {_q(REST_USER)}',
         f'token_file = {_q(rented.token_file)}',
         "timeout_s = 10",
+        'store = "offsite"',
         _prices_table(rented.name),
         "",
         "[stores.pfs]",
@@ -255,6 +270,13 @@ def site_config(layout: SandboxLayout) -> str:
         "",
         "[registry]",
         f"path = {_q(layout.root / 'registry' / 'registry.db')}",
+        "",
+        "[federation]  # the federation daemon (docs/federation.md)",
+        f"state = {_q(federation_dir(layout) / 'federation.db')}",
+        f"audit_path = {_q(federation_dir(layout) / 'audit.db')}",
+        f"key_file = {_q(layout.master_key)}",
+        f"listen_port = {federation_port(layout)}",
+        *(f"{key} = {value}" for key, value in SANDBOX_FEDERATION.items()),
     ]
     return "\n".join(parts) + "\n"
 

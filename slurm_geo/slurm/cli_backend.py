@@ -86,6 +86,10 @@ class CliSlurmClient(SlurmClient):
     def requeue(self, job_id: int) -> None:
         self._run(["scontrol", "requeue", str(job_id)], "requeue", job_id=job_id)
 
+    def batch_script(self, job_id: int) -> str:
+        return self._run(["scontrol", "write", "batch_script", str(job_id), "-"],
+                         "read the batch script", job_id=job_id)
+
     def hold(self, job_id: int) -> None:
         self._run(["scontrol", "hold", str(job_id)], "hold", job_id=job_id)
 

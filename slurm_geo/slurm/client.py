@@ -40,6 +40,10 @@ class SlurmClient(ABC):
         """Put a running or finished batch job back in the queue, keeping its job id."""
 
     @abstractmethod
+    def batch_script(self, job_id: int) -> str:
+        """The batch script a queued or running job was submitted with."""
+
+    @abstractmethod
     def hold(self, job_id: int) -> None: ...
 
     @abstractmethod

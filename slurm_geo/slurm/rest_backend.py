@@ -143,6 +143,13 @@ class RestSlurmClient(SlurmClient):
             "with requeue=True so Slurm requeues them itself, or resubmit",
         )
 
+    def batch_script(self, job_id: int) -> str:
+        raise SlurmRejected(
+            self.cluster, "read the batch script",
+            f"slurmrestd (API v{self.api_version}) does not return batch scripts; keep the "
+            "script from the submission",
+        )
+
     def hold(self, job_id: int) -> None:
         self._call("POST", "slurm", f"job/{job_id}", "hold", job_id=job_id, json={"hold": True})
 

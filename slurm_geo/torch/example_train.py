@@ -2,6 +2,11 @@
 
     python -m slurm_geo.torch.example_train --run RUN --store DIR --key-file F \\
         --steps N --ckpt-every K [--stop-after M] [--init-key] [--delta]
+    python -m slurm_geo.torch.example_train --run RUN --federated --steps N --ckpt-every K
+
+With --federated the job holds a training lease from the federation daemon and finds its
+store and key from the site config or, on a cluster it was moved to, its environment
+(slurm_geo.torch.federation); it trains only while the lease is current.
 
 It resumes from the run's newest valid checkpoint, trains to step N, checkpointing every
 K steps, and prints `final step S weights <sha256>`. On SIGUSR1, or on reaching step M
@@ -19,6 +24,7 @@ import hashlib
 import logging
 import random
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +36,7 @@ from torch import nn
 from slurm_geo.ckpt import LocalDirStore, Repository, create_master_key_file, load_master_key
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.torch.checkpointer import Checkpointer
+from slurm_geo.torch.federation import FederatedRun
 from slurm_geo.torch.signals import EXIT_REQUEUE, RequeueOnSignal
 
 try:
@@ -47,6 +54,7 @@ class TrainConfig:
     ckpt_every: int
     stop_after: int | None = None
     seed: int = 0
+    step_delay_s: float = 0.0  # stands in for a GPU's time per step (drills, demos)
 
 
 @dataclass
@@ -105,7 +113,8 @@ def weights_hash(model: nn.Module) -> str:
 
 
 def train(checkpointer: Checkpointer, config: TrainConfig, stop: RequeueOnSignal,
-          say: Callable[[str], None] = print) -> Outcome:
+          say: Callable[[str], None] = print, federated: FederatedRun | None = None,
+          trace: Callable[[int], None] = lambda _step: None) -> Outcome:
     seed_everything(config.seed)
     model, optimizer, scheduler = build(config.seed)
     data = dataset(config.seed)
@@ -113,6 +122,9 @@ def train(checkpointer: Checkpointer, config: TrainConfig, stop: RequeueOnSignal
     step = position = 0
     if resumed is not None:
         step, position = resumed.step, resumed.data_position["batch"]
+    if federated is not None and federated.placement.resume_step not in (None, step):
+        raise SlurmGeoError(f"resumed at step {step}, not at the verified step "
+                            f"{federated.placement.resume_step} the daemon named")
     say(f"started at step {step}")
     loss = torch.tensor(float("nan"))
 
@@ -122,6 +134,12 @@ def train(checkpointer: Checkpointer, config: TrainConfig, stop: RequeueOnSignal
 
     model.train()
     while step < config.steps and not stop.requested:
+        if federated is not None:
+            if federated.release_requested:
+                break
+            federated.wait_for_lease()
+        if config.step_delay_s:
+            time.sleep(config.step_delay_s)
         inputs, targets = batch_at(data, position, config.seed)
         loss = nn.functional.mse_loss(model(inputs), targets)
         optimizer.zero_grad(set_to_none=True)
@@ -131,8 +149,12 @@ def train(checkpointer: Checkpointer, config: TrainConfig, stop: RequeueOnSignal
         step, position = step + 1, position + 1
         if step == config.stop_after:
             stop.request()
+        trace(step)
         if step % config.ckpt_every == 0:
             save()
+            if federated is not None:
+                checkpointer.wait()
+                federated.checkpointed(step)
     checkpointer.wait()
     if checkpointer.last_step != step:
         save()  # the final checkpoint: at the end, or where the stop was noticed
@@ -143,15 +165,24 @@ def train(checkpointer: Checkpointer, config: TrainConfig, stop: RequeueOnSignal
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="run id")
-    parser.add_argument("--store", required=True, type=Path, help="checkpoint directory")
-    parser.add_argument("--key-file", required=True, type=Path, help="site master key file")
+    parser.add_argument("--store", type=Path, help="checkpoint directory")
+    parser.add_argument("--key-file", type=Path, help="site master key file")
+    parser.add_argument("--federated", action="store_true",
+                        help="hold a lease from the federation daemon; store and key from it")
+    parser.add_argument("--step-delay", type=float, default=0.0, metavar="S",
+                        help="sleep S seconds per step (stands in for GPU time)")
+    parser.add_argument("--trace", type=Path, help="append 'time generation job step' "
+                        "per trained step to this file")
     parser.add_argument("--init-key", action="store_true", help="create the key file if absent")
     parser.add_argument("--steps", required=True, type=int, help="train up to this step")
     parser.add_argument("--ckpt-every", required=True, type=int, help="checkpoint interval")
     parser.add_argument("--stop-after", type=int, help="stop as if signalled at this step")
     parser.add_argument("--delta", action="store_true", help="store xor deltas to the parent")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.federated and (args.store is None or args.key_file is None):
+        parser.error("--store and --key-file are required without --federated")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,15 +190,33 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    config = TrainConfig(args.steps, args.ckpt_every, args.stop_after, args.seed)
+    config = TrainConfig(args.steps, args.ckpt_every, args.stop_after, args.seed,
+                         args.step_delay)
     try:
         with RequeueOnSignal() as stop:
-            if args.init_key and not args.key_file.exists():
-                create_master_key_file(args.key_file)
-            args.store.mkdir(parents=True, exist_ok=True)
-            repository = Repository(LocalDirStore(args.store), load_master_key(args.key_file))
-            with Checkpointer(repository, args.run, delta=args.delta) as checkpointer:
-                outcome = train(checkpointer, config, stop, lambda line: print(line, flush=True))
+            federated = None
+            if args.federated:
+                federated = FederatedRun.from_environment(args.run)
+                federated.acquire()
+                repository = federated.repository()
+                run = federated.placement.run
+            else:
+                if args.init_key and not args.key_file.exists():
+                    create_master_key_file(args.key_file)
+                args.store.mkdir(parents=True, exist_ok=True)
+                repository = Repository(LocalDirStore(args.store),
+                                        load_master_key(args.key_file))
+                run = args.run
+            trace = _tracer(args.trace, federated)
+            with Checkpointer(repository, run, delta=args.delta) as checkpointer:
+                outcome = train(checkpointer, config, stop, lambda line: print(line, flush=True),
+                                federated, trace)
+            if federated is not None:
+                moving = federated.release_requested
+                federated.release(outcome.step)
+                if moving:
+                    print(f"moving: released the lease at step {outcome.step}", flush=True)
+                    return 0
             print(f"final step {outcome.step} weights {weights_hash(outcome.model)}", flush=True)
             if outcome.stopped:
                 print(f"stopped at step {outcome.step}: checkpoint saved, exiting "
@@ -177,6 +226,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+def _tracer(path: Path | None, federated: FederatedRun | None) -> Callable[[int], None]:
+    """One line per trained step, so drills can show no two incarnations ever overlapped."""
+    if path is None:
+        return lambda _step: None
+    handle = open(path, "a", buffering=1)  # noqa: SIM115 (open for the process's life)
+    who = "-" if federated is None else \
+        f"{federated.placement.generation} {federated.placement.cluster}:" \
+        f"{federated.placement.job_id}"
+
+    def trace(step: int) -> None:
+        handle.write(f"{time.time():.3f} {who} {step}\n")
+    return trace
 
 
 if __name__ == "__main__":

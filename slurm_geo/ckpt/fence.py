@@ -1,0 +1,86 @@
+"""Fences (docs/format.md §8.3): which cluster may commit a run's checkpoints past a step.
+
+When the federation daemon moves a run to another cluster it fences the run in the store
+the new incarnation writes to: generation G, held by that cluster, resuming from step S.
+From then on a checkpoint of the run is admitted there only if it was written by the
+holder, or is history (step <= S). A stale incarnation that kept training through a
+partition can then never overwrite, or be replicated over, the new incarnation's work.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from slurm_geo.ckpt.errors import CkptError, CorruptObject
+from slurm_geo.ckpt.manifest import Manifest
+from slurm_geo.ckpt.names import fence_name, manifest_name
+from slurm_geo.ckpt.repository import Repository
+
+
+@dataclass(frozen=True)
+class Fence:
+    run: str
+    generation: int
+    holder: str  # the cluster whose incarnation owns the run from `resume_step` on
+    resume_step: int | None  # None: the holder starts the run from scratch
+    set_at: str  # ISO-8601, UTC
+
+    def admits(self, manifest: Manifest) -> bool:
+        if manifest.metadata.cluster == self.holder:
+            return True
+        return self.resume_step is not None and manifest.step <= self.resume_step
+
+
+class FencedCheckpoint(CkptError):
+    """A checkpoint written by an incarnation the run has been moved away from."""
+
+    exit_code = 33
+
+    def __init__(self, manifest: Manifest, fence: Fence):
+        super().__init__(
+            manifest_name(manifest.run, manifest.step),
+            f"checkpoint {manifest.run}@{manifest.step} from cluster "
+            f"'{manifest.metadata.cluster}' is fenced: generation {fence.generation} of the "
+            f"run belongs to '{fence.holder}' from step {fence.resume_step}; it is not copied",
+        )
+
+
+class FenceRegression(CkptError):
+    exit_code = 33
+
+    def __init__(self, run: str, current: int, wanted: int):
+        super().__init__(fence_name(run), f"run {run} is fenced at generation {current}; "
+                         f"refusing to set the older generation {wanted}")
+
+
+def read_fence(repository: Repository, run: str) -> Fence | None:
+    payload = repository.fence_payload(run)
+    if payload is None:
+        return None
+    try:
+        fields = json.loads(payload)
+        fence = Fence(run=str(fields["run"]), generation=int(fields["generation"]),
+                      holder=str(fields["holder"]), set_at=str(fields["set_at"]),
+                      resume_step=None if fields["resume_step"] is None
+                      else int(fields["resume_step"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptObject(fence_name(run), f"fence payload does not parse: {exc}") from None
+    if fence.run != run:
+        raise CorruptObject(fence_name(run), f"fence names run '{fence.run}', not '{run}'")
+    return fence
+
+
+def write_fence(repository: Repository, fence: Fence) -> None:
+    """Set the fence; generations only move forward (the same one may be written again)."""
+    current = read_fence(repository, fence.run)
+    if current is not None and current.generation > fence.generation:
+        raise FenceRegression(fence.run, current.generation, fence.generation)
+    repository.put_fence(fence.run, json.dumps(asdict(fence), sort_keys=True).encode())
+
+
+def check_admitted(repository: Repository, manifest: Manifest) -> None:
+    """Raise FencedCheckpoint if `repository`'s fence does not admit `manifest`."""
+    fence = read_fence(repository, manifest.run)
+    if fence is not None and not fence.admits(manifest):
+        raise FencedCheckpoint(manifest, fence)

@@ -1,0 +1,40 @@
+"""A repository opened with one run's data key instead of the site master key.
+
+A job on a rented cluster gets its run's data key from the federation daemon for its
+lifetime (slurm_geo.torch.federation); the master key never leaves the home site. With
+only the data key the job can read and write that run's checkpoints and nothing else.
+"""
+
+from __future__ import annotations
+
+from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.keys import KEY_SIZE, RunKeys
+from slurm_geo.ckpt.names import key_name
+from slurm_geo.ckpt.repository import Repository
+from slurm_geo.ckpt.seal import Kind, open_sealed
+from slurm_geo.ckpt.store import Store
+
+
+class NoRunKey(CkptError):
+    exit_code = 23
+
+    def __init__(self, run: str, held: str):
+        super().__init__(key_name(run), f"this job holds the data key of run '{held}' only, "
+                         f"not of '{run}'; ask the federation daemon for that run's key")
+
+
+class RunKeyRepository(Repository):
+    def __init__(self, store: Store, run: str, data_key: bytes):
+        # The master key slot is never read: _load_keys below is the only path to it.
+        super().__init__(store, bytes(KEY_SIZE))
+        self._run = run
+        self._run_keys[run] = RunKeys(data_key)
+
+    def _load_keys(self, run: str, create: bool) -> RunKeys:
+        raise NoRunKey(run, self._run)
+
+
+def unwrap_run_key(store: Store, master_key: bytes, run: str) -> bytes:
+    """The run's data key, opened from `keys/<run>` with the master key (§4)."""
+    name = key_name(run)
+    return open_sealed(master_key, Kind.DATA_KEY, store.get(name), name)

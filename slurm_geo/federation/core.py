@@ -1,0 +1,548 @@
+"""The federation daemon's decisions applied: leases, health, moves, fencing, failback.
+
+`Federation.tick()` runs once per probe interval; `lease()` and `key()` answer jobs (from
+the HTTP service's threads). Everything the daemon knows is in FederationState, the
+stores and Slurm, so a killed daemon picks up where it was (crash-only).
+
+A move, in order (each step is safe to repeat if the daemon dies after it):
+  1. the newest checkpoint of the run that verifies in the target cluster's store is
+     chosen (copied there first when the current cluster is still up: a failback);
+  2. the generation goes up: from now on the old incarnation gets no lease;
+  3. the target store is fenced: only the new generation's cluster may commit past the
+     resume step there (and the old store too, when it can be reached);
+  4. the job is submitted on the target with its resume pointer and a one-time token
+     for its run's data key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from slurm_geo.ckpt import Repository
+from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.fence import Fence, write_fence
+from slurm_geo.ckpt.manifest import with_bases
+from slurm_geo.ckpt.replicate import copy_checkpoint
+from slurm_geo.ckpt.runkey import unwrap_run_key
+from slurm_geo.ckpt.store import Store
+from slurm_geo.config.model import FederationConfig, SiteConfig
+from slurm_geo.errors import SlurmGeoError
+from slurm_geo.federation.audit import AuditLog
+from slurm_geo.federation.bandwidth import BandwidthModel
+from slurm_geo.federation.leases import Action, Answer, LeaseRequest, Verdict, decide
+from slurm_geo.federation.planner import ClusterView, JobNeeds, Plan, plan
+from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission, script_options
+from slurm_geo.federation.state import (
+    FederationState,
+    Health,
+    JobStatus,
+    Lease,
+    LogicalJob,
+    token_digest,
+)
+from slurm_geo.policy.directives import DirectiveError
+from slurm_geo.policy.geo import rules_for
+from slurm_geo.slurm import JobState, SlurmClient, SlurmError
+from slurm_geo.slurm.errors import JobNotFound
+
+log = logging.getLogger("slurm_geo.federation")
+
+UP, OUT = "up", "out"
+WAIT_RETRY_S = 1.0
+VERIFY_OLDER_LIMIT = 5  # checkpoints tried, newest first, before a move gives up
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int  # HTTP status
+    body: dict[str, Any]
+
+
+class Federation:
+    def __init__(self, site: SiteConfig, config: FederationConfig, master_key: bytes,
+                 clients: dict[str, SlurmClient], probes: dict[str, SlurmClient],
+                 stores: dict[str, Store],
+                 state: FederationState, audit: AuditLog, bandwidth: BandwidthModel,
+                 clock: Callable[[], float] = time.time,
+                 job_env: dict[str, str] | None = None):
+        self.site = site
+        self.config = config
+        self.home = site.home_cluster
+        self._key = master_key
+        self.clients = clients
+        self.probes = probes
+        self.stores = stores
+        self.state = state
+        self.audit = audit
+        self.bandwidth = bandwidth
+        self.clock = clock
+        self._rules = rules_for(site)
+        self._lock = threading.RLock()  # leases and moves never interleave
+        self._job_env = job_env if job_env is not None else _store_credentials(os.environ)
+        self._announced: set[tuple[str, ...]] = set()  # audit lines not to repeat each tick
+
+    # --- the lease service ----------------------------------------------------------------
+
+    def lease(self, request: LeaseRequest) -> Reply:
+        with self._lock:
+            now = self.clock()
+            job = self.state.find_job(request.cluster, request.job_id)
+            lease = None if job is None else self.state.lease(job.logical_job)
+            answer = decide(job, lease, request, self.home, now, self.config.lease_ttl_s)
+            if answer.verdict is Verdict.REGISTER:
+                job = self._register(request, now)
+                lease = None
+                answer = Answer(Verdict.GRANT, "registered")
+            if answer.verdict is Verdict.FENCED:
+                self._say_once(("fenced", request.cluster, str(request.job_id),
+                                str(request.generation)), "fence",
+                               None if job is None else job.logical_job,
+                               f"refused a lease to {request.cluster}:{request.job_id} "
+                               f"generation {request.generation}", answer.reason)
+                return Reply(409, {"verdict": "fenced", "reason": answer.reason})
+            if answer.verdict is Verdict.WAIT:
+                return Reply(200, {"verdict": "wait", "reason": answer.reason,
+                                   "retry_s": WAIT_RETRY_S})
+            assert job is not None
+            first = lease is None or lease.generation != job.generation
+            released = answer.action is Action.RELEASE and request.release
+            self.state.put_lease(Lease(job.logical_job, job.generation, request.cluster,
+                                       request.job_id, request.restart, now,
+                                       request.last_step, released), first)
+            if first:
+                self.audit.append("lease", job.logical_job,
+                                  f"generation {job.generation} started training on "
+                                  f"{request.cluster}:{request.job_id}",
+                                  "first lease of this generation",
+                                  cluster=request.cluster, job_id=request.job_id,
+                                  generation=job.generation, resume_step=job.resume_step)
+            return Reply(200, {"verdict": "grant", "action": answer.action.value,
+                               "reason": answer.reason, "logical_job": job.logical_job,
+                               "generation": job.generation,
+                               "ttl_s": self.config.lease_ttl_s})
+
+    def key(self, token: str) -> Reply:
+        """The run's data key, for the incarnation the token was minted for, while it is
+        the current generation."""
+        with self._lock:
+            owner = self.state.token_owner(token)
+            if owner is None:
+                return Reply(403, {"reason": "unknown or expired token"})
+            job = self.state.job(owner[0])
+            if job.generation != owner[1] or job.status.is_final():
+                return Reply(403, {"reason": f"generation {owner[1]} is no longer current"})
+            store = self.stores[self.site.cluster(job.cluster).store]
+        try:
+            data_key = unwrap_run_key(store, self._key, job.run)
+        except CkptError as exc:
+            return Reply(503, {"reason": str(exc)})
+        self._say_once(("key", job.logical_job, str(job.generation)), "key", job.logical_job,
+                       f"released run {job.run}'s data key to generation {job.generation} "
+                       f"on {job.cluster}", "the job presented its one-time token")
+        return Reply(200, {"run": job.run, "data_key": data_key.hex()})
+
+    def _register(self, request: LeaseRequest, now: float) -> LogicalJob:
+        client = self.clients[self.home]
+        script = client.batch_script(request.job_id)
+        options = script_options(script)
+        try:
+            options.directives()
+        except DirectiveError as exc:
+            raise SlurmGeoError(f"job {self.home}:{request.job_id}: {exc}") from None
+        logical = f"{self.home}-{request.job_id}"
+        job = LogicalJob(logical, request.run, self.home, script, options.to_json(),
+                         options.directives().as_options(), 0, self.home, request.job_id,
+                         None, JobStatus.RUNNING, None, None, now, now)
+        self.state.add_job(job)
+        self.audit.append("register", logical, f"registered {self.home}:{request.job_id} "
+                          f"(run {request.run})", "first lease request of a home job",
+                          cluster=self.home, job_id=request.job_id, run=request.run,
+                          directives=job.directives)
+        return job
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        health = self.probe_all()
+        self._learn_from_sync()
+        for job in self.state.jobs():
+            try:
+                if job.status.is_final():
+                    self._fence_stale(job, health)  # a stale incarnation may come back
+                else:
+                    self._reconcile(job, health)
+            except (SlurmError, CkptError) as exc:
+                log.warning("event=reconcile_failed job=%s error=%s", job.logical_job, exc)
+
+    def probe_all(self) -> dict[str, Health]:
+        """Ping every controller at once; a probe unanswered within the probe interval
+        failed (the probe clients carry that timeout)."""
+        now = self.clock()
+        known = self.state.health()
+
+        def probe(client: SlurmClient) -> str | None:
+            try:
+                client.ping()
+            except SlurmError as exc:
+                return str(exc)
+            return None
+
+        with ThreadPoolExecutor(max_workers=len(self.probes)) as pool:
+            errors = dict(zip(self.probes, pool.map(probe, self.probes.values()), strict=True))
+        return {name: self._track_health(known.get(name), name, error, now)
+                for name, error in errors.items()}
+
+    def _learn_from_sync(self) -> None:
+        """Every replication checkpoint-sync finished is a bandwidth sample."""
+        sync = self.site.sync
+        if sync is None or not sync.state.exists():
+            return
+        watermark = int(self.state.meta("sync_transfer_id") or 0)
+        try:
+            with sqlite3.connect(f"file:{sync.state}?mode=ro", uri=True, timeout=5) as db:
+                rows = db.execute(
+                    "SELECT MAX(id), source, destination, SUM(bytes), MIN(started_at), "
+                    "MAX(finished_at) FROM transfers WHERE id > ? AND kind != 'verify' "
+                    "GROUP BY replica_id, source, destination", (watermark,)).fetchall()
+        except sqlite3.Error as exc:
+            log.warning("event=sync_state_unreadable error=%s", exc)
+            return
+        if not rows:
+            return
+        for _last, source, destination, nbytes, started, finished in rows:
+            if finished > started and source != destination:
+                self.bandwidth.observe(source, destination, int(nbytes), finished - started)
+        self.state.put_bandwidth_snapshot(self.bandwidth.snapshot())
+        self.state.put_meta("sync_transfer_id", str(max(r[0] for r in rows)))
+
+    def _track_health(self, previous: Health | None, cluster: str, error: str | None,
+                      now: float) -> Health:
+        if previous is None:
+            previous = Health(cluster, UP, 0, now, None, None)
+        if error is None:
+            health = Health(cluster, UP, 0, previous.since if previous.status == UP else now,
+                            now, None)
+            if previous.status == OUT:
+                self.audit.append("recovered", None, f"cluster {cluster} answers again",
+                                  "a probe succeeded", cluster=cluster,
+                                  out_for_s=round(now - previous.since, 3))
+        else:
+            failures = previous.failures + 1
+            out = previous.status == OUT or failures >= self.config.outage_after
+            health = Health(cluster, OUT if out else UP, failures,
+                            now if out and previous.status == UP else previous.since,
+                            previous.last_ok, error)
+            if out and previous.status == UP:
+                self.audit.append("outage", None, f"cluster {cluster} declared out",
+                                  f"{failures} probes failed in a row; last: {error}",
+                                  cluster=cluster, failures=failures,
+                                  last_ok=previous.last_ok)
+        self.state.put_health(health)
+        return health
+
+    # --- one logical job --------------------------------------------------------------------
+
+    def _reconcile(self, job: LogicalJob, health: dict[str, Health]) -> None:
+        self._fence_stale(job, health)
+        if job.status is JobStatus.MOVING:
+            with self._lock:
+                self._submit(self.state.job(job.logical_job))  # a move cut short: finish it
+            return
+        here = health.get(job.cluster)
+        if here is None or here.status == OUT:
+            self._consider_failover(job, health)
+            return
+        if here.failures:
+            return  # a probe just failed: do not wait on that controller, probe again
+        info = self._slurm_job(job)
+        lease = self.state.lease(job.logical_job)
+        if job.move_to is not None and lease is not None and lease.released \
+                and lease.generation == job.generation:
+            self._move(job, job.move_to, f"planned move to {job.move_to} at checkpoint "
+                       f"{lease.last_step}", health)
+            return
+        if info is not None and info.state.is_terminal():
+            self._finish(job, info.state, lease)
+            return
+        if self.config.failback and job.cluster != self.home and job.move_to is None:
+            self._consider_failback(job, health, lease)
+
+    def _slurm_job(self, job: LogicalJob) -> Any:
+        if job.job_id is None:
+            return None
+        try:
+            return self.clients[job.cluster].job(job.job_id)
+        except JobNotFound:
+            return None
+
+    def _finish(self, job: LogicalJob, state: JobState, lease: Lease | None) -> None:
+        now = self.clock()
+        done = state is JobState.COMPLETED
+        status = JobStatus.COMPLETED if done else JobStatus.FAILED
+        self.state.update_job(job.logical_job, now, status=status)
+        self.state.end_incarnation(job.logical_job, job.generation, state.value.lower(), now)
+        self.audit.append("finished", job.logical_job,
+                          f"generation {job.generation} on {job.cluster}:{job.job_id} ended "
+                          f"{state.value}", "Slurm reports the job finished",
+                          cluster=job.cluster, job_id=job.job_id,
+                          last_step=None if lease is None else lease.last_step)
+
+    def _fence_stale(self, job: LogicalJob, health: dict[str, Health]) -> None:
+        """Cancel older incarnations still known to Slurm on clusters that answer."""
+        for incarnation in self.state.incarnations(job.logical_job):
+            if incarnation.generation >= job.generation or incarnation.ended_at is not None:
+                continue
+            cluster = incarnation.cluster
+            if not _answering(health, cluster):
+                continue
+            reason = "ended"
+            if incarnation.job_id is not None:
+                try:
+                    info = self.clients[cluster].job(incarnation.job_id)
+                except JobNotFound:
+                    info = None
+                if info is not None and not info.state.is_terminal():
+                    self.clients[cluster].cancel(incarnation.job_id)
+                    reason = "cancelled: fenced"
+            self._fence_store(job, cluster)
+            self.state.end_incarnation(job.logical_job, incarnation.generation, reason,
+                                       self.clock())
+            self.audit.append("fence", job.logical_job,
+                              f"generation {incarnation.generation} on {cluster}:"
+                              f"{incarnation.job_id} {reason}",
+                              f"the job is at generation {job.generation} on {job.cluster}",
+                              cluster=cluster, job_id=incarnation.job_id,
+                              generation=incarnation.generation)
+
+    def _fence_store(self, job: LogicalJob, cluster: str) -> None:
+        """Fence the run in `cluster`'s store too, now that it can be reached."""
+        store_name = self.site.cluster(cluster).store
+        if store_name == self.site.cluster(job.cluster).store:
+            return
+        fence = Fence(job.run, job.generation, job.cluster, job.resume_step, _utc(self.clock()))
+        write_fence(Repository(self.stores[store_name], self._key), fence)
+
+    # --- deciding to move -------------------------------------------------------------------
+
+    def plan_for(self, job: LogicalJob, health: dict[str, Health] | None = None) -> Plan:
+        """Where `job` should run now (also what `slurm-geo plan` prints)."""
+        health = health if health is not None else self.state.health()
+        options = ScriptOptions.from_json(job.spec)
+        source_store = self.site.cluster(job.cluster).store
+        checkpoint_bytes = self._checkpoint_bytes(job, source_store)
+        needs = JobNeeds(
+            logical_job=job.logical_job, home=self.home, current=job.cluster,
+            nodes=options.nodes, cpus=options.nodes * options.cpus_per_task, gpus=0,
+            remaining_s=60.0 * (options.time_limit_minutes or 60),
+            checkpoint_bytes=checkpoint_bytes, checkpoint_store=source_store,
+            directives=options.directives())
+        views = [self._view(name, health, options, job) for name in self.clients]
+        regions = {name: store.region for name, store in self.site.stores.items()}
+        return plan(needs, views, self._rules, self.bandwidth.predict_seconds,
+                    store_regions=regions, margin_s=self.config.margin_s)
+
+    def _checkpoint_bytes(self, job: LogicalJob, store_name: str) -> int:
+        """Stored size of the run's newest checkpoint: what a move must carry (0 if none)."""
+        try:
+            repository = Repository(self.stores[store_name], self._key)
+            steps = repository.steps(job.run)
+            if not steps:
+                return 0
+            manifest = repository.manifest(job.run, steps[-1])
+        except CkptError:
+            return 0
+        return sum({ref.id: ref.length for ref in with_bases(manifest.refs())}.values())
+
+    def _view(self, name: str, health: dict[str, Health], options: ScriptOptions,
+              job: LogicalJob) -> ClusterView:
+        cluster = self.site.cluster(name)
+        up = _answering(health, name)
+        wait = self._queue_wait(name, options, job) if up else None
+        # A partition the cluster lacks is dropped on resubmission: its default one fits.
+        return ClusterView(name=name, region=cluster.region, store=cluster.store,
+                           prices=cluster.prices, up=up, queue_wait_s=wait, fits=True)
+
+    def _queue_wait(self, name: str, options: ScriptOptions, job: LogicalJob) -> float | None:
+        if name == job.cluster and job.status is JobStatus.RUNNING:
+            lease = self.state.lease(job.logical_job)
+            if lease is not None and not lease.expired(self.clock(), self.config.lease_ttl_s):
+                return 0.0  # it is training there now
+        spec = resubmission(job.script, options, Incoming(job.logical_job, 0, job.run, None,
+                                                          "", "", ""),
+                            self.site.cluster(name).partitions, {})
+        try:
+            start = self.clients[name].expected_start(spec)
+        except SlurmError:
+            return None
+        if start is None:
+            return None
+        return max(0.0, (start - datetime.now(UTC)).total_seconds())
+
+    def _consider_failover(self, job: LogicalJob, health: dict[str, Health]) -> None:
+        if job.status is not JobStatus.RUNNING:
+            return
+        chosen = self.plan_for(job, health)
+        if not chosen.moves():
+            self._say_once(("stranded", job.logical_job, str(job.generation)), "decision",
+                           job.logical_job, f"job stays on {job.cluster}", chosen.reason,
+                           plan=_plan_summary(chosen))
+            return
+        if chosen.needs_approval:
+            self._say_once(("approval", job.logical_job, str(job.generation)), "decision",
+                           job.logical_job, f"move to {chosen.choice} needs approval",
+                           chosen.reason + " (--geo-failover is not auto)",
+                           plan=_plan_summary(chosen))
+            return
+        lease = self.state.lease(job.logical_job)
+        if lease is not None and lease.generation == job.generation \
+                and not lease.expired(self.clock(), self.config.lease_ttl_s):
+            self._say_once(("lease", job.logical_job, str(job.generation)), "decision",
+                           job.logical_job, f"waiting to move to {chosen.choice}",
+                           f"{job.cluster} is out but the job's lease was renewed "
+                           f"{self.clock() - lease.renewed_at:.1f} s ago; it may still be "
+                           "training", plan=_plan_summary(chosen))
+            return
+        self.audit.append("decision", job.logical_job, f"move to {chosen.choice}",
+                          chosen.reason, plan=_plan_summary(chosen))
+        self._move(job, chosen.choice, chosen.reason, health)
+
+    def _consider_failback(self, job: LogicalJob, health: dict[str, Health],
+                           lease: Lease | None) -> None:
+        home = health.get(self.home)
+        if home is None or home.status != UP or home.last_ok is None \
+                or self.clock() - home.since < self.config.failback_stable_s:
+            return
+        chosen = self.plan_for(job, health)
+        if chosen.choice != self.home or chosen.needs_approval:
+            return
+        after = None if lease is None else lease.last_step
+        self.state.update_job(job.logical_job, self.clock(), move_to=self.home,
+                              move_after_step=after)
+        self.audit.append("decision", job.logical_job, f"fail back to {self.home} at the "
+                          "next checkpoint", chosen.reason, after_step=after,
+                          plan=_plan_summary(chosen))
+
+    # --- moving -----------------------------------------------------------------------------
+
+    def _move(self, job: LogicalJob, target: str, reason: str,
+              health: dict[str, Health]) -> None:
+        with self._lock:
+            job = self.state.job(job.logical_job)
+            if job.status is not JobStatus.RUNNING:
+                return
+            target_store = self.site.cluster(target).store
+            source_store = self.site.cluster(job.cluster).store
+            current_up = _answering(health, job.cluster)
+            if current_up and source_store != target_store:
+                self._carry_newest(job, source_store, target_store)
+            resume = self._newest_verified(job, target_store)
+            if resume is False:
+                return
+            now = self.clock()
+            moved = self.state.begin_generation(job.logical_job, job.generation + 1, target,
+                                                resume, now)
+            fence = Fence(job.run, moved.generation, target, resume, _utc(now))
+            write_fence(Repository(self.stores[target_store], self._key), fence)
+            if current_up and source_store != target_store:
+                self._fence_store(moved, job.cluster)
+            self.audit.append("fence", job.logical_job,
+                              f"run {job.run} fenced at generation {moved.generation} for "
+                              f"{target} from step {resume}", reason, store=target_store)
+            self._submit(moved)
+
+    def _carry_newest(self, job: LogicalJob, source_store: str, target_store: str) -> None:
+        source = Repository(self.stores[source_store], self._key)
+        steps = source.steps(job.run)
+        if not steps:
+            return
+        started = time.monotonic()
+        report = copy_checkpoint(source, self.stores[source_store], self.stores[target_store],
+                                 job.run, steps[-1])
+        seconds = time.monotonic() - started
+        if report.bytes_copied and seconds > 0:
+            self.bandwidth.observe(source_store, target_store, report.bytes_copied, seconds)
+            self.state.put_bandwidth_snapshot(self.bandwidth.snapshot())
+        self.audit.append("transfer", job.logical_job,
+                          f"copied {job.run}@{steps[-1]} from {source_store} to {target_store}",
+                          "the job moves; its newest checkpoint goes with it",
+                          bytes=report.bytes_copied, seconds=round(seconds, 3),
+                          packs_copied=report.packs_copied)
+
+    def _newest_verified(self, job: LogicalJob, store_name: str) -> int | None | bool:
+        """The newest step that verifies in full in `store_name`; None when the run has no
+        checkpoint there; False (and audited) when checkpoints exist but none verifies."""
+        repository = Repository(self.stores[store_name], self._key)
+        steps = repository.steps(job.run)
+        if not steps:
+            self.audit.append("verify", job.logical_job, f"no checkpoint of {job.run} in "
+                              f"{store_name}", "the new incarnation starts from scratch",
+                              store=store_name)
+            return None
+        for step in reversed(steps[-VERIFY_OLDER_LIMIT:]):
+            faults = repository.verify(job.run, step)
+            if not faults:
+                self.audit.append("verify", job.logical_job, f"{job.run}@{step} verified in "
+                                  f"{store_name}", "newest checkpoint that verifies in full",
+                                  run=job.run, step=step, store=store_name)
+                return step
+            self.audit.append("verify", job.logical_job, f"{job.run}@{step} failed "
+                              f"verification in {store_name}", str(faults[0]),
+                              run=job.run, step=step, faults=len(faults))
+        return False
+
+    def _submit(self, job: LogicalJob) -> None:
+        cluster = self.site.cluster(job.cluster)
+        store = self.site.stores[cluster.store]
+        token = secrets.token_urlsafe(32)
+        incoming = Incoming(job.logical_job, job.generation, job.run, job.resume_step,
+                            self.config.url, token, store.url, store.endpoint_url)
+        spec = resubmission(job.script, ScriptOptions.from_json(job.spec), incoming,
+                            cluster.partitions, self._job_env)
+        job_id = self.clients[job.cluster].submit(spec)
+        self.state.submitted(job.logical_job, job.generation, job_id, token_digest(token),
+                             self.clock())
+        self.audit.append("requeue", job.logical_job,
+                          f"generation {job.generation} submitted as {job.cluster}:{job_id}",
+                          f"resumes {job.run} from step {job.resume_step}",
+                          cluster=job.cluster, job_id=job_id, generation=job.generation,
+                          run=job.run, resume_step=job.resume_step, store=cluster.store)
+
+    def _say_once(self, key: tuple[str, ...], kind: str, logical_job: str | None, what: str,
+                  why: str, **detail: Any) -> None:
+        if key in self._announced:
+            return
+        self._announced.add(key)
+        self.audit.append(kind, logical_job, what, why, **detail)
+
+
+def _answering(health: dict[str, Health], cluster: str) -> bool:
+    """Up, and its last probe answered: safe to wait on its controller."""
+    known = health.get(cluster)
+    return known is not None and known.status == UP and known.failures == 0
+
+
+def _plan_summary(chosen: Plan) -> dict[str, Any]:
+    return {"choice": chosen.choice, "candidates": [
+        {"cluster": c.cluster, "eligible": c.eligible, "why_not": c.why_not,
+         "transfer_s": c.transfer_s, "queue_wait_s": c.queue_wait_s,
+         "cost_usd": round(c.cost_usd, 4)} for c in chosen.candidates]}
+
+
+def _store_credentials(environ: Any) -> dict[str, str]:
+    """S3 credentials the daemon passes to jobs it submits, for the target's store."""
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    return {name: environ[name] for name in names if name in environ}
+
+
+def _utc(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat()

@@ -1,0 +1,404 @@
+"""`slurm-geo drill`: lose the home cluster on purpose and measure the recovery.
+
+In the sandbox: a real PyTorch job with geo directives is submitted to `onprem`; once at
+least two of its checkpoints are verified off-site, onprem's controller, its nodes and
+the job's processes are SIGKILLed (the sandbox's own pids, nothing else). The federation
+daemon detects the outage, plans, and requeues the job on `rented` through slurmrestd;
+the job resumes from the newest verified checkpoint and completes. Its final weights are
+compared with an uninterrupted reference run, and onprem is brought back, which lets the
+daemon fence the stale incarnation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from slurm_geo.config.model import SiteConfig, load_config
+from slurm_geo.errors import SlurmGeoError
+from slurm_geo.federation.audit import AuditLog, Entry
+from slurm_geo.sandbox import Sandbox
+from slurm_geo.sandbox.processes import has_marker
+from slurm_geo.slurm import JobSpec, SlurmClient, SlurmError, connect
+
+Progress = Callable[[str], None]
+
+
+class DrillFailed(SlurmGeoError):
+    exit_code = 40
+
+
+@dataclass(frozen=True)
+class DrillSettings:
+    steps: int = 400
+    ckpt_every: int = 40
+    step_delay_s: float = 0.05
+    verified_before_kill: int = 2
+    timeout_s: float = 300.0
+
+
+@dataclass
+class Sample:
+    t: float
+    cluster: str
+    state: str
+
+
+@dataclass
+class DrillReport:
+    run: str
+    logical_job: str
+    home: str
+    target: str
+    settings: dict[str, Any]
+    killed_at: float
+    detected_at: float | None
+    moved_at: float | None            # the new generation was submitted
+    running_elsewhere_at: float | None  # it was granted its lease: training again
+    completed_at: float | None
+    detection_window_s: float
+    last_step_home: int
+    resume_step: int | None
+    steps_lost: int | None
+    final_step: int | None
+    final_weights: str | None
+    reference_weights: str
+    bit_identical: bool
+    replicated_bytes: int
+    replication_seconds: float
+    predicted_transfer_s: float | None
+    actual_transfer_s: float | None
+    legs: list[dict[str, Any]]
+    stale_incarnation: str
+    audit_ok: bool
+    timeline: list[Sample] = field(default_factory=list)
+    picture: str = ""
+
+    @property
+    def detection_s(self) -> float | None:
+        return None if self.detected_at is None else self.detected_at - self.killed_at
+
+    @property
+    def rto_s(self) -> float | None:
+        return None if self.running_elsewhere_at is None \
+            else self.running_elsewhere_at - self.killed_at
+
+    @property
+    def rto_target_s(self) -> float:
+        return self.detection_window_s + 15.0
+
+    @property
+    def passed(self) -> bool:
+        return (self.bit_identical and self.rto_s is not None
+                and self.rto_s <= self.rto_target_s and self.steps_lost is not None
+                and self.steps_lost <= self.settings["ckpt_every"] and self.audit_ok)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(detection_s=self.detection_s, rto_s=self.rto_s,
+                    rto_target_s=self.rto_target_s, passed=self.passed)
+        return data
+
+
+def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
+              progress: Progress = print) -> DrillReport:
+    progress("bringing the sandbox up")
+    sandbox.up(progress=lambda _msg: None)
+    site = load_config(sandbox.layout.site_config)
+    if site.federation is None:
+        raise DrillFailed(f"{site.source} has no [federation] table")
+    home, target = site.home_cluster, _other_cluster(site)
+    clients = {name: connect(cluster) for name, cluster in site.clusters.items()}
+    run = f"drill-{uuid.uuid4().hex[:8]}"
+    work = out_dir / run
+    work.mkdir(parents=True, exist_ok=True)
+    trace = work / "trace.log"
+    job_id = clients[home].submit(JobSpec(
+        script=_script(site, run, settings, work, trace), name="geo-drill",
+        working_dir=work, environment={"SLURM_GEO_CONFIG": str(site.source)}))
+    logical = f"{home}-{job_id}"
+    progress(f"submitted {run} to {home} as job {job_id}")
+    # Short timeouts: a dead controller must show as unreachable when it dies, not later.
+    quick = {name: connect(replace(cluster, timeout_s=1.0))
+             for name, cluster in site.clusters.items()}
+    sampler = _Sampler(quick, home, job_id)
+    sampler.start()
+    try:
+        deadline = time.time() + settings.timeout_s
+        _wait(lambda: _verified_offsite(site, run) >= settings.verified_before_kill, deadline,
+              f"{settings.verified_before_kill} checkpoints of {run} verified off-site")
+        progress(f"{_verified_offsite(site, run)} checkpoints verified off-site; "
+                 f"killing {home}'s controller, nodes and job")
+        killed_at = time.time()
+        _kill_cluster(sandbox, home)
+        audit = AuditLog(site.federation.audit_path, readonly=True)
+        detected = _wait(lambda: _entry(audit, "outage", None, home, killed_at), deadline,
+                         f"the daemon to declare {home} out")
+        progress(f"outage of {home} detected after {_at(detected) - killed_at:.1f} s")
+        moved = _wait(lambda: _entry(audit, "requeue", logical, target, killed_at), deadline,
+                      f"the daemon to requeue {logical} on {target}")
+        new_job = int(moved.detail["job_id"])
+        sampler.follow(target, new_job)
+        progress(f"requeued on {target} as job {new_job}, resuming from step "
+                 f"{moved.detail.get('resume_step')}")
+        training = _wait(lambda: _entry(audit, "lease", logical, target, killed_at), deadline,
+                         f"job {target}:{new_job} to start training")
+        finished = _wait(lambda: _entry(audit, "finished", logical, target, killed_at),
+                         deadline, f"job {target}:{new_job} to finish")
+        progress(f"job finished on {target}: {finished.what}")
+        progress(f"bringing {home} back")
+        sandbox.up(progress=lambda _msg: None)
+        stale = _wait_or_none(lambda: _entry(audit, "fence", logical, home, killed_at),
+                              time.time() + 60)
+    finally:
+        sampler.stop()
+    output = _job_output(work, new_job, target)
+    reference = reference_weights(settings)
+    final_step, final_weights = _final_line(output)
+    home_steps = [int(line.split()[-1]) for line in trace.read_text().splitlines()
+                  if line.split()[1] == "0"]
+    resume_step = moved.detail.get("resume_step")
+    report = DrillReport(
+        run=run, logical_job=logical, home=home, target=target, settings=asdict(settings),
+        killed_at=killed_at, detected_at=_at(detected), moved_at=_at(moved),
+        running_elsewhere_at=_at(training), completed_at=_at(finished),
+        detection_window_s=site.federation.detection_window_s,
+        last_step_home=max(home_steps, default=0), resume_step=resume_step,
+        steps_lost=None if resume_step is None else max(home_steps, default=0) - resume_step,
+        final_step=final_step, final_weights=final_weights, reference_weights=reference,
+        bit_identical=final_weights == reference,
+        **(replication := _replication(site, run, resume_step)),
+        predicted_transfer_s=_predicted(site, replication["replicated_bytes"]),
+        legs=_legs(site, clients, [(home, job_id), (target, new_job)]),
+        stale_incarnation=stale.what if stale else "not seen within 60 s",
+        audit_ok=AuditLog(site.federation.audit_path, readonly=True).verify().ok,
+        timeline=sampler.samples,
+    )
+    from slurm_geo.federation.drill_picture import draw_timeline
+    report.picture = str(draw_timeline(report, work / "timeline.png"))
+    (work / "report.json").write_text(json.dumps(report.to_json(), indent=2))
+    return report
+
+
+def reference_weights(settings: DrillSettings) -> str:
+    """The weights hash of the same training run, uninterrupted, in this process."""
+    import torch
+
+    from slurm_geo.ckpt import LocalDirStore, Repository
+    from slurm_geo.torch import example_train
+    from slurm_geo.torch.checkpointer import Checkpointer
+    from slurm_geo.torch.signals import RequeueOnSignal
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as scratch:
+        repository = Repository(LocalDirStore(Path(scratch)), os.urandom(32))
+        config = example_train.TrainConfig(settings.steps, settings.ckpt_every)
+        with Checkpointer(repository, "reference") as checkpointer:
+            outcome = example_train.train(checkpointer, config, RequeueOnSignal(),
+                                          say=lambda _line: None)
+    return example_train.weights_hash(outcome.model)
+
+
+# --- pieces -------------------------------------------------------------------------------
+
+def _other_cluster(site: SiteConfig) -> str:
+    others = sorted(name for name in site.clusters if name != site.home_cluster)
+    if not others:
+        raise DrillFailed("the drill needs a second cluster to fail over to")
+    return others[0]
+
+
+def _script(site: SiteConfig, run: str, settings: DrillSettings, work: Path,
+            trace: Path) -> str:
+    pfs = site.stores[site.cluster(site.home_cluster).store].url.removeprefix("file://")
+    return "\n".join([
+        "#!/bin/bash",
+        "#SBATCH --job-name=geo-drill",
+        "#SBATCH --time=15",
+        f"#SBATCH --output={work}/%x-%j.slurm.out",
+        f"#SBATCH --geo-ckpt-dir={pfs}",
+        "#SBATCH --geo-cost-center=ml-research",
+        "#SBATCH --geo-failover=auto",
+        f"#SBATCH --geo-clusters={','.join(sorted(site.clusters))}",
+        # Job ids repeat across clusters: the cluster's name keeps each output apart.
+        f"exec {sys.executable} -m slurm_geo.torch.example_train --run {run} --federated "
+        f"--steps {settings.steps} --ckpt-every {settings.ckpt_every} "
+        f"--step-delay {settings.step_delay_s} --trace {trace} "
+        f'> "{work}/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
+        "",
+    ])
+
+
+def _verified_offsite(site: SiteConfig, run: str) -> int:
+    if site.sync is None or not site.sync.state.exists():
+        return 0
+    with sqlite3.connect(f"file:{site.sync.state}?mode=ro", uri=True, timeout=10) as db:
+        row = db.execute("SELECT COUNT(*) FROM replicas WHERE run = ? AND status = 'verified'",
+                         (run,)).fetchone()
+    return int(row[0])
+
+
+def _kill_cluster(sandbox: Sandbox, cluster: str) -> None:
+    """SIGKILL the cluster's slurmctld, slurmds, slurmstepds and jobs: what losing the
+    site does to them. Only processes this sandbox started, each by its pid."""
+    names = [f"{cluster}-slurmctld", *(f"{cluster}-n{i}" for i in (1, 2))]
+    pids = {pid for pid in map(sandbox.processes.running_pid, names) if pid is not None}
+    conf = f"SLURM_CONF={sandbox.layout.cluster(cluster).slurm_conf}".encode()
+    for proc in psutil.process_iter():
+        try:
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if conf in environ and has_marker(proc.pid, sandbox.layout.root):
+            pids.add(proc.pid)
+    victims = set(pids)
+    for pid in pids:
+        try:
+            victims.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
+def _entry(audit: AuditLog, kind: str, logical: str | None, cluster: str,
+           after: float) -> Entry | None:
+    for entry in audit.entries(logical_job=logical):
+        if entry.kind == kind and entry.detail.get("cluster") == cluster \
+                and _at(entry) >= after:
+            return entry
+    return None
+
+
+def _at(entry: Entry) -> float:
+    from datetime import datetime
+    return datetime.fromisoformat(entry.time).timestamp()
+
+
+def _wait(check: Callable[[], Any], deadline: float, what: str) -> Any:
+    found = _wait_or_none(check, deadline)
+    if found is None or found is False:
+        raise DrillFailed(f"timed out waiting for {what}")
+    return found
+
+
+def _wait_or_none(check: Callable[[], Any], deadline: float) -> Any:
+    while time.time() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    return None
+
+
+def _job_output(work: Path, job_id: int, cluster: str) -> str:
+    path = work / f"train-{cluster}-{job_id}.out"
+    return path.read_text() if path.exists() else ""
+
+
+def _final_line(output: str) -> tuple[int | None, str | None]:
+    for line in reversed(output.splitlines()):
+        if line.startswith("final step "):
+            words = line.split()
+            return int(words[2]), words[4]
+    return None, None
+
+
+def _replication(site: SiteConfig, run: str, resume_step: int | None) -> dict[str, Any]:
+    """Bytes checkpoint-sync moved off-site for the run, and how long the checkpoint the
+    job resumed from took to copy."""
+    if site.sync is None:
+        return {"replicated_bytes": 0, "replication_seconds": 0.0, "actual_transfer_s": None}
+    with sqlite3.connect(f"file:{site.sync.state}?mode=ro", uri=True, timeout=10) as db:
+        total, seconds = db.execute(
+            "SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(finished_at - started_at), 0) "
+            "FROM transfers WHERE run = ? AND kind != 'verify'", (run,)).fetchone()
+        window = db.execute(
+            "SELECT MIN(started_at), MAX(finished_at), SUM(bytes) FROM transfers "
+            "WHERE run = ? AND step = ? AND kind != 'verify'", (run, resume_step)).fetchone()
+    actual = None if window[0] is None else window[1] - window[0]
+    return {"replicated_bytes": int(total), "replication_seconds": float(seconds),
+            "actual_transfer_s": actual}
+
+
+def _predicted(site: SiteConfig, nbytes: int) -> float | None:
+    """What the daemon's bandwidth model predicts for moving the run's bytes off-site."""
+    from slurm_geo.federation.bandwidth import BandwidthModel
+    from slurm_geo.federation.state import FederationState
+
+    assert site.federation is not None and site.sync is not None
+    state = FederationState(site.federation.state)
+    try:
+        model = BandwidthModel.restore(state.bandwidth_snapshot())
+    finally:
+        state.close()
+    return model.predict_seconds(site.sync.roots[0], site.sync.destination, nbytes)
+
+
+def _legs(site: SiteConfig, clients: dict[str, SlurmClient],
+          jobs: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """Elapsed time and cost of each incarnation, at its cluster's prices."""
+    legs = []
+    for cluster, job_id in jobs:
+        prices = site.cluster(cluster).prices
+        try:
+            records = clients[cluster].accounting([job_id])
+        except SlurmError:
+            records = []
+        elapsed = sum(r.elapsed_s for r in records if hasattr(r, "elapsed_s")) if records \
+            else 0.0
+        if records and not elapsed:
+            elapsed = sum(((r.end_time or r.start_time) - r.start_time).total_seconds()
+                          for r in records if r.start_time is not None)
+        compute = elapsed / 3600 * prices.cpu_hour
+        fee = compute * prices.marketplace_fee_pct / 100
+        legs.append({"cluster": cluster, "job_id": job_id, "elapsed_s": round(elapsed, 1),
+                     "compute_usd": round(compute, 6), "fee_usd": round(fee, 6),
+                     "total_usd": round(compute + fee, 6)})
+    return legs
+
+
+class _Sampler:
+    """Polls each incarnation's Slurm state twice a second, for the timeline picture."""
+
+    def __init__(self, clients: dict[str, SlurmClient], cluster: str, job_id: int):
+        self._clients = clients
+        self._follow = [(cluster, job_id)]
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="drill-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def follow(self, cluster: str, job_id: int) -> None:
+        self._follow.append((cluster, job_id))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            for cluster, job_id in list(self._follow):
+                try:
+                    state = self._clients[cluster].job(job_id).state.value
+                except SlurmError:
+                    state = "UNREACHABLE"
+                self.samples.append(Sample(time.time(), f"{cluster}:{job_id}", state))

@@ -1,0 +1,165 @@
+"""What a job is resubmitted with on another cluster: its own script, its own `#SBATCH`
+options and `--geo-*` directives, and what the new incarnation must know. Pure.
+
+slurmrestd does not read `#SBATCH` lines, so the options a resubmission needs are read
+from the script here and travel as JobSpec fields; the directives travel as SLURM_GEO_*
+(which the controller's job_submit.lua checks, as for any REST submission).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_geo.policy.directives import Directives, parse_arguments, to_environment
+from slurm_geo.slurm.models import JobSpec
+
+# The variables a new incarnation reads (slurm_geo.torch.federation).
+ENV_LOGICAL_JOB = "SLURM_GEO_LOGICAL_JOB"
+ENV_GENERATION = "SLURM_GEO_GENERATION"
+ENV_RESUME_STEP = "SLURM_GEO_RESUME_STEP"
+ENV_RUN = "SLURM_GEO_RUN"
+ENV_FEDERATION_URL = "SLURM_GEO_FEDERATION_URL"
+ENV_KEY_TOKEN = "SLURM_GEO_KEY_TOKEN"
+ENV_STORE = "SLURM_GEO_STORE"
+ENV_STORE_ENDPOINT = "SLURM_GEO_STORE_ENDPOINT"
+
+
+@dataclass(frozen=True)
+class ScriptOptions:
+    """The `#SBATCH` options of a script that a resubmission carries over."""
+
+    name: str | None = None
+    time_limit_minutes: int | None = None
+    nodes: int = 1
+    cpus_per_task: int = 1
+    partition: str | None = None
+    output: str | None = None
+    working_dir: str | None = None
+    signal: str | None = None
+    geo: tuple[str, ...] = ()  # the --geo-NAME=VALUE arguments
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> ScriptOptions:
+        return cls(**{**raw, "geo": tuple(raw.get("geo", ()))})
+
+    def directives(self) -> Directives:
+        return parse_arguments(self.geo)
+
+
+_ALIASES = {"-J": "--job-name", "-t": "--time", "-N": "--nodes", "-c": "--cpus-per-task",
+            "-p": "--partition", "-o": "--output", "-D": "--chdir"}
+
+
+def script_options(script: str) -> ScriptOptions:
+    """Read the `#SBATCH` block (it ends at the first command, as for sbatch)."""
+    values: dict[str, str] = {}
+    geo: list[str] = []
+    for line in script.splitlines()[1:]:
+        stripped = line.strip()
+        if not stripped or (stripped.startswith("#") and not stripped.startswith("#SBATCH")):
+            continue
+        if not stripped.startswith("#SBATCH"):
+            break
+        words = shlex.split(stripped[len("#SBATCH"):], comments=True)
+        for option, value in _pairs(words):
+            if option.startswith("--geo-"):
+                geo.append(f"{option}={value}")
+            else:
+                values[_ALIASES.get(option, option)] = value
+    return ScriptOptions(
+        name=values.get("--job-name"),
+        time_limit_minutes=_minutes(values["--time"]) if "--time" in values else None,
+        nodes=int(values.get("--nodes", "1").split("-")[0]),
+        cpus_per_task=int(values.get("--cpus-per-task", "1")),
+        partition=values.get("--partition"),
+        output=values.get("--output"),
+        working_dir=values.get("--chdir"),
+        signal=values.get("--signal"),
+        geo=tuple(geo),
+    )
+
+
+def _pairs(words: list[str]) -> list[tuple[str, str]]:
+    pairs = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if "=" in word and word.startswith("--"):
+            option, _, value = word.partition("=")
+            pairs.append((option, value))
+        elif index + 1 < len(words) and not words[index + 1].startswith("-"):
+            pairs.append((word, words[index + 1]))
+            index += 1
+        else:
+            pairs.append((word, ""))
+        index += 1
+    return pairs
+
+
+def _minutes(text: str) -> int:
+    """sbatch --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (rounded up to a minute)."""
+    days, _, clock = text.rpartition("-") if "-" in text else ("0", "", text)
+    parts = [int(p) for p in clock.split(":")]
+    if "-" in text:
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    elif len(parts) == 2:
+        hours, minutes, seconds = 0, parts[0], parts[1]
+    else:
+        hours, minutes, seconds = 0, parts[0], 0
+    total = int(days or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+    return max(total, 1)
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """What the new incarnation is told, beyond its directives."""
+
+    logical_job: str
+    generation: int
+    run: str
+    resume_step: int | None
+    federation_url: str
+    key_token: str
+    store_url: str
+    store_endpoint: str = ""
+
+
+def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
+                 partitions: tuple[str, ...], extra_env: dict[str, str]) -> JobSpec:
+    """The JobSpec for the new incarnation. A partition the target does not have is
+    dropped (its default partition takes the job)."""
+    env = {
+        **extra_env,
+        **to_environment(options.directives()),
+        ENV_LOGICAL_JOB: incoming.logical_job,
+        ENV_GENERATION: str(incoming.generation),
+        ENV_RESUME_STEP: "" if incoming.resume_step is None else str(incoming.resume_step),
+        ENV_RUN: incoming.run,
+        ENV_FEDERATION_URL: incoming.federation_url,
+        ENV_KEY_TOKEN: incoming.key_token,
+        ENV_STORE: incoming.store_url,
+        ENV_STORE_ENDPOINT: incoming.store_endpoint,
+    }
+    partition = options.partition if options.partition in partitions else None
+    return JobSpec(
+        script=script,
+        name=options.name or incoming.logical_job,
+        working_dir=Path(options.working_dir or "/tmp"),
+        environment=env,
+        partition=partition,
+        time_limit_minutes=options.time_limit_minutes,
+        nodes=options.nodes,
+        cpus_per_task=options.cpus_per_task,
+        requeue=True,
+        signal=options.signal,
+        output=options.output,
+        comment=f"slurm-geo {incoming.logical_job} generation {incoming.generation}",
+    )

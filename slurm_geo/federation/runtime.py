@@ -1,0 +1,45 @@
+"""Build a Federation from the site config: clients, stores, key, state, audit log."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from slurm_geo.ckpt import load_master_key
+from slurm_geo.ckpt.open_store import open_store
+from slurm_geo.config.model import FederationConfig, SiteConfig, load_config
+from slurm_geo.errors import ConfigError
+from slurm_geo.federation.audit import AuditLog
+from slurm_geo.federation.bandwidth import BandwidthModel
+from slurm_geo.federation.core import Federation
+from slurm_geo.federation.state import FederationState
+from slurm_geo.slurm import connect
+from slurm_geo.sync.runtime import DEFAULT_KEY_FILE, KEY_FILE_ENV
+
+
+def federation_config(site: SiteConfig) -> FederationConfig:
+    if site.federation is None:
+        raise ConfigError(f"{site.source} has no [federation] table; the federation daemon "
+                          "needs one, and a store = \"NAME\" per cluster (docs/federation.md)")
+    return site.federation
+
+
+def build(config_path: Path | None, env: Mapping[str, str] = os.environ) -> Federation:
+    site = load_config(config_path)
+    config = federation_config(site)
+    key_file = config.key_file or Path(env.get(KEY_FILE_ENV) or DEFAULT_KEY_FILE)
+    master_key = load_master_key(key_file)
+    clients = {name: connect(cluster) for name, cluster in site.clusters.items()}
+    probe_timeout = min(config.probe_interval_s, 5.0)
+    probes = {name: connect(replace(cluster, timeout_s=min(cluster.timeout_s, probe_timeout)))
+              for name, cluster in site.clusters.items()}
+    stores = {name: open_store(store.url, endpoint_url=store.endpoint_url or None)
+              for name, store in site.stores.items()}
+    state = FederationState(config.state)
+    state.refresh_leases(time.time())
+    bandwidth = BandwidthModel.restore(state.bandwidth_snapshot())
+    return Federation(site, config, master_key, clients, probes, stores, state,
+                      AuditLog(config.audit_path), bandwidth)

@@ -1,0 +1,212 @@
+"""A training job's side of the federation: its lease, its run key and its store.
+
+    run = FederatedRun.from_environment("my-run")
+    run.acquire()                  # blocks until the daemon grants a lease (or fences us)
+    repository = run.repository()  # home: master key; elsewhere: the run key, in memory
+    ... each step:   if not run.may_train(): run.wait_for_lease()
+    ... after each committed checkpoint: run.checkpointed(step); if run.release_requested: stop
+    run.release(final_step)
+
+On the home cluster the job finds the daemon and its store through the site config
+($SLURM_GEO_CONFIG). An incarnation the daemon submitted elsewhere finds everything in
+its environment (SLURM_GEO_*, see slurm_geo.federation.resubmit), including a one-time
+token for the run's data key: the key is fetched over HTTP and held in memory only.
+
+The lease is renewed by a thread every third of its TTL; `may_train()` compares the last
+successful renewal with the job's own monotonic clock, so a process that was frozen (or
+cut off) knows its lease is stale the moment it runs again. See slurm_geo.federation.leases.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_geo.ckpt import Repository, load_master_key
+from slurm_geo.ckpt.open_store import open_store
+from slurm_geo.ckpt.runkey import RunKeyRepository
+from slurm_geo.errors import SlurmGeoError
+from slurm_geo.federation import resubmit as env_names
+from slurm_geo.federation.leases import TRAINER_SHARE
+
+log = logging.getLogger(__name__)
+
+EXIT_FENCED = 33  # this incarnation is stale: another one owns the run; nothing was saved
+REQUEST_TIMEOUT_S = 5.0
+
+
+class Fenced(SlurmGeoError):
+    exit_code = EXIT_FENCED
+
+
+class FederationUnreachable(SlurmGeoError):
+    exit_code = 34
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this incarnation is and what it starts from."""
+
+    run: str
+    cluster: str
+    job_id: int
+    restart: int
+    generation: int
+    resume_step: int | None
+    federation_url: str
+    store_url: str
+    store_endpoint: str
+    key_token: str  # empty on the home cluster: the master key is read from key_file
+    key_file: Path | None
+
+
+class FederatedRun:
+    def __init__(self, placement: Placement, *, clock: Any = time.monotonic):
+        self.placement = placement
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last_ok: float | None = None
+        self._ttl_s = 0.0
+        self._last_step: int | None = None
+        self.fenced_reason: str | None = None
+        self.release_requested = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_environment(cls, run: str, env: Mapping[str, str] = os.environ
+                         ) -> FederatedRun:
+        cluster = env.get("SLURM_CLUSTER_NAME", "")
+        job_id = int(env.get("SLURM_JOB_ID", "0"))
+        restart = int(env.get("SLURM_RESTART_COUNT") or env.get("SLURM_JOB_RESTART_COUNT")
+                      or 0)
+        if env.get(env_names.ENV_GENERATION):
+            resume = env.get(env_names.ENV_RESUME_STEP, "")
+            return cls(Placement(
+                run=env.get(env_names.ENV_RUN, run), cluster=cluster, job_id=job_id,
+                restart=restart, generation=int(env[env_names.ENV_GENERATION]),
+                resume_step=int(resume) if resume else None,
+                federation_url=env[env_names.ENV_FEDERATION_URL],
+                store_url=env[env_names.ENV_STORE],
+                store_endpoint=env.get(env_names.ENV_STORE_ENDPOINT, ""),
+                key_token=env[env_names.ENV_KEY_TOKEN], key_file=None))
+        from slurm_geo.config.model import load_config
+        from slurm_geo.federation.runtime import federation_config
+        from slurm_geo.sync.runtime import DEFAULT_KEY_FILE, KEY_FILE_ENV
+
+        site = load_config(None)
+        config = federation_config(site)
+        store = site.stores[site.cluster(cluster or site.home_cluster).store]
+        key_file = config.key_file or Path(env.get(KEY_FILE_ENV) or DEFAULT_KEY_FILE)
+        return cls(Placement(run, cluster, job_id, restart, 0, None, config.url, store.url,
+                             store.endpoint_url, "", key_file))
+
+    # --- the lease ------------------------------------------------------------------------
+
+    def acquire(self, give_up_after_s: float = 300.0) -> None:
+        """Block until the lease is granted; raise Fenced, or FederationUnreachable."""
+        deadline = self._clock() + give_up_after_s
+        while True:
+            answer = self._ask(release=False)
+            if answer is not None and answer.get("verdict") == "grant":
+                break
+            if self.fenced_reason is not None:
+                raise Fenced(f"this incarnation is fenced: {self.fenced_reason}")
+            if self._clock() > deadline:
+                raise FederationUnreachable(
+                    f"no lease from {self.placement.federation_url} within "
+                    f"{give_up_after_s:g} s; the job does not train without one")
+            time.sleep(1.0 if answer is None else float(answer.get("retry_s", 1.0)))
+        self._thread = threading.Thread(target=self._renew_loop, name="slurm-geo-lease",
+                                        daemon=True)
+        self._thread.start()
+
+    def may_train(self) -> bool:
+        with self._lock:
+            if self.fenced_reason is not None or self._last_ok is None:
+                return False
+            return self._clock() - self._last_ok < TRAINER_SHARE * self._ttl_s
+
+    def wait_for_lease(self) -> None:
+        """Pause (not train) until the lease is current again; raise Fenced if it is lost."""
+        while not self.may_train():
+            if self.fenced_reason is not None:
+                raise Fenced(f"this incarnation is fenced: {self.fenced_reason}")
+            time.sleep(0.05)
+
+    def checkpointed(self, step: int) -> None:
+        """Report a committed checkpoint at once: a planned move waits for it."""
+        with self._lock:
+            self._last_step = step
+        self._ask(release=False)
+
+    def release(self, step: int | None) -> None:
+        with self._lock:
+            self._last_step = step
+        self._stop.set()
+        self._ask(release=True)
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(max(0.2, self._ttl_s / 3)):
+            self._ask(release=False)
+
+    def _ask(self, release: bool) -> dict[str, Any] | None:
+        placement = self.placement
+        with self._lock:
+            last_step = self._last_step
+        sent = self._clock()
+        status, body = _post(f"{placement.federation_url}/v1/lease", {
+            "run": placement.run, "cluster": placement.cluster, "job_id": placement.job_id,
+            "restart": placement.restart, "generation": placement.generation,
+            "last_step": last_step, "release": release})
+        with self._lock:
+            if status == 409:
+                self.fenced_reason = str(body.get("reason", "fenced"))
+                log.error("lease refused: %s", self.fenced_reason)
+            elif status == 200 and body.get("verdict") == "grant":
+                self._last_ok = sent  # measured from when we asked: the safe side
+                self._ttl_s = float(body["ttl_s"])
+                if body.get("action") == "release" and not release:
+                    self.release_requested = True
+            elif status is None:
+                log.warning("lease renewal failed: %s", body.get("reason"))
+        return body if status == 200 else None
+
+    # --- the store ------------------------------------------------------------------------
+
+    def repository(self) -> Repository:
+        placement = self.placement
+        store = open_store(placement.store_url, endpoint_url=placement.store_endpoint or None)
+        if not placement.key_token:
+            assert placement.key_file is not None
+            return Repository(store, load_master_key(placement.key_file))
+        status, body = _post(f"{placement.federation_url}/v1/key",
+                             {"token": placement.key_token})
+        if status != 200:
+            raise Fenced(f"the federation daemon did not release the run key: "
+                         f"{body.get('reason')}")
+        return RunKeyRepository(store, placement.run, bytes.fromhex(body["data_key"]))
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read())
+        except ValueError:
+            return exc.code, {"reason": str(exc)}
+    except (OSError, ValueError) as exc:
+        return None, {"reason": str(exc)}
