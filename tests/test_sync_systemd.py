@@ -3,6 +3,7 @@ hardened and runs the command line the sandbox runs."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -32,11 +33,12 @@ def installed_here(unit: Path, tmp_path: Path) -> Path:
     """The unit as it would be installed on this host: where pip put the console script
     when it is not in /usr/local/bin (a virtualenv or pyenv Python)."""
     text = unit.read_text()
-    if not INSTALLED.exists():
-        program = Path(sys.executable).parent / SYNC_PROGRAM
-        if not program.exists():
-            pytest.skip(f"{SYNC_PROGRAM} is not installed (pip install -e .)")
-        text = text.replace(str(INSTALLED), str(program))
+    for name in re.findall(r"/usr/local/bin/([\w-]+)", text):
+        if not (Path("/usr/local/bin") / name).exists():
+            program = Path(sys.executable).parent / name
+            if not program.exists():
+                pytest.skip(f"{name} is not installed (pip install -e .)")
+            text = text.replace(f"/usr/local/bin/{name}", str(program))
     copy = tmp_path / unit.name
     copy.write_text(text)
     return copy

@@ -16,6 +16,10 @@ from slurm_geo.errors import SlurmGeoError
 
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 SUBCOMMANDS = {
+    "plan": ("slurm_geo.cli.federation", "plan",
+             "Where a logical job should run now, and why (read-only)."),
+    "status": ("slurm_geo.cli.federation", "status",
+               "A logical job across clusters: generations, lease, checkpoints."),
     "drill": ("slurm_geo.cli.drill", "drill",
               "Fail the home cluster in the sandbox; report RTO, RPO, bytes and cost."),
     "audit": ("slurm_geo.cli.audit", "audit",

@@ -56,6 +56,7 @@ class ClusterConfig:
     partitions: tuple[str, ...] = ()  # empty: any
     gpu_types: tuple[str, ...] = ()
     compliance: str = ""  # compliance domain, e.g. "eu-gdpr"; informational
+    slurm_federation: str = ""  # native Slurm federation it belongs to: Slurm moves jobs
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def _parse_registry(table: dict[str, Any], where: str) -> Path:
 
 _CLUSTER_KEYS = {
     "region", "access", "provider", "slurm_conf", "rest_url", "rest_user", "token_file",
-    "timeout_s", "prices", "store", "partitions", "gpu_types", "compliance",
+    "timeout_s", "prices", "store", "partitions", "gpu_types", "compliance", "slurm_federation",
 }
 
 
@@ -209,6 +210,7 @@ def _parse_cluster(name: str, table: Any, where: str) -> ClusterConfig:
         partitions=_string_list(table, "partitions", where),
         gpu_types=_string_list(table, "gpu_types", where),
         compliance=str(table.get("compliance", "")),
+        slurm_federation=str(table.get("slurm_federation", "")),
     )
 
 

@@ -60,6 +60,8 @@ log = logging.getLogger("slurm_geo.federation")
 UP, OUT = "up", "out"
 WAIT_RETRY_S = 1.0
 VERIFY_OLDER_LIMIT = 5  # checkpoints tried, newest first, before a move gives up
+PROBE_BYTES = 4 * 1024 * 1024
+BANDWIDTH_PROBE_EVERY_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ class Federation:
     def tick(self) -> None:
         health = self.probe_all()
         self._learn_from_sync()
+        self._probe_bandwidth()
         for job in self.state.jobs():
             try:
                 if job.status.is_final():
@@ -201,6 +204,36 @@ class Federation:
             errors = dict(zip(self.probes, pool.map(probe, self.probes.values()), strict=True))
         return {name: self._track_health(known.get(name), name, error, now)
                 for name, error in errors.items()}
+
+    def _probe_bandwidth(self) -> None:
+        """Time a probe object from each cluster store to each other one, every
+        BANDWIDTH_PROBE_EVERY_S: the planner needs a rate before any real move."""
+        now = self.clock()
+        if now - float(self.state.meta("bandwidth_probe_at") or 0) < BANDWIDTH_PROBE_EVERY_S:
+            return
+        self.state.put_meta("bandwidth_probe_at", str(now))
+        names = sorted({c.store for c in self.site.clusters.values() if c.store})
+        payload = os.urandom(PROBE_BYTES)
+        for source in names:
+            for destination in (n for n in names if n != source):
+                name = f"probes/{secrets.token_hex(8)}"
+                try:
+                    self.stores[source].put(name, payload)
+                    started = time.monotonic()
+                    self.stores[destination].put(name, self.stores[source].get(name))
+                    seconds = time.monotonic() - started
+                    self.bandwidth.observe(source, destination, PROBE_BYTES, seconds,
+                                           probe=True)
+                except CkptError as exc:
+                    log.warning("event=bandwidth_probe_failed source=%s destination=%s "
+                                "error=%s", source, destination, exc)
+                finally:
+                    for store in (self.stores[source], self.stores[destination]):
+                        try:
+                            store.delete(name)
+                        except CkptError:
+                            continue
+        self.state.put_bandwidth_snapshot(self.bandwidth.snapshot())
 
     def _learn_from_sync(self) -> None:
         """Every replication checkpoint-sync finished is a bandwidth sample."""
@@ -342,7 +375,8 @@ class Federation:
         checkpoint_bytes = self._checkpoint_bytes(job, source_store)
         needs = JobNeeds(
             logical_job=job.logical_job, home=self.home, current=job.cluster,
-            nodes=options.nodes, cpus=options.nodes * options.cpus_per_task, gpus=0,
+            nodes=options.nodes, cpus=options.nodes * options.cpus_per_task,
+            gpus=options.gpus,
             remaining_s=60.0 * (options.time_limit_minutes or 60),
             checkpoint_bytes=checkpoint_bytes, checkpoint_store=source_store,
             directives=options.directives())
@@ -369,8 +403,12 @@ class Federation:
         up = _answering(health, name)
         wait = self._queue_wait(name, options, job) if up else None
         # A partition the cluster lacks is dropped on resubmission: its default one fits.
+        current = self.site.cluster(job.cluster)
+        sibling = name != job.cluster and bool(cluster.slurm_federation) \
+            and cluster.slurm_federation == current.slurm_federation
         return ClusterView(name=name, region=cluster.region, store=cluster.store,
-                           prices=cluster.prices, up=up, queue_wait_s=wait, fits=True)
+                           prices=cluster.prices, up=up, queue_wait_s=wait, fits=True,
+                           federation_sibling=sibling)
 
     def _queue_wait(self, name: str, options: ScriptOptions, job: LogicalJob) -> float | None:
         if name == job.cluster and job.status is JobStatus.RUNNING:

@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(os.environ, getattr(logging, args.log_level))
     log = logging.getLogger("slurm_geo.federation")
     try:
-        federation = build(args.config)
+        federation = build(args.config, daemon=True)
         config = federation.config
         metrics = Metrics()
         server = serve(federation, metrics, config.listen_address, config.listen_port)

@@ -39,6 +39,7 @@ class ScriptOptions:
     output: str | None = None
     working_dir: str | None = None
     signal: str | None = None
+    gpus: int = 0  # in all, over every node
     geo: tuple[str, ...] = ()  # the --geo-NAME=VALUE arguments
 
     def to_json(self) -> dict[str, Any]:
@@ -81,8 +82,28 @@ def script_options(script: str) -> ScriptOptions:
         output=values.get("--output"),
         working_dir=values.get("--chdir"),
         signal=values.get("--signal"),
+        gpus=_gpus(values),
         geo=tuple(geo),
     )
+
+
+def _gpus(values: dict[str, str]) -> int:
+    """GPUs in all from --gpus, --gpus-per-node or --gres=gpu[:type]:N."""
+    nodes = int(values.get("--nodes", "1").split("-")[0])
+    if "--gpus" in values or "-G" in values:
+        return _count(values.get("--gpus") or values["-G"])
+    if "--gpus-per-node" in values:
+        return nodes * _count(values["--gpus-per-node"])
+    for gres in values.get("--gres", "").split(","):
+        if gres.startswith("gpu"):
+            return nodes * _count(gres)
+    return 0
+
+
+def _count(text: str) -> int:
+    """The count at the end of `[gpu:][type:]N`; a bare type means one."""
+    last = text.rsplit(":", 1)[-1]
+    return int(last) if last.isdigit() else 1
 
 
 def _pairs(words: list[str]) -> list[tuple[str, str]]:

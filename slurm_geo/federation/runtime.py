@@ -27,7 +27,9 @@ def federation_config(site: SiteConfig) -> FederationConfig:
     return site.federation
 
 
-def build(config_path: Path | None, env: Mapping[str, str] = os.environ) -> Federation:
+def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
+          daemon: bool = True) -> Federation:
+    """The Federation the config describes; `daemon=False` for commands that only look."""
     site = load_config(config_path)
     config = federation_config(site)
     key_file = config.key_file or Path(env.get(KEY_FILE_ENV) or DEFAULT_KEY_FILE)
@@ -39,7 +41,8 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ) -> Fede
     stores = {name: open_store(store.url, endpoint_url=store.endpoint_url or None)
               for name, store in site.stores.items()}
     state = FederationState(config.state)
-    state.refresh_leases(time.time())
+    if daemon:
+        state.refresh_leases(time.time())
     bandwidth = BandwidthModel.restore(state.bandwidth_snapshot())
     return Federation(site, config, master_key, clients, probes, stores, state,
                       AuditLog(config.audit_path), bandwidth)

@@ -1,0 +1,114 @@
+"""Fences: a run moved to another cluster cannot be overwritten by its stale incarnation,
+neither directly nor through replication; and a job holding only its run key reads and
+writes that run and nothing else."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+
+from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
+from slurm_geo.ckpt.errors import CorruptObject, WrongKey
+from slurm_geo.ckpt.fence import (
+    Fence,
+    FencedCheckpoint,
+    FenceRegression,
+    read_fence,
+    write_fence,
+)
+from slurm_geo.ckpt.replicate import copy_checkpoint
+from slurm_geo.ckpt.runkey import NoRunKey, RunKeyRepository, unwrap_run_key
+
+KEY = bytes(range(32))
+OPTIONS = WriteOptions(chunk_size=4096, pack_size=16 * 1024)
+
+
+def save(repo: Repository, run: str, step: int, cluster: str, seed: int = 0) -> None:
+    rng = random.Random(seed + step)
+    data = struct.pack("<512f", *(rng.gauss(0, 1) for _ in range(512)))
+    repo.write_checkpoint(run, [Tensor("w", "float32", (512,), data)], b"{}",
+                          Metadata(step, step, 0, None, "2026-11-29T12:00:00Z", cluster, "1"))
+
+
+def repo(tmp_path, name: str) -> tuple[LocalDirStore, Repository]:
+    (tmp_path / name).mkdir()
+    store = LocalDirStore(tmp_path / name)
+    return store, Repository(store, KEY, OPTIONS)
+
+
+def fence(generation=1, holder="rented", resume=20) -> Fence:
+    return Fence("run", generation, holder, resume, "2026-11-29T12:00:00+00:00")
+
+
+@pytest.mark.parametrize("cluster, step, admitted", [
+    ("rented", 30, True),    # the holder, past the resume step
+    ("onprem", 20, True),    # history: up to the resume step
+    ("onprem", 10, True),
+    ("onprem", 30, False),   # the stale incarnation, past the resume step
+])
+def test_a_fence_admits_the_holder_and_history_only(tmp_path, cluster, step, admitted):
+    _, repository = repo(tmp_path, "s")
+    save(repository, "run", step, cluster)
+    assert fence().admits(repository.manifest("run", step)) is admitted
+
+
+def test_replication_refuses_a_stale_incarnations_checkpoint(tmp_path):
+    home_store, home = repo(tmp_path, "home")
+    away_store, away = repo(tmp_path, "away")
+    save(home, "run", 20, "onprem")
+    copy_checkpoint(home, home_store, away_store, "run", 20)
+    write_fence(away, fence(resume=20))
+    save(home, "run", 30, "onprem")  # the partitioned home job kept training
+    with pytest.raises(FencedCheckpoint, match="fenced: generation 1 of the run belongs"):
+        copy_checkpoint(home, home_store, away_store, "run", 30)
+    assert away.steps("run") == [20]
+    assert away.latest("run") == 20
+    save(away, "run", 40, "rented")  # the new incarnation commits as usual
+    assert away.steps("run") == [20, 40]
+
+
+def test_fences_only_move_forward(tmp_path):
+    _, repository = repo(tmp_path, "s")
+    save(repository, "run", 10, "onprem")
+    assert read_fence(repository, "run") is None
+    write_fence(repository, fence(generation=2))
+    write_fence(repository, fence(generation=2))  # the same one again: a repeated step
+    with pytest.raises(FenceRegression):
+        write_fence(repository, fence(generation=1))
+    assert read_fence(repository, "run") == fence(generation=2)
+
+
+def test_a_tampered_fence_does_not_open(tmp_path):
+    store, repository = repo(tmp_path, "s")
+    save(repository, "run", 10, "onprem")
+    write_fence(repository, fence())
+    path = tmp_path / "s" / "fences" / "run"
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptObject):
+        read_fence(Repository(store, KEY, OPTIONS), "run")
+
+
+def test_the_run_key_opens_its_run_and_no_other(tmp_path):
+    store, repository = repo(tmp_path, "s")
+    save(repository, "run", 10, "onprem")
+    save(repository, "other", 10, "onprem")
+    data_key = unwrap_run_key(store, KEY, "run")
+    job_side = RunKeyRepository(store, "run", data_key)
+    assert job_side.read_checkpoint("run", 10).tensors == \
+        repository.read_checkpoint("run", 10).tensors
+    save(job_side, "run", 20, "rented")
+    assert repository.steps("run") == [10, 20]
+    assert repository.verify("run", 20) == []
+    with pytest.raises(NoRunKey, match="holds the data key of run 'run' only"):
+        job_side.steps("other") and job_side.manifest("other", 10)
+
+
+def test_a_wrong_master_key_does_not_unwrap_a_run_key(tmp_path):
+    store, repository = repo(tmp_path, "s")
+    save(repository, "run", 10, "onprem")
+    with pytest.raises(WrongKey):
+        unwrap_run_key(store, bytes(32), "run")

@@ -1,0 +1,90 @@
+"""Reading a script's #SBATCH block and building the resubmission, table-driven."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_geo.federation.resubmit import (
+    ENV_GENERATION,
+    ENV_KEY_TOKEN,
+    ENV_RESUME_STEP,
+    Incoming,
+    ScriptOptions,
+    resubmission,
+    script_options,
+)
+from slurm_geo.policy.directives import DirectiveError
+
+SCRIPT = """#!/bin/bash
+# a comment line is not the end of the block
+#SBATCH --job-name="train llm"
+#SBATCH -t 1-02:30:00
+#SBATCH --nodes=2 --cpus-per-task 4
+#SBATCH --partition=gpu
+#SBATCH --output=/data/%x-%j.out
+#SBATCH --gres=gpu:a100:4
+#SBATCH --geo-ckpt-dir=/pfs/ckpt
+#SBATCH --geo-failover=auto
+#SBATCH --geo-clusters=onprem,rented
+python train.py
+#SBATCH --time=5
+"""
+
+
+def test_the_sbatch_block_is_read_until_the_first_command():
+    options = script_options(SCRIPT)
+    assert options.name == "train llm"
+    assert options.time_limit_minutes == 1590
+    assert (options.nodes, options.cpus_per_task, options.gpus) == (2, 4, 8)
+    assert options.partition == "gpu"
+    assert options.output == "/data/%x-%j.out"
+    assert options.geo == ("--geo-ckpt-dir=/pfs/ckpt", "--geo-failover=auto",
+                           "--geo-clusters=onprem,rented")
+    assert options.directives().clusters == ("onprem", "rented")
+
+
+@pytest.mark.parametrize("time, minutes", [
+    ("30", 30), ("30:01", 31), ("1:00:00", 60), ("2-0", 2880), ("1-1:1", 1501),
+    ("0:30", 1)])
+def test_time_limits(time, minutes):
+    assert script_options(f"#!/bin/bash\n#SBATCH --time={time}\n").time_limit_minutes == minutes
+
+
+@pytest.mark.parametrize("line, gpus", [
+    ("--gpus=3", 3), ("--gpus-per-node=2 --nodes=3", 6), ("--gres=gpu:2", 2),
+    ("--gres=gpu:h100:1,shard:2", 1), ("--gres=gpu", 1), ("", 0)])
+def test_gpu_counts(line, gpus):
+    assert script_options(f"#!/bin/bash\n#SBATCH {line}\ntrue\n").gpus == gpus
+
+
+def test_bad_directives_are_refused_not_carried():
+    options = script_options("#!/bin/bash\n#SBATCH --geo-failover=sometimes\n")
+    with pytest.raises(DirectiveError, match="sometimes"):
+        options.directives()
+
+
+def test_options_survive_json():
+    options = script_options(SCRIPT)
+    assert ScriptOptions.from_json(options.to_json()) == options
+
+
+def test_the_resubmission_carries_script_directives_and_resume_pointer():
+    incoming = Incoming("onprem-9", 2, "run-a", 120, "http://fed:9852", "tok", "s3://b/c",
+                        "http://s3:9000")
+    spec = resubmission(SCRIPT, script_options(SCRIPT), incoming, ("batch",), {"A": "1"})
+    assert spec.script == SCRIPT
+    assert spec.partition is None  # rented has no "gpu" partition: its default takes it
+    assert (spec.nodes, spec.cpus_per_task, spec.time_limit_minutes) == (2, 4, 1590)
+    assert spec.requeue is True
+    env = spec.environment
+    assert env[ENV_GENERATION] == "2" and env[ENV_RESUME_STEP] == "120"
+    assert env[ENV_KEY_TOKEN] == "tok" and env["A"] == "1"
+    assert env["SLURM_GEO_FAILOVER"] == "auto"
+    assert env["SLURM_GEO_CLUSTERS"] == "onprem,rented"
+
+
+def test_a_run_without_checkpoint_resumes_from_nothing():
+    incoming = Incoming("onprem-9", 1, "run-a", None, "u", "t", "file:///x")
+    spec = resubmission("#!/bin/bash\ntrue\n", ScriptOptions(), incoming, (), {})
+    assert spec.environment[ENV_RESUME_STEP] == ""
+    assert spec.name == "onprem-9"
