@@ -7,7 +7,7 @@ only the data key the job can read and write that run's checkpoints and nothing 
 
 from __future__ import annotations
 
-from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.errors import CkptError, ObjectMissing
 from slurm_geo.ckpt.keys import KEY_SIZE, RunKeys
 from slurm_geo.ckpt.names import key_name
 from slurm_geo.ckpt.repository import Repository
@@ -34,7 +34,14 @@ class RunKeyRepository(Repository):
         raise NoRunKey(run, self._run)
 
 
-def unwrap_run_key(store: Store, master_key: bytes, run: str) -> bytes:
-    """The run's data key, opened from `keys/<run>` with the master key (§4)."""
+def unwrap_run_key(store: Store, master_key: bytes, run: str, create: bool = False) -> bytes:
+    """The run's data key, opened from `keys/<run>` with the master key (§4); with
+    `create`, a run that has no key in `store` yet gets one (its first checkpoint will be
+    written there by a job that holds only this key)."""
     name = key_name(run)
-    return open_sealed(master_key, Kind.DATA_KEY, store.get(name), name)
+    try:
+        return open_sealed(master_key, Kind.DATA_KEY, store.get(name), name)
+    except ObjectMissing:
+        if not create:
+            raise
+    return Repository(store, master_key)._keys(run, create=True).data_key

@@ -92,6 +92,7 @@ class Federation:
         self._lock = threading.RLock()  # leases and moves never interleave
         self._job_env = job_env if job_env is not None else _store_credentials(os.environ)
         self._announced: set[tuple[str, ...]] = set()  # audit lines not to repeat each tick
+        self._seen_pending: set[tuple[str, int]] = set()
 
     # --- the lease service ----------------------------------------------------------------
 
@@ -116,6 +117,8 @@ class Federation:
                 return Reply(200, {"verdict": "wait", "reason": answer.reason,
                                    "retry_s": WAIT_RETRY_S})
             assert job is not None
+            if not job.run:  # discovered while pending: the job names its run now
+                job = self.state.update_job(job.logical_job, now, run=request.run)
             first = lease is None or lease.generation != job.generation
             released = answer.action is Action.RELEASE and request.release
             self.state.put_lease(Lease(job.logical_job, job.generation, request.cluster,
@@ -141,11 +144,13 @@ class Federation:
             if owner is None:
                 return Reply(403, {"reason": "unknown or expired token"})
             job = self.state.job(owner[0])
+            if not job.run:
+                return Reply(409, {"reason": "ask for a lease first: it names the run"})
             if job.generation != owner[1] or job.status.is_final():
                 return Reply(403, {"reason": f"generation {owner[1]} is no longer current"})
             store = self.stores[self.site.cluster(job.cluster).store]
         try:
-            data_key = unwrap_run_key(store, self._key, job.run)
+            data_key = unwrap_run_key(store, self._key, job.run, create=True)
         except CkptError as exc:
             return Reply(503, {"reason": str(exc)})
         self._say_once(("key", job.logical_job, str(job.generation)), "key", job.logical_job,
@@ -154,23 +159,47 @@ class Federation:
         return Reply(200, {"run": job.run, "data_key": data_key.hex()})
 
     def _register(self, request: LeaseRequest, now: float) -> LogicalJob:
-        client = self.clients[self.home]
-        script = client.batch_script(request.job_id)
+        script = self.clients[self.home].batch_script(request.job_id)
         options = script_options(script)
         try:
             options.directives()
         except DirectiveError as exc:
             raise SlurmGeoError(f"job {self.home}:{request.job_id}: {exc}") from None
-        logical = f"{self.home}-{request.job_id}"
-        job = LogicalJob(logical, request.run, self.home, script, options.to_json(),
-                         options.directives().as_options(), 0, self.home, request.job_id,
+        return self._add(request.job_id, request.run, script, options, now,
+                         "first lease request of a home job")
+
+    def _add(self, job_id: int, run: str, script: str, options: ScriptOptions, now: float,
+             why: str) -> LogicalJob:
+        logical = f"{self.home}-{job_id}"
+        job = LogicalJob(logical, run, self.home, script, options.to_json(),
+                         options.directives().as_options(), 0, self.home, job_id,
                          None, JobStatus.RUNNING, None, None, now, now)
         self.state.add_job(job)
-        self.audit.append("register", logical, f"registered {self.home}:{request.job_id} "
-                          f"(run {request.run})", "first lease request of a home job",
-                          cluster=self.home, job_id=request.job_id, run=request.run,
-                          directives=job.directives)
+        self.audit.append("register", logical, f"registered {self.home}:{job_id}"
+                          + (f" (run {run})" if run else ""), why, cluster=self.home,
+                          job_id=job_id, run=run, directives=job.directives)
         return job
+
+    def _discover_pending(self) -> None:
+        """Register geo jobs pending at home, so a hopeless queue can be left: a job that
+        asks --geo-failover and --geo-ckpt-dir. Each pending job's script is read once."""
+        for info in self.clients[self.home].jobs():
+            key = (self.home, info.job_id)
+            if info.state is not JobState.PENDING or key in self._seen_pending:
+                continue
+            self._seen_pending.add(key)
+            with self._lock:
+                if self.state.find_job(self.home, info.job_id) is not None:
+                    continue
+                try:
+                    script = self.clients[self.home].batch_script(info.job_id)
+                    options = script_options(script)
+                    directives = options.directives()
+                except (SlurmError, DirectiveError, ValueError):
+                    continue
+                if directives.ckpt_dir and directives.failover in ("auto", "manual"):
+                    self._add(info.job_id, "", script, options, self.clock(),
+                              "a geo job pending on the home cluster")
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -178,6 +207,8 @@ class Federation:
         health = self.probe_all()
         self._learn_from_sync()
         self._probe_bandwidth()
+        if _answering(health, self.home):
+            self._discover_pending()
         for job in self.state.jobs():
             try:
                 if job.status.is_final():
@@ -307,6 +338,10 @@ class Federation:
         if info is not None and info.state.is_terminal():
             self._finish(job, info.state, lease)
             return
+        if info is not None and info.state is JobState.PENDING and lease is None \
+                and job.move_to is None:
+            self._consider_queue_move(job, health)
+            return
         if self.config.failback and job.cluster != self.home and job.move_to is None:
             self._consider_failback(job, health, lease)
 
@@ -360,7 +395,7 @@ class Federation:
     def _fence_store(self, job: LogicalJob, cluster: str) -> None:
         """Fence the run in `cluster`'s store too, now that it can be reached."""
         store_name = self.site.cluster(cluster).store
-        if store_name == self.site.cluster(job.cluster).store:
+        if not job.run or store_name == self.site.cluster(job.cluster).store:
             return
         fence = Fence(job.run, job.generation, job.cluster, job.resume_step, _utc(self.clock()))
         write_fence(Repository(self.stores[store_name], self._key), fence)
@@ -454,6 +489,22 @@ class Federation:
                           chosen.reason, plan=_plan_summary(chosen))
         self._move(job, chosen.choice, chosen.reason, health)
 
+    def _consider_queue_move(self, job: LogicalJob, health: dict[str, Health]) -> None:
+        """A job still pending (never granted a lease) moves when another cluster would
+        start it sooner by more than the margin."""
+        chosen = self.plan_for(job, health)
+        if not chosen.moves():
+            return
+        if chosen.needs_approval:
+            self._say_once(("approval", job.logical_job, str(job.generation)), "decision",
+                           job.logical_job, f"move to {chosen.choice} needs approval",
+                           chosen.reason + " (--geo-failover is not auto)",
+                           plan=_plan_summary(chosen))
+            return
+        self.audit.append("decision", job.logical_job, f"move to {chosen.choice}",
+                          chosen.reason, plan=_plan_summary(chosen))
+        self._move(job, chosen.choice, chosen.reason, health, cancel_current=True)
+
     def _consider_failback(self, job: LogicalJob, health: dict[str, Health],
                            lease: Lease | None) -> None:
         home = health.get(self.home)
@@ -473,7 +524,9 @@ class Federation:
     # --- moving -----------------------------------------------------------------------------
 
     def _move(self, job: LogicalJob, target: str, reason: str,
-              health: dict[str, Health]) -> None:
+              health: dict[str, Health], cancel_current: bool = False) -> None:
+        """`cancel_current`: the current incarnation is still queued; it is cancelled once
+        the generation is bumped, so if it starts meanwhile it is refused a lease."""
         with self._lock:
             job = self.state.job(job.logical_job)
             if job.status is not JobStatus.RUNNING:
@@ -481,21 +534,25 @@ class Federation:
             target_store = self.site.cluster(target).store
             source_store = self.site.cluster(job.cluster).store
             current_up = _answering(health, job.cluster)
-            if current_up and source_store != target_store:
+            if job.run and current_up and source_store != target_store:
                 self._carry_newest(job, source_store, target_store)
-            resume = self._newest_verified(job, target_store)
+            resume = self._newest_verified(job, target_store) if job.run else None
             if resume is False:
                 return
             now = self.clock()
             moved = self.state.begin_generation(job.logical_job, job.generation + 1, target,
                                                 resume, now)
-            fence = Fence(job.run, moved.generation, target, resume, _utc(now))
-            write_fence(Repository(self.stores[target_store], self._key), fence)
-            if current_up and source_store != target_store:
-                self._fence_store(moved, job.cluster)
-            self.audit.append("fence", job.logical_job,
-                              f"run {job.run} fenced at generation {moved.generation} for "
-                              f"{target} from step {resume}", reason, store=target_store)
+            if cancel_current and job.job_id is not None:
+                self.clients[job.cluster].cancel(job.job_id)
+            if job.run:  # a job that never trained has no checkpoint to protect yet
+                fence = Fence(job.run, moved.generation, target, resume, _utc(now))
+                write_fence(Repository(self.stores[target_store], self._key), fence)
+                if current_up and source_store != target_store:
+                    self._fence_store(moved, job.cluster)
+                self.audit.append("fence", job.logical_job,
+                                  f"run {job.run} fenced at generation {moved.generation} "
+                                  f"for {target} from step {resume}", reason,
+                                  store=target_store)
             self._submit(moved)
 
     def _carry_newest(self, job: LogicalJob, source_store: str, target_store: str) -> None:

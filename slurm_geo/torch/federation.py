@@ -92,7 +92,7 @@ class FederatedRun:
         if env.get(env_names.ENV_GENERATION):
             resume = env.get(env_names.ENV_RESUME_STEP, "")
             return cls(Placement(
-                run=env.get(env_names.ENV_RUN, run), cluster=cluster, job_id=job_id,
+                run=env.get(env_names.ENV_RUN) or run, cluster=cluster, job_id=job_id,
                 restart=restart, generation=int(env[env_names.ENV_GENERATION]),
                 resume_step=int(resume) if resume else None,
                 federation_url=env[env_names.ENV_FEDERATION_URL],
