@@ -3,7 +3,7 @@ PYTHON ?= python3
 DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic lua5.1
 SLURM_GEO = $(PYTHON) -m slurm_geo
 
-.PHONY: install demo test test-quick lint bench spank
+.PHONY: install drill demo test test-quick lint bench spank
 
 # The SPANK plugin of the --geo-* options, built against the installed Slurm headers.
 SPANK_SO = spank/geo_directives.so
@@ -24,6 +24,10 @@ spank: $(SPANK_SO)  ## the SPANK plugin (spank/geo_directives.so)
 $(SPANK_SO): spank/geo_directives.c
 	@test -f $(SLURM_INCLUDE)/slurm/spank.h || { echo "spank: $(SLURM_INCLUDE)/slurm/spank.h is missing; install it with: apt-get install libslurm-dev" >&2; exit 1; }
 	$(CC) $(SPANK_CFLAGS) -I$(SLURM_INCLUDE) -o $@ $<
+
+drill: install  ## the failover drill: lose onprem, continue on rented, report
+	$(SLURM_GEO) sandbox up
+	$(SLURM_GEO) drill
 
 demo: install  ## bring the sandbox up and run a job on each cluster
 	$(SLURM_GEO) sandbox up

@@ -95,3 +95,56 @@ def test_sandbox_config_is_a_valid_site_config():
     assert site.cluster("rented").rest_url == "http://127.0.0.1:20025"
     assert site.cluster("rented").prices.gpu_hour > site.cluster("onprem").prices.gpu_hour
     assert site.stores["offsite"].endpoint_url == "http://127.0.0.1:20040"
+
+
+def test_the_federation_settings_table_in_the_docs_is_current():
+    from pathlib import Path
+
+    from slurm_geo.config.model import FEDERATION_SETTINGS, settings_table
+    docs = Path(__file__).resolve().parent.parent / "docs" / "federation.md"
+    assert settings_table(FEDERATION_SETTINGS) in docs.read_text()
+
+
+def federated(**table) -> dict:
+    raw = {**GOOD, "clusters": {name: {**c, "store": "offsite"}
+                                for name, c in GOOD["clusters"].items()},
+           "federation": table}
+    return raw
+
+
+def test_a_federation_table_reads_into_settings():
+    site = parse_config(federated(probe_interval_s=2, outage_after=4, lease_ttl_s=8,
+                                  listen_port=9999, failback=False))
+    config = site.federation
+    assert config is not None
+    assert (config.probe_interval_s, config.outage_after, config.lease_ttl_s) == (2.0, 4, 8.0)
+    assert config.detection_window_s == 8.0
+    assert config.url == "http://127.0.0.1:9999"
+    assert config.failback is False
+    assert site.cluster("rented").store == "offsite"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"outage_after": 0}, "outage_after must be a whole number from 1 to 100"),
+    ({"lease_ttl_s": -1}, "lease_ttl_s must be a number of seconds > 0"),
+    ({"failback": "yes"}, "failback must be true or false"),
+    ({"audit_path": "audit.db"}, "audit_path must be an absolute path"),
+    ({"listen_port": 70000}, "listen_port must be a whole number from 1 to 65535"),
+    ({"probes": 3}, "unknown key(s) probes"),
+])
+def test_federation_mistakes_are_named(change, message):
+    with pytest.raises(ConfigError) as error:
+        parse_config(federated(**change))
+    assert message in str(error.value)
+
+
+def test_federation_needs_a_store_per_cluster():
+    raw = {**GOOD, "federation": {}}
+    with pytest.raises(ConfigError, match="cluster.s. onprem, rented have no store"):
+        parse_config(raw)
+
+
+def test_a_cluster_store_must_be_a_known_store():
+    raw = with_change("clusters.onprem.store", "nowhere")
+    with pytest.raises(ConfigError, match="store 'nowhere' is not one of \\[stores\\]"):
+        parse_config(raw)
