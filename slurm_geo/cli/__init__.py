@@ -16,6 +16,8 @@ from slurm_geo.errors import SlurmGeoError
 
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 SUBCOMMANDS = {
+    "approve": ("slurm_geo.cli.federation", "approve",
+                "Consent to moving a job that did not ask --geo-failover=auto."),
     "plan": ("slurm_geo.cli.federation", "plan",
              "Where a logical job should run now, and why (read-only)."),
     "status": ("slurm_geo.cli.federation", "status",

@@ -103,3 +103,23 @@ def _render(view: dict[str, Any]) -> str:
 def _iso(epoch: float | None) -> str | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, UTC).isoformat(
         timespec="seconds")
+
+
+@click.command("approve")
+@click.argument("job")
+@click.argument("cluster")
+@click.option("--config", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)
+def approve(job: str, cluster: str, config: Path | None) -> None:
+    """Consent to moving logical job JOB to CLUSTER, for jobs without
+    --geo-failover=auto. A job whose cluster is out, or that is still queued, moves as soon
+    as the daemon's plan chooses CLUSTER; a running job moves at its next checkpoint."""
+    import getpass
+
+    from slurm_geo.federation.runtime import build
+
+    try:
+        moved = build(config, daemon=False).approve(job, cluster, getpass.getuser())
+    except SlurmGeoError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{moved.logical_job}: move to {cluster} approved; the federation daemon "
+               "makes it when its plan chooses it")

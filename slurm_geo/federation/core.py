@@ -338,8 +338,7 @@ class Federation:
         if info is not None and info.state.is_terminal():
             self._finish(job, info.state, lease)
             return
-        if info is not None and info.state is JobState.PENDING and lease is None \
-                and job.move_to is None:
+        if info is not None and info.state is JobState.PENDING and lease is None:
             self._consider_queue_move(job, health)
             return
         if self.config.failback and job.cluster != self.home and job.move_to is None:
@@ -470,10 +469,11 @@ class Federation:
                            job.logical_job, f"job stays on {job.cluster}", chosen.reason,
                            plan=_plan_summary(chosen))
             return
-        if chosen.needs_approval:
+        if chosen.needs_approval and job.move_to != chosen.choice:
             self._say_once(("approval", job.logical_job, str(job.generation)), "decision",
                            job.logical_job, f"move to {chosen.choice} needs approval",
-                           chosen.reason + " (--geo-failover is not auto)",
+                           chosen.reason + " (--geo-failover is not auto; `slurm-geo "
+                           f"approve {job.logical_job} {chosen.choice}`)",
                            plan=_plan_summary(chosen))
             return
         lease = self.state.lease(job.logical_job)
@@ -495,7 +495,7 @@ class Federation:
         chosen = self.plan_for(job, health)
         if not chosen.moves():
             return
-        if chosen.needs_approval:
+        if chosen.needs_approval and job.move_to != chosen.choice:
             self._say_once(("approval", job.logical_job, str(job.generation)), "decision",
                            job.logical_job, f"move to {chosen.choice} needs approval",
                            chosen.reason + " (--geo-failover is not auto)",
@@ -520,6 +520,26 @@ class Federation:
         self.audit.append("decision", job.logical_job, f"fail back to {self.home} at the "
                           "next checkpoint", chosen.reason, after_step=after,
                           plan=_plan_summary(chosen))
+
+    def approve(self, logical_job: str, target: str, who: str) -> LogicalJob:
+        """A person's consent to move a job that did not ask --geo-failover=auto. A job
+        whose cluster is out, or that is still queued, moves as soon as the plan chooses
+        `target`; a running job moves at its next checkpoint."""
+        self.site.cluster(target)  # a known cluster, or ConfigError naming the known ones
+        with self._lock:
+            job = self.state.job(logical_job)
+            if job.status.is_final():
+                raise SlurmGeoError(f"logical job {logical_job} is {job.status.value}; "
+                                    "there is nothing to move")
+            if target == job.cluster:
+                raise SlurmGeoError(f"logical job {logical_job} already runs on {target}")
+            lease = self.state.lease(logical_job)
+            after = lease.last_step if lease is not None else None
+            job = self.state.update_job(logical_job, self.clock(), move_to=target,
+                                        move_after_step=after)
+        self.audit.append("approval", logical_job, f"move to {target} approved",
+                          f"approved by {who}", cluster=target, after_step=after)
+        return job
 
     # --- moving -----------------------------------------------------------------------------
 
