@@ -156,7 +156,7 @@ class FederatedRun:
         self._ask(release=True)
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(max(0.2, self._ttl_s / 3)):
+        while not self._stop.wait(max(0.2, self._ttl_s / 3)) and self.fenced_reason is None:
             self._ask(release=False)
 
     def _ask(self, release: bool) -> dict[str, Any] | None:
