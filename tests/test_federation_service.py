@@ -55,7 +55,9 @@ def service(tmp_path):
                              "onprem", 5, None, JobStatus.RUNNING, None, None, now, now))
     state.begin_generation("onprem-5", 1, "rented", None, now)
     state.submitted("onprem-5", 1, 77, token_digest("secret-token"), now)
-    server = serve(federation, Metrics(), "127.0.0.1", port)
+    metrics = Metrics()
+    server = serve(federation, metrics, "127.0.0.1", port)
+    metrics.observe(federation)
     yield federation, site.federation.url, stores
     server.shutdown()
 
@@ -128,3 +130,13 @@ def test_a_requeued_incarnation_waits_for_the_previous_lease_to_run_out(service)
     assert time.monotonic() - started >= 0.5 * TTL  # it waited for the old lease
     assert second.may_train()
     second.release(None)
+
+
+def test_metrics_are_served_in_prometheus_text(service):
+    import urllib.request
+
+    _, url, _ = service
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    assert 'slurm_geo_federation_jobs{status="running"} 1.0' in text
+    assert "slurm_geo_federation_ticks_total 1.0" in text

@@ -93,6 +93,7 @@ class Federation:
         self._job_env = job_env if job_env is not None else _store_credentials(os.environ)
         self._announced: set[tuple[str, ...]] = set()  # audit lines not to repeat each tick
         self._seen_pending: set[tuple[str, int]] = set()
+        self.nodes_available: dict[str, int] = {}  # from the last probe that answered
 
     # --- the lease service ----------------------------------------------------------------
 
@@ -227,7 +228,10 @@ class Federation:
         def probe(client: SlurmClient) -> str | None:
             try:
                 client.ping()
+                self.nodes_available[client.cluster] = sum(
+                    1 for node in client.nodes() if node.available)
             except SlurmError as exc:
+                self.nodes_available.pop(client.cluster, None)
                 return str(exc)
             return None
 

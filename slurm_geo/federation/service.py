@@ -31,6 +31,9 @@ class Metrics:
         self.cluster_up = Gauge("slurm_geo_federation_cluster_up",
                                 "1 while the cluster answers its probes", ["cluster"],
                                 registry=self.registry)
+        self.nodes = Gauge("slurm_geo_federation_nodes_available",
+                           "Nodes that can take work, at the last probe that answered",
+                           ["cluster"], registry=self.registry)
         self.jobs = Gauge("slurm_geo_federation_jobs", "Logical jobs by status", ["status"],
                           registry=self.registry)
         self.ticks = Counter("slurm_geo_federation_ticks", "Rounds of the daemon loop",
@@ -42,6 +45,8 @@ class Metrics:
     def observe(self, federation: Federation) -> None:
         for cluster, health in federation.state.health().items():
             self.cluster_up.labels(cluster).set(1 if health.status == "up" else 0)
+        for cluster, count in federation.nodes_available.items():
+            self.nodes.labels(cluster).set(count)
         counts: dict[str, int] = {}
         for job in federation.state.jobs():
             counts[job.status.value] = counts.get(job.status.value, 0) + 1
