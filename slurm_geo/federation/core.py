@@ -340,7 +340,11 @@ class Federation:
                        f"{lease.last_step}", health)
             return
         if info is not None and info.state.is_terminal():
-            self._finish(job, info.state, lease)
+            if lease is not None and lease.generation == job.generation \
+                    and not lease.released:
+                self._restart_lost(job, info.state, lease, health)
+            else:
+                self._finish(job, info.state, lease)
             return
         if info is not None and info.state is JobState.PENDING and lease is None:
             self._consider_queue_move(job, health)
@@ -492,6 +496,34 @@ class Federation:
         self.audit.append("decision", job.logical_job, f"move to {chosen.choice}",
                           chosen.reason, plan=_plan_summary(chosen))
         self._move(job, chosen.choice, chosen.reason, health)
+
+    def _restart_lost(self, job: LogicalJob, state: JobState, lease: Lease,
+                      health: dict[str, Health]) -> None:
+        """Slurm says the job ended, but its trainer never released its lease: it was
+        killed (a controller and its nodes lost and restarted can even report such a job
+        COMPLETED). The job continues from its newest verified checkpoint, where the plan
+        says, once the lease has run out."""
+        if not lease.expired(self.clock(), self.config.lease_ttl_s):
+            return
+        counter = f"lost_restarts:{job.logical_job}"
+        restarts = int(self.state.meta(counter) or 0)
+        if restarts >= self.site.policy.max_restarts:
+            self.audit.append("decision", job.logical_job, "give up",
+                              f"generation {job.generation} ended {state.value} without "
+                              f"releasing its lease, and {restarts} restarts (the policy's "
+                              "max_restarts) were spent", cluster=job.cluster)
+            self._finish(job, state, lease)
+            return
+        self.state.put_meta(counter, str(restarts + 1))
+        chosen = self.plan_for(job, health)
+        target = chosen.choice if chosen.moves() and not chosen.needs_approval \
+            else job.cluster
+        reason = (f"generation {job.generation} on {job.cluster}:{job.job_id} ended "
+                  f"{state.value} without releasing its lease (last checkpoint "
+                  f"{lease.last_step}); it continues on {target}")
+        self.audit.append("decision", job.logical_job, f"restart on {target}", reason,
+                          plan=_plan_summary(chosen))
+        self._move(job, target, reason, health)
 
     def _consider_queue_move(self, job: LogicalJob, health: dict[str, Health]) -> None:
         """A job still pending (never granted a lease) moves when another cluster would
