@@ -27,6 +27,7 @@ SUBCOMMANDS = {
     "audit": ("slurm_geo.cli.audit", "audit",
               "Show and verify the federation daemon's hash-chained audit log."),
     "sandbox": ("slurm_geo.cli.sandbox", "sandbox", "Run a local two-cluster Slurm sandbox."),
+    "billing": ("slurm_geo.cli.billing", "billing", "Chargeback: ingest, reports, invoices."),
     "ckpt": ("slurm_geo.cli.ckpt", "ckpt",
              "Push, pull, list, verify, promote and garbage-collect checkpoints."),
     "keys": ("slurm_geo.cli.ckpt", "keys", "Create the site master key."),

@@ -105,6 +105,7 @@ class SiteConfig:
     policy: GeoPolicy = field(default_factory=GeoPolicy)  # [policy]: the --geo-* rules
     registry_path: Path = DEFAULT_REGISTRY_PATH  # [registry] path: the controller's jobs
     federation: FederationConfig | None = None  # [federation]: the federation daemon
+    billing: dict[str, Any] = field(default_factory=dict)  # [billing], read by billing.config
 
     def cluster(self, name: str) -> ClusterConfig:
         try:
@@ -137,7 +138,7 @@ def load_config(path: Path | None = None) -> SiteConfig:
 
 def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
     _reject_unknown(raw, {"site", "clusters", "stores", "retention", "sync", "policy",
-                          "registry", "federation"}, source)
+                          "registry", "federation", "billing"}, source)
     site = _table(raw, "site", source)
     _reject_unknown(site, {"home_cluster"}, f"{source} [site]")
     clusters = {
@@ -164,6 +165,7 @@ def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
                   if "federation" in raw else None)
     return SiteConfig(home_cluster=home, clusters=clusters, stores=stores, source=source,
                       retention=retention, sync=sync, policy=policy, federation=federation,
+                      billing=_table(raw, "billing", source),
                       registry_path=_parse_registry(_table(raw, "registry", source),
                                                     f"{source} [registry]"))
 

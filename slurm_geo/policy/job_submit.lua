@@ -16,7 +16,8 @@ with the same messages as slurm_geo/policy/geo.py, in the same order:
   - residency outside the data class's regions or excluding this cluster, clusters
     outside the residency, unknown cost centers, budgets exceeded: rejected
     (slurm.ESLURM_ACCESS_DENIED);
-  - a job with a checkpoint directory gets --requeue unless it said --no-requeue.
+  - a job with a checkpoint directory gets --requeue unless it said --no-requeue;
+  - an accepted job's cost center goes into its admin comment, for billing.
 Jobs without directives pass untouched. To add this to a site's own job_submit.lua, call
 geo_job_submit(job_desc, submit_uid) from its slurm_job_submit and return on non-SUCCESS.
 ]]
@@ -218,6 +219,23 @@ local function check(d, policy, cluster)
   check_budget(d, policy)
 end
 
+-- --- what billing reads back --------------------------------------------------------
+
+-- sacct and slurmrestd do not show a job's environment, so the cost center is recorded in
+-- the admin comment ("geo:cost_center=NAME", after any comment already there), where
+-- `slurm-geo billing ingest` finds it (slurm_geo/billing/attribution.py).
+local function record_for_billing(job_desc, d)
+  local center = d["geo-cost-center"]
+  if center == nil then return end
+  local tag = "geo:cost_center=" .. center
+  local current = job_desc.admin_comment
+  if current == nil or current == "" then
+    job_desc.admin_comment = tag
+  elseif not string.find(current, tag, 1, true) then
+    job_desc.admin_comment = current .. " " .. tag
+  end
+end
+
 -- --- where directives come from ------------------------------------------------------
 
 local function from_spank_env(job_desc)
@@ -262,6 +280,7 @@ function geo_job_submit(job_desc, submit_uid)
     if d["geo-ckpt-dir"] ~= nil and job_desc.requeue == NO_VAL16 then
       job_desc.requeue = 1
     end
+    record_for_billing(job_desc, d)
   end)
   if ok then return slurm.SUCCESS end
   if type(err) ~= "table" then err = { message = "geo: " .. tostring(err), code = slurm.ERROR } end

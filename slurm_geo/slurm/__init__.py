@@ -10,7 +10,14 @@ from slurm_geo.slurm.errors import (
     SlurmError,
     SlurmRejected,
 )
-from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobSpec, JobState, NodeInfo
+from slurm_geo.slurm.models import (
+    AccountingRecord,
+    JobInfo,
+    JobSpec,
+    JobState,
+    MalformedAccountingRow,
+    NodeInfo,
+)
 from slurm_geo.slurm.rest_backend import RestSlurmClient
 
 
@@ -26,6 +33,6 @@ def connect(cluster: ClusterConfig) -> SlurmClient:
 
 __all__ = [
     "AccountingRecord", "CliSlurmClient", "ControllerUnreachable", "JobInfo", "JobNotFound",
-    "JobSpec", "JobState", "NodeInfo", "RestSlurmClient", "SlurmClient", "SlurmCommandError",
-    "SlurmError", "SlurmRejected", "connect",
+    "JobSpec", "JobState", "MalformedAccountingRow", "NodeInfo", "RestSlurmClient",
+    "SlurmClient", "SlurmCommandError", "SlurmError", "SlurmRejected", "connect",
 ]

@@ -141,6 +141,7 @@ class AccountingRecord:
     exit_code: int | None
     nodes: str
     comment: str = ""
+    admin_comment: str = ""  # set by job_submit.lua: "geo:cost_center=NAME"
 
     @property
     def settled(self) -> bool:
@@ -150,3 +151,13 @@ class AccountingRecord:
         no partition and the name "allocation"; the real values follow seconds later.
         """
         return bool(self.partition)
+
+
+@dataclass(frozen=True)
+class MalformedAccountingRow:
+    """A line of accounting output that could not be read as a record; kept, never dropped."""
+
+    cluster: str
+    line: int
+    text: str
+    reason: str

@@ -9,10 +9,18 @@ v0.0.38/39 (Slurm 22.05, 23.02) uses plain numbers and strings; v0.0.40 and late
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
-from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobState, NodeInfo
+from slurm_geo.slurm.models import (
+    AccountingRecord,
+    JobInfo,
+    JobState,
+    MalformedAccountingRow,
+    NodeInfo,
+)
 
 Json = dict[str, Any]
 
@@ -137,6 +145,7 @@ def _record(raw: Json, cluster: str) -> AccountingRecord:
         exit_code=_exit_code(raw.get("exit_code")),
         nodes=raw.get("nodes") or "",
         comment=_comment(raw.get("comment")),
+        admin_comment=_admin_comment(raw.get("comment"), raw.get("admin_comment")),
     )
 
 
@@ -158,6 +167,116 @@ def _comment(value: Any) -> str:
     if isinstance(value, dict):
         return value.get("job") or ""
     return value or ""
+
+
+def _admin_comment(comment: Any, flat: Any) -> str:
+    """v0.0.38+ keep it in comment.administrator; some shapes have a flat admin_comment."""
+    if isinstance(comment, dict) and comment.get("administrator"):
+        return str(comment["administrator"])
+    return str(flat) if isinstance(flat, str) else ""
+
+
+# --- sacct --parsable2: the fast path for large windows ------------------------------------
+
+# The fields `parsable_accounting` reads, in order. JobName comes last: it is the one free-text
+# field users choose, and the last field may contain the delimiter.
+PARSABLE_FIELDS = ("JobIDRaw", "Cluster", "User", "Account", "Partition", "State", "Submit",
+                   "Start", "End", "ElapsedRaw", "AllocTRES", "ExitCode", "NodeList",
+                   "AdminComment", "Comment", "JobName")
+_MEMORY_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 ** 2, "P": 1024 ** 3}
+
+
+def sacct_parsable_argv(delimiter: str = "|") -> list[str]:
+    """The sacct arguments whose output `parsable_accounting` reads (add the window)."""
+    return ["sacct", "--parsable2", "--noheader", f"--delimiter={delimiter}", "--duplicates",
+            "--allusers", "--allocations", f"--format={','.join(PARSABLE_FIELDS)}"]
+
+
+def tres_text(text: str) -> dict[str, int]:
+    """{"cpu": 2, "gres/gpu": 2, "mem": 4096} from sacct's "cpu=2,gres/gpu=2,mem=4G".
+
+    Memory counts are in MB as in the JSON shapes. Raises ValueError for what is not TRES.
+    """
+    found: dict[str, int] = {}
+    for item in text.split(",") if text else ():
+        key, sep, value = item.partition("=")
+        if value.isdigit() and key:
+            found[key] = int(value)
+        elif not sep or not key:
+            raise ValueError(f"TRES entry {item!r} is not NAME=COUNT")
+        elif value[:-1].replace(".", "", 1).isdigit() and value[-1:] in _MEMORY_UNITS:
+            found[key] = round(float(value[:-1]) * _MEMORY_UNITS[value[-1]])
+        else:
+            raise ValueError(f"TRES entry {item!r} has no count")
+    return found
+
+
+def parsable_accounting(lines: Iterable[str], cluster: str, tz: Any = None,
+                        delimiter: str = "|"
+                        ) -> Iterator[AccountingRecord | MalformedAccountingRow]:
+    """Records from `sacct --parsable2` lines with PARSABLE_FIELDS, one at a time.
+
+    `tz` is the zone sacct printed times in (default: this host's). A line that cannot be
+    read comes out as a MalformedAccountingRow saying why; a header line is skipped.
+    """
+    header = delimiter.join(PARSABLE_FIELDS)
+    for number_, raw_line in enumerate(lines, 1):
+        line = raw_line.rstrip("\n")
+        if not line or line == header:
+            continue
+        fields = line.split(delimiter, len(PARSABLE_FIELDS) - 1)
+        try:
+            yield _parsable_record(fields, cluster, tz)
+        except ValueError as exc:
+            yield MalformedAccountingRow(cluster, number_, line, str(exc))
+
+
+def _parsable_record(fields: list[str], cluster: str, tz: Any) -> AccountingRecord:
+    if len(fields) != len(PARSABLE_FIELDS):
+        raise ValueError(f"{len(fields)} fields, expected {len(PARSABLE_FIELDS)}")
+    (job_id, cluster_name, user, account, partition, state, submit, start, end, elapsed,
+     alloc, exit_code, nodes_, admin_comment, comment, name) = fields
+    if not job_id.isdigit():
+        raise ValueError(f"JobIDRaw {job_id!r} is not a job id")
+    if not elapsed.isdigit():
+        raise ValueError(f"ElapsedRaw {elapsed!r} is not a number of seconds")
+    return AccountingRecord(
+        cluster=cluster_name or cluster, job_id=int(job_id), name=name, user=user,
+        account=account, partition=partition, state=_sacct_state(state),
+        submit_time=_sacct_time(submit, tz), start_time=_sacct_time(start, tz),
+        end_time=_sacct_time(end, tz), elapsed_s=int(elapsed),
+        allocated_tres=dict(_sacct_tres(alloc)),
+        exit_code=_sacct_exit_code(exit_code), nodes=nodes_, comment=comment,
+        admin_comment=admin_comment,
+    )
+
+
+# A month of accounting repeats a few states and TRES sets many thousand times.
+@lru_cache(maxsize=256)
+def _sacct_state(text: str) -> JobState:
+    return JobState.parse(text)
+
+
+@lru_cache(maxsize=4096)
+def _sacct_tres(text: str) -> tuple[tuple[str, int], ...]:
+    return tuple(tres_text(text).items())
+
+
+def _sacct_time(text: str, tz: Any) -> datetime | None:
+    if text in ("", "Unknown", "None", "N/A"):
+        return None
+    try:
+        naive = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"time {text!r} is not YYYY-MM-DDTHH:MM:SS") from None
+    if tz is UTC:
+        return naive.replace(tzinfo=UTC)
+    return (naive.replace(tzinfo=tz) if tz else naive.astimezone()).astimezone(UTC)
+
+
+def _sacct_exit_code(text: str) -> int | None:
+    code = text.split(":")[0]
+    return int(code) if code.isdigit() else None
 
 
 _TEST_ONLY = re.compile(r"Job \d+ to start at (\S+)")
