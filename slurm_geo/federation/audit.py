@@ -64,13 +64,13 @@ _COLUMNS = "seq, time, kind, logical_job, what, why, detail, prev_hash, hash"
 class AuditError(SlurmGeoError):
     """The audit log cannot be opened or read."""
 
-    exit_code = 50
+    exit_code = 55
 
 
 class AuditChainBroken(AuditError):
     """`verify` found an altered, missing or reordered entry."""
 
-    exit_code = 51
+    exit_code = 56
 
 
 @dataclass(frozen=True)
