@@ -16,6 +16,7 @@ from slurm_geo.ckpt.fence import (
     FencedCheckpoint,
     FenceRegression,
     read_fence,
+    unadmitted_steps,
     write_fence,
 )
 from slurm_geo.ckpt.replicate import copy_checkpoint
@@ -112,3 +113,14 @@ def test_a_wrong_master_key_does_not_unwrap_a_run_key(tmp_path):
     save(repository, "run", 10, "onprem")
     with pytest.raises(WrongKey):
         unwrap_run_key(store, bytes(32), "run")
+
+
+def test_checkpoints_a_fence_does_not_admit_are_found_for_removal(tmp_path):
+    _, repository = repo(tmp_path, "s")
+    for step, cluster in ((10, "onprem"), (20, "onprem"), (30, "onprem"), (40, "rented")):
+        save(repository, "run", step, cluster)
+    assert unadmitted_steps(repository, "run") == []  # no fence: everything is admitted
+    write_fence(repository, fence(resume=20))
+    assert unadmitted_steps(repository, "run") == [30]
+    write_fence(repository, fence(generation=2, resume=None))
+    assert unadmitted_steps(repository, "run") == [10, 20, 30]

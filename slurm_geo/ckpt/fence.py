@@ -84,3 +84,14 @@ def check_admitted(repository: Repository, manifest: Manifest) -> None:
     fence = read_fence(repository, manifest.run)
     if fence is not None and not fence.admits(manifest):
         raise FencedCheckpoint(manifest, fence)
+
+
+def unadmitted_steps(repository: Repository, run: str) -> list[int]:
+    """Steps of `run` in the repository that its fence does not admit: checkpoints a stale
+    incarnation got in (e.g. replicated in the instant before the fence was set)."""
+    fence = read_fence(repository, run)
+    if fence is None:
+        return []
+    later = [s for s in repository.steps(run)
+             if fence.resume_step is None or s > fence.resume_step]
+    return [s for s in later if not fence.admits(repository.manifest(run, s))]

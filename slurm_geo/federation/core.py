@@ -30,7 +30,7 @@ from typing import Any
 
 from slurm_geo.ckpt import Repository
 from slurm_geo.ckpt.errors import CkptError
-from slurm_geo.ckpt.fence import Fence, write_fence
+from slurm_geo.ckpt.fence import Fence, unadmitted_steps, write_fence
 from slurm_geo.ckpt.manifest import with_bases
 from slurm_geo.ckpt.replicate import copy_checkpoint
 from slurm_geo.ckpt.runkey import unwrap_run_key
@@ -602,7 +602,9 @@ class Federation:
                 self.clients[job.cluster].cancel(job.job_id)
             if job.run:  # a job that never trained has no checkpoint to protect yet
                 fence = Fence(job.run, moved.generation, target, resume, _utc(now))
-                write_fence(Repository(self.stores[target_store], self._key), fence)
+                repository = Repository(self.stores[target_store], self._key)
+                write_fence(repository, fence)
+                self._drop_unadmitted(job, repository, target_store)
                 if current_up and source_store != target_store:
                     self._fence_store(moved, job.cluster)
                 self.audit.append("fence", job.logical_job,
@@ -629,11 +631,22 @@ class Federation:
                           bytes=report.bytes_copied, seconds=round(seconds, 3),
                           packs_copied=report.packs_copied)
 
+    def _drop_unadmitted(self, job: LogicalJob, repository: Repository,
+                         store_name: str) -> None:
+        """Checkpoints a stale incarnation got into the store just before the fence."""
+        for step in unadmitted_steps(repository, job.run):
+            repository.delete_checkpoint(job.run, step)
+            self.audit.append("fence", job.logical_job, f"dropped {job.run}@{step} from "
+                              f"{store_name}", "written by an incarnation the fence does "
+                              "not admit", run=job.run, step=step, store=store_name)
+
     def _newest_verified(self, job: LogicalJob, store_name: str) -> int | None | bool:
-        """The newest step that verifies in full in `store_name`; None when the run has no
-        checkpoint there; False (and audited) when checkpoints exist but none verifies."""
+        """The newest step the store's fence admits that verifies in full in `store_name`;
+        None when the run has no such checkpoint there; False (and audited) when
+        checkpoints exist but none verifies."""
         repository = Repository(self.stores[store_name], self._key)
-        steps = repository.steps(job.run)
+        stale = set(unadmitted_steps(repository, job.run))
+        steps = [s for s in repository.steps(job.run) if s not in stale]
         if not steps:
             self.audit.append("verify", job.logical_job, f"no checkpoint of {job.run} in "
                               f"{store_name}", "the new incarnation starts from scratch",
