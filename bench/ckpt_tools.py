@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -100,9 +101,15 @@ class Restic:
     def backup(self, path: Path) -> Cost:
         return self._run("backup", str(path))
 
-    def restore_verified(self, target: Path) -> Cost:
+    def restore_verified(self, target: Path, snapshot: str = "latest") -> Cost:
         """`restic restore --verify`: restore, then re-read and check every restored blob."""
-        return self._run("restore", "latest", "--target", str(target), "--verify")
+        return self._run("restore", snapshot, "--target", str(target), "--verify")
+
+    def snapshot_ids(self) -> list[str]:
+        """Ids of the repository's snapshots, oldest first."""
+        out = subprocess.run(["restic", "--quiet", "snapshots", "--json"], env=self.env,
+                             check=True, capture_output=True, text=True)
+        return [snap["id"] for snap in sorted(json.loads(out.stdout), key=lambda x: x["time"])]
 
     def _run(self, *argv: str) -> Cost:
         return cost_of_child(["restic", "--quiet", *argv], self.env)

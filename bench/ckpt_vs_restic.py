@@ -1,15 +1,18 @@
 """slurm-geo checkpoints next to restic, side by side in one run, both into local directories.
 
-Run: python bench/ckpt_vs_restic.py [--scale S] [--big-gib G]. Generates three series of
-real torch checkpoints (bench/ckpt_series.py), three steps each; every step is saved
-with torch.save and backed up by restic (`restic backup` of the file, successive versions
-of one path), and pushed with Repository.write_checkpoint with the previous step as
-parent (delta mode for the bf16 series; frozen tensors passed as `unchanged`, found by
-torch version counters). Then the last step of each is pulled: restic restore --verify,
-against iter_tensors (every chunk verified). Also: a streaming push of a large checkpoint
-from disk in a child process (peak memory), the training stall of Checkpointer.save, and
-each pipeline stage's own speed. Prints markdown, also written to
-bench/results/ckpt_vs_restic.md. Sizes default to 300-340 MB per checkpoint (--scale 0.8).
+Run: python bench/ckpt_vs_restic.py [--scale S] [--big-gib G] [--steps N] [--dense-delta].
+Generates three series of real torch checkpoints (bench/ckpt_series.py), ten steps each;
+every step is saved with torch.save and backed up by restic (`restic backup` of the file,
+successive versions of one path), and pushed with Repository.write_checkpoint with the
+previous step as parent (delta mode for the bf16 series; with --dense-delta the dense
+series is also pushed in delta mode, into a second store; frozen tensors passed as
+`unchanged`, found by torch version counters). Then the last step of each is pulled, and
+the step with the longest delta chain if that is another: restic restore --verify of
+that snapshot, against iter_tensors (every chunk verified, nothing written to disk).
+Also: a streaming push of a large checkpoint from disk in a child process (peak memory),
+the training stall of Checkpointer.save, and each pipeline stage's own speed. Prints
+markdown, also written to bench/results/ckpt_vs_restic.md. Sizes default to 300-340 MB
+per checkpoint (--scale 0.8).
 """
 
 from __future__ import annotations
@@ -62,6 +65,17 @@ class StepResult:
     restic: Cost
     ours_stored: int  # bytes the step added to the store
     restic_stored: int
+    depth: int  # the longest delta chain among the step's chunks
+
+
+@dataclass(frozen=True)
+class Pull:
+    """One checkpoint restored by both tools (best of two each)."""
+
+    step: int
+    depth: int
+    ours: Cost
+    restic: Cost
 
 
 @dataclass
@@ -69,9 +83,16 @@ class SeriesResult:
     key: str
     title: str
     steps: list[StepResult] = field(default_factory=list)
-    ours_pull: Cost = Cost(0, 0)
-    restic_pull: Cost = Cost(0, 0)
+    pulls: list[Pull] = field(default_factory=list)  # the last step, then the deepest one
     pulled: int = 0
+
+    @property
+    def ours_pull(self) -> Cost:
+        return self.pulls[0].ours
+
+    @property
+    def restic_pull(self) -> Cost:
+        return self.pulls[0].restic
 
     def total(self, attribute: str, first: int = 0) -> float:
         return sum(_get(s, attribute) for s in self.steps[first:])
@@ -92,41 +113,70 @@ def metadata(step: int) -> Metadata:
 
 
 def run_series(key: str, describe: Callable[[ckpt_series.Step], str],
-               steps: Iterator[ckpt_series.Step], work: Path, delta: bool) -> SeriesResult:
+               steps: Iterator[ckpt_series.Step], work: Path,
+               modes: dict[str, bool]) -> list[SeriesResult]:
+    """One restic backup per step and one push per mode (name: delta) into its own store;
+    a result per mode, sharing restic's figures."""
     root = work / key
-    ours_dir, restic_dir, source = root / "ours", root / "restic", root / "source"
-    for d in (ours_dir, source):
-        d.mkdir(parents=True)
-    repo = Repository(LocalDirStore(ours_dir), os.urandom(32))
+    restic_dir, source = root / "restic", root / "source"
+    source.mkdir(parents=True)
+    repos = {name: Repository(LocalDirStore(_fresh(root / f"ours-{name}")), os.urandom(32))
+             for name in modes}
     restic = Restic(restic_dir, root / "restic-cache")
-    result = SeriesResult(key, "")
+    results = {name: SeriesResult(name, "") for name in modes}
     for s in steps:
-        result.title = result.title or describe(s)
         torch.save(s.saved, source / "checkpoint.pt")
         os.sync()
-        restic_before, ours_before = tree_bytes(restic_dir), tree_bytes(ours_dir)
+        restic_before = tree_bytes(restic_dir)
         restic_cost = restic.backup(source)
+        restic_stored = tree_bytes(restic_dir) - restic_before
         tensors = ckpt_tensors(s.state)
-        parent = s.step - 1 if s.step > 1 else None
-        cpu, began = time.process_time(), time.perf_counter()
-        repo.write_checkpoint(RUN, tensors, b"", metadata(s.step), parent=parent, delta=delta,
-                              unchanged=s.unchanged)
-        ours_cost = Cost(time.perf_counter() - began, time.process_time() - cpu)
-        result.steps.append(StepResult(
-            s.step, s.nbytes, (source / "checkpoint.pt").stat().st_size, ours_cost, restic_cost,
-            tree_bytes(ours_dir) - ours_before, tree_bytes(restic_dir) - restic_before))
-        last_step = s.step
+        for name, delta in modes.items():
+            os.sync()  # each tool starts with no one's writes pending on the disk
+            result, store = results[name], root / f"ours-{name}"
+            result.title = result.title or describe(s) + _mode_note(name, key)
+            ours_before = tree_bytes(store)
+            cpu, began = time.process_time(), time.perf_counter()
+            manifest = repos[name].write_checkpoint(
+                RUN, tensors, b"", metadata(s.step), parent=s.step - 1 if s.step > 1 else None,
+                delta=delta, unchanged=s.unchanged)
+            ours_cost = Cost(time.perf_counter() - began, time.process_time() - cpu)
+            result.steps.append(StepResult(
+                s.step, s.nbytes, (source / "checkpoint.pt").stat().st_size, ours_cost,
+                restic_cost, tree_bytes(store) - ours_before, restic_stored,
+                max((c.depth for c in manifest.refs()), default=0)))
     s = tensors = None  # type: ignore[assignment]  # free the state before pulling
-    restic_pulls, our_pulls = [], []
-    for attempt in range(2):  # best of two: this machine is shared and noisy
-        target = root / f"restored-{attempt}"
-        restic_pulls.append(restic.restore_verified(target))
-        shutil.rmtree(target)
-        our_pulls.append(cost_here(lambda: pull(repo, last_step)))
-    result.restic_pull, result.ours_pull = cheapest(restic_pulls), cheapest(our_pulls)
-    result.pulled = result.steps[-1].logical
+    snapshots = restic.snapshot_ids()
+    for name, result in results.items():
+        last = result.steps[-1]
+        deepest = max(result.steps, key=lambda r: (r.depth, r.step))
+        for pulled in [last] + ([deepest] if deepest.depth > last.depth else []):
+            result.pulls.append(pull_both(repos[name], restic, pulled,
+                                          snapshots[pulled.step - 1], root))
+        result.pulled = last.logical
     shutil.rmtree(root)  # keep the page cache and the disk for the next series
-    return result
+    return list(results.values())
+
+
+def _fresh(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
+def _mode_note(name: str, key: str) -> str:
+    return ", delta mode" if name != key else ""
+
+
+def pull_both(repo: Repository, restic: Restic, step: StepResult, snapshot: str,
+              root: Path) -> Pull:
+    """Restore `step` with both tools, best of two each (this machine is shared, noisy)."""
+    restic_pulls, our_pulls = [], []
+    for attempt in range(2):
+        target = root / f"restored-{attempt}"
+        restic_pulls.append(restic.restore_verified(target, snapshot))
+        shutil.rmtree(target)
+        our_pulls.append(cost_here(lambda: pull(repo, step.step)))
+    return Pull(step.step, step.depth, cheapest(our_pulls), cheapest(restic_pulls))
 
 
 def pull(repo: Repository, step: int) -> None:
@@ -235,12 +285,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=0.8, help="size of every series")
     parser.add_argument("--big-gib", type=float, default=4.0, help="streaming push size")
+    parser.add_argument("--steps", type=int, default=10, help="checkpoints in every series")
+    parser.add_argument("--dense-delta", action="store_true",
+                        help="also push the dense series in delta mode (slow: ~3 min more)")
     parser.add_argument("--work", type=Path, default=None, help="scratch directory")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.work))
     began, load_before = time.perf_counter(), os.getloadavg()
     try:
-        sections = measure(work, args.scale, args.big_gib)
+        sections = measure(work, args.scale, args.big_gib, args.steps, args.dense_delta)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = render(sections, time.perf_counter() - began, load_before, os.getloadavg())
@@ -250,20 +303,21 @@ def main() -> None:
     (results / "ckpt_vs_restic.md").write_text(text)
 
 
-def measure(work: Path, scale: float, big_gib: float) -> dict:
+def measure(work: Path, scale: float, big_gib: float, steps: int, dense_delta: bool) -> dict:
     m = 1e6 * scale
     def params(step: ckpt_series.Step, part: str = "model.") -> str:
         count = sum(t.numel() for path, t in step.state.items() if path.startswith(part))
         return f"{count / 1e6:.1f}M" if count >= 1e6 else f"{count / 1e3:.0f}K"
 
     series = [
-        run_series("a", lambda s: f"(a) dense fp32 MLP + AdamW, {params(s)} params",
-                   ckpt_series.dense_adamw(32 * m), work, delta=False),
-        run_series("b", lambda s: f"(b) LoRA ({params(s, 'model.0.lora')} params a layer) on a "
-                   f"frozen fp32 base, {params(s)} params in all",
-                   ckpt_series.lora_finetune(100 * m), work, delta=False),
-        run_series("c", lambda s: f"(c) bf16, {params(s)} params, ~1 % changed per step",
-                   ckpt_series.bf16_sparse_updates(200 * m), work, delta=True),
+        *run_series("a", lambda s: f"(a) dense fp32 MLP + AdamW, {params(s)} params",
+                    ckpt_series.dense_adamw(32 * m, steps), work,
+                    {"a": False, **({"a+delta": True} if dense_delta else {})}),
+        *run_series("b", lambda s: f"(b) LoRA ({params(s, 'model.0.lora')} params a layer) on "
+                    f"a frozen fp32 base, {params(s)} params in all",
+                    ckpt_series.lora_finetune(100 * m, steps), work, {"b": False}),
+        *run_series("c", lambda s: f"(c) bf16, {params(s)} params, ~1 % changed per step",
+                    ckpt_series.bf16_sparse_updates(200 * m, steps), work, {"c": True}),
     ]
     speeds, tensors = stages(work, 32 * m)
     pipeline = pipeline_speed(work, tensors)
@@ -293,27 +347,32 @@ def render(sections: dict, seconds: float, load_before: tuple, load_after: tuple
     out = [environment(seconds, load_before, load_after), "", "### Push and stored bytes", ""]
     out.append(table(
         ["series", "step", "logical", "push ours", "push restic", "push ×", "CPU s ours / restic",
-         "stored ours", "stored restic", "stored ratio"],
+         "stored ours", "stored restic", "stored ratio", "delta depth"],
         [[r.title if s.step == 1 else "", str(s.step), f"{s.logical / MB:.0f} MB",
           f"{s.ours.wall:.2f} s ({mbps(s.logical, s.ours.wall)})",
           f"{s.restic.wall:.2f} s ({mbps(s.file, s.restic.wall)})",
           ratio(s.logical / s.ours.wall, s.file / s.restic.wall),
           f"{s.ours.cpu:.1f} / {s.restic.cpu:.1f}",
           f"{s.ours_stored / MB:.1f} MB", f"{s.restic_stored / MB:.1f} MB",
-          ratio(s.ours_stored, s.restic_stored)]
+          ratio(s.ours_stored, s.restic_stored), str(s.depth)]
          for r in series for s in r.steps]))
+    later = f"steps 2-{len(series[0].steps)}"
     out += ["", "### Per series (× = our throughput over restic's; CPU × = restic's CPU seconds "
             "over ours)", "", table(
-        ["series", "push × all steps", "push × steps 2-3", "push CPU ×", "stored ratio all",
-         "stored ratio steps 2-3", "pull ours", "pull restic", "pull ×", "pull CPU ×"],
+        ["series", "push × all steps", f"push × {later}", "push CPU ×", "stored ratio all",
+         f"stored ratio {later}"],
         [[r.title, f"{push_ratio(r):.2f}×", f"{push_ratio(r, 1):.2f}×",
           ratio(r.total("restic.cpu"), r.total("ours.cpu")),
           ratio(r.total("ours_stored"), r.total("restic_stored")),
-          ratio(r.total("ours_stored", 1), r.total("restic_stored", 1)),
-          f"{r.ours_pull.wall:.2f} s ({mbps(r.pulled, r.ours_pull.wall)})",
-          f"{r.restic_pull.wall:.2f} s ({mbps(r.pulled, r.restic_pull.wall)})",
-          ratio(r.restic_pull.wall, r.ours_pull.wall),
-          ratio(r.restic_pull.cpu, r.ours_pull.cpu)] for r in series])]
+          ratio(r.total("ours_stored", 1), r.total("restic_stored", 1))] for r in series])]
+    out += ["", "### Pull: restore + verify of the last step, and of the step with the longest "
+            "delta chain where that is another", "", table(
+        ["series", "step", "delta depth", "pull ours", "pull restic", "pull ×", "pull CPU ×"],
+        [[r.title if p is r.pulls[0] else "", str(p.step), str(p.depth),
+          f"{p.ours.wall:.2f} s ({mbps(r.pulled, p.ours.wall)})",
+          f"{p.restic.wall:.2f} s ({mbps(r.pulled, p.restic.wall)})",
+          ratio(p.restic.wall, p.ours.wall), ratio(p.restic.cpu, p.ours.cpu)]
+         for r in series for p in r.pulls])]
     out += ["", stages_section(sections), "", big_and_stall(sections), "",
             targets(sections)]
     return "\n".join(out) + "\n"
@@ -325,7 +384,7 @@ def push_ratio(r: SeriesResult, first: int = 0) -> float:
 
 
 def targets(sections: dict) -> str:
-    a, b, c = sections["series"]
+    a, *extra, b, c = sections["series"]
     big, stall = sections["big"], sections["stall"]
 
     push = push_ratio
@@ -336,20 +395,33 @@ def targets(sections: dict) -> str:
     def stored(r: SeriesResult, first: int = 0) -> float:
         return r.total("ours_stored", first) / r.total("restic_stored", first)
 
+    later = f"steps 2-{len(a.steps)}"
+
+    def first(measure: Callable[[SeriesResult, int], float], r: SeriesResult) -> float:
+        return measure(SeriesResult(r.key, r.title, r.steps[:1]), 0)
+
+    def split(measure: Callable[[SeriesResult, int], float], r: SeriesResult, digits: int) -> str:
+        return (f"first save {first(measure, r):.{digits}f}×, {later} "
+                f"{measure(r, 1):.{digits}f}×")
+
+    def pull_ratio(p: Pull) -> float:
+        return p.restic.wall / p.ours.wall
+
     checks = [
         ("push (a) ≥ 4× restic", push(a), push(a) >= 4,
-         f"steps 2-3: {push(a, 1):.2f}×; CPU: {cpu(a):.2f}×"),
+         f"{split(push, a, 2)}; CPU: {cpu(a):.2f}×"),
         ("push (b) ≥ 10× restic", push(b), push(b) >= 10,
-         f"steps 2-3: {push(b, 1):.1f}×; CPU: {cpu(b):.2f}×, steps 2-3 {cpu(b, 1):.1f}×"),
-        ("stored (a) ≤ 0.85× restic", stored(a), stored(a) <= 0.85,
-         f"steps 2-3: {stored(a, 1):.3f}×"),
-        ("stored (b) ≤ 0.5× restic", stored(b), stored(b) <= 0.5,
-         f"steps 2-3: {stored(b, 1):.3f}×"),
-        ("stored (c) ≤ 0.1× restic", stored(c), stored(c) <= 0.1,
-         f"steps 2-3: {stored(c, 1):.3f}×"),
-    ] + [(f"pull {r.key} ≥ 2× restic restore --verify", r.restic_pull.wall / r.ours_pull.wall,
-          r.restic_pull.wall / r.ours_pull.wall >= 2,
-          f"CPU: {r.restic_pull.cpu / r.ours_pull.cpu:.2f}×") for r in (a, b, c)] + [
+         f"{split(push, b, 1)}; CPU: {cpu(b):.2f}×"),
+        ("stored (a) ≤ 0.85× restic", stored(a), stored(a) <= 0.85, split(stored, a, 3)),
+        *[("... (a) in delta mode, stored", stored(r), stored(r) <= 0.85,
+           f"{split(stored, r, 3)}; push there {push(r):.2f}×") for r in extra],
+        ("stored (b) ≤ 0.5× restic", stored(b), stored(b) <= 0.5, split(stored, b, 3)),
+        ("stored (c) ≤ 0.1× restic", stored(c), stored(c) <= 0.1, split(stored, c, 3)),
+    ] + [(f"pull {r.key} ≥ 2× restic restore --verify (worst pull)",
+          min(map(pull_ratio, r.pulls)), min(map(pull_ratio, r.pulls)) >= 2,
+          "; ".join(f"step {p.step} (depth {p.depth}): {pull_ratio(p):.2f}×, CPU "
+                    f"{p.restic.cpu / p.ours.cpu:.2f}×" for p in r.pulls))
+         for r in (a, *extra, b, c)] + [
         (f"push of {big['bytes'] / 2**30:.0f} GiB under 1 GiB RSS (GiB, VmHWM)",
          big["vm_hwm_kib"] / 2**20, big["vm_hwm_kib"] < 2**20,
          f"anonymous peak {big['rss_anon_peak_kib'] / 2**20:.2f} GiB"),

@@ -18,6 +18,7 @@ from slurm_geo.ckpt.codec import (
     delta_base_id,
     encode,
     encode_delta,
+    encode_patch,
     encode_plane,
     merge_planes,
     merge_planes_into,
@@ -125,6 +126,27 @@ def test_delta_of_a_lightly_changed_chunk_is_small_and_round_trips():
     assert decode(blob, base) == bytes(changed)
 
 
+@pytest.mark.parametrize("element_size", [2, 4])
+def test_a_patch_of_sparse_changes_is_small_and_round_trips(element_size):
+    base = bfloat16_bytes(8192) if element_size == 2 else float32_bytes(8192)
+    changed = bytearray(base)
+    for position in range(100, len(base), 997 * element_size):  # ~0.1 % of the values
+        changed[position:position + element_size] = bytes(element_size)
+    base_id = bytes(range(32))
+    blob = encode_patch(bytes(changed), base, base_id)
+    assert method_of(blob) == Method.ZSTD_PATCH and delta_base_id(blob) == base_id
+    assert len(blob) < len(base) // 20
+    assert decode(blob, base) == bytes(changed)
+    out = bytearray(len(base) + 8)
+    decode_into(blob, out, 4, len(base), base)
+    assert out[4:-4] == changed and out[:4] == out[-4:] == bytes(4)
+    # Against another base it decodes to other bytes, which the chunk id check catches.
+    assert decode(blob, bytes(len(base))) != bytes(changed)
+    for damaged in (blob[:-5], blob[:40], blob + b"!"):
+        with pytest.raises(MalformedData):
+            decode_into(damaged, bytearray(len(base)), 0, len(base), base)
+
+
 def test_standalone_blob_has_no_delta_base():
     assert delta_base_id(encode(b"hello")) is None
 
@@ -154,9 +176,16 @@ DELTA_OF_5 = _head(3, 5) + bytes(32) + _head(0, 5) + b"\x00" * 5
         (DELTA_OF_5, None),  # delta without its base
         (DELTA_OF_5, b"abcd"),  # base of another size
         (_head(3, 5) + bytes(32) + DELTA_OF_5[:5] + bytes(37), b"hello"),  # nested delta
+        (_head(4, 5) + bytes(32) + _zstd(b"hello"), None),  # patch without its base
+        (_head(4, 5) + bytes(32) + _zstd(b"hello"), b"hello!"),  # base of another size
+        (_head(4, 6) + bytes(32) + _zstd(b"hello"), b"hello!"),  # frame of another size
+        (_head(4, 5) + bytes(10), b"hello"),  # shorter than its base id
+        (_head(4, 5) + bytes(32) + b"not a frame", b"hello"),
     ],
     ids=["short", "method", "raw-short", "zstd-size", "zstd-garbage", "plane-size",
-         "plane-missing", "plane-trailing", "no-base", "base-size", "nested-delta"],
+         "plane-missing", "plane-trailing", "no-base", "base-size", "nested-delta",
+         "patch-no-base", "patch-base-size", "patch-frame-size", "patch-short",
+         "patch-garbage"],
 )
 def test_malformed_blobs_are_refused(blob, base):
     with pytest.raises(MalformedData):

@@ -13,9 +13,10 @@ import stat
 import struct
 
 import pytest
+import zstandard
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from slurm_geo.ckpt.codec import encode
+from slurm_geo.ckpt.codec import decode, delta_base_id, encode
 from slurm_geo.ckpt.errors import (
     CkptError,
     CorruptObject,
@@ -186,9 +187,19 @@ def test_a_truncated_pack_is_corrupt_and_fails_its_hash():
 
 def test_a_pack_of_a_newer_format_is_unsupported():
     data = bytearray(pack_of([b"x"])[1])
-    data[8] = 2
-    with pytest.raises(UnsupportedFormat):
+    data[8] = 3  # version 2 only adds a blob method (zstd patches)
+    with pytest.raises(UnsupportedFormat, match="reads version 1 or 2"):
         PackReader(DATA_KEY, "p", bytes(data))
+
+
+def test_a_pack_is_version_2_only_once_it_holds_a_zstd_patch():
+    writer = PackWriter(DATA_KEY, SALT)
+    writer.add(hashlib.sha256(b"x").digest(), b"x")
+    assert writer.release()[8] == 1
+    writer.require_version(2)
+    _pack_id, data = writer.finish()
+    assert data[8] == 2
+    assert PackReader(DATA_KEY, "p", data).version == 2
 
 
 def test_an_entry_moved_within_its_pack_does_not_open():
@@ -228,3 +239,22 @@ def test_bad_master_key_files_are_refused(tmp_path, content, mode, message):
     with pytest.raises(KeyFileError, match=message) as info:
         load_master_key(path)
     assert info.value.name == str(path)
+
+
+PATCH_BASE = b"0123456789abcdef" * 4
+PATCHED = PATCH_BASE[:20] + b"XY" + PATCH_BASE[22:]
+PATCH_BLOB = ("04 40000000 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+              "28b52ffd20406d000010585903004360009071e81904")
+
+
+def test_the_zstd_patch_vector_decodes_by_the_spec_and_by_the_implementation():
+    blob = bytes.fromhex(PATCH_BLOB)
+    assert decode(blob, PATCH_BASE) == PATCHED
+    assert delta_base_id(blob) == bytes(range(32))
+    # Independently: method, size, base id, then a frame decoded with the base as a
+    # raw-content dictionary.
+    method, size = struct.unpack_from("<BI", blob)
+    assert (method, size, blob[5:37]) == (4, 64, bytes(range(32)))
+    dictionary = zstandard.ZstdCompressionDict(PATCH_BASE,
+                                               dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+    assert zstandard.ZstdDecompressor(dict_data=dictionary).decompress(blob[37:]) == PATCHED

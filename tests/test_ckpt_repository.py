@@ -25,7 +25,9 @@ from slurm_geo.ckpt import (
     WrongKey,
 )
 from slurm_geo.ckpt.chunking import CdcParams
+from slurm_geo.ckpt.codec import Method, encode_delta_parts
 from slurm_geo.ckpt.keys import SALT_SIZE
+from slurm_geo.ckpt.pack import Entry, PackReader
 from slurm_geo.ckpt.seal import Kind, open_sealed, seal
 
 RUN = "run-1"
@@ -191,7 +193,7 @@ def fine_tune_step(weights: bytes, step: int) -> bytes:
     return bytes(changed)
 
 
-def test_delta_mode_stores_a_changed_chunk_as_a_small_xor(store, repo):
+def test_delta_mode_stores_a_changed_chunk_as_a_small_patch(store, repo):
     weights = noise(3 * CHUNK, 3)
     repo.write_checkpoint(RUN, [Tensor("w", "float32", (3 * CHUNK // 4,), weights)], b"",
                           metadata(1))
@@ -203,6 +205,68 @@ def test_delta_mode_stores_a_changed_chunk_as_a_small_xor(store, repo):
     assert [c.depth for c in manifest.tensors[0].chunks] == [1, 0, 0]
     assert repo.read_checkpoint(RUN, 2).tensors[0].data == tuned
     assert repo.read_checkpoint(RUN, 1).tensors[0].data == weights
+    versions = {p.read_bytes()[8] for p in (store.root / "packs").rglob("*") if p.is_file()}
+    assert versions == {1, 2}  # only the pack holding the zstd patch is marked version 2
+
+
+def test_small_dense_changes_are_stored_as_an_xor_delta(store, repo):
+    """An optimizer step nudges every value: no patch helps, but the xor of the two
+    versions has zero high bytes, which its planes compress."""
+    count = CHUNK // 4
+    weights = floats(count, 7)
+    nudged = struct.pack(f"<{count}f", *(w * 1.0001 for w in struct.unpack(f"<{count}f", weights)))
+    for step, data in ((1, weights), (2, nudged)):
+        manifest = repo.write_checkpoint(RUN, [Tensor("w", "float32", (count,), data)], b"",
+                                         metadata(step), parent=step - 1 or None, delta=True)
+    (ref,) = manifest.tensors[0].chunks
+    assert ref.depth == 1 and _plain_blob(store, repo, ref)[0] == Method.XOR_DELTA
+    assert len(_plain_blob(store, repo, ref)) < 0.7 * len(_plain_blob(store, repo, ref.base))
+    assert repo.read_checkpoint(RUN, 2).tensors[0].data == nudged
+    assert {p.read_bytes()[8] for p in (store.root / "packs").rglob("*") if p.is_file()} == {1}
+
+
+def test_xor_deltas_of_earlier_writers_still_read(store, repo, monkeypatch):
+    """Checkpoints whose deltas are xor blobs (method 3) in version 1 packs, as earlier
+    writers made them, read back byte-identical, including over a chain."""
+    def xor_delta_parts(data, base, base_id, *, level):
+        return encode_delta_parts(data, base, base_id, element_size=1, level=level)
+
+    monkeypatch.setattr("slurm_geo.ckpt.writer.encode_patch_parts", xor_delta_parts)
+    weights, saved = noise(3 * CHUNK, 3), []
+    for step in (1, 2, 3):
+        weights = fine_tune_step(weights, step)
+        saved.append(weights)
+        repo.write_checkpoint(RUN, [Tensor("w", "uint8", (3 * CHUNK,), weights)], b"",
+                              metadata(step), parent=step - 1 if step > 1 else None, delta=True)
+    assert {p.read_bytes()[8] for p in (store.root / "packs").rglob("*") if p.is_file()} == {1}
+    changed = repo.manifest(RUN, 3).tensors[0].chunks[0]
+    assert changed.depth == 2 and changed.base is not None
+    assert [_plain_blob(store, repo, r)[0] for r in (changed, changed.base)] == [
+        Method.XOR_DELTA, Method.XOR_DELTA]
+    for step, expected in enumerate(saved, start=1):
+        assert repo.read_checkpoint(RUN, step).tensors[0].data == expected
+        assert repo.verify(RUN, step) == []
+
+
+def _plain_blob(store: LocalDirStore, repo: Repository, ref) -> bytes:
+    keys = repo._keys(RUN)  # noqa: SLF001  # a test looking inside a pack
+    reader = PackReader(keys.data_key, "p", store.get(f"packs/{ref.pack[:2]}/{ref.pack}"))
+    return reader.blob(Entry(bytes.fromhex(ref.id), ref.offset, ref.length))
+
+
+def test_a_damaged_delta_base_is_named_when_its_delta_is_read(store, repo):
+    weights = noise(3 * CHUNK, 3)
+    repo.write_checkpoint(RUN, [Tensor("w", "uint8", (3 * CHUNK,), weights)], b"", metadata(1))
+    (base_pack,) = [store.root / n for n in store.list("packs/")]
+    tuned = fine_tune_step(weights, 2)
+    manifest = repo.write_checkpoint(RUN, [Tensor("w", "uint8", (3 * CHUNK,), tuned)], b"",
+                                     metadata(2), parent=1, delta=True)
+    assert manifest.tensors[0].chunks[0].depth == 1
+    flip_bit(base_pack, 100)
+    fresh = Repository(store, repo.master_key, OPTIONS)
+    with pytest.raises(CorruptObject) as info:
+        fresh.read_checkpoint(RUN, 2)
+    assert info.value.name == base_pack.relative_to(store.root).as_posix()
 
 
 def test_delta_chains_are_bounded(repo):
@@ -215,7 +279,8 @@ def test_delta_chains_are_bounded(repo):
             parent=step - 1 if step > 1 else None, delta=True)
         depths.append(manifest.tensors[0].chunks[0].depth)
         assert repo.read_checkpoint(RUN, step).tensors[0].data == weights
-    assert depths == [0, 1, 2, 0, 1, 2, 0]  # OPTIONS.max_delta_depth is 2
+    # OPTIONS.max_delta_depth is 2: past it, a chunk is a delta on its chain's root.
+    assert depths == [0, 1, 2, 1, 2, 1, 2]
 
 
 def save_two(repo: Repository, store: LocalDirStore) -> Path:

@@ -38,12 +38,12 @@ class CorruptObject(CkptError):
 class UnsupportedFormat(CkptError):
     exit_code = 22
 
-    def __init__(self, name: str, version: object):
+    def __init__(self, name: str, version: object, readable: str = "1"):
         self.version = version
         super().__init__(
             name,
-            f"object '{name}' has format version {version!r}, this slurm-geo reads version 1; "
-            "upgrade slurm-geo",
+            f"object '{name}' has format version {version!r}, this slurm-geo reads version "
+            f"{readable}; upgrade slurm-geo",
         )
 
 

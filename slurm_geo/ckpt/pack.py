@@ -21,6 +21,11 @@ from slurm_geo.ckpt.store import Bytes
 
 MAGIC = b"SGEOPACK"
 VERSION = 1
+# Version 2 packs have the same layout; their blobs may also be zstd patches (method 4).
+# A writer marks a pack 2 only when it holds one, so older readers open every other pack
+# and report the rest as an unsupported format, not as damage.
+PATCH_VERSION = 2
+VERSIONS = (VERSION, PATCH_VERSION)
 _HEADER = struct.Struct(f"<8sB{SALT_SIZE}s")
 _ENTRY_HEAD = struct.Struct("<32sI")
 HEADER_SIZE = _HEADER.size
@@ -58,6 +63,13 @@ class PackWriter:
     @property
     def size(self) -> int:
         return self._size
+
+    def require_version(self, version: int) -> None:
+        """Raise the pack's version byte to `version` (for a blob older readers lack)."""
+        if version not in VERSIONS:
+            raise ValueError(f"pack version {version} is not one of {VERSIONS}")
+        position = len(MAGIC)
+        self._buffer[position] = max(self._buffer[position], version)
 
     def add(self, chunk_id: bytes, blob: Bytes) -> Entry:
         return self.add_parts(chunk_id, [blob])
@@ -116,8 +128,9 @@ class PackReader:
         if len(data) < HEADER_SIZE or bytes(data[:len(MAGIC)]) != MAGIC:
             raise CorruptObject(name, "not a pack: short or bad magic")
         _magic, version, salt = _HEADER.unpack_from(data)
-        if version != VERSION:
-            raise UnsupportedFormat(name, version)
+        if version not in VERSIONS:
+            raise UnsupportedFormat(name, version, " or ".join(map(str, VERSIONS)))
+        self.version = version
         self._cipher = AESGCM(derive_key(data_key, salt, INFO_PACK))
         self._name = name
         self._data = memoryview(data)  # entries are sliced out without copies

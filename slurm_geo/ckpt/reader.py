@@ -11,20 +11,21 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from slurm_geo.ckpt.codec import decode_into, delta_base_id
+from slurm_geo.ckpt.codec import Buffer, Method, decode, decode_into, delta_base_id
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, MalformedData
 from slurm_geo.ckpt.keys import RunKeys, chunk_id
 from slurm_geo.ckpt.manifest import ChunkRef
 from slurm_geo.ckpt.names import pack_name
-from slurm_geo.ckpt.pack import Entry, PackReader, check_pack_id
+from slurm_geo.ckpt.pack import PATCH_VERSION, Entry, PackReader, check_pack_id
 from slurm_geo.ckpt.store import Store
 
-# Enough for a checkpoint's current pack plus its delta bases' packs; 4 x 16 MiB.
-CACHED_PACKS = 4
+# Enough for a checkpoint's current pack, the next one (fetched ahead) and the packs a
+# delta chain reaches into (3 deep by default); 16 MiB each, a checkpoint's last smaller.
+CACHED_PACKS = 8
 MAX_DEFAULT_WORKERS = 4
 
 T = TypeVar("T")
@@ -62,39 +63,85 @@ class ChunkReader:
         """Decode the chunk into `out[offset:offset + ref.size]` and verify it there.
 
         On an error that range holds garbage: the caller must drop `out`. Threads may
-        fill disjoint ranges of one buffer at once.
+        fill disjoint ranges of one buffer at once. Delta bases are decoded on the way but
+        not checked one by one: the chunk's own id check fails if any of them was wrong,
+        and only then are they checked, to name the damaged object.
         """
-        name = pack_name(ref.pack)
-        wanted = bytes.fromhex(ref.id)
-        blob = self._pack(ref.pack).blob(Entry(wanted, ref.offset, ref.length))
-        try:
-            base_id = delta_base_id(blob)
-            if base_id != (None if ref.base is None else bytes.fromhex(ref.base.id)):
-                raise MalformedData("its delta base differs from the manifest's")
-            base = None if ref.base is None else self.read(ref.base)
-            decode_into(blob, out, offset, ref.size, base)
-        except MalformedData as exc:
-            raise CorruptObject(name, f"chunk {ref.id}: {exc}") from None
+        self._decode_into(ref, out, offset)
         with memoryview(out)[offset:offset + ref.size] as data:
-            if chunk_id(self._keys.id_key, data) != wanted:
-                raise CorruptObject(name, f"chunk {ref.id} decodes to data with another id")
+            if chunk_id(self._keys.id_key, data) == bytes.fromhex(ref.id):
+                return
+        if ref.base is not None:
+            self.read(ref.base)  # raises, naming the base's pack, if the base is damaged
+        raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id} decodes to data with another id")
+
+    def prefetch(self, ref: ChunkRef, pool: Executor) -> None:
+        """Start fetching the packs `ref` and its delta bases live in, on `pool`."""
+        chain: ChunkRef | None = ref
+        while chain is not None:
+            try:
+                loading, first = self._claim(chain.pack)
+            except CkptError:
+                return  # known bad: reading the chunk will raise it
+            if first:
+                pool.submit(self._load, chain.pack, loading)
+            chain = chain.base
+
+    def _decode_into(self, ref: ChunkRef, out: bytearray, offset: int) -> None:
+        """Decode the chunk (and its bases) without checking its id."""
+        blob = self._blob(ref)
+        try:
+            decode_into(blob, out, offset, ref.size, self._base_plaintext(ref))
+        except MalformedData as exc:
+            raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
+
+    def _plaintext(self, ref: ChunkRef) -> Buffer:
+        """A delta base's plaintext, decoded (its own bases too) but not checked."""
+        blob = self._blob(ref)
+        try:
+            data = decode(blob, self._base_plaintext(ref))
+            if len(data) != ref.size:
+                raise MalformedData(f"it decodes to {len(data)} bytes, not {ref.size}")
+            return data
+        except MalformedData as exc:
+            raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
+
+    def _blob(self, ref: ChunkRef) -> bytes:
+        """The chunk's encoded blob, authenticated, its delta base checked against `ref`."""
+        pack = self._pack(ref.pack)
+        blob = pack.blob(Entry(bytes.fromhex(ref.id), ref.offset, ref.length))
+        try:
+            if delta_base_id(blob) != (None if ref.base is None else bytes.fromhex(ref.base.id)):
+                raise MalformedData("its delta base differs from the manifest's")
+            if blob[0] == Method.ZSTD_PATCH and pack.version < PATCH_VERSION:
+                raise MalformedData(f"a zstd patch in a version {pack.version} pack")
+        except MalformedData as exc:
+            raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
+        return blob
+
+    def _base_plaintext(self, ref: ChunkRef) -> Buffer | None:
+        return None if ref.base is None else self._plaintext(ref.base)
 
     def _pack(self, pack_id: str) -> PackReader:
         """The pack, fetched and checked by whichever thread asked for it first."""
+        loading, first = self._claim(pack_id)
+        if first:
+            self._load(pack_id, loading)
+        return loading.result()
+
+    def _claim(self, pack_id: str) -> tuple[Future[PackReader], bool]:
+        """The pack's future, and whether the caller must load it (nobody else is)."""
         with self._lock:
             if pack_id in self._bad_packs:
                 raise self._bad_packs[pack_id]
             loading = self._packs.get(pack_id)
-            first = loading is None
-            if loading is None:
-                loading = self._packs[pack_id] = Future()
-                if len(self._packs) > CACHED_PACKS:
-                    self._packs.popitem(last=False)  # threads reading it still hold it
-            else:
+            if loading is not None:
                 self._packs.move_to_end(pack_id)
-        if first:
-            self._load(pack_id, loading)
-        return loading.result()
+                return loading, False
+            loading = self._packs[pack_id] = Future()
+            if len(self._packs) > CACHED_PACKS:
+                self._packs.popitem(last=False)  # threads reading it still hold it
+            return loading, True
 
     def _load(self, pack_id: str, loading: Future[PackReader]) -> None:
         name = pack_name(pack_id)
@@ -105,7 +152,8 @@ class ChunkReader:
         except BaseException as exc:
             loading.set_exception(exc)
             with self._lock:
-                self._packs.pop(pack_id, None)
+                if self._packs.get(pack_id) is loading:
+                    del self._packs[pack_id]
                 if isinstance(exc, CkptError):
                     self._bad_packs[pack_id] = exc  # damaged or missing: don't fetch again
 
@@ -127,6 +175,25 @@ def worker_pool(workers: int, name: str) -> Executor:
     if workers <= 1:
         return InlineExecutor()
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+
+
+def fetch_pool(workers: int) -> Executor:
+    """One thread fetching packs ahead of `workers` decoding threads; inline for one."""
+    if workers <= 1:
+        return InlineExecutor()
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurm-geo-fetch")
+
+
+def prefetched(jobs: Iterable[T], ref_of: Callable[[T], ChunkRef], reader: ChunkReader,
+               pool: Executor, ahead: int) -> Iterator[T]:
+    """`jobs`, each passed on `ahead` jobs after its packs were asked for on `pool`."""
+    queue: deque[T] = deque()
+    for job in jobs:
+        reader.prefetch(ref_of(job), pool)
+        queue.append(job)
+        if len(queue) > ahead:
+            yield queue.popleft()
+    yield from queue
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], pool: Executor,

@@ -43,7 +43,13 @@ from slurm_geo.ckpt.names import (
     run_of_manifest_name,
     step_of_manifest_name,
 )
-from slurm_geo.ckpt.reader import ChunkReader, ordered_map, worker_pool
+from slurm_geo.ckpt.reader import (
+    ChunkReader,
+    fetch_pool,
+    ordered_map,
+    prefetched,
+    worker_pool,
+)
 from slurm_geo.ckpt.seal import Kind, open_sealed, seal
 from slurm_geo.ckpt.store import Bytes, Store
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, ChunkWriter, WriteOptions
@@ -258,8 +264,10 @@ class Repository:
             reader.read_into(ref, data, offset)
             return data
 
-        with worker_pool(self._options.threads, "slurm-geo-read") as pool:
-            filled = ordered_map(fill, _fill_jobs(manifest.tensors), pool, self._options.window)
+        threads, window = self._options.threads, self._options.window
+        with worker_pool(threads, "slurm-geo-read") as pool, fetch_pool(threads) as fetcher:
+            jobs = prefetched(_fill_jobs(manifest.tensors), _ref_of_job, reader, fetcher, window)
+            filled = ordered_map(fill, jobs, pool, window)
             try:
                 for entry in manifest.tensors:
                     data = bytearray()
@@ -340,6 +348,10 @@ def _fill_jobs(tensors: Sequence[TensorEntry]) -> Iterator[tuple[ChunkRef, bytea
         for ref in entry.chunks:
             yield ref, data, offset
             offset += ref.size
+
+
+def _ref_of_job(job: tuple[ChunkRef, bytearray, int]) -> ChunkRef:
+    return job[0]
 
 
 def _reusable_chunks(parent: Manifest | None, chunk_size: int,

@@ -15,6 +15,16 @@ copied or written (`StepMismatch`). Optimizers that record no step (SGD) and opt
 that have not stepped yet cannot be checked; the global step is used. Scripts whose global
 step is not their optimizer's step count (gradient accumulation counted in micro-batches,
 AMP skipping steps) pass their own `optimizer_step` function mapping optimizer to step.
+
+Unchanged tensors. With `skip_unchanged`, a tensor that torch's own bookkeeping shows
+untouched since the previous save (same storage, offset, shape, strides, dtype and device,
+and the same version counter, which every in-place operation through torch bumps) is
+named `unchanged` to the repository, which then copies its chunk refs from the parent
+instead of hashing and encoding it again: a frozen base costs nothing after the first
+save. It is off by default because writes that bypass torch (through a `.numpy()` view,
+a raw pointer, a custom kernel outside the dispatcher) do not bump version counters, and
+such a tensor would be saved with the parent's content. The snapshot copy is taken
+either way, so the stall is the same.
 """
 
 from __future__ import annotations
@@ -90,6 +100,37 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+class UnchangedTensors:
+    """Which tensors are untouched since the last `observe`, by torch's version counters.
+
+    Holds the tensors it last saw, so their storage cannot be freed and reused by another
+    tensor (whose pointer would then match). Any doubt (an inference tensor has no version
+    counter) means changed.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[torch.Tensor, tuple[Any, ...] | None]] = {}
+
+    def observe(self, tensors: Mapping[str, torch.Tensor]) -> set[str]:
+        """Paths whose tensor is the same, unmodified, as at the previous call."""
+        now = {path: (tensor, _signature(tensor)) for path, tensor in tensors.items()}
+        same = {path for path, (_tensor, signature) in now.items()
+                if signature is not None and path in self._seen
+                and self._seen[path][1] == signature}
+        self._seen = now
+        return same
+
+
+def _signature(tensor: torch.Tensor) -> tuple[Any, ...] | None:
+    try:
+        version = tensor._version
+        pointer = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # inference or storage-less tensors
+        return None
+    return (pointer, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
+            tensor.dtype, tensor.device, version)
+
+
 class Checkpointer:
     """Checkpoints of one run in `repository`, written by one background thread."""
 
@@ -97,18 +138,22 @@ class Checkpointer:
         self, repository: Repository, run_id: str, *,
         keep_parent_chain: bool = True,
         delta: bool = False,
+        skip_unchanged: bool = False,
         optimizer_step: Callable[[torch.optim.Optimizer], int | None] = optimizer_step_count,
         clock: Clock = utc_now,
         env: Mapping[str, str] = os.environ,
     ):
         """`keep_parent_chain` names the previous checkpoint as parent, so unchanged chunks
-        are stored once; `delta` also stores changed chunks as xor deltas against it."""
+        are stored once; `delta` also stores changed chunks as deltas against it;
+        `skip_unchanged` names tensors untouched since the previous save (module docs)."""
         if delta and not keep_parent_chain:
             raise ValueError("delta checkpoints need keep_parent_chain")
         self._repository = repository
         self._run = run_id
         self._keep_parent_chain = keep_parent_chain
         self._delta = delta
+        self._unchanged = UnchangedTensors() if skip_unchanged else None
+        self._observed_step: int | None = None  # the save `_unchanged` last observed
         self._optimizer_step = optimizer_step
         self._clock = clock
         self._env = env
@@ -146,9 +191,12 @@ class Checkpointer:
             "data_position": data_position,
             "extra": extra,
         }
-        tensors, extra_state = flatten_state(state, copy=True)
+        sources: dict[str, torch.Tensor] = {}
+        tensors, extra_state = flatten_state(state, copy=True, sources=sources)
         parent = self._parent_for(step)
-        future = self._executor.submit(self._write, tensors, extra_state, metadata, parent)
+        unchanged = self._unchanged_since(parent, step, sources)
+        future = self._executor.submit(self._write, tensors, extra_state, metadata, parent,
+                                       unchanged)
         self._pending = (step, parent, future)
 
     def wait(self) -> Manifest | None:
@@ -160,6 +208,7 @@ class Checkpointer:
         try:
             manifest = future.result()
         except BaseException as exc:
+            self._observed_step = None  # what was observed was never written
             exc.add_note(f"while writing checkpoint {step} of run {self._run!r} in the background")
             raise
         self._last = (step, parent)
@@ -222,6 +271,7 @@ class Checkpointer:
             scheduler.load_state_dict(state["scheduler"])
         restore_rng(state["rng"])
         self._last = (manifest.step, manifest.parent_step)
+        self._observed_step = None  # the loaded tensors were never observed
         meta = manifest.metadata
         return ResumeState(meta.global_step, meta.epoch, state["data_position"], meta.loss,
                            state["extra"], meta)
@@ -250,10 +300,20 @@ class Checkpointer:
             return last_step
         return last_parent if last_step == step else None  # re-save / rollback
 
+    def _unchanged_since(self, parent: int | None, step: int,
+                         sources: dict[str, torch.Tensor]) -> set[str]:
+        """Tensors untouched since the save of `parent`, if that is the one last observed."""
+        if self._unchanged is None:
+            return set()
+        same = self._unchanged.observe(sources)
+        observed, self._observed_step = self._observed_step, step
+        return same if parent is not None and parent == observed else set()
+
     def _write(self, tensors: list[Tensor], extra_state: bytes, metadata: Metadata,
-               parent: int | None) -> Manifest:
+               parent: int | None, unchanged: set[str]) -> Manifest:
         return self._repository.write_checkpoint(self._run, tensors, extra_state, metadata,
-                                                 parent=parent, delta=self._delta)
+                                                 parent=parent, delta=self._delta,
+                                                 unchanged=unchanged)
 
 
 def _loss_value(loss: float | torch.Tensor | None) -> float | None:

@@ -62,16 +62,18 @@ class StateFormatError(ValueError):
     """Extra state that is not a skeleton this module wrote, or tensors it does not match."""
 
 
-def flatten_state(state: Any, *, copy: bool = False) -> tuple[list[Tensor], bytes]:
+def flatten_state(state: Any, *, copy: bool = False,
+                  sources: dict[str, torch.Tensor] | None = None) -> tuple[list[Tensor], bytes]:
     """The tensors of `state` and its skeleton; `copy` snapshots tensors into new CPU memory.
 
     Without `copy`, a CPU tensor's bytes are shared, not copied (a view of the tensor's own
     memory, only its elements, not the rest of its storage): the caller must not change
-    the tensors until the result has been written.
+    the tensors until the result has been written. `sources`, if given, receives the torch
+    tensor each path was taken from (the caller's, not the snapshot).
     """
     if sys.byteorder != "little":
         raise RuntimeError("the checkpoint format is little-endian; this host is not")
-    encoder = _Encoder(copy)
+    encoder = _Encoder(copy, sources)
     skeleton = encoder.encode(state, ())
     document = {"format": SKELETON_FORMAT, "state": skeleton}
     return encoder.tensors, json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
@@ -150,8 +152,9 @@ def _snapshot(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
 
 
 class _Encoder:
-    def __init__(self, copy: bool):
+    def __init__(self, copy: bool, sources: dict[str, torch.Tensor] | None = None):
         self.copy = copy
+        self.sources = sources
         self.tensors: list[Tensor] = []
         self.paths: set[str] = set()
 
@@ -217,6 +220,8 @@ class _Encoder:
             raise TypeError(f"tensor {name!r}: dtype {tensor.dtype} has no checkpoint name")
         snapshot = _snapshot(tensor, self.copy)
         path = self.unique_path(where)
+        if self.sources is not None:
+            self.sources[path] = tensor
         self.tensors.append(Tensor(path, TORCH_DTYPE_NAMES[tensor.dtype], tuple(snapshot.shape),
                                    tensor_bytes(snapshot)))
         return path
