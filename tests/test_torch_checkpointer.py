@@ -338,3 +338,22 @@ def test_sgd_without_a_step_count_saves_and_resumes_data_position_and_extra(
     assert_same(resumed.extra, {"tokens_seen": 10**12, "ema": torch.zeros(3)})
     assert_same(fresh_scheduler.state_dict(), scheduler.state_dict())
     assert fresh_sgd.param_groups[0]["lr"] == sgd.param_groups[0]["lr"] == 0.05
+
+
+def test_resume_at_a_step_restores_that_one_and_never_falls_back(
+    store_dir: Path, key: bytes
+) -> None:
+    model, optimizer = small_model()
+    with Checkpointer(repository(store_dir, key), RUN) as checkpointer:
+        take_steps(model, optimizer, 2)
+        checkpointer.save(2, model, optimizer, data_position={"batch": 2})
+        expected = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+        take_steps(model, optimizer, 2)
+        checkpointer.save(4, model, optimizer, data_position={"batch": 4})
+    fresh_model, fresh_optimizer = small_model()
+    resumed = Checkpointer(repository(store_dir, key), RUN).resume(
+        fresh_model, fresh_optimizer, at_step=2)
+    assert resumed is not None and resumed.step == 2
+    assert_same((fresh_model.state_dict(), fresh_optimizer.state_dict()), expected)
+    with pytest.raises(NoValidCheckpoint, match="step 3"):
+        Checkpointer(repository(store_dir, key), RUN).resume(model, optimizer, at_step=3)

@@ -229,8 +229,12 @@ class Checkpointer:
 
     def resume(
         self, model: Stateful, optimizer: torch.optim.Optimizer, scheduler: Stateful | None = None,
+        *, at_step: int | None = None,
     ) -> ResumeState | None:
         """Restore the newest checkpoint that reads back intact; None if the run has none.
+
+        `at_step` restores that checkpoint and no other (the one the federation daemon
+        verified before moving the job): NoValidCheckpoint if it does not read back intact.
 
         Every chunk is verified while it is read. A damaged checkpoint (corrupt or missing
         objects, a skeleton this module cannot read) is logged and skipped for the next
@@ -240,7 +244,9 @@ class Checkpointer:
         """
         self.wait()
         faults: list[tuple[int, Exception]] = []
-        for step in reversed(self._repository.steps(self._run)):
+        candidates = [at_step] if at_step is not None \
+            else list(reversed(self._repository.steps(self._run)))
+        for step in candidates:
             try:
                 checkpoint = self._repository.read_checkpoint(self._run, step)
                 state = _training_state(unflatten_state(checkpoint.tensors,
