@@ -48,6 +48,22 @@ class DrillSettings:
     step_delay_s: float = 0.05
     verified_before_kill: int = 2
     timeout_s: float = 300.0
+    hidden: int = 32  # example_train's hidden width (its default); wider: bigger checkpoints
+
+
+@dataclass(frozen=True)
+class Training:
+    """A federated training job submitted to the home cluster."""
+
+    run: str
+    cluster: str
+    job_id: int
+    work: Path    # its outputs: train-CLUSTER-JOB.out per incarnation, trace.log
+    trace: Path   # 'time generation cluster:job step' per trained step, every incarnation
+
+    @property
+    def logical_job(self) -> str:
+        return f"{self.cluster}-{self.job_id}"
 
 
 @dataclass
@@ -122,14 +138,12 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
         raise DrillFailed(f"{site.source} has no [federation] table")
     home, target = site.home_cluster, _other_cluster(site)
     clients = {name: connect(cluster) for name, cluster in site.clusters.items()}
-    run = f"drill-{uuid.uuid4().hex[:8]}"
-    work = out_dir / run
-    work.mkdir(parents=True, exist_ok=True)
-    trace = work / "trace.log"
-    job_id = clients[home].submit(JobSpec(
-        script=_script(site, run, settings, work, trace), name="geo-drill",
-        working_dir=work, environment={"SLURM_GEO_CONFIG": str(site.source)}))
-    logical = f"{home}-{job_id}"
+    # A job pending on nodes still coming up could be moved for its queue before the drill.
+    wait_for(lambda: nodes_ready(clients[home]), time.time() + 120,
+             f"{home}'s nodes to be available")
+    job = submit_training(site, clients[home], settings, out_dir)
+    run, work, trace, job_id, logical = job.run, job.work, job.trace, job.job_id, \
+        job.logical_job
     progress(f"submitted {run} to {home} as job {job_id}")
     # Short timeouts: a dead controller must show as unreachable when it dies, not later.
     quick = {name: connect(replace(cluster, timeout_s=1.0))
@@ -138,43 +152,47 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
     sampler.start()
     try:
         deadline = time.time() + settings.timeout_s
-        _wait(lambda: _verified_offsite(site, run) >= settings.verified_before_kill, deadline,
+        wait_for(lambda: verified_offsite(site, run) >= settings.verified_before_kill, deadline,
               f"{settings.verified_before_kill} checkpoints of {run} verified off-site")
-        progress(f"{_verified_offsite(site, run)} checkpoints verified off-site; "
+        progress(f"{verified_offsite(site, run)} checkpoints verified off-site; "
                  f"killing {home}'s controller, nodes and job")
         killed_at = time.time()
-        _kill_cluster(sandbox, home)
+        kill_cluster(sandbox, home)
         audit = AuditLog(site.federation.audit_path, readonly=True)
-        detected = _wait(lambda: _entry(audit, "outage", None, home, killed_at), deadline,
-                         f"the daemon to declare {home} out")
-        progress(f"outage of {home} detected after {_at(detected) - killed_at:.1f} s")
-        moved = _wait(lambda: _entry(audit, "requeue", logical, target, killed_at), deadline,
-                      f"the daemon to requeue {logical} on {target}")
+        detected = wait_for(lambda: audit_entry(audit, "outage", None, home, killed_at),
+                            deadline, f"the daemon to declare {home} out")
+        progress(f"outage of {home} detected after {entry_time(detected) - killed_at:.1f} s")
+        moved = wait_for(lambda: audit_entry(audit, "requeue", logical, target, killed_at),
+                         deadline, f"the daemon to requeue {logical} on {target}")
         new_job = int(moved.detail["job_id"])
         sampler.follow(target, new_job)
         progress(f"requeued on {target} as job {new_job}, resuming from step "
                  f"{moved.detail.get('resume_step')}")
-        training = _wait(lambda: _entry(audit, "lease", logical, target, killed_at), deadline,
-                         f"job {target}:{new_job} to start training")
-        finished = _wait(lambda: _entry(audit, "finished", logical, target, killed_at),
+        training = wait_for(lambda: audit_entry(audit, "lease", logical, target, killed_at),
+                            deadline, f"job {target}:{new_job} to start training")
+        finished = wait_for(lambda: audit_entry(audit, "finished", logical, target, killed_at),
                          deadline, f"job {target}:{new_job} to finish")
         progress(f"job finished on {target}: {finished.what}")
         progress(f"bringing {home} back")
         sandbox.up(progress=lambda _msg: None)
-        stale = _wait_or_none(lambda: _entry(audit, "fence", logical, home, killed_at),
+        stale = wait_or_none(lambda: audit_entry(audit, "fence", logical, home, killed_at),
                               time.time() + 60)
     finally:
         sampler.stop()
-    output = _job_output(work, new_job, target)
+    output = job_output(work, new_job, target)
     reference = reference_weights(settings)
-    final_step, final_weights = _final_line(output)
-    home_steps = [int(line.split()[-1]) for line in trace.read_text().splitlines()
-                  if line.split()[1] == "0"]
+    final_step, final_weights = final_line(output)
+    # The generation the kill hit: not always 0 (the daemon may have moved the job for its
+    # queue and back before).
+    lines = trace_lines(trace)
+    hit = max((line.generation for line in lines if line.time <= killed_at
+               and line.incarnation.startswith(f"{home}:")), default=0)
+    home_steps = [line.step for line in lines if line.generation == hit]
     resume_step = moved.detail.get("resume_step")
     report = DrillReport(
         run=run, logical_job=logical, home=home, target=target, settings=asdict(settings),
-        killed_at=killed_at, detected_at=_at(detected), moved_at=_at(moved),
-        running_elsewhere_at=_at(training), completed_at=_at(finished),
+        killed_at=killed_at, detected_at=entry_time(detected), moved_at=entry_time(moved),
+        running_elsewhere_at=entry_time(training), completed_at=entry_time(finished),
         detection_window_s=site.federation.detection_window_s,
         last_step_home=max(home_steps, default=0), resume_step=resume_step,
         steps_lost=None if resume_step is None else max(home_steps, default=0) - resume_step,
@@ -205,14 +223,57 @@ def reference_weights(settings: DrillSettings) -> str:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
         repository = Repository(LocalDirStore(Path(scratch)), os.urandom(32))
-        config = example_train.TrainConfig(settings.steps, settings.ckpt_every)
+        config = example_train.TrainConfig(settings.steps, settings.ckpt_every,
+                                           hidden=settings.hidden)
         with Checkpointer(repository, "reference") as checkpointer:
             outcome = example_train.train(checkpointer, config, RequeueOnSignal(),
                                           say=lambda _line: None)
     return example_train.weights_hash(outcome.model)
 
 
-# --- pieces -------------------------------------------------------------------------------
+# --- pieces (bench/federation_chaos.py uses them too) -----------------------------------
+
+def submit_training(site: SiteConfig, client: SlurmClient, settings: DrillSettings,
+                    out_dir: Path, prefix: str = "drill") -> Training:
+    """Submit a federated example_train job to the home cluster, with a fresh run id."""
+    run = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    work = out_dir / run
+    work.mkdir(parents=True, exist_ok=True)
+    trace = work / "trace.log"
+    job_id = client.submit(JobSpec(
+        script=_script(site, run, settings, work, trace), name="geo-drill",
+        working_dir=work, environment={"SLURM_GEO_CONFIG": str(site.source)}))
+    return Training(run, site.home_cluster, job_id, work, trace)
+
+
+def nodes_ready(client: SlurmClient) -> bool:
+    """Every node of the cluster can take a job."""
+    try:
+        nodes = client.nodes()
+    except SlurmError:
+        return False
+    return bool(nodes) and all(node.available for node in nodes)
+
+
+@dataclass(frozen=True)
+class TraceLine:
+    time: float
+    generation: int
+    incarnation: str  # cluster:job
+    step: int
+
+
+def trace_lines(trace: Path) -> list[TraceLine]:
+    """The trace example_train --trace wrote: one line per trained step."""
+    if not trace.exists():
+        return []
+    lines = []
+    for text in trace.read_text().splitlines():
+        words = text.split()
+        if len(words) == 4 and words[1] != "-":  # a line cut short by a kill is skipped
+            lines.append(TraceLine(float(words[0]), int(words[1]), words[2], int(words[3])))
+    return lines
+
 
 def _other_cluster(site: SiteConfig) -> str:
     others = sorted(name for name in site.clusters if name != site.home_cluster)
@@ -236,13 +297,14 @@ def _script(site: SiteConfig, run: str, settings: DrillSettings, work: Path,
         # Job ids repeat across clusters: the cluster's name keeps each output apart.
         f"exec {sys.executable} -m slurm_geo.torch.example_train --run {run} --federated "
         f"--steps {settings.steps} --ckpt-every {settings.ckpt_every} "
-        f"--step-delay {settings.step_delay_s} --trace {trace} "
-        f'> "{work}/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
+        f"--step-delay {settings.step_delay_s} --hidden {settings.hidden} --trace {trace} "
+        # Appended: an incarnation Slurm requeues under the same id keeps what it said.
+        f'>> "{work}/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
         "",
     ])
 
 
-def _verified_offsite(site: SiteConfig, run: str) -> int:
+def verified_offsite(site: SiteConfig, run: str) -> int:
     if site.sync is None or not site.sync.state.exists():
         return 0
     with sqlite3.connect(f"file:{site.sync.state}?mode=ro", uri=True, timeout=10) as db:
@@ -251,9 +313,17 @@ def _verified_offsite(site: SiteConfig, run: str) -> int:
     return int(row[0])
 
 
-def _kill_cluster(sandbox: Sandbox, cluster: str) -> None:
+def kill_cluster(sandbox: Sandbox, cluster: str) -> set[int]:
     """SIGKILL the cluster's slurmctld, slurmds, slurmstepds and jobs: what losing the
     site does to them. Only processes this sandbox started, each by its pid."""
+    victims = cluster_pids(sandbox, cluster)
+    signal_pids(victims, signal.SIGKILL)
+    return victims
+
+
+def cluster_pids(sandbox: Sandbox, cluster: str) -> set[int]:
+    """The pids of the cluster's slurmctld, slurmds, and everything they run (slurmstepds,
+    jobs): processes this sandbox started, found by its pid files and markers."""
     names = [f"{cluster}-slurmctld", *(f"{cluster}-n{i}" for i in (1, 2))]
     pids = {pid for pid in map(sandbox.processes.running_pid, names) if pid is not None}
     conf = f"SLURM_CONF={sandbox.layout.cluster(cluster).slurm_conf}".encode()
@@ -270,35 +340,39 @@ def _kill_cluster(sandbox: Sandbox, cluster: str) -> None:
             victims.update(child.pid for child in psutil.Process(pid).children(recursive=True))
         except psutil.NoSuchProcess:
             continue
-    for pid in victims:
+    return victims
+
+
+def signal_pids(pids: set[int], signum: int) -> None:
+    for pid in pids:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signum)
         except ProcessLookupError:
             continue
 
 
-def _entry(audit: AuditLog, kind: str, logical: str | None, cluster: str,
+def audit_entry(audit: AuditLog, kind: str, logical: str | None, cluster: str,
            after: float) -> Entry | None:
     for entry in audit.entries(logical_job=logical):
         if entry.kind == kind and entry.detail.get("cluster") == cluster \
-                and _at(entry) >= after:
+                and entry_time(entry) >= after:
             return entry
     return None
 
 
-def _at(entry: Entry) -> float:
+def entry_time(entry: Entry) -> float:
     from datetime import datetime
     return datetime.fromisoformat(entry.time).timestamp()
 
 
-def _wait(check: Callable[[], Any], deadline: float, what: str) -> Any:
-    found = _wait_or_none(check, deadline)
+def wait_for(check: Callable[[], Any], deadline: float, what: str) -> Any:
+    found = wait_or_none(check, deadline)
     if found is None or found is False:
         raise DrillFailed(f"timed out waiting for {what}")
     return found
 
 
-def _wait_or_none(check: Callable[[], Any], deadline: float) -> Any:
+def wait_or_none(check: Callable[[], Any], deadline: float) -> Any:
     while time.time() < deadline:
         found = check()
         if found:
@@ -307,12 +381,12 @@ def _wait_or_none(check: Callable[[], Any], deadline: float) -> Any:
     return None
 
 
-def _job_output(work: Path, job_id: int, cluster: str) -> str:
+def job_output(work: Path, job_id: int, cluster: str) -> str:
     path = work / f"train-{cluster}-{job_id}.out"
     return path.read_text() if path.exists() else ""
 
 
-def _final_line(output: str) -> tuple[int | None, str | None]:
+def final_line(output: str) -> tuple[int | None, str | None]:
     for line in reversed(output.splitlines()):
         if line.startswith("final step "):
             words = line.split()

@@ -55,6 +55,7 @@ class TrainConfig:
     stop_after: int | None = None
     seed: int = 0
     step_delay_s: float = 0.0  # stands in for a GPU's time per step (drills, demos)
+    hidden: int = HIDDEN  # width of the hidden layer: wider means bigger checkpoints
 
 
 @dataclass
@@ -73,10 +74,10 @@ def seed_everything(seed: int) -> None:
         numpy.random.seed(seed)
 
 
-def build(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+def build(seed: int, hidden: int = HIDDEN) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Dropout(0.1),
-                          nn.Linear(HIDDEN, OUTPUTS))
+    model = nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Dropout(0.1),
+                          nn.Linear(hidden, OUTPUTS))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=5)
     cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=50)
@@ -116,15 +117,12 @@ def train(checkpointer: Checkpointer, config: TrainConfig, stop: RequeueOnSignal
           say: Callable[[str], None] = print, federated: FederatedRun | None = None,
           trace: Callable[[int], None] = lambda _step: None) -> Outcome:
     seed_everything(config.seed)
-    model, optimizer, scheduler = build(config.seed)
+    model, optimizer, scheduler = build(config.seed, config.hidden)
     data = dataset(config.seed)
-    resumed = checkpointer.resume(model, optimizer, scheduler)
+    resumed = _resume(checkpointer, model, optimizer, scheduler, federated)
     step = position = 0
     if resumed is not None:
         step, position = resumed.step, resumed.data_position["batch"]
-    if federated is not None and federated.placement.resume_step not in (None, step):
-        raise SlurmGeoError(f"resumed at step {step}, not at the verified step "
-                            f"{federated.placement.resume_step} the daemon named")
     say(f"started at step {step}")
     loss = torch.tensor(float("nan"))
 
@@ -149,6 +147,10 @@ def train(checkpointer: Checkpointer, config: TrainConfig, stop: RequeueOnSignal
         step, position = step + 1, position + 1
         if step == config.stop_after:
             stop.request()
+        if federated is not None:
+            # A process frozen mid-step (a partition) must not count the step, let alone
+            # save it, unless its lease is still current now: else it is fenced here.
+            federated.wait_for_lease()
         trace(step)
         if step % config.ckpt_every == 0:
             save()
@@ -157,9 +159,23 @@ def train(checkpointer: Checkpointer, config: TrainConfig, stop: RequeueOnSignal
                 federated.checkpointed(step)
     checkpointer.wait()
     if checkpointer.last_step != step:
+        if federated is not None:
+            federated.wait_for_lease()
         save()  # the final checkpoint: at the end, or where the stop was noticed
     checkpointer.wait()
     return Outcome(step, step < config.steps, model, optimizer, scheduler)
+
+
+def _resume(checkpointer: Checkpointer, model: nn.Module, optimizer: torch.optim.Optimizer,
+            scheduler: Any, federated: FederatedRun | None) -> Any:
+    """The first incarnation of a generation the daemon placed starts exactly where it
+    says (the checkpoint it verified, or from scratch); any other starts from its newest."""
+    placement = None if federated is None else federated.placement
+    if placement is not None and placement.generation > 0 and placement.restart == 0:
+        if placement.resume_step is None:
+            return None
+        return checkpointer.resume(model, optimizer, scheduler, at_step=placement.resume_step)
+    return checkpointer.resume(model, optimizer, scheduler)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -179,6 +195,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stop-after", type=int, help="stop as if signalled at this step")
     parser.add_argument("--delta", action="store_true", help="store xor deltas to the parent")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hidden", type=int, default=HIDDEN, metavar="N",
+                        help=f"hidden layer width (default {HIDDEN}; wider: bigger checkpoints)")
     args = parser.parse_args(argv)
     if not args.federated and (args.store is None or args.key_file is None):
         parser.error("--store and --key-file are required without --federated")
@@ -191,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     config = TrainConfig(args.steps, args.ckpt_every, args.stop_after, args.seed,
-                         args.step_delay)
+                         args.step_delay, hidden=args.hidden)
     try:
         with RequeueOnSignal() as stop:
             federated = None
