@@ -357,3 +357,19 @@ def test_resume_at_a_step_restores_that_one_and_never_falls_back(
     assert_same((fresh_model.state_dict(), fresh_optimizer.state_dict()), expected)
     with pytest.raises(NoValidCheckpoint, match="step 3"):
         Checkpointer(repository(store_dir, key), RUN).resume(model, optimizer, at_step=3)
+
+
+def test_a_refusing_commit_guard_commits_nothing(store_dir: Path, key: bytes) -> None:
+    class Refused(Exception):
+        pass
+
+    def refuse() -> None:
+        raise Refused("the lease is gone")
+
+    model, optimizer = small_model()
+    checkpointer = Checkpointer(repository(store_dir, key), RUN, before_commit=refuse)
+    checkpointer.save(1, model, optimizer)
+    with pytest.raises(Refused):
+        checkpointer.wait()
+    checkpointer.close()
+    assert repository(store_dir, key).steps(RUN) == []

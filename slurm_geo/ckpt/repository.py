@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -88,8 +88,13 @@ class Repository:
     def write_checkpoint(
         self, run: str, tensors: Sequence[Tensor], extra_state: Bytes, metadata: Metadata,
         parent: int | None = None, delta: bool = False, unchanged: Collection[str] = (),
+        before_commit: Callable[[], None] = lambda: None,
     ) -> Manifest:
         """Save a checkpoint at `metadata.global_step`; `parent` (a step) enables dedup/delta.
+
+        `before_commit` runs after the packs are written, right before the manifest (the
+        commit point); if it raises, nothing is committed. A job holding a training lease
+        re-checks it there, so a process frozen during a save cannot commit when thawed.
 
         `unchanged` names tensors the caller knows equal the parent's (frozen parameters):
         their chunk refs are copied from the parent without reading or hashing `data`,
@@ -105,11 +110,11 @@ class Repository:
         parent_manifest = None if parent is None else self.manifest(run, parent)
         with push_lock(self._store, self._random_bytes, self._clock):
             return self._write(run, name, tensors, extra_state, metadata, parent_manifest,
-                               delta, frozenset(unchanged))
+                               delta, frozenset(unchanged), before_commit)
 
     def _write(self, run: str, name: str, tensors: Sequence[Tensor], extra_state: Bytes,
                metadata: Metadata, parent_manifest: Manifest | None, delta: bool,
-               unchanged: frozenset[str]) -> Manifest:
+               unchanged: frozenset[str], before_commit: Callable[[], None]) -> Manifest:
         parent = None if parent_manifest is None else parent_manifest.step
         keys = self._keys(run, create=True)
         chunk_size = self._options.chunk_size
@@ -136,6 +141,7 @@ class Repository:
                 extra_state=BlobEntry(len(extra), tuple(map(writer.ref, extra_slots))),
             )
         # The manifest is the commit point; the pointer only saves readers a listing.
+        before_commit()
         self._put_sealed(keys.data_key, Kind.MANIFEST, name, manifest_to_json(manifest))
         self.point_latest(run, metadata.global_step)
         return manifest

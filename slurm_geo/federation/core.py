@@ -32,6 +32,7 @@ from slurm_geo.ckpt import Repository
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.fence import Fence, unadmitted_steps, write_fence
 from slurm_geo.ckpt.manifest import with_bases
+from slurm_geo.ckpt.names import key_name
 from slurm_geo.ckpt.replicate import copy_checkpoint
 from slurm_geo.ckpt.runkey import unwrap_run_key
 from slurm_geo.ckpt.store import Store
@@ -52,7 +53,7 @@ from slurm_geo.federation.state import (
 )
 from slurm_geo.policy.directives import DirectiveError
 from slurm_geo.policy.geo import rules_for
-from slurm_geo.slurm import JobState, SlurmClient, SlurmError
+from slurm_geo.slurm import JobInfo, JobState, SlurmClient, SlurmError
 from slurm_geo.slurm.errors import JobNotFound
 
 log = logging.getLogger("slurm_geo.federation")
@@ -204,8 +205,10 @@ class Federation:
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def tick(self) -> None:
-        health = self.probe_all()
+    def tick(self, health: dict[str, Health] | None = None) -> None:
+        """One round over every logical job; `health` from a probe loop running beside
+        (the daemon's), else probed now."""
+        health = self.probe_all() if health is None else health
         self._learn_from_sync()
         self._probe_bandwidth()
         if _answering(health, self.home):
@@ -324,10 +327,13 @@ class Federation:
         self._fence_stale(job, health)
         if job.status is JobStatus.MOVING:
             with self._lock:
-                self._submit(self.state.job(job.logical_job))  # a move cut short: finish it
+                self._complete_move(self.state.job(job.logical_job),  # a move cut short
+                                    "finishing a move the daemon was stopped in")
             return
         here = health.get(job.cluster)
-        if here is None or here.status == OUT:
+        if here is None:
+            return  # not probed yet
+        if here.status == OUT:
             self._consider_failover(job, health)
             return
         if here.failures:
@@ -347,9 +353,10 @@ class Federation:
                 self._finish(job, info.state, lease)
             return
         if info is not None and info.state is JobState.PENDING and lease is None:
-            self._consider_queue_move(job, health)
+            self._consider_queue_move(job, info, health)
             return
-        if self.config.failback and job.cluster != self.home and job.move_to is None:
+        if self.config.failback and job.cluster != self.home and job.move_to is None \
+                and self.state.meta(f"left_home:{job.logical_job}") != "queue":
             self._consider_failback(job, health, lease)
 
     def _slurm_job(self, job: LogicalJob) -> Any:
@@ -402,15 +409,18 @@ class Federation:
     def _fence_store(self, job: LogicalJob, cluster: str) -> None:
         """Fence the run in `cluster`'s store too, now that it can be reached."""
         store_name = self.site.cluster(cluster).store
-        if not job.run or store_name == self.site.cluster(job.cluster).store:
-            return
+        if not job.run or store_name == self.site.cluster(job.cluster).store \
+                or not self.stores[store_name].exists(key_name(job.run)):
+            return  # nothing of the run is there to fence
         fence = Fence(job.run, job.generation, job.cluster, job.resume_step, _utc(self.clock()))
         write_fence(Repository(self.stores[store_name], self._key), fence)
 
     # --- deciding to move -------------------------------------------------------------------
 
-    def plan_for(self, job: LogicalJob, health: dict[str, Health] | None = None) -> Plan:
-        """Where `job` should run now (also what `slurm-geo plan` prints)."""
+    def plan_for(self, job: LogicalJob, health: dict[str, Health] | None = None,
+                 current_wait: float | None = None) -> Plan:
+        """Where `job` should run now (also what `slurm-geo plan` prints). `current_wait`:
+        Slurm's estimate for the job where it is queued now."""
         health = health if health is not None else self.state.health()
         options = ScriptOptions.from_json(job.spec)
         source_store = self.site.cluster(job.cluster).store
@@ -422,7 +432,9 @@ class Federation:
             remaining_s=60.0 * (options.time_limit_minutes or 60),
             checkpoint_bytes=checkpoint_bytes, checkpoint_store=source_store,
             directives=options.directives())
-        views = [self._view(name, health, options, job) for name in self.clients]
+        views = [self._view(name, health, options, job,
+                            current_wait if name == job.cluster else None)
+                 for name in self.clients]
         regions = {name: store.region for name, store in self.site.stores.items()}
         return plan(needs, views, self._rules, self.bandwidth.predict_seconds,
                     store_regions=regions, margin_s=self.config.margin_s)
@@ -440,10 +452,13 @@ class Federation:
         return sum({ref.id: ref.length for ref in with_bases(manifest.refs())}.values())
 
     def _view(self, name: str, health: dict[str, Health], options: ScriptOptions,
-              job: LogicalJob) -> ClusterView:
+              job: LogicalJob, known_wait: float | None) -> ClusterView:
         cluster = self.site.cluster(name)
         up = _answering(health, name)
-        wait = self._queue_wait(name, options, job) if up else None
+        wait = None
+        if up:
+            wait = known_wait if known_wait is not None else self._queue_wait(name, options,
+                                                                                job)
         # A partition the cluster lacks is dropped on resubmission: its default one fits.
         current = self.site.cluster(job.cluster)
         sibling = name != job.cluster and bool(cluster.slurm_federation) \
@@ -495,6 +510,7 @@ class Federation:
             return
         self.audit.append("decision", job.logical_job, f"move to {chosen.choice}",
                           chosen.reason, plan=_plan_summary(chosen))
+        self.state.put_meta(f"left_home:{job.logical_job}", "outage")
         self._move(job, chosen.choice, chosen.reason, health)
 
     def _restart_lost(self, job: LogicalJob, state: JobState, lease: Lease,
@@ -525,10 +541,20 @@ class Federation:
                           plan=_plan_summary(chosen))
         self._move(job, target, reason, health)
 
-    def _consider_queue_move(self, job: LogicalJob, health: dict[str, Health]) -> None:
+    def _consider_queue_move(self, job: LogicalJob, info: JobInfo,
+                             health: dict[str, Health]) -> None:
         """A job still pending (never granted a lease) moves when another cluster would
-        start it sooner by more than the margin."""
-        chosen = self.plan_for(job, health)
+        start it sooner by more than the margin. Its own wait is Slurm's estimate of its
+        start; a job pending for less than the margin, or not yet estimated, stays: a job
+        that left a queue for that reason does not fail back either."""
+        now = datetime.now(UTC)
+        if info.submit_time is None or (now - info.submit_time).total_seconds() \
+                < self.config.margin_s:
+            return
+        if info.start_time is None:
+            return
+        wait = max(0.0, (info.start_time - now).total_seconds())
+        chosen = self.plan_for(job, health, current_wait=wait)
         if not chosen.moves():
             return
         if chosen.needs_approval and job.move_to != chosen.choice:
@@ -539,6 +565,7 @@ class Federation:
             return
         self.audit.append("decision", job.logical_job, f"move to {chosen.choice}",
                           chosen.reason, plan=_plan_summary(chosen))
+        self.state.put_meta(f"left_home:{job.logical_job}", "queue")
         self._move(job, chosen.choice, chosen.reason, health, cancel_current=True)
 
     def _consider_failback(self, job: LogicalJob, health: dict[str, Health],
@@ -600,18 +627,43 @@ class Federation:
                                                 resume, now)
             if cancel_current and job.job_id is not None:
                 self.clients[job.cluster].cancel(job.job_id)
-            if job.run:  # a job that never trained has no checkpoint to protect yet
-                fence = Fence(job.run, moved.generation, target, resume, _utc(now))
-                repository = Repository(self.stores[target_store], self._key)
-                write_fence(repository, fence)
-                self._drop_unadmitted(job, repository, target_store)
-                if current_up and source_store != target_store:
-                    self._fence_store(moved, job.cluster)
-                self.audit.append("fence", job.logical_job,
-                                  f"run {job.run} fenced at generation {moved.generation} "
-                                  f"for {target} from step {resume}", reason,
-                                  store=target_store)
-            self._submit(moved)
+            if current_up and job.run and source_store != target_store:
+                self._fence_store(moved, job.cluster)
+            self._complete_move(moved, reason)
+
+    def _complete_move(self, moved: LogicalJob, reason: str) -> None:
+        """Fence the target store, then submit: the part of a move that is repeated, from
+        the top, when the daemon died half-way through it (the job's status is moving)."""
+        if moved.run:  # a job that never trained has no checkpoint to protect yet
+            target_store = self.site.cluster(moved.cluster).store
+            self._ensure_run_key(moved, target_store)
+            repository = Repository(self.stores[target_store], self._key)
+            write_fence(repository, Fence(moved.run, moved.generation, moved.cluster,
+                                          moved.resume_step, _utc(self.clock())))
+            self._drop_unadmitted(moved, repository, target_store)
+            self.audit.append("fence", moved.logical_job,
+                              f"run {moved.run} fenced at generation {moved.generation} for "
+                              f"{moved.cluster} from step {moved.resume_step}", reason,
+                              store=target_store)
+        self._submit(moved)
+
+    def _ensure_run_key(self, job: LogicalJob, store_name: str) -> None:
+        """The run keeps one data key everywhere: a store without it gets the sealed key
+        from a store that has it (the run may have no checkpoint off-site yet); only if
+        none can be read is a new one made there (the run then starts from scratch)."""
+        target = self.stores[store_name]
+        name = key_name(job.run)
+        if target.exists(name):
+            return
+        for other, store in self.stores.items():
+            if other == store_name:
+                continue
+            try:
+                target.put(name, store.get(name))
+                return
+            except CkptError:
+                continue
+        unwrap_run_key(target, self._key, job.run, create=True)
 
     def _carry_newest(self, job: LogicalJob, source_store: str, target_store: str) -> None:
         source = Repository(self.stores[source_store], self._key)

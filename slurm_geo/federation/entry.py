@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
 
@@ -53,13 +54,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    threading.Thread(target=_probe_forever, args=(federation, stop), name="federation-probes",
+                     daemon=True).start()
     notifier = Notifier(os.environ)
     notifier.ready(f"watching {len(federation.clients)} clusters")
     log.info("event=started clusters=%s url=%s", ",".join(federation.clients), config.url)
     while not stop.is_set():
         started = time.monotonic()
         try:
-            federation.tick()
+            federation.tick(federation.state.health())
             metrics.observe(federation)
         except Exception:  # a bug must cost one round, not the daemon
             log.exception("event=tick_crashed")
@@ -69,6 +72,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.shutdown()
     log.info("event=stopped")
     return 0
+
+
+def _probe_forever(federation: Any, stop: threading.Event) -> None:
+    """Probes keep their own rhythm: a round of moves waiting on a slow controller must
+    not delay noticing that another one died."""
+    log = logging.getLogger("slurm_geo.federation")
+    interval = federation.config.probe_interval_s
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            federation.probe_all()
+        except Exception:  # a bug must cost one probe, not the daemon
+            log.exception("event=probe_crashed")
+        stop.wait(max(0.0, interval - (time.monotonic() - started)))
 
 
 if __name__ == "__main__":

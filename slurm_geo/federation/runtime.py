@@ -34,7 +34,11 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
     config = federation_config(site)
     key_file = config.key_file or Path(env.get(KEY_FILE_ENV) or DEFAULT_KEY_FILE)
     master_key = load_master_key(key_file)
-    clients = {name: connect(cluster) for name, cluster in site.clusters.items()}
+    # The daemon's own calls wait at most a few probe intervals: a controller that dies
+    # in the middle of one must not hold up the move it causes.
+    call_timeout = max(3.0, 3 * config.probe_interval_s)
+    clients = {name: connect(replace(cluster, timeout_s=min(cluster.timeout_s, call_timeout)))
+               for name, cluster in site.clusters.items()}
     probe_timeout = min(config.probe_interval_s, 5.0)
     probes = {name: connect(replace(cluster, timeout_s=min(cluster.timeout_s, probe_timeout)))
               for name, cluster in site.clusters.items()}

@@ -139,19 +139,23 @@ class Checkpointer:
         keep_parent_chain: bool = True,
         delta: bool = False,
         skip_unchanged: bool = False,
+        before_commit: Callable[[], None] = lambda: None,
         optimizer_step: Callable[[torch.optim.Optimizer], int | None] = optimizer_step_count,
         clock: Clock = utc_now,
         env: Mapping[str, str] = os.environ,
     ):
         """`keep_parent_chain` names the previous checkpoint as parent, so unchanged chunks
         are stored once; `delta` also stores changed chunks as deltas against it;
-        `skip_unchanged` names tensors untouched since the previous save (module docs)."""
+        `skip_unchanged` names tensors untouched since the previous save (module docs);
+        `before_commit` runs right before each checkpoint is committed, in the writer
+        thread, and may refuse it by raising (FederatedRun.wait_for_lease does)."""
         if delta and not keep_parent_chain:
             raise ValueError("delta checkpoints need keep_parent_chain")
         self._repository = repository
         self._run = run_id
         self._keep_parent_chain = keep_parent_chain
         self._delta = delta
+        self._before_commit = before_commit
         self._unchanged = UnchangedTensors() if skip_unchanged else None
         self._observed_step: int | None = None  # the save `_unchanged` last observed
         self._optimizer_step = optimizer_step
@@ -319,7 +323,8 @@ class Checkpointer:
                parent: int | None, unchanged: set[str]) -> Manifest:
         return self._repository.write_checkpoint(self._run, tensors, extra_state, metadata,
                                                  parent=parent, delta=self._delta,
-                                                 unchanged=unchanged)
+                                                 unchanged=unchanged,
+                                                 before_commit=self._before_commit)
 
 
 def _loss_value(loss: float | torch.Tensor | None) -> float | None:

@@ -226,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                                         load_master_key(args.key_file))
                 run = args.run
             trace = _tracer(args.trace, federated)
-            with Checkpointer(repository, run, delta=args.delta) as checkpointer:
+            guard = (lambda: None) if federated is None else federated.wait_for_lease
+            with Checkpointer(repository, run, delta=args.delta,
+                              before_commit=guard) as checkpointer:
                 outcome = train(checkpointer, config, stop, lambda line: print(line, flush=True),
                                 federated, trace)
             if federated is not None:
