@@ -113,3 +113,84 @@ def test_partition_never_two_incarnations_training(partition_trial):
     _chaos, _runner, trial = partition_trial
     assert trial.error is None, trial.error
     assert trial.overlap == []
+
+
+def _site_and_clients(box: Sandbox):
+    from slurm_geo.config.model import load_config
+    from slurm_geo.slurm import connect
+
+    site = load_config(box.layout.site_config)
+    return site, {name: connect(c) for name, c in site.clusters.items()}
+
+
+def _final_weights(training, job_id: int, cluster: str) -> str | None:
+    return drill.final_line(drill.job_output(training.work, job_id, cluster))[1]
+
+
+def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbox):
+    import time
+
+    settings = drill.DrillSettings(steps=800, ckpt_every=40, step_delay_s=0.05)
+    site, clients = _site_and_clients(fed_sandbox)
+    assert site.federation is not None
+    audit = AuditLog(site.federation.audit_path, readonly=True)
+    training = drill.submit_training(site, clients["onprem"], settings, ROOT / "failback")
+    logical = f"onprem-{training.job_id}"
+    deadline = time.time() + 240
+    drill.wait_for(lambda: drill.verified_offsite(site, training.run) >= 2, deadline,
+                   "two checkpoints off-site")
+    killed = time.time()
+    drill.kill_cluster(fed_sandbox, "onprem")
+    drill.wait_for(lambda: drill.audit_entry(audit, "lease", logical, "rented", killed),
+                   deadline, "training on rented")
+    fed_sandbox.up(progress=lambda _m: None)  # home is back
+    planned = drill.wait_for(
+        lambda: next((e for e in audit.entries(logical_job=logical)
+                      if e.kind == "decision" and "fail back" in e.what), None),
+        deadline, "a failback decision")
+    home = drill.wait_for(lambda: drill.audit_entry(audit, "requeue", logical, "onprem",
+                                                    drill.entry_time(planned)),
+                          deadline, "generation 2 submitted at home")
+    assert home.detail["generation"] == 2
+    (back,) = [e for e in audit.entries(logical_job=logical) if e.kind == "transfer"]
+    assert "from offsite to pfs" in back.what  # copied before generation 2 was submitted
+    drill.wait_for(lambda: drill.audit_entry(audit, "finished", logical, "onprem", killed),
+                   deadline, "the job to finish at home")
+    home_job = int(home.detail["job_id"])
+    output = drill.job_output(training.work, home_job, "onprem")
+    assert f"started at step {home.detail['resume_step']}" in output
+    assert _final_weights(training, home_job, "onprem") == drill.reference_weights(settings)
+    lines = drill.trace_lines(training.trace)
+    rented_steps = [line.step for line in lines if line.generation == 1]
+    assert max(rented_steps) == home.detail["resume_step"]  # nothing trained twice, or lost
+
+
+def test_a_hopeless_home_queue_is_left_for_rented(fed_sandbox: Sandbox):
+    import time
+
+    from slurm_geo.slurm import JobSpec, JobState
+
+    settings = drill.DrillSettings(steps=120, ckpt_every=40, step_delay_s=0.02)
+    site, clients = _site_and_clients(fed_sandbox)
+    assert site.federation is not None
+    onprem = clients["onprem"]
+    blockers = [onprem.submit(JobSpec(script="#!/bin/bash\nsleep 900\n", name="blocker",
+                                      time_limit_minutes=60, cpus_per_task=2))
+                for _ in range(2)]
+    try:
+        audit = AuditLog(site.federation.audit_path, readonly=True)
+        training = drill.submit_training(site, onprem, settings, ROOT / "queue")
+        logical = f"onprem-{training.job_id}"
+        deadline = time.time() + 180
+        moved = drill.wait_for(lambda: drill.audit_entry(audit, "requeue", logical, "rented",
+                                                         0), deadline, "the queue move")
+        decision = next(e for e in audit.entries(logical_job=logical) if e.kind == "decision")
+        assert "queue wait on onprem" in decision.why
+        assert onprem.job(training.job_id).state is JobState.CANCELLED
+        drill.wait_for(lambda: drill.audit_entry(audit, "finished", logical, "rented", 0),
+                       deadline, "the job to finish on rented")
+        assert _final_weights(training, int(moved.detail["job_id"]), "rented") == \
+            drill.reference_weights(settings)
+    finally:
+        for job_id in blockers:
+            onprem.cancel(job_id)

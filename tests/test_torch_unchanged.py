@@ -124,10 +124,10 @@ class RecordingRepository(Repository):
 
     def write_checkpoint(self, run: str, tensors: Any, extra_state: Any, metadata: Any,
                          parent: int | None = None, delta: bool = False,
-                         unchanged: Collection[str] = ()) -> Manifest:
+                         unchanged: Collection[str] = (), **options: Any) -> Manifest:
         self.hints.append(set(unchanged))
         return super().write_checkpoint(run, tensors, extra_state, metadata, parent=parent,
-                                        delta=delta, unchanged=unchanged)
+                                        delta=delta, unchanged=unchanged, **options)
 
 
 @pytest.fixture
