@@ -376,17 +376,23 @@ SYNC_SETTINGS = (
 )
 
 
-def _parse_sync(table: Any, stores: dict[str, StoreConfig], where: str) -> SyncConfig:
+def _read_settings(table: Any, settings: tuple[Setting, ...], where: str) -> dict[str, Any]:
+    """The table's values, each read by its Setting; unknown keys and missing required
+    ones are refused, naming them."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
-    _reject_unknown(table, {s.name for s in SYNC_SETTINGS}, where)
+    _reject_unknown(table, {s.name for s in settings}, where)
     values = {}
-    for setting in SYNC_SETTINGS:
+    for setting in settings:
         if setting.name in table:
             values[setting.name] = setting.parse(table[setting.name], f"{where}: {setting.name}")
         elif setting.required:
             raise ConfigError(f"{where}: missing {setting.name} ({setting.help})")
-    config = SyncConfig(**values)
+    return values
+
+
+def _parse_sync(table: Any, stores: dict[str, StoreConfig], where: str) -> SyncConfig:
+    config = SyncConfig(**_read_settings(table, SYNC_SETTINGS, where))
     _check_sync_stores(config, stores, where)
     if config.retry_max_s < config.retry_base_s:
         raise ConfigError(f"{where}: retry_max_s ({config.retry_max_s:g}) is shorter than "
@@ -496,15 +502,11 @@ FEDERATION_SETTINGS = (
 
 def _parse_federation(table: Any, clusters: dict[str, ClusterConfig], home: str,
                       where: str) -> FederationConfig:
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where} must be a table")
-    _reject_unknown(table, {s.name for s in FEDERATION_SETTINGS}, where)
+    values = _read_settings(table, FEDERATION_SETTINGS, where)
     if not home:
         raise ConfigError(f"{where} needs [site] home_cluster: jobs fail over from it and back")
     missing = sorted(name for name, c in clusters.items() if not c.store)
     if missing:
         raise ConfigError(f"{where}: cluster(s) {', '.join(missing)} have no store = \"NAME\"; "
                           "the daemon must know where each cluster's jobs keep checkpoints")
-    values = {s.name: s.parse(table[s.name], f"{where}: {s.name}")
-              for s in FEDERATION_SETTINGS if s.name in table}
     return FederationConfig(**values)
