@@ -7,8 +7,6 @@ from pathlib import Path
 
 import click
 
-from slurm_geo.errors import SlurmGeoError
-
 
 @click.command("drill")
 @click.option("--sandbox-dir", type=click.Path(path_type=Path), default=None,
@@ -39,10 +37,7 @@ def drill(sandbox_dir: Path | None, steps: int, ckpt_every: int, step_delay: flo
     settings = DrillSettings(steps=steps, ckpt_every=ckpt_every, step_delay_s=step_delay)
     progress = (lambda _msg: None) if as_json else \
         (lambda msg: click.echo(f"drill: {msg}", err=True))
-    try:
-        report = run_drill(sandbox, settings, out or sandbox.layout.root / "drills", progress)
-    except SlurmGeoError as exc:
-        raise click.ClickException(str(exc)) from None
+    report = run_drill(sandbox, settings, out or sandbox.layout.root / "drills", progress)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -1,4 +1,5 @@
-"""`slurm-geo plan JOB` and `slurm-geo status [JOB]`: a logical job across clusters."""
+"""`slurm-geo plan JOB`, `status [JOB]` and `approve JOB CLUSTER`: a logical job across
+clusters."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-
-from slurm_geo.errors import SlurmGeoError
 
 CONFIG_HELP = "Site config (default: $SLURM_GEO_CONFIG or /etc/slurm-geo/config.toml)."
 
@@ -25,11 +24,8 @@ def plan(job: str, config: Path | None, as_json: bool) -> None:
     from slurm_geo.federation.planner import plan_to_json, render_plan
     from slurm_geo.federation.runtime import build
 
-    try:
-        federation = build(config, daemon=False)
-        chosen = federation.plan_for(federation.state.job(job))
-    except SlurmGeoError as exc:
-        raise click.ClickException(str(exc)) from None
+    federation = build(config, daemon=False)
+    chosen = federation.plan_for(federation.state.job(job))
     click.echo(json.dumps(plan_to_json(chosen), indent=2) if as_json else render_plan(chosen))
 
 
@@ -44,13 +40,10 @@ def status(job: str | None, config: Path | None, as_json: bool) -> None:
     from slurm_geo.federation.runtime import federation_config
     from slurm_geo.federation.state import FederationState
 
-    try:
-        site = load_config(config)
-        state = FederationState(federation_config(site).state)
-        jobs = [state.job(job)] if job else state.jobs()
-        views = [_view(state, j) for j in jobs]
-    except SlurmGeoError as exc:
-        raise click.ClickException(str(exc)) from None
+    site = load_config(config)
+    state = FederationState(federation_config(site).state)
+    jobs = [state.job(job)] if job else state.jobs()
+    views = [_view(state, j) for j in jobs]
     if as_json:
         click.echo(json.dumps(views if job is None else views[0], indent=2))
     elif job is None:
@@ -117,9 +110,6 @@ def approve(job: str, cluster: str, config: Path | None) -> None:
 
     from slurm_geo.federation.runtime import build
 
-    try:
-        moved = build(config, daemon=False).approve(job, cluster, getpass.getuser())
-    except SlurmGeoError as exc:
-        raise click.ClickException(str(exc)) from None
+    moved = build(config, daemon=False).approve(job, cluster, getpass.getuser())
     click.echo(f"{moved.logical_job}: move to {cluster} approved; the federation daemon "
                "makes it when its plan chooses it")

@@ -38,7 +38,7 @@ Progress = Callable[[str], None]
 
 
 class DrillFailed(SlurmGeoError):
-    exit_code = 40
+    exit_code = 41
 
 
 @dataclass(frozen=True)
