@@ -91,7 +91,6 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 class JobStatus(Enum):
     RUNNING = "running"      # the current generation is queued or running on `cluster`
     MOVING = "moving"        # a new generation is being placed; no lease is granted
-    STRANDED = "stranded"    # its cluster is out and no other cluster may take it
     COMPLETED = "completed"
     FAILED = "failed"
 
