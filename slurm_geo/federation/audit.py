@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.sqlite_tx import immediate_transaction
 
 GENESIS = "0" * 64
 BUSY_TIMEOUT_S = 30.0
@@ -175,14 +176,9 @@ class AuditLog:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:  # one connection, shared by a daemon's threads
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        # One connection, shared by a daemon's threads.
+        with self._lock, immediate_transaction(self._db) as db:
+            yield db
 
     def append(self, kind: str, logical_job: str | None, what: str, why: str,
                **detail: Any) -> Entry:

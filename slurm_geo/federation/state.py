@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.sqlite_tx import immediate_transaction
 
 BUSY_TIMEOUT_S = 30.0
 
@@ -195,14 +196,8 @@ class FederationState:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.db
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            self.db.execute("COMMIT")
+        with self._lock, immediate_transaction(self.db) as db:
+            yield db
 
     # --- logical jobs ---------------------------------------------------------------------
 

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.sqlite_tx import immediate_transaction
 
 BUSY_TIMEOUT_S = 30.0
 DEFAULT_PATH = Path("/var/lib/slurm-geo/registry.db")
@@ -117,15 +118,8 @@ class Registry:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return immediate_transaction(self._db)
 
     # --- written by the controller's hooks ----------------------------------------------
 
