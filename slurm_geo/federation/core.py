@@ -486,27 +486,24 @@ class Federation:
     def _consider_failover(self, job: LogicalJob, health: dict[str, Health]) -> None:
         if job.status is not JobStatus.RUNNING:
             return
+        # Checked before planning: no move can start while the lease is live, and a plan
+        # costs Slurm calls and a manifest read every round.
+        lease = self.state.lease(job.logical_job)
+        if lease is not None and lease.generation == job.generation \
+                and not lease.expired(self.clock(), self.config.lease_ttl_s):
+            self._say_once(("lease", job.logical_job, str(job.generation)), "decision",
+                           job.logical_job, "waiting to move until the lease runs out",
+                           f"{job.cluster} is out but the job's lease was renewed "
+                           f"{self.clock() - lease.renewed_at:.1f} s ago; it may still be "
+                           "training")
+            return
         chosen = self.plan_for(job, health)
         if not chosen.moves():
             self._say_once(("stranded", job.logical_job, str(job.generation)), "decision",
                            job.logical_job, f"job stays on {job.cluster}", chosen.reason,
                            plan=_plan_summary(chosen))
             return
-        if chosen.needs_approval and job.move_to != chosen.choice:
-            self._say_once(("approval", job.logical_job, str(job.generation)), "decision",
-                           job.logical_job, f"move to {chosen.choice} needs approval",
-                           chosen.reason + " (--geo-failover is not auto; `slurm-geo "
-                           f"approve {job.logical_job} {chosen.choice}`)",
-                           plan=_plan_summary(chosen))
-            return
-        lease = self.state.lease(job.logical_job)
-        if lease is not None and lease.generation == job.generation \
-                and not lease.expired(self.clock(), self.config.lease_ttl_s):
-            self._say_once(("lease", job.logical_job, str(job.generation)), "decision",
-                           job.logical_job, f"waiting to move to {chosen.choice}",
-                           f"{job.cluster} is out but the job's lease was renewed "
-                           f"{self.clock() - lease.renewed_at:.1f} s ago; it may still be "
-                           "training", plan=_plan_summary(chosen))
+        if self._awaits_approval(job, chosen):
             return
         self.audit.append("decision", job.logical_job, f"move to {chosen.choice}",
                           chosen.reason, plan=_plan_summary(chosen))
@@ -555,18 +552,23 @@ class Federation:
             return
         wait = max(0.0, (info.start_time - now).total_seconds())
         chosen = self.plan_for(job, health, current_wait=wait)
-        if not chosen.moves():
-            return
-        if chosen.needs_approval and job.move_to != chosen.choice:
-            self._say_once(("approval", job.logical_job, str(job.generation)), "decision",
-                           job.logical_job, f"move to {chosen.choice} needs approval",
-                           chosen.reason + " (--geo-failover is not auto)",
-                           plan=_plan_summary(chosen))
+        if not chosen.moves() or self._awaits_approval(job, chosen):
             return
         self.audit.append("decision", job.logical_job, f"move to {chosen.choice}",
                           chosen.reason, plan=_plan_summary(chosen))
         self.state.put_meta(f"left_home:{job.logical_job}", "queue")
         self._move(job, chosen.choice, chosen.reason, health, cancel_current=True)
+
+    def _awaits_approval(self, job: LogicalJob, chosen: Plan) -> bool:
+        """A move the job did not consent to (--geo-failover is not auto) and nobody has
+        approved yet: say so once, and do not move."""
+        if not chosen.needs_approval or job.move_to == chosen.choice:
+            return False
+        self._say_once(("approval", job.logical_job, str(job.generation)), "decision",
+                       job.logical_job, f"move to {chosen.choice} needs approval",
+                       chosen.reason + " (--geo-failover is not auto; `slurm-geo approve "
+                       f"{job.logical_job} {chosen.choice}`)", plan=_plan_summary(chosen))
+        return True
 
     def _consider_failback(self, job: LogicalJob, health: dict[str, Health],
                            lease: Lease | None) -> None:
