@@ -10,33 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from systemd_units import installed_here, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE = ROOT / "systemd" / "slurm-geo-billing-ingest.service"
 TIMER = ROOT / "systemd" / "slurm-geo-billing-ingest.timer"
 
 
-def settings(unit: Path) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
-    for line in unit.read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith(("#", ";", "[")):
-            key, value = line.split("=", 1)
-            found.setdefault(key.strip(), []).append(value.strip())
-    return found
-
-
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
 def test_systemd_analyze_verify_accepts_service_and_timer(tmp_path):
-    program = Path("/usr/local/bin/slurm-geo")
-    if not program.exists():
-        program = Path(sys.executable).parent / "slurm-geo"
-        if not program.exists():
-            pytest.skip("slurm-geo is not installed (pip install -e .)")
-    for unit in (SERVICE, TIMER):
-        (tmp_path / unit.name).write_text(
-            unit.read_text().replace("/usr/local/bin/slurm-geo", str(program)))
-    result = subprocess.run(["systemd-analyze", "verify", "--man=no",
-                             str(tmp_path / SERVICE.name), str(tmp_path / TIMER.name)],
+    # Verified together: the timer names the service, which must sit beside it.
+    units = [installed_here(unit, tmp_path) for unit in (SERVICE, TIMER)]
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", *map(str, units)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == ""

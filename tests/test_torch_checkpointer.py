@@ -114,9 +114,8 @@ def test_resume_without_the_rng_states_diverges(
     assert not torch.equal(second.model[0].weight, straight.model[0].weight)
 
 
-def test_resume_skips_a_damaged_newest_checkpoint(
-    store_dir: Path, key: bytes, caplog: pytest.LogCaptureFixture
-) -> None:
+def save_steps_2_and_4(store_dir: Path, key: bytes) -> Any:
+    """Checkpoints at steps 2 and 4; the model and optimizer state as saved at step 2."""
     model, optimizer = small_model()
     with Checkpointer(repository(store_dir, key), RUN) as checkpointer:
         take_steps(model, optimizer, 2)
@@ -124,6 +123,13 @@ def test_resume_skips_a_damaged_newest_checkpoint(
         expected = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
         take_steps(model, optimizer, 2)
         checkpointer.save(4, model, optimizer, data_position={"batch": 4})
+    return expected
+
+
+def test_resume_skips_a_damaged_newest_checkpoint(
+    store_dir: Path, key: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    expected = save_steps_2_and_4(store_dir, key)
     repo = repository(store_dir, key)
     older = {ref.pack for ref in repo.manifest(RUN, 2).refs()}
     (damaged,) = {ref.pack for ref in repo.manifest(RUN, 4).refs()} - older
@@ -343,20 +349,14 @@ def test_sgd_without_a_step_count_saves_and_resumes_data_position_and_extra(
 def test_resume_at_a_step_restores_that_one_and_never_falls_back(
     store_dir: Path, key: bytes
 ) -> None:
-    model, optimizer = small_model()
-    with Checkpointer(repository(store_dir, key), RUN) as checkpointer:
-        take_steps(model, optimizer, 2)
-        checkpointer.save(2, model, optimizer, data_position={"batch": 2})
-        expected = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
-        take_steps(model, optimizer, 2)
-        checkpointer.save(4, model, optimizer, data_position={"batch": 4})
+    expected = save_steps_2_and_4(store_dir, key)
     fresh_model, fresh_optimizer = small_model()
     resumed = Checkpointer(repository(store_dir, key), RUN).resume(
         fresh_model, fresh_optimizer, at_step=2)
     assert resumed is not None and resumed.step == 2
     assert_same((fresh_model.state_dict(), fresh_optimizer.state_dict()), expected)
     with pytest.raises(NoValidCheckpoint, match="step 3"):
-        Checkpointer(repository(store_dir, key), RUN).resume(model, optimizer, at_step=3)
+        Checkpointer(repository(store_dir, key), RUN).resume(*small_model(), at_step=3)
 
 
 def test_a_refusing_commit_guard_commits_nothing(store_dir: Path, key: bytes) -> None:
