@@ -1,4 +1,5 @@
-"""Pure tests of blob encoding (byte planes, zstd, raw fallback, xor delta) and chunking."""
+"""Pure tests of blob encoding (byte planes, sparse planes, zstd, raw fallback, deltas) and
+chunking."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import zstandard
 from slurm_geo.ckpt.chunking import GEAR, CdcParams, content_defined_chunks, fixed_chunks
 from slurm_geo.ckpt.codec import (
     SAMPLE_MIN,
+    SPARSE_AT_LEAST,
     Compressors,
     Method,
+    blob_methods,
+    changed_fraction,
     decode,
     decode_into,
     delta_base_id,
@@ -298,9 +302,9 @@ def test_large_planes_whose_sample_does_not_compress_are_stored_raw():
 
 
 def test_the_sample_is_spread_over_the_plane():
-    """Noise first, zeros after: a sample of the start alone would store it raw."""
+    """Noise first, a constant after: a sample of the start alone would store it raw."""
     half = SAMPLE_MIN
-    data = random_bytes(half * 2) + bytes(half * 2)  # two planes, each half noise
+    data = random_bytes(half * 2) + b"\x01" * (half * 2)  # two planes, each half noise
     blob = encode(data, element_size=2)
     assert plane_methods(blob) == [Method.ZSTD, Method.ZSTD]
     assert decode(blob) == data
@@ -341,3 +345,103 @@ def test_a_plane_is_compressed_by_whichever_context_suits_it(size):
         assert Method(head[0]) == Method.ZSTD
         assert body == context.compress(plane)
         assert len(body) <= len(compressors.plane.compress(plane))
+
+
+def with_zeros(data: bytes, element_size: int, every: int) -> bytes:
+    """`data` with every `every`-th element zeroed, as units that never activate leave
+    their optimizer moments."""
+    out = bytearray(data)
+    for start in range(0, len(out), every * element_size):
+        out[start:start + element_size] = bytes(element_size)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("element_size", [2, 4])
+@pytest.mark.parametrize("every", [2, 10, 19])  # 50 %, 10 %, 5.3 % zeros
+def test_a_chunk_with_many_zero_elements_is_stored_as_sparse_planes(element_size, every):
+    dense = float32_bytes(8192) if element_size == 4 else bfloat16_bytes(8192)
+    data = with_zeros(dense, element_size, every)
+    blob = encode(data, element_size=element_size)
+    assert method_of(blob) == Method.SPARSE_PLANES
+    assert decode(blob) == data
+    out = bytearray(b"\xee" * (len(data) + 9))
+    decode_into(blob, out, 4, len(data))
+    assert out[4:4 + len(data)] == data and out[:4] + out[-5:] == b"\xee" * 9
+    # The zeros cost about a bit each (the mask), not their share of mantissa planes.
+    planes_alone = encode(data, element_size=element_size, level=1)
+    assert len(blob) < len(encode(dense, element_size=element_size)) * (1 - 0.5 / every)
+    assert len(blob) <= len(planes_alone)
+
+
+@pytest.mark.parametrize(
+    "data, element_size, method",
+    [
+        (bytes(4096), 4, Method.SPARSE_PLANES),  # all zero: a mask and no values
+        (with_zeros(float32_bytes(2048), 4, 25), 4, Method.PLANES),  # 4 % zeros
+        (with_zeros(random_bytes(8192), 4, 2), 4, Method.SPARSE_PLANES),  # noise values
+        (bytes(4096), 1, Method.ZSTD),  # not a float dtype: no planes of any kind
+    ],
+    ids=["all-zero", "few-zeros", "noise", "bytes"],
+)
+def test_sparse_planes_are_used_from_the_threshold_on(data, element_size, method):
+    zero_share = 1 - changed_fraction(data, element_size)
+    assert (method == Method.SPARSE_PLANES) == (element_size > 1 and zero_share >= SPARSE_AT_LEAST)
+    blob = encode(data, element_size=element_size)
+    assert method_of(blob) == method
+    assert decode(blob) == data
+
+
+def sparse_blob(size: int, element_size: int, mask: bytes, values: bytes) -> bytes:
+    return (_head(5, size) + bytes([element_size]) + struct.pack("<I", len(mask)) + mask
+            + values)
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        sparse_blob(8, 3, _head(0, 1) + b"\x80", _head(0, 3) + b"abc"),  # element size 3
+        sparse_blob(8, 4, _head(0, 1) + b"\xc0", _head(0, 4) + b"abcd"),  # 2 set, 1 value
+        sparse_blob(8, 4, _head(0, 2) + b"\x80\x00", _head(0, 4) + b"abcd"),  # mask size
+        sparse_blob(8, 4, _head(0, 1), b""),  # truncated in its mask
+        sparse_blob(8, 4, _head(0, 1) + b"\x80", b""),  # no values blob
+        sparse_blob(8, 4, _head(2, 1) + b"\x80", _head(0, 4) + b"abcd"),  # mask as planes
+        sparse_blob(8, 4, _head(0, 1) + b"\x80", _head(5, 4) + b"abcd"),  # nested sparse
+        _head(5, 8) + b"\x04\x01",  # shorter than its head
+    ],
+    ids=["element-size", "value-count", "mask-size", "mask-truncated", "no-values",
+         "mask-method", "nested", "short-head"],
+)
+def test_malformed_sparse_planes_are_refused(blob):
+    with pytest.raises(MalformedData):
+        decode(blob)
+    with pytest.raises(MalformedData):
+        decode_into(blob, bytearray(8), 0, 8)
+
+
+def test_a_valid_sparse_blob_by_hand_decodes_per_the_spec():
+    """Mask bits are most significant first: 0b0100_0000 sets element 1 of 2."""
+    blob = sparse_blob(8, 4, _head(0, 1) + b"\x40", _head(0, 4) + b"abcd")
+    assert decode(blob) == bytes(4) + b"abcd"
+
+
+@pytest.mark.parametrize(
+    "xored, element_size, fraction",
+    [
+        (b"", 4, 0.0),
+        (bytes(8), 4, 0.0),
+        (b"\x00\x00\x00\x01" + bytes(4), 4, 0.5),  # one of two float32s changed
+        (b"\x01\x00\x00\x01", 2, 1.0),
+        (b"\x01\x00\x00\x00", 1, 0.25),
+        (b"\x01\x00\x00", 2, 1 / 3),  # not whole elements: bytes are counted
+    ],
+)
+def test_changed_fraction_counts_elements_that_differ(xored, element_size, fraction):
+    assert changed_fraction(xored, element_size) == pytest.approx(fraction)
+
+
+def test_blob_methods_name_the_inner_blob_of_an_xor_delta():
+    base = float32_bytes(1024)
+    changed = with_zeros(base, 4, 2)
+    assert blob_methods(encode(base, element_size=4)) == (Method.PLANES,)
+    assert blob_methods(encode_delta(changed, base, bytes(32), element_size=4)) == (
+        Method.XOR_DELTA, Method.SPARSE_PLANES)  # half the values unchanged: zeros in the xor

@@ -12,6 +12,7 @@ import os
 import stat
 import struct
 
+import blake3
 import pytest
 import zstandard
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -41,18 +42,26 @@ SALT = bytes(range(0xA0, 0xB0))
 FINGERPRINT_MASTER = "55ade8af0381597a"
 FINGERPRINT_DATA = "af5518d68abf18c7"
 ID_KEY = "faceef5df6d471442a0b92b15ef19e26c0b194ed0622e688cd17cfe887ff1adb"
-HELLO_ID = "ff7bdaa843e27bb41908be2a371af66f8b2ac4c991dfcb6b6595908d7e0f94eb"
+HELLO_ID = "2606749848cbc3ce63e1ade2a43cbd42cc17c820b3d29af60152ab6e417a8c62"
+HELLO_ID_V1 = "ff7bdaa843e27bb41908be2a371af66f8b2ac4c991dfcb6b6595908d7e0f94eb"
 SEALED_KEY = (
     "5347454f5345414c010155ade8af0381597aa0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
     "d98663de9c354511ad969e76a1d5d7bb18472212a01cc2883e7d2aa83c13097346b9965f2beb199cf8a157696bf89a3e"
 )
 HELLO_BLOB = "000500000068656c6c6f"
 PACK = (
+    "5347454f5041434b03a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
+    "2606749848cbc3ce63e1ade2a43cbd42cc17c820b3d29af60152ab6e417a8c621a000000"
+    "bbf75e4de2eaaa0d9f1a1c183b1f10e7ce81c7de6ae3679383fe"
+)
+PACK_ID = "a42182409367df3bc599a2a046e91224296f575298d49320a3f44bf7a3859e43"
+# What writers of format version 1 (pack version 1) wrote: readers still open it.
+PACK_V1 = (
     "5347454f5041434b01a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
     "ff7bdaa843e27bb41908be2a371af66f8b2ac4c991dfcb6b6595908d7e0f94eb1a000000"
     "bbf75e4de2eaaa0d9f1ae771e8980b892655202b1e6c55e0b7b4"
 )
-PACK_ID = "4e5f6732ce6bf919c82cc7ba980c5f5cb82aa447113f9d1a5fa5349a0141019f"
+PACK_V1_ID = "4e5f6732ce6bf919c82cc7ba980c5f5cb82aa447113f9d1a5fa5349a0141019f"
 
 
 def test_key_derivations_match_the_vectors():
@@ -60,7 +69,8 @@ def test_key_derivations_match_the_vectors():
     assert fingerprint(MASTER).hex() == FINGERPRINT_MASTER
     assert keys.fingerprint.hex() == FINGERPRINT_DATA
     assert keys.id_key.hex() == ID_KEY
-    assert chunk_id(keys.id_key, b"hello").hex() == HELLO_ID
+    assert chunk_id(keys.id_key, b"hello", 2).hex() == HELLO_ID
+    assert chunk_id(keys.id_key, b"hello", 1).hex() == HELLO_ID_V1
 
 
 def test_sealed_key_and_pack_match_the_vectors():
@@ -70,6 +80,13 @@ def test_sealed_key_and_pack_match_the_vectors():
     assert writer.add(bytes.fromhex(HELLO_ID), bytes.fromhex(HELLO_BLOB)) == Entry(
         bytes.fromhex(HELLO_ID), 25, 62)
     assert writer.finish() == (PACK_ID, bytes.fromhex(PACK))
+
+
+def test_a_version_1_pack_still_opens():
+    pack = bytes.fromhex(PACK_V1)
+    check_pack_id("p", PACK_V1_ID, pack)
+    entry = Entry(bytes.fromhex(HELLO_ID_V1), 25, 62)
+    assert decode(PackReader(DATA_KEY, "p", pack).blob(entry)) == b"hello"
 
 
 # An independent reader, from docs/format.md alone.
@@ -89,14 +106,19 @@ def test_an_independent_reader_opens_the_vectors():
     seal_key = hkdf(MASTER, salt, b"slurm-geo/v1/seal")
     assert AESGCM(seal_key).decrypt(bytes(12), sealed[34:], header + b"keys/r") == DATA_KEY
 
-    pack = bytes.fromhex(PACK)
-    assert hashlib.sha256(pack).hexdigest() == PACK_ID
-    assert pack[:9] == b"SGEOPACK\x01"
-    pack_key = hkdf(DATA_KEY, pack[9:25], b"slurm-geo/v1/pack")
-    entry_id, length = struct.unpack_from("<32sI", pack, 25)
-    blob = AESGCM(pack_key).decrypt((25).to_bytes(12, "big"), pack[61:61 + length], entry_id)
-    assert blob == b"\x00" + struct.pack("<I", 5) + b"hello"
-    assert hmac.digest(id_key, blob[5:], "sha256") == entry_id
+    for version, pack_hex, pack_id in ((3, PACK, PACK_ID), (1, PACK_V1, PACK_V1_ID)):
+        pack = bytes.fromhex(pack_hex)
+        name_hash = blake3.blake3 if version == 3 else hashlib.sha256
+        assert name_hash(pack).hexdigest() == pack_id
+        assert pack[:9] == b"SGEOPACK" + bytes([version])
+        pack_key = hkdf(DATA_KEY, pack[9:25], b"slurm-geo/v1/pack")
+        entry_id, length = struct.unpack_from("<32sI", pack, 25)
+        blob = AESGCM(pack_key).decrypt((25).to_bytes(12, "big"), pack[61:61 + length], entry_id)
+        assert blob == b"\x00" + struct.pack("<I", 5) + b"hello"
+        if version == 3:
+            assert blake3.blake3(blob[5:], key=id_key).digest() == entry_id
+        else:
+            assert hmac.digest(id_key, blob[5:], "sha256") == entry_id
 
 
 def test_sealed_objects_round_trip():
@@ -168,9 +190,13 @@ def test_pack_round_trip():
 
 
 def test_every_flipped_bit_in_a_pack_is_caught_even_without_the_hash():
-    _pack_id, data, entries = pack_of([b"alpha", b"beta"])
+    """Except in the version byte: versions 1-3 share one layout, so a pack whose 3 became
+    1 or 2 still opens, with the same blobs; its name's hash catches that."""
+    pack_id, data, entries = pack_of([b"alpha", b"beta"])
     for position, damaged in flips(data):
         with pytest.raises(CkptError) as info:
+            if damaged[8] in (1, 2):
+                check_pack_id("packs/x", pack_id, damaged)
             reader = PackReader(DATA_KEY, "packs/x", damaged)
             for entry in entries:
                 reader.blob(entry)
@@ -187,19 +213,20 @@ def test_a_truncated_pack_is_corrupt_and_fails_its_hash():
 
 def test_a_pack_of_a_newer_format_is_unsupported():
     data = bytearray(pack_of([b"x"])[1])
-    data[8] = 3  # version 2 only adds a blob method (zstd patches)
-    with pytest.raises(UnsupportedFormat, match="reads version 1 or 2"):
+    data[8] = 4
+    with pytest.raises(UnsupportedFormat, match="reads version 1 or 2 or 3"):
         PackReader(DATA_KEY, "p", bytes(data))
 
 
-def test_a_pack_is_version_2_only_once_it_holds_a_zstd_patch():
-    writer = PackWriter(DATA_KEY, SALT)
-    writer.add(hashlib.sha256(b"x").digest(), b"x")
-    assert writer.release()[8] == 1
-    writer.require_version(2)
-    _pack_id, data = writer.finish()
-    assert data[8] == 2
-    assert PackReader(DATA_KEY, "p", data).version == 2
+def test_a_pack_altered_to_claim_an_older_version_no_longer_matches_its_name():
+    """The version byte picks the name's hash (BLAKE3 from 3, SHA-256 before), and it is
+    hashed too: a downgraded pack matches its name under neither."""
+    pack_id, data, _entries = pack_of([b"x"])
+    assert data[8] == 3 and blake3.blake3(data).hexdigest() == pack_id
+    downgraded = bytearray(data)
+    downgraded[8] = 2
+    with pytest.raises(CorruptObject, match="does not match its name"):
+        check_pack_id("p", pack_id, bytes(downgraded))
 
 
 def test_an_entry_moved_within_its_pack_does_not_open():

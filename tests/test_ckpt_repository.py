@@ -25,10 +25,14 @@ from slurm_geo.ckpt import (
     WrongKey,
 )
 from slurm_geo.ckpt.chunking import CdcParams
-from slurm_geo.ckpt.codec import Method, encode_delta_parts
-from slurm_geo.ckpt.keys import SALT_SIZE
-from slurm_geo.ckpt.pack import Entry, PackReader
+from slurm_geo.ckpt.codec import Method, encode, encode_delta_parts
+from slurm_geo.ckpt.keys import SALT_SIZE, RunKeys, chunk_id
+from slurm_geo.ckpt.manifest import ChunkRef
+from slurm_geo.ckpt.names import pack_name
+from slurm_geo.ckpt.pack import Entry, PackReader, PackWriter
+from slurm_geo.ckpt.reader import ChunkReader
 from slurm_geo.ckpt.seal import Kind, open_sealed, seal
+from slurm_geo.ckpt.writer import delta_kind
 
 RUN = "run-1"
 CHUNK = 4096
@@ -205,8 +209,6 @@ def test_delta_mode_stores_a_changed_chunk_as_a_small_patch(store, repo):
     assert [c.depth for c in manifest.tensors[0].chunks] == [1, 0, 0]
     assert repo.read_checkpoint(RUN, 2).tensors[0].data == tuned
     assert repo.read_checkpoint(RUN, 1).tensors[0].data == weights
-    versions = {p.read_bytes()[8] for p in (store.root / "packs").rglob("*") if p.is_file()}
-    assert versions == {1, 2}  # only the pack holding the zstd patch is marked version 2
 
 
 def test_small_dense_changes_are_stored_as_an_xor_delta(store, repo):
@@ -222,30 +224,92 @@ def test_small_dense_changes_are_stored_as_an_xor_delta(store, repo):
     assert ref.depth == 1 and _plain_blob(store, repo, ref)[0] == Method.XOR_DELTA
     assert len(_plain_blob(store, repo, ref)) < 0.7 * len(_plain_blob(store, repo, ref.base))
     assert repo.read_checkpoint(RUN, 2).tensors[0].data == nudged
-    assert {p.read_bytes()[8] for p in (store.root / "packs").rglob("*") if p.is_file()} == {1}
 
 
-def test_xor_deltas_of_earlier_writers_still_read(store, repo, monkeypatch):
-    """Checkpoints whose deltas are xor blobs (method 3) in version 1 packs, as earlier
-    writers made them, read back byte-identical, including over a chain."""
+@pytest.mark.parametrize(
+    "changed, element_size, method",
+    [
+        (0.01, 4, Method.ZSTD_PATCH),
+        (0.4, 4, Method.ZSTD_PATCH),
+        (0.41, 4, Method.XOR_DELTA),
+        (1.0, 4, Method.XOR_DELTA),
+        (0.01, 2, Method.ZSTD_PATCH),
+        (0.1, 2, Method.ZSTD_PATCH),
+        (0.2, 2, Method.XOR_DELTA),
+        (0.5, 1, Method.XOR_DELTA),
+    ],
+)
+def test_the_delta_kind_follows_the_share_of_changed_elements(changed, element_size, method):
+    assert delta_kind(changed, element_size) == method
+
+
+def test_a_tensor_changed_beyond_recognition_is_stored_on_its_own_in_delta_mode(store, repo):
+    """Re-initialised weights: an xor with the old ones is noise, so no delta is kept."""
+    count = CHUNK // 4
+    for step in (1, 2):
+        weights = Tensor("w", "float32", (count,), floats(count, step))
+        manifest = repo.write_checkpoint(RUN, [weights], b"", metadata(step),
+                                         parent=step - 1 or None, delta=True)
+    (ref,) = manifest.tensors[0].chunks
+    assert ref.base is None
+    assert repo.read_checkpoint(RUN, 2).tensors[0].data == floats(count, 2)
+
+
+def test_a_sparse_blob_in_a_pack_older_than_version_3_is_corrupt(store, monkeypatch):
+    keys, chunk = RunKeys(os.urandom(32)), bytes(4096)
+    blob = encode(chunk, element_size=4)
+    assert blob[0] == Method.SPARSE_PLANES
+    monkeypatch.setattr("slurm_geo.ckpt.pack.VERSION", 2)
+    writer = PackWriter(keys.data_key, os.urandom(SALT_SIZE))
+    cid = chunk_id(keys.id_key, chunk, 2)
+    entry = writer.add(cid, blob)
+    pack_id, data = writer.finish()
+    store.put(pack_name(pack_id), data)
+    ref = ChunkRef(cid.hex(), pack_id, entry.offset, entry.length, len(chunk))
+    with pytest.raises(CorruptObject, match="SPARSE_PLANES blob in a version 2 pack"):
+        ChunkReader(store, keys, 2).read(ref)
+
+
+def write_as_format_1(monkeypatch) -> None:
+    """Make the writer what format 1 writers were: HMAC-SHA256 chunk ids, version 1 packs
+    named by SHA-256, and xor blobs (method 3) for every delta."""
     def xor_delta_parts(data, base, base_id, *, level):
         return encode_delta_parts(data, base, base_id, element_size=1, level=level)
 
     monkeypatch.setattr("slurm_geo.ckpt.writer.encode_patch_parts", xor_delta_parts)
+    for module in ("writer", "repository"):
+        monkeypatch.setattr(f"slurm_geo.ckpt.{module}.FORMAT_VERSION", 1)
+    monkeypatch.setattr("slurm_geo.ckpt.pack.VERSION", 1)
+
+
+def test_checkpoints_of_format_1_writers_still_read(store, repo, monkeypatch):
+    """Byte-identical, verified, including over a chain of xor deltas; a save of today on
+    top of them shares none of their chunks (they are named another way) but reads back."""
+    write_as_format_1(monkeypatch)
     weights, saved = noise(3 * CHUNK, 3), []
     for step in (1, 2, 3):
         weights = fine_tune_step(weights, step)
         saved.append(weights)
         repo.write_checkpoint(RUN, [Tensor("w", "uint8", (3 * CHUNK,), weights)], b"",
                               metadata(step), parent=step - 1 if step > 1 else None, delta=True)
+    monkeypatch.undo()
     assert {p.read_bytes()[8] for p in (store.root / "packs").rglob("*") if p.is_file()} == {1}
     changed = repo.manifest(RUN, 3).tensors[0].chunks[0]
+    assert repo.manifest(RUN, 3).format == 1
     assert changed.depth == 2 and changed.base is not None
     assert [_plain_blob(store, repo, r)[0] for r in (changed, changed.base)] == [
         Method.XOR_DELTA, Method.XOR_DELTA]
     for step, expected in enumerate(saved, start=1):
         assert repo.read_checkpoint(RUN, step).tensors[0].data == expected
         assert repo.verify(RUN, step) == []
+
+    before = pack_bytes(store.root)
+    manifest = repo.write_checkpoint(RUN, [Tensor("w", "uint8", (3 * CHUNK,), weights)], b"",
+                                     metadata(4), parent=3, delta=True)
+    assert manifest.format == 2 and all(r.base is None for r in manifest.refs())
+    assert pack_bytes(store.root) - before > 3 * CHUNK  # nothing shared with format 1
+    assert repo.read_checkpoint(RUN, 4).tensors[0].data == weights
+    assert repo.verify(RUN, 4) == []
 
 
 def _plain_blob(store: LocalDirStore, repo: Repository, ref) -> bytes:
@@ -365,8 +429,8 @@ def test_a_manifest_naming_an_object_outside_the_store_is_refused(store, master,
 
 def test_a_manifest_of_an_unknown_version_is_refused(store, master, repo):
     repo.write_checkpoint(RUN, state(), EXTRA, metadata(3))
-    replace_manifest(store, master, 3, lambda text: text.replace('"format":1', '"format":2'))
-    with pytest.raises(UnsupportedFormat, match="version 2"):
+    replace_manifest(store, master, 3, lambda text: text.replace('"format":2', '"format":3'))
+    with pytest.raises(UnsupportedFormat, match="version 3"):
         repo.read_checkpoint(RUN, 3)
 
 

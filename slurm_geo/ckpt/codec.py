@@ -4,17 +4,22 @@ Pure functions over bytes. Float tensors compress poorly as a whole because mant
 are noise; split into byte planes, the exponent planes compress well and the rest is kept
 raw. Anything that does not get smaller is stored raw.
 
-Speed matters here (every byte of every checkpoint passes through): planes are cut with
-strided slicing (done in C); a large plane is first probed with a sample spread over it,
-which decides whether zstd runs at all and with which parameters (`encode_plane`); blobs
+Speed matters here (every byte of every checkpoint passes through): planes are cut and
+merged, and deltas xored, by numpy (vectorised and off the GIL, so worker threads run side
+by side; strided slicing of bytes holds the GIL and ran at half the speed); a large plane
+is first probed with a sample spread over it, which decides whether zstd runs at all and
+with which parameters (`encode_plane`); blobs
 come out in parts that are encrypted into the pack without being joined; decoding merges
 planes straight into the caller's buffer (`decode_into`). Decoders accept any zstd frame,
 so these choices change what a writer produces, never what a reader accepts.
 
-Deltas: a changed chunk is best stored as a zstd *patch* (method 4): one zstd frame that
-uses the base chunk's plaintext as its dictionary, so unchanged stretches become matches
-into the base. Decoding it is zstd alone (C, off the GIL, ~GB/s), where an xor delta
-(method 3, still read) needs a plane merge and a Python-level xor of the whole chunk.
+Deltas come in two kinds, chosen by how much of a chunk changed (`changed_fraction`).
+Sparse changes (a few values of a fine-tuned model) are best a zstd *patch* (method 4): one
+zstd frame that uses the base chunk's plaintext as its dictionary, so unchanged stretches
+become matches into the base. Dense small changes (every value nudged by an optimizer
+step) leave no stretch unchanged, but the *xor* of the two versions (method 3) has zero
+sign, exponent and high mantissa bits, which its byte planes compress: measured on a dense
+fp32 model with AdamW, 0.74x the chunk's own encoding, where a patch is 1.1x.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import struct
 from collections.abc import Sequence
 from enum import IntEnum
 
+import numpy as np
 import zstandard
 
 from slurm_geo.ckpt.errors import MalformedData
@@ -44,7 +50,18 @@ SAMPLE_PIECE = 8 * 1024
 SAMPLE_MAX_RATIO = 0.95
 STRUCTURED_RATIO = 1 / 3
 
+# From this fraction of zero elements on, a chunk is stored as a mask of its nonzero
+# elements and their byte planes (method 5). Zeros come in numbers from units that never
+# activate (dead ReLUs) or tokens never seen: their optimizer moments stay exactly zero.
+# Byte planes alone keep the zero bytes of the mantissa planes, which are otherwise noise
+# and stored raw; the mask costs at most a bit per element and compresses when the zeros
+# have a pattern. Measured on the AdamW moments of a ReLU MLP with 14 % zeros: 0.95x the
+# size of byte planes alone.
+SPARSE_AT_LEAST = 0.05
+
 _HEAD = struct.Struct("<BI")  # method, decoded size; also the head of one plane
+_LENGTH = struct.Struct("<I")
+_ELEMENTS = {2: np.uint16, 4: np.uint32}
 
 
 class Method(IntEnum):
@@ -53,6 +70,7 @@ class Method(IntEnum):
     PLANES = 2
     XOR_DELTA = 3
     ZSTD_PATCH = 4
+    SPARSE_PLANES = 5
 
 
 DELTA_METHODS = (Method.XOR_DELTA, Method.ZSTD_PATCH)
@@ -85,9 +103,12 @@ class Compressors:
         self.plane = zstandard.ZstdCompressor(compression_params=plane_parameters(level))
 
 
-def split_planes(data: bytes, element_size: int) -> list[bytes]:
+def split_planes(data: Buffer, element_size: int) -> list[memoryview]:
     """Plane j holds byte j of every element."""
-    return [data[j::element_size] for j in range(element_size)]
+    elements = np.frombuffer(data, np.uint8).reshape(-1, element_size)
+    planes = np.empty((element_size, len(elements)), np.uint8)
+    np.copyto(planes, elements.T)
+    return [plane.data for plane in planes]
 
 
 def merge_planes(planes: Sequence[Buffer]) -> bytearray:
@@ -99,17 +120,32 @@ def merge_planes(planes: Sequence[Buffer]) -> bytearray:
 
 def merge_planes_into(planes: Sequence[Buffer], out: bytearray, offset: int) -> None:
     """Merge into `out` from `offset`, without an intermediate buffer."""
-    element_size = len(planes)
-    end = offset + len(planes[0]) * element_size
+    element_size, count = len(planes), len(planes[0])
+    elements = np.frombuffer(out, np.uint8, count * element_size, offset)
+    columns = elements.reshape(count, element_size)
     for j, plane in enumerate(planes):
-        out[offset + j:end:element_size] = plane
+        columns[:, j] = np.frombuffer(plane, np.uint8)
 
 
 def xor_bytes(a: Buffer, b: Buffer) -> bytes:
+    _check_same_length(a, b)
+    return np.bitwise_xor(np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)).tobytes()
+
+
+def changed_fraction(xored: Buffer, element_size: int) -> float:
+    """The fraction of elements that differ, given the xor of two versions of a chunk."""
+    if not xored:
+        return 0.0
+    kind = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(element_size, np.uint8)
+    if len(xored) % np.dtype(kind).itemsize:
+        kind = np.uint8
+    elements = np.frombuffer(xored, kind)
+    return np.count_nonzero(elements) / len(elements)
+
+
+def _check_same_length(a: Buffer, b: Buffer) -> None:
     if len(a) != len(b):
         raise MalformedData(f"xor of {len(a)} bytes with {len(b)} bytes")
-    # Python integers do the whole buffer in C, far faster than a byte loop.
-    return (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).to_bytes(len(a), "little")
 
 
 def encode(data: Buffer, *, element_size: int = 1, level: int = DEFAULT_LEVEL,
@@ -123,19 +159,46 @@ def encode(data: Buffer, *, element_size: int = 1, level: int = DEFAULT_LEVEL,
 
 
 def encode_parts(data: Buffer, *, element_size: int = 1, level: int = DEFAULT_LEVEL,
-                 compressors: Compressors | None = None) -> list[bytes]:
+                 compressors: Compressors | None = None) -> list[Buffer]:
     """`encode` as pieces to be concatenated, sparing a copy of the chunk when encrypting."""
-    data = bytes(data)  # strided slicing is fast on bytes, slow on a memoryview
     zstd = compressors or Compressors(level)
     if element_size in PLANE_ELEMENT_SIZES and data and len(data) % element_size == 0:
-        parts = [_HEAD.pack(Method.PLANES, len(data)), bytes([element_size])]
-        for plane in split_planes(data, element_size):
-            parts += encode_plane(plane, zstd)
+        elements = np.frombuffer(data, _ELEMENTS[element_size])
+        nonzero = np.count_nonzero(elements)
+        if nonzero <= (1 - SPARSE_AT_LEAST) * len(elements):
+            parts = _sparse_planes_parts(elements, element_size, zstd)
+        else:
+            parts = _planes_parts(data, element_size, zstd)
     else:
         parts = [_HEAD.pack(Method.ZSTD, len(data)), zstd.whole.compress(data)]
+    return _raw_if_larger(data, parts)
+
+
+def _raw_if_larger(data: Buffer, parts: list[Buffer]) -> list[Buffer]:
     if sum(map(len, parts)) - _HEAD.size >= len(data):
         return [_HEAD.pack(Method.RAW, len(data)), data]
     return parts
+
+
+def _planes_parts(data: Buffer, element_size: int, zstd: Compressors) -> list[Buffer]:
+    parts: list[Buffer] = [_HEAD.pack(Method.PLANES, len(data)), bytes([element_size])]
+    for plane in split_planes(data, element_size):
+        parts += encode_plane(plane, zstd)
+    return parts
+
+
+def _sparse_planes_parts(elements: np.ndarray, element_size: int,
+                         zstd: Compressors) -> list[Buffer]:
+    """Method 5: a bit mask of the nonzero elements, then those elements as byte planes."""
+    is_nonzero = elements != 0
+    mask = np.packbits(is_nonzero).data
+    mask_parts = _raw_if_larger(mask, [_HEAD.pack(Method.ZSTD, len(mask)),
+                                       zstd.whole.compress(mask)])
+    values = memoryview(elements[is_nonzero]).cast("B")
+    value_parts = (_raw_if_larger(values, _planes_parts(values, element_size, zstd))
+                   if values else [_HEAD.pack(Method.RAW, 0)])
+    return [_HEAD.pack(Method.SPARSE_PLANES, elements.nbytes), bytes([element_size]),
+            _LENGTH.pack(sum(map(len, mask_parts))), *mask_parts, *value_parts]
 
 
 def encode_delta(
@@ -150,13 +213,22 @@ def encode_delta(
 def encode_delta_parts(
     data: Buffer, base: Buffer, base_id: bytes, *, element_size: int = 1,
     level: int = DEFAULT_LEVEL, compressors: Compressors | None = None,
-) -> list[bytes]:
+) -> list[Buffer]:
     """`encode_delta` as pieces to be concatenated."""
+    return encode_xored_parts(xor_bytes(data, base), base_id, element_size=element_size,
+                              level=level, compressors=compressors)
+
+
+def encode_xored_parts(
+    xored: Buffer, base_id: bytes, *, element_size: int = 1, level: int = DEFAULT_LEVEL,
+    compressors: Compressors | None = None,
+) -> list[Buffer]:
+    """`encode_delta_parts` given the xor of the chunk and its base, already computed."""
     if len(base_id) != ID_SIZE:
         raise ValueError(f"a chunk id is {ID_SIZE} bytes")
-    inner = encode_parts(xor_bytes(data, base), element_size=element_size, level=level,
+    inner = encode_parts(xored, element_size=element_size, level=level,
                          compressors=compressors)
-    return [_HEAD.pack(Method.XOR_DELTA, len(data)), bytes(base_id), *inner]
+    return [_HEAD.pack(Method.XOR_DELTA, len(xored)), bytes(base_id), *inner]
 
 
 def patch_parameters(size: int, level: int) -> zstandard.ZstdCompressionParameters:
@@ -182,7 +254,7 @@ def encode_patch(data: Buffer, base: Buffer, base_id: bytes, *,
 
 
 def encode_patch_parts(data: Buffer, base: Buffer, base_id: bytes, *,
-                       level: int = DEFAULT_LEVEL) -> list[bytes]:
+                       level: int = DEFAULT_LEVEL) -> list[Buffer]:
     """`encode_patch` as pieces to be concatenated."""
     if len(base_id) != ID_SIZE:
         raise ValueError(f"a chunk id is {ID_SIZE} bytes")
@@ -192,6 +264,14 @@ def encode_patch_parts(data: Buffer, base: Buffer, base_id: bytes, *,
     compressor = zstandard.ZstdCompressor(dict_data=dictionary,
                                           compression_params=patch_parameters(len(data), level))
     return [_HEAD.pack(Method.ZSTD_PATCH, len(data)), bytes(base_id), compressor.compress(data)]
+
+
+def blob_methods(blob: Buffer) -> tuple[Method, ...]:
+    """The blob's method, and for an xor delta also its inner blob's."""
+    method, _size = _unpack_head(blob)
+    if method != Method.XOR_DELTA or len(blob) < 2 * _HEAD.size + ID_SIZE:
+        return (method,)
+    return method, _unpack_head(memoryview(blob)[_HEAD.size + ID_SIZE:])[0]
 
 
 def delta_base_id(blob: Buffer) -> bytes | None:
@@ -219,7 +299,7 @@ def decode(blob: Buffer, base: Buffer | None = None) -> bytes | bytearray:
     inner = view[_HEAD.size + ID_SIZE:]
     if method == Method.ZSTD_PATCH:
         return _unpatch(inner, base, size)
-    if _unpack_head(inner)[0] == Method.XOR_DELTA:
+    if _unpack_head(inner)[0] in DELTA_METHODS:
         raise MalformedData("delta blob nests another delta")
     return xor_bytes(_decode_standalone(inner, size), base)
 
@@ -239,16 +319,26 @@ def decode_into(blob: Buffer, out: bytearray, offset: int, size: int,
         raise ValueError(f"{size} bytes at {offset} do not fit in {len(out)}")
     if method == Method.PLANES:
         merge_planes_into(_planes(view[_HEAD.size:], size), out, offset)
-    elif method == Method.ZSTD_PATCH and base is not None and len(base) == size:
+    elif method == Method.SPARSE_PLANES:
+        _sparse_planes_into(view[_HEAD.size:], size, out, offset)
+    elif method in DELTA_METHODS and base is not None and len(base) == size:
         if len(view) < _HEAD.size + ID_SIZE:
             raise MalformedData("delta blob shorter than its header")
-        with memoryview(out)[offset:offset + size] as target:
-            _unpatch_into(view[_HEAD.size + ID_SIZE:], base, target)
+        inner = view[_HEAD.size + ID_SIZE:]
+        if method == Method.ZSTD_PATCH:
+            with memoryview(out)[offset:offset + size] as target:
+                _unpatch_into(inner, base, target)
+        else:
+            if _unpack_head(inner)[0] in DELTA_METHODS:
+                raise MalformedData("delta blob nests another delta")
+            decode_into(inner, out, offset, size)
+            xored = np.frombuffer(out, np.uint8, size, offset)
+            np.bitwise_xor(xored, np.frombuffer(base, np.uint8), out=xored)
     else:
         out[offset:offset + size] = decode(view, base)
 
 
-def encode_plane(plane: bytes, compressors: Compressors) -> list[bytes]:
+def encode_plane(plane: Buffer, compressors: Compressors) -> list[Buffer]:
     """A plane's header and body: zstd if that makes it smaller, else raw.
 
     The plane parameters suit noise-like planes. Where they shrink data below a third
@@ -258,6 +348,7 @@ def encode_plane(plane: bytes, compressors: Compressors) -> list[bytes]:
     compressed once: stored raw without running zstd over it at all if the sample did
     not shrink by 5 % (mantissa bytes are noise).
     """
+    packed: Buffer
     if len(plane) < SAMPLE_MIN:
         packed = _smallest(plane, compressors)[1]
     else:
@@ -268,12 +359,12 @@ def encode_plane(plane: bytes, compressors: Compressors) -> list[bytes]:
     return [_HEAD.pack(Method.RAW, len(plane)), plane]
 
 
-def _sample(plane: bytes) -> bytes:
+def _sample(plane: Buffer) -> bytes:
     step = len(plane) // SAMPLE_PIECES
     return b"".join(plane[i * step:i * step + SAMPLE_PIECE] for i in range(SAMPLE_PIECES))
 
 
-def _smallest(data: bytes, compressors: Compressors
+def _smallest(data: Buffer, compressors: Compressors
               ) -> tuple[zstandard.ZstdCompressor | None, bytes]:
     """The context that compresses `data` best and its output; None if not by 5 %."""
     best, packed = compressors.plane, compressors.plane.compress(data)
@@ -308,11 +399,41 @@ def _decode_standalone(blob: memoryview, expected_size: int | None = None) -> by
         data = _unzstd(body, size)
     elif method == Method.PLANES:
         data = merge_planes(_planes(body, size))
+    elif method == Method.SPARSE_PLANES:
+        data = bytearray(size)
+        _sparse_planes_into(body, size, data, 0)
     else:
         raise MalformedData(f"blob method {method.name} is not allowed here")
     if len(data) != size:
         raise MalformedData(f"blob decodes to {len(data)} bytes, its header says {size}")
     return data
+
+
+def _sparse_planes_into(body: memoryview, size: int, out: bytearray, offset: int) -> None:
+    """Decode a method-5 body: zeros everywhere, the stored values where the mask says."""
+    head = 1 + _LENGTH.size
+    if len(body) < head or body[0] not in PLANE_ELEMENT_SIZES or size % body[0]:
+        raise MalformedData("sparse byte-plane blob with a bad head or element size")
+    element_size, (mask_length,) = body[0], _LENGTH.unpack_from(body, 1)
+    if len(body) < head + mask_length:
+        raise MalformedData("sparse byte-plane blob truncated in its mask")
+    count = size // element_size
+    mask = _decode_inner(body[head:head + mask_length], (count + 7) // 8,
+                         (Method.RAW, Method.ZSTD))
+    is_nonzero = np.unpackbits(np.frombuffer(mask, np.uint8), count=count).view(bool)
+    values = _decode_inner(body[head + mask_length:],
+                           int(np.count_nonzero(is_nonzero)) * element_size,
+                           (Method.RAW, Method.ZSTD, Method.PLANES))
+    target = np.frombuffer(out, _ELEMENTS[element_size], count, offset)
+    target[:] = 0
+    target[is_nonzero] = np.frombuffer(values, _ELEMENTS[element_size])
+
+
+def _decode_inner(blob: memoryview, size: int, allowed: tuple[Method, ...]) -> Buffer:
+    """A blob nested in another, of one of the `allowed` methods, decoding to `size` bytes."""
+    if _unpack_head(blob)[0] not in allowed:
+        raise MalformedData(f"blob method {_unpack_head(blob)[0].name} is not allowed here")
+    return _decode_standalone(blob, size)
 
 
 def _planes(body: memoryview, size: int) -> list[Buffer]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import blake3
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
@@ -35,8 +36,16 @@ def fingerprint(key: bytes) -> bytes:
     return hmac.digest(key, _FINGERPRINT_MESSAGE, hashlib.sha256)[:FINGERPRINT_SIZE]
 
 
-def chunk_id(id_key: bytes, plaintext: bytes | bytearray | memoryview) -> bytes:
+# The manifest format from which chunk ids are keyed BLAKE3 (docs/format.md §4): at
+# 3-4 GB/s a core it costs a quarter of HMAC-SHA256, which was a fifth of a push's CPU.
+BLAKE3_IDS_FROM = 2
+
+
+def chunk_id(id_key: bytes, plaintext: bytes | bytearray | memoryview,
+             manifest_format: int) -> bytes:
     """Keyed, so equal ids show the store only that two chunks of one run are equal."""
+    if manifest_format >= BLAKE3_IDS_FROM:
+        return blake3.blake3(plaintext, key=id_key).digest()
     return hmac.digest(id_key, plaintext, hashlib.sha256)
 
 

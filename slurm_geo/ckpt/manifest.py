@@ -22,7 +22,10 @@ from slurm_geo.ckpt.errors import (
 from slurm_geo.ckpt.names import is_hex_id
 from slurm_geo.ckpt.pack import ENTRY_OVERHEAD, HEADER_SIZE
 
-FORMAT_VERSION = 1
+# Version 2 names chunks by keyed BLAKE3 instead of HMAC-SHA256 (docs/format.md §4); a
+# manifest's version says how its chunk ids are checked, so version 1 stays readable.
+FORMAT_VERSION = 2
+FORMAT_VERSIONS = (1, 2)
 MAX_DELTA_DEPTH = 16
 MAX_CHUNK_SIZE = 64 * 1024 * 1024
 CHUNK_SIZE_MULTIPLE = 16
@@ -84,6 +87,7 @@ class Manifest:
     chunk_size: int
     tensors: tuple[TensorEntry, ...]
     extra_state: BlobEntry
+    format: int = FORMAT_VERSION
 
     @property
     def step(self) -> int:
@@ -134,7 +138,7 @@ def _metadata_to_json(meta: Metadata) -> dict[str, Any]:
 
 def manifest_to_json(manifest: Manifest) -> bytes:
     document = {
-        "format": FORMAT_VERSION,
+        "format": manifest.format,
         "run": manifest.run,
         "metadata": _metadata_to_json(manifest.metadata),
         "parent_step": manifest.parent_step,
@@ -163,8 +167,7 @@ def parse_manifest(payload: bytes, name: str, run: str, step: int) -> Manifest:
     """The manifest in `payload`, read from object `name`, which stands for (`run`, `step`)."""
     try:
         document = _json_object(payload)
-        _check_format(document, name)
-        manifest = _Parser(name).manifest(document)
+        manifest = _Parser(name).manifest(document, _check_format(document, name))
     except MalformedData as exc:
         raise CorruptObject(name, f"invalid manifest: {exc}") from None
     if manifest.run != run or manifest.step != step:
@@ -199,9 +202,12 @@ def _json_object(payload: bytes) -> dict[str, Any]:
     return document
 
 
-def _check_format(document: dict[str, Any], name: str) -> None:
-    if document.get("format") != FORMAT_VERSION:
-        raise UnsupportedFormat(name, document.get("format"))
+def _check_format(document: dict[str, Any], name: str) -> int:
+    """The document's format version, if this reader knows it."""
+    version = document.get("format")
+    if version not in FORMAT_VERSIONS or isinstance(version, bool):
+        raise UnsupportedFormat(name, version, " or ".join(map(str, FORMAT_VERSIONS)))
+    return int(version)
 
 
 def _get(obj: dict[str, Any], key: str, kind: type, where: str, nullable: bool = False) -> Any:
@@ -222,7 +228,7 @@ class _Parser:
     def __init__(self, name: str):
         self.name = name
 
-    def manifest(self, doc: dict[str, Any]) -> Manifest:
+    def manifest(self, doc: dict[str, Any], version: int) -> Manifest:
         chunk_size = _get(doc, "chunk_size", int, "manifest")
         if not 0 < chunk_size <= MAX_CHUNK_SIZE or chunk_size % CHUNK_SIZE_MULTIPLE:
             raise MalformedData(f"chunk_size {chunk_size} is out of range")
@@ -236,6 +242,7 @@ class _Parser:
             metadata=self.metadata(_get(doc, "metadata", dict, "manifest")),
             parent_step=parent, chunk_size=chunk_size, tensors=tensors,
             extra_state=self.blob(_get(doc, "extra_state", dict, "manifest")),
+            format=version,
         )
 
     def metadata(self, raw: dict[str, Any]) -> Metadata:

@@ -11,6 +11,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import blake3
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -20,12 +21,14 @@ from slurm_geo.ckpt.keys import INFO_PACK, SALT_SIZE, derive_key
 from slurm_geo.ckpt.store import Bytes
 
 MAGIC = b"SGEOPACK"
-VERSION = 1
-# Version 2 packs have the same layout; their blobs may also be zstd patches (method 4).
-# A writer marks a pack 2 only when it holds one, so older readers open every other pack
-# and report the rest as an unsupported format, not as damage.
+# All pack versions have the same layout. Version 2 packs may hold zstd patches (method 4);
+# version 3 packs may also hold sparse byte planes (method 5) and are named by BLAKE3, not
+# SHA-256. Writers write version 3; older readers report its packs as an unsupported
+# format, not as damage.
 PATCH_VERSION = 2
-VERSIONS = (VERSION, PATCH_VERSION)
+BLAKE3_VERSION = 3
+VERSION = BLAKE3_VERSION  # what writers write
+VERSIONS = (1, PATCH_VERSION, BLAKE3_VERSION)
 _HEADER = struct.Struct(f"<8sB{SALT_SIZE}s")
 _ENTRY_HEAD = struct.Struct("<32sI")
 HEADER_SIZE = _HEADER.size
@@ -63,13 +66,6 @@ class PackWriter:
     @property
     def size(self) -> int:
         return self._size
-
-    def require_version(self, version: int) -> None:
-        """Raise the pack's version byte to `version` (for a blob older readers lack)."""
-        if version not in VERSIONS:
-            raise ValueError(f"pack version {version} is not one of {VERSIONS}")
-        position = len(MAGIC)
-        self._buffer[position] = max(self._buffer[position], version)
 
     def add(self, chunk_id: bytes, blob: Bytes) -> Entry:
         return self.add_parts(chunk_id, [blob])
@@ -111,7 +107,13 @@ class PackWriter:
 
 
 def pack_id_of(data: Bytes) -> str:
-    """A pack's name: the SHA-256 of all its bytes."""
+    """A pack's name: the hash of all its bytes, BLAKE3 from version 3 on, else SHA-256.
+
+    A pack's own version byte picks the hash, so a pack altered to claim another version
+    no longer matches its name.
+    """
+    if len(data) > len(MAGIC) and data[len(MAGIC)] >= BLAKE3_VERSION:
+        return blake3.blake3(data).hexdigest()
     return hashlib.sha256(data).hexdigest()
 
 

@@ -15,18 +15,26 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from slurm_geo.ckpt.codec import Buffer, Method, decode, decode_into, delta_base_id
+from slurm_geo.ckpt.codec import Buffer, Method, blob_methods, decode, decode_into, delta_base_id
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, MalformedData
 from slurm_geo.ckpt.keys import RunKeys, chunk_id
 from slurm_geo.ckpt.manifest import ChunkRef
 from slurm_geo.ckpt.names import pack_name
-from slurm_geo.ckpt.pack import PATCH_VERSION, Entry, PackReader, check_pack_id
+from slurm_geo.ckpt.pack import (
+    BLAKE3_VERSION,
+    PATCH_VERSION,
+    Entry,
+    PackReader,
+    check_pack_id,
+)
 from slurm_geo.ckpt.store import Store
 
 # Enough for a checkpoint's current pack, the next one (fetched ahead) and the packs a
 # delta chain reaches into (3 deep by default); 16 MiB each, a checkpoint's last smaller.
 CACHED_PACKS = 8
 MAX_DEFAULT_WORKERS = 4
+# The first pack version that may hold each later blob method (docs/format.md §6).
+FIRST_PACK_VERSION = {Method.ZSTD_PATCH: PATCH_VERSION, Method.SPARSE_PLANES: BLAKE3_VERSION}
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -44,11 +52,16 @@ def default_workers() -> int:
 
 
 class ChunkReader:
-    """Reads the chunks of one run; keeps the last few packs, and remembers bad ones."""
+    """Reads the chunks of one run; keeps the last few packs, and remembers bad ones.
 
-    def __init__(self, store: Store, keys: RunKeys):
+    `manifest_format` is the format version of the manifests whose chunks it reads, which
+    says how chunk ids are checked.
+    """
+
+    def __init__(self, store: Store, keys: RunKeys, manifest_format: int):
         self._store = store
         self._keys = keys
+        self._format = manifest_format
         self._lock = threading.Lock()
         self._packs: OrderedDict[str, Future[PackReader]] = OrderedDict()
         self._bad_packs: dict[str, CkptError] = {}
@@ -69,7 +82,7 @@ class ChunkReader:
         """
         self._decode_into(ref, out, offset)
         with memoryview(out)[offset:offset + ref.size] as data:
-            if chunk_id(self._keys.id_key, data) == bytes.fromhex(ref.id):
+            if chunk_id(self._keys.id_key, data, self._format) == bytes.fromhex(ref.id):
                 return
         if ref.base is not None:
             self.read(ref.base)  # raises, naming the base's pack, if the base is damaged
@@ -113,8 +126,9 @@ class ChunkReader:
         try:
             if delta_base_id(blob) != (None if ref.base is None else bytes.fromhex(ref.base.id)):
                 raise MalformedData("its delta base differs from the manifest's")
-            if blob[0] == Method.ZSTD_PATCH and pack.version < PATCH_VERSION:
-                raise MalformedData(f"a zstd patch in a version {pack.version} pack")
+            for method in blob_methods(blob):
+                if pack.version < FIRST_PACK_VERSION.get(method, 1):
+                    raise MalformedData(f"a {method.name} blob in a version {pack.version} pack")
         except MalformedData as exc:
             raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
         return blob

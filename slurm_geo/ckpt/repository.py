@@ -19,6 +19,7 @@ from slurm_geo.ckpt.keys import KEY_SIZE, SALT_SIZE, RandomBytes, RunKeys
 from slurm_geo.ckpt.locks import Clock, push_lock
 from slurm_geo.ckpt.manifest import (
     DTYPE_SIZES,
+    FORMAT_VERSION,
     PLANE_DTYPES,
     BlobEntry,
     ChunkRef,
@@ -118,10 +119,12 @@ class Repository:
         parent = None if parent_manifest is None else parent_manifest.step
         keys = self._keys(run, create=True)
         chunk_size = self._options.chunk_size
-        reusable = _reusable_chunks(parent_manifest, chunk_size, unchanged)
-        bases = _delta_bases(parent_manifest, chunk_size) if delta else {}
+        # A parent of an older format names its chunks another way: none are shared.
+        sharing = parent_manifest if _current_format(parent_manifest) else None
+        reusable = _reusable_chunks(sharing, chunk_size, unchanged)
+        bases = _delta_bases(sharing, chunk_size) if delta else {}
         with ChunkWriter(self._store, keys, self._options, self._random_bytes,
-                         _known_refs(parent_manifest), ChunkReader(self._store, keys).read
+                         _known_refs(sharing), ChunkReader(self._store, keys, FORMAT_VERSION).read
                          ) as writer:
             tensor_slots = [
                 [writer.reuse(r) for r in reusable[t.path].chunks] if _same_as(reusable, t)
@@ -139,6 +142,7 @@ class Repository:
                     for t, slots in zip(tensors, tensor_slots, strict=True)
                 ),
                 extra_state=BlobEntry(len(extra), tuple(map(writer.ref, extra_slots))),
+                format=FORMAT_VERSION,
             )
         # The manifest is the commit point; the pointer only saves readers a listing.
         before_commit()
@@ -154,7 +158,7 @@ class Repository:
     def read_checkpoint(self, run: str, step: int) -> Checkpoint:
         """Every tensor and the extra state of a checkpoint, each chunk verified."""
         manifest = self.manifest(run, step)
-        reader = ChunkReader(self._store, self._keys(run))
+        reader = ChunkReader(self._store, self._keys(run), manifest.format)
         tensors = [t._replace(data=bytes(t.data)) for t in self._tensors(manifest, reader)]
         return Checkpoint(manifest, tensors, bytes(self._blob(manifest.extra_state, reader)))
 
@@ -164,12 +168,13 @@ class Repository:
         For streaming pulls: only the tensor being assembled (a bytearray the caller owns)
         and a few chunks and packs are in memory. The manifest is read before this returns.
         """
-        return self._tensors(self.manifest(run, step), ChunkReader(self._store, self._keys(run)))
+        manifest = self.manifest(run, step)
+        return self._tensors(manifest, ChunkReader(self._store, self._keys(run), manifest.format))
 
     def read_extra_state(self, run: str, step: int) -> bytes:
         """The checkpoint's opaque non-tensor state, verified."""
         manifest = self.manifest(run, step)
-        reader = ChunkReader(self._store, self._keys(run))
+        reader = ChunkReader(self._store, self._keys(run), manifest.format)
         return bytes(self._blob(manifest.extra_state, reader))
 
     def manifest(self, run: str, step: int) -> Manifest:
@@ -244,7 +249,7 @@ class Repository:
             manifest = self.manifest(run, step)
         except CkptError as exc:
             return [exc]
-        reader = ChunkReader(self._store, self._keys(run))
+        reader = ChunkReader(self._store, self._keys(run), manifest.format)
 
         def fault_of(ref: ChunkRef) -> CkptError | None:
             try:
@@ -340,6 +345,10 @@ def _check_tensors(tensors: Sequence[Tensor]) -> None:
         if len(_bytes_view(data)) != tensor_nbytes(dtype, tuple(shape)):
             raise ValueError(f"tensor {path!r}: {len(_bytes_view(data))} bytes do not hold "
                              f"{dtype}{list(shape)}")
+
+
+def _current_format(manifest: Manifest | None) -> bool:
+    return manifest is not None and manifest.format == FORMAT_VERSION
 
 
 def _known_refs(parent: Manifest | None) -> dict[str, ChunkRef]:
