@@ -418,10 +418,11 @@ def test_malformed_sparse_planes_are_refused(blob):
         decode_into(blob, bytearray(8), 0, 8)
 
 
-def test_a_valid_sparse_blob_by_hand_decodes_per_the_spec():
-    """Mask bits are most significant first: 0b0100_0000 sets element 1 of 2."""
-    blob = sparse_blob(8, 4, _head(0, 1) + b"\x40", _head(0, 4) + b"abcd")
-    assert decode(blob) == bytes(4) + b"abcd"
+def test_the_sparse_planes_vector_of_the_spec_decodes():
+    """docs/format.md §10. Mask bits are most significant first: 0x40 sets element 1 of 2."""
+    vector = bytes.fromhex("05 08000000 04 06000000 00 01000000 40 00 04000000 61626364")
+    assert vector == sparse_blob(8, 4, _head(0, 1) + b"\x40", _head(0, 4) + b"abcd")
+    assert decode(vector) == bytes(4) + b"abcd"
 
 
 @pytest.mark.parametrize(
