@@ -1,9 +1,9 @@
 """Saving chunks: deduplicate by keyed id, encode (maybe as a delta), fill and store packs.
 
 The pipeline, per chunk: keyed hash, byte planes, zstd (worker threads, in parallel:
-hashlib and zstandard release the GIL), then, in submission order, AES-GCM into the open
-pack (the caller's thread: an entry's nonce is its offset, known only in order), then the
-pack's SHA-256 and its upload (two uploader threads). Entries, packs and random salts
+blake3, numpy and zstandard release the GIL), then, in submission order, AES-GCM into the
+open pack (the caller's thread: an entry's nonce is its offset, known only in order), then
+the pack's hash and its upload (two uploader threads). Entries, packs and random salts
 follow the order of submission, so the bytes written depend neither on the number of
 workers nor on timing (`workers=1` runs everything in the caller's thread). Memory stays
 bounded: `WriteOptions.window` chunks in flight, the open pack, and at most
