@@ -8,9 +8,9 @@ Speed matters here (every byte of every checkpoint passes through): planes are c
 merged, and deltas xored, by numpy (vectorised and off the GIL, so worker threads run side
 by side; strided slicing of bytes holds the GIL and ran at half the speed); a large plane
 is first probed with a sample spread over it, which decides whether zstd runs at all and
-with which parameters (`encode_plane`); blobs
-come out in parts that are encrypted into the pack without being joined; decoding merges
-planes straight into the caller's buffer (`decode_into`). Decoders accept any zstd frame,
+with which parameters (`encode_plane`); blobs come out in parts that are encrypted into
+the pack without being joined; decoding merges planes straight into the caller's buffer
+(`decode_into`). Decoders accept any zstd frame,
 so these choices change what a writer produces, never what a reader accepts.
 
 Deltas come in two kinds, chosen by how much of a chunk changed (`changed_fraction`).
@@ -61,7 +61,7 @@ SPARSE_AT_LEAST = 0.05
 
 _HEAD = struct.Struct("<BI")  # method, decoded size; also the head of one plane
 _LENGTH = struct.Struct("<I")
-_ELEMENTS = {2: np.uint16, 4: np.uint32}
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # by element size
 
 
 class Method(IntEnum):
@@ -128,7 +128,8 @@ def merge_planes_into(planes: Sequence[Buffer], out: bytearray, offset: int) -> 
 
 
 def xor_bytes(a: Buffer, b: Buffer) -> bytes:
-    _check_same_length(a, b)
+    if len(a) != len(b):
+        raise MalformedData(f"xor of {len(a)} bytes with {len(b)} bytes")
     return np.bitwise_xor(np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)).tobytes()
 
 
@@ -136,16 +137,10 @@ def changed_fraction(xored: Buffer, element_size: int) -> float:
     """The fraction of elements that differ, given the xor of two versions of a chunk."""
     if not xored:
         return 0.0
-    kind = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(element_size, np.uint8)
-    if len(xored) % np.dtype(kind).itemsize:
-        kind = np.uint8
-    elements = np.frombuffer(xored, kind)
+    if element_size not in _UNSIGNED or len(xored) % element_size:
+        element_size = 1
+    elements = np.frombuffer(xored, _UNSIGNED[element_size])
     return np.count_nonzero(elements) / len(elements)
-
-
-def _check_same_length(a: Buffer, b: Buffer) -> None:
-    if len(a) != len(b):
-        raise MalformedData(f"xor of {len(a)} bytes with {len(b)} bytes")
 
 
 def encode(data: Buffer, *, element_size: int = 1, level: int = DEFAULT_LEVEL,
@@ -163,7 +158,7 @@ def encode_parts(data: Buffer, *, element_size: int = 1, level: int = DEFAULT_LE
     """`encode` as pieces to be concatenated, sparing a copy of the chunk when encrypting."""
     zstd = compressors or Compressors(level)
     if element_size in PLANE_ELEMENT_SIZES and data and len(data) % element_size == 0:
-        elements = np.frombuffer(data, _ELEMENTS[element_size])
+        elements = np.frombuffer(data, _UNSIGNED[element_size])
         nonzero = np.count_nonzero(elements)
         if nonzero <= (1 - SPARSE_AT_LEAST) * len(elements):
             parts = _sparse_planes_parts(elements, element_size, zstd)
@@ -424,9 +419,9 @@ def _sparse_planes_into(body: memoryview, size: int, out: bytearray, offset: int
     values = _decode_inner(body[head + mask_length:],
                            int(np.count_nonzero(is_nonzero)) * element_size,
                            (Method.RAW, Method.ZSTD, Method.PLANES))
-    target = np.frombuffer(out, _ELEMENTS[element_size], count, offset)
+    target = np.frombuffer(out, _UNSIGNED[element_size], count, offset)
     target[:] = 0
-    target[is_nonzero] = np.frombuffer(values, _ELEMENTS[element_size])
+    target[is_nonzero] = np.frombuffer(values, _UNSIGNED[element_size])
 
 
 def _decode_inner(blob: memoryview, size: int, allowed: tuple[Method, ...]) -> Buffer:

@@ -120,7 +120,8 @@ class Repository:
         keys = self._keys(run, create=True)
         chunk_size = self._options.chunk_size
         # A parent of an older format names its chunks another way: none are shared.
-        sharing = parent_manifest if _current_format(parent_manifest) else None
+        sharing = (parent_manifest if parent_manifest is not None
+                   and parent_manifest.format == FORMAT_VERSION else None)
         reusable = _reusable_chunks(sharing, chunk_size, unchanged)
         bases = _delta_bases(sharing, chunk_size) if delta else {}
         with ChunkWriter(self._store, keys, self._options, self._random_bytes,
@@ -345,10 +346,6 @@ def _check_tensors(tensors: Sequence[Tensor]) -> None:
         if len(_bytes_view(data)) != tensor_nbytes(dtype, tuple(shape)):
             raise ValueError(f"tensor {path!r}: {len(_bytes_view(data))} bytes do not hold "
                              f"{dtype}{list(shape)}")
-
-
-def _current_format(manifest: Manifest | None) -> bool:
-    return manifest is not None and manifest.format == FORMAT_VERSION
 
 
 def _known_refs(parent: Manifest | None) -> dict[str, ChunkRef]:
