@@ -85,6 +85,7 @@ class Trial:
     logical_job: str = ""
     fault_at: float = 0.0
     fault_step: int | None = None       # the newest step traced when the fault hit
+    offsite_at_fault: int | None = None  # the newest step verified off-site then
     hit: str = ""                       # the incarnation the fault hit
     transfer_status: str | None = None  # kill-transfer: the replica's status at the kill
     healed_at: float | None = None
@@ -192,6 +193,8 @@ class Chaos:
             frozen = set()
         lines = drill.trace_lines(job.trace)
         trial.fault_step = lines[-1].step if lines else 0
+        verified = self._replicas(job.run, "status = 'verified'", ())
+        trial.offsite_at_fault = verified[0][0] if verified else None
         if fault.kind == "kill-transfer":
             trial.transfer_status = f"{trial.transfer_status} -> {self._replica_status(job.run)}"
         return frozen

@@ -101,8 +101,11 @@ def test_partition_thawed_trainer_is_fenced_and_cancelled(partition_trial):
     assert trial.unverified == []  # resumed from the checkpoint the daemon verified
     assert trial.not_started == []
     assert trial.rto_s is not None and trial.rto_s <= trial.rto_target_s, trial.rto_s
-    # +1: a step in flight at the freeze is counted as lost work
-    assert trial.steps_lost is not None and trial.steps_lost <= SETTINGS.ckpt_every + 1
+    # Nothing verified off-site when the partition hit is lost. Not "at most one interval":
+    # replication is asynchronous (checkpoint-sync polls every 2 s here, at batch priority),
+    # so under load the newest checkpoint at home may not have left it yet.
+    assert trial.steps_lost is not None and trial.last_step_home is not None
+    assert trial.steps_lost <= trial.last_step_home - (trial.offsite_at_fault or 0), trial
     assert trial.bit_identical
     assert audit.verify().ok
 
