@@ -221,7 +221,7 @@ class Chaos:
         assert self.site.federation is not None
         lines = drill.trace_lines(job.trace)
         hit = [line for line in lines if line.time <= trial.fault_at][-1]  # who the fault hit
-        after = [e for e in entries if drill.entry_time(e) >= trial.fault_at]
+        after = [e for e in entries if e.unix_time >= trial.fault_at]
         outage = self._entry("outage", None, self.home, trial.fault_at)
         lease = next((e for e in after if e.kind == "lease"
                       and int(e.detail.get("generation", 0)) > hit.generation), None)
@@ -231,13 +231,13 @@ class Chaos:
         trial.rto_target_s = self.site.federation.detection_window_s + 15.0
         trial.overlap = overlaps(lines)
         if lease is not None:
-            trial.overlap += self._stale_commits(job, hit, drill.entry_time(lease))
+            trial.overlap += self._stale_commits(job, hit, lease.unix_time)
         trial.unverified = unverified_resumes(entries, job.work)
         trial.not_started = failed_resumes(entries, job.work)
         trial.moves = [{"generation": e.detail.get("generation"),
                         "cluster": e.detail.get("cluster"), "job_id": e.detail.get("job_id"),
                         "resume_step": e.detail.get("resume_step"),
-                        "after_fault": drill.entry_time(e) >= trial.fault_at}
+                        "after_fault": e.unix_time >= trial.fault_at}
                        for e in entries if e.kind == "requeue"]
         trial.last_step_home = max(line.step for line in lines
                                    if line.generation == hit.generation)
@@ -298,7 +298,7 @@ class Chaos:
     def _entry(self, kind: str, logical: str | None, cluster: str | None,
                after: float) -> Entry | None:
         for entry in self.audit.entries(logical_job=logical):
-            if entry.kind == kind and drill.entry_time(entry) >= after and \
+            if entry.kind == kind and entry.unix_time >= after and \
                     (cluster is None or entry.detail.get("cluster") == cluster):
                 return entry
         return None
@@ -427,7 +427,7 @@ def failed_resumes(entries: list[Entry], work: Path) -> list[str]:
 
 
 def _since(entry: Entry | None, at: float) -> float | None:
-    return None if entry is None else round(drill.entry_time(entry) - at, 2)
+    return None if entry is None else round(entry.unix_time - at, 2)
 
 
 # --- report ---------------------------------------------------------------------------------

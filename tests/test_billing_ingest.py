@@ -339,7 +339,8 @@ def test_egress_is_charged_to_the_job_that_owns_the_run(tmp_path):
         db.set_prices(PRICES, CLUSTERS)
         table = costs.PriceTable(PRICES, CLUSTERS)
         for _ in range(2):  # the second time changes nothing
-            count = ingest.ingest_egress(db, tmp_path / "sync.db", jobs, table, 0, int(nov) + 60)
+            count = ingest.ingest_egress(db, tmp_path / "sync.db", None, jobs, table, 0,
+                                         int(nov) + 60)
             if _ == 0:
                 before = db.dump()
         assert db.dump() == before and count == 4
@@ -368,3 +369,60 @@ def test_a_foreign_database_is_one_line(tmp_path, site_config, content, message)
     run = cli("ingest", "--db", str(path), env=site_config)
     assert run.returncode == 50
     assert message in run.stderr and "Traceback" not in run.stderr
+
+
+# --- egress: the federation daemon's copies when a job moves, from its audit log -------------
+
+def _copy_entry(audit, **detail):
+    full = {"bytes": 2 * 10**9, "seconds": 4.0, "packs_copied": 3, "run": "llm-7b",
+            "step": 120, "source": "offsite", "destination": "pfs",
+            "source_region": "remote", "destination_region": "home", **detail}
+    return audit.append("transfer", "onprem-3", "copied llm-7b@120 from offsite to pfs",
+                        "the job moves; its newest checkpoint goes with it", **full)
+
+
+def test_the_daemons_copies_are_transfers_as_checkpoint_sync_records_them(tmp_path):
+    from slurm_geo.federation.audit import AuditLog
+
+    nov = datetime(2026, 11, 12, tzinfo=UTC).timestamp()
+    with AuditLog(tmp_path / "audit.db", clock=lambda: nov) as audit:
+        entries = [
+            _copy_entry(audit),
+            audit.append("requeue", "onprem-3", "moved", "outage", cluster="rented"),
+            audit.append("transfer", "onprem-3", "copied x", "older daemon", bytes=5,
+                         seconds=1.0, packs_copied=1),  # no destination recorded: skipped
+        ]
+    assert ingest.federation_transfers(entries, int(nov), int(nov) + 1) == [{
+        "run": "llm-7b", "step": 120, "object": "manifests/llm-7b/00000000000000000120",
+        "kind": "move", "started_at": nov - 4.0, "finished_at": nov, "bytes": 2 * 10**9,
+        "source": "offsite", "destination": "pfs", "source_region": "remote",
+        "destination_region": "home"}]
+    assert ingest.federation_transfers(entries, int(nov) + 1, int(nov) + 60) == []
+
+
+def test_a_failback_copy_is_charged_as_egress_to_the_job(tmp_path):
+    from slurm_geo.federation.audit import AuditLog
+    from slurm_geo.registry.db import Registry
+
+    nov = datetime(2026, 11, 12, tzinfo=UTC).timestamp()
+    with AuditLog(tmp_path / "audit.db", clock=lambda: nov) as audit:
+        _copy_entry(audit)  # 2 GB leave `remote` (rented: 0.09 USD/GB)
+        _copy_entry(audit, step=80, source="pfs", destination="offsite",
+                    source_region="home", destination_region="home")  # free: one region
+    with Registry(tmp_path / "registry.db") as registry:
+        registry.job_started("onprem", 3, 0, name="llm", user="alice", nodes="n1",
+                             directives={"geo-ckpt-dir": "/pfs/ckpt/llm-7b",
+                                         "geo-cost-center": "ml-research"}, now=nov - 100)
+    _lineage, jobs = ingest.read_registry(tmp_path / "registry.db")
+    with BillingDB(tmp_path / "billing.db") as db:
+        db.set_prices(PRICES, CLUSTERS)
+        table = costs.PriceTable(PRICES, CLUSTERS)
+        dumps = []
+        for _ in range(2):  # the second time changes nothing
+            count = ingest.ingest_egress(db, None, tmp_path / "audit.db", jobs, table, 0,
+                                         int(nov) + 60)
+            dumps.append(db.dump())
+        assert count == 2 and dumps[0] == dumps[1]
+        result = service.report(db, parse_period("2026-11"), "cost-center")
+    assert result.groups["ml-research"].egress_bytes == 2 * 10**9
+    assert result.groups["ml-research"].egress_usd == pytest.approx(0.18)

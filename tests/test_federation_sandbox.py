@@ -23,6 +23,7 @@ from types import ModuleType
 
 import pytest
 
+from slurm_geo.billing.ingest import federation_transfers
 from slurm_geo.federation import drill
 from slurm_geo.federation.audit import AuditLog
 from slurm_geo.sandbox import Sandbox
@@ -152,11 +153,17 @@ def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbo
                       if e.kind == "decision" and "fail back" in e.what), None),
         deadline, "a failback decision")
     home = drill.wait_for(lambda: drill.audit_entry(audit, "requeue", logical, "onprem",
-                                                    drill.entry_time(planned)),
+                                                    planned.unix_time),
                           deadline, "generation 2 submitted at home")
     assert home.detail["generation"] == 2
     (back,) = [e for e in audit.entries(logical_job=logical) if e.kind == "transfer"]
     assert "from offsite to pfs" in back.what  # copied before generation 2 was submitted
+    # Billing charges that copy as egress: the entry says what went where (docs/billing.md).
+    (copy,) = federation_transfers([back], 0, 2**31)
+    assert (copy["run"], copy["source"], copy["destination"], copy["bytes"]) == (
+        training.run, "offsite", "pfs", back.detail["bytes"])
+    assert (copy["source_region"], copy["destination_region"]) == (
+        site.stores["offsite"].region, site.stores["pfs"].region)
     drill.wait_for(lambda: drill.audit_entry(audit, "finished", logical, "onprem", killed),
                    deadline, "the job to finish at home")
     home_job = int(home.detail["job_id"])

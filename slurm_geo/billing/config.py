@@ -67,6 +67,7 @@ class ClusterFacts:
 class BillingConfig:
     database: Path = DEFAULT_DATABASE
     sync_state: Path | None = None       # checkpoint-sync's database: egress
+    federation_audit: Path | None = None  # the federation daemon's audit log: its copies
     registry: Path | None = None         # the controller's job registry: lineage
     budgets: Mapping[str, float] = field(default_factory=dict)
     job_budgets: Mapping[str, float] = field(default_factory=dict)  # [policy.budgets]
@@ -100,6 +101,7 @@ def billing_config(site: SiteConfig) -> BillingConfig:
     return BillingConfig(
         database=_path(table.get("database", str(DEFAULT_DATABASE)), f"{where}: database"),
         sync_state=site.sync.state if site.sync else None,
+        federation_audit=site.federation.audit_path if site.federation else None,
         registry=site.registry_path,
         budgets=_amounts(table.get("budgets", {}), f"{where}.budgets"),
         job_budgets=dict(site.policy.budgets),

@@ -1,5 +1,6 @@
-"""`billing ingest`: accounting from every cluster and egress from checkpoint-sync, into the
-billing database. Incremental by watermark, idempotent, streamed in batches.
+"""`billing ingest`: accounting from every cluster, and egress from checkpoint-sync's
+transfers and the federation daemon's copies, into the billing database. Incremental by
+watermark, idempotent, streamed in batches.
 
 Each cluster is asked, through the Slurm layer, for every incarnation (requeues included)
 that overlaps [watermark, until): CLI clusters by `CliSlurmClient.accounting_rows` (sacct
@@ -24,6 +25,8 @@ from typing import Any
 from slurm_geo.billing import attribution, costs
 from slurm_geo.billing.db import EGRESS_COLUMNS, EGRESS_KEY, JOB_COLUMNS, JOB_KEY, BillingDB
 from slurm_geo.billing.periods import Period, epoch, months_overlapping, next_watermark
+from slurm_geo.ckpt.names import manifest_name
+from slurm_geo.federation.audit import AuditLog, Entry
 from slurm_geo.slurm.models import AccountingRecord, MalformedAccountingRow
 
 BATCH = 5000
@@ -250,24 +253,62 @@ def egress_row(transfer: Mapping[str, Any], jobs: Sequence[attribution.RegistryJ
             job.user if job else "", center, source]
 
 
-def ingest_egress(db: BillingDB, sync_state: Path | None, jobs: Sequence[attribution.RegistryJob],
-                  prices: costs.PriceTable, since: int, until: int) -> int:
-    """checkpoint-sync's transfers finished in [since, until); 0 if there is no database."""
-    if sync_state is None or not sync_state.exists():
-        return 0
-    conn = sqlite3.connect(f"file:{sync_state}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
-        transfers = conn.execute("SELECT * FROM transfers WHERE finished_at >= ? AND "
-                                 "finished_at < ? ORDER BY id", [since, until]).fetchall()
-    except sqlite3.Error:
-        transfers = []
-    finally:
-        conn.close()
+def ingest_egress(db: BillingDB, sync_state: Path | None, federation_audit: Path | None,
+                  jobs: Sequence[attribution.RegistryJob], prices: costs.PriceTable,
+                  since: int, until: int) -> int:
+    """Checkpoint transfers finished in [since, until): checkpoint-sync's and the
+    federation daemon's copies when a job moves; each source counts only if it exists."""
+    transfers = (_sync_transfers(sync_state, since, until)
+                 + federation_transfers(_audit_entries(federation_audit), since, until))
     rows = [egress_row(t, jobs) for t in transfers]
     _write_egress(db, rows, prices)
     db.set_watermark(EGRESS_SOURCE, until)
     return len(rows)
+
+
+def _sync_transfers(sync_state: Path | None, since: int, until: int) -> list[Mapping[str, Any]]:
+    if sync_state is None or not sync_state.exists():
+        return []
+    conn = sqlite3.connect(f"file:{sync_state}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        return conn.execute("SELECT * FROM transfers WHERE finished_at >= ? AND "
+                            "finished_at < ? ORDER BY id", [since, until]).fetchall()
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()
+
+
+def _audit_entries(path: Path | None) -> list[Entry]:
+    if path is None or not path.exists():
+        return []
+    with AuditLog(path, readonly=True) as audit:
+        return audit.entries()
+
+
+def federation_transfers(entries: Iterable[Entry], since: int, until: int
+                         ) -> list[Mapping[str, Any]]:
+    """The daemon's checkpoint copies (audit entries of kind "transfer") finished in
+    [since, until), as checkpoint-sync's transfer rows. Entries of daemons that did not yet
+    record where the copy went (no "run" in the detail) are skipped."""
+    transfers: list[Mapping[str, Any]] = []
+    for entry in entries:
+        detail = entry.detail
+        if entry.kind != "transfer" or "run" not in detail:
+            continue
+        finished = entry.unix_time
+        if not since <= finished < until:
+            continue
+        transfers.append({
+            "run": detail["run"], "step": detail["step"],
+            "object": manifest_name(detail["run"], detail["step"]), "kind": "move",
+            "started_at": finished - float(detail.get("seconds", 0.0)),
+            "finished_at": finished, "bytes": detail.get("bytes", 0),
+            "source": detail["source"], "destination": detail["destination"],
+            "source_region": detail["source_region"],
+            "destination_region": detail["destination_region"]})
+    return transfers
 
 
 def _write_egress(db: BillingDB, rows: list[list[Any]], prices: costs.PriceTable) -> None:

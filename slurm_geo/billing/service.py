@@ -66,8 +66,8 @@ def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[Any], now
         result.clusters.append(stats)
     egress_since = since if since is not None else max(
         0, (db.watermark(ingest.EGRESS_SOURCE) or first) - EGRESS_OVERLAP_S)
-    result.transfers = ingest.ingest_egress(db, config.sync_state, registry_jobs, table,
-                                            egress_since, end)
+    result.transfers = ingest.ingest_egress(db, config.sync_state, config.federation_audit,
+                                            registry_jobs, table, egress_since, end)
     return result
 
 

@@ -86,6 +86,10 @@ class Entry:
     prev_hash: str
     hash: str
 
+    @property
+    def unix_time(self) -> float:
+        return datetime.fromisoformat(self.time).timestamp()
+
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "time": self.time, "kind": self.kind,
                 "logical_job": self.logical_job, "what": self.what, "why": self.why,

@@ -679,11 +679,15 @@ class Federation:
         if report.bytes_copied and seconds > 0:
             self.bandwidth.observe(source_store, target_store, report.bytes_copied, seconds)
             self.state.put_bandwidth_snapshot(self.bandwidth.snapshot())
+        # The fields checkpoint-sync records for its transfers: billing charges the egress.
         self.audit.append("transfer", job.logical_job,
                           f"copied {job.run}@{steps[-1]} from {source_store} to {target_store}",
                           "the job moves; its newest checkpoint goes with it",
                           bytes=report.bytes_copied, seconds=round(seconds, 3),
-                          packs_copied=report.packs_copied)
+                          packs_copied=report.packs_copied, run=job.run, step=steps[-1],
+                          source=source_store, destination=target_store,
+                          source_region=self.site.stores[source_store].region,
+                          destination_region=self.site.stores[target_store].region)
 
     def _drop_unadmitted(self, job: LogicalJob, repository: Repository,
                          store_name: str) -> None:

@@ -161,7 +161,7 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
         audit = AuditLog(site.federation.audit_path, readonly=True)
         detected = wait_for(lambda: audit_entry(audit, "outage", None, home, killed_at),
                             deadline, f"the daemon to declare {home} out")
-        progress(f"outage of {home} detected after {entry_time(detected) - killed_at:.1f} s")
+        progress(f"outage of {home} detected after {detected.unix_time - killed_at:.1f} s")
         moved = wait_for(lambda: audit_entry(audit, "requeue", logical, target, killed_at),
                          deadline, f"the daemon to requeue {logical} on {target}")
         new_job = int(moved.detail["job_id"])
@@ -191,8 +191,8 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
     resume_step = moved.detail.get("resume_step")
     report = DrillReport(
         run=run, logical_job=logical, home=home, target=target, settings=asdict(settings),
-        killed_at=killed_at, detected_at=entry_time(detected), moved_at=entry_time(moved),
-        running_elsewhere_at=entry_time(training), completed_at=entry_time(finished),
+        killed_at=killed_at, detected_at=detected.unix_time, moved_at=moved.unix_time,
+        running_elsewhere_at=training.unix_time, completed_at=finished.unix_time,
         detection_window_s=site.federation.detection_window_s,
         last_step_home=max(home_steps, default=0), resume_step=resume_step,
         steps_lost=None if resume_step is None else max(home_steps, default=0) - resume_step,
@@ -355,14 +355,9 @@ def audit_entry(audit: AuditLog, kind: str, logical: str | None, cluster: str,
            after: float) -> Entry | None:
     for entry in audit.entries(logical_job=logical):
         if entry.kind == kind and entry.detail.get("cluster") == cluster \
-                and entry_time(entry) >= after:
+                and entry.unix_time >= after:
             return entry
     return None
-
-
-def entry_time(entry: Entry) -> float:
-    from datetime import datetime
-    return datetime.fromisoformat(entry.time).timestamp()
 
 
 def wait_for(check: Callable[[], Any], deadline: float, what: str) -> Any:
