@@ -64,6 +64,15 @@ def test_appends_chain_from_genesis_and_verify(tmp_path):
                             "clusters": ["onprem", "rented"]}
 
 
+def test_entries_are_selected_by_job_kind_and_sequence(tmp_path):
+    log = filled(tmp_path / "audit.db", 4)
+    log.append("transfer", "onprem:1", "copied", "a move")
+    assert [e.seq for e in log.entries(kind="transfer")] == [5]
+    assert [e.seq for e in log.entries(kind="decision", logical_job="onprem:1")] == [1, 3]
+    assert [e.seq for e in log.entries(kind="decision", since_seq=2)] == [3, 4]
+    assert log.entries(kind="requeue") == []
+
+
 def test_the_hash_is_sha256_of_the_canonical_fields(tmp_path):
     entry = AuditLog(tmp_path / "a.db", clock=lambda: T0).append(
         "transfer", None, "copied", "replication", b=2, a=1.5)

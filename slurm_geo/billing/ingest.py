@@ -284,7 +284,7 @@ def _audit_entries(path: Path | None) -> list[Entry]:
     if path is None or not path.exists():
         return []
     with AuditLog(path, readonly=True) as audit:
-        return audit.entries()
+        return audit.entries(kind="transfer")
 
 
 def federation_transfers(entries: Iterable[Entry], since: int, until: int

@@ -212,13 +212,18 @@ class AuditLog:
         row = db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         return (0, GENESIS) if row is None else (int(row["seq"]), str(row["hash"]))
 
-    def entries(self, logical_job: str | None = None, since_seq: int = 0) -> list[Entry]:
-        """Entries after `since_seq`, oldest first; only `logical_job`'s when given."""
+    def entries(self, logical_job: str | None = None, since_seq: int = 0,
+                kind: str | None = None) -> list[Entry]:
+        """Entries after `since_seq`, oldest first; only `logical_job`'s, or only those of
+        `kind`, when given."""
         sql = f"SELECT {_COLUMNS} FROM audit WHERE seq > ?"
         args: list[Any] = [since_seq]
         if logical_job is not None:
             sql += " AND logical_job = ?"
             args.append(logical_job)
+        if kind is not None:
+            sql += " AND kind = ?"
+            args.append(kind)
         rows = self._db.execute(sql + " ORDER BY seq", args)
         try:
             return [_entry(row) for row in rows]
