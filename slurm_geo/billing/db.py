@@ -25,8 +25,9 @@ from sqlite_utils import Database
 
 from slurm_geo.billing.config import ClusterFacts, PriceEntry
 from slurm_geo.billing.errors import BillingError
+from slurm_geo.sqlite_tx import open_database
 
-BUSY_TIMEOUT_MS = 30_000
+BUSY_TIMEOUT_S = 30.0
 SCHEMA_VERSION = 1
 
 JOB_COLUMNS: dict[str, type] = {
@@ -71,15 +72,10 @@ class BillingDB:
 
     def __init__(self, path: Path, readonly: bool = False):
         self.path = Path(path)
-        if readonly:
-            if not self.path.exists():
-                raise BillingError(f"no billing database at {self.path}; run `slurm-geo "
-                                   "billing ingest` first (or give --db PATH)")
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path)
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn = open_database(self.path, readonly=readonly, timeout_s=BUSY_TIMEOUT_S,
+                             missing=lambda: BillingError(
+                                 f"no billing database at {self.path}; run `slurm-geo "
+                                 "billing ingest` first (or give --db PATH)"))
         conn.row_factory = sqlite3.Row
         self.conn = conn
         self.db = Database(conn)

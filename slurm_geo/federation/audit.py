@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.sqlite_tx import immediate_transaction
+from slurm_geo.sqlite_tx import immediate_transaction, open_database
 
 GENESIS = "0" * 64
 BUSY_TIMEOUT_S = 30.0
@@ -152,20 +152,14 @@ class AuditLog:
             raise
 
     def _connect(self, readonly: bool) -> sqlite3.Connection:
-        if readonly:
-            if not self.path.is_file():
-                raise AuditError(f"no audit log at {self.path}; give --db PATH or check "
-                                 "[federation] audit_path")
-            uri = self.path.resolve().as_uri() + "?mode=ro"
-            db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                 check_same_thread=False)
-        else:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                     check_same_thread=False)
-            except (OSError, sqlite3.Error) as exc:
-                raise AuditError(f"cannot open audit log {self.path}: {exc}") from None
+        try:
+            db = open_database(self.path, readonly=readonly, timeout_s=BUSY_TIMEOUT_S,
+                               isolation_level=None, check_same_thread=False,
+                               missing=lambda: AuditError(
+                                   f"no audit log at {self.path}; give --db PATH or check "
+                                   "[federation] audit_path"))
+        except (OSError, sqlite3.Error) as exc:
+            raise AuditError(f"cannot open audit log {self.path}: {exc}") from None
         db.row_factory = sqlite3.Row
         return db
 

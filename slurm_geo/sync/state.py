@@ -26,7 +26,6 @@ Times are Unix seconds (REAL).
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -36,9 +35,10 @@ from typing import Any
 from sqlite_utils import Database
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.sqlite_tx import open_database
 
 SCHEMA_VERSION = 1
-BUSY_TIMEOUT_MS = 10_000
+BUSY_TIMEOUT_S = 10.0
 
 
 class Status(Enum):
@@ -152,15 +152,10 @@ class StateDB:
 
     def __init__(self, path: Path, readonly: bool = False):
         self.path = Path(path)
-        if readonly:
-            if not self.path.exists():
-                raise SyncError(f"no sync state database at {self.path}; is checkpoint-sync "
-                                "running there? (see [sync] state in the config)")
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path)
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn = open_database(self.path, readonly=readonly, timeout_s=BUSY_TIMEOUT_S,
+                             missing=lambda: SyncError(
+                                 f"no sync state database at {self.path}; is checkpoint-sync "
+                                 "running there? (see [sync] state in the config)"))
         self.db = Database(conn)
         if not readonly:
             self._create_schema()
