@@ -13,8 +13,9 @@ import psutil
 import pytest
 
 from slurm_geo.cli import main
+from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox import Sandbox
-from slurm_geo.sandbox.processes import has_marker
+from slurm_geo.sandbox.processes import Daemon, has_marker
 from tests.helpers import eventually
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -112,3 +113,37 @@ def test_up_without_root_says_so(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "must run as root" in err and "Traceback" not in err
     assert not Path("/nonexistent").exists()
+
+
+HANGS_ON_FIRST_START = """
+import pathlib, sys, time
+seen = pathlib.Path(sys.argv[1])
+if seen.exists():
+    pathlib.Path(sys.argv[2]).touch()
+else:
+    seen.touch()
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("second_start_comes_up", [True, False])
+def test_daemon_hung_at_start_is_started_once_more(tmp_path, monkeypatch,
+                                                   second_start_comes_up):
+    monkeypatch.setattr("slurm_geo.sandbox.lifecycle.STAGE_TIMEOUT_S", 1)
+    ready = tmp_path / ("ready" if second_start_comes_up else "never-made/ready")
+    daemon = Daemon("toy", [sys.executable, "-c", HANGS_ON_FIRST_START, str(tmp_path / "seen"),
+                            str(ready)], ready_path=ready)
+    sandbox = Sandbox(tmp_path / "sandbox")
+    messages: list[str] = []
+    try:
+        if second_start_comes_up:
+            sandbox._start_stage([daemon], messages.append)
+            assert ready.exists()
+        else:
+            with pytest.raises(SandboxError, match="toy did not come up"):
+                sandbox._start_stage([daemon], messages.append)
+    finally:
+        sandbox.processes.stop_all([["toy"]], grace_s=1)
+
+    assert sum("not answering" in m for m in messages) == 1
+    assert "hung at start; its threads wait in" in sandbox.processes.log_file("toy").read_text()
