@@ -87,6 +87,7 @@ class DrillReport:
     completed_at: float | None
     detection_window_s: float
     last_step_home: int
+    offsite_step_at_kill: int     # the newest step verified off-site just before the kill
     resume_step: int | None
     steps_lost: int | None
     final_step: int | None
@@ -117,10 +118,16 @@ class DrillReport:
         return self.detection_window_s + 15.0
 
     @property
+    def rto_met(self) -> bool:
+        return self.rto_s is not None and self.rto_s <= self.rto_target_s
+
+    @property
+    def steps_lost_met(self) -> bool:
+        return self.steps_lost is not None and self.steps_lost <= self.settings["ckpt_every"]
+
+    @property
     def passed(self) -> bool:
-        return (self.bit_identical and self.rto_s is not None
-                and self.rto_s <= self.rto_target_s and self.steps_lost is not None
-                and self.steps_lost <= self.settings["ckpt_every"] and self.audit_ok)
+        return self.bit_identical and self.rto_met and self.steps_lost_met and self.audit_ok
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -152,9 +159,11 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
     sampler.start()
     try:
         deadline = time.time() + settings.timeout_s
-        wait_for(lambda: verified_offsite(site, run) >= settings.verified_before_kill, deadline,
-              f"{settings.verified_before_kill} checkpoints of {run} verified off-site")
-        progress(f"{verified_offsite(site, run)} checkpoints verified off-site; "
+        enough = settings.verified_before_kill
+        wait_for(lambda: len(verified_offsite(site, run)) >= enough, deadline,
+                 f"{enough} checkpoints of {run} verified off-site")
+        offsite = verified_offsite(site, run)
+        progress(f"{len(offsite)} checkpoints verified off-site; "
                  f"killing {home}'s controller, nodes and job")
         killed_at = time.time()
         kill_cluster(sandbox, home)
@@ -194,7 +203,8 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
         killed_at=killed_at, detected_at=detected.unix_time, moved_at=moved.unix_time,
         running_elsewhere_at=training.unix_time, completed_at=finished.unix_time,
         detection_window_s=site.federation.detection_window_s,
-        last_step_home=max(home_steps, default=0), resume_step=resume_step,
+        last_step_home=max(home_steps, default=0), offsite_step_at_kill=max(offsite),
+        resume_step=resume_step,
         steps_lost=None if resume_step is None else max(home_steps, default=0) - resume_step,
         final_step=final_step, final_weights=final_weights, reference_weights=reference,
         bit_identical=final_weights == reference,
@@ -304,13 +314,14 @@ def _script(site: SiteConfig, run: str, settings: DrillSettings, work: Path,
     ])
 
 
-def verified_offsite(site: SiteConfig, run: str) -> int:
+def verified_offsite(site: SiteConfig, run: str) -> list[int]:
+    """The steps of the run's checkpoints checkpoint-sync has verified off-site, oldest first."""
     if site.sync is None or not site.sync.state.exists():
-        return 0
+        return []
     with sqlite3.connect(f"file:{site.sync.state}?mode=ro", uri=True, timeout=10) as db:
-        row = db.execute("SELECT COUNT(*) FROM replicas WHERE run = ? AND status = 'verified'",
-                         (run,)).fetchone()
-    return int(row[0])
+        rows = db.execute("SELECT step FROM replicas WHERE run = ? AND status = 'verified' "
+                          "ORDER BY step", (run,)).fetchall()
+    return [int(step) for (step,) in rows]
 
 
 def kill_cluster(sandbox: Sandbox, cluster: str) -> set[int]:

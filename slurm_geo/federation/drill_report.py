@@ -15,9 +15,6 @@ def render_report(report: DrillReport) -> str:
     def verdict(ok: bool) -> str:
         return "ok" if ok else "MISSED"
 
-    rto_ok = report.rto_s is not None and report.rto_s <= report.rto_target_s
-    lost_ok = report.steps_lost is not None \
-        and report.steps_lost <= report.settings["ckpt_every"]
     lines = [
         f"slurm-geo drill {report.run} ({report.logical_job}: {report.home} -> "
         f"{report.target})",
@@ -25,10 +22,11 @@ def render_report(report: DrillReport) -> str:
         f"  detection           {seconds(report.detection_s):>10}   window "
         f"{report.detection_window_s:.0f} s",
         f"  RTO                 {seconds(report.rto_s):>10}   target <= "
-        f"{report.rto_target_s:.0f} s: {verdict(rto_ok)}",
+        f"{report.rto_target_s:.0f} s: {verdict(report.rto_met)}",
         f"  steps lost (RPO)    {report.steps_lost!s:>10}   last step home "
-        f"{report.last_step_home}, resumed at {report.resume_step}; target <= "
-        f"{report.settings['ckpt_every']}: {verdict(lost_ok)}",
+        f"{report.last_step_home}, off-site at kill {report.offsite_step_at_kill}, resumed "
+        f"at {report.resume_step}; target <= {report.settings['ckpt_every']}: "
+        f"{verdict(report.steps_lost_met)}",
         f"  final weights       {'identical' if report.bit_identical else 'DIFFERENT':>10}"
         f"   step {report.final_step}, sha256 {str(report.final_weights)[:16]}...",
         f"  bytes off-site      {report.replicated_bytes:>10}   by checkpoint-sync, "

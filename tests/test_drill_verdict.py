@@ -1,0 +1,57 @@
+"""The drill's verdict and its report text: pure, from the measured figures."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from slurm_geo.federation.drill import DrillReport, DrillSettings
+from slurm_geo.federation.drill_report import render_report
+
+KILLED_AT = 1_000_000.0
+WINDOW_S = 3.0  # RTO target: window + 15 s = 18 s
+
+
+def report(rto_s: float | None = 9.0, steps_lost: int | None = 20, identical: bool = True,
+           audit_ok: bool = True) -> DrillReport:
+    last_step_home = 100
+    resume = None if steps_lost is None else last_step_home - steps_lost
+    running = None if rto_s is None else KILLED_AT + rto_s
+    return DrillReport(
+        run="r", logical_job="onprem-1", home="onprem", target="rented",
+        settings=asdict(DrillSettings(ckpt_every=40)), killed_at=KILLED_AT,
+        detected_at=KILLED_AT + 2.5, moved_at=KILLED_AT + 3.0, running_elsewhere_at=running,
+        completed_at=None if running is None else running + 10, detection_window_s=WINDOW_S,
+        last_step_home=last_step_home, offsite_step_at_kill=80, resume_step=resume,
+        steps_lost=steps_lost, final_step=240, final_weights="a" * 64,
+        reference_weights="a" * 64 if identical else "b" * 64, bit_identical=identical,
+        replicated_bytes=1, replication_seconds=0.1, predicted_transfer_s=0.1,
+        actual_transfer_s=0.1, legs=[], stale_incarnation="onprem:1 cancelled: fenced",
+        audit_ok=audit_ok)
+
+
+@pytest.mark.parametrize("figures, passed, missed", [
+    ({}, True, 0),
+    ({"rto_s": 18.0}, True, 0),                 # at the target is within it
+    ({"rto_s": 18.1}, False, 1),
+    ({"rto_s": None}, False, 1),                # never ran elsewhere
+    ({"steps_lost": 40}, True, 0),              # one whole interval
+    ({"steps_lost": 41}, False, 1),
+    ({"steps_lost": None}, False, 1),           # never resumed
+    ({"rto_s": 30.0, "steps_lost": 60}, False, 2),
+    ({"identical": False}, False, 0),
+    ({"audit_ok": False}, False, 0),
+])
+def test_drill_passes_only_when_every_target_holds(figures, passed, missed):
+    drill = report(**figures)
+
+    assert drill.passed is passed
+    text = render_report(drill)
+    assert text.count("MISSED") == missed
+    assert text.rstrip().endswith("PASSED" if passed else "FAILED")
+    assert drill.to_json()["passed"] is passed
+
+
+def test_report_says_what_was_off_site_at_the_kill():
+    assert "last step home 100, off-site at kill 80, resumed at 80" in render_report(report())
