@@ -94,6 +94,11 @@ class Federation:
         self._job_env = job_env if job_env is not None else _store_credentials(os.environ)
         self._announced: set[tuple[str, ...]] = set()  # audit lines not to repeat each tick
         self._seen_pending: set[tuple[str, int]] = set()
+        # Per job away from home: the (checkpoint step, home up since) its failback was last
+        # planned for. Planning asks both clusters for a start estimate; a failback happens
+        # at a checkpoint anyway, so one plan per checkpoint (or per change of home's
+        # health) is enough, rather than one every probe interval.
+        self._failback_planned: dict[str, tuple[int | None, float]] = {}
         self.nodes_available: dict[str, int] = {}  # from the last probe that answered
 
     # --- the lease service ----------------------------------------------------------------
@@ -373,6 +378,7 @@ class Federation:
         status = JobStatus.COMPLETED if done else JobStatus.FAILED
         self.state.update_job(job.logical_job, now, status=status)
         self.state.end_incarnation(job.logical_job, job.generation, state.value.lower(), now)
+        self._failback_planned.pop(job.logical_job, None)
         self.audit.append("finished", job.logical_job,
                           f"generation {job.generation} on {job.cluster}:{job.job_id} ended "
                           f"{state.value}", "Slurm reports the job finished",
@@ -576,7 +582,11 @@ class Federation:
         if home is None or home.status != UP or home.last_ok is None \
                 or self.clock() - home.since < self.config.failback_stable_s:
             return
+        planned_for = (None if lease is None else lease.last_step, home.since)
+        if self._failback_planned.get(job.logical_job) == planned_for:
+            return
         chosen = self.plan_for(job, health)
+        self._failback_planned[job.logical_job] = planned_for
         if chosen.choice != self.home or chosen.needs_approval:
             return
         after = None if lease is None else lease.last_step
