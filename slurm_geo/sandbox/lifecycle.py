@@ -220,12 +220,14 @@ class Sandbox:
                 progress(f"starting {daemon.name}")
                 self.processes.start(daemon)
         for daemon in daemons:
-            if not self._wait_ready(daemon) and self._restart_hung(daemon, progress):
+            restarted = not self._wait_ready(daemon) and self._restart_hung(daemon, progress)
+            if restarted:
                 self._wait_ready(daemon)
             if not _is_ready(daemon):
                 log = self.processes.log_file(daemon.name)
                 raise SandboxError(
-                    f"{daemon.name} did not come up within {STAGE_TIMEOUT_S} s; "
+                    f"{daemon.name} did not come up within {STAGE_TIMEOUT_S} s"
+                    f"{', started twice' if restarted else ''}; "
                     f"its last output: {_tail(log)!r} (full log: {log})"
                 )
 
