@@ -63,6 +63,7 @@ def with_change(path: str, value):
     ("clusters.rented.prices", {"gpu_hours": 1}, "unknown key(s) gpu_hours"),
     ("clusters.rented.colour", "red", "unknown key(s) colour"),
     ("stores.offsite.url", "ftp://x", "must start with file:// or s3://"),
+    ("stores.offsite.job_credentials", "creds.env", "job_credentials must be an absolute path"),
     ("clusters", "not a table", "[clusters] must be a table"),
 ])
 def test_each_mistake_has_its_own_message(path, value, message):
@@ -148,3 +149,16 @@ def test_a_cluster_store_must_be_a_known_store():
     raw = with_change("clusters.onprem.store", "nowhere")
     with pytest.raises(ConfigError, match="store 'nowhere' is not one of \\[stores\\]"):
         parse_config(raw)
+
+
+def test_a_store_names_the_credentials_its_jobs_get():
+    site = parse_config(with_change("stores.offsite.job_credentials", "/etc/slurm-geo/job.env"))
+    assert site.stores["offsite"].job_credentials == Path("/etc/slurm-geo/job.env")
+    assert parse_config(GOOD).stores["offsite"].job_credentials is None
+
+
+def test_a_directory_store_takes_no_job_credentials():
+    raw = with_change("stores.offsite.url", "file:///pfs/ckpt")
+    raw["stores"]["offsite"]["job_credentials"] = "/etc/slurm-geo/job.env"
+    with pytest.raises(ConfigError, match="job_credentials is for s3:// stores"):
+        parse_config(raw, source="site.toml")

@@ -67,6 +67,9 @@ class StoreConfig:
     url: str
     region: str
     endpoint_url: str = ""
+    # S3 credentials (an env file) the federation daemon gives jobs it submits that write
+    # here, in place of its own: scope them to this store's bucket.
+    job_credentials: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -237,15 +240,20 @@ def _parse_prices(table: Any, where: str) -> Prices:
 def _parse_store(name: str, table: Any, where: str) -> StoreConfig:
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
-    _reject_unknown(table, {"url", "region", "endpoint_url"}, where)
+    _reject_unknown(table, {"url", "region", "endpoint_url", "job_credentials"}, where)
     url = _required_str(table, "url", where)
     if not url.startswith(("file://", "s3://")):
         raise ConfigError(f"{where}: url '{url}' must start with file:// or s3://")
+    job_credentials = _path(table["job_credentials"], f"{where}: job_credentials") \
+        if "job_credentials" in table else None
+    if job_credentials is not None and not url.startswith("s3://"):
+        raise ConfigError(f"{where}: job_credentials is for s3:// stores; '{url}' needs none")
     return StoreConfig(
         name=name,
         url=url,
         region=_required_str(table, "region", where),
         endpoint_url=str(table.get("endpoint_url", "")),
+        job_credentials=job_credentials,
     )
 
 

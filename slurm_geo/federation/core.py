@@ -37,9 +37,10 @@ from slurm_geo.ckpt.replicate import copy_checkpoint
 from slurm_geo.ckpt.runkey import unwrap_run_key
 from slurm_geo.ckpt.store import Store
 from slurm_geo.config.model import FederationConfig, SiteConfig
-from slurm_geo.errors import SlurmGeoError
+from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.federation.audit import AuditLog
 from slurm_geo.federation.bandwidth import BandwidthModel
+from slurm_geo.federation.credentials import job_environment
 from slurm_geo.federation.leases import Action, Answer, LeaseRequest, Verdict, decide
 from slurm_geo.federation.planner import ClusterView, JobNeeds, Plan, plan
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission, script_options
@@ -76,8 +77,7 @@ class Federation:
                  clients: dict[str, SlurmClient], probes: dict[str, SlurmClient],
                  stores: dict[str, Store],
                  state: FederationState, audit: AuditLog, bandwidth: BandwidthModel,
-                 clock: Callable[[], float] = time.time,
-                 job_env: dict[str, str] | None = None):
+                 clock: Callable[[], float] = time.time):
         self.site = site
         self.config = config
         self.home = site.home_cluster
@@ -91,7 +91,6 @@ class Federation:
         self.clock = clock
         self._rules = rules_for(site)
         self._lock = threading.RLock()  # leases and moves never interleave
-        self._job_env = job_env if job_env is not None else _store_credentials(os.environ)
         self._announced: set[tuple[str, ...]] = set()  # audit lines not to repeat each tick
         self._seen_pending: set[tuple[str, int]] = set()
         # Per job away from home: the (checkpoint step, home up since) its failback was last
@@ -224,7 +223,9 @@ class Federation:
                     self._fence_stale(job, health)  # a stale incarnation may come back
                 else:
                     self._reconcile(job, health)
-            except (SlurmError, CkptError) as exc:
+            # ConfigError: a store's job_credentials file went bad after the start; the
+            # move is finished in a later round, once it is mended.
+            except (SlurmError, CkptError, ConfigError) as exc:
                 log.warning("event=reconcile_failed job=%s error=%s", job.logical_job, exc)
 
     def probe_all(self) -> dict[str, Health]:
@@ -739,7 +740,7 @@ class Federation:
         incoming = Incoming(job.logical_job, job.generation, job.run, job.resume_step,
                             self.config.url, token, store.url, store.endpoint_url)
         spec = resubmission(job.script, ScriptOptions.from_json(job.spec), incoming,
-                            cluster.partitions, self._job_env)
+                            cluster.partitions, job_environment(store, os.environ))
         job_id = self.clients[job.cluster].submit(spec)
         self.state.submitted(job.logical_job, job.generation, job_id, token_digest(token),
                              self.clock())
@@ -768,12 +769,6 @@ def _plan_summary(chosen: Plan) -> dict[str, Any]:
         {"cluster": c.cluster, "eligible": c.eligible, "why_not": c.why_not,
          "transfer_s": c.transfer_s, "queue_wait_s": c.queue_wait_s,
          "cost_usd": round(c.cost_usd, 4)} for c in chosen.candidates]}
-
-
-def _store_credentials(environ: Any) -> dict[str, str]:
-    """S3 credentials the daemon passes to jobs it submits, for the target's store."""
-    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-    return {name: environ[name] for name in names if name in environ}
 
 
 def _utc(epoch: float) -> str:

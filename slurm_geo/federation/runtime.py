@@ -15,6 +15,7 @@ from slurm_geo.errors import ConfigError
 from slurm_geo.federation.audit import AuditLog
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.core import Federation
+from slurm_geo.federation.credentials import read_job_credentials
 from slurm_geo.federation.state import FederationState
 from slurm_geo.slurm import connect
 from slurm_geo.sync.runtime import DEFAULT_KEY_FILE, KEY_FILE_ENV
@@ -32,6 +33,10 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
     """The Federation the config describes; `daemon=False` for commands that only look."""
     site = load_config(config_path)
     config = federation_config(site)
+    if daemon:
+        for store in site.stores.values():  # a bad file is a start-up error, not a failed move
+            if store.job_credentials is not None:
+                read_job_credentials(store.job_credentials)
     key_file = config.key_file or Path(env.get(KEY_FILE_ENV) or DEFAULT_KEY_FILE)
     master_key = load_master_key(key_file)
     # The daemon's own calls wait at most a few probe intervals: a controller that dies

@@ -133,6 +133,11 @@ class SandboxLayout:
         return self.root / "master.key"
 
     @property
+    def offsite_job_credentials(self) -> Path:
+        """What jobs the federation daemon moves to rented get for the offsite store."""
+        return self.root / "offsite-job.env"
+
+    @property
     def site_config(self) -> Path:
         return self.root / "slurm-geo.toml"
 

@@ -52,6 +52,7 @@ REQUIRED_COMMANDS = {
     "sacctmgr": "slurm-wlm",
 }
 TOKEN_LIFESPAN_S = 30 * 24 * 3600
+JOB_ACCESS_KEY = "sandbox-job"  # what jobs the federation daemon moves get (job_credentials)
 STAGE_TIMEOUT_S = 45
 
 
@@ -281,6 +282,11 @@ class Sandbox:
         layout.pfs_dir.mkdir(exist_ok=True)
         if not layout.master_key.exists():
             create_master_key_file(layout.master_key)
+        # The sandbox's S3 endpoint takes any key; a name of their own shows moved jobs
+        # got these and not the daemon's.
+        write_if_changed(layout.offsite_job_credentials,
+                         f"AWS_ACCESS_KEY_ID={JOB_ACCESS_KEY}\n"
+                         f"AWS_SECRET_ACCESS_KEY={JOB_ACCESS_KEY}\n", 0o600)
         layout.munge_dir.mkdir(exist_ok=True)
         layout.munge_dir.chmod(0o755)  # munged insists clients can reach its socket
         _write_secret(layout.munge_dir / "munge.key", lambda: secrets.token_bytes(1024))

@@ -247,6 +247,7 @@ def site_config(layout: SandboxLayout) -> str:
         f'url = {_q(f"s3://{S3_BUCKET}/checkpoints")}',
         f'region = {_q(rented.region)}',
         f'endpoint_url = {_q(layout.s3_endpoint)}',
+        f"job_credentials = {_q(layout.offsite_job_credentials)}",
         "",
         "[sync]  # checkpoint-sync: pfs -> offsite",
         'roots = ["pfs"]',
