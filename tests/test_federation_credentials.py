@@ -79,6 +79,10 @@ def test_without_a_file_jobs_get_the_daemons_own(tmp_path):
     assert env == {k: v for k, v in DAEMON_ENV.items() if k.startswith("AWS_")}
 
 
+def test_a_job_writing_to_a_directory_gets_no_s3_key():
+    assert job_environment(StoreConfig("pfs", "file:///pfs/ckpt", "home"), DAEMON_ENV) == {}
+
+
 def test_a_file_others_can_read_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="mode 0644 lets others in; chmod 600 it"):
         read_job_credentials(credentials_file(tmp_path, mode=0o644))

@@ -2,7 +2,8 @@
 
 A store may name an env file of credentials scoped to its bucket (`job_credentials`); the
 job gets those and never the daemon's own, which also reach the home store. Without one,
-the daemon passes its own, as a site with a single trusted bucket may choose.
+the daemon passes its own, as a site with a single trusted bucket may choose. A job that
+writes to a directory store gets no S3 credentials at all.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def read_job_credentials(path: Path) -> dict[str, str]:
 def job_environment(store: StoreConfig, daemon_env: Mapping[str, str]) -> dict[str, str]:
     """What a job writing to `store` gets in its environment for it. The file is read at
     each submission, so rotated credentials need no daemon restart."""
+    if not store.url.startswith("s3://"):
+        return {}  # a directory store needs no key
     env = {REGION_NAME: daemon_env[REGION_NAME]} if REGION_NAME in daemon_env else {}
     if store.job_credentials is not None:
         return {**env, **read_job_credentials(store.job_credentials)}
