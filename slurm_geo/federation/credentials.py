@@ -1,9 +1,9 @@
 """The S3 credentials a job the daemon submits gets for the store it writes to.
 
 A store may name an env file of credentials scoped to its bucket (`job_credentials`); the
-job gets those and never the daemon's own, which also reach the home store. Without one,
-the daemon passes its own, as a site with a single trusted bucket may choose. A job that
-writes to a directory store gets no S3 credentials at all.
+job gets those and never the daemon's own, which may reach every bucket the site uses.
+Without one, the daemon passes its own, as a site with a single trusted bucket may choose.
+A job that writes to a directory store gets no S3 credentials at all.
 """
 
 from __future__ import annotations
