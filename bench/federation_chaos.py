@@ -193,8 +193,7 @@ class Chaos:
             frozen = set()
         lines = drill.trace_lines(job.trace)
         trial.fault_step = lines[-1].step if lines else 0
-        verified = self._replicas(job.run, "status = 'verified'", ())
-        trial.offsite_at_fault = verified[0][0] if verified else None
+        trial.offsite_at_fault = max(drill.verified_offsite(self.site, job.run), default=None)
         if fault.kind == "kill-transfer":
             trial.transfer_status = f"{trial.transfer_status} -> {self._replica_status(job.run)}"
         return frozen
