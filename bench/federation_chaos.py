@@ -6,7 +6,7 @@ incarnations training and never a resume from an unverified checkpoint; RTO <= d
 window + 15 s; steps lost <= one checkpoint interval; final weights bit-identical.
 
 Runs against its OWN sandbox (/var/tmp/sg-chaos, port base 23800), never the default one.
-Each trial submits a federated example_train job to onprem (slurm_geo.federation.drill's
+Each trial submits a federated example_train job to onprem (slurm_geo.drills.drill's
 pieces) and applies one fault:
 
 - kill-random    SIGKILL onprem's slurmctld, slurmds, slurmstepds and the trainer once the
@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from slurm_geo.config.model import SiteConfig, load_config  # noqa: E402
-from slurm_geo.federation import drill  # noqa: E402
+from slurm_geo.drills import drill  # noqa: E402
 from slurm_geo.federation.audit import AuditLog, Entry  # noqa: E402
 from slurm_geo.sandbox import Sandbox  # noqa: E402
 from slurm_geo.slurm import SlurmClient, SlurmError, connect  # noqa: E402

@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 import pytest
 
-from slurm_geo.federation.drill import DrillReport, DrillSettings
-from slurm_geo.federation.drill_report import render_report
+from slurm_geo.drills.drill import DrillSettings
+from slurm_geo.drills.report import DrillReport, render_report
 
 KILLED_AT = 1_000_000.0
 WINDOW_S = 3.0  # RTO target: window + 15 s = 18 s

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from slurm_geo.billing.ingest import federation_transfers
-from slurm_geo.federation import drill
+from slurm_geo.drills import drill
 from slurm_geo.federation.audit import AuditLog
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.lifecycle import JOB_ACCESS_KEY

@@ -29,8 +29,8 @@ def drill(sandbox_dir: Path | None, steps: int, ckpt_every: int, step_delay: flo
     federation daemon move the job to rented. Prints the DR report (detection, RTO, steps
     lost, bytes, predicted vs actual transfer, cost per leg) and checks that the final
     weights are bit-identical to an uninterrupted run. Exits 0 when every target holds."""
-    from slurm_geo.federation.drill import DrillSettings, run_drill
-    from slurm_geo.federation.drill_report import render_report
+    from slurm_geo.drills.drill import DrillSettings, run_drill
+    from slurm_geo.drills.report import render_report
     from slurm_geo.sandbox import Sandbox, root_from_env
 
     sandbox = Sandbox(root_from_env(sandbox_dir))

@@ -21,13 +21,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from slurm_geo.config.model import SiteConfig, load_config
+from slurm_geo.drills.picture import draw_timeline
+from slurm_geo.drills.report import DrillReport, Sample
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.federation.audit import AuditLog, Entry
 from slurm_geo.sandbox import Sandbox
@@ -64,76 +66,6 @@ class Training:
     @property
     def logical_job(self) -> str:
         return f"{self.cluster}-{self.job_id}"
-
-
-@dataclass
-class Sample:
-    t: float
-    cluster: str
-    state: str
-
-
-@dataclass
-class DrillReport:
-    run: str
-    logical_job: str
-    home: str
-    target: str
-    settings: dict[str, Any]
-    killed_at: float
-    detected_at: float | None
-    moved_at: float | None            # the new generation was submitted
-    running_elsewhere_at: float | None  # it was granted its lease: training again
-    completed_at: float | None
-    detection_window_s: float
-    last_step_home: int
-    offsite_step_at_kill: int     # the newest step verified off-site just before the kill
-    resume_step: int | None
-    steps_lost: int | None
-    final_step: int | None
-    final_weights: str | None
-    reference_weights: str
-    bit_identical: bool
-    replicated_bytes: int
-    replication_seconds: float
-    predicted_transfer_s: float | None
-    actual_transfer_s: float | None
-    legs: list[dict[str, Any]]
-    stale_incarnation: str
-    audit_ok: bool
-    timeline: list[Sample] = field(default_factory=list)
-    picture: str = ""
-
-    @property
-    def detection_s(self) -> float | None:
-        return None if self.detected_at is None else self.detected_at - self.killed_at
-
-    @property
-    def rto_s(self) -> float | None:
-        return None if self.running_elsewhere_at is None \
-            else self.running_elsewhere_at - self.killed_at
-
-    @property
-    def rto_target_s(self) -> float:
-        return self.detection_window_s + 15.0
-
-    @property
-    def rto_met(self) -> bool:
-        return self.rto_s is not None and self.rto_s <= self.rto_target_s
-
-    @property
-    def steps_lost_met(self) -> bool:
-        return self.steps_lost is not None and self.steps_lost <= self.settings["ckpt_every"]
-
-    @property
-    def passed(self) -> bool:
-        return self.bit_identical and self.rto_met and self.steps_lost_met and self.audit_ok
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.update(detection_s=self.detection_s, rto_s=self.rto_s,
-                    rto_target_s=self.rto_target_s, passed=self.passed)
-        return data
 
 
 def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
@@ -215,7 +147,6 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
         audit_ok=AuditLog(site.federation.audit_path, readonly=True).verify().ok,
         timeline=sampler.samples,
     )
-    from slurm_geo.federation.drill_picture import draw_timeline
     report.picture = str(draw_timeline(report, work / "timeline.png"))
     (work / "report.json").write_text(json.dumps(report.to_json(), indent=2))
     return report

@@ -4,10 +4,8 @@ the detection, the requeue and the completion marked."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from slurm_geo.federation.drill import DrillReport
+from slurm_geo.drills.report import DrillReport
 
 COLOURS = {"PENDING": "#f2c14e", "CONFIGURING": "#f2c14e", "RUNNING": "#4caf50",
            "COMPLETING": "#8bc34a", "COMPLETED": "#2e7d32", "UNREACHABLE": "#d32f2f",

@@ -1,0 +1,117 @@
+"""The drill's DR report: the measured figures, the verdict over them (pure), and the text
+for people (`--json` gives the same for scripts). The drill fills it in, the timeline
+picture draws it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Sample:
+    t: float
+    cluster: str
+    state: str
+
+
+@dataclass
+class DrillReport:
+    run: str
+    logical_job: str
+    home: str
+    target: str
+    settings: dict[str, Any]
+    killed_at: float
+    detected_at: float | None
+    moved_at: float | None            # the new generation was submitted
+    running_elsewhere_at: float | None  # it was granted its lease: training again
+    completed_at: float | None
+    detection_window_s: float
+    last_step_home: int
+    offsite_step_at_kill: int     # the newest step verified off-site just before the kill
+    resume_step: int | None
+    steps_lost: int | None
+    final_step: int | None
+    final_weights: str | None
+    reference_weights: str
+    bit_identical: bool
+    replicated_bytes: int
+    replication_seconds: float
+    predicted_transfer_s: float | None
+    actual_transfer_s: float | None
+    legs: list[dict[str, Any]]
+    stale_incarnation: str
+    audit_ok: bool
+    timeline: list[Sample] = field(default_factory=list)
+    picture: str = ""
+
+    @property
+    def detection_s(self) -> float | None:
+        return None if self.detected_at is None else self.detected_at - self.killed_at
+
+    @property
+    def rto_s(self) -> float | None:
+        return None if self.running_elsewhere_at is None \
+            else self.running_elsewhere_at - self.killed_at
+
+    @property
+    def rto_target_s(self) -> float:
+        return self.detection_window_s + 15.0
+
+    @property
+    def rto_met(self) -> bool:
+        return self.rto_s is not None and self.rto_s <= self.rto_target_s
+
+    @property
+    def steps_lost_met(self) -> bool:
+        return self.steps_lost is not None and self.steps_lost <= self.settings["ckpt_every"]
+
+    @property
+    def passed(self) -> bool:
+        return self.bit_identical and self.rto_met and self.steps_lost_met and self.audit_ok
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(detection_s=self.detection_s, rto_s=self.rto_s,
+                    rto_target_s=self.rto_target_s, passed=self.passed)
+        return data
+
+
+def render_report(report: DrillReport) -> str:
+    def seconds(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.1f} s"
+
+    def verdict(ok: bool) -> str:
+        return "ok" if ok else "MISSED"
+
+    lines = [
+        f"slurm-geo drill {report.run} ({report.logical_job}: {report.home} -> "
+        f"{report.target})",
+        "",
+        f"  detection           {seconds(report.detection_s):>10}   window "
+        f"{report.detection_window_s:.0f} s",
+        f"  RTO                 {seconds(report.rto_s):>10}   target <= "
+        f"{report.rto_target_s:.0f} s: {verdict(report.rto_met)}",
+        f"  steps lost (RPO)    {report.steps_lost!s:>10}   last step home "
+        f"{report.last_step_home}, off-site at kill {report.offsite_step_at_kill}, resumed "
+        f"at {report.resume_step}; target <= {report.settings['ckpt_every']}: "
+        f"{verdict(report.steps_lost_met)}",
+        f"  final weights       {'identical' if report.bit_identical else 'DIFFERENT':>10}"
+        f"   step {report.final_step}, sha256 {str(report.final_weights)[:16]}...",
+        f"  bytes off-site      {report.replicated_bytes:>10}   by checkpoint-sync, "
+        f"{report.replication_seconds:.2f} s of transfers",
+        f"  transfer of resume  predicted {seconds(report.predicted_transfer_s)}, actual "
+        f"{seconds(report.actual_transfer_s)}",
+        f"  stale incarnation   {report.stale_incarnation}",
+        f"  audit chain         {'verifies' if report.audit_ok else 'BROKEN'}",
+        "",
+        "  leg                 elapsed      compute        fee      total",
+    ]
+    for leg in report.legs:
+        lines.append(f"  {leg['cluster'] + ':' + str(leg['job_id']):<18} "
+                     f"{leg['elapsed_s']:>7.1f} s {leg['compute_usd']:>10.4f} "
+                     f"{leg['fee_usd']:>10.4f} {leg['total_usd']:>10.4f} USD")
+    lines += ["", f"  timeline: {report.picture}",
+              f"  result: {'PASSED' if report.passed else 'FAILED'}"]
+    return "\n".join(lines)
