@@ -227,7 +227,7 @@ def test_a_key_file_open_to_others_is_refused(setup):
 @pytest.mark.parametrize("policy, expected", [("idle", 5), ("batch", 3), ("normal", 0)])
 def test_priority_is_lowered_for_the_threads_started_after(policy, expected):
     code = ("import os, threading, psutil\n"
-            "from slurm_geo.sync.process import apply_priority\n"
+            "from slurm_geo.daemon.process import apply_priority\n"
             f"apply_priority(15, 'idle', {policy!r})\n"
             "seen = []\n"
             "t = threading.Thread(target=lambda: seen.append((os.getpriority(os.PRIO_PROCESS, 0),"

@@ -36,10 +36,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    from slurm_geo.daemon.events import configure_logging
+    from slurm_geo.daemon.notify import Notifier
     from slurm_geo.federation.runtime import build
     from slurm_geo.federation.service import Metrics, serve
-    from slurm_geo.sync.events import configure_logging
-    from slurm_geo.sync.notify import Notifier
 
     configure_logging(os.environ, getattr(logging, args.log_level))
     log = logging.getLogger("slurm_geo.federation")

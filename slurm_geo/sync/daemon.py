@@ -1,9 +1,9 @@
 """The checkpoint-sync main loop: scan, plan, hand one attempt at a time to a worker thread.
 
 Daemon manners (docs/checkpoint-sync.md): signal handlers only enqueue the signal, and
-`signal.set_wakeup_fd` wakes the loop (`process.Wakeup`), which drains the queue and
-dispatches to `_handle_term` or `_handle_hup`. READY is sent once the state is open and
-the metrics endpoint listens, WATCHDOG on every turn of the loop, STOPPING on exit.
+`signal.set_wakeup_fd` wakes the loop (`slurm_geo.daemon.process.Wakeup`), which drains the
+queue and dispatches to `_handle_term` or `_handle_hup`. READY is sent once the state is
+open and the metrics endpoint listens, WATCHDOG on every turn of the loop, STOPPING on exit.
 
 Crash-only: nothing here needs a clean exit to be correct. A restart puts every replica
 left UPLOADING back to PENDING (`StateDB.recover_interrupted`), and the next copy skips what
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_geo.daemon.events import event
+from slurm_geo.daemon.notify import Notifier
+from slurm_geo.daemon.process import Wakeup, apply_priority
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.sync.events import event
 from slurm_geo.sync.metrics import Live, SyncCollector, serve_metrics
-from slurm_geo.sync.notify import Notifier
 from slurm_geo.sync.planner import lowest_steps, next_work, reconcile, retry_delay_s
-from slurm_geo.sync.process import Wakeup, apply_priority
 from slurm_geo.sync.runtime import Runtime
 from slurm_geo.sync.scanner import RootScan, scan_root
 from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status, SyncError

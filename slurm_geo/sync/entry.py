@@ -42,9 +42,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from slurm_geo.config.model import config_path_from_env
+    from slurm_geo.daemon.events import configure_logging
+    from slurm_geo.daemon.notify import Notifier
     from slurm_geo.sync.daemon import Daemon
-    from slurm_geo.sync.events import configure_logging
-    from slurm_geo.sync.notify import Notifier
     from slurm_geo.sync.runtime import load_runtime
 
     configure_logging(os.environ, getattr(logging, args.log_level))

@@ -29,7 +29,7 @@ from slurm_geo.ckpt.replicate import copy_checkpoint
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.retry import is_permanent
 from slurm_geo.ckpt.store import Bytes, Store
-from slurm_geo.sync.events import event
+from slurm_geo.daemon.events import event
 from slurm_geo.sync.planner import retry_delay_s
 from slurm_geo.sync.state import Replica, StateDB, Status
 

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from slurm_geo.sync.events import JournalFormatter, configure_logging, event
-from slurm_geo.sync.notify import Notifier
+from slurm_geo.daemon.events import JournalFormatter, configure_logging, event
+from slurm_geo.daemon.notify import Notifier
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_watchdog_interval_is_half_of_watchdog_sec(env, expected):
 
 def test_one_logfmt_line_per_event_with_quoting():
     stream = io.StringIO()
-    log = logging.getLogger("test.sync.events")
+    log = logging.getLogger("test.daemon.events")
     handler = logging.StreamHandler(stream)
     log.addHandler(handler)
     log.setLevel(logging.INFO)

@@ -1,4 +1,4 @@
-"""Process manners of the daemon: a signal queue, a wakeup for its loop, its priority.
+"""Process manners of a daemon: a signal queue, a wakeup for its loop, its priority.
 
 Signal handlers only append to a queue; `signal.set_wakeup_fd` makes the kernel-level
 handler write to a socket that the loop waits on, so a signal ends the wait at once
@@ -16,9 +16,9 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from slurm_geo.sync.events import event
+from slurm_geo.daemon.events import event
 
-log = logging.getLogger("slurm_geo.sync")
+log = logging.getLogger("slurm_geo.sync")  # the name it logged under before the move
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
