@@ -4,10 +4,13 @@ together, so callers never build a client or a retry policy themselves."""
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from slurm_geo.ckpt.errors import UnsafeObjectName
 from slurm_geo.ckpt.names import check_object_name
+from slurm_geo.ckpt.pacing import Guard, Moved, PacedStore, TokenBucket, Unguarded
 from slurm_geo.ckpt.retry import RetryingStore
 from slurm_geo.ckpt.store import LocalDirStore, Store
 from slurm_geo.errors import ConfigError
@@ -37,6 +40,14 @@ def open_store(url: str, endpoint_url: str | None = None,
         bucket, prefix = _parse_s3(url, rest)
         return _open_s3(url, bucket, prefix, endpoint_url or None, region_name or None)
     raise _bad_url(url, "has an unknown scheme")
+
+
+def paced(store: Store, side: str, bucket: TokenBucket | None = None, *,
+          guard: Guard | None = None, on_put: Moved | None = None,
+          clock: Callable[[], float] = time.time) -> PacedStore:
+    """`store` behind the bandwidth cap `bucket` (shared by every store of the process
+    that sends through it) and `guard`'s stop check before each object."""
+    return PacedStore(store, guard or Unguarded(), side, bucket, on_put=on_put, clock=clock)
 
 
 def _open_s3(url: str, bucket: str, prefix: str, endpoint_url: str | None,

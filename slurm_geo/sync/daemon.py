@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.daemon.events import event
 from slurm_geo.daemon.notify import Notifier
 from slurm_geo.daemon.process import Wakeup, apply_priority
@@ -33,7 +34,7 @@ from slurm_geo.sync.planner import lowest_steps, next_work, reconcile, retry_del
 from slurm_geo.sync.runtime import Runtime
 from slurm_geo.sync.scanner import RootScan, scan_root
 from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status, SyncError
-from slurm_geo.sync.worker import Attempt, Guard, Limits, Outcome, Result, Route, TokenBucket
+from slurm_geo.sync.worker import Attempt, Guard, Limits, Outcome, Result, Route
 
 log = logging.getLogger("slurm_geo.sync")
 

@@ -6,9 +6,9 @@ put resumes the parts an interrupted one left. The replica is then read back and
 chunk checked (`Repository.verify`). Each status change is written as it happens, so a
 kill at any point leaves the state one step behind the truth, never ahead of it.
 
-Stores are wrapped in `PacedStore`: a token bucket caps the bytes sent to (and read back
-from) the destination, and before every object the attempt checks whether it must stop
-(SIGTERM) or has run out of time.
+Stores are wrapped by `slurm_geo.ckpt.open_store.paced`: a token bucket caps the bytes
+sent to (and read back from) the destination, and before every object the attempt's
+`Guard` checks whether it must stop (SIGTERM) or has run out of time.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from typing import TypeVar
 
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, StoreUnavailable
 from slurm_geo.ckpt.names import manifest_name, promoted_name
+from slurm_geo.ckpt.open_store import paced
+from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.ckpt.replicate import copy_checkpoint
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.retry import is_permanent
-from slurm_geo.ckpt.store import Bytes, Store
+from slurm_geo.ckpt.store import Store
 from slurm_geo.daemon.events import event
 from slurm_geo.sync.planner import retry_delay_s
 from slurm_geo.sync.state import Replica, StateDB, Status
@@ -63,90 +65,6 @@ class Guard:
     def sleep(self, seconds: float) -> None:
         self.stop.wait(max(0.0, min(seconds, self.deadline - self._monotonic())))
         self.check()
-
-
-class TokenBucket:
-    """At most `rate` bytes a second on average (0: no cap), with one second of burst.
-
-    Each object is paid for before it moves; a payment beyond the tokens available waits
-    until the debt is repaid, so the average holds over any stretch of objects.
-    """
-
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic):
-        self.rate = rate
-        self._clock = clock
-        self._tokens = rate
-        self._last = clock()
-        self._lock = threading.Lock()
-
-    def set_rate(self, rate: float) -> None:
-        with self._lock:
-            self.rate, self._tokens = rate, min(self._tokens, rate)
-
-    def take(self, size: int, sleep: Callable[[float], None]) -> None:
-        with self._lock:
-            if self.rate <= 0:
-                return
-            now = self._clock()
-            self._tokens = min(self.rate, self._tokens + (now - self._last) * self.rate)
-            self._last = now
-            self._tokens -= size
-            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
-        if wait > 0:
-            sleep(wait)
-
-
-Moved = Callable[[str, int, float, float], None]  # name, bytes, started, finished
-
-
-class PacedStore:
-    """`inner` with a bandwidth cap, a stop/timeout check before every operation, and a
-    callback for each object put (for the transfers table). A StoreUnavailable passing
-    through is tagged with `side` ("root" or "destination"): which store is out."""
-
-    def __init__(self, inner: Store, guard: Guard, side: str, bucket: TokenBucket | None = None,
-                 on_put: Moved | None = None, clock: Callable[[], float] = time.time):
-        self.inner = inner
-        self.side = side
-        self.bytes_read = 0
-        self._guard = guard
-        self._bucket = bucket
-        self._on_put = on_put
-        self._clock = clock
-
-    def put(self, name: str, data: Bytes) -> None:
-        size = len(memoryview(data).cast("B"))
-        self._guard.check()
-        if self._bucket is not None:
-            self._bucket.take(size, self._guard.sleep)
-        started = self._clock()
-        self._call(lambda: self.inner.put(name, data))
-        if self._on_put is not None:
-            self._on_put(name, size, started, self._clock())
-
-    def get(self, name: str) -> bytes:
-        data = self._call(lambda: self.inner.get(name))
-        self.bytes_read += len(data)
-        if self._bucket is not None:
-            self._bucket.take(len(data), self._guard.sleep)
-        return data
-
-    def list(self, prefix: str) -> list[str]:
-        return self._call(lambda: self.inner.list(prefix))
-
-    def delete(self, name: str) -> None:
-        self._call(lambda: self.inner.delete(name))
-
-    def exists(self, name: str) -> bool:
-        return self._call(lambda: self.inner.exists(name))
-
-    def _call(self, operation: Callable[[], T]) -> T:
-        self._guard.check()
-        try:
-            return operation()
-        except StoreUnavailable as exc:
-            exc.side = self.side  # type: ignore[attr-defined]
-            raise
 
 
 @dataclass(frozen=True)
@@ -197,9 +115,9 @@ class Attempt:
         self._guard = guard
         self._limits = limits
         self._clock = clock
-        self._source = PacedStore(route.root_store, guard, "root", clock=clock)
-        self._destination = PacedStore(route.destination_store, guard, "destination", bucket,
-                                       on_put=self._record, clock=clock)
+        self._source = paced(route.root_store, "root", guard=guard, clock=clock)
+        self._destination = paced(route.destination_store, "destination", bucket, guard=guard,
+                                  on_put=self._record, clock=clock)
         self._replica: Replica | None = None
 
     def run(self, replica: Replica) -> Result:
