@@ -1,5 +1,6 @@
-"""The project's SQLite databases: opening one, and one write transaction on a connection
-opened with isolation_level=None."""
+"""The project's SQLite databases: opening one, reading one where a failed read is an
+error (never "no rows"), and one write transaction on a connection opened with
+isolation_level=None."""
 
 from __future__ import annotations
 
@@ -35,3 +36,38 @@ def immediate_transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+@contextmanager
+def reading(path: Path, *, missing: Callable[[], Exception],
+            unreadable: Callable[[str], Exception],
+            timeout_s: float) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to the existing database at `path`, closed afterwards. Any
+    SQLite error while opening or reading it becomes `unreadable(reason)` (the reason says
+    what went wrong and what to do), so a failed read never looks like "no rows"."""
+    try:
+        db = open_database(path, readonly=True, missing=missing, timeout_s=timeout_s)
+    except sqlite3.Error as exc:
+        raise unreadable(read_failure(exc, timeout_s)) from exc
+    try:
+        yield db
+    except sqlite3.Error as exc:
+        raise unreadable(read_failure(exc, timeout_s)) from exc
+    finally:
+        db.close()
+
+
+def read_failure(exc: sqlite3.Error, timeout_s: float) -> str:
+    """SQLite's error, and the fix, in one line."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return (f"{text} (another process held its lock for more than {timeout_s:g} s); "
+                "retry when that process has finished writing")
+    if text.startswith(("no such table", "no such column")):
+        return (f"{text}: its schema is not the one this slurm-geo reads; run the same "
+                "slurm-geo version as the process that writes it")
+    if "not a database" in text or "malformed" in text:
+        return f"{text}: the file is damaged or is another database; check the configured path"
+    if "unable to open" in text:
+        return f"{text}: check that the file and its directory are readable by this user"
+    return text
