@@ -7,9 +7,14 @@ from slurm_geo.registry.db import (
     IllegalTransition,
     Incarnation,
     IncarnationState,
+    LineageLink,
+    RegisteredJob,
     Registry,
+    RegistryReader,
+    RegistryUnreadable,
     restart_cap_reached,
 )
 
-__all__ = ["IllegalTransition", "Incarnation", "IncarnationState", "Registry",
+__all__ = ["IllegalTransition", "Incarnation", "IncarnationState", "LineageLink",
+           "RegisteredJob", "Registry", "RegistryReader", "RegistryUnreadable",
            "restart_cap_reached"]

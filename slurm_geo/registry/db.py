@@ -14,7 +14,9 @@ Incarnation lifecycle (transitions enforced by `_move`):
 
 State is kept in SQLite in WAL mode; every write is one transaction, so concurrent hooks
 (PrologSlurmctld and EpilogSlurmctld run in parallel for different jobs) never see half a
-change.
+change. `Registry` is the hooks' (it creates the database); everyone else (billing) reads
+through `RegistryReader`, read-only, where a failed read raises `RegistryUnreadable`
+instead of coming back as no jobs.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.sqlite_tx import immediate_transaction
+from slurm_geo.sqlite_tx import immediate_transaction, reading
 
 BUSY_TIMEOUT_S = 30.0
 DEFAULT_PATH = Path("/var/lib/slurm-geo/registry.db")
@@ -56,6 +58,17 @@ class IllegalTransition(SlurmGeoError):
                  wanted: IncarnationState):
         super().__init__(f"job {cluster}:{job_id} incarnation {restart}: cannot go from "
                          f"{current.value} to {wanted.value}")
+
+
+class RegistryUnreadable(SlurmGeoError):
+    """The registry exists but cannot be read: not openable, locked past the timeout,
+    damaged, of another schema, or holding a row this slurm-geo cannot parse."""
+
+    exit_code = 42
+
+    def __init__(self, path: Path, reason: str):
+        self.path, self.reason = path, reason
+        super().__init__(f"cannot read the job registry {path}: {reason}")
 
 
 def restart_cap_reached(restart_count: int, max_restarts: int) -> bool:
@@ -233,3 +246,72 @@ class Registry:
             "AND job_id = ? AND restart = ? AND state = ?",
             (wanted.value, now, exit_code, incarnation.cluster, incarnation.job_id,
              incarnation.restart, incarnation.state.value))
+
+
+# --- reading from outside the hooks ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class LineageLink:
+    """A Slurm job and the logical job it is part of."""
+
+    cluster: str
+    job_id: int
+    logical_id: str
+
+
+@dataclass(frozen=True)
+class RegisteredJob:
+    """A geo job the controller saw start, with its --geo-* directives (name -> value)."""
+
+    cluster: str
+    job_id: int
+    logical_id: str
+    user: str
+    directives: Mapping[str, str]
+    first_seen: float
+
+
+class RegistryReader:
+    """The registry at `path`, read-only (never created or written), one connection per
+    read. The hooks create it at the first geo job's PrologSlurmctld, so with `missing_ok`
+    a file that does not exist yet reads as no jobs; without, it is `RegistryUnreadable`."""
+
+    def __init__(self, path: Path, *, missing_ok: bool = False,
+                 timeout_s: float = BUSY_TIMEOUT_S):
+        self.path = Path(path)
+        self.missing_ok = missing_ok
+        self.timeout_s = timeout_s
+
+    def lineage(self) -> list[LineageLink]:
+        """Every Slurm job's logical job, by cluster and job id."""
+        rows = self._rows("SELECT cluster, job_id, logical_id FROM lineage "
+                          "ORDER BY cluster, job_id")
+        return [LineageLink(cluster, int(job_id), logical) for cluster, job_id, logical in rows]
+
+    def jobs(self) -> list[RegisteredJob]:
+        """Every geo job, by cluster and job id."""
+        rows = self._rows("SELECT cluster, job_id, logical_id, user, directives, first_seen "
+                          "FROM jobs ORDER BY cluster, job_id")
+        return [RegisteredJob(cluster, int(job_id), logical, user,
+                              self._directives(cluster, job_id, text), float(first_seen))
+                for cluster, job_id, logical, user, text, first_seen in rows]
+
+    def _directives(self, cluster: str, job_id: int, text: str | None) -> dict[str, str]:
+        try:
+            found = json.loads(text or "{}")
+        except ValueError:
+            found = None
+        if not isinstance(found, dict):
+            raise RegistryUnreadable(self.path, f"job {cluster}:{job_id} has directives "
+                                                f"that are not a JSON object: {text!r}")
+        return {str(k): str(v) for k, v in found.items()}
+
+    def _rows(self, sql: str) -> list[tuple[Any, ...]]:
+        if self.missing_ok and not self.path.exists():
+            return []
+        with reading(self.path, missing=lambda: RegistryUnreadable(
+                         self.path, "there is no such file; is this the controller's host? "
+                                    "(see [registry] path in the config)"),
+                     unreadable=lambda reason: RegistryUnreadable(self.path, reason),
+                     timeout_s=self.timeout_s) as db:
+            return db.execute(sql).fetchall()
