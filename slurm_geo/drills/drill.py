@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import sys
 import tempfile
 import threading
@@ -35,6 +34,7 @@ from slurm_geo.federation.audit import AuditLog, Entry
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.processes import has_marker
 from slurm_geo.slurm import JobSpec, SlurmClient, SlurmError, connect
+from slurm_geo.sync.reader import SyncStateReader
 
 Progress = Callable[[str], None]
 
@@ -246,13 +246,11 @@ def _script(site: SiteConfig, run: str, settings: DrillSettings, work: Path,
 
 
 def verified_offsite(site: SiteConfig, run: str) -> list[int]:
-    """The steps of the run's checkpoints checkpoint-sync has verified off-site, oldest first."""
-    if site.sync is None or not site.sync.state.exists():
+    """The steps of the run's checkpoints checkpoint-sync has verified off-site, oldest first;
+    none while checkpoint-sync has not yet created its state."""
+    if site.sync is None:
         return []
-    with sqlite3.connect(f"file:{site.sync.state}?mode=ro", uri=True, timeout=10) as db:
-        rows = db.execute("SELECT step FROM replicas WHERE run = ? AND status = 'verified' "
-                          "ORDER BY step", (run,)).fetchall()
-    return [int(step) for (step,) in rows]
+    return SyncStateReader(site.sync.state, missing_ok=True).verified_steps(run)
 
 
 def kill_cluster(sandbox: Sandbox, cluster: str) -> set[int]:
@@ -336,15 +334,13 @@ def _replication(site: SiteConfig, run: str, resume_step: int | None) -> dict[st
     job resumed from took to copy."""
     if site.sync is None:
         return {"replicated_bytes": 0, "replication_seconds": 0.0, "actual_transfer_s": None}
-    with sqlite3.connect(f"file:{site.sync.state}?mode=ro", uri=True, timeout=10) as db:
-        total, seconds = db.execute(
-            "SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(finished_at - started_at), 0) "
-            "FROM transfers WHERE run = ? AND kind != 'verify'", (run,)).fetchone()
-        window = db.execute(
-            "SELECT MIN(started_at), MAX(finished_at), SUM(bytes) FROM transfers "
-            "WHERE run = ? AND step = ? AND kind != 'verify'", (run, resume_step)).fetchone()
-    actual = None if window[0] is None else window[1] - window[0]
-    return {"replicated_bytes": int(total), "replication_seconds": float(seconds),
+    state = SyncStateReader(site.sync.state)  # it verified checkpoints: it must be there
+    total, actual = state.copied(run), None
+    if resume_step is not None:
+        resumed = state.copied(run, resume_step)
+        if resumed.started_at is not None and resumed.finished_at is not None:
+            actual = resumed.finished_at - resumed.started_at
+    return {"replicated_bytes": total.bytes, "replication_seconds": total.seconds,
             "actual_transfer_s": actual}
 
 
