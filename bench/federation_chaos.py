@@ -61,6 +61,8 @@ from slurm_geo.drills import drill  # noqa: E402
 from slurm_geo.federation.audit import AuditLog, Entry  # noqa: E402
 from slurm_geo.sandbox import Sandbox  # noqa: E402
 from slurm_geo.slurm import SlurmClient, SlurmError, connect  # noqa: E402
+from slurm_geo.sync.reader import SyncStateReader  # noqa: E402
+from slurm_geo.sync.state import Replica, Status  # noqa: E402
 
 SANDBOX_DIR = Path("/var/tmp/sg-chaos")
 PORT_BASE = 23800
@@ -310,21 +312,20 @@ class Chaos:
     def _copying(self, run: str, step: int) -> str | None:
         """The status of a checkpoint of `run` at `step` or later that checkpoint-sync is
         copying right now (uploading, or copied but not yet verified)."""
-        rows = self._replicas(run, "status IN ('uploading', 'replicated') AND step >= ?",
-                              (step,))
-        return rows[0][1] if rows else None
+        copying = [r for r in self._replicas(run) if r.step >= step
+                   and r.status in (Status.UPLOADING, Status.REPLICATED)]
+        return copying[-1].status.value if copying else None
 
     def _replica_status(self, run: str) -> str:
-        rows = self._replicas(run, "1", ())
-        return ",".join(f"{step}:{status}" for step, status in rows) or "none"
+        return ",".join(f"{r.step}:{r.status.value}"
+                        for r in reversed(self._replicas(run))) or "none"
 
-    def _replicas(self, run: str, where: str, args: tuple[Any, ...]) -> list[tuple[int, str]]:
+    def _replicas(self, run: str) -> list[Replica]:
+        """The run's replicas, oldest step first; none before checkpoint-sync first ran."""
         sync = self.site.sync
-        if sync is None or not sync.state.exists():
+        if sync is None:
             return []
-        with sqlite3.connect(f"file:{sync.state}?mode=ro", uri=True, timeout=10) as db:
-            return db.execute(f"SELECT step, status FROM replicas WHERE run = ? AND {where} "
-                              "ORDER BY step DESC", (run, *args)).fetchall()
+        return SyncStateReader(sync.state, missing_ok=True).replicas(run)
 
     def _wait_home_up(self, deadline: float) -> None:
         """The daemon must see home answering before a trial starts there."""

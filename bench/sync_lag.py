@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ from slurm_geo.ckpt import LocalDirStore, Repository, create_master_key_file  # 
 from slurm_geo.sandbox import root_from_env  # noqa: E402
 from slurm_geo.sandbox.layout import S3_BUCKET, SandboxLayout  # noqa: E402
 from slurm_geo.sandbox.processes import port_is_open  # noqa: E402
+from slurm_geo.sync.reader import SyncStateReader  # noqa: E402
+from slurm_geo.sync.state import Replica, Status  # noqa: E402
 from slurm_geo.torch import Checkpointer  # noqa: E402
 
 AWS = {"AWS_ACCESS_KEY_ID": "sandbox", "AWS_SECRET_ACCESS_KEY": "sandbox",
@@ -113,20 +114,16 @@ def start_daemon(config: Path, log: Path) -> subprocess.Popen:
     return proc
 
 
-def replicas(state: Path) -> list[dict]:
-    conn = sqlite3.connect(f"file:{state}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM replicas")]
-    finally:
-        conn.close()
+def replicas(state: Path) -> list[Replica]:
+    """Every replica; none before the daemon created its state."""
+    return SyncStateReader(state, missing_ok=True).replicas()
 
 
 def wait_all_verified(state: Path, expected: int, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        rows = replicas(state) if state.exists() else []
-        if len(rows) >= expected and all(r["status"] == "verified" for r in rows):
+        rows = replicas(state)
+        if len(rows) >= expected and all(r.status is Status.VERIFIED for r in rows):
             return
         time.sleep(0.2)
     raise SystemExit(f"not all {expected} checkpoints verified within {timeout_s} s")
@@ -251,10 +248,10 @@ def print_report(report: dict, args: argparse.Namespace) -> None:
     mean_off, mean_on = statistics.fmean(all_off), statistics.fmean(all_on)
     # Each "on" phase against the "off" phase just before it: slow drifts cancel.
     paired = sorted(100 * (sum(b) / sum(a) - 1) for a, b in report["pairs"])
-    lags = sorted(r["lag_s"] for r in report["lag_rows"] if r["lag_s"] is not None)
-    waits = sorted(r["verified_at"] - r["discovered_at"] for r in report["lag_rows"]
-                   if r["verified_at"])
-    uploaded = sum(r["bytes"] for r in report["rows"])
+    lags = sorted(r.lag_s for r in report["lag_rows"] if r.lag_s is not None)
+    waits = sorted(r.verified_at - r.discovered_at for r in report["lag_rows"]
+                   if r.verified_at)
+    uploaded = sum(r.bytes for r in report["rows"])
     slowdown = statistics.median(paired)
     on_seconds = report["on_seconds"]
     print(f"model: MLP {report['params'] / 1e6:.1f} M parameters (AdamW), batch {BATCH}, "
