@@ -426,3 +426,99 @@ def test_a_failback_copy_is_charged_as_egress_to_the_job(tmp_path):
         result = service.report(db, parse_period("2026-11"), "cost-center")
     assert result.groups["ml-research"].egress_bytes == 2 * 10**9
     assert result.groups["ml-research"].egress_usd == pytest.approx(0.18)
+
+
+# --- a source billing is configured to read, but cannot: ingest fails, loudly ---------------
+
+@pytest.fixture
+def synced_site(tmp_path):
+    """A site whose [sync] state and [registry] path billing reads."""
+    path = tmp_path / "synced.toml"
+    path.write_text(f"""
+[site]
+home_cluster = "onprem"
+[clusters.onprem]
+region = "home"
+access = "cli"
+slurm_conf = "/nonexistent/slurm.conf"
+timeout_s = 2
+[stores.pfs]
+url = "file://{tmp_path / 'pfs'}"
+region = "home"
+[stores.offsite]
+url = "file://{tmp_path / 'offsite'}"
+region = "remote"
+[sync]
+roots = ["pfs"]
+destination = "offsite"
+state = "{tmp_path / 'sync.db'}"
+[registry]
+path = "{tmp_path / 'registry.db'}"
+[billing]
+database = "{tmp_path / 'billing.db'}"
+""")
+    return {"SLURM_GEO_CONFIG": str(path)}
+
+
+def _damage(path):
+    path.write_bytes(b"not a database, whatever it is\n" * 100)
+
+
+def _drop_transfers(path):
+    import sqlite3
+
+    from slurm_geo.sync.state import StateDB
+
+    StateDB(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE transfers RENAME TO transfers_v2")
+
+
+@pytest.mark.parametrize("make, message", [
+    (None, "there is no such file; is checkpoint-sync running on this host?"),
+    (_damage, "file is not a database"),
+    (_drop_transfers, "no such table: transfers"),
+])
+def test_an_unreadable_sync_state_fails_egress_ingest_and_keeps_the_watermark(
+        tmp_path, make, message):
+    from slurm_geo.sync.reader import SyncStateUnreadable
+
+    sync = tmp_path / "sync.db"
+    if make is not None:
+        make(sync)
+    with BillingDB(tmp_path / "billing.db") as db:
+        db.set_prices(PRICES, CLUSTERS)
+        db.set_watermark(ingest.EGRESS_SOURCE, 123)
+        with pytest.raises(SyncStateUnreadable, match=message):
+            ingest.ingest_egress(db, sync, None, [], costs.PriceTable(PRICES, CLUSTERS), 0,
+                                 10**10)
+        assert db.watermark(ingest.EGRESS_SOURCE) == 123
+        assert db.conn.execute("SELECT COUNT(*) FROM egress").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("broken, code, message", [
+    ("sync.db", 40, "cannot read checkpoint-sync's state {tmp}/sync.db: file is not a "
+                    "database"),
+    ("registry.db", 42, "cannot read the job registry {tmp}/registry.db: file is not a "
+                        "database"),
+])
+def test_cli_ingest_exits_non_zero_on_an_unreadable_source(tmp_path, synced_site, broken,
+                                                           code, message):
+    from slurm_geo.sync.state import StateDB
+
+    StateDB(tmp_path / "sync.db").close()
+    _damage(tmp_path / broken)
+    run = cli("ingest", env=synced_site)
+    assert run.returncode == code, run.stderr
+    assert run.stderr.strip() == f"slurm-geo: error: {message.format(tmp=tmp_path)}: the " \
+        "file is damaged or is another database; check the configured path"
+
+
+def test_cli_ingest_with_readable_sources_and_no_registry_yet(tmp_path, synced_site):
+    from slurm_geo.sync.state import StateDB
+
+    StateDB(tmp_path / "sync.db").close()  # checkpoint-sync ran; no geo job started yet
+    run = cli("ingest", "--json", env=synced_site)
+    assert run.returncode == 50  # only the unreachable cluster is reported
+    assert "not ingested: onprem" in run.stderr and "Traceback" not in run.stderr
+    assert json.loads(run.stdout)["transfers"] == 0

@@ -13,10 +13,8 @@ incarnation had not finished (it must be fetched again). Rows that cannot be rea
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
@@ -27,7 +25,9 @@ from slurm_geo.billing.db import EGRESS_COLUMNS, EGRESS_KEY, JOB_COLUMNS, JOB_KE
 from slurm_geo.billing.periods import Period, epoch, months_overlapping, next_watermark
 from slurm_geo.ckpt.names import manifest_name
 from slurm_geo.federation.audit import AuditLog, Entry
+from slurm_geo.registry import RegistryReader
 from slurm_geo.slurm.models import AccountingRecord, MalformedAccountingRow
+from slurm_geo.sync.reader import SyncStateReader
 
 BATCH = 5000
 EGRESS_SOURCE = "egress"
@@ -214,24 +214,17 @@ def _pages(db: BillingDB, table: str, columns: list[str]) -> Iterable[list[list[
 
 def read_registry(path: Path | None) -> tuple[dict[tuple[str, int], str],
                                               list[attribution.RegistryJob]]:
-    """Lineage and geo jobs from the controller's registry; empty when there is none."""
-    if path is None or not path.exists():
+    """Lineage and geo jobs from the controller's registry: none when no registry is
+    configured or no geo job has started yet (no file); `RegistryUnreadable` when it
+    cannot be read, so that ingest fails rather than bill without lineage."""
+    if path is None:
         return {}, []
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        lineage = {(c, int(j)): logical for c, j, logical in conn.execute(
-            "SELECT cluster, job_id, logical_id FROM lineage")}
-        jobs = []
-        for cluster, job_id, logical, user, directives, first_seen in conn.execute(
-                "SELECT cluster, job_id, logical_id, user, directives, first_seen FROM jobs"):
-            parsed = json.loads(directives or "{}")
-            jobs.append(attribution.RegistryJob(
-                cluster, int(job_id), logical, user, parsed.get("geo-cost-center", ""),
-                parsed.get("geo-ckpt-dir", ""), float(first_seen)))
-    except sqlite3.Error:
-        return {}, []
-    finally:
-        conn.close()
+    registry = RegistryReader(path, missing_ok=True)
+    lineage = {(link.cluster, link.job_id): link.logical_id for link in registry.lineage()}
+    jobs = [attribution.RegistryJob(job.cluster, job.job_id, job.logical_id, job.user,
+                                    job.directives.get("geo-cost-center", ""),
+                                    job.directives.get("geo-ckpt-dir", ""), job.first_seen)
+            for job in registry.jobs()]
     return lineage, jobs
 
 
@@ -256,8 +249,9 @@ def egress_row(transfer: Mapping[str, Any], jobs: Sequence[attribution.RegistryJ
 def ingest_egress(db: BillingDB, sync_state: Path | None, federation_audit: Path | None,
                   jobs: Sequence[attribution.RegistryJob], prices: costs.PriceTable,
                   since: int, until: int) -> int:
-    """Checkpoint transfers finished in [since, until): checkpoint-sync's and the
-    federation daemon's copies when a job moves; each source counts only if it exists."""
+    """Checkpoint transfers finished in [since, until): checkpoint-sync's (when [sync] is
+    configured: its state must be readable) and the federation daemon's copies when a job
+    moves (when its audit log exists)."""
     transfers = (_sync_transfers(sync_state, since, until)
                  + federation_transfers(_audit_entries(federation_audit), since, until))
     rows = [egress_row(t, jobs) for t in transfers]
@@ -267,17 +261,12 @@ def ingest_egress(db: BillingDB, sync_state: Path | None, federation_audit: Path
 
 
 def _sync_transfers(sync_state: Path | None, since: int, until: int) -> list[Mapping[str, Any]]:
-    if sync_state is None or not sync_state.exists():
+    """checkpoint-sync's transfers, when [sync] is configured. Its state must then be
+    readable: a missing or unreadable one raises `SyncStateUnreadable` (ingest fails and
+    the egress watermark stays) rather than billing no egress."""
+    if sync_state is None:
         return []
-    conn = sqlite3.connect(f"file:{sync_state}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
-        return conn.execute("SELECT * FROM transfers WHERE finished_at >= ? AND "
-                            "finished_at < ? ORDER BY id", [since, until]).fetchall()
-    except sqlite3.Error:
-        return []
-    finally:
-        conn.close()
+    return [asdict(t) for t in SyncStateReader(sync_state).transfers_finished(since, until)]
 
 
 def _audit_entries(path: Path | None) -> list[Entry]:
