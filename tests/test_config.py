@@ -54,11 +54,11 @@ def with_change(path: str, value):
 
 @pytest.mark.parametrize("path, value, message", [
     ("site.home_cluster", "nowhere", "home_cluster 'nowhere'"),
-    ("clusters.onprem.access", "ssh", "access 'ssh' is not one of cli, rest"),
+    ("clusters.onprem.access", "ssh", "access must be one of cli, rest, got 'ssh'"),
     ("clusters.onprem.slurm_conf", None, "needs slurm_conf"),
     ("clusters.rented.token_file", None, "missing token_file"),
     ("clusters.rented.region", None, "missing region"),
-    ("clusters.rented.timeout_s", -1, "timeout_s must be a positive number"),
+    ("clusters.rented.timeout_s", -1, "timeout_s must be a number of seconds > 0"),
     ("clusters.rented.prices", {"gpu_hour": -1}, "gpu_hour must be a number >= 0"),
     ("clusters.rented.prices", {"gpu_hours": 1}, "unknown key(s) gpu_hours"),
     ("clusters.rented.colour", "red", "unknown key(s) colour"),

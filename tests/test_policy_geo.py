@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_geo.config.tables import parse_policy
 from slurm_geo.errors import ConfigError
 from slurm_geo.policy.directives import (
     DIRECTIVES,
@@ -28,10 +29,10 @@ from slurm_geo.policy.geo import GeoPolicy, GeoRules, check, effective_residency
 from slurm_geo.policy.lua import export_files, lua_string, policy_lua
 
 REGIONS = {"home", "remote"}
-POLICY = GeoPolicy.from_mapping(
+POLICY = parse_policy(
     {"require_cost_center": True, "signal_lead_s": 60, "max_restarts": 3,
      "data_classes": {"restricted": ["home"]}, "budgets": {"ml": 500, "ops": 99.5}},
-    REGIONS)
+    REGIONS, "[policy]")
 RULES = GeoRules(POLICY, {"onprem": "home", "rented": "remote"})
 OK = {"geo-ckpt-dir": "/pfs/ckpt/run1", "geo-cost-center": "ml"}
 
@@ -256,12 +257,12 @@ def test_exit_codes_are_stable():
 ])
 def test_policy_table_mistakes(table, message):
     with pytest.raises(ConfigError) as caught:
-        GeoPolicy.from_mapping(table, REGIONS)
+        parse_policy(table, REGIONS, "[policy]")
     assert message in str(caught.value)
 
 
 def test_policy_defaults():
-    policy = GeoPolicy.from_mapping({}, REGIONS)
+    policy = parse_policy({}, REGIONS, "[policy]")
     assert policy == GeoPolicy()
     assert (policy.signal_lead_s, policy.max_restarts, policy.require_cost_center) == \
         (120, 10, False)

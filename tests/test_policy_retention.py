@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from slurm_geo.config.tables import parse_retention
 from slurm_geo.errors import ConfigError
 from slurm_geo.policy.retention import (
     CheckpointRef,
@@ -82,12 +83,12 @@ def test_newest_replica_stays_however_old():
     ({"remote_days": 0}, "remote_days must be a number > 0"),
     ({"keep": 3}, "unknown key(s) keep"),
 ])
-def test_policy_from_mapping_rejects_mistakes(raw, message):
+def test_the_retention_table_rejects_mistakes(raw, message):
     with pytest.raises(ConfigError) as caught:
-        RetentionPolicy.from_mapping(raw)
+        parse_retention(raw, "[retention]")
     assert message in str(caught.value)
 
 
-def test_policy_from_mapping_reads_values():
-    assert RetentionPolicy.from_mapping({"keep_local": 5, "remote_days": 7}) == RetentionPolicy(
+def test_the_retention_table_reads_values():
+    assert parse_retention({"keep_local": 5, "remote_days": 7}, "[retention]") == RetentionPolicy(
         keep_local=5, replicate_every=1, remote_days=7)

@@ -1,6 +1,7 @@
-"""Where a job's data may go and what it may cost: the `[policy]` table, and the decision.
+"""Where a job's data may go and what it may cost: the `[policy]` rules, and the decision.
 
-The policy is written once, in the slurm-geo config. The client-side check (the SPANK
+The policy is written once, in the slurm-geo config (slurm_geo.config reads the table
+below into a GeoPolicy; nothing here imports config). The client-side check (the SPANK
 plugin's validator) calls `check` here; the controller-side check (job_submit.lua) runs
 the same rules over the same data, exported by `slurm_geo.policy.lua`. Both report the
 same one-line messages, in the same order (tests/test_policy_geo.py holds them to it).
@@ -22,19 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
-from slurm_geo.errors import ConfigError
-from slurm_geo.policy.directives import (
-    DATA_CLASSES,
-    DirectiveError,
-    Directives,
-    PolicyViolation,
-    quote,
-)
-
-if TYPE_CHECKING:
-    from slurm_geo.config.model import SiteConfig
+from slurm_geo.policy.directives import DirectiveError, Directives, PolicyViolation, quote
 
 DEFAULT_SIGNAL_LEAD_S = 120
 DEFAULT_MAX_RESTARTS = 10
@@ -48,23 +39,6 @@ class GeoPolicy:
     max_restarts: int = DEFAULT_MAX_RESTARTS
     data_classes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     budgets: Mapping[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any], regions: set[str],
-                     where: str = "[policy]") -> GeoPolicy:
-        """Read the [policy] table; `regions` are the regions the config's clusters are in."""
-        _reject_unknown(raw, set(cls.__dataclass_fields__), where)
-        policy = cls(
-            require_cost_center=_flag(raw, "require_cost_center", where),
-            default_data_class=_data_class(raw.get("default_data_class", "internal"),
-                                           f"{where}: default_data_class"),
-            signal_lead_s=_whole(raw, "signal_lead_s", DEFAULT_SIGNAL_LEAD_S, 10, 3600, where),
-            max_restarts=_whole(raw, "max_restarts", DEFAULT_MAX_RESTARTS, 0, 1000, where),
-            data_classes=_allowlists(raw.get("data_classes", {}), regions,
-                                     f"{where}.data_classes"),
-            budgets=_budgets(raw.get("budgets", {}), f"{where}.budgets"),
-        )
-        return policy
 
 
 @dataclass(frozen=True)
@@ -152,66 +126,22 @@ def _check_budget(directives: Directives, policy: GeoPolicy) -> None:
                               f"({budget:g} USD)")
 
 
-# --- reading the table -------------------------------------------------------------------
-
-def _reject_unknown(table: Mapping[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: "
-                          f"{', '.join(sorted(known))}")
+class _InRegion(Protocol):
+    @property
+    def region(self) -> str: ...
 
 
-def _flag(raw: Mapping[str, Any], key: str, where: str) -> bool:
-    value = raw.get(key, False)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
-    return value
+class _Site(Protocol):
+    """What the rules need of a loaded site config (a SiteConfig; policy does not import
+    config, which reads the [policy] table into a GeoPolicy)."""
+
+    @property
+    def policy(self) -> GeoPolicy: ...
+
+    @property
+    def clusters(self) -> Mapping[str, _InRegion]: ...
 
 
-def _whole(raw: Mapping[str, Any], key: str, default: int, low: int, high: int,
-           where: str) -> int:
-    value = raw.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ConfigError(f"{where}: {key} must be a whole number from {low} to {high}, "
-                          f"got {value!r}")
-    return value
-
-
-def _data_class(value: Any, where: str) -> str:
-    if value not in DATA_CLASSES:
-        raise ConfigError(f"{where} must be one of {', '.join(DATA_CLASSES)}, got {value!r}")
-    return str(value)
-
-
-def _allowlists(table: Any, regions: set[str], where: str) -> dict[str, tuple[str, ...]]:
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where} must be a table of data class = [regions]")
-    out = {}
-    for data_class, allowed in table.items():
-        _data_class(data_class, f"{where}: key")
-        if not isinstance(allowed, list) or not all(isinstance(r, str) for r in allowed):
-            raise ConfigError(f"{where}: {data_class} must be a list of regions, "
-                              f"got {allowed!r}")
-        unknown = sorted(set(allowed) - regions)
-        if unknown:
-            raise ConfigError(f"{where}: {data_class} names unknown region(s) "
-                              f"{', '.join(unknown)} (regions of [clusters]: "
-                              f"{', '.join(sorted(regions)) or 'none'})")
-        out[data_class] = tuple(sorted(set(allowed)))
-    return out
-
-
-def _budgets(table: Any, where: str) -> dict[str, float]:
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where} must be a table of cost center = USD")
-    out = {}
-    for name, usd in table.items():
-        if not isinstance(usd, int | float) or isinstance(usd, bool) or usd <= 0:
-            raise ConfigError(f"{where}: {name} must be a number of USD > 0, got {usd!r}")
-        out[name] = float(usd)
-    return out
-
-
-def rules_for(site: SiteConfig) -> GeoRules:
-    """The rules of a loaded `SiteConfig`: its [policy] and its clusters' regions."""
+def rules_for(site: _Site) -> GeoRules:
+    """The rules of a loaded site config: its [policy] and its clusters' regions."""
     return GeoRules(site.policy, {name: c.region for name, c in site.clusters.items()})

@@ -6,16 +6,14 @@ Tier 2: replicate every `replicate_every`-th checkpoint (and always the newest) 
 Tier 3: promoted checkpoints are immutable: no tier ever deletes them.
 
 Callers pass what exists; these functions say what to do. Nothing here touches a store.
+The `[retention]` table is read into a RetentionPolicy by slurm_geo.config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
-
-from slurm_geo.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -23,22 +21,6 @@ class RetentionPolicy:
     keep_local: int = 3
     replicate_every: int = 1
     remote_days: float = 14.0
-
-    @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any], where: str = "retention") -> RetentionPolicy:
-        unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: "
-                              "keep_local, replicate_every, remote_days")
-        policy = cls(**raw)
-        for name in ("keep_local", "replicate_every"):
-            value = getattr(policy, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{where}: {name} must be a whole number >= 1, got {value!r}")
-        if not isinstance(policy.remote_days, int | float) or policy.remote_days <= 0:
-            raise ConfigError(f"{where}: remote_days must be a number > 0, "
-                              f"got {policy.remote_days!r}")
-        return policy
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,186 @@
+"""The tables of the two daemons, declared once: [sync] (checkpoint-sync) and [federation].
+
+Each is a dataclass and its Settings (slurm_geo.config.settings); the docs' tables of
+their keys (docs/checkpoint-sync.md, docs/federation.md) are rendered from the Settings
+and tests keep the two equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_geo.config.settings import (
+    Setting,
+    choice,
+    flag,
+    names,
+    number,
+    path,
+    read_settings,
+    seconds,
+    text,
+    whole,
+)
+from slurm_geo.config.tables import KEY_FILE_HELP, ClusterConfig, StoreConfig
+from slurm_geo.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """The [sync] table: what the checkpoint-sync daemon watches, where it replicates, how.
+
+    Every key is declared once in SYNC_SETTINGS (type, default, help); validation and the
+    table in docs/checkpoint-sync.md both come from there.
+    """
+
+    roots: tuple[str, ...]
+    destination: str
+    state: Path = Path("/var/lib/slurm-geo/checkpoint-sync.db")
+    key_file: Path | None = None
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 9851
+    bandwidth_mb_s: float = 0.0
+    poll_interval_s: float = 10.0
+    nice: int = 10
+    cpu_policy: str = "idle"
+    io_class: str = "idle"
+    max_attempts: int = 5
+    attempt_timeout_s: float = 1800.0
+    retry_base_s: float = 30.0
+    retry_max_s: float = 900.0
+
+
+SYNC_SETTINGS = (
+    Setting("roots", names(what="store names or URLs", each="a store", non_empty=True), None,
+            "Stores to watch for committed checkpoints: names from [stores], or file:// and "
+            "s3:// URLs.", required=True),
+    Setting("destination", text, None, "The [stores] name checkpoints are replicated to.",
+            required=True),
+    Setting("state", path, SyncConfig.state, "The SQLite state database (WAL mode); its "
+            "directory must be writable."),
+    Setting("key_file", path, None, KEY_FILE_HELP),
+    Setting("metrics_address", text, SyncConfig.metrics_address,
+            "Address of the Prometheus endpoint."),
+    Setting("metrics_port", whole(0, 65535), SyncConfig.metrics_port,
+            "Port of the Prometheus endpoint; 0 turns it off."),
+    Setting("bandwidth_mb_s", number(0, unit="MB/s", note="(0: no cap)"),
+            SyncConfig.bandwidth_mb_s, "Cap on bytes sent to and read back from the "
+            "destination, in MB/s (10^6 bytes); 0: no cap."),
+    Setting("poll_interval_s", seconds, SyncConfig.poll_interval_s,
+            "Seconds between scans of the roots."),
+    Setting("nice", whole(0, 19), SyncConfig.nice, "CPU niceness the daemon gives itself "
+            "(for cpu_policy batch or normal)."),
+    Setting("cpu_policy", choice("idle", "batch", "normal"), SyncConfig.cpu_policy,
+            "CPU scheduling policy: idle (SCHED_IDLE: runs in the gaps training leaves; "
+            "replicas lag on saturated CPUs), batch (SCHED_BATCH), normal."),
+    Setting("io_class", choice("idle", "best-effort", "none"), SyncConfig.io_class,
+            "I/O scheduling class the daemon gives itself (none: leave it)."),
+    Setting("max_attempts", whole(1, 1000), SyncConfig.max_attempts,
+            "Failed attempts before a checkpoint is marked failed; attempts cut short by an "
+            "unreachable store do not count."),
+    Setting("attempt_timeout_s", seconds, SyncConfig.attempt_timeout_s,
+            "An attempt still running after this long fails (and counts)."),
+    Setting("retry_base_s", seconds, SyncConfig.retry_base_s,
+            "Wait after a first failure; it doubles with each further one."),
+    Setting("retry_max_s", seconds, SyncConfig.retry_max_s, "The longest wait between tries."),
+)
+
+
+def parse_sync(table: Any, stores: Mapping[str, StoreConfig], where: str) -> SyncConfig:
+    config = SyncConfig(**read_settings(table, SYNC_SETTINGS, where))
+    _check_sync_stores(config, stores, where)
+    if config.retry_max_s < config.retry_base_s:
+        raise ConfigError(f"{where}: retry_max_s ({config.retry_max_s:g}) is shorter than "
+                          f"retry_base_s ({config.retry_base_s:g})")
+    return config
+
+
+def _check_sync_stores(config: SyncConfig, stores: Mapping[str, StoreConfig],
+                       where: str) -> None:
+    known = ", ".join(sorted(stores)) or "none"
+    for root in config.roots:
+        if "://" in root:
+            if not root.startswith(("file://", "s3://")):
+                raise ConfigError(f"{where}: root '{root}' must start with file:// or s3://")
+        elif root not in stores:
+            raise ConfigError(f"{where}: root '{root}' is neither a URL nor one of [stores] "
+                              f"(stores: {known})")
+    if config.destination not in stores:
+        raise ConfigError(f"{where}: destination '{config.destination}' is not one of [stores] "
+                          f"(stores: {known})")
+    destination_url = stores[config.destination].url
+    for root in config.roots:
+        if root == config.destination or stores.get(root, StoreConfig("", root, "")).url \
+                == destination_url:
+            raise ConfigError(f"{where}: destination '{config.destination}' is also one of "
+                              "roots; a store cannot be replicated into itself")
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """The [federation] table: how the federation daemon watches clusters and moves jobs."""
+
+    state: Path = Path("/var/lib/slurm-geo/federation.db")
+    audit_path: Path = Path("/var/lib/slurm-geo/audit.db")
+    key_file: Path | None = None
+    listen_address: str = "127.0.0.1"
+    listen_port: int = 9852
+    public_url: str = ""
+    probe_interval_s: float = 10.0
+    outage_after: int = 3
+    lease_ttl_s: float = 60.0
+    margin_s: float = 60.0
+    failback: bool = True
+    failback_stable_s: float = 120.0
+
+    @property
+    def url(self) -> str:
+        """Where jobs reach the daemon's lease and key service."""
+        return self.public_url or f"http://{self.listen_address}:{self.listen_port}"
+
+    @property
+    def detection_window_s(self) -> float:
+        return self.probe_interval_s * self.outage_after
+
+
+FEDERATION_SETTINGS = (
+    Setting("state", path, FederationConfig.state, "The daemon's SQLite state (logical jobs, "
+            "incarnations, leases, cluster health, bandwidth)."),
+    Setting("audit_path", path, FederationConfig.audit_path,
+            "The append-only, hash-chained audit log (SQLite)."),
+    Setting("key_file", path, None, KEY_FILE_HELP),
+    Setting("listen_address", text, FederationConfig.listen_address,
+            "Address of the lease/key service and the Prometheus /metrics endpoint."),
+    Setting("listen_port", whole(1, 65535), FederationConfig.listen_port,
+            "Port of the lease/key service and /metrics."),
+    Setting("public_url", text, None, "URL jobs on every cluster use to reach the service "
+            "(default http://listen_address:listen_port); put TLS in front of it off-site."),
+    Setting("probe_interval_s", seconds, FederationConfig.probe_interval_s,
+            "Seconds between health probes of each cluster."),
+    Setting("outage_after", whole(1, 100), FederationConfig.outage_after,
+            "Consecutive failed probes before a cluster is declared out."),
+    Setting("lease_ttl_s", seconds, FederationConfig.lease_ttl_s,
+            "A job's training lease lasts this long without renewal; a job that cannot renew "
+            "stops training, and no other incarnation starts before the lease has expired."),
+    Setting("margin_s", seconds, FederationConfig.margin_s,
+            "A running job moves only if that saves more than this many seconds."),
+    Setting("failback", flag, FederationConfig.failback,
+            "Move jobs back home when home is healthy and the plan favours it."),
+    Setting("failback_stable_s", seconds, FederationConfig.failback_stable_s,
+            "Home must have answered every probe for this long before a failback."),
+)
+
+
+def parse_federation(table: Any, clusters: Mapping[str, ClusterConfig], home: str,
+                     where: str) -> FederationConfig:
+    values = read_settings(table, FEDERATION_SETTINGS, where)
+    if not home:
+        raise ConfigError(f"{where} needs [site] home_cluster: jobs fail over from it and back")
+    missing = sorted(name for name, c in clusters.items() if not c.store)
+    if missing:
+        raise ConfigError(f"{where}: cluster(s) {', '.join(missing)} have no store = \"NAME\"; "
+                          "the daemon must know where each cluster's jobs keep checkpoints")
+    return FederationConfig(**values)

@@ -1,0 +1,328 @@
+"""The tables of the config file, each declared once: its dataclass, Settings and reader.
+
+A table's Settings say every key's type, default and help (`slurm_geo.config.settings`);
+its reader adds only what crosses keys or tables (access 'cli' needs slurm_conf, a
+[[billing.prices]] entry names a known cluster). The daemons' tables are in daemons.py;
+`parse_config` (model.py) calls the readers in order.
+
+The [policy] and [retention] tables read into the policy package's own dataclasses:
+config knows policy, policy never knows config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from slurm_geo.config.paths import DEFAULT_KEY_FILE, KEY_FILE_ENV
+from slurm_geo.config.settings import (
+    Parse,
+    Setting,
+    choice,
+    flag,
+    moment,
+    names,
+    number,
+    path,
+    read_settings,
+    seconds,
+    table_of,
+    tables,
+    text,
+    url,
+    whole,
+)
+from slurm_geo.errors import ConfigError
+from slurm_geo.policy.directives import DATA_CLASSES
+from slurm_geo.policy.geo import DEFAULT_MAX_RESTARTS, DEFAULT_SIGNAL_LEAD_S, GeoPolicy
+from slurm_geo.policy.retention import RetentionPolicy
+
+ACCESS_METHODS = ("cli", "rest")
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_REGISTRY_PATH = Path("/var/lib/slurm-geo/registry.db")
+DEFAULT_BILLING_DATABASE = Path("/var/lib/slurm-geo/billing.db")
+KEY_FILE_HELP = (f"The site master key (0600). Default: ${KEY_FILE_ENV}, else "
+                 f"{DEFAULT_KEY_FILE}.")
+
+
+def mapping_of(parse: Parse, what: str, key: Parse | None = None) -> Parse:
+    """A table of NAME = value, each value read by `parse` (and each name by `key`)."""
+    def read(value: Any, where: str) -> dict[str, Any]:
+        table = table_of(value, where, what)
+        for name in table:
+            if key is not None:
+                key(name, f"{where}: key")
+        return {str(name): parse(item, f"{where}: {name}") for name, item in table.items()}
+    return read
+
+
+# --- [site] and [registry] ----------------------------------------------------------------
+
+SITE_SETTINGS = (
+    Setting("home_cluster", text, "", "The [clusters] name of the site's own cluster: jobs "
+            "fail over from it and back."),
+)
+REGISTRY_SETTINGS = (
+    Setting("path", path, DEFAULT_REGISTRY_PATH, "The controller's registry of geo jobs "
+            "(SQLite)."),
+)
+
+
+# --- [clusters.NAME] ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Prices:
+    """What a cluster charges; all in USD."""
+
+    gpu_hour: float = 0.0
+    cpu_hour: float = 0.0
+    egress_per_gb: float = 0.0
+    marketplace_fee_pct: float = 0.0
+
+
+PRICE_SETTINGS = (
+    Setting("gpu_hour", number(0), Prices.gpu_hour, "USD per GPU-hour."),
+    Setting("cpu_hour", number(0), Prices.cpu_hour, "USD per CPU-hour."),
+    Setting("egress_per_gb", number(0), Prices.egress_per_gb,
+            "USD per GB (10^9 bytes) of checkpoints sent out of the cluster's region."),
+    Setting("marketplace_fee_pct", number(0, 100), Prices.marketplace_fee_pct,
+            "A marketplace's fee, in percent of the compute price."),
+)
+
+
+def _prices(value: Any, where: str) -> Prices:
+    return Prices(**read_settings(value, PRICE_SETTINGS, where))
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """One Slurm cluster and how slurm-geo reaches it.
+
+    `access = "cli"` runs Slurm's commands with `slurm_conf`; `access = "rest"` talks to
+    slurmrestd at `rest_url` with the JWT in `token_file`, as across the internet.
+    """
+
+    name: str
+    region: str
+    access: str
+    provider: str = ""
+    slurm_conf: Path | None = None
+    rest_url: str = ""
+    rest_user: str = ""
+    token_file: Path | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    prices: Prices = field(default_factory=Prices)
+    store: str = ""  # the [stores] name jobs on this cluster write checkpoints to
+    partitions: tuple[str, ...] = ()  # empty: any
+    gpu_types: tuple[str, ...] = ()
+    compliance: str = ""  # compliance domain, e.g. "eu-gdpr"; informational
+    slurm_federation: str = ""  # native Slurm federation it belongs to: Slurm moves jobs
+
+
+CLUSTER_SETTINGS = (
+    Setting("region", text, None, "The region the cluster is in (residency rules name it).",
+            required=True),
+    Setting("access", choice(*ACCESS_METHODS), None, "How slurm-geo reaches the cluster: "
+            "cli (Slurm's commands, with slurm_conf) or rest (slurmrestd).", required=True),
+    Setting("provider", text, ClusterConfig.provider, "Who rents the cluster out (billing "
+            "prices a provider's clusters alike); default: the cluster's name."),
+    Setting("slurm_conf", path, None, "The cluster's slurm.conf (access cli)."),
+    Setting("rest_url", url("http://", "https://"), ClusterConfig.rest_url,
+            "slurmrestd's URL (access rest)."),
+    Setting("rest_user", text, ClusterConfig.rest_user, "The user slurmrestd runs jobs as "
+            "(access rest)."),
+    Setting("token_file", path, None, "The file holding slurmrestd's JWT (access rest)."),
+    Setting("timeout_s", seconds, ClusterConfig.timeout_s,
+            "A Slurm command or REST call still unanswered after this long fails."),
+    Setting("prices", _prices, Prices(), "[clusters.NAME.prices]: what the cluster charges.",
+            subtable=True),
+    Setting("store", text, ClusterConfig.store, "The [stores] name jobs on this cluster write "
+            "checkpoints to."),
+    Setting("partitions", names(each="a partition"), ClusterConfig.partitions,
+            "Partitions geo jobs may use; none: any."),
+    Setting("gpu_types", names(each="a GPU type"), ClusterConfig.gpu_types,
+            "GPU types the cluster has (gres names)."),
+    Setting("compliance", text, ClusterConfig.compliance, "Compliance domain, e.g. "
+            "\"eu-gdpr\"; informational."),
+    Setting("slurm_federation", text, ClusterConfig.slurm_federation,
+            "The native Slurm federation the cluster belongs to: Slurm moves its jobs."),
+)
+
+
+def parse_cluster(name: str, table: Any, where: str) -> ClusterConfig:
+    values = read_settings(table, CLUSTER_SETTINGS, where)
+    if values["access"] == "cli" and "slurm_conf" not in values:
+        raise ConfigError(
+            f"{where}: access 'cli' needs slurm_conf = PATH to the cluster's slurm.conf")
+    if values["access"] == "rest":
+        for key in ("rest_url", "rest_user", "token_file"):
+            if key not in values:
+                raise ConfigError(f"{where}: missing {key} (access 'rest' needs rest_url, "
+                                  "rest_user and token_file)")
+        values["rest_url"] = values["rest_url"].rstrip("/")
+    return ClusterConfig(name=name, **values)
+
+
+# --- [stores.NAME] ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """An object store or directory checkpoints are written to."""
+
+    name: str
+    url: str
+    region: str
+    endpoint_url: str = ""
+    # S3 credentials (an env file) the federation daemon gives jobs it submits that write
+    # here, in place of its own: scope them to this store's bucket.
+    job_credentials: Path | None = None
+
+
+STORE_SETTINGS = (
+    Setting("url", url("file://", "s3://"), None, "file:///PATH or s3://BUCKET/PREFIX.",
+            required=True),
+    Setting("region", text, None, "The region the store is in.", required=True),
+    Setting("endpoint_url", url("http://", "https://"), StoreConfig.endpoint_url,
+            "The S3 endpoint (default: AWS)."),
+    Setting("job_credentials", path, None, "An env file (0600) of S3 credentials scoped to "
+            "this store's bucket, given to jobs the federation daemon moves here in place of "
+            "its own."),
+)
+
+
+def parse_store(name: str, table: Any, where: str) -> StoreConfig:
+    store = StoreConfig(name=name, **read_settings(table, STORE_SETTINGS, where))
+    if store.job_credentials is not None and not store.url.startswith("s3://"):
+        raise ConfigError(f"{where}: job_credentials is for s3:// stores; '{store.url}' "
+                          "needs none")
+    return store
+
+
+# --- [policy] and [retention] -------------------------------------------------------------
+
+POLICY_SETTINGS = (
+    Setting("require_cost_center", flag, GeoPolicy.require_cost_center,
+            "Refuse geo jobs without --geo-cost-center."),
+    Setting("default_data_class", choice(*DATA_CLASSES), GeoPolicy.default_data_class,
+            "The data class of a job that names none."),
+    Setting("signal_lead_s", whole(10, 3600), DEFAULT_SIGNAL_LEAD_S,
+            "Seconds of warning (--signal=B:USR1@N) jobs with --geo-ckpt-dir get."),
+    Setting("max_restarts", whole(0, 1000), DEFAULT_MAX_RESTARTS,
+            "A job requeued more often than this is held."),
+    Setting("data_classes", mapping_of(names(what="regions", each="a region"),
+                                       "data class = [regions]", key=choice(*DATA_CLASSES)),
+            None, "[policy.data_classes]: the regions each data class may reside in; "
+            "unlisted: anywhere.", subtable=True),
+    Setting("budgets", mapping_of(number(0, above=True, unit="USD"), "cost center = USD"),
+            None, "[policy.budgets]: USD per job each cost center allows; none: no budgets.",
+            subtable=True),
+)
+
+
+def parse_policy(table: Any, regions: set[str], where: str) -> GeoPolicy:
+    """The [policy] table; `regions` are the regions the config's clusters are in."""
+    values = read_settings(table, POLICY_SETTINGS, where)
+    allowlists = values.get("data_classes", {})
+    for data_class, allowed in allowlists.items():
+        unknown = sorted(set(allowed) - regions)
+        if unknown:
+            raise ConfigError(f"{where}.data_classes: {data_class} names unknown region(s) "
+                              f"{', '.join(unknown)} (regions of [clusters]: "
+                              f"{', '.join(sorted(regions)) or 'none'})")
+    if allowlists:
+        values["data_classes"] = {name: tuple(sorted(allowed))
+                                  for name, allowed in allowlists.items()}
+    return GeoPolicy(**values)
+
+
+RETENTION_SETTINGS = (
+    Setting("keep_local", whole(1), RetentionPolicy.keep_local,
+            "Tier 1: checkpoints of a run kept on the on-prem filesystem."),
+    Setting("replicate_every", whole(1), RetentionPolicy.replicate_every,
+            "Tier 2: every N-th checkpoint (and always the newest) goes off-site."),
+    Setting("remote_days", number(0, above=True), RetentionPolicy.remote_days,
+            "Tier 2: days replicas are kept (the newest always stays)."),
+)
+
+
+def parse_retention(table: Any, where: str) -> RetentionPolicy:
+    return RetentionPolicy(**read_settings(table, RETENTION_SETTINGS, where))
+
+
+# --- [billing] ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PriceEntry:
+    """Prices in force from `effective_from` (Unix seconds) for a cluster or a provider."""
+
+    effective_from: int
+    gpu_hour: float
+    cpu_hour: float
+    egress_per_gb: float
+    marketplace_fee_pct: float
+    cluster: str = ""
+    provider: str = ""
+    source: str = ""
+
+
+PRICE_ENTRY_SETTINGS = (
+    Setting("cluster", text, "", "The [clusters] name these prices are for (or provider)."),
+    Setting("provider", text, "", "The provider whose clusters these prices are for (or "
+            "cluster)."),
+    Setting("effective_from", moment, None, "The date or time (UTC) from which they apply.",
+            required=True),
+    *(replace(s, required=True, default=None) for s in PRICE_SETTINGS),
+)
+
+
+@dataclass(frozen=True)
+class BillingTable:
+    """The [billing] table: where chargeback keeps its data, budgets and dated prices."""
+
+    database: Path = DEFAULT_BILLING_DATABASE
+    webhook_url: str = ""
+    warn_pct: float = 80.0
+    first_ingest_days: int = 31
+    budgets: Mapping[str, float] = field(default_factory=dict)
+    prices: tuple[PriceEntry, ...] = ()
+
+
+BILLING_SETTINGS = (
+    Setting("database", path, BillingTable.database, "The billing database (SQLite)."),
+    Setting("webhook_url", url("http://", "https://", empty=True), BillingTable.webhook_url,
+            "Budget alerts are posted there; empty: none."),
+    Setting("warn_pct", number(0, 100), BillingTable.warn_pct,
+            "Alert when a cost center has spent this share of its monthly budget."),
+    Setting("first_ingest_days", whole(1, 3660), BillingTable.first_ingest_days,
+            "How far back the first ingest of a cluster looks."),
+    Setting("budgets", mapping_of(number(0.01, 1e12, unit="USD"),
+                                  "cost center = USD per month"), None,
+            "[billing.budgets]: USD per calendar month (UTC) and cost center.", subtable=True),
+    Setting("prices", tables, (), "[[billing.prices]]: effective-dated prices for a cluster "
+            "or a provider."),
+)
+
+
+def parse_billing(table: Any, clusters: Mapping[str, ClusterConfig],
+                  where: str) -> BillingTable:
+    values = read_settings(table, BILLING_SETTINGS, where)
+    values["prices"] = tuple(_price_entry(row, i, clusters, f"{where} prices[{i}]")
+                             for i, row in enumerate(values.get("prices", [])))
+    return BillingTable(**values)
+
+
+def _price_entry(row: Any, index: int, clusters: Mapping[str, ClusterConfig],
+                 where: str) -> PriceEntry:
+    values = read_settings(row, PRICE_ENTRY_SETTINGS, where)
+    cluster, provider = values.get("cluster", ""), values.get("provider", "")
+    if bool(cluster) == bool(provider):
+        raise ConfigError(f"{where}: give exactly one of cluster = \"NAME\" or "
+                          "provider = \"NAME\"")
+    if cluster and cluster not in clusters:
+        raise ConfigError(f"{where}: cluster '{cluster}' is not one of [clusters] (known: "
+                          f"{', '.join(sorted(clusters)) or 'none'})")
+    if provider and provider not in {c.provider or c.name for c in clusters.values()}:
+        raise ConfigError(f"{where}: no cluster has provider '{provider}'")
+    return PriceEntry(**values, source=f"[[billing.prices]] #{index}")

@@ -1,0 +1,216 @@
+"""Every config table, declared once: each refuses unknown keys, wrong types and NaN/inf
+with one line naming the table and the key, and each declaration matches its dataclass."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+import pytest
+
+from slurm_geo.config import DEFAULT_KEY_FILE, KEY_FILE_ENV, master_key_path, parse_config
+from slurm_geo.config.daemons import (
+    FEDERATION_SETTINGS,
+    SYNC_SETTINGS,
+    FederationConfig,
+    SyncConfig,
+)
+from slurm_geo.config.settings import Setting, moment, number, whole
+from slurm_geo.config.tables import (
+    BILLING_SETTINGS,
+    CLUSTER_SETTINGS,
+    POLICY_SETTINGS,
+    PRICE_ENTRY_SETTINGS,
+    PRICE_SETTINGS,
+    REGISTRY_SETTINGS,
+    RETENTION_SETTINGS,
+    SITE_SETTINGS,
+    STORE_SETTINGS,
+    BillingTable,
+    ClusterConfig,
+    PriceEntry,
+    Prices,
+    StoreConfig,
+)
+from slurm_geo.errors import ConfigError
+from slurm_geo.policy.geo import GeoPolicy
+from slurm_geo.policy.retention import RetentionPolicy
+
+SITE = {
+    "site": {"home_cluster": "onprem"},
+    "clusters": {
+        "onprem": {"region": "home", "access": "cli", "slurm_conf": "/etc/slurm/slurm.conf",
+                   "store": "pfs", "prices": {"cpu_hour": 0.01}},
+        "rented": {"region": "eu", "access": "rest", "rest_url": "https://r.example/",
+                   "rest_user": "geo", "token_file": "/etc/slurm-geo/rented.jwt",
+                   "provider": "market", "store": "offsite"},
+    },
+    "stores": {"pfs": {"url": "file:///pfs/ckpt", "region": "home"},
+               "offsite": {"url": "s3://bucket/ckpt", "region": "eu"}},
+    "policy": {"data_classes": {"restricted": ["home"]}, "budgets": {"ml": 500}},
+    "retention": {"keep_local": 2},
+    "registry": {"path": "/var/lib/slurm-geo/registry.db"},
+    "billing": {"budgets": {"ml": 1000},
+                "prices": [{"provider": "market", "effective_from": "2026-12-01",
+                            "gpu_hour": 2, "cpu_hour": 0, "egress_per_gb": 0.1,
+                            "marketplace_fee_pct": 5}]},
+    "sync": {"roots": ["pfs"], "destination": "offsite"},
+    "federation": {},
+}
+
+# (where the table is in SITE, how messages name it, its declaration)
+TABLES = [
+    (("site",), "[site]", SITE_SETTINGS),
+    (("registry",), "[registry]", REGISTRY_SETTINGS),
+    (("clusters", "onprem"), "[clusters.onprem]", CLUSTER_SETTINGS),
+    (("clusters", "onprem", "prices"), "[clusters.onprem].prices", PRICE_SETTINGS),
+    (("stores", "offsite"), "[stores.offsite]", STORE_SETTINGS),
+    (("policy",), "[policy]", POLICY_SETTINGS),
+    (("retention",), "[retention]", RETENTION_SETTINGS),
+    (("billing",), "[billing]", BILLING_SETTINGS),
+    (("billing", "prices", 0), "[billing] prices[0]", PRICE_ENTRY_SETTINGS),
+    (("sync",), "[sync]", SYNC_SETTINGS),
+    (("federation",), "[federation]", FEDERATION_SETTINGS),
+]
+IDS = [where for _, where, _ in TABLES]
+
+
+def with_key(at: tuple, key: str, value) -> dict:
+    raw = copy.deepcopy(SITE)
+    table = raw
+    for step in at:
+        table = table[step]
+    table[key] = value
+    return raw
+
+
+def refusal(raw: dict) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw, source="site.toml")
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_the_site_with_every_table_reads():
+    site = parse_config(SITE)
+    assert site.retention == RetentionPolicy(keep_local=2)
+    assert site.policy.data_classes == {"restricted": ("home",)}
+    assert site.billing.budgets == {"ml": 1000.0}
+    assert site.billing.prices == (PriceEntry(
+        int(datetime(2026, 12, 1, tzinfo=UTC).timestamp()), 2.0, 0.0, 0.1, 5.0,
+        provider="market", source="[[billing.prices]] #0"),)
+    assert site.cluster("rented").rest_url == "https://r.example"
+
+
+@pytest.mark.parametrize("at, where, settings", TABLES, ids=IDS)
+def test_each_table_refuses_unknown_keys(at, where, settings):
+    message = refusal(with_key(at, "colour", "red"))
+    assert f"site.toml {where}: unknown key(s) colour; allowed: " in message
+    assert all(s.name in message for s in settings)
+
+
+@pytest.mark.parametrize("at, where, settings", TABLES, ids=IDS)
+def test_each_key_refuses_a_wrong_type(at, where, settings):
+    for setting in settings:
+        wrong = "text" if setting.subtable else {"nested": "table"}
+        message = refusal(with_key(at, setting.name, wrong))
+        assert f"site.toml {where}" in message and setting.name in message, message
+
+
+@pytest.mark.parametrize("at, where, settings", TABLES, ids=IDS)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), True])
+def test_no_key_takes_nan_inf_or_a_boolean_for_a_number(at, where, settings, value):
+    for setting in settings:
+        if setting.subtable or (value is True and setting.parse.__name__ == "flag"):
+            continue  # what a sub-table holds is refused below
+        message = refusal(with_key(at, setting.name, value))
+        assert setting.name in message and repr(value) in message, message
+
+
+@pytest.mark.parametrize("at, key", [
+    (("policy", "budgets"), "ml"),
+    (("billing", "budgets"), "ml"),
+    (("clusters", "onprem", "prices"), "gpu_hour"),
+])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1, "5"])
+def test_amounts_in_sub_tables_are_finite_numbers(at, key, value):
+    assert f"{key} must be a number" in refusal(with_key(at, key, value))
+
+
+def test_a_bad_billing_table_stops_loading_the_config():
+    message = refusal(with_key(("billing",), "warn_pct", 120))
+    assert message == ("site.toml [billing]: warn_pct must be a number from 0 to 100, "
+                       "got 120")
+
+
+# --- each declaration is its dataclass --------------------------------------------------------
+
+DECLARED = [
+    (ClusterConfig, CLUSTER_SETTINGS, {"name"}),
+    (Prices, PRICE_SETTINGS, set()),
+    (StoreConfig, STORE_SETTINGS, {"name"}),
+    (GeoPolicy, POLICY_SETTINGS, set()),
+    (RetentionPolicy, RETENTION_SETTINGS, set()),
+    (BillingTable, BILLING_SETTINGS, set()),
+    (PriceEntry, PRICE_ENTRY_SETTINGS, {"source"}),
+    (SyncConfig, SYNC_SETTINGS, set()),
+    (FederationConfig, FEDERATION_SETTINGS, set()),
+]
+
+
+@pytest.mark.parametrize("cls, settings, not_keys", DECLARED,
+                         ids=[c.__name__ for c, _, _ in DECLARED])
+def test_every_setting_is_a_field_with_its_default(cls, settings, not_keys):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    assert sorted(s.name for s in settings) == sorted(set(fields) - not_keys)
+    for setting in settings:
+        default = fields[setting.name].default
+        if setting.default is not None and default is not dataclasses.MISSING:
+            assert setting.default == default, setting.name
+
+
+@pytest.mark.parametrize("settings", [s for _, _, s in TABLES], ids=IDS)
+def test_every_setting_has_help(settings: tuple[Setting, ...]):
+    assert all(s.help.endswith(".") for s in settings)
+
+
+# --- the validators ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("parse, value, message", [
+    (whole(1), 0, "x must be a whole number >= 1, got 0"),
+    (whole(0, 19), 20, "x must be a whole number from 0 to 19, got 20"),
+    (whole(1), 1.5, "x must be a whole number >= 1, got 1.5"),
+    (number(0, above=True, unit="seconds"), 0, "x must be a number of seconds > 0, got 0"),
+    (number(0, unit="MB/s", note="(0: no cap)"), -1,
+     "x must be a number of MB/s >= 0 (0: no cap), got -1"),
+    (number(0, 100), float("nan"), "x must be a number from 0 to 100, got nan"),
+])
+def test_validators_say_what_a_key_must_be(parse, value, message):
+    with pytest.raises(ConfigError) as caught:
+        parse(value, "x")
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("value, expected", [
+    (date(2026, 12, 1), datetime(2026, 12, 1, tzinfo=UTC)),
+    (datetime(2026, 12, 1, 6), datetime(2026, 12, 1, 6, tzinfo=UTC)),
+    ("2026-12-01T08:00:00+02:00", datetime(2026, 12, 1, 6, tzinfo=UTC)),
+    (" 2026-12-01 ", datetime(2026, 12, 1, tzinfo=UTC)),
+])
+def test_moments_are_utc_unless_they_carry_an_offset(value, expected):
+    assert moment(value, "x") == int(expected.timestamp())
+
+
+# --- the master key ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("configured, env, expected", [
+    (Path("/srv/key"), {KEY_FILE_ENV: "/env/key"}, Path("/srv/key")),
+    (None, {KEY_FILE_ENV: "/env/key"}, Path("/env/key")),
+    (None, {KEY_FILE_ENV: ""}, DEFAULT_KEY_FILE),
+    (None, {}, Path("/etc/slurm-geo/master.key")),
+])
+def test_the_master_key_path_is_resolved_in_one_place(configured, env, expected):
+    assert master_key_path(configured, env) == expected
