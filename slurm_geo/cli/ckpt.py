@@ -11,15 +11,13 @@ from pathlib import Path
 
 import click
 
+from slurm_geo.config.paths import DEFAULT_KEY_FILE, KEY_FILE_ENV, master_key_path
 from slurm_geo.errors import ConfigError
 
-KEY_FILE_ENV = "SLURM_GEO_KEY_FILE"
-DEFAULT_KEY_FILE = "/etc/slurm-geo/master.key"
-
 key_file_option = click.option(
-    "--key-file", type=click.Path(path_type=Path), envvar=KEY_FILE_ENV,
-    default=DEFAULT_KEY_FILE, show_default=True,
-    help=f"The site master key (0600); also ${KEY_FILE_ENV}.")
+    "--key-file", type=click.Path(path_type=Path), default=None,
+    callback=lambda _ctx, _param, value: master_key_path(value, os.environ),
+    help=f"The site master key (0600) [default: ${KEY_FILE_ENV}, else {DEFAULT_KEY_FILE}].")
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 

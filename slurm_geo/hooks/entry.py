@@ -21,7 +21,6 @@ from typing import Any
 log = logging.getLogger("slurm_geo.hooks")
 
 DEFAULT_LOG = Path("/var/log/slurm-geo/hooks.log")
-DEFAULT_KEY_FILE = Path("/etc/slurm-geo/master.key")
 HOOKS = ("prolog", "epilog", "prolog_slurmctld", "epilog_slurmctld")
 
 
@@ -105,10 +104,10 @@ def sync_roots(site: Any) -> list[Path]:
 def staging_for(site: Any, job: Any, env: Mapping[str, str]) -> Any:
     """The master key and, for a directory checkpoint-sync replicates, its replica."""
     from slurm_geo.ckpt import load_master_key, open_store
+    from slurm_geo.config import master_key_path
     from slurm_geo.hooks.node import Staging
 
-    key_file = (site.sync.key_file if site and site.sync and site.sync.key_file else
-                Path(env.get("SLURM_GEO_KEY_FILE") or DEFAULT_KEY_FILE))
+    key_file = master_key_path(site.sync.key_file if site and site.sync else None, env)
     key = load_master_key(key_file) if key_file.exists() else None
     replica = None
     ckpt_dir = Path(job.directives.ckpt_dir).resolve()

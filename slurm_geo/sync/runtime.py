@@ -16,11 +16,9 @@ from slurm_geo.ckpt.keys import load_master_key
 from slurm_geo.ckpt.open_store import open_store as default_open_store
 from slurm_geo.ckpt.store import Store
 from slurm_geo.config.model import SiteConfig, SyncConfig, load_config
+from slurm_geo.config.paths import master_key_path
 from slurm_geo.errors import ConfigError
 from slurm_geo.policy.retention import RetentionPolicy
-
-KEY_FILE_ENV = "SLURM_GEO_KEY_FILE"
-DEFAULT_KEY_FILE = Path("/etc/slurm-geo/master.key")
 
 OpenStore = Callable[..., Store]
 
@@ -48,13 +46,6 @@ class Runtime:
         return self._roots[root]
 
 
-def key_file_path(sync: SyncConfig, env: Mapping[str, str]) -> Path:
-    """[sync] key_file, else $SLURM_GEO_KEY_FILE, else /etc/slurm-geo/master.key."""
-    if sync.key_file is not None:
-        return sync.key_file
-    return Path(env.get(KEY_FILE_ENV) or DEFAULT_KEY_FILE)
-
-
 def load_runtime(config_path: Path, env: Mapping[str, str] = os.environ,
                  open_store: OpenStore = default_open_store) -> Runtime:
     """Read the config and key; raises ConfigError or KeyFileError naming the mistake."""
@@ -69,7 +60,7 @@ def runtime_from_site(site: SiteConfig, env: Mapping[str, str] = os.environ,
                           "least roots = [...] and destination = \"...\" (see "
                           "docs/checkpoint-sync.md)")
     sync = site.sync
-    master_key = load_master_key(key_file_path(sync, env))
+    master_key = load_master_key(master_key_path(sync.key_file, env))
     target = site.stores[sync.destination]
     try:
         destination_store = open_store(target.url, endpoint_url=target.endpoint_url or None)
