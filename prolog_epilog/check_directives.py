@@ -7,6 +7,6 @@ config=/etc/slurm-geo/config.toml cluster=NAME`. Exits 0, or prints one line and
 """
 import sys
 
-from slurm_geo.policy.check import run
+from slurm_geo.hooks.validator import run
 
 sys.exit(run(sys.argv[1:]))

@@ -47,7 +47,7 @@ def export_lua(config_path: Path | None, cluster: str, directory: Path) -> None:
 @click.argument("directives", nargs=-1, type=click.UNPROCESSED)
 def check(config_path: Path | None, cluster: str | None, directives: tuple[str, ...]) -> None:
     """Check --geo-NAME=VALUE directives as sbatch would; exits 5 or 6 with the reason."""
-    from slurm_geo.policy.check import run
+    from slurm_geo.hooks.validator import run
 
     argv = [f"--config={config_path}"] if config_path else []
     argv += [f"--cluster={cluster}"] if cluster else []

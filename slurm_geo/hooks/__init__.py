@@ -1,1 +1,2 @@
-"""Slurm hooks of geo jobs: node Prolog/Epilog and PrologSlurmctld/EpilogSlurmctld."""
+"""Slurm hooks of geo jobs: node Prolog/Epilog, PrologSlurmctld/EpilogSlurmctld, and the
+SPANK plugin's validator of --geo-* directives."""

@@ -2,6 +2,9 @@
 
     check_directives --config=PATH --cluster=NAME --geo-residency=home ...
 
+It reads the site config and applies slurm_geo.policy.geo's rules; it lives here, above
+both, so that policy never imports config.
+
 Exit 0 accepts; otherwise one line on stdout (the plugin prints it as sbatch's error) and
 the error's exit code: 5 for a mistake in the directives, 6 for a policy violation, 3 when
 the site's config cannot be read.
