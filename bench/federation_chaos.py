@@ -43,7 +43,6 @@ import argparse
 import json
 import random
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -59,6 +58,8 @@ sys.path.insert(0, str(ROOT))
 from slurm_geo.config.model import SiteConfig, load_config  # noqa: E402
 from slurm_geo.drills import drill  # noqa: E402
 from slurm_geo.federation.audit import AuditLog, Entry  # noqa: E402
+from slurm_geo.federation.model import answering  # noqa: E402
+from slurm_geo.federation.state import FederationState  # noqa: E402
 from slurm_geo.sandbox import Sandbox  # noqa: E402
 from slurm_geo.slurm import SlurmClient, SlurmError, connect  # noqa: E402
 from slurm_geo.sync.reader import SyncStateReader  # noqa: E402
@@ -333,10 +334,12 @@ class Chaos:
         path = self.site.federation.state
 
         def up() -> bool:
-            with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) as db:
-                row = db.execute("SELECT status, failures FROM health WHERE cluster = ?",
-                                 (self.home,)).fetchone()
-            return row is not None and row[0] == "up" and row[1] == 0
+            state = FederationState(path, readonly=True)
+            try:
+                return answering(state.health(), self.home)
+            finally:
+                state.close()
+
         def nodes_ready() -> bool:
             try:
                 nodes = self.clients[self.home].nodes()

@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 
-from slurm_geo.federation.state import FederationState, JobStatus, LogicalJob
+from slurm_geo.federation.model import JobStatus, LogicalJob
+from slurm_geo.federation.state import FederationState
 
 CONFIG = """
 [site]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_geo.federation.leases import Action, LeaseRequest, Verdict, decide
-from slurm_geo.federation.state import JobStatus, Lease, LogicalJob
+from slurm_geo.federation.leases import Verdict, decide
+from slurm_geo.federation.model import JobStatus, Lease, LogicalJob
+from slurm_geo.lease.protocol import Action, LeaseRequest
 
 TTL = 10.0
 NOW = 1000.0

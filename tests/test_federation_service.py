@@ -15,9 +15,11 @@ from slurm_geo.config.model import parse_config
 from slurm_geo.federation.audit import AuditLog
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.core import Federation
+from slurm_geo.federation.model import JobStatus, LogicalJob, token_digest
 from slurm_geo.federation.service import Metrics, serve
-from slurm_geo.federation.state import FederationState, JobStatus, LogicalJob, token_digest
-from slurm_geo.torch.federation import FederatedRun, Fenced, Placement
+from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.wiring import Wiring
+from slurm_geo.lease.client import FederatedRun, Fenced, Placement
 
 KEY = bytes(range(32))
 TTL = 1.0
@@ -48,12 +50,13 @@ def service(tmp_path):
     assert site.federation is not None
     stores = {"pfs": LocalDirStore(tmp_path / "pfs"), "away": LocalDirStore(tmp_path / "away")}
     state = FederationState(site.federation.state)
-    federation = Federation(site, site.federation, KEY, {}, {}, stores, state,
-                            AuditLog(site.federation.audit_path), BandwidthModel())
+    wiring = Wiring(site, site.federation, KEY, {}, stores, stores, state,
+                    AuditLog(site.federation.audit_path))
+    federation = Federation(wiring, {}, BandwidthModel())
     now = time.time()
     state.add_job(LogicalJob("onprem-5", "run-a", "onprem", "#!/bin/bash\n", {}, {}, 0,
                              "onprem", 5, None, JobStatus.RUNNING, None, None, now, now))
-    state.begin_generation("onprem-5", 1, "rented", None, now)
+    state.begin_generation("onprem-5", 0, "rented", None, now)
     state.submitted("onprem-5", 1, 77, token_digest("secret-token"), now)
     metrics = Metrics()
     server = serve(federation, metrics, "127.0.0.1", port)
@@ -95,7 +98,7 @@ def test_moving_the_job_on_fences_the_running_incarnation(service):
     federation, url, _ = service
     run = FederatedRun(placement(url, 1, "rented", 77))
     run.acquire(give_up_after_s=10)
-    federation.state.begin_generation("onprem-5", 2, "onprem", None, time.time())
+    federation.state.begin_generation("onprem-5", 1, "onprem", None, time.time())
     deadline = time.time() + 10
     with pytest.raises(Fenced):
         while time.time() < deadline:
@@ -114,7 +117,7 @@ def test_the_run_key_goes_only_to_the_current_generation_with_its_token(service)
     wrong = FederatedRun(placement(url, 1, "rented", 77, token="guessed", store_url=away))
     with pytest.raises(Fenced, match="did not release the run key"):
         wrong.repository()
-    federation.state.begin_generation("onprem-5", 2, "onprem", None, time.time())
+    federation.state.begin_generation("onprem-5", 1, "onprem", None, time.time())
     with pytest.raises(Fenced, match="did not release the run key"):
         run.repository()
 

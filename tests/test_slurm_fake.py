@@ -58,7 +58,8 @@ def test_submit_gives_increasing_ids_and_records_the_spec(fake, clock):
     info = fake.job(1)
     assert (info.state, info.name, info.cluster, info.held) == (
         JobState.PENDING, "it's \"a\" job", "onprem", False)
-    assert info.submit_time == at(5) and info.start_time is None
+    # A pending job's start time is the controller's estimate: "now" on an idle cluster.
+    assert info.submit_time == at(5) and info.start_time == at(5)
     assert [j.job_id for j in fake.jobs()] == [1, 2]
 
 
@@ -144,7 +145,7 @@ def test_requeue_keeps_the_id_and_starts_a_new_incarnation(fake, clock):
     fake.finish(job_id)
 
     assert (pending.state, pending.restart_count, pending.start_time) == (
-        JobState.PENDING, 1, None)
+        JobState.PENDING, 1, pending.submit_time)
     assert pending.submit_time == at(20)
     first, second = fake.accounting([job_id])
     assert (first.state, first.elapsed_s, first.end_time) == (JobState.REQUEUED, 20, at(20))

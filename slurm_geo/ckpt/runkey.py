@@ -1,7 +1,7 @@
 """A repository opened with one run's data key instead of the site master key.
 
 A job on a rented cluster gets its run's data key from the federation daemon for its
-lifetime (slurm_geo.torch.federation); the master key never leaves the home site. With
+lifetime (slurm_geo.lease.client); the master key never leaves the home site. With
 only the data key the job can read and write that run's checkpoints and nothing else.
 """
 

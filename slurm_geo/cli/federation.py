@@ -38,12 +38,17 @@ def status(job: str | None, config: Path | None, as_json: bool) -> None:
     it runs now, its lease and last checkpoint. Without JOB: every logical job."""
     from slurm_geo.config.model import load_config
     from slurm_geo.federation.runtime import federation_config
+    from slurm_geo.federation.model import UnknownLogicalJob
     from slurm_geo.federation.state import FederationState
 
-    site = load_config(config)
-    state = FederationState(federation_config(site).state)
-    jobs = [state.job(job)] if job else state.jobs()
-    views = [_view(state, j) for j in jobs]
+    path = federation_config(load_config(config)).state
+    if not path.exists():  # the daemon has not started yet: no logical jobs
+        if job:
+            raise UnknownLogicalJob(job)
+        views = []
+    else:
+        state = FederationState(path, readonly=True)
+        views = [_view(state, j) for j in ([state.job(job)] if job else state.jobs())]
     if as_json:
         click.echo(json.dumps(views if job is None else views[0], indent=2))
     elif job is None:

@@ -350,7 +350,7 @@ def _predicted(site: SiteConfig, nbytes: int) -> float | None:
     from slurm_geo.federation.state import FederationState
 
     assert site.federation is not None and site.sync is not None
-    state = FederationState(site.federation.state)
+    state = FederationState(site.federation.state, readonly=True)
     try:
         model = BandwidthModel.restore(state.bandwidth_snapshot())
     finally:

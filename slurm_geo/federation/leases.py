@@ -2,10 +2,11 @@
 
 A training job asks the federation daemon for a lease before it trains and renews it
 every third of `lease_ttl_s`. It trains only while its last renewal is younger than
-`TRAINER_SHARE` of the TTL (measured on its own monotonic clock, so a process frozen and
-thawed sees at once that its lease is stale). The daemon starts another generation only
-after the current lease was released or has not been renewed for a whole TTL. Between the
-two lies a margin of (1 - TRAINER_SHARE) x TTL for clock-rate drift and late packets.
+`TRAINER_SHARE` (slurm_geo.lease.protocol) of the TTL, measured on its own monotonic
+clock, so a process frozen and thawed sees at once that its lease is stale. The daemon
+starts another generation only after the current lease was released or has not been
+renewed for a whole TTL. Between the two lies a margin of (1 - TRAINER_SHARE) x TTL for
+clock-rate drift and late packets.
 
 `decide` is pure: the daemon gives it what it knows and applies the verdict.
 """
@@ -15,32 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from slurm_geo.federation.state import JobStatus, Lease, LogicalJob
-
-TRAINER_SHARE = 0.6
+from slurm_geo.federation.model import JobStatus, Lease, LogicalJob
+from slurm_geo.lease.protocol import Action, LeaseRequest
 
 
 class Verdict(Enum):
-    GRANT = "grant"          # train (or, with action release, stop after this checkpoint)
-    WAIT = "wait"            # ask again shortly; do not train meanwhile
-    FENCED = "fenced"        # this incarnation is stale: stop for good, commit nothing
+    """The lease protocol's verdicts, and one the daemon acts on before answering."""
+
+    GRANT = "grant"
+    WAIT = "wait"
+    FENCED = "fenced"
     REGISTER = "register"    # a home job the daemon has not seen: register, then grant
-
-
-class Action(Enum):
-    TRAIN = "train"
-    RELEASE = "release"      # save a checkpoint (already saved: last_step), release, exit
-
-
-@dataclass(frozen=True)
-class LeaseRequest:
-    run: str
-    cluster: str
-    job_id: int
-    restart: int             # SLURM_JOB_RESTART_COUNT: same-cluster requeues keep the job id
-    generation: int
-    last_step: int | None    # the newest checkpoint this incarnation committed
-    release: bool = False    # the incarnation is done with the lease (finished or moving)
 
 
 @dataclass(frozen=True)

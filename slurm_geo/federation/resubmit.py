@@ -13,18 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_geo.lease.protocol import (
+    ENV_FEDERATION_URL,
+    ENV_GENERATION,
+    ENV_KEY_TOKEN,
+    ENV_LOGICAL_JOB,
+    ENV_RESUME_STEP,
+    ENV_RUN,
+    ENV_STORE,
+    ENV_STORE_ENDPOINT,
+)
 from slurm_geo.policy.directives import Directives, parse_arguments, to_environment
 from slurm_geo.slurm.models import JobSpec
-
-# The variables a new incarnation reads (slurm_geo.torch.federation).
-ENV_LOGICAL_JOB = "SLURM_GEO_LOGICAL_JOB"
-ENV_GENERATION = "SLURM_GEO_GENERATION"
-ENV_RESUME_STEP = "SLURM_GEO_RESUME_STEP"
-ENV_RUN = "SLURM_GEO_RUN"
-ENV_FEDERATION_URL = "SLURM_GEO_FEDERATION_URL"
-ENV_KEY_TOKEN = "SLURM_GEO_KEY_TOKEN"
-ENV_STORE = "SLURM_GEO_STORE"
-ENV_STORE_ENDPOINT = "SLURM_GEO_STORE_ENDPOINT"
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from slurm_geo.ckpt import load_master_key
-from slurm_geo.ckpt.open_store import open_store
+from slurm_geo.ckpt.open_store import open_store, paced
+from slurm_geo.ckpt.pacing import TokenBucket
+from slurm_geo.ckpt.store import Store
 from slurm_geo.config.model import FederationConfig, SiteConfig, load_config
+from slurm_geo.config.paths import master_key_path
 from slurm_geo.errors import ConfigError
 from slurm_geo.federation.audit import AuditLog
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.core import Federation
 from slurm_geo.federation.credentials import read_job_credentials
 from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.wiring import Wiring
 from slurm_geo.slurm import connect
-from slurm_geo.sync.runtime import DEFAULT_KEY_FILE, KEY_FILE_ENV
 
 
 def federation_config(site: SiteConfig) -> FederationConfig:
@@ -37,8 +40,7 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
         for store in site.stores.values():  # a bad file is a start-up error, not a failed move
             if store.job_credentials is not None:
                 read_job_credentials(store.job_credentials)
-    key_file = config.key_file or Path(env.get(KEY_FILE_ENV) or DEFAULT_KEY_FILE)
-    master_key = load_master_key(key_file)
+    master_key = load_master_key(master_key_path(config.key_file, env))
     # The daemon's own calls wait at most a few probe intervals: a controller that dies
     # in the middle of one must not hold up the move it causes.
     call_timeout = max(3.0, 3 * config.probe_interval_s)
@@ -49,9 +51,14 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
               for name, cluster in site.clusters.items()}
     stores = {name: open_store(store.url, endpoint_url=store.endpoint_url or None)
               for name, store in site.stores.items()}
+    # The cap checkpoint-sync keeps to holds for the daemon's own copies and probes too.
+    bucket = TokenBucket(site.sync.bandwidth_mb_s * 1e6) if site.sync is not None else None
+    paced_stores: dict[str, Store] = {name: paced(store, name, bucket)
+                                      for name, store in stores.items()}
     state = FederationState(config.state)
     if daemon:
         state.refresh_leases(time.time())
     bandwidth = BandwidthModel.restore(state.bandwidth_snapshot())
-    return Federation(site, config, master_key, clients, probes, stores, state,
-                      AuditLog(config.audit_path), bandwidth)
+    wiring = Wiring(site, config, master_key, clients, stores, paced_stores, state,
+                    AuditLog(config.audit_path))
+    return Federation(wiring, probes, bandwidth)

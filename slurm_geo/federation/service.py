@@ -1,9 +1,10 @@
 """The daemon's HTTP endpoint: training leases, run keys and Prometheus metrics.
 
-    POST /v1/lease   {run, cluster, job_id, restart, generation, last_step, release}
-                     -> 200 {verdict: grant|wait, action: train|release, ...} | 409 fenced
-    POST /v1/key     {token} -> 200 {run, data_key} | 403
+    POST /v1/lease   LeaseRequest -> 200 LeaseReply (grant | wait) | 409 (fenced)
+    POST /v1/key     KeyRequest -> 200 KeyReply | 403 | 409 | 503
     GET  /metrics    Prometheus text format
+A body that is not a request of the protocol gets 400 with the reason; the bodies are
+slurm_geo.lease.protocol's, specified in docs/federation.md ("Lease protocol").
 """
 
 from __future__ import annotations
@@ -17,12 +18,21 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.federation.core import Federation, Reply
-from slurm_geo.federation.leases import LeaseRequest
+from slurm_geo.federation.core import Federation
+from slurm_geo.federation.leaseservice import Reply
+from slurm_geo.federation.model import ClusterStatus, JobStatus
+from slurm_geo.lease.protocol import (
+    KEY_PATH,
+    LEASE_PATH,
+    MAX_BODY_BYTES,
+    METRICS_PATH,
+    KeyRequest,
+    LeaseRequest,
+    ProtocolError,
+)
 from slurm_geo.slurm import SlurmError
 
 log = logging.getLogger("slurm_geo.federation")
-MAX_BODY = 64 * 1024
 
 
 class Metrics:
@@ -43,13 +53,16 @@ class Metrics:
                                registry=self.registry)
 
     def observe(self, federation: Federation) -> None:
+        """Every gauge is set afresh each round: a status no job holds any more reads 0,
+        a cluster no probe answered drops out of nodes_available."""
         for cluster, health in federation.state.health().items():
-            self.cluster_up.labels(cluster).set(1 if health.status == "up" else 0)
-        for cluster, count in federation.nodes_available.items():
+            self.cluster_up.labels(cluster).set(1 if health.status is ClusterStatus.UP else 0)
+        self.nodes.clear()
+        for cluster, count in federation.health.nodes_available.items():
             self.nodes.labels(cluster).set(count)
-        counts: dict[str, int] = {}
+        counts = {status.value: 0 for status in JobStatus}
         for job in federation.state.jobs():
-            counts[job.status.value] = counts.get(job.status.value, 0) + 1
+            counts[job.status.value] += 1
         for status, count in counts.items():
             self.jobs.labels(status).set(count)
         self.ticks.inc()
@@ -62,7 +75,7 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self.path != "/metrics":
+            if self.path != METRICS_PATH:
                 self._send(Reply(404, {"reason": "not found"}))
                 return
             body = generate_latest(metrics.registry)
@@ -75,13 +88,13 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int
         def do_POST(self) -> None:  # noqa: N802
             try:
                 body = self._body()
-                if self.path == "/v1/lease":
-                    reply = federation.lease(_lease_request(body))
-                elif self.path == "/v1/key":
-                    reply = federation.key(str(body["token"]))
+                if self.path == LEASE_PATH:
+                    reply = federation.lease(LeaseRequest.from_json(body))
+                elif self.path == KEY_PATH:
+                    reply = federation.key(KeyRequest.from_json(body).token)
                 else:
                     reply = Reply(404, {"reason": "not found"})
-            except (KeyError, TypeError, ValueError) as exc:
+            except (ProtocolError, ValueError) as exc:
                 reply = Reply(400, {"reason": f"malformed request: {exc}"})
             except (SlurmError, SlurmGeoError) as exc:
                 reply = Reply(503, {"reason": str(exc)})
@@ -89,7 +102,7 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int
 
         def _body(self) -> dict[str, Any]:
             length = int(self.headers.get("Content-Length", "0"))
-            if not 0 < length <= MAX_BODY:
+            if not 0 < length <= MAX_BODY_BYTES:
                 raise ValueError("body missing or too large")
             body = json.loads(self.rfile.read(length))
             if not isinstance(body, dict):
@@ -111,12 +124,3 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="federation-http", daemon=True).start()
     return server
-
-
-def _lease_request(body: dict[str, Any]) -> LeaseRequest:
-    last_step = body.get("last_step")
-    return LeaseRequest(run=str(body["run"]), cluster=str(body["cluster"]),
-                        job_id=int(body["job_id"]), restart=int(body.get("restart", 0)),
-                        generation=int(body["generation"]),
-                        last_step=None if last_step is None else int(last_step),
-                        release=bool(body.get("release", False)))

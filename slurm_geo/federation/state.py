@@ -1,34 +1,47 @@
 """The federation daemon's SQLite state: logical jobs, their incarnations, leases, tokens,
-cluster health and bandwidth estimates.
-
-A *logical job* is what the user submitted once on the home cluster. Each time the daemon
-moves it, its *generation* goes up by one and it runs as a new Slurm job on another
-cluster (an *incarnation*). Only the current generation holds a training lease; that is
-what keeps two incarnations from ever training at once.
+cluster health and bandwidth estimates (the types and the lifecycle: federation.model).
 
 Every write is one transaction (WAL mode, BEGIN IMMEDIATE), so the daemon can be killed at
-any point and rebuild its view from this file, Slurm and the stores (crash-only).
+any point and rebuild its view from this file, Slurm and the stores (crash-only). Status
+changes and generation bumps are compare-and-set on what the writer last saw, so the
+daemon, `slurm-geo cancel` and `slurm-geo approve` never overwrite each other.
+
+Schema version 2 (PRAGMA user_version) made version 1's per-job `meta` keys
+(`left_home:JOB`, `lost_restarts:JOB`) columns of `jobs` and its daemon-wide ones a
+`daemon` row; opening a version-1 database migrates it in one transaction.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from slurm_geo.errors import SlurmGeoError
-from slurm_geo.sqlite_tx import immediate_transaction
+from slurm_geo.federation.model import (
+    ClusterStatus,
+    FederationStateError,
+    Health,
+    Incarnation,
+    JobStatus,
+    Lease,
+    LeftHome,
+    LogicalJob,
+    StaleJob,
+    UnknownLogicalJob,
+    check_transition,
+    token_digest,
+)
+from slurm_geo.sqlite_tx import immediate_transaction, open_database
 
 BUSY_TIMEOUT_S = 30.0
+SCHEMA_VERSION = 2
 
-SCHEMA = """
+_JOBS = """
 CREATE TABLE IF NOT EXISTS jobs (
     logical_job TEXT PRIMARY KEY,
     run TEXT NOT NULL,
@@ -44,8 +57,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     move_to TEXT,                  -- a planned move waiting for the next checkpoint
     move_after_step INTEGER,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
+    updated_at REAL NOT NULL,
+    left_home TEXT,                -- outage | queue: why it runs away from home
+    lost_restarts INTEGER NOT NULL DEFAULT 0,
+    recoveries INTEGER NOT NULL DEFAULT 0,
+    awaiting_approval TEXT         -- the target of a move waiting for `slurm-geo approve`
+);"""
+
+_OTHERS = """
 CREATE TABLE IF NOT EXISTS incarnations (
     logical_job TEXT NOT NULL,
     generation INTEGER NOT NULL,
@@ -85,111 +104,57 @@ CREATE TABLE IF NOT EXISTS bandwidth (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     snapshot TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS daemon (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    bandwidth_probe_at REAL NOT NULL DEFAULT 0,   -- the last probe transfer between stores
+    sync_transfer_id INTEGER NOT NULL DEFAULT 0   -- checkpoint-sync transfers learnt from
+);
+INSERT OR IGNORE INTO daemon (id) VALUES (1);
 """
 
-
-class JobStatus(Enum):
-    RUNNING = "running"      # the current generation is queued or running on `cluster`
-    MOVING = "moving"        # a new generation is being placed; no lease is granted
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-    def is_final(self) -> bool:
-        return self in (JobStatus.COMPLETED, JobStatus.FAILED)
+_V2_JOB_COLUMNS = ("left_home TEXT", "lost_restarts INTEGER NOT NULL DEFAULT 0",
+                   "recoveries INTEGER NOT NULL DEFAULT 0", "awaiting_approval TEXT")
 
 
-class UnknownLogicalJob(SlurmGeoError):
-    exit_code = 2
-
-    def __init__(self, name: str):
-        super().__init__(f"no logical job '{name}' in the federation state; `slurm-geo status` "
-                         "without an argument lists them")
-
-
-@dataclass(frozen=True)
-class LogicalJob:
-    logical_job: str
-    run: str
-    home: str
-    script: str
-    spec: dict[str, Any]
-    directives: dict[str, str]
-    generation: int
-    cluster: str
-    job_id: int | None
-    resume_step: int | None
-    status: JobStatus
-    move_to: str | None
-    move_after_step: int | None
-    created_at: float
-    updated_at: float
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> LogicalJob:
-        return cls(row["logical_job"], row["run"], row["home"], row["script"],
-                   json.loads(row["spec"]), json.loads(row["directives"]), row["generation"],
-                   row["cluster"], row["job_id"], row["resume_step"], JobStatus(row["status"]),
-                   row["move_to"], row["move_after_step"], row["created_at"], row["updated_at"])
-
-
-@dataclass(frozen=True)
-class Incarnation:
-    logical_job: str
-    generation: int
-    cluster: str
-    job_id: int | None
-    resume_step: int | None
-    submitted_at: float
-    training_at: float | None
-    ended_at: float | None
-    end_reason: str | None
-
-
-@dataclass(frozen=True)
-class Lease:
-    logical_job: str
-    generation: int
-    cluster: str
-    job_id: int
-    restart: int
-    renewed_at: float
-    last_step: int | None
-    released: bool
-
-    def expired(self, now: float, ttl_s: float) -> bool:
-        return self.released or now - self.renewed_at > ttl_s
-
-
-@dataclass(frozen=True)
-class Health:
-    cluster: str
-    status: str  # "up" or "out"
-    failures: int
-    since: float
-    last_ok: float | None
-    last_error: str | None
-
-
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+def _job_from_row(row: sqlite3.Row) -> LogicalJob:
+    return LogicalJob(
+        row["logical_job"], row["run"], row["home"], row["script"], json.loads(row["spec"]),
+        json.loads(row["directives"]), row["generation"], row["cluster"], row["job_id"],
+        row["resume_step"], JobStatus(row["status"]), row["move_to"], row["move_after_step"],
+        row["created_at"], row["updated_at"],
+        LeftHome(row["left_home"]) if row["left_home"] else None, row["lost_restarts"],
+        row["recoveries"], row["awaiting_approval"])
 
 
 class FederationState:
     """All reads and writes of the state database. Thread-safe: the lease service and the
-    daemon loop share one instance."""
+    daemon loop share one instance. The file and its directory are private to the
+    daemon's account whatever the umask: they hold every job's batch script. `readonly`
+    (commands that only look, benchmarks) opens an existing database of this schema
+    version without creating or migrating anything."""
 
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, readonly: bool = False):
         self.path = path
         self._lock = threading.RLock()
+        if readonly:
+            self.db = open_database(path, readonly=True, timeout_s=BUSY_TIMEOUT_S,
+                                    missing=lambda: FederationStateError(
+                                        f"no federation state at {path}; is the federation "
+                                        "daemon running on this host? ([federation] state)"),
+                                    isolation_level=None, check_same_thread=False)
+            self.db.row_factory = sqlite3.Row
+            _check_version(self.db, path)
+            return
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.chmod(path, 0o600)
         self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                   check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
-        with self._lock:
-            self.db.executescript(SCHEMA)  # idempotent: every statement is IF NOT EXISTS
+        with self._lock, immediate_transaction(self.db) as db:
+            _create_or_migrate(db)
 
     def close(self) -> None:
         self.db.close()
@@ -199,65 +164,141 @@ class FederationState:
         with self._lock, immediate_transaction(self.db) as db:
             yield db
 
+    def _one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
+        with self._lock:
+            row: sqlite3.Row | None = self.db.execute(sql, params).fetchone()
+            return row
+
     # --- logical jobs ---------------------------------------------------------------------
 
-    def add_job(self, job: LogicalJob) -> None:
+    def add_job(self, job: LogicalJob) -> bool:
+        """Register `job` (generation 0 at home); False if it is already known."""
         with self.transaction() as db:
+            if db.execute("SELECT 1 FROM jobs WHERE logical_job = ?",
+                          (job.logical_job,)).fetchone():
+                return False
             db.execute(
-                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO jobs (logical_job, run, home, script, spec, directives, "
+                "generation, cluster, job_id, resume_step, status, created_at, updated_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (job.logical_job, job.run, job.home, job.script, json.dumps(job.spec),
                  json.dumps(job.directives), job.generation, job.cluster, job.job_id,
-                 job.resume_step, job.status.value, job.move_to, job.move_after_step,
-                 job.created_at, job.updated_at))
+                 job.resume_step, job.status.value, job.created_at, job.updated_at))
             db.execute("INSERT INTO incarnations VALUES (?,?,?,?,?,?,?,?,?)",
                        (job.logical_job, job.generation, job.cluster, job.job_id,
                         job.resume_step, job.created_at, None, None, None))
+        return True
 
     def job(self, logical_job: str) -> LogicalJob:
-        with self._lock:
-            row = self.db.execute("SELECT * FROM jobs WHERE logical_job = ?",
-                                  (logical_job,)).fetchone()
+        row = self._one("SELECT * FROM jobs WHERE logical_job = ?", (logical_job,))
         if row is None:
             raise UnknownLogicalJob(logical_job)
-        return LogicalJob.from_row(row)
+        return _job_from_row(row)
 
     def find_job(self, cluster: str, job_id: int) -> LogicalJob | None:
         """The logical job whose incarnation is Slurm job `job_id` on `cluster`."""
+        row = self._one("SELECT j.* FROM jobs j JOIN incarnations i USING (logical_job) "
+                        "WHERE i.cluster = ? AND i.job_id = ?", (cluster, job_id))
+        return None if row is None else _job_from_row(row)
+
+    def find_by_run(self, run: str) -> list[LogicalJob]:
         with self._lock:
-            row = self.db.execute(
-                "SELECT j.* FROM jobs j JOIN incarnations i USING (logical_job) "
-                "WHERE i.cluster = ? AND i.job_id = ?", (cluster, job_id)).fetchone()
-        return None if row is None else LogicalJob.from_row(row)
+            rows = self.db.execute("SELECT * FROM jobs WHERE run = ? ORDER BY created_at",
+                                   (run,)).fetchall()
+        return [_job_from_row(r) for r in rows]
 
     def jobs(self, active_only: bool = False) -> list[LogicalJob]:
-        where = "WHERE status NOT IN ('completed', 'failed')" if active_only else ""
+        final = tuple(s.value for s in JobStatus if s.is_final())
+        where = f"WHERE status NOT IN ({','.join('?' * len(final))})" if active_only else ""
         with self._lock:
-            rows = self.db.execute(f"SELECT * FROM jobs {where} ORDER BY created_at").fetchall()
-        return [LogicalJob.from_row(r) for r in rows]
+            rows = self.db.execute(f"SELECT * FROM jobs {where} ORDER BY created_at",
+                                   final if active_only else ()).fetchall()
+        return [_job_from_row(r) for r in rows]
 
-    def update_job(self, logical_job: str, now: float, **changes: Any) -> LogicalJob:
-        if "status" in changes and isinstance(changes["status"], JobStatus):
-            changes["status"] = changes["status"].value
-        columns = ", ".join(f"{name} = ?" for name in changes)
+    def name_run(self, logical_job: str, run: str, now: float) -> LogicalJob:
+        """A job discovered while pending names its run with its first lease request."""
         with self.transaction() as db:
-            db.execute(f"UPDATE jobs SET {columns}, updated_at = ? WHERE logical_job = ?",
-                       (*changes.values(), now, logical_job))
+            db.execute("UPDATE jobs SET run = ?, updated_at = ? WHERE logical_job = ? AND "
+                       "run = ''", (run, now, logical_job))
         return self.job(logical_job)
 
-    def begin_generation(self, logical_job: str, generation: int, cluster: str,
-                         resume_step: int | None, now: float) -> LogicalJob:
-        """Make `generation` current (status moving, no job id yet): from here on every
-        lease request of an older generation is refused."""
+    def move_status(self, logical_job: str, expected: JobStatus, wanted: JobStatus,
+                    now: float) -> LogicalJob:
+        """`expected` -> `wanted`, if that is a transition and the job is still `expected`;
+        IllegalTransition or StaleJob otherwise, and nothing is written."""
         with self.transaction() as db:
-            current = db.execute("SELECT generation FROM jobs WHERE logical_job = ?",
-                                 (logical_job,)).fetchone()
-            if current is None or current["generation"] >= generation:
-                raise SlurmGeoError(f"logical job {logical_job} is already at generation "
-                                    f"{current and current['generation']}")
+            self._check_status(db, logical_job, expected, wanted)
+            db.execute("UPDATE jobs SET status = ?, move_to = NULL, move_after_step = NULL, "
+                       "awaiting_approval = NULL, updated_at = ? WHERE logical_job = ?",
+                       (wanted.value, now, logical_job))
+        return self.job(logical_job)
+
+    @staticmethod
+    def _check_status(db: sqlite3.Connection, logical_job: str, expected: JobStatus,
+                      wanted: JobStatus) -> sqlite3.Row:
+        check_transition(logical_job, expected, wanted)
+        row: sqlite3.Row | None = db.execute(
+            "SELECT status, generation FROM jobs WHERE logical_job = ?",
+            (logical_job,)).fetchone()
+        if row is None:
+            raise UnknownLogicalJob(logical_job)
+        if row["status"] != expected.value:
+            raise StaleJob(logical_job, expected.value)
+        return row
+
+    def plan_move(self, logical_job: str, generation: int, target: str,
+                  after_step: int | None, now: float) -> LogicalJob:
+        """A move to `target` at the job's next checkpoint after `after_step` (a failback,
+        or a person's approval), if the job is still at `generation`."""
+        with self.transaction() as db:
+            changed = db.execute(
+                "UPDATE jobs SET move_to = ?, move_after_step = ?, awaiting_approval = NULL, "
+                "updated_at = ? WHERE logical_job = ? AND generation = ? AND status IN "
+                "('running', 'moving')", (target, after_step, now, logical_job, generation))
+            if changed.rowcount != 1:
+                raise StaleJob(logical_job, f"active at generation {generation}")
+        return self.job(logical_job)
+
+    def await_approval(self, logical_job: str, target: str | None, now: float) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE jobs SET awaiting_approval = ?, updated_at = ? WHERE "
+                       "logical_job = ?", (target, now, logical_job))
+
+    def count_lost_restart(self, logical_job: str, now: float) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE jobs SET lost_restarts = lost_restarts + 1, updated_at = ? "
+                       "WHERE logical_job = ?", (now, logical_job))
+
+    def begin_generation(self, logical_job: str, expected_generation: int, cluster: str,
+                         resume_step: int | None, now: float, *,
+                         left_home: LeftHome | None = None, recovery: bool = False,
+                         live_lease_ttl_s: float | None = None) -> LogicalJob:
+        """Make generation `expected_generation + 1` current on `cluster` (status moving,
+        no job id yet): from here on every lease request of an older generation is
+        refused. A compare-and-set: StaleJob if the job is no longer at that generation,
+        or (with `live_lease_ttl_s`) if its lease was renewed meanwhile."""
+        with self.transaction() as db:
+            row = db.execute("SELECT status, generation FROM jobs WHERE logical_job = ?",
+                             (logical_job,)).fetchone()
+            if row is None:
+                raise UnknownLogicalJob(logical_job)
+            if row["generation"] != expected_generation:
+                raise StaleJob(logical_job, f"at generation {expected_generation}")
+            check_transition(logical_job, JobStatus(row["status"]), JobStatus.MOVING)
+            if live_lease_ttl_s is not None and _lease_live(db, logical_job,
+                                                            expected_generation, now,
+                                                            live_lease_ttl_s):
+                raise StaleJob(logical_job, "without a live lease")
+            generation = expected_generation + 1
             db.execute("UPDATE jobs SET generation = ?, cluster = ?, job_id = NULL, "
                        "resume_step = ?, status = 'moving', move_to = NULL, "
-                       "move_after_step = NULL, updated_at = ? WHERE logical_job = ?",
-                       (generation, cluster, resume_step, now, logical_job))
+                       "move_after_step = NULL, awaiting_approval = NULL, "
+                       "left_home = CASE WHEN ? = home THEN NULL ELSE COALESCE(?, left_home) "
+                       "END, recoveries = recoveries + ?, updated_at = ? "
+                       "WHERE logical_job = ?",
+                       (generation, cluster, resume_step, cluster,
+                        None if left_home is None else left_home.value, int(recovery), now,
+                        logical_job))
             db.execute("INSERT INTO incarnations VALUES (?,?,?,?,?,?,?,?,?)",
                        (logical_job, generation, cluster, None, resume_step, now, None, None,
                         None))
@@ -266,10 +307,15 @@ class FederationState:
 
     def submitted(self, logical_job: str, generation: int, job_id: int, token_sha256: str,
                   now: float) -> LogicalJob:
+        """The moving generation runs as Slurm job `job_id`: status running. StaleJob if
+        the job was cancelled (or moved on) meanwhile."""
         with self.transaction() as db:
-            db.execute("UPDATE jobs SET job_id = ?, status = 'running', updated_at = ? "
-                       "WHERE logical_job = ? AND generation = ?",
-                       (job_id, now, logical_job, generation))
+            changed = db.execute(
+                "UPDATE jobs SET job_id = ?, status = 'running', updated_at = ? "
+                "WHERE logical_job = ? AND generation = ? AND status = 'moving'",
+                (job_id, now, logical_job, generation))
+            if changed.rowcount != 1:
+                raise StaleJob(logical_job, f"moving at generation {generation}")
             db.execute("UPDATE incarnations SET job_id = ? WHERE logical_job = ? AND "
                        "generation = ?", (job_id, logical_job, generation))
             db.execute("INSERT OR REPLACE INTO tokens VALUES (?,?,?)",
@@ -296,9 +342,7 @@ class FederationState:
     # --- leases and tokens ----------------------------------------------------------------
 
     def lease(self, logical_job: str) -> Lease | None:
-        with self._lock:
-            row = self.db.execute("SELECT * FROM leases WHERE logical_job = ?",
-                                  (logical_job,)).fetchone()
+        row = self._one("SELECT * FROM leases WHERE logical_job = ?", (logical_job,))
         return None if row is None else Lease(**{**dict(row), "released": bool(row["released"])})
 
     def put_lease(self, lease: Lease, first_for_generation: bool) -> None:
@@ -311,6 +355,10 @@ class FederationState:
                            "generation = ? AND training_at IS NULL",
                            (lease.renewed_at, lease.logical_job, lease.generation))
 
+    def release_lease(self, logical_job: str) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE leases SET released = 1 WHERE logical_job = ?", (logical_job,))
+
     def refresh_leases(self, now: float) -> None:
         """After a restart nobody knows who renewed while the daemon was down: every live
         lease counts as renewed now, so no move starts before it could have run out."""
@@ -318,38 +366,108 @@ class FederationState:
             db.execute("UPDATE leases SET renewed_at = ? WHERE released = 0", (now,))
 
     def token_owner(self, token: str) -> tuple[str, int] | None:
-        with self._lock:
-            row = self.db.execute("SELECT logical_job, generation FROM tokens WHERE "
-                                  "token_sha256 = ?", (token_digest(token),)).fetchone()
+        row = self._one("SELECT logical_job, generation FROM tokens WHERE token_sha256 = ?",
+                        (token_digest(token),))
         return None if row is None else (row["logical_job"], row["generation"])
 
-    # --- health and bandwidth -------------------------------------------------------------
+    # --- health, bandwidth and the daemon's own watermarks ----------------------------------
 
     def health(self) -> dict[str, Health]:
         with self._lock:
             rows = self.db.execute("SELECT * FROM health").fetchall()
-        return {r["cluster"]: Health(**dict(r)) for r in rows}
+        return {r["cluster"]: Health(**{**dict(r), "status": ClusterStatus(r["status"])})
+                for r in rows}
 
     def put_health(self, health: Health) -> None:
         with self.transaction() as db:
             db.execute("INSERT OR REPLACE INTO health VALUES (?,?,?,?,?,?)",
-                       (health.cluster, health.status, health.failures, health.since,
+                       (health.cluster, health.status.value, health.failures, health.since,
                         health.last_ok, health.last_error))
 
     def bandwidth_snapshot(self) -> list[dict[str, Any]]:
-        with self._lock:
-            row = self.db.execute("SELECT snapshot FROM bandwidth WHERE id = 1").fetchone()
-        return [] if row is None else json.loads(row["snapshot"])
+        row = self._one("SELECT snapshot FROM bandwidth WHERE id = 1")
+        return [] if row is None else list(json.loads(row["snapshot"]))
 
     def put_bandwidth_snapshot(self, rows: list[dict[str, Any]]) -> None:
         with self.transaction() as db:
             db.execute("INSERT OR REPLACE INTO bandwidth VALUES (1, ?)", (json.dumps(rows),))
 
-    def meta(self, key: str) -> str | None:
-        with self._lock:
-            row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else row["value"]
+    def bandwidth_probe_at(self) -> float:
+        row = self._one("SELECT bandwidth_probe_at FROM daemon WHERE id = 1")
+        return 0.0 if row is None else float(row[0])
 
-    def put_meta(self, key: str, value: str) -> None:
+    def put_bandwidth_probe_at(self, when: float) -> None:
         with self.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+            db.execute("UPDATE daemon SET bandwidth_probe_at = ? WHERE id = 1", (when,))
+
+    def sync_transfer_id(self) -> int:
+        row = self._one("SELECT sync_transfer_id FROM daemon WHERE id = 1")
+        return 0 if row is None else int(row[0])
+
+    def put_sync_transfer_id(self, transfer_id: int) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE daemon SET sync_transfer_id = ? WHERE id = 1", (transfer_id,))
+
+
+def _lease_live(db: sqlite3.Connection, logical_job: str, generation: int, now: float,
+                ttl_s: float) -> bool:
+    row = db.execute("SELECT generation, renewed_at, released FROM leases WHERE "
+                     "logical_job = ?", (logical_job,)).fetchone()
+    return (row is not None and row["generation"] == generation and not row["released"]
+            and now - row["renewed_at"] <= ttl_s)
+
+
+def _check_version(db: sqlite3.Connection, path: Path) -> None:
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.Error as exc:
+        raise FederationStateError(f"cannot read the federation state {path}: {exc}") from None
+    if version != SCHEMA_VERSION:
+        raise FederationStateError(
+            f"the federation state {path} is schema version {version}, this slurm-geo reads "
+            f"{SCHEMA_VERSION}; start the federation daemon of this version once to migrate "
+            "it (or use the slurm-geo that matches the daemon)")
+
+
+def _create_or_migrate(db: sqlite3.Connection) -> None:
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    has_jobs = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                          "name = 'jobs'").fetchone() is not None
+    if version > SCHEMA_VERSION:
+        raise FederationStateError(
+            f"the federation state is schema version {version}, newer than this slurm-geo "
+            f"({SCHEMA_VERSION}); upgrade slurm-geo on this host")
+    if has_jobs and version < 2:
+        _migrate_from_v1(db)
+    db.execute(_JOBS)
+    for statement in _OTHERS.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    if has_jobs and version < 2:
+        _move_v1_meta(db)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _migrate_from_v1(db: sqlite3.Connection) -> None:
+    for column in _V2_JOB_COLUMNS:
+        db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
+
+
+def _move_v1_meta(db: sqlite3.Connection) -> None:
+    """Version 1 kept per-job facts and the daemon's watermarks as meta keys."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                  "name = 'meta'").fetchone() is None:
+        return
+    for key, value in db.execute("SELECT key, value FROM meta").fetchall():
+        kind, _, logical_job = key.partition(":")
+        if kind == "left_home" and value in {h.value for h in LeftHome}:
+            db.execute("UPDATE jobs SET left_home = ? WHERE logical_job = ?",
+                       (value, logical_job))
+        elif kind == "lost_restarts":
+            db.execute("UPDATE jobs SET lost_restarts = ? WHERE logical_job = ?",
+                       (int(value), logical_job))
+        elif key == "bandwidth_probe_at":
+            db.execute("UPDATE daemon SET bandwidth_probe_at = ?", (float(value),))
+        elif key == "sync_transfer_id":
+            db.execute("UPDATE daemon SET sync_transfer_id = ?", (int(value),))
+    db.execute("DROP TABLE meta")

@@ -152,9 +152,12 @@ class FakeSlurm(SlurmClient):
 
     def expected_start(self, spec: JobSpec) -> datetime | None:
         with self._controller():
-            if isinstance(self._expected, float):
-                return self._now() + timedelta(seconds=self._expected)
-            return self._expected
+            return self._expected_start()
+
+    def _expected_start(self) -> datetime | None:
+        if isinstance(self._expected, float):
+            return self._now() + timedelta(seconds=self._expected)
+        return self._expected
 
     def accounting(
         self,
@@ -270,12 +273,16 @@ class FakeSlurm(SlurmClient):
         job.end_time = self._now()
 
     def _info(self, job: _Job) -> JobInfo:
+        # A pending job's start time is Slurm's estimate of it, as squeue and slurmrestd
+        # report it; the same estimate `expected_start` gives.
+        pending = job.state is JobState.PENDING and not job.reason.startswith("JobHeld")
         return JobInfo(
             cluster=self.cluster, job_id=job.job_id, name=job.spec.name, state=job.state,
             reason=job.reason, user=self.user, account=self.account,
             partition=job.spec.partition or DEFAULT_PARTITION, nodes=job.nodes,
             restart_count=len(job.past), submit_time=job.submit_time,
-            start_time=job.start_time, end_time=job.end_time,
+            start_time=self._expected_start() if pending else job.start_time,
+            end_time=job.end_time,
             time_limit_minutes=job.spec.time_limit_minutes, exit_code=job.exit_code,
         )
 

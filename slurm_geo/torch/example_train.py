@@ -6,7 +6,7 @@
 
 With --federated the job holds a training lease from the federation daemon and finds its
 store and key from the site config or, on a cluster it was moved to, its environment
-(slurm_geo.torch.federation); it trains only while the lease is current.
+(slurm_geo.lease.client); it trains only while the lease is current.
 
 It resumes from the run's newest valid checkpoint, trains to step N, checkpointing every
 K steps, and prints `final step S weights <sha256>`. On SIGUSR1, or on reaching step M
@@ -35,8 +35,8 @@ from torch import nn
 
 from slurm_geo.ckpt import LocalDirStore, Repository, create_master_key_file, load_master_key
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.lease.client import FederatedRun
 from slurm_geo.torch.checkpointer import Checkpointer
-from slurm_geo.torch.federation import FederatedRun
 from slurm_geo.torch.signals import EXIT_REQUEUE, RequeueOnSignal
 
 try:

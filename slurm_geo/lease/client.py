@@ -1,4 +1,5 @@
-"""A training job's side of the federation: its lease, its run key and its store.
+"""A training job's side of the lease protocol: its lease, its run key and its store.
+No torch inside: the training side (slurm_geo.torch) and any other trainer use it.
 
     run = FederatedRun.from_environment("my-run")
     run.acquire()                  # blocks until the daemon grants a lease (or fences us)
@@ -9,7 +10,7 @@
 
 On the home cluster the job finds the daemon and its store through the site config
 ($SLURM_GEO_CONFIG). An incarnation the daemon submitted elsewhere finds everything in
-its environment (SLURM_GEO_*, see slurm_geo.federation.resubmit), including a one-time
+its environment (SLURM_GEO_*, see slurm_geo.lease.protocol), including a one-time
 token for the run's data key: the key is fetched over HTTP and held in memory only.
 
 The lease is renewed by a thread every third of its TTL; `may_train()` compares the last
@@ -34,9 +35,9 @@ from typing import Any
 from slurm_geo.ckpt import Repository, load_master_key
 from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.ckpt.runkey import RunKeyRepository
-from slurm_geo.errors import SlurmGeoError
-from slurm_geo.federation import resubmit as env_names
-from slurm_geo.federation.leases import TRAINER_SHARE
+from slurm_geo.errors import ConfigError, SlurmGeoError
+from slurm_geo.lease import protocol
+from slurm_geo.lease.protocol import TRAINER_SHARE
 
 log = logging.getLogger(__name__)
 
@@ -89,24 +90,26 @@ class FederatedRun:
         job_id = int(env.get("SLURM_JOB_ID", "0"))
         restart = int(env.get("SLURM_RESTART_COUNT") or env.get("SLURM_JOB_RESTART_COUNT")
                       or 0)
-        if env.get(env_names.ENV_GENERATION):
-            resume = env.get(env_names.ENV_RESUME_STEP, "")
+        if env.get(protocol.ENV_GENERATION):
+            resume = env.get(protocol.ENV_RESUME_STEP, "")
             return cls(Placement(
-                run=env.get(env_names.ENV_RUN) or run, cluster=cluster, job_id=job_id,
-                restart=restart, generation=int(env[env_names.ENV_GENERATION]),
+                run=env.get(protocol.ENV_RUN) or run, cluster=cluster, job_id=job_id,
+                restart=restart, generation=int(env[protocol.ENV_GENERATION]),
                 resume_step=int(resume) if resume else None,
-                federation_url=env[env_names.ENV_FEDERATION_URL],
-                store_url=env[env_names.ENV_STORE],
-                store_endpoint=env.get(env_names.ENV_STORE_ENDPOINT, ""),
-                key_token=env[env_names.ENV_KEY_TOKEN], key_file=None))
+                federation_url=env[protocol.ENV_FEDERATION_URL],
+                store_url=env[protocol.ENV_STORE],
+                store_endpoint=env.get(protocol.ENV_STORE_ENDPOINT, ""),
+                key_token=env[protocol.ENV_KEY_TOKEN], key_file=None))
         from slurm_geo.config.model import load_config
-        from slurm_geo.federation.runtime import federation_config
-        from slurm_geo.sync.runtime import DEFAULT_KEY_FILE, KEY_FILE_ENV
+        from slurm_geo.config.paths import master_key_path
 
         site = load_config(None)
-        config = federation_config(site)
+        config = site.federation
+        if config is None:
+            raise ConfigError(f"{site.source} has no [federation] table; a federated job "
+                              "finds the daemon there (docs/federation.md)")
         store = site.stores[site.cluster(cluster or site.home_cluster).store]
-        key_file = config.key_file or Path(env.get(KEY_FILE_ENV) or DEFAULT_KEY_FILE)
+        key_file = master_key_path(config.key_file, env)
         return cls(Placement(run, cluster, job_id, restart, 0, None, config.url, store.url,
                              store.endpoint_url, "", key_file))
 
@@ -117,7 +120,7 @@ class FederatedRun:
         deadline = self._clock() + give_up_after_s
         while True:
             answer = self._ask(release=False)
-            if answer is not None and answer.get("verdict") == "grant":
+            if answer is not None and answer.verdict is protocol.Verdict.GRANT:
                 break
             if self.fenced_reason is not None:
                 raise Fenced(f"this incarnation is fenced: {self.fenced_reason}")
@@ -125,7 +128,7 @@ class FederatedRun:
                 raise FederationUnreachable(
                     f"no lease from {self.placement.federation_url} within "
                     f"{give_up_after_s:g} s; the job does not train without one")
-            time.sleep(1.0 if answer is None else float(answer.get("retry_s", 1.0)))
+            time.sleep(1.0 if answer is None else answer.retry_s or 1.0)
         self._thread = threading.Thread(target=self._renew_loop, name="slurm-geo-lease",
                                         daemon=True)
         self._thread.start()
@@ -159,27 +162,30 @@ class FederatedRun:
         while not self._stop.wait(max(0.2, self._ttl_s / 3)) and self.fenced_reason is None:
             self._ask(release=False)
 
-    def _ask(self, release: bool) -> dict[str, Any] | None:
+    def _ask(self, release: bool) -> protocol.LeaseReply | None:
         placement = self.placement
         with self._lock:
             last_step = self._last_step
         sent = self._clock()
-        status, body = _post(f"{placement.federation_url}/v1/lease", {
-            "run": placement.run, "cluster": placement.cluster, "job_id": placement.job_id,
-            "restart": placement.restart, "generation": placement.generation,
-            "last_step": last_step, "release": release})
+        request = protocol.LeaseRequest(placement.run, placement.cluster, placement.job_id,
+                                        placement.restart, placement.generation, last_step,
+                                        release)
+        status, body = _post(placement.federation_url + protocol.LEASE_PATH,
+                             request.to_json())
+        reply = _lease_reply(status, body)
         with self._lock:
-            if status == 409:
-                self.fenced_reason = str(body.get("reason", "fenced"))
+            if reply is not None and reply.verdict is protocol.Verdict.FENCED:
+                self.fenced_reason = reply.reason or "fenced"
                 log.error("lease refused: %s", self.fenced_reason)
-            elif status == 200 and body.get("verdict") == "grant":
+            elif reply is not None and reply.verdict is protocol.Verdict.GRANT:
                 self._last_ok = sent  # measured from when we asked: the safe side
-                self._ttl_s = float(body["ttl_s"])
-                if body.get("action") == "release" and not release:
+                self._ttl_s = reply.ttl_s
+                if reply.action is protocol.Action.RELEASE and not release:
                     self.release_requested = True
-            elif status is None:
+            elif reply is None:
                 log.warning("lease renewal failed: %s", body.get("reason"))
-        return body if status == 200 else None
+        return reply if reply is not None and reply.verdict is not protocol.Verdict.FENCED \
+            else None
 
     # --- the store ------------------------------------------------------------------------
 
@@ -189,12 +195,25 @@ class FederatedRun:
         if not placement.key_token:
             assert placement.key_file is not None
             return Repository(store, load_master_key(placement.key_file))
-        status, body = _post(f"{placement.federation_url}/v1/key",
-                             {"token": placement.key_token})
-        if status != 200:
-            raise Fenced(f"the federation daemon did not release the run key: "
-                         f"{body.get('reason')}")
-        return RunKeyRepository(store, placement.run, bytes.fromhex(body["data_key"]))
+        status, body = _post(placement.federation_url + protocol.KEY_PATH,
+                             protocol.KeyRequest(placement.key_token).to_json())
+        try:
+            if status != 200:
+                raise ValueError(body.get("reason"))
+            key = protocol.KeyReply.from_json(body)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Fenced(f"the federation daemon did not release the run key: {exc}") from None
+        return RunKeyRepository(store, key.run, key.data_key)
+
+
+def _lease_reply(status: int | None, body: dict[str, Any]) -> protocol.LeaseReply | None:
+    """The daemon's answer; None when there was none this protocol can read."""
+    if status not in (200, 409):
+        return None
+    try:
+        return protocol.LeaseReply.from_json(body)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _post(url: str, body: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:

@@ -1,0 +1,178 @@
+"""What the federation daemon knows: logical jobs and their lifecycle, incarnations,
+leases and cluster health. Pure values; `FederationState` stores them.
+
+A *logical job* is what the user submitted once on the home cluster. Each time the daemon
+moves it, its *generation* goes up by one and it runs as a new Slurm job on another
+cluster (an *incarnation*). Only the current generation holds a training lease; that is
+what keeps two incarnations from ever training at once.
+
+The logical job's lifecycle, enforced by `FederationState.move_status` (a compare-and-set
+on the current status):
+
+                    registered (first lease of a home job, or queued at home)
+                        |
+                        v
+          +-------> RUNNING ---------------------------+----------------+
+          |            |      Slurm says it ended:     |                |
+  submitted on         | a move starts: generation +1  | COMPLETED      | FAILED (also: lost
+  the target           v   (no lease for the old one)  |                |  past max_restarts)
+          +-------- MOVING --(copy, verify, fence,     |                |
+                       |      submit: repeated from    |                |
+                       |      the top after a crash)   |                |
+                       |                               |                |
+                       +---> CANCELLED <---------------+ (slurm-geo     |
+                                                       |  cancel)       |
+                          MOVING <---------------------+----------------+
+                                   slurm-geo resubmit (FAILED only)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from slurm_geo.errors import SlurmGeoError
+
+
+class JobStatus(Enum):
+    RUNNING = "running"      # the current generation is queued or running on `cluster`
+    MOVING = "moving"        # a new generation is being placed; no lease is granted
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # by a person (`slurm-geo cancel`): every incarnation too
+
+    def is_final(self) -> bool:
+        return self in _FINAL
+
+
+_FINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.RUNNING: frozenset({JobStatus.MOVING, JobStatus.COMPLETED, JobStatus.FAILED,
+                                  JobStatus.CANCELLED}),
+    JobStatus.MOVING: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED}),
+    JobStatus.COMPLETED: frozenset(),
+    JobStatus.FAILED: frozenset({JobStatus.MOVING}),
+    JobStatus.CANCELLED: frozenset(),
+}
+
+
+class LeftHome(Enum):
+    """Why a job runs away from home; a job that left a hopeless queue does not fail
+    back (home was up all along)."""
+
+    OUTAGE = "outage"
+    QUEUE = "queue"
+
+
+class ClusterStatus(Enum):
+    UP = "up"
+    OUT = "out"
+
+
+class FederationStateError(SlurmGeoError):
+    exit_code = 43
+
+
+class UnknownLogicalJob(FederationStateError):
+    exit_code = 2
+
+    def __init__(self, name: str):
+        super().__init__(f"no logical job '{name}' in the federation state; `slurm-geo status` "
+                         "without an argument lists them")
+
+
+class IllegalTransition(FederationStateError):
+    def __init__(self, logical_job: str, current: JobStatus, wanted: JobStatus):
+        self.current, self.wanted = current, wanted
+        super().__init__(f"logical job {logical_job}: {current.value} -> {wanted.value} is "
+                         "not a transition of the logical job's lifecycle")
+
+
+class StaleJob(FederationStateError):
+    """The job changed under us (another writer moved it first): nothing was written."""
+
+    def __init__(self, logical_job: str, expected: str):
+        super().__init__(f"logical job {logical_job} is no longer {expected}")
+
+
+def check_transition(logical_job: str, current: JobStatus, wanted: JobStatus) -> None:
+    if wanted not in TRANSITIONS[current]:
+        raise IllegalTransition(logical_job, current, wanted)
+
+
+@dataclass(frozen=True)
+class LogicalJob:
+    logical_job: str
+    run: str
+    home: str
+    script: str
+    spec: dict[str, Any]
+    directives: dict[str, str]
+    generation: int
+    cluster: str
+    job_id: int | None
+    resume_step: int | None
+    status: JobStatus
+    move_to: str | None = None         # a planned move waiting for the next checkpoint
+    move_after_step: int | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    left_home: LeftHome | None = None
+    lost_restarts: int = 0             # restarts after a lost incarnation (max_restarts)
+    recoveries: int = 0                # incarnations started because the last was lost
+    awaiting_approval: str | None = None  # the cluster a move waits for a person to approve
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    logical_job: str
+    generation: int
+    cluster: str
+    job_id: int | None
+    resume_step: int | None
+    submitted_at: float
+    training_at: float | None
+    ended_at: float | None
+    end_reason: str | None
+
+
+@dataclass(frozen=True)
+class Lease:
+    logical_job: str
+    generation: int
+    cluster: str
+    job_id: int
+    restart: int
+    renewed_at: float
+    last_step: int | None
+    released: bool
+
+    def expired(self, now: float, ttl_s: float) -> bool:
+        return self.released or now - self.renewed_at > ttl_s
+
+
+@dataclass(frozen=True)
+class Health:
+    cluster: str
+    status: ClusterStatus
+    failures: int           # probes failed in a row
+    since: float            # when `status` began
+    last_ok: float | None
+    last_error: str | None
+
+    @property
+    def answering(self) -> bool:
+        """Up, and its last probe answered: safe to wait on its controller."""
+        return self.status is ClusterStatus.UP and self.failures == 0
+
+
+def answering(health: dict[str, Health], cluster: str) -> bool:
+    known = health.get(cluster)
+    return known is not None and known.answering
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()

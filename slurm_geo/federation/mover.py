@@ -1,0 +1,257 @@
+"""Moving a logical job to a new generation, and fencing the ones it leaves behind.
+
+A move, in order (each step is safe to repeat if the daemon dies after it):
+  1. the newest checkpoint of the run that verifies in the target cluster's store is
+     chosen (copied there first when the current cluster is still up: a failback);
+  2. the generation goes up, a compare-and-set that also fails if the job's lease was
+     renewed meanwhile: from now on the old incarnation gets no lease;
+  3. the target store is fenced: only the new generation's cluster may commit past the
+     resume step there (and the old store too, when it can be reached);
+  4. the job is submitted on the target with its resume pointer and a one-time token
+     for its run's data key.
+Steps 1, 3 and 4 copy, read and call Slurm; only step 2 holds the daemon's generation
+lock, which lease renewals share, so a long copy stalls no other job's trainer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from datetime import UTC, datetime
+
+from slurm_geo.ckpt import Repository
+from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.fence import Fence, unadmitted_steps, write_fence
+from slurm_geo.ckpt.names import key_name
+from slurm_geo.ckpt.replicate import copy_checkpoint
+from slurm_geo.ckpt.runkey import unwrap_run_key
+from slurm_geo.federation.bandwidth import BandwidthModel
+from slurm_geo.federation.credentials import job_environment
+from slurm_geo.federation.model import (
+    Health,
+    Incarnation,
+    JobStatus,
+    LeftHome,
+    LogicalJob,
+    StaleJob,
+    answering,
+    token_digest,
+)
+from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
+from slurm_geo.federation.wiring import Wiring
+from slurm_geo.slurm import SlurmError
+from slurm_geo.slurm.errors import JobNotFound
+
+log = logging.getLogger("slurm_geo.federation")
+
+VERIFY_OLDER_LIMIT = 5  # checkpoints tried, newest first, before a move gives up
+
+
+class Mover:
+    def __init__(self, wiring: Wiring, generation_lock: threading.Lock,
+                 bandwidth: BandwidthModel):
+        self.wiring = wiring
+        self._lock = generation_lock
+        self.bandwidth = bandwidth
+
+    def move(self, job: LogicalJob, target: str, reason: str, health: dict[str, Health], *,
+             cancel_current: bool = False, left_home: LeftHome | None = None,
+             recovery: bool = False) -> LogicalJob | None:
+        """`job` (RUNNING, or FAILED for a resubmission) to a new generation on `target`;
+        None when nothing moved (no checkpoint verifies, or the job changed meanwhile).
+        `cancel_current`: the current incarnation is still queued; it is cancelled once
+        the generation is bumped, so if it starts meanwhile it is refused a lease."""
+        w = self.wiring
+        job = w.state.job(job.logical_job)
+        if job.status not in (JobStatus.RUNNING, JobStatus.FAILED):
+            return None
+        target_store, source_store = w.store_of(target), w.store_of(job.cluster)
+        current_up = answering(health, job.cluster)
+        carries = bool(job.run) and current_up and source_store != target_store
+        if carries:
+            self._carry_newest(job, source_store, target_store)
+        resume = self._newest_verified(job, target_store) if job.run else None
+        if resume is False:
+            return None
+        try:
+            with self._lock:
+                moved = w.state.begin_generation(
+                    job.logical_job, job.generation, target, resume, w.clock(),
+                    left_home=left_home, recovery=recovery,
+                    live_lease_ttl_s=w.config.lease_ttl_s)
+        except StaleJob as exc:
+            w.audit.append("decision", job.logical_job, f"move to {target} abandoned", str(exc),
+                           generation=job.generation)
+            return None
+        if cancel_current and job.job_id is not None:
+            w.clients[job.cluster].cancel(job.job_id)
+        if carries:
+            self._fence_store(moved, job.cluster)
+        return self.complete(moved, reason)
+
+    def complete(self, moved: LogicalJob, reason: str) -> LogicalJob:
+        """Fence the target store, then submit: the part of a move that is repeated, from
+        the top, when the daemon died half-way through it (the job's status is moving)."""
+        w = self.wiring
+        if moved.run:  # a job that never trained has no checkpoint to protect yet
+            target_store = w.store_of(moved.cluster)
+            self._ensure_run_key(moved, target_store)
+            repository = Repository(w.stores[target_store], w.master_key)
+            write_fence(repository, Fence(moved.run, moved.generation, moved.cluster,
+                                          moved.resume_step, _utc(w.clock())))
+            self._drop_unadmitted(moved, repository, target_store)
+            w.audit.append("fence", moved.logical_job,
+                           f"run {moved.run} fenced at generation {moved.generation} for "
+                           f"{moved.cluster} from step {moved.resume_step}", reason,
+                           store=target_store)
+        return self._submit(moved)
+
+    def fence_stale(self, job: LogicalJob, stale: tuple[Incarnation, ...]) -> None:
+        """Cancel older incarnations still known to Slurm (their clusters answer)."""
+        w = self.wiring
+        for incarnation in stale:
+            cluster = incarnation.cluster
+            reason = "ended"
+            if incarnation.job_id is not None:
+                try:
+                    info = w.clients[cluster].job(incarnation.job_id)
+                except JobNotFound:
+                    info = None
+                if info is not None and not info.state.is_terminal():
+                    w.clients[cluster].cancel(incarnation.job_id)
+                    reason = "cancelled: fenced"
+            self._fence_store(job, cluster)
+            w.state.end_incarnation(job.logical_job, incarnation.generation, reason,
+                                    w.clock())
+            w.audit.append("fence", job.logical_job,
+                           f"generation {incarnation.generation} on {cluster}:"
+                           f"{incarnation.job_id} {reason}",
+                           f"the job is at generation {job.generation} on {job.cluster}",
+                           cluster=cluster, job_id=incarnation.job_id,
+                           generation=incarnation.generation)
+
+    def _fence_store(self, job: LogicalJob, cluster: str) -> None:
+        """Fence the run in `cluster`'s store too, now that it can be reached."""
+        w = self.wiring
+        store_name = w.store_of(cluster)
+        if not job.run or store_name == w.store_of(job.cluster) \
+                or not w.stores[store_name].exists(key_name(job.run)):
+            return  # nothing of the run is there to fence
+        fence = Fence(job.run, job.generation, job.cluster, job.resume_step, _utc(w.clock()))
+        write_fence(Repository(w.stores[store_name], w.master_key), fence)
+
+    def _ensure_run_key(self, job: LogicalJob, store_name: str) -> None:
+        """The run keeps one data key everywhere: a store without it gets the sealed key
+        from a store that has it (the run may have no checkpoint off-site yet); only if
+        none can be read is a new one made there (the run then starts from scratch)."""
+        stores = self.wiring.stores
+        target = stores[store_name]
+        name = key_name(job.run)
+        if target.exists(name):
+            return
+        for other, store in stores.items():
+            if other == store_name:
+                continue
+            try:
+                target.put(name, store.get(name))
+                return
+            except CkptError:
+                continue
+        unwrap_run_key(target, self.wiring.master_key, job.run, create=True)
+
+    def _carry_newest(self, job: LogicalJob, source_store: str, target_store: str) -> None:
+        w = self.wiring
+        source, target = w.paced_stores[source_store], w.paced_stores[target_store]
+        repository = Repository(source, w.master_key)
+        steps = repository.steps(job.run)
+        if not steps:
+            return
+        started = time.monotonic()
+        report = copy_checkpoint(repository, source, target, job.run, steps[-1])
+        seconds = time.monotonic() - started
+        if report.bytes_copied and seconds > 0:
+            self.bandwidth.observe(source_store, target_store, report.bytes_copied, seconds)
+            w.state.put_bandwidth_snapshot(self.bandwidth.snapshot())
+        # The fields checkpoint-sync records for its transfers: billing charges the egress.
+        w.audit.append("transfer", job.logical_job,
+                       f"copied {job.run}@{steps[-1]} from {source_store} to {target_store}",
+                       "the job moves; its newest checkpoint goes with it",
+                       bytes=report.bytes_copied, seconds=round(seconds, 3),
+                       packs_copied=report.packs_copied, run=job.run, step=steps[-1],
+                       source=source_store, destination=target_store,
+                       source_region=w.site.stores[source_store].region,
+                       destination_region=w.site.stores[target_store].region)
+
+    def _drop_unadmitted(self, job: LogicalJob, repository: Repository,
+                         store_name: str) -> None:
+        """Checkpoints a stale incarnation got into the store just before the fence."""
+        for step in unadmitted_steps(repository, job.run):
+            repository.delete_checkpoint(job.run, step)
+            self.wiring.audit.append("fence", job.logical_job, f"dropped {job.run}@{step} "
+                                     f"from {store_name}", "written by an incarnation the "
+                                     "fence does not admit", run=job.run, step=step,
+                                     store=store_name)
+
+    def _newest_verified(self, job: LogicalJob, store_name: str) -> int | None | bool:
+        """The newest step the store's fence admits that verifies in full in `store_name`;
+        None when the run has no such checkpoint there; False (and audited) when
+        checkpoints exist but none verifies."""
+        w = self.wiring
+        repository = Repository(w.paced_stores[store_name], w.master_key)
+        stale = set(unadmitted_steps(repository, job.run))
+        steps = [s for s in repository.steps(job.run) if s not in stale]
+        if not steps:
+            w.audit.append("verify", job.logical_job, f"no checkpoint of {job.run} in "
+                           f"{store_name}", "the new incarnation starts from scratch",
+                           store=store_name)
+            return None
+        for step in reversed(steps[-VERIFY_OLDER_LIMIT:]):
+            faults = repository.verify(job.run, step)
+            if not faults:
+                w.audit.append("verify", job.logical_job, f"{job.run}@{step} verified in "
+                               f"{store_name}", "newest checkpoint that verifies in full",
+                               run=job.run, step=step, store=store_name)
+                return step
+            w.audit.append("verify", job.logical_job, f"{job.run}@{step} failed "
+                           f"verification in {store_name}", str(faults[0]),
+                           run=job.run, step=step, faults=len(faults))
+        return False
+
+    def _submit(self, job: LogicalJob) -> LogicalJob:
+        w = self.wiring
+        cluster = w.site.cluster(job.cluster)
+        store = w.site.stores[cluster.store]
+        token = secrets.token_urlsafe(32)
+        incoming = Incoming(job.logical_job, job.generation, job.run, job.resume_step,
+                            w.config.url, token, store.url, store.endpoint_url)
+        spec = resubmission(job.script, ScriptOptions.from_json(job.spec), incoming,
+                            cluster.partitions, job_environment(store, os.environ))
+        try:
+            job_id = w.clients[job.cluster].submit(spec)
+        except SlurmError as exc:
+            w.say_once(("submit-failed", job.logical_job, str(job.generation), str(exc)),
+                       "requeue", job.logical_job, f"generation {job.generation} could not "
+                       f"be submitted on {job.cluster}", str(exc), cluster=job.cluster,
+                       generation=job.generation)
+            raise
+        try:
+            moved = w.state.submitted(job.logical_job, job.generation, job_id,
+                                      token_digest(token), w.clock())
+        except StaleJob as exc:  # cancelled by a person while the move ran
+            w.clients[job.cluster].cancel(job_id)
+            w.audit.append("requeue", job.logical_job, f"cancelled {job.cluster}:{job_id} "
+                           "just submitted", str(exc), cluster=job.cluster, job_id=job_id)
+            return w.state.job(job.logical_job)
+        w.audit.append("requeue", job.logical_job,
+                       f"generation {job.generation} submitted as {job.cluster}:{job_id}",
+                       f"resumes {job.run} from step {job.resume_step}",
+                       cluster=job.cluster, job_id=job_id, generation=job.generation,
+                       run=job.run, resume_step=job.resume_step, store=cluster.store)
+        return moved
+
+
+def _utc(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat()

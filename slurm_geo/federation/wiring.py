@@ -1,0 +1,46 @@
+"""What every part of the federation daemon is built with: the site, its clients and
+stores, the state, the audit log and the clock. Assembled once (federation.runtime, or a
+test), passed in; no part reaches for a module singleton or the wall clock."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_geo.ckpt.store import Store
+from slurm_geo.config.model import FederationConfig, SiteConfig
+from slurm_geo.federation.audit import AuditLog
+from slurm_geo.federation.state import FederationState
+from slurm_geo.slurm import SlurmClient
+
+
+@dataclass
+class Wiring:
+    site: SiteConfig
+    config: FederationConfig
+    master_key: bytes
+    clients: dict[str, SlurmClient]
+    stores: dict[str, Store]          # for small objects: keys, fences, manifests
+    paced_stores: dict[str, Store]    # for bulk copies and probes: the bandwidth cap applies
+    state: FederationState
+    audit: AuditLog
+    clock: Callable[[], float] = time.time
+    _announced: set[tuple[str, ...]] = field(default_factory=set)
+
+    @property
+    def home(self) -> str:
+        return self.site.home_cluster
+
+    def store_of(self, cluster: str) -> str:
+        return self.site.cluster(cluster).store
+
+    def say_once(self, key: tuple[str, ...], kind: str, logical_job: str | None, what: str,
+                 why: str, **detail: Any) -> None:
+        """An audit entry that a level-triggered loop would otherwise repeat every round
+        (waiting for a lease, a stranded job, a move awaiting approval)."""
+        if key in self._announced:
+            return
+        self._announced.add(key)
+        self.audit.append(kind, logical_job, what, why, **detail)

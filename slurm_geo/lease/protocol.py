@@ -1,0 +1,180 @@
+"""The lease protocol between training jobs and the federation daemon, defined once: the
+paths, the request and reply bodies, their strict parsing, and the SLURM_GEO_* variables
+an incarnation the daemon submits is told where to find it. The service
+(slurm_geo.federation.service), the daemon and the client (slurm_geo.lease.client) all use
+these types; docs/federation.md ("Lease protocol") specifies them as a wire protocol.
+
+Every body is a JSON object. Requests carry `"protocol": PROTOCOL_VERSION`; a missing one
+means version 1 (the only one so far). A daemon answers a request of a version it does
+not speak with 400 and the versions it does. Unknown fields are ignored, so a later
+version may add optional ones; a field that changes meaning gets a new version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+LEASE_PATH = "/v1/lease"
+KEY_PATH = "/v1/key"
+METRICS_PATH = "/metrics"
+MAX_BODY_BYTES = 64 * 1024
+# A trainer trains only while its last granted renewal is younger than this share of the
+# lease's TTL; the daemon moves a job only once a whole TTL passed without one. The gap is
+# the margin for clock-rate drift and late packets.
+TRAINER_SHARE = 0.6
+
+# What an incarnation submitted by the daemon finds in its environment.
+ENV_LOGICAL_JOB = "SLURM_GEO_LOGICAL_JOB"
+ENV_GENERATION = "SLURM_GEO_GENERATION"
+ENV_RESUME_STEP = "SLURM_GEO_RESUME_STEP"
+ENV_RUN = "SLURM_GEO_RUN"
+ENV_FEDERATION_URL = "SLURM_GEO_FEDERATION_URL"
+ENV_KEY_TOKEN = "SLURM_GEO_KEY_TOKEN"
+ENV_STORE = "SLURM_GEO_STORE"
+ENV_STORE_ENDPOINT = "SLURM_GEO_STORE_ENDPOINT"
+
+
+class ProtocolError(ValueError):
+    """A body that is not a request of this protocol: answered 400 with this text."""
+
+
+class Verdict(Enum):
+    GRANT = "grant"          # train (or, with action release, stop after this checkpoint)
+    WAIT = "wait"            # ask again after retry_s; do not train meanwhile
+    FENCED = "fenced"        # this incarnation is stale: stop for good, commit nothing
+
+
+class Action(Enum):
+    TRAIN = "train"
+    RELEASE = "release"      # save a checkpoint (already saved: last_step), release, exit
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    run: str
+    cluster: str
+    job_id: int
+    restart: int             # SLURM_JOB_RESTART_COUNT: same-cluster requeues keep the job id
+    generation: int
+    last_step: int | None    # the newest checkpoint this incarnation committed
+    release: bool = False    # the incarnation is done with the lease (finished or moving)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"protocol": PROTOCOL_VERSION, "run": self.run, "cluster": self.cluster,
+                "job_id": self.job_id, "restart": self.restart,
+                "generation": self.generation, "last_step": self.last_step,
+                "release": self.release}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> LeaseRequest:
+        _check_version(body)
+        return cls(run=_text(body, "run", allow_empty=True),
+                   cluster=_text(body, "cluster"),
+                   job_id=_count(body, "job_id"),
+                   restart=_count(body, "restart", default=0),
+                   generation=_count(body, "generation"),
+                   last_step=_count(body, "last_step", default=None),
+                   release=_flag(body, "release", default=False))
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    """200 for grant and wait, 409 for fenced."""
+
+    verdict: Verdict
+    reason: str
+    action: Action = Action.TRAIN
+    logical_job: str = ""
+    generation: int = 0
+    ttl_s: float = 0.0
+    retry_s: float = 0.0
+
+    @property
+    def http_status(self) -> int:
+        return 409 if self.verdict is Verdict.FENCED else 200
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"verdict": self.verdict.value, "reason": self.reason}
+        if self.verdict is Verdict.GRANT:
+            body.update(action=self.action.value, logical_job=self.logical_job,
+                        generation=self.generation, ttl_s=self.ttl_s)
+        elif self.verdict is Verdict.WAIT:
+            body["retry_s"] = self.retry_s
+        return body
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> LeaseReply:
+        verdict = Verdict(body["verdict"])
+        return cls(verdict, str(body.get("reason", "")),
+                   Action(body.get("action", Action.TRAIN.value)),
+                   str(body.get("logical_job", "")), int(body.get("generation", 0)),
+                   float(body.get("ttl_s", 0.0)), float(body.get("retry_s", 1.0)))
+
+
+@dataclass(frozen=True)
+class KeyRequest:
+    token: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"protocol": PROTOCOL_VERSION, "token": self.token}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> KeyRequest:
+        _check_version(body)
+        return cls(_text(body, "token"))
+
+
+@dataclass(frozen=True)
+class KeyReply:
+    """200 {run, data_key (hex)}; errors are {reason} with 403, 409 or 503."""
+
+    run: str
+    data_key: bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "data_key": self.data_key.hex()}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> KeyReply:
+        return cls(str(body["run"]), bytes.fromhex(str(body["data_key"])))
+
+
+def _check_version(body: dict[str, Any]) -> None:
+    version = body.get("protocol", 1)
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
+        raise ProtocolError(f"protocol {version!r} is not spoken here (supported: "
+                            f"{', '.join(map(str, SUPPORTED_VERSIONS))})")
+
+
+_MISSING = object()
+
+
+def _text(body: dict[str, Any], name: str, allow_empty: bool = False) -> str:
+    value = body.get(name, _MISSING)
+    if not isinstance(value, str) or (not value and not allow_empty):
+        raise ProtocolError(f"{name} must be a{'' if allow_empty else ' non-empty'} string")
+    return value
+
+
+def _count(body: dict[str, Any], name: str, default: Any = _MISSING) -> Any:
+    """A non-negative integer: true JSON integers only (not 1.0, "1" or true)."""
+    value = body.get(name, default)
+    if value is _MISSING:
+        raise ProtocolError(f"{name} is missing")
+    if value is default and default is not _MISSING:
+        return value
+    if type(value) is not int or value < 0:
+        raise ProtocolError(f"{name} must be a non-negative integer, not {value!r:.40}")
+    return value
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if type(value) is not bool:
+        raise ProtocolError(f"{name} must be true or false, not {value!r:.40}")
+    return value

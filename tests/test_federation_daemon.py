@@ -1,0 +1,319 @@
+"""The federation daemon's whole loop against in-memory Slurm clusters (FakeSlurm) and
+directory stores: registration, outage and failover, the stale incarnation fenced,
+failback at a checkpoint, a lost job restarted and given up, a hopeless queue left, a
+move awaiting approval, a move cut short by a crash, cancel and resubmit. Seconds, not
+minutes; the same paths run against real Slurm in the sandbox tests."""
+
+from __future__ import annotations
+
+import random
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
+from slurm_geo.config.model import parse_config
+from slurm_geo.federation.audit import AuditLog
+from slurm_geo.federation.bandwidth import BandwidthModel
+from slurm_geo.federation.core import Federation
+from slurm_geo.federation.model import ClusterStatus, JobStatus, LeftHome
+from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.wiring import Wiring
+from slurm_geo.lease.protocol import ENV_GENERATION, ENV_RESUME_STEP, LeaseRequest
+from slurm_geo.slurm import JobSpec, JobState
+from slurm_geo.slurm.fake import FakeSlurm
+
+KEY = bytes(range(32))
+TTL = 10.0
+OPTIONS = WriteOptions(chunk_size=4096, pack_size=16 * 1024)
+RUN = "run-a"
+
+
+def script(failover: str = "auto") -> str:
+    return ("#!/bin/bash\n#SBATCH --job-name=train\n#SBATCH --time=30\n"
+            "#SBATCH --geo-ckpt-dir=/pfs/run-a\n"
+            f"#SBATCH --geo-failover={failover}\n#SBATCH --geo-clusters=onprem,rented\n"
+            "exec python train.py\n")
+
+
+@dataclass
+class Clock:
+    now: float = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Site:
+    """Two fake clusters, two directory stores, one daemon; `restart()` is a daemon
+    killed and started again on the same state."""
+
+    tmp: Path
+    clock: Clock = field(default_factory=Clock)
+
+    def __post_init__(self) -> None:
+        for name in ("pfs", "away"):
+            (self.tmp / name).mkdir()
+        self.config = parse_config({
+            "site": {"home_cluster": "onprem"},
+            "clusters": {
+                "onprem": {"region": "home", "access": "cli", "slurm_conf": "/x",
+                           "store": "pfs"},
+                "rented": {"region": "eu", "access": "cli", "slurm_conf": "/y",
+                           "store": "away"},
+            },
+            "stores": {"pfs": {"url": f"file://{self.tmp / 'pfs'}", "region": "home"},
+                       "away": {"url": f"file://{self.tmp / 'away'}", "region": "eu"}},
+            "policy": {"max_restarts": 2},
+            "federation": {"state": str(self.tmp / "fed.db"),
+                           "audit_path": str(self.tmp / "audit.db"), "lease_ttl_s": TTL,
+                           "outage_after": 2, "failback_stable_s": 5, "margin_s": 60},
+        })
+        self.stores = {"pfs": LocalDirStore(self.tmp / "pfs"),
+                       "away": LocalDirStore(self.tmp / "away")}
+        self.onprem = FakeSlurm("onprem", clock=self.clock)
+        self.rented = FakeSlurm("rented", clock=self.clock)
+        self.restart()
+
+    def restart(self) -> None:
+        assert self.config.federation is not None
+        self.state = FederationState(self.config.federation.state)
+        clients = {"onprem": self.onprem, "rented": self.rented}
+        wiring = Wiring(self.config, self.config.federation, KEY, dict(clients), self.stores,
+                        self.stores, self.state, AuditLog(self.config.federation.audit_path),
+                        self.clock)
+        self.federation = Federation(wiring, dict(clients), BandwidthModel())
+
+    def tick(self, rounds: int = 1, seconds: float = 1.0) -> None:
+        for _ in range(rounds):
+            self.federation.tick()
+            self.clock.advance(seconds)
+
+    def lease(self, cluster: str, job_id: int, generation: int = 0,
+              last_step: int | None = None, release: bool = False) -> dict:
+        request = LeaseRequest(RUN, cluster, job_id, 0, generation, last_step, release)
+        return self.federation.lease(request).body
+
+    def checkpoint(self, store: str, step: int) -> None:
+        rng = random.Random(step)
+        data = struct.pack("<1024f", *(rng.gauss(0, 1) for _ in range(1024)))
+        Repository(self.stores[store], KEY, OPTIONS).write_checkpoint(
+            RUN, [Tensor("w", "float32", (1024,), data)], b"",
+            Metadata(step, step, 0, 1.0, "2026-12-01T00:00:00Z", "onprem", "1"))
+
+    def job(self) -> object:
+        return self.state.jobs()[0]
+
+    def kinds(self) -> list[str]:
+        return [f"{e.kind}: {e.what}" for e in self.federation.audit.entries()]
+
+    def home_job_training(self, failover: str = "auto") -> int:
+        job_id = self.onprem.submit(JobSpec(script=script(failover)))
+        self.onprem.start(job_id)
+        self.tick()
+        assert self.lease("onprem", job_id, last_step=None)["verdict"] == "grant"
+        return job_id
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Site:
+    return Site(tmp_path)
+
+
+def lose_home(site: Site) -> None:
+    """onprem's controller dies; the daemon declares it out and the lease runs out."""
+    site.onprem.go_down()
+    site.tick(rounds=2)
+    assert site.state.health()["onprem"].status is ClusterStatus.OUT
+    site.clock.advance(TTL + 1)
+
+
+def test_a_home_job_registers_at_its_first_lease_and_trains(site):
+    job_id = site.home_job_training()
+    job = site.job()
+    assert (job.logical_job, job.status, job.generation) == (f"onprem-{job_id}",
+                                                             JobStatus.RUNNING, 0)
+    assert site.lease("onprem", job_id, last_step=10)["action"] == "train"
+    assert any(k.startswith("register") for k in site.kinds())
+
+
+def test_an_outage_moves_the_job_to_its_newest_verified_checkpoint_off_site(site):
+    job_id = site.home_job_training()
+    site.checkpoint("away", 20)
+    site.checkpoint("away", 40)
+    site.onprem.go_down()
+    site.tick(rounds=2)
+    assert site.job().generation == 0  # the lease is still live: it may be training
+    assert any("waiting to move until the lease runs out" in k for k in site.kinds())
+    site.clock.advance(TTL + 1)
+    site.tick()
+    job = site.job()
+    assert (job.cluster, job.generation, job.resume_step, job.status) == (
+        "rented", 1, 40, JobStatus.RUNNING)
+    assert (job.left_home, job.recoveries) == (LeftHome.OUTAGE, 1)
+    (new_id, spec), = site.rented.submitted
+    assert spec.environment[ENV_GENERATION] == "1"
+    assert spec.environment[ENV_RESUME_STEP] == "40"
+    # The stale home incarnation is refused a lease and, once home answers, cancelled.
+    assert site.lease("onprem", job_id, generation=0)["verdict"] == "fenced"
+    site.onprem.come_back()
+    site.tick(rounds=2)
+    assert site.onprem.job(job_id).state is JobState.CANCELLED
+    assert site.state.incarnations(job.logical_job)[0].end_reason == "cancelled: fenced"
+
+
+def test_a_job_away_fails_back_at_its_next_checkpoint_and_its_checkpoint_goes_home(site):
+    site.home_job_training()
+    site.checkpoint("away", 40)
+    lose_home(site)
+    site.tick()
+    (away_id, _), = site.rented.submitted
+    site.rented.start(away_id)
+    assert site.lease("rented", away_id, generation=1)["verdict"] == "grant"
+    site.checkpoint("away", 60)
+    site.onprem.come_back()
+    site.tick(rounds=8)  # home must be up failback_stable_s before the failback is planned
+    assert site.job().move_to == "onprem"
+    assert site.lease("rented", away_id, generation=1, last_step=60)["action"] == "release"
+    site.lease("rented", away_id, generation=1, last_step=60, release=True)
+    site.tick()
+    job = site.job()
+    assert (job.cluster, job.generation, job.resume_step) == ("onprem", 2, 60)
+    assert job.left_home is None
+    assert Repository(site.stores["pfs"], KEY).steps(RUN) == [60]  # carried home
+    assert any(k.startswith("transfer: copied run-a@60 from away to pfs") for k in site.kinds())
+
+
+def test_a_lost_job_restarts_until_max_restarts_then_gives_up(site):
+    job_id = site.home_job_training()
+    site.onprem.finish(job_id, JobState.NODE_FAIL)
+    site.tick()
+    assert site.job().generation == 0  # its lease has not run out yet
+    for generation in (1, 2):
+        site.clock.advance(TTL + 1)
+        site.tick(rounds=2)  # the restart, then the lost incarnation's fence
+        job = site.job()
+        assert (job.generation, job.cluster, job.lost_restarts) == (generation, "onprem",
+                                                                    generation)
+        new_id = job.job_id
+        site.onprem.start(new_id)
+        site.lease("onprem", new_id, generation=generation)
+        site.onprem.finish(new_id, JobState.NODE_FAIL)
+    site.clock.advance(TTL + 1)
+    site.tick()
+    assert site.job().status is JobStatus.FAILED
+    assert any(k == "decision: give up" for k in site.kinds())
+
+
+def test_a_job_completed_after_releasing_its_lease_finishes(site):
+    job_id = site.home_job_training()
+    site.lease("onprem", job_id, last_step=100, release=True)
+    site.onprem.finish(job_id)
+    site.tick()
+    assert site.job().status is JobStatus.COMPLETED
+
+
+def test_a_hopeless_queue_is_left_for_the_rented_cluster(site):
+    job_id = site.onprem.submit(JobSpec(script=script()))
+    site.onprem.set_expected_start(7200.0)  # home would start it in two hours
+    site.tick()
+    assert site.job().generation == 0  # queued for less than the margin
+    site.clock.advance(120)
+    site.tick()
+    job = site.job()
+    assert (job.cluster, job.generation, job.left_home) == ("rented", 1, LeftHome.QUEUE)
+    assert site.onprem.job(job_id).state is JobState.CANCELLED
+    (away_id, _), = site.rented.submitted
+    site.rented.start(away_id)
+    site.lease("rented", away_id, generation=1)
+    site.tick(rounds=10)
+    assert site.job().move_to is None  # a job that left a queue does not fail back
+
+
+def test_a_move_without_consent_waits_for_approval(site):
+    site.home_job_training(failover="manual")
+    site.checkpoint("away", 40)
+    lose_home(site)
+    site.tick(rounds=3)
+    job = site.job()
+    assert (job.generation, job.awaiting_approval) == (0, "rented")
+    assert sum("needs approval" in k for k in site.kinds()) == 1  # said once
+    site.federation.approve(job.logical_job, "rented", "operator")
+    site.tick()
+    job = site.job()
+    assert (job.cluster, job.generation, job.awaiting_approval) == ("rented", 1, None)
+
+
+def test_a_move_cut_short_by_a_crash_is_finished_by_the_next_daemon(site):
+    site.home_job_training()
+    site.checkpoint("away", 40)
+    lose_home(site)
+    logical = site.job().logical_job
+    site.state.begin_generation(logical, 0, "rented", 40, site.clock())  # then killed
+    site.restart()
+    site.tick()
+    job = site.job()
+    assert (job.status, job.generation, job.resume_step) == (JobStatus.RUNNING, 1, 40)
+    assert len(site.rented.submitted) == 1
+
+
+def test_a_submission_refused_is_audited_and_retried(site):
+    site.home_job_training()
+    site.checkpoint("away", 40)
+    lose_home(site)
+    site.rented.reject_next_submit("QOSMaxSubmitJobPerUserLimit")
+    site.tick()
+    assert site.job().status is JobStatus.MOVING
+    assert any("could not be submitted on rented" in k for k in site.kinds())
+    site.tick()
+    assert site.job().status is JobStatus.RUNNING
+
+
+def test_a_moved_job_that_dies_before_its_first_lease_says_so(site):
+    site.home_job_training()
+    site.checkpoint("away", 40)
+    lose_home(site)
+    site.tick()
+    (away_id, _), = site.rented.submitted
+    site.rented.start(away_id)
+    site.rented.finish(away_id, JobState.FAILED, exit_code=127)
+    site.tick()
+    assert site.job().status is JobStatus.FAILED
+    assert any("ended FAILED before its first lease" in k for k in site.kinds())
+
+
+class RenewsDuringVerify:
+    """The away store, whose first read lets the frozen trainer at home renew its lease,
+    as a thawed process would while the daemon verifies a large checkpoint."""
+
+    def __init__(self, inner: LocalDirStore, renew):
+        self.inner, self.renew, self.renewed = inner, renew, False
+
+    def get(self, name: str) -> bytes:
+        if not self.renewed:
+            self.renewed = True
+            self.renew()
+        return self.inner.get(name)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_lease_renewed_while_the_move_verifies_abandons_the_move(site):
+    job_id = site.home_job_training()
+    site.checkpoint("away", 40)
+    lose_home(site)
+    away = RenewsDuringVerify(site.stores["away"], lambda: site.lease("onprem", job_id))
+    site.federation.wiring.paced_stores["away"] = away
+    site.tick()
+    assert away.renewed
+    job = site.job()
+    assert (job.generation, job.cluster, job.status) == (0, "onprem", JobStatus.RUNNING)
+    assert site.rented.submitted == []
+    assert any(k == "decision: move to rented abandoned" for k in site.kinds())
