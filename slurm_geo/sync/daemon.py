@@ -1,4 +1,5 @@
-"""The checkpoint-sync main loop: scan, plan, hand one attempt at a time to a worker thread.
+"""The checkpoint-sync main loop: scan, plan, hand one attempt at a time to a worker thread
+(`slurm_geo.sync.inflight`), and act on its result.
 
 Daemon manners (docs/checkpoint-sync.md): signal handlers only enqueue the signal, and
 `signal.set_wakeup_fd` wakes the loop (`slurm_geo.daemon.process.Wakeup`), which drains the
@@ -20,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,13 @@ from slurm_geo.daemon.events import event
 from slurm_geo.daemon.notify import Notifier
 from slurm_geo.daemon.process import Wakeup, apply_priority
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.sync.inflight import InFlight
 from slurm_geo.sync.metrics import Live, SyncCollector, serve_metrics
 from slurm_geo.sync.planner import lowest_steps, next_work, reconcile, retry_delay_s
 from slurm_geo.sync.runtime import Runtime
 from slurm_geo.sync.scanner import RootScan, scan_root
-from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status, SyncError
-from slurm_geo.sync.worker import Attempt, Guard, Limits, Outcome, Result, Route
+from slurm_geo.sync.state import StaleStatus, StateDB, Status, SyncError
+from slurm_geo.sync.worker import Outcome
 
 log = logging.getLogger("slurm_geo.sync")
 
@@ -42,17 +43,6 @@ EXIT_OK = 0
 EXIT_BEHIND = 1        # --once: some replica is not verified
 EXIT_STUCK = 70        # an attempt outlived its timeout; systemd restarts us
 STOP_GRACE_S = 60.0    # SIGTERM waits this long for the object in flight
-STUCK_GRACE_S = 60.0   # past an attempt's timeout before it counts as stuck
-
-
-@dataclass
-class _Job:
-    replica: Replica
-    attempt: Callable[[StateDB], Attempt]  # built in the worker thread, with its own DB
-    thread: threading.Thread
-    deadline: float
-    result: Result | None = None
-    error: BaseException | None = None  # the attempt itself broke (the state DB failed)
 
 
 class Daemon:
@@ -79,7 +69,8 @@ class Daemon:
         self._stop = threading.Event()
         self._stop_deadline: float | None = None
         self._bucket = TokenBucket(self.runtime.sync.bandwidth_mb_s * 1e6, monotonic)
-        self._job: _Job | None = None
+        self._inflight = InFlight(state_path, self._stop, self._bucket, self._wakeup.wake,
+                                  clock, monotonic)
         self._scans: list[RootScan] = []
         self._next_scan = 0.0
         self._next_due: float | None = None
@@ -127,9 +118,8 @@ class Daemon:
 
     def _finish(self) -> None:
         self._notifier.stopping()
-        job = self._job
-        if job is not None and job.result is None and job.error is None:
-            self._put_back(job.replica)  # left after the grace: never half-done
+        if self._state is not None:
+            self._inflight.put_back_unfinished(self._state, self._clock())
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -143,15 +133,15 @@ class Daemon:
             self._drain_signals()
             self._notifier.watchdog()
             self._collect()
-            if self._is_stuck():
+            if self._inflight.is_stuck():
                 return EXIT_STUCK
             if self._stop.is_set():
-                if self._job is None or self._monotonic() > (self._stop_deadline or 0):
+                if not self._inflight.busy or self._monotonic() > (self._stop_deadline or 0):
                     return EXIT_OK
             else:
                 if self._monotonic() >= self._next_scan:
                     self._scan()
-                if self._job is None and not self._dispatch() and once:
+                if not self._inflight.busy and not self._dispatch() and once:
                     return self._once_exit_code()
             self._wakeup.wait(self._timeout())
 
@@ -180,8 +170,7 @@ class Daemon:
         self._stop_deadline = self._monotonic() + STOP_GRACE_S
         self._notifier.stopping()
         event(log, "stopping", signal=signal.Signals(signum).name,
-              in_flight=None if self._job is None else
-              f"{self._job.replica.run}@{self._job.replica.step}")
+              in_flight=self._inflight.label)
 
     def _handle_hup(self) -> None:
         self._notifier.reloading()
@@ -280,59 +269,17 @@ class Daemon:
                                        started_at=now)
             except StaleStatus:
                 continue
-            self._start_job(self._state.replica(replica.id))
+            self._inflight.start(self._state.replica(replica.id), runtime)
             return True
         return False
 
-    # --- the worker thread ------------------------------------------------------------
-
-    def _start_job(self, replica: Replica) -> None:
-        runtime = self.runtime
-        sync = runtime.sync
-        limits = Limits(sync.max_attempts, sync.attempt_timeout_s, sync.retry_base_s,
-                        sync.retry_max_s)
-        route = Route(replica.root, runtime.root_store(replica.root),
-                      runtime.root_regions.get(replica.root, ""), runtime.destination,
-                      runtime.destination_store, runtime.destination_region)
-        deadline = self._monotonic() + sync.attempt_timeout_s
-        guard = Guard(self._stop, deadline, self._monotonic)
-
-        def attempt(state: StateDB) -> Attempt:
-            return Attempt(state, runtime.master_key, route, guard, self._bucket, limits,
-                           self._clock)
-
-        thread = threading.Thread(target=self._work, name=f"sync-{replica.run}-{replica.step}",
-                                  daemon=True)
-        self._job = _Job(replica, attempt, thread, deadline)
-        event(log, "uploading" if replica.status is Status.UPLOADING else "verifying",
-              run=replica.run, step=replica.step, destination=replica.destination,
-              attempt=replica.attempts)
-        thread.start()
-
-    def _work(self) -> None:
-        job = self._job
-        assert job is not None
-        try:
-            state = StateDB(self.state_path)
-            try:
-                job.result = job.attempt(state).run(job.replica)
-            finally:
-                state.close()
-        except BaseException as exc:  # handed to the main loop, which exits with it
-            job.error = exc
-        finally:
-            self._wakeup.wake()
+    # --- results ----------------------------------------------------------------------
 
     def _collect(self) -> None:
-        job = self._job
-        if job is None or (job.result is None and job.error is None):
+        finished = self._inflight.collect()
+        if finished is None:
             return
-        job.thread.join()
-        self._job = None
-        if job.error is not None:
-            raise job.error  # crash-only: systemd restarts us, recovery puts it back
-        assert job.result is not None
-        result = job.result
+        replica, result = finished
         destination = self.runtime.destination
         if result.outcome is Outcome.OUTAGE and result.side == "destination":
             self._outages += 1
@@ -346,27 +293,8 @@ class Daemon:
             self._outages = 0
             self.live.destination_up[destination] = True
             event(log, "destination_back", destination=destination)
-        self._notifier.status(f"last: {job.replica.run}@{job.replica.step} "
+        self._notifier.status(f"last: {replica.run}@{replica.step} "
                               f"{result.outcome.value}")
-
-    def _is_stuck(self) -> bool:
-        job = self._job
-        if job is None or self._monotonic() < job.deadline + STUCK_GRACE_S:
-            return False
-        event(log, "stuck", logging.CRITICAL, run=job.replica.run, step=job.replica.step,
-              reason="the attempt outlived its timeout; exiting so that systemd restarts us")
-        return True
-
-    def _put_back(self, replica: Replica) -> None:
-        if self._state is None:
-            return
-        try:
-            current = self._state.replica(replica.id)
-            if current.status is Status.UPLOADING:
-                self._state.move(replica.id, Status.UPLOADING, Status.PENDING, self._clock(),
-                                 next_attempt_at=self._clock())
-        except SyncError:
-            pass  # the worker moved it after all
 
     # --- waiting ----------------------------------------------------------------------
 
@@ -377,8 +305,9 @@ class Daemon:
         candidates = [self._next_scan - now]
         if self._notifier.watchdog_interval_s:
             candidates.append(self._notifier.watchdog_interval_s)
-        if self._job is not None:
-            candidates.append(self._job.deadline + STUCK_GRACE_S - now)
+        stuck_at = self._inflight.stuck_at
+        if stuck_at is not None:
+            candidates.append(stuck_at - now)
         else:
             if self._next_due is not None:
                 candidates.append(self._next_due - self._clock())
