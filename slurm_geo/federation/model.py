@@ -9,21 +9,21 @@ what keeps two incarnations from ever training at once.
 The logical job's lifecycle, enforced by `FederationState.move_status` (a compare-and-set
 on the current status):
 
-                    registered (first lease of a home job, or queued at home)
-                        |
-                        v
-          +-------> RUNNING ---------------------------+----------------+
-          |            |      Slurm says it ended:     |                |
-  submitted on         | a move starts: generation +1  | COMPLETED      | FAILED (also: lost
-  the target           v   (no lease for the old one)  |                |  past max_restarts)
-          +-------- MOVING --(copy, verify, fence,     |                |
-                       |      submit: repeated from    |                |
-                       |      the top after a crash)   |                |
-                       |                               |                |
-                       +---> CANCELLED <---------------+ (slurm-geo     |
-                                                       |  cancel)       |
-                          MOVING <---------------------+----------------+
-                                   slurm-geo resubmit (FAILED only)
+        registered (first lease of a home job, or pending at home)
+              |
+              v
+           RUNNING ---(Slurm says it ended, lease released)------------> COMPLETED
+            |    ^  \\
+            |    |   +--(ended without a lease, restarts spent; or failed)--> FAILED
+     a move |    | submitted                                                  |
+     starts:|    | on the target                                              |
+     gen + 1|    |                                                            |
+            v    |                                                            |
+           MOVING <--------------------- slurm-geo resubmit -------------------+
+       (copy, verify, fence, submit;
+        repeated from the top after a crash)
+
+           RUNNING or MOVING ---(slurm-geo cancel)---> CANCELLED
 """
 
 from __future__ import annotations
