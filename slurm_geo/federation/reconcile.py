@@ -136,6 +136,10 @@ def reconcile(snap: Snapshot, settings: Settings) -> Step:
         return Step(StepKind.FINISH, "Slurm reports the job finished", state=info.state)
     if info is not None and info.state is JobState.PENDING and lease is None:
         return _queue_move(snap, settings, info)
+    if current_lease and lease is not None and lease.released:
+        # Done training (no move was planned); the rest of its batch script or its epilog
+        # may still run. A failback planned now would resubmit a finished job.
+        return wait("its trainer released the lease; Slurm has yet to report the end")
     if settings.failback and job.cluster != settings.home and job.move_to is None \
             and job.left_home is not LeftHome.QUEUE:
         return _failback(snap, settings)
