@@ -86,8 +86,8 @@ class Site:
         self.state = FederationState(self.config.federation.state)
         clients = {"onprem": self.onprem, "rented": self.rented}
         wiring = Wiring(self.config, self.config.federation, KEY, dict(clients), self.stores,
-                        self.stores, self.state, AuditLog(self.config.federation.audit_path),
-                        self.clock)
+                        self.stores, self.state,
+                        AuditLog(self.config.federation.audit_path, clock=self.clock), self.clock)
         self.federation = Federation(wiring, dict(clients), BandwidthModel())
 
     def tick(self, rounds: int = 1, seconds: float = 1.0) -> None:

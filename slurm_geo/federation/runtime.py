@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +12,12 @@ from slurm_geo.ckpt import load_master_key
 from slurm_geo.ckpt.open_store import open_store, paced
 from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.ckpt.store import Store
-from slurm_geo.config.model import FederationConfig, SiteConfig, load_config
+from slurm_geo.config.model import (
+    ClusterConfig,
+    FederationConfig,
+    SiteConfig,
+    load_config,
+)
 from slurm_geo.config.paths import master_key_path
 from slurm_geo.errors import ConfigError
 from slurm_geo.federation.audit import AuditLog
@@ -21,7 +26,7 @@ from slurm_geo.federation.core import Federation
 from slurm_geo.federation.credentials import read_job_credentials
 from slurm_geo.federation.state import FederationState
 from slurm_geo.federation.wiring import Wiring
-from slurm_geo.slurm import connect
+from slurm_geo.slurm import SlurmClient, connect
 
 
 def federation_config(site: SiteConfig) -> FederationConfig:
@@ -31,9 +36,18 @@ def federation_config(site: SiteConfig) -> FederationConfig:
     return site.federation
 
 
+def slurm_client(cluster: ClusterConfig, config: FederationConfig) -> SlurmClient:
+    """The client the federation (daemon and commands) calls `cluster` with."""
+    # The daemon's own calls wait at most a few probe intervals: a controller that dies
+    # in the middle of one must not hold up the move it causes.
+    call_timeout = max(3.0, 3 * config.probe_interval_s)
+    return connect(replace(cluster, timeout_s=min(cluster.timeout_s, call_timeout)))
+
+
 def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
-          daemon: bool = True) -> Federation:
-    """The Federation the config describes; `daemon=False` for commands that only look."""
+          daemon: bool = True, clock: Callable[[], float] = time.time) -> Federation:
+    """The Federation the config describes; `daemon=False` for commands that only look.
+    Every part reads the time from `clock`."""
     site = load_config(config_path)
     config = federation_config(site)
     if daemon:
@@ -41,11 +55,7 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
             if store.job_credentials is not None:
                 read_job_credentials(store.job_credentials)
     master_key = load_master_key(master_key_path(config.key_file, env))
-    # The daemon's own calls wait at most a few probe intervals: a controller that dies
-    # in the middle of one must not hold up the move it causes.
-    call_timeout = max(3.0, 3 * config.probe_interval_s)
-    clients = {name: connect(replace(cluster, timeout_s=min(cluster.timeout_s, call_timeout)))
-               for name, cluster in site.clusters.items()}
+    clients = {name: slurm_client(cluster, config) for name, cluster in site.clusters.items()}
     probe_timeout = min(config.probe_interval_s, 5.0)
     probes = {name: connect(replace(cluster, timeout_s=min(cluster.timeout_s, probe_timeout)))
               for name, cluster in site.clusters.items()}
@@ -57,8 +67,8 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
                                       for name, store in stores.items()}
     state = FederationState(config.state)
     if daemon:
-        state.refresh_leases(time.time())
+        state.refresh_leases(clock())
     bandwidth = BandwidthModel.restore(state.bandwidth_snapshot())
     wiring = Wiring(site, config, master_key, clients, stores, paced_stores, state,
-                    AuditLog(config.audit_path))
+                    AuditLog(config.audit_path, clock=clock), clock)
     return Federation(wiring, probes, bandwidth)
