@@ -591,7 +591,10 @@ V1_QUIET_JOB = ("onprem-8", "run-8", HOME, "#!/bin/bash\n", "{}", "{}", 0, HOME,
                 "completed", None, None, NOW - 7200, NOW - 7000)
 V1_META = [(f"left_home:{NAME}", "queue"), (f"lost_restarts:{NAME}", "2"),
            ("bandwidth_probe_at", "123.5"), ("sync_transfer_id", "42"),
-           ("left_home:onprem-8", "bogus")]
+           ("left_home:onprem-8", "bogus"), ("left_home:onprem-9", "outage")]
+# Version 1 never cleared left_home when a job came home: onprem-9 is home again.
+V1_HOME_AGAIN = ("onprem-9", "run-9", HOME, "#!/bin/bash\n", "{}", "{}", 2, HOME, 9, 50,
+                 "running", None, None, NOW - 7200, NOW - 60)
 
 
 def make_v1(path: Path, user_version: int = 0) -> None:
@@ -602,6 +605,7 @@ def make_v1(path: Path, user_version: int = 0) -> None:
     db.executescript(V1_SCHEMA)
     db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", V1_JOB)
     db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", V1_QUIET_JOB)
+    db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", V1_HOME_AGAIN)
     db.execute("INSERT INTO incarnations VALUES (?,?,?,?,?,?,?,?,?)",
                (NAME, 1, CLOUD, 70, 100, NOW - 600, NOW - 590, None, None))
     db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?)",
@@ -629,6 +633,7 @@ def test_a_version_1_database_is_migrated_on_open(path: Path, version: int) -> N
         quiet = state.job("onprem-8")
         assert (quiet.left_home, quiet.lost_restarts, quiet.status) == (
             None, 0, JobStatus.COMPLETED)
+        assert state.job("onprem-9").left_home is None  # home again: nothing stale kept
         assert (state.bandwidth_probe_at(), state.sync_transfer_id()) == (123.5, 42)
         assert state.lease(NAME) == Lease(NAME, 1, CLOUD, 70, 0, NOW - 5, 150, False)
         assert state.token_owner("v1-token") == (NAME, 1)

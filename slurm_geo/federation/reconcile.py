@@ -148,6 +148,10 @@ def reconcile(snap: Snapshot, settings: Settings) -> Step:
 
 def _failover(snap: Snapshot, settings: Settings) -> Step:
     job, lease = snap.job, snap.lease
+    if lease is not None and lease.generation == job.generation and lease.released \
+            and job.move_to is None:
+        return wait(f"its trainer released the lease (done training); {job.cluster} has "
+                    "yet to say the job ended")
     # Checked before planning: no move can start while the lease is live, and a plan
     # costs Slurm calls and a manifest read every round.
     if lease is not None and lease.generation == job.generation \

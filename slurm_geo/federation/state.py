@@ -147,10 +147,15 @@ class FederationState:
             return
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        os.chmod(path, 0o600)
         self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                   check_same_thread=False)
         self.db.row_factory = sqlite3.Row
+        try:
+            _refuse_newer(self.db, path)  # before anything changes the file
+        except FederationStateError:
+            self.db.close()
+            raise
+        os.chmod(path, 0o600)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         with self._lock, immediate_transaction(self.db) as db:
@@ -200,6 +205,16 @@ class FederationState:
         row = self._one("SELECT j.* FROM jobs j JOIN incarnations i USING (logical_job) "
                         "WHERE i.cluster = ? AND i.job_id = ?", (cluster, job_id))
         return None if row is None else _job_from_row(row)
+
+    def find_by_job_id(self, job_id: int) -> list[tuple[str, LogicalJob]]:
+        """(cluster, logical job) of every incarnation that is Slurm job `job_id` on
+        some cluster: ids are per cluster, so several logical jobs may share one."""
+        with self._lock:
+            rows = self.db.execute("SELECT DISTINCT j.*, i.cluster AS on_cluster FROM jobs j "
+                                   "JOIN incarnations i USING (logical_job) WHERE "
+                                   "i.job_id = ? ORDER BY on_cluster, j.created_at",
+                                   (job_id,)).fetchall()
+        return [(r["on_cluster"], _job_from_row(r)) for r in rows]
 
     def find_by_run(self, run: str) -> list[LogicalJob]:
         with self._lock:
@@ -268,6 +283,15 @@ class FederationState:
         with self.transaction() as db:
             db.execute("UPDATE jobs SET lost_restarts = lost_restarts + 1, updated_at = ? "
                        "WHERE logical_job = ?", (now, logical_job))
+
+    def reset_lost_restarts(self, logical_job: str, now: float) -> None:
+        """A failed job resubmitted by a person gets max_restarts afresh: a compare-and-set
+        on its status, StaleJob (nothing written) unless it is still failed."""
+        with self.transaction() as db:
+            changed = db.execute("UPDATE jobs SET lost_restarts = 0, updated_at = ? WHERE "
+                                 "logical_job = ? AND status = 'failed'", (now, logical_job))
+            if changed.rowcount != 1:
+                raise StaleJob(logical_job, JobStatus.FAILED.value)
 
     def begin_generation(self, logical_job: str, expected_generation: int, cluster: str,
                          resume_step: int | None, now: float, *,
@@ -429,14 +453,18 @@ def _check_version(db: sqlite3.Connection, path: Path) -> None:
             "it (or use the slurm-geo that matches the daemon)")
 
 
+def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise FederationStateError(
+            f"the federation state {path} is schema version {version}, newer than this "
+            f"slurm-geo ({SCHEMA_VERSION}); upgrade slurm-geo on this host")
+
+
 def _create_or_migrate(db: sqlite3.Connection) -> None:
     version = db.execute("PRAGMA user_version").fetchone()[0]
     has_jobs = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
                           "name = 'jobs'").fetchone() is not None
-    if version > SCHEMA_VERSION:
-        raise FederationStateError(
-            f"the federation state is schema version {version}, newer than this slurm-geo "
-            f"({SCHEMA_VERSION}); upgrade slurm-geo on this host")
     if has_jobs and version < 2:
         _migrate_from_v1(db)
     db.execute(_JOBS)
@@ -470,4 +498,6 @@ def _move_v1_meta(db: sqlite3.Connection) -> None:
             db.execute("UPDATE daemon SET bandwidth_probe_at = ?", (float(value),))
         elif key == "sync_transfer_id":
             db.execute("UPDATE daemon SET sync_transfer_id = ?", (int(value),))
+    # Version 1 never cleared left_home when a job came home.
+    db.execute("UPDATE jobs SET left_home = NULL WHERE cluster = home")
     db.execute("DROP TABLE meta")
