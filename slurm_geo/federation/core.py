@@ -17,9 +17,10 @@ from typing import Any
 from slurm_geo.ckpt import Repository
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.manifest import with_bases
+from slurm_geo.config.model import SiteConfig
 from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.federation.bandwidth import BandwidthModel
-from slurm_geo.federation.leaseservice import LeaseService
+from slurm_geo.federation.leaseservice import LeaseService, Reply
 from slurm_geo.federation.model import (
     FederationStateError,
     Health,
@@ -43,6 +44,7 @@ from slurm_geo.federation.reconcile import (
 )
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
 from slurm_geo.federation.wiring import Wiring
+from slurm_geo.lease.protocol import LeaseRequest
 from slurm_geo.policy.geo import rules_for
 from slurm_geo.slurm import JobInfo, JobState, SlurmClient, SlurmError
 from slurm_geo.slurm.errors import JobNotFound
@@ -69,6 +71,21 @@ class Federation:
                                   self.site.policy.max_restarts)
         # Per job away from home: what its failback was last planned for (see reconcile).
         self._failback_planned: dict[str, tuple[int | None, float]] = {}
+
+    def reload(self, site: SiteConfig) -> None:
+        """Take a re-read config (SIGHUP) from the next round and the next lease on: the
+        [federation] timings and failback, [policy], the stores' job_credentials. The caller
+        keeps what was opened at the start (clusters, stores, databases) as it was."""
+        config = site.federation
+        if config is None:
+            raise ConfigError(f"{site.source} has no [federation] table")
+        self.wiring.site, self.wiring.config = site, config
+        self.site, self.config = site, config
+        self.health.outage_after = config.outage_after
+        self._rules = rules_for(site)
+        self._settings = Settings(self.home, config.lease_ttl_s, config.margin_s,
+                                  config.failback, config.failback_stable_s,
+                                  site.policy.max_restarts)
 
     def probe_all(self) -> dict[str, Health]:
         return self.health.probe_all()
@@ -202,10 +219,10 @@ class Federation:
 
     # --- what people ask of it ----------------------------------------------------------------
 
-    def lease(self, request: Any) -> Any:
+    def lease(self, request: LeaseRequest) -> Reply:
         return self.leases.lease(request)
 
-    def key(self, token: str) -> Any:
+    def key(self, token: str) -> Reply:
         return self.leases.key(token)
 
     def plan_for(self, job: LogicalJob, health: dict[str, Health] | None = None,
