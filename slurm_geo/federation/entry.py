@@ -1,4 +1,11 @@
-"""`slurm-geo-federation`: the federation daemon's command line (thin: parse, build, run).
+"""`slurm-geo-federation`: the federation daemon's command line and main loop.
+
+Daemon manners, the same as checkpoint-sync's: signal handlers only enqueue the signal
+(`slurm_geo.daemon.process.Wakeup`, whose wakeup fd ends the loop's wait at once);
+`run_loop` drains the queue every turn and dispatches to `handle_term` (SIGTERM, SIGINT)
+or `handle_hup` (reopen the logs, re-read the config). READY is sent once the lease
+service listens, WATCHDOG on every turn, STOPPING on the way out. Health probes keep their
+own rhythm on a thread beside the loop.
 
 The systemd unit (systemd/slurm-geo-federation.service), the sandbox and
 daemons/federation.py all run this `main`.
@@ -13,13 +20,27 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from slurm_geo.daemon.events import event
 from slurm_geo.errors import SlurmGeoError
 
+if TYPE_CHECKING:
+    from slurm_geo.config.model import SiteConfig, StoreConfig
+    from slurm_geo.daemon.notify import Notifier
+    from slurm_geo.daemon.process import Wakeup
+    from slurm_geo.federation.core import Federation
+    from slurm_geo.federation.service import Metrics
+
 PROGRAM = "slurm-geo-federation"
+log = logging.getLogger("slurm_geo.federation")
+
+# [federation] settings bound or opened once, at the start: the lease service's socket,
+# the state and audit databases, the master key. A reload keeps their old values.
+RESTART_SETTINGS = ("listen_address", "listen_port", "state", "audit_path", "key_file")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -36,56 +57,180 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    from slurm_geo.config.model import load_config
     from slurm_geo.daemon.events import configure_logging
     from slurm_geo.daemon.notify import Notifier
+    from slurm_geo.daemon.process import Wakeup
     from slurm_geo.federation.runtime import build
     from slurm_geo.federation.service import Metrics, serve
 
-    configure_logging(os.environ, getattr(logging, args.log_level))
-    log = logging.getLogger("slurm_geo.federation")
+    level = getattr(logging, args.log_level)
+    configure_logging(os.environ, level)
     try:
         federation = build(args.config, daemon=True)
-        config = federation.config
         metrics = Metrics()
-        server = serve(federation, metrics, config.listen_address, config.listen_port)
+        server = serve(federation, metrics, federation.config.listen_address,
+                       federation.config.listen_port)
     except (SlurmGeoError, OSError) as exc:
         print(f"{PROGRAM}: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    threading.Thread(target=_probe_forever, args=(federation, stop), name="federation-probes",
-                     daemon=True).start()
-    notifier = Notifier(os.environ)
-    notifier.ready(f"watching {len(federation.clients)} clusters")
-    log.info("event=started clusters=%s url=%s", ",".join(federation.clients), config.url)
-    while not stop.is_set():
-        started = time.monotonic()
-        try:
-            federation.tick(federation.state.health())
+    wakeup, stop_probes = Wakeup(), threading.Event()
+    try:
+        with wakeup.signals_installed():
+            threading.Thread(target=probe_forever, args=(federation, stop_probes),
+                             name="federation-probes", daemon=True).start()
+            return run_loop(federation, wakeup, Notifier(os.environ),
+                            lambda: load_config(args.config), metrics=metrics,
+                            reopen_logs=lambda: configure_logging(os.environ, level))
+    finally:
+        stop_probes.set()
+        server.shutdown()
+        server.server_close()
+        wakeup.close()
+        event(log, "stopped")
+
+
+# --- the loop ---------------------------------------------------------------------------
+
+
+def run_loop(federation: Federation, signals: Wakeup, notifier: Notifier,
+             load_site: Callable[[], SiteConfig], *, metrics: Metrics | None = None,
+             reopen_logs: Callable[[], None] = lambda: None,
+             monotonic: Callable[[], float] = time.monotonic) -> int:
+    """A round every probe_interval_s until SIGTERM or SIGINT, then 0. Signals are taken
+    from `signals.signals`, whoever queued them; `load_site` re-reads the config on SIGHUP.
+    The caller has the lease service listening: that is what READY announces."""
+    notifier.ready(_status(federation))
+    event(log, "started", pid=os.getpid(), clusters=",".join(federation.clients),
+          url=federation.config.url)
+    next_round = monotonic()
+    try:
+        while True:
+            while signals.signals:
+                signum = signals.signals.popleft()
+                if signum != signal.SIGHUP:
+                    handle_term(signum)
+                    return 0
+                handle_hup(federation, notifier, load_site, reopen_logs)
+            notifier.watchdog()
+            if monotonic() >= next_round:
+                started = monotonic()
+                run_round(federation, metrics)
+                next_round = started + federation.config.probe_interval_s
+            if not signals.signals:
+                signals.wait(_wait_s(next_round - monotonic(), notifier))
+    finally:
+        notifier.stopping()
+
+
+def run_round(federation: Federation, metrics: Metrics | None) -> None:
+    """One round over every logical job, on the health the probe thread recorded."""
+    try:
+        federation.tick(federation.state.health())
+        if metrics is not None:
             metrics.observe(federation)
-        except Exception:  # a bug must cost one round, not the daemon
-            log.exception("event=tick_crashed")
-        notifier.send("WATCHDOG=1")
-        stop.wait(max(0.0, config.probe_interval_s - (time.monotonic() - started)))
-    notifier.send("STOPPING=1")
-    server.shutdown()
-    log.info("event=stopped")
-    return 0
+    except Exception:  # a bug must cost one round, not the daemon
+        log.exception("event=tick_crashed")
 
 
-def _probe_forever(federation: Any, stop: threading.Event) -> None:
+def _wait_s(until_next_round: float, notifier: Notifier) -> float:
+    """Until the next round, but never past the next WATCHDOG that systemd expects."""
+    interval = notifier.watchdog_interval_s
+    return max(0.0, until_next_round if not interval else min(until_next_round, interval))
+
+
+def _status(federation: Federation) -> str:
+    return f"watching {len(federation.clients)} clusters"
+
+
+def probe_forever(federation: Federation, stop: threading.Event) -> None:
     """Probes keep their own rhythm: a round of moves waiting on a slow controller must
-    not delay noticing that another one died."""
-    log = logging.getLogger("slurm_geo.federation")
-    interval = federation.config.probe_interval_s
+    not delay noticing that another one died. The interval is re-read each probe, so a
+    reload changes it."""
     while not stop.is_set():
         started = time.monotonic()
         try:
             federation.probe_all()
         except Exception:  # a bug must cost one probe, not the daemon
             log.exception("event=probe_crashed")
-        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+        stop.wait(max(0.0, federation.config.probe_interval_s - (time.monotonic() - started)))
+
+
+# --- signals ------------------------------------------------------------------------------
+
+
+def handle_term(signum: int) -> None:
+    event(log, "stopping", signal=signal.Signals(signum).name)
+
+
+def handle_hup(federation: Federation, notifier: Notifier,
+               load_site: Callable[[], SiteConfig],
+               reopen_logs: Callable[[], None]) -> None:
+    notifier.reloading()
+    reopen_logs()
+    reload_config(federation, load_site)
+    notifier.ready(_status(federation))
+
+
+def reload_config(federation: Federation, load_site: Callable[[], SiteConfig]) -> bool:
+    """Re-read the config and take what can change live (`live_site`); a config that does
+    not load or validate is one warning line, and the one in force stays."""
+    from slurm_geo.federation.credentials import read_job_credentials
+    from slurm_geo.federation.runtime import federation_config
+
+    try:
+        new = load_site()
+        federation_config(new)
+        site, restart_needed = live_site(federation.site, new)
+        for store in site.stores.values():  # as at the start: a bad file is refused here
+            if store.job_credentials is not None:
+                read_job_credentials(store.job_credentials)
+    except (SlurmGeoError, OSError) as exc:
+        event(log, "reload_failed", logging.WARNING, error=exc,
+              keeping="the configuration in force")
+        return False
+    for setting in restart_needed:
+        event(log, "restart_needed", logging.WARNING, setting=setting,
+              reason="takes effect at the next start")
+    federation.reload(site)
+    config = federation.config
+    event(log, "reloaded", probe_interval_s=config.probe_interval_s,
+          outage_after=config.outage_after, lease_ttl_s=config.lease_ttl_s,
+          margin_s=config.margin_s, failback=config.failback,
+          failback_stable_s=config.failback_stable_s,
+          max_restarts=federation.site.policy.max_restarts)
+    return True
+
+
+def live_site(old: SiteConfig, new: SiteConfig) -> tuple[SiteConfig, list[str]]:
+    """What a reload takes from `new`: its [federation] settings but RESTART_SETTINGS, its
+    [policy], its stores' job_credentials. The rest keeps `old`'s values, which the clients,
+    stores and databases were opened with; the settings among those that changed are
+    named in the list, for a restart to take them."""
+    assert old.federation is not None and new.federation is not None
+    restart = [f"federation.{name}" for name in RESTART_SETTINGS
+               if getattr(old.federation, name) != getattr(new.federation, name)]
+    if old.home_cluster != new.home_cluster:
+        restart.append("site.home_cluster")
+    if old.clusters != new.clusters:
+        restart.append("clusters")
+    restart += [f"stores.{name}" for name in sorted(old.stores.keys() | new.stores.keys())
+                if _opened_as(old.stores.get(name)) != _opened_as(new.stores.get(name))]
+    # From [sync], the state it learns transfer rates from and the cap on its own copies.
+    restart += [f"sync.{name}" for name in ("state", "bandwidth_mb_s")
+                if getattr(old.sync, name, None) != getattr(new.sync, name, None)]
+    federation = replace(new.federation, **{name: getattr(old.federation, name)
+                                            for name in RESTART_SETTINGS})
+    stores = {name: replace(store, job_credentials=new.stores[name].job_credentials)
+              if name in new.stores else store for name, store in old.stores.items()}
+    site = replace(new, home_cluster=old.home_cluster, clusters=old.clusters, stores=stores,
+                   sync=old.sync, federation=federation)
+    return site, restart
+
+
+def _opened_as(store: StoreConfig | None) -> StoreConfig | None:
+    """A store as the daemon opened it: all of it but job_credentials, read at each use."""
+    return None if store is None else replace(store, job_credentials=None)
 
 
 if __name__ == "__main__":
