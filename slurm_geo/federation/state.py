@@ -207,14 +207,11 @@ class FederationState:
         return None if row is None else _job_from_row(row)
 
     def find_by_job_id(self, job_id: int) -> list[tuple[str, LogicalJob]]:
-        """(cluster, logical job) of every incarnation that is Slurm job `job_id` on
-        some cluster: ids are per cluster, so several logical jobs may share one."""
+        """(cluster, logical job) of each incarnation that is Slurm job `job_id` anywhere."""
+        sql = ("SELECT DISTINCT j.*, i.cluster AS here FROM jobs j JOIN incarnations i USING "
+               "(logical_job) WHERE i.job_id = ? ORDER BY here, j.created_at")
         with self._lock:
-            rows = self.db.execute("SELECT DISTINCT j.*, i.cluster AS on_cluster FROM jobs j "
-                                   "JOIN incarnations i USING (logical_job) WHERE "
-                                   "i.job_id = ? ORDER BY on_cluster, j.created_at",
-                                   (job_id,)).fetchall()
-        return [(r["on_cluster"], _job_from_row(r)) for r in rows]
+            return [(r["here"], _job_from_row(r)) for r in self.db.execute(sql, (job_id,))]
 
     def find_by_run(self, run: str) -> list[LogicalJob]:
         with self._lock:
@@ -285,12 +282,10 @@ class FederationState:
                        "WHERE logical_job = ?", (now, logical_job))
 
     def reset_lost_restarts(self, logical_job: str, now: float) -> None:
-        """A failed job resubmitted by a person gets max_restarts afresh: a compare-and-set
-        on its status, StaleJob (nothing written) unless it is still failed."""
+        """A failed job resubmitted gets max_restarts afresh; StaleJob unless still failed."""
         with self.transaction() as db:
-            changed = db.execute("UPDATE jobs SET lost_restarts = 0, updated_at = ? WHERE "
-                                 "logical_job = ? AND status = 'failed'", (now, logical_job))
-            if changed.rowcount != 1:
+            if db.execute("UPDATE jobs SET lost_restarts = 0, updated_at = ? WHERE logical_job "
+                          "= ? AND status = 'failed'", (now, logical_job)).rowcount != 1:
                 raise StaleJob(logical_job, JobStatus.FAILED.value)
 
     def begin_generation(self, logical_job: str, expected_generation: int, cluster: str,
