@@ -139,6 +139,14 @@ def _minutes(text: str) -> int:
     return max(total, 1)
 
 
+RESUBMIT_WORKING_DIR = "/tmp"  # a resubmission's working directory when it names none
+
+
+def resubmitted_name(options: ScriptOptions, logical_job: str) -> str:
+    """The Slurm job name of a resubmission: the script's own, else the logical job id."""
+    return options.name or logical_job
+
+
 @dataclass(frozen=True)
 class Incoming:
     """What the new incarnation is told, beyond its directives."""
@@ -172,8 +180,8 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
     partition = options.partition if options.partition in partitions else None
     return JobSpec(
         script=script,
-        name=options.name or incoming.logical_job,
-        working_dir=Path(options.working_dir or "/tmp"),
+        name=resubmitted_name(options, incoming.logical_job),
+        working_dir=Path(options.working_dir or RESUBMIT_WORKING_DIR),
         environment=env,
         partition=partition,
         time_limit_minutes=options.time_limit_minutes,
