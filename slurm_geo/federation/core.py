@@ -18,6 +18,7 @@ from slurm_geo.ckpt import Repository
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.manifest import with_bases
 from slurm_geo.config.model import SiteConfig
+from slurm_geo.daemon.events import event
 from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.leaseservice import LeaseService, Reply
@@ -102,14 +103,14 @@ class Federation:
             try:
                 self.leases.discover_pending()
             except SlurmError as exc:
-                log.warning("event=discover_failed error=%s", exc)
+                event(log, "discover_failed", logging.WARNING, error=exc)
         for job in self.state.jobs():
             try:
                 self.reconcile_job(job, health)
             # ConfigError: a store's job_credentials file went bad after the start; the
             # move is finished in a later round, once it is mended.
             except (SlurmError, CkptError, ConfigError, FederationStateError) as exc:
-                log.warning("event=reconcile_failed job=%s error=%s", job.logical_job, exc)
+                event(log, "reconcile_failed", logging.WARNING, job=job.logical_job, error=exc)
 
     def reconcile_job(self, job: LogicalJob, health: dict[str, Health]) -> Step:
         snapshot = self.snapshot(job, health)

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.store import Store
+from slurm_geo.daemon.events import event
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.model import ClusterStatus, Health
 from slurm_geo.federation.wiring import Wiring
@@ -107,7 +108,7 @@ class BandwidthProbes:
         try:
             samples = self._sync.replication_samples(state.sync_transfer_id())
         except SyncStateUnreadable as exc:
-            log.warning("event=sync_state_unreadable error=%s", exc)
+            event(log, "sync_state_unreadable", logging.WARNING, error=exc)
             return
         if not samples:
             return
@@ -145,8 +146,8 @@ class BandwidthProbes:
             self.bandwidth.observe(source_name, destination_name, PROBE_BYTES, seconds,
                                    probe=True)
         except CkptError as exc:
-            log.warning("event=bandwidth_probe_failed source=%s destination=%s error=%s",
-                        source_name, destination_name, exc)
+            event(log, "bandwidth_probe_failed", logging.WARNING, source=source_name,
+                  destination=destination_name, error=exc)
         finally:
             for store in (source, destination):
                 try:
