@@ -1,16 +1,25 @@
-"""`slurm-geo plan JOB`, `status [JOB]` and `approve JOB CLUSTER`: a logical job across
-clusters."""
+"""`slurm-geo plan`, `status`, `approve`, `cancel`, `resubmit` and `logs`: a logical job
+across clusters. JOB is a logical job id (onprem-1234), CLUSTER:JOBID of any of its
+incarnations, a bare Slurm job id, or its run name."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+if TYPE_CHECKING:
+    from slurm_geo.config.model import SiteConfig
+    from slurm_geo.federation.model import LogicalJob
+    from slurm_geo.federation.operations import Display
+    from slurm_geo.federation.state import FederationState
+    from slurm_geo.slurm import JobInfo
+
 CONFIG_HELP = "Site config (default: $SLURM_GEO_CONFIG or /etc/slurm-geo/config.toml)."
+JSON_HELP = "Print JSON."
 
 
 @click.command("plan")
@@ -21,55 +30,80 @@ def plan(job: str, config: Path | None, as_json: bool) -> None:
     """Where logical job JOB (e.g. onprem-1234) should run now: every cluster's predicted
     transfer, queue wait and cost, whether it is eligible, and the choice with its reason.
     Read-only: the federation daemon makes the moves."""
+    from slurm_geo.federation.operations import resolve
     from slurm_geo.federation.planner import plan_to_json, render_plan
     from slurm_geo.federation.runtime import build
 
     federation = build(config, daemon=False)
-    chosen = federation.plan_for(federation.state.job(job))
+    chosen = federation.plan_for(resolve(federation.state, job))
     click.echo(json.dumps(plan_to_json(chosen), indent=2) if as_json else render_plan(chosen))
 
 
 @click.command("status")
 @click.argument("job", required=False)
 @click.option("--config", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def status(job: str | None, config: Path | None, as_json: bool) -> None:
-    """A logical job across clusters: its generations (one per cluster it ran on), where
-    it runs now, its lease and last checkpoint. Without JOB: every logical job."""
+    """A logical job across clusters: what on-call sees (moving, awaiting-approval,
+    cluster-out, held with Slurm's reason, else its lifecycle status), its recoveries,
+    the step it resumed at, where it runs, its lease and its generations (one per
+    incarnation). Without JOB: every logical job. JOB is a logical job id (onprem-1234),
+    CLUSTER:JOBID of any incarnation, a Slurm job id or a run name, here as in cancel,
+    resubmit, logs, plan and approve."""
     from slurm_geo.config.model import load_config
-    from slurm_geo.federation.runtime import federation_config
     from slurm_geo.federation.model import UnknownLogicalJob
-    from slurm_geo.federation.state import FederationState
+    from slurm_geo.federation.operations import current_in_slurm, display_state, resolve
+    from slurm_geo.federation.runtime import federation_config, slurm_client
 
-    path = federation_config(load_config(config)).state
-    if not path.exists():  # the daemon has not started yet: no logical jobs
+    site = load_config(config)
+    state = _open_state(site)
+    if state is None:  # the daemon has not started yet: no logical jobs
         if job:
             raise UnknownLogicalJob(job)
-        views = []
+        views: list[dict[str, Any]] = []
     else:
-        state = FederationState(path, readonly=True)
-        views = [_view(state, j) for j in ([state.job(job)] if job else state.jobs())]
+        jobs = [resolve(state, job)] if job else state.jobs()
+        health = state.health()
+        fed = federation_config(site)
+        clients = {name: slurm_client(c, fed) for name, c in site.clusters.items()}
+        slurm = current_in_slurm(clients, jobs, health)
+        views = [_view(state, j, display_state(j, health, slurm.get(j.logical_job)),
+                       slurm.get(j.logical_job)) for j in jobs]
     if as_json:
         click.echo(json.dumps(views if job is None else views[0], indent=2))
-    elif job is None:
-        click.echo(f"{'LOGICAL JOB':<18} {'RUN':<20} {'STATUS':<10} {'GEN':>3}  WHERE")
-        for view in views:
-            click.echo(f"{view['logical_job']:<18} {view['run']:<20} {view['status']:<10} "
-                       f"{view['generation']:>3}  {view['cluster']}:{view['job_id']}")
     else:
-        click.echo(_render(views[0]))
+        click.echo(_render_list(views) if job is None else _render(views[0]))
 
 
-def _view(state: Any, job: Any) -> dict[str, Any]:
+def _open_state(site: SiteConfig) -> FederationState | None:
+    from slurm_geo.federation.runtime import federation_config
+    from slurm_geo.federation.state import FederationState
+
+    path = federation_config(site).state
+    return FederationState(path, readonly=True) if path.exists() else None
+
+
+def _view(state: FederationState, job: LogicalJob, display: Display,
+          slurm: JobInfo | None) -> dict[str, Any]:
     lease = state.lease(job.logical_job)
     return {
         "logical_job": job.logical_job, "run": job.run, "home": job.home,
-        "status": job.status.value, "generation": job.generation, "cluster": job.cluster,
-        "job_id": job.job_id, "resume_step": job.resume_step, "move_to": job.move_to,
+        "status": job.status.value, "shown": {"state": display.state,
+                                              "reason": display.reason},
+        "generation": job.generation, "cluster": job.cluster, "job_id": job.job_id,
+        "where": _where(job.cluster, job.job_id), "resume_step": job.resume_step,
+        "recoveries": job.recoveries, "lost_restarts": job.lost_restarts,
+        "left_home": None if job.left_home is None else job.left_home.value,
+        "awaiting_approval": job.awaiting_approval, "move_to": job.move_to,
+        "move_after_step": job.move_after_step, "created_at": _iso(job.created_at),
+        "updated_at": _iso(job.updated_at), "directives": job.directives,
+        "options": job.spec, "script": job.script,
+        "slurm": None if slurm is None else {"state": slurm.state.value,
+                                             "reason": slurm.reason, "held": slurm.held},
         "lease": None if lease is None else {
             "generation": lease.generation, "cluster": lease.cluster, "job_id": lease.job_id,
-            "renewed_at": _iso(lease.renewed_at), "last_step": lease.last_step,
-            "released": lease.released},
+            "restart": lease.restart, "renewed_at": _iso(lease.renewed_at),
+            "last_step": lease.last_step, "released": lease.released},
         "incarnations": [{
             "generation": i.generation, "cluster": i.cluster, "job_id": i.job_id,
             "resume_step": i.resume_step, "submitted_at": _iso(i.submitted_at),
@@ -78,11 +112,35 @@ def _view(state: Any, job: Any) -> dict[str, Any]:
     }
 
 
+def _where(cluster: str, job_id: int | None) -> str:
+    return f"{cluster}:{'-' if job_id is None else job_id}"
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+_LIST = "{:<18} {:<20} {:<17} {:>3} {:>10} {:>10}  {:<20} {}"
+
+
+def _render_list(views: list[dict[str, Any]]) -> str:
+    lines = [_LIST.format("LOGICAL JOB", "RUN", "STATUS", "GEN", "RECOVERIES", "RESUMED AT",
+                          "WHERE", "REASON").rstrip()]
+    for v in views:
+        lines.append(_LIST.format(v["logical_job"], _dash(v["run"]), v["shown"]["state"],
+                                  v["generation"], v["recoveries"], _dash(v["resume_step"]),
+                                  v["where"], v["shown"]["reason"]).rstrip())
+    return "\n".join(lines)
+
+
 def _render(view: dict[str, Any]) -> str:
-    lease = view["lease"]
-    lines = [f"{view['logical_job']}  run {view['run']}  home {view['home']}  "
-             f"{view['status']}, generation {view['generation']} on "
-             f"{view['cluster']}:{view['job_id']}"]
+    lease, shown = view["lease"], view["shown"]
+    reason = f" ({shown['reason']})" if shown["reason"] else ""
+    lines = [f"{view['logical_job']}  run {_dash(view['run'])}  home {view['home']}  "
+             f"{shown['state']}{reason}, generation {view['generation']} on "
+             f"{view['where']}",
+             f"  recoveries {view['recoveries']}, resumed at step {_dash(view['resume_step'])}"
+             + (f", away from home ({view['left_home']})" if view["left_home"] else "")]
     if view["move_to"]:
         lines.append(f"  moving to {view['move_to']} at its next checkpoint")
     if lease:
@@ -93,14 +151,25 @@ def _render(view: dict[str, Any]) -> str:
                  "ENDED")
     for i in view["incarnations"]:
         ended = f"{i['ended_at']} ({i['end_reason']})" if i["ended_at"] else "-"
-        lines.append(f"  {i['generation']:>3}  {i['cluster'] + ':' + str(i['job_id']):<16} "
-                     f"{i['resume_step']!s:>10}  {i['training_at'] or '-':<26} {ended}")
+        lines.append(f"  {i['generation']:>3}  {_where(i['cluster'], i['job_id']):<16} "
+                     f"{_dash(i['resume_step']):>10}  {i['training_at'] or '-':<26} {ended}")
     return "\n".join(lines)
 
 
 def _iso(epoch: float | None) -> str | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, UTC).isoformat(
         timespec="seconds")
+
+
+def _who() -> str:
+    """Who runs the command, from the process's real uid (not $USER, which anyone sets);
+    under sudo, also who called sudo."""
+    import os
+    import pwd
+
+    name = pwd.getpwuid(os.getuid()).pw_name
+    sudo = os.environ.get("SUDO_USER")
+    return f"{name} (sudo by {sudo})" if os.getuid() == 0 and sudo else name
 
 
 @click.command("approve")
@@ -111,10 +180,92 @@ def approve(job: str, cluster: str, config: Path | None) -> None:
     """Consent to moving logical job JOB to CLUSTER, for jobs without
     --geo-failover=auto. A job whose cluster is out, or that is still queued, moves as soon
     as the daemon's plan chooses CLUSTER; a running job moves at its next checkpoint."""
-    import getpass
-
+    from slurm_geo.federation.operations import resolve
     from slurm_geo.federation.runtime import build
 
-    moved = build(config, daemon=False).approve(job, cluster, getpass.getuser())
+    federation = build(config, daemon=False)
+    found = resolve(federation.state, job)
+    moved = federation.approve(found.logical_job, cluster, _who())
     click.echo(f"{moved.logical_job}: move to {cluster} approved; the federation daemon "
                "makes it when its plan chooses it")
+
+
+@click.command("cancel")
+@click.argument("job")
+@click.option("--config", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def cancel(job: str, config: Path | None, as_json: bool) -> None:
+    """Cancel logical job JOB: its status becomes cancelled, its lease is released (a
+    trainer still running is fenced at its next renewal and exits 33), and every
+    incarnation Slurm still runs or queues is cancelled on the clusters that answer.
+    Those it cannot reach are listed; run it again once they answer. Audited."""
+    from slurm_geo.federation import operations
+    from slurm_geo.federation.runtime import build
+
+    federation = build(config, daemon=False)
+    report = operations.cancel(federation, operations.resolve(federation.state, job), _who())
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+        return
+    click.echo(f"{report.job.logical_job}: cancelled by {report.who}")
+    for o in report.outcomes:
+        detail = f" ({o.detail})" if o.detail else ""
+        click.echo(f"  {_where(o.cluster, o.job_id):<16} generation {o.generation}: "
+                   f"{o.result}{detail}")
+    if report.unreached():
+        click.echo(f"  run `slurm-geo cancel {report.job.logical_job}` again once those "
+                   "clusters answer; their trainers are fenced meanwhile")
+
+
+@click.command("resubmit")
+@click.argument("job")
+@click.option("--config", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def resubmit(job: str, config: Path | None, as_json: bool) -> None:
+    """Resubmit logical job JOB, which ended failed, as a new generation from its newest
+    checkpoint that verifies: at home if home answers, else where the plan chooses. Its
+    lost-restart count starts again. Audited."""
+    from slurm_geo.federation import operations
+    from slurm_geo.federation.runtime import build
+
+    federation = build(config, daemon=False)
+    moved = operations.resubmit(federation, operations.resolve(federation.state, job),
+                                _who())
+    if as_json:
+        click.echo(json.dumps({"logical_job": moved.logical_job, "status": moved.status.value,
+                               "generation": moved.generation, "cluster": moved.cluster,
+                               "job_id": moved.job_id, "resume_step": moved.resume_step},
+                              indent=2))
+        return
+    click.echo(f"{moved.logical_job}: generation {moved.generation} "
+               f"{moved.status.value} as {_where(moved.cluster, moved.job_id)}, resuming "
+               f"{_dash(moved.run)} from step {_dash(moved.resume_step)}")
+
+
+@click.command("logs")
+@click.argument("job")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing the current incarnation's output, and the next one's when "
+              "the job moves, until the job ends.")
+@click.option("--config", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)
+def logs(job: str, follow: bool, config: Path | None) -> None:
+    """Logical job JOB's output across its incarnations and clusters, in generation order,
+    each under a header line (CLUSTER:JOBID, generation, file). An incarnation whose file
+    is on another site's filesystem says where it would be."""
+    from slurm_geo.config.model import load_config
+    from slurm_geo.federation.model import UnknownLogicalJob
+    from slurm_geo.federation.operations import resolve
+    from slurm_geo.federation.output import JobOutput
+
+    site = load_config(config)
+    state = _open_state(site)
+    if state is None:
+        raise UnknownLogicalJob(job)
+    users = {name: c.rest_user for name, c in site.clusters.items()
+             if c.access == "rest" and c.rest_user}
+    output = JobOutput(state, resolve(state, job).logical_job,
+                       lambda text: click.echo(text, nl=False), users)
+    if follow:
+        output.follow()
+    else:
+        output.print_all()
