@@ -317,3 +317,27 @@ def test_a_lease_renewed_while_the_move_verifies_abandons_the_move(site):
     assert (job.generation, job.cluster, job.status) == (0, "onprem", JobStatus.RUNNING)
     assert site.rented.submitted == []
     assert any(k == "decision: move to rented abandoned" for k in site.kinds())
+
+
+def test_metrics_gauges_are_set_afresh_each_round(site):
+    from slurm_geo.federation.service import Metrics
+
+    metrics = Metrics()
+    job_id = site.home_job_training()
+    metrics.observe(site.federation)
+
+    def jobs(status: str) -> float | None:
+        return metrics.registry.get_sample_value("slurm_geo_federation_jobs",
+                                                 {"status": status})
+
+    assert (jobs("running"), jobs("completed")) == (1.0, 0.0)
+    site.lease("onprem", job_id, last_step=100, release=True)
+    site.onprem.finish(job_id)
+    site.tick()
+    site.onprem.go_down()
+    site.tick()
+    metrics.observe(site.federation)
+    assert (jobs("running"), jobs("completed")) == (0.0, 1.0)
+    nodes = metrics.registry.get_sample_value("slurm_geo_federation_nodes_available",
+                                              {"cluster": "onprem"})
+    assert nodes is None  # no probe of it answered this round
