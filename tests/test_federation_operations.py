@@ -133,6 +133,16 @@ def test_cancel_reports_what_it_cannot_reach_and_a_second_cancel_finishes_it(sit
         cancel(site.federation, site.job(), "bob")
 
 
+def test_the_daemon_cancels_an_older_incarnation_left_open_once_its_cluster_answers(site):
+    home_id, _ = moved_away(site)
+    cancel(site.federation, site.job(), "alice")
+    site.onprem.come_back()
+    site.tick(rounds=3)
+    assert site.onprem.job(home_id).state is JobState.CANCELLED
+    assert [i.end_reason for i in site.state.incarnations(site.job().logical_job)] == [
+        "cancelled: fenced", "cancelled"]
+
+
 def test_cancel_of_a_final_job_is_one_line(site):
     job_id = site.home_job_training()
     site.lease("onprem", job_id, last_step=100, release=True)
