@@ -143,6 +143,19 @@ def test_the_daemon_cancels_an_older_incarnation_left_open_once_its_cluster_answ
         "cancelled: fenced", "cancelled"]
 
 
+def test_the_daemon_cancels_the_current_incarnation_cancel_could_not_reach(site):
+    home_id, away_id = moved_away(site)
+    site.rented.start(away_id)
+    site.rented.go_down()
+    site.tick(rounds=2)  # rented is out now
+    report = cancel(site.federation, site.job(), "alice")
+    assert ("rented", "not reached") in [(o.cluster, o.result) for o in report.outcomes]
+    site.rented.come_back()
+    site.tick(rounds=3)
+    assert site.rented.job(away_id).state is JobState.CANCELLED
+    assert site.job().status is JobStatus.CANCELLED
+
+
 def test_cancel_of_a_final_job_is_one_line(site):
     job_id = site.home_job_training()
     site.lease("onprem", job_id, last_step=100, release=True)

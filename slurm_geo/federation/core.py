@@ -124,8 +124,11 @@ class Federation:
         return step
 
     def snapshot(self, job: LogicalJob, health: dict[str, Health]) -> Snapshot:
+        # A cancelled job's current incarnation is stale too: `slurm-geo cancel` may not
+        # have reached its cluster.
+        cancelled = job.status is JobStatus.CANCELLED
         stale = tuple(i for i in self.state.incarnations(job.logical_job)
-                      if i.generation < job.generation and i.ended_at is None
+                      if (i.generation < job.generation or cancelled) and i.ended_at is None
                       and answering(health, i.cluster))
         info = None
         if job.status is JobStatus.RUNNING and answering(health, job.cluster):

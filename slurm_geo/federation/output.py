@@ -156,8 +156,11 @@ class JobOutput:
     def _refresh(self, job: LogicalJob, tail: _Tail, incarnation: Incarnation) -> None:
         """A moving incarnation gets its job id (and so its file name) once submitted."""
         if incarnation != tail.incarnation:
+            submitted = tail.incarnation.job_id is None and incarnation.job_id is not None
             tail.incarnation = incarnation
             tail.where = self._where(job, incarnation)
+            if submitted:  # its header said "not submitted yet": name the file now
+                self.write(header(incarnation, tail.where))
 
     def _start(self, job: LogicalJob, incarnation: Incarnation) -> _Tail:
         tail = _Tail(incarnation, self._where(job, incarnation))
