@@ -4,20 +4,19 @@ http.server's ThreadingHTTPServer starts a thread per connection, and a thread w
 long as its client likes: 300 connections that send nothing hold 300 threads, and one
 that sends a byte a minute holds its thread for hours. Here, with `Limits`:
 
-- one thread accepts connections and waits, in one selector, for each one's first bytes.
-  At most `waiting` connections wait (when more come, the one waiting longest is closed),
-  and one still silent after `idle_s` is closed. A silent connection costs a socket, no
-  thread.
-- A connection with bytes to read goes to a fixed pool of `workers` threads, through a
-  queue of at most `queue`; when both are full it is closed at once (the client's next
-  renewal tries again) and counted in `refused_busy`.
-- A worker has until `deadline_s` after the accept for the TLS handshake and the whole
-  request: a client trickling bytes is cut off there. Each receive or send waits at most
-  `idle_s`.
+- One thread accepts connections and reads them, all at once in one selector, without
+  blocking: the TLS handshake, then the request head and its body (Content-Length). A
+  connection costs a socket and a buffer until its request is complete, never a thread.
+  At most `waiting` connections are being read; when more come, the one accepted first
+  is closed. A connection silent for `idle_s`, or not done `deadline_s` after its accept
+  (a client trickling bytes), is closed.
+- A complete request goes to a fixed pool of `workers` threads, through a queue of at
+  most `queue`; when both are full the connection is closed at once (the client's next
+  renewal tries again) and counted in `refused_busy`. A worker runs the handler on the
+  request already read and sends the reply, each send waiting at most `idle_s`.
 
-Replies are HTTP/1.0, one request per connection, so a worker is free after each reply.
-With an `ssl.SSLContext` the server speaks only TLS; the handshake runs in the worker,
-never in the accepting thread.
+Replies are HTTP/1.0, one request per connection. The handler is a BaseHTTPRequestHandler
+(`PrereadHandler`) whose rfile is the request as read, so http.server still parses it.
 """
 
 from __future__ import annotations
@@ -29,24 +28,28 @@ import socket
 import ssl
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from slurm_geo.lease.protocol import MAX_BODY_BYTES  # a longer body is refused unread
+
 log = logging.getLogger("slurm_geo.federation")
 
-ACCEPTS_PER_ROUND = 64  # then the waiting connections get their turn
+ACCEPTS_PER_ROUND = 64     # then the connections being read get their turn
+MAX_HEAD_BYTES = 32 * 1024  # a longer head is handed over as read (http.server refuses it)
+RECV_BYTES = 64 * 1024
+TICK_S = 0.25               # how often deadlines are looked at while connections are read
 
 
 @dataclass(frozen=True)
 class Limits:
-    workers: int = 8          # threads serving requests
-    queue: int = 64           # connections with a request, waiting for a worker
-    waiting: int = 1024       # accepted connections not yet sending
-    idle_s: float = 5.0       # silence allowed before the first byte, and per receive/send
-    deadline_s: float = 10.0  # from the accept to the end of the request (TLS included)
+    workers: int = 8          # threads running handlers
+    queue: int = 64           # complete requests waiting for a worker
+    waiting: int = 1024       # connections being read
+    idle_s: float = 5.0       # silence allowed while reading, and per send of a reply
+    deadline_s: float = 10.0  # from the accept to a complete request (TLS included)
 
 
 DEFAULT_LIMITS = Limits()
@@ -54,88 +57,106 @@ DEFAULT_LIMITS = Limits()
 
 @dataclass(frozen=True)
 class Connection:
-    """What a handler is given as its `request`: the socket and when reading must end."""
+    """What a handler is given as its `request`: the socket and the request read from it."""
 
     sock: socket.socket
-    deadline: float  # time.monotonic()
-    idle_s: float
+    data: bytes
 
 
-class DeadlineHandler(BaseHTTPRequestHandler):
-    """A BaseHTTPRequestHandler whose reads end at the connection's deadline; a read past
-    it raises TimeoutError, which http.server answers by closing the connection."""
+class PrereadHandler(BaseHTTPRequestHandler):
+    """A BaseHTTPRequestHandler over a request the server has read in full already."""
 
-    request: Connection
+    request: Connection  # type: ignore[assignment]
 
     def setup(self) -> None:
-        connection = self.request
-        self.connection = connection.sock
-        self.connection.settimeout(connection.idle_s)
-        self.rfile = io.BufferedReader(_DeadlineReader(connection))
+        self.connection = self.request.sock
+        self.rfile = io.BytesIO(self.request.data)
         self.wfile = self.connection.makefile("wb")
 
 
-class _DeadlineReader(io.RawIOBase):
-    def __init__(self, connection: Connection):
-        self._connection = connection
+def request_length(data: bytes | bytearray) -> int | None:
+    """How many bytes of `data` make up its HTTP request once all of it is there (its head,
+    and its body when Content-Length asks for one of at most MAX_BODY_BYTES); None while
+    it is not. A head over MAX_HEAD_BYTES counts as complete as it stands."""
+    ends = [i for i in (data.find(b"\r\n\r\n"), data.find(b"\n\n")) if i >= 0]
+    if not ends:
+        return len(data) if len(data) >= MAX_HEAD_BYTES else None
+    head_end = min(ends)
+    head = bytes(data[:head_end])
+    head_length = head_end + (4 if data.startswith(b"\r\n\r\n", head_end) else 2)
+    body = _content_length(head)
+    if not 0 < body <= MAX_BODY_BYTES:
+        return head_length  # nothing to read, or too much to read: refused unread
+    return head_length + body if len(data) >= head_length + body else None
 
-    def readable(self) -> bool:
-        return True
 
-    def readinto(self, buffer: Any) -> int:
-        left = self._connection.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the request was not read in time")
-        sock = self._connection.sock
-        sock.settimeout(min(left, self._connection.idle_s))
-        return sock.recv_into(buffer)
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            try:
+                return int(value.strip())
+            except ValueError:
+                return 0
+    return 0
+
+
+@dataclass(eq=False)
+class _Reading:
+    """A connection whose request is being read."""
+
+    sock: socket.socket
+    address: Any
+    accepted_at: float
+    active_at: float
+    handshaking: bool
+    data: bytearray = field(default_factory=bytearray)
 
 
 class BoundedHTTPServer:
-    """Serves `handler` (a DeadlineHandler subclass) on (address, port); `serve_forever` on
-    a thread of the caller's, `shutdown` from another, then `server_close`."""
+    """Serves `handler` on (address, port), https with `tls`; `serve_forever` on a thread
+    of the caller's, `shutdown` from another, then `server_close`."""
 
-    def __init__(self, address: str, port: int, handler: type[DeadlineHandler], *,
+    def __init__(self, address: str, port: int, handler: type[PrereadHandler], *,
                  tls: ssl.SSLContext | None = None, limits: Limits = DEFAULT_LIMITS):
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self.socket = socket.create_server((address, port), family=family, backlog=128)
         self.socket.setblocking(False)
         self.server_address = self.socket.getsockname()[:2]
         self.handler, self.tls, self.limits = handler, tls, limits
-        self.dispatched = 0    # connections handed to the workers
+        self.dispatched = 0    # complete requests handed to the workers
         self.refused_busy = 0  # closed because every worker was busy and the queue full
         self._pool = ThreadPoolExecutor(limits.workers, thread_name_prefix="federation-http")
         self._slots = threading.BoundedSemaphore(limits.workers + limits.queue)
-        # Accepted, not yet sending, oldest first: socket -> (accepted at, peer address).
-        self._waiting: OrderedDict[socket.socket, tuple[float, Any]] = OrderedDict()
+        self._reading: dict[socket.socket, _Reading] = {}  # in the order accepted
+        self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
 
-    # --- the accepting thread -------------------------------------------------------------
+    # --- the reading thread ---------------------------------------------------------------
 
     def serve_forever(self) -> None:
         self._idle.clear()
-        selector = selectors.DefaultSelector()
-        selector.register(self.socket, selectors.EVENT_READ)
-        selector.register(self._wake_r, selectors.EVENT_READ)
+        self._selector.register(self.socket, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
         try:
             while not self._stop.is_set():
-                for key, _ in selector.select(self._until_next_expiry()):
+                for key, _ in self._selector.select(TICK_S if self._reading else None):
                     if key.fileobj is self.socket:
-                        self._accept(selector)
-                    elif key.fileobj in self._waiting:  # not closed by _accept meanwhile
-                        self._dispatch(selector, key.fileobj)  # type: ignore[arg-type]
-                self._expire(selector)
+                        self._accept()
+                    elif key.fileobj in self._reading:  # not closed meanwhile
+                        self._advance(self._reading[key.fileobj])  # type: ignore[index]
+                self._expire()
         finally:
-            for sock in self._waiting:
-                sock.close()
-            self._waiting.clear()
-            selector.close()
+            for reading in list(self._reading.values()):
+                self._drop(reading)
+            self._selector.unregister(self.socket)
+            self._selector.unregister(self._wake_r)
             self._idle.set()
 
-    def _accept(self, selector: selectors.BaseSelector) -> None:
+    def _accept(self) -> None:
         for _ in range(ACCEPTS_PER_ROUND):
             try:
                 sock, address = self.socket.accept()
@@ -144,51 +165,73 @@ class BoundedHTTPServer:
             except OSError as exc:  # out of descriptors, say: the others go on
                 log.warning("event=http_accept_failed error=%r", str(exc))
                 return
-            if len(self._waiting) >= self.limits.waiting:
-                oldest, _ = self._waiting.popitem(last=False)
-                selector.unregister(oldest)
-                oldest.close()
+            if len(self._reading) >= self.limits.waiting:
+                self._drop(next(iter(self._reading.values())))
             sock.setblocking(False)
-            self._waiting[sock] = (time.monotonic(), address)
-            selector.register(sock, selectors.EVENT_READ)
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(sock, server_side=True,
+                                            do_handshake_on_connect=False)
+            now = time.monotonic()
+            reading = _Reading(sock, address, now, now, handshaking=self.tls is not None)
+            self._reading[sock] = reading
+            self._selector.register(sock, selectors.EVENT_READ)
 
-    def _dispatch(self, selector: selectors.BaseSelector, sock: socket.socket) -> None:
-        selector.unregister(sock)
-        accepted_at, address = self._waiting.pop(sock)
+    def _advance(self, reading: _Reading) -> None:
+        """Take the connection as far as it goes without waiting: the handshake, then the
+        request; a complete one goes to the workers."""
+        reading.active_at = time.monotonic()
+        try:
+            if reading.handshaking:
+                reading.sock.do_handshake()  # type: ignore[attr-defined]
+                reading.handshaking = False
+            while (length := request_length(reading.data)) is None:
+                chunk = reading.sock.recv(RECV_BYTES)
+                if not chunk:
+                    raise ConnectionError("closed before its request was complete")
+                reading.data += chunk
+        except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+            self._selector.modify(reading.sock, selectors.EVENT_READ)
+            return
+        except ssl.SSLWantWriteError:
+            self._selector.modify(reading.sock, selectors.EVENT_WRITE)
+            return
+        except OSError as exc:  # gone, reset, or not speaking TLS: nothing to answer
+            log.debug("http connection from %s ended: %s", reading.address, exc)
+            self._drop(reading)
+            return
+        self._selector.unregister(reading.sock)
+        del self._reading[reading.sock]
+        self._dispatch(reading, bytes(reading.data[:length]))
+
+    def _dispatch(self, reading: _Reading, request: bytes) -> None:
         if not self._slots.acquire(blocking=False):
             self.refused_busy += 1
-            sock.close()
+            reading.sock.close()
             return
         self.dispatched += 1
-        self._pool.submit(self._serve, sock, address, accepted_at + self.limits.deadline_s)
+        self._pool.submit(self._serve, reading.sock, reading.address, request)
 
-    def _expire(self, selector: selectors.BaseSelector) -> None:
-        silent_since = time.monotonic() - self.limits.idle_s
-        while self._waiting:
-            sock, (accepted_at, _) = next(iter(self._waiting.items()))
-            if accepted_at > silent_since:
-                return
-            del self._waiting[sock]
-            selector.unregister(sock)
-            sock.close()
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for reading in list(self._reading.values()):
+            if now - reading.active_at >= self.limits.idle_s \
+                    or now - reading.accepted_at >= self.limits.deadline_s:
+                self._drop(reading)
 
-    def _until_next_expiry(self) -> float | None:
-        if not self._waiting:
-            return None
-        accepted_at, _ = next(iter(self._waiting.values()))
-        return max(0.0, accepted_at + self.limits.idle_s - time.monotonic())
+    def _drop(self, reading: _Reading) -> None:
+        del self._reading[reading.sock]
+        self._selector.unregister(reading.sock)
+        reading.sock.close()
 
     # --- a worker ---------------------------------------------------------------------------
 
-    def _serve(self, sock: socket.socket, address: Any, deadline: float) -> None:
+    def _serve(self, sock: socket.socket, address: Any, request: bytes) -> None:
         try:
-            if self.tls is not None:
-                sock = _handshake(self.tls, sock, deadline)
+            sock.setblocking(True)
             sock.settimeout(self.limits.idle_s)
-            self.handler(Connection(sock, deadline, self.limits.idle_s),  # type: ignore[arg-type]
-                         address, self)  # type: ignore[arg-type]
-        except (OSError, ValueError) as exc:  # a client gone, slow, or not speaking TLS
-            log.debug("http connection from %s ended: %s", address, exc)
+            self.handler(Connection(sock, request), address, self)  # type: ignore[arg-type]
+        except OSError as exc:  # the client went away, or reads its reply too slowly
+            log.debug("http reply to %s failed: %s", address, exc)
         except Exception:  # a bug must cost one request, not a worker
             log.exception("event=http_request_crashed")
         finally:
@@ -208,37 +251,10 @@ class BoundedHTTPServer:
 
     def server_close(self) -> None:
         self.socket.close()
+        self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _handshake(context: ssl.SSLContext, sock: socket.socket, deadline: float
-               ) -> ssl.SSLSocket:
-    """The server side of a TLS handshake, done by `deadline` or abandoned (TimeoutError)."""
-    sock.setblocking(False)
-    tls = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-    try:
-        with selectors.DefaultSelector() as selector:
-            while True:
-                try:
-                    tls.do_handshake()
-                    break
-                except ssl.SSLWantReadError:
-                    event = selectors.EVENT_READ
-                except ssl.SSLWantWriteError:
-                    event = selectors.EVENT_WRITE
-                left = deadline - time.monotonic()
-                selector.register(tls, event)
-                ready = left > 0 and selector.select(left)
-                selector.unregister(tls)
-                if not ready:
-                    raise TimeoutError("the TLS handshake did not end in time")
-    except BaseException:
-        tls.close()
-        raise
-    tls.setblocking(True)
-    return tls
 
 
 def _close(sock: socket.socket) -> None:

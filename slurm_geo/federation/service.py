@@ -24,8 +24,8 @@ from slurm_geo.federation.core import Federation
 from slurm_geo.federation.httpserver import (
     DEFAULT_LIMITS,
     BoundedHTTPServer,
-    DeadlineHandler,
     Limits,
+    PrereadHandler,
 )
 from slurm_geo.federation.leaseservice import Reply
 from slurm_geo.federation.model import ClusterStatus, JobStatus
@@ -85,7 +85,7 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
     refusals = RefusalAudit(federation.audit.append, federation.clock,
                             federation.config.refusal_audit_interval_s)
 
-    class Handler(DeadlineHandler):
+    class Handler(PrereadHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             if self.path != METRICS_PATH:
                 self._send(Reply(404, {"reason": "not found"}))
