@@ -305,3 +305,16 @@ def test_audit_fields_are_clipped_and_printable():
     long = clip("x" * 10_000)
     assert len(long) == 200 and long.endswith("~")
     assert clip("short") == "short"
+
+
+def test_out_of_descriptors_the_reading_thread_pauses_and_says_so_once_a_minute(caplog):
+    server = BoundedHTTPServer("127.0.0.1", 0, Parked)
+    try:
+        started = time.monotonic()
+        for _ in range(3):
+            server._accept_failed(OSError(24, "Too many open files"))
+        assert time.monotonic() - started >= 0.1  # it paused each time: no spin
+        assert [r.getMessage() for r in caplog.records if "accept_failed" in r.getMessage()] \
+            == ["event=http_accept_failed error='[Errno 24] Too many open files'"]
+    finally:
+        server.server_close()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import selectors
 import socket
 import ssl
@@ -41,6 +42,7 @@ ACCEPTS_PER_ROUND = 64     # then the connections being read get their turn
 MAX_HEAD_BYTES = 32 * 1024  # a longer head is handed over as read (http.server refuses it)
 RECV_BYTES = 64 * 1024
 TICK_S = 0.25               # how often deadlines are looked at while connections are read
+ACCEPT_PAUSE_S = 0.05       # after a failed accept with no connection to close
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class BoundedHTTPServer:
         self.handler, self.tls, self.limits = handler, tls, limits
         self.dispatched = 0    # complete requests handed to the workers
         self.refused_busy = 0  # closed because every worker was busy and the queue full
+        self._accept_warned_at = -math.inf
         self._pool = ThreadPoolExecutor(limits.workers, thread_name_prefix="federation-http")
         self._slots = threading.BoundedSemaphore(limits.workers + limits.queue)
         self._reading: dict[socket.socket, _Reading] = {}  # in the order accepted
@@ -162,8 +165,8 @@ class BoundedHTTPServer:
                 sock, address = self.socket.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # out of descriptors, say: the others go on
-                log.warning("event=http_accept_failed error=%r", str(exc))
+            except OSError as exc:  # out of descriptors, say
+                self._accept_failed(exc)
                 return
             if len(self._reading) >= self.limits.waiting:
                 self._drop(next(iter(self._reading.values())))
@@ -175,6 +178,19 @@ class BoundedHTTPServer:
             reading = _Reading(sock, address, now, now, handshaking=self.tls is not None)
             self._reading[sock] = reading
             self._selector.register(sock, selectors.EVENT_READ)
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """Out of descriptors (or another accept error): free one by closing the connection
+        accepted first, or pause a moment; never spin on a listener that stays readable.
+        Said once a minute at most."""
+        if self._reading:
+            self._drop(next(iter(self._reading.values())))
+        else:
+            time.sleep(ACCEPT_PAUSE_S)
+        now = time.monotonic()
+        if now - self._accept_warned_at >= 60.0:
+            self._accept_warned_at = now
+            log.warning("event=http_accept_failed error=%r", str(exc))
 
     def _advance(self, reading: _Reading) -> None:
         """Take the connection as far as it goes without waiting: the handshake, then the
