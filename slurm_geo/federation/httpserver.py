@@ -40,7 +40,7 @@ log = logging.getLogger("slurm_geo.federation")
 
 ACCEPTS_PER_ROUND = 64     # then the connections being read get their turn
 MAX_HEAD_BYTES = 32 * 1024  # a longer head is handed over as read (http.server refuses it)
-RECV_BYTES = 64 * 1024
+RECV_BYTES = 16 * 1024     # so a connection buffers at most 128 KiB (docs/security.md)
 TICK_S = 0.25               # how often deadlines are looked at while connections are read
 ACCEPT_PAUSE_S = 0.05       # after a failed accept with no connection to close
 
