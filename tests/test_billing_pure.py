@@ -256,7 +256,7 @@ SITE = {
         "onprem": {"region": "home", "access": "cli", "slurm_conf": "/etc/slurm/slurm.conf",
                    "prices": {"cpu_hour": 0.01}},
         "rented": {"region": "remote", "access": "rest", "provider": "gpu-market",
-                   "rest_url": "http://r", "rest_user": "u", "token_file": "/t",
+                   "rest_url": "https://r", "rest_user": "u", "token_file": "/t",
                    "prices": {"gpu_hour": 2.5}},
     },
     "policy": {"budgets": {"ml": 500}},

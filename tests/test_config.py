@@ -132,10 +132,54 @@ def test_a_federation_table_reads_into_settings():
     ({"audit_path": "audit.db"}, "audit_path must be an absolute path"),
     ({"listen_port": 70000}, "listen_port must be a whole number from 1 to 65535"),
     ({"probes": 3}, "unknown key(s) probes"),
+    ({"tls_cert": "/etc/slurm-geo/fed.pem"}, "tls_cert and tls_key go together"),
+    ({"tls_key": "/etc/slurm-geo/fed.key"}, "tls_cert and tls_key go together"),
+    ({"tls_cert": "fed.pem", "tls_key": "/k"}, "tls_cert must be an absolute path"),
+    ({"ca_file": "ca.pem"}, "ca_file must be an absolute path"),
+    ({"refusal_audit_interval_s": 0}, "refusal_audit_interval_s must be a number of seconds"),
+    ({"public_url": "http://fed.example:9852"},
+     "public_url is plain http to fed.example, which is not loopback (127.0.0.1, ::1, "
+     "localhost): write https:// and give tls_cert and tls_key"),
+    ({"public_url": "http://10.0.0.5:9852"}, "plain http to 10.0.0.5"),
+    ({"public_url": "fed.example:9852"}, "public_url must be an http:// or https:// URL"),
+    ({"public_url": "https://"}, "public_url must be an http:// or https:// URL with a host"),
+    ({"public_url": "http://127.0.0.1:9852", "tls_cert": "/c", "tls_key": "/k"},
+     "public_url is http:// but tls_cert makes the service speak https"),
+    ({"listen_address": "0.0.0.0"}, "listen_address 0.0.0.0 is not loopback and the service "
+     "has no TLS"),
 ])
 def test_federation_mistakes_are_named(change, message):
     with pytest.raises(ConfigError) as error:
         parse_config(federated(**change))
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("change, url", [
+    ({"public_url": "http://127.0.0.1:9852"}, "http://127.0.0.1:9852"),
+    ({"public_url": "http://127.8.0.1:9852"}, "http://127.8.0.1:9852"),
+    ({"public_url": "http://[::1]:9852"}, "http://[::1]:9852"),
+    ({"public_url": "http://localhost:9852"}, "http://localhost:9852"),
+    ({"public_url": "https://fed.example"}, "https://fed.example"),
+    ({"public_url": "https://fed.example", "listen_address": "0.0.0.0"},
+     "https://fed.example"),  # TLS in front of it
+    ({"tls_cert": "/c", "tls_key": "/k", "listen_address": "10.0.0.5"},
+     "https://10.0.0.5:9852"),
+    ({"tls_cert": "/c", "tls_key": "/k", "listen_address": "::1"}, "https://[::1]:9852"),
+])
+def test_jobs_reach_the_service_over_https_unless_it_stays_on_the_machine(change, url):
+    config = parse_config(federated(**change)).federation
+    assert config is not None and config.url == url
+
+
+@pytest.mark.parametrize("rest_url, message", [
+    ("http://r.example:6820", "rest_url is plain http to r.example, which is not loopback "
+     "(127.0.0.1, ::1, localhost): write https://, with slurmrestd behind TLS"),
+    ("ftp://r.example", "rest_url must be an http:// or https:// URL"),
+])
+def test_slurmrestd_is_reached_over_https_unless_it_is_local(rest_url, message):
+    with pytest.raises(ConfigError) as error:
+        parse_config(with_change("clusters.rented.rest_url", rest_url), source="site.toml")
     assert message in str(error.value)
 
 

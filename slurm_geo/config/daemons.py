@@ -16,11 +16,13 @@ from slurm_geo.config.settings import (
     Setting,
     choice,
     flag,
+    is_loopback,
     names,
     number,
     path,
     read_settings,
     seconds,
+    secure_url,
     text,
     whole,
 )
@@ -129,6 +131,10 @@ class FederationConfig:
     listen_address: str = "127.0.0.1"
     listen_port: int = 9852
     public_url: str = ""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    ca_file: Path | None = None
+    refusal_audit_interval_s: float = 60.0
     probe_interval_s: float = 10.0
     outage_after: int = 3
     lease_ttl_s: float = 60.0
@@ -139,7 +145,12 @@ class FederationConfig:
     @property
     def url(self) -> str:
         """Where jobs reach the daemon's lease and key service."""
-        return self.public_url or f"http://{self.listen_address}:{self.listen_port}"
+        if self.public_url:
+            return self.public_url
+        scheme = "https" if self.tls_cert is not None else "http"
+        host = f"[{self.listen_address}]" if ":" in self.listen_address \
+            else self.listen_address
+        return f"{scheme}://{host}:{self.listen_port}"
 
     @property
     def detection_window_s(self) -> float:
@@ -156,8 +167,21 @@ FEDERATION_SETTINGS = (
             "Address of the lease/key service and the Prometheus /metrics endpoint."),
     Setting("listen_port", whole(1, 65535), FederationConfig.listen_port,
             "Port of the lease/key service and /metrics."),
-    Setting("public_url", text, None, "URL jobs on every cluster use to reach the service "
-            "(default http://listen_address:listen_port); put TLS in front of it off-site."),
+    Setting("public_url", secure_url("write https:// and give tls_cert and tls_key (or put "
+                                     "TLS in front of the service)"), None,
+            "URL jobs on every cluster use to reach the service (default "
+            "https://listen_address:listen_port with tls_cert, else http://...); https "
+            "unless the host is loopback."),
+    Setting("tls_cert", path, None, "The service's certificate chain (PEM): with tls_key, "
+            "it serves https."),
+    Setting("tls_key", path, None, "The private key of tls_cert (PEM, mode 0600, read at "
+            "start)."),
+    Setting("ca_file", path, None, "The CA certificate (PEM) jobs verify the service "
+            "against; jobs the daemon submits elsewhere get its text in their environment. "
+            "Default: the system's CAs."),
+    Setting("refusal_audit_interval_s", seconds, FederationConfig.refusal_audit_interval_s,
+            "A refused request (400, 401, 403, 404, 409) is audited at most once per source "
+            "address in this many seconds; the next entry counts the ones left out."),
     Setting("probe_interval_s", seconds, FederationConfig.probe_interval_s,
             "Seconds between health probes of each cluster."),
     Setting("outage_after", whole(1, 100), FederationConfig.outage_after,
@@ -183,4 +207,23 @@ def parse_federation(table: Any, clusters: Mapping[str, ClusterConfig], home: st
     if missing:
         raise ConfigError(f"{where}: cluster(s) {', '.join(missing)} have no store = \"NAME\"; "
                           "the daemon must know where each cluster's jobs keep checkpoints")
-    return FederationConfig(**values)
+    config = FederationConfig(**values)
+    _check_transport(config, where)
+    return config
+
+
+def _check_transport(config: FederationConfig, where: str) -> None:
+    """TLS settings that go together, and a URL jobs reach the service by that is https
+    unless it stays on the machine."""
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError(f"{where}: tls_cert and tls_key go together (the certificate chain "
+                          "and its private key, PEM); give both or neither")
+    if config.tls_cert is not None and config.public_url.startswith("http://"):
+        raise ConfigError(f"{where}: public_url is http:// but tls_cert makes the service "
+                          "speak https; write public_url = \"https://...\"")
+    if not config.public_url and config.tls_cert is None \
+            and not is_loopback(config.listen_address):
+        raise ConfigError(f"{where}: listen_address {config.listen_address} is not loopback "
+                          "and the service has no TLS, so jobs would reach it over plain "
+                          "http; give tls_cert and tls_key, or public_url = \"https://...\" "
+                          "(TLS in front)")

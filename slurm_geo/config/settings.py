@@ -12,12 +12,14 @@ Numbers are finite: TOML's `nan` and `inf` are refused everywhere, and so are bo
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from slurm_geo.errors import ConfigError
 
@@ -153,6 +155,31 @@ def url(*schemes: str, empty: bool = False) -> Parse:
                                           and not value.startswith(schemes)):
             raise ConfigError(f"{where} must {'be empty or ' if empty else ''}start with "
                               f"{' or '.join(schemes)}, got {value!r}")
+        return value
+    return parse
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: a host whose traffic never leaves the machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def secure_url(fix: str) -> Parse:
+    """An http:// or https:// URL with a host, plain http only to a loopback host: anything
+    else would carry tokens and keys across a network in clear. `fix` ends the message."""
+    def parse(value: Any, where: str) -> str:
+        host = urlsplit(value).hostname if isinstance(value, str) else None
+        if not host or not value.startswith(("http://", "https://")):
+            raise ConfigError(f"{where} must be an http:// or https:// URL with a host, "
+                              f"got {value!r}")
+        if value.startswith("http://") and not is_loopback(host):
+            raise ConfigError(f"{where} is plain http to {host}, which is not loopback "
+                              f"(127.0.0.1, ::1, localhost): {fix}")
         return value
     return parse
 

@@ -28,6 +28,7 @@ from slurm_geo.config.settings import (
     path,
     read_settings,
     seconds,
+    secure_url,
     table_of,
     tables,
     text,
@@ -129,8 +130,9 @@ CLUSTER_SETTINGS = (
     Setting("provider", text, ClusterConfig.provider, "Who rents the cluster out (billing "
             "prices a provider's clusters alike); default: the cluster's name."),
     Setting("slurm_conf", path, None, "The cluster's slurm.conf (access cli)."),
-    Setting("rest_url", url("http://", "https://"), ClusterConfig.rest_url,
-            "slurmrestd's URL (access rest)."),
+    Setting("rest_url", secure_url("write https://, with slurmrestd behind TLS"),
+            ClusterConfig.rest_url, "slurmrestd's URL (access rest); https unless the host is "
+            "loopback."),
     Setting("rest_user", text, ClusterConfig.rest_user, "The user slurmrestd runs jobs as "
             "(access rest)."),
     Setting("token_file", path, None, "The file holding slurmrestd's JWT (access rest)."),

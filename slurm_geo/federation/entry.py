@@ -39,8 +39,10 @@ PROGRAM = "slurm-geo-federation"
 log = logging.getLogger("slurm_geo.federation")
 
 # [federation] settings bound or opened once, at the start: the lease service's socket,
-# the state and audit databases, the master key. A reload keeps their old values.
-RESTART_SETTINGS = ("listen_address", "listen_port", "state", "audit_path", "key_file")
+# its TLS and refusal audit, the state and audit databases, the master key. A reload
+# keeps their old values.
+RESTART_SETTINGS = ("listen_address", "listen_port", "tls_cert", "tls_key",
+                    "refusal_audit_interval_s", "state", "audit_path", "key_file")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -63,14 +65,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from slurm_geo.daemon.process import Wakeup
     from slurm_geo.federation.runtime import build
     from slurm_geo.federation.service import Metrics, serve
+    from slurm_geo.federation.tls import server_context
 
     level = getattr(logging, args.log_level)
     configure_logging(os.environ, level)
     try:
         federation = build(args.config, daemon=True)
+        config = federation.config
+        tls = None if config.tls_cert is None or config.tls_key is None \
+            else server_context(config.tls_cert, config.tls_key)
         metrics = Metrics()
-        server = serve(federation, metrics, federation.config.listen_address,
-                       federation.config.listen_port)
+        server = serve(federation, metrics, config.listen_address, config.listen_port,
+                       tls=tls)
     except (SlurmGeoError, OSError) as exc:
         print(f"{PROGRAM}: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
@@ -175,16 +181,13 @@ def handle_hup(federation: Federation, notifier: Notifier,
 def reload_config(federation: Federation, load_site: Callable[[], SiteConfig]) -> bool:
     """Re-read the config and take what can change live (`live_site`); a config that does
     not load or validate is one warning line, and the one in force stays."""
-    from slurm_geo.federation.credentials import read_job_credentials
-    from slurm_geo.federation.runtime import federation_config
+    from slurm_geo.federation.runtime import check_files_read_at_use, federation_config
 
     try:
         new = load_site()
         federation_config(new)
         site, restart_needed = live_site(federation.site, new)
-        for store in site.stores.values():  # as at the start: a bad file is refused here
-            if store.job_credentials is not None:
-                read_job_credentials(store.job_credentials)
+        check_files_read_at_use(site)  # as at the start: a bad file is refused here
     except (SlurmGeoError, OSError) as exc:
         event(log, "reload_failed", logging.WARNING, error=exc,
               keeping="the configuration in force")

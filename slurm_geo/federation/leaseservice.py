@@ -20,6 +20,7 @@ from slurm_geo.ckpt.runkey import unwrap_run_key
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.federation.leases import Verdict, decide
 from slurm_geo.federation.model import JobStatus, Lease, LogicalJob
+from slurm_geo.federation.refusals import Refusal, clip
 from slurm_geo.federation.resubmit import ScriptOptions, script_options
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.protocol import Action, KeyReply, LeaseReply, LeaseRequest
@@ -36,6 +37,9 @@ WAIT_RETRY_S = 1.0
 class Reply:
     status: int  # HTTP status
     body: dict[str, Any]
+    # What the audit says of a refusal that names a real job (the HTTP side audits every
+    # refusal, at most once per source address per interval: federation.refusals).
+    refusal: Refusal | None = None
 
 
 class LeaseService:
@@ -45,10 +49,16 @@ class LeaseService:
         self._seen_pending: set[int] = set()
 
     def lease(self, request: LeaseRequest) -> Reply:
-        reply = self._lease(request)
-        return Reply(reply.http_status, reply.to_json())
+        reply, job = self._lease(request)
+        if reply.verdict is not Said.FENCED:
+            return Reply(reply.http_status, reply.to_json())
+        return Reply(reply.http_status, reply.to_json(), Refusal(
+            "fence", None if job is None else job.logical_job,
+            f"refused a lease to {clip(request.cluster, 64)}:{request.job_id} generation "
+            f"{request.generation}", reply.reason))
 
-    def _lease(self, request: LeaseRequest) -> LeaseReply:
+    def _lease(self, request: LeaseRequest) -> tuple[LeaseReply, LogicalJob | None]:
+        """The reply, and the logical job the request named (None: no such job)."""
         w = self.wiring
         if self._unregistered_home_job(request):
             self._register(request)  # reads the batch script from Slurm: not under the lock
@@ -58,16 +68,15 @@ class LeaseService:
             lease = None if job is None else w.state.lease(job.logical_job)
             answer = decide(job, lease, request, w.home, now, w.config.lease_ttl_s)
             if answer.verdict is Verdict.REGISTER:
-                return LeaseReply(Said.WAIT, "registering the job", retry_s=WAIT_RETRY_S)
+                return LeaseReply(Said.WAIT, "registering the job", retry_s=WAIT_RETRY_S), job
             if answer.verdict is Verdict.FENCED:
-                self._audit_fenced(job, request, answer.reason)
-                return LeaseReply(Said.FENCED, answer.reason)
+                return LeaseReply(Said.FENCED, answer.reason), job
             if answer.verdict is Verdict.WAIT:
-                return LeaseReply(Said.WAIT, answer.reason, retry_s=WAIT_RETRY_S)
+                return LeaseReply(Said.WAIT, answer.reason, retry_s=WAIT_RETRY_S), job
             assert job is not None
             if not job.run:  # discovered while pending: the job names its run now
                 job = w.state.name_run(job.logical_job, request.run, now)
-            return self._grant(job, lease, request, answer.action, answer.reason, now)
+            return self._grant(job, lease, request, answer.action, answer.reason, now), job
 
     def _grant(self, job: LogicalJob, lease: Lease | None, request: LeaseRequest,
                action: Action, reason: str, now: float) -> LeaseReply:
@@ -86,13 +95,6 @@ class LeaseService:
                            resume_step=job.resume_step)
         return LeaseReply(Said.GRANT, reason, action, job.logical_job, job.generation,
                           w.config.lease_ttl_s)
-
-    def _audit_fenced(self, job: LogicalJob | None, request: LeaseRequest, reason: str) -> None:
-        self.wiring.say_once(("fenced", request.cluster, str(request.job_id),
-                              str(request.generation)), "fence",
-                             None if job is None else job.logical_job,
-                             f"refused a lease to {request.cluster}:{request.job_id} "
-                             f"generation {request.generation}", reason)
 
     def key(self, token: str) -> Reply:
         """The run's data key, for the incarnation the token was minted for, while it is

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.lease.protocol import (
+    ENV_FEDERATION_CA,
     ENV_FEDERATION_URL,
     ENV_GENERATION,
     ENV_KEY_TOKEN,
@@ -159,6 +160,7 @@ class Incoming:
     key_token: str
     store_url: str
     store_endpoint: str = ""
+    federation_ca: str = ""  # PEM of the CA the daemon's certificate verifies against
 
 
 def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
@@ -177,6 +179,8 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
         ENV_STORE: incoming.store_url,
         ENV_STORE_ENDPOINT: incoming.store_endpoint,
     }
+    if incoming.federation_ca:
+        env[ENV_FEDERATION_CA] = incoming.federation_ca
     partition = options.partition if options.partition in partitions else None
     return JobSpec(
         script=script,

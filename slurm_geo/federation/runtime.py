@@ -25,6 +25,7 @@ from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.core import Federation
 from slurm_geo.federation.credentials import read_job_credentials
 from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.tls import ca_pem
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.slurm import SlurmClient, connect
 
@@ -34,6 +35,16 @@ def federation_config(site: SiteConfig) -> FederationConfig:
         raise ConfigError(f"{site.source} has no [federation] table; the federation daemon "
                           "needs one, and a store = \"NAME\" per cluster (docs/federation.md)")
     return site.federation
+
+
+def check_files_read_at_use(site: SiteConfig) -> None:
+    """The files the daemon reads at each submission (each store's job_credentials, the CA
+    in ca_file), checked now: a bad one is a start-up or reload error, not a failed move."""
+    for store in site.stores.values():
+        if store.job_credentials is not None:
+            read_job_credentials(store.job_credentials)
+    if site.federation is not None and site.federation.ca_file is not None:
+        ca_pem(site.federation.ca_file)
 
 
 def slurm_client(cluster: ClusterConfig, config: FederationConfig) -> SlurmClient:
@@ -51,9 +62,7 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
     site = load_config(config_path)
     config = federation_config(site)
     if daemon:
-        for store in site.stores.values():  # a bad file is a start-up error, not a failed move
-            if store.job_credentials is not None:
-                read_job_credentials(store.job_credentials)
+        check_files_read_at_use(site)
     master_key = load_master_key(master_key_path(config.key_file, env))
     clients = {name: slurm_client(cluster, config) for name, cluster in site.clusters.items()}
     probe_timeout = min(config.probe_interval_s, 5.0)

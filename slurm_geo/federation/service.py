@@ -4,23 +4,32 @@
     POST /v1/key     KeyRequest -> 200 KeyReply | 403 | 409 | 503
     GET  /metrics    Prometheus text format
 A body that is not a request of the protocol gets 400 with the reason; the bodies are
-slurm_geo.lease.protocol's, specified in docs/federation.md ("Lease protocol").
+slurm_geo.lease.protocol's, specified in docs/federation.md ("Lease protocol"). The server
+(federation.httpserver) bounds threads, waits and queues; refusals are audited at most
+once per source address per interval (federation.refusals); docs/security.md.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.federation.core import Federation
+from slurm_geo.federation.httpserver import (
+    DEFAULT_LIMITS,
+    BoundedHTTPServer,
+    Limits,
+    PrereadHandler,
+)
 from slurm_geo.federation.leaseservice import Reply
 from slurm_geo.federation.model import ClusterStatus, JobStatus
+from slurm_geo.federation.refusals import REFUSED, Refusal, RefusalAudit
 from slurm_geo.lease.protocol import (
     KEY_PATH,
     LEASE_PATH,
@@ -69,11 +78,14 @@ class Metrics:
         self.last_tick.set_to_current_time()
 
 
-def serve(federation: Federation, metrics: Metrics, address: str, port: int
-          ) -> ThreadingHTTPServer:
-    """Start the endpoint on a daemon thread; the caller shuts it down."""
+def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
+          tls: ssl.SSLContext | None = None, limits: Limits = DEFAULT_LIMITS) -> BoundedHTTPServer:
+    """Start the endpoint on a daemon thread (https with `tls`); the caller shuts it down.
+    Every refusal is audited, at most once per source address per refusal interval."""
+    refusals = RefusalAudit(federation.audit.append, federation.clock,
+                            federation.config.refusal_audit_interval_s)
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(PrereadHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             if self.path != METRICS_PATH:
                 self._send(Reply(404, {"reason": "not found"}))
@@ -94,7 +106,7 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int
                     reply = federation.key(KeyRequest.from_json(body).token)
                 else:
                     reply = Reply(404, {"reason": "not found"})
-            except (ProtocolError, ValueError) as exc:
+            except (ProtocolError, ValueError, RecursionError) as exc:  # deep JSON: recursion
                 reply = Reply(400, {"reason": f"malformed request: {exc}"})
             except (SlurmError, SlurmGeoError) as exc:
                 reply = Reply(503, {"reason": str(exc)})
@@ -110,6 +122,9 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int
             return body
 
         def _send(self, reply: Reply) -> None:
+            if 400 <= reply.status < 500:
+                self._audit_refusal(reply.status, str(reply.body.get("reason", "")),
+                                    reply.refusal)
             data = json.dumps(reply.body).encode()
             self.send_response(reply.status)
             self.send_header("Content-Type", "application/json")
@@ -117,10 +132,23 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int
             self.end_headers()
             self.wfile.write(data)
 
+        def send_error(self, code: int, message: str | None = None,
+                       explain: str | None = None) -> None:
+            """http.server's own refusals (a request line or header it cannot parse, a
+            method it does not serve) are refusals too."""
+            if 400 <= code < 500:
+                self._audit_refusal(code, message or "", None)
+            super().send_error(code, message, explain)
+
+        def _audit_refusal(self, status: int, reason: str, refusal: Refusal | None) -> None:
+            path = getattr(self, "path", "") if self.command else ""
+            refusals.refused(self.client_address[0], status, path, refusal or Refusal(
+                REFUSED, None, f"refused {self.command or 'a request'} {path}".rstrip()
+                + f" ({status})", reason))
+
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             log.debug("http %s", format % args)
 
-    server = ThreadingHTTPServer((address, port), Handler)
-    server.daemon_threads = True
+    server = BoundedHTTPServer(address, port, Handler, tls=tls, limits=limits)
     threading.Thread(target=server.serve_forever, name="federation-http", daemon=True).start()
     return server

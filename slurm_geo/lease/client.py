@@ -11,7 +11,8 @@ No torch inside: the training side (slurm_geo.torch) and any other trainer use i
 On the home cluster the job finds the daemon and its store through the site config
 ($SLURM_GEO_CONFIG). An incarnation the daemon submitted elsewhere finds everything in
 its environment (SLURM_GEO_*, see slurm_geo.lease.protocol), including a one-time
-token for the run's data key: the key is fetched over HTTP and held in memory only.
+token for the run's data key: the key is fetched from the daemon (https, verified
+against the CA in SLURM_GEO_FEDERATION_CA) and held in memory only.
 
 The lease is renewed by a thread every third of its TTL; `may_train()` compares the last
 successful renewal with the job's own monotonic clock, so a process that was frozen (or
@@ -20,9 +21,11 @@ cut off) knows its lease is stale the moment it runs again. See slurm_geo.federa
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
+import ssl
 import threading
 import time
 import urllib.error
@@ -68,6 +71,7 @@ class Placement:
     store_endpoint: str
     key_token: str  # empty on the home cluster: the master key is read from key_file
     key_file: Path | None
+    federation_ca: str = ""  # PEM of the CA the daemon's https is verified against; "": system
 
 
 class FederatedRun:
@@ -82,6 +86,7 @@ class FederatedRun:
         self.release_requested = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._tls = tls_context(placement.federation_ca)
 
     @classmethod
     def from_environment(cls, run: str, env: Mapping[str, str] = os.environ
@@ -99,7 +104,8 @@ class FederatedRun:
                 federation_url=env[protocol.ENV_FEDERATION_URL],
                 store_url=env[protocol.ENV_STORE],
                 store_endpoint=env.get(protocol.ENV_STORE_ENDPOINT, ""),
-                key_token=env[protocol.ENV_KEY_TOKEN], key_file=None))
+                key_token=env[protocol.ENV_KEY_TOKEN], key_file=None,
+                federation_ca=env.get(protocol.ENV_FEDERATION_CA, "")))
         from slurm_geo.config.model import load_config
         from slurm_geo.config.paths import master_key_path
 
@@ -111,7 +117,7 @@ class FederatedRun:
         store = site.stores[site.cluster(cluster or site.home_cluster).store]
         key_file = master_key_path(config.key_file, env)
         return cls(Placement(run, cluster, job_id, restart, 0, None, config.url, store.url,
-                             store.endpoint_url, "", key_file))
+                             store.endpoint_url, "", key_file, _read_ca(config.ca_file)))
 
     # --- the lease ------------------------------------------------------------------------
 
@@ -171,7 +177,7 @@ class FederatedRun:
                                         placement.restart, placement.generation, last_step,
                                         release)
         status, body = _post(placement.federation_url + protocol.LEASE_PATH,
-                             request.to_json())
+                             request.to_json(), self._tls)
         reply = _lease_reply(status, body)
         with self._lock:
             if reply is not None and reply.verdict is protocol.Verdict.FENCED:
@@ -196,7 +202,7 @@ class FederatedRun:
             assert placement.key_file is not None
             return Repository(store, load_master_key(placement.key_file))
         status, body = _post(placement.federation_url + protocol.KEY_PATH,
-                             protocol.KeyRequest(placement.key_token).to_json())
+                             protocol.KeyRequest(placement.key_token).to_json(), self._tls)
         try:
             if status != 200:
                 raise ValueError(body.get("reason"))
@@ -216,16 +222,39 @@ def _lease_reply(status: int | None, body: dict[str, Any]) -> protocol.LeaseRepl
         return None
 
 
-def _post(url: str, body: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+def tls_context(ca_pem: str) -> ssl.SSLContext:
+    """What https requests to the daemon verify its certificate (and host name) against:
+    the CA in `ca_pem`, else the system's CAs."""
+    try:
+        return ssl.create_default_context(cadata=ca_pem or None)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"the federation daemon's CA ({protocol.ENV_FEDERATION_CA} or "
+                          f"[federation] ca_file) is not a PEM certificate: {exc}") from None
+
+
+def _read_ca(path: Path | None) -> str:
+    if path is None:
+        return ""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"[federation] ca_file {path}: cannot read it ({exc})") from None
+
+
+def _post(url: str, body: dict[str, Any], tls: ssl.SSLContext | None = None
+          ) -> tuple[int | None, dict[str, Any]]:
+    """POST `body` to the daemon; (None, {"reason"}) when no reply came (no connection, a
+    certificate that does not verify, a reply that is not HTTP or not JSON)."""
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S,
+                                    context=tls) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         try:
             return exc.code, json.loads(exc.read())
         except ValueError:
             return exc.code, {"reason": str(exc)}
-    except (OSError, ValueError) as exc:
-        return None, {"reason": str(exc)}
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return None, {"reason": str(exc) or type(exc).__name__}

@@ -138,6 +138,27 @@ class SandboxLayout:
         return self.root / "offsite-job.env"
 
     @property
+    def tls_dir(self) -> Path:
+        """The sandbox's site CA and the federation daemon's certificate (sandbox.certs)."""
+        return self.root / "tls"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.tls_dir / "site-ca.pem"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.tls_dir / "site-ca.key"
+
+    @property
+    def federation_cert(self) -> Path:
+        return self.tls_dir / "federation.pem"
+
+    @property
+    def federation_key(self) -> Path:
+        return self.tls_dir / "federation.key"
+
+    @property
     def site_config(self) -> Path:
         return self.root / "slurm-geo.toml"
 

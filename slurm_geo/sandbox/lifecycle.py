@@ -26,7 +26,7 @@ import requests
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import geo, render
+from slurm_geo.sandbox import certs, geo, render
 from slurm_geo.sandbox.layout import (
     DEFAULT_PORT_BASE,
     REST_USER,
@@ -314,6 +314,9 @@ class Sandbox:
                     self._stop_for_restart(cluster, progress)
             write_if_changed(cluster.slurmdbd_conf,
                         render.slurmdbd_conf(layout, cluster, password.decode().strip()), 0o600)
+        if certs.ensure_site_tls(layout):
+            progress(f"made the sandbox's site CA and the federation daemon's certificate "
+                     f"in {layout.tls_dir}")
         write_if_changed(layout.site_config, render.site_config(layout), 0o644)
         changed |= geo.install(layout, write_if_changed)
         return {name for name in changed if self.processes.running_pid(f"{name}-slurmctld")}

@@ -21,9 +21,12 @@ SYNC_METRICS_PORT_OFFSET = 45  # checkpoint-sync's Prometheus endpoint: port bas
 SYNC_PROGRAM = "slurm-geo-checkpoint-sync"
 FEDERATION_PORT_OFFSET = 50  # the federation daemon's lease/key service and /metrics
 FEDERATION_PROGRAM = "slurm-geo-federation"
-# Quick detection in the sandbox: an outage after 3 missed 1-s probes; a 4-s lease.
+# Quick detection in the sandbox: an outage after 3 missed 1-s probes; a 4-s lease. Every
+# job of both clusters reaches the daemon from 127.0.0.1, so refusals are audited each
+# second (not each minute): one job's refusal must not hide another's.
 SANDBOX_FEDERATION = {"probe_interval_s": 1, "outage_after": 3, "lease_ttl_s": 4,
-                      "margin_s": 30, "failback_stable_s": 10}
+                      "margin_s": 30, "failback_stable_s": 10,
+                      "refusal_audit_interval_s": 1}
 
 # --geo-* directives (docs/admin-slurm.md), installed on both clusters.
 GEO_HOOKS = ("prolog", "epilog", "prolog_slurmctld", "epilog_slurmctld")
@@ -49,6 +52,11 @@ def sync_state_path(layout: SandboxLayout) -> Path:
 
 def federation_port(layout: SandboxLayout) -> int:
     return layout.port_base + FEDERATION_PORT_OFFSET
+
+
+def federation_url(layout: SandboxLayout) -> str:
+    """Where the sandbox's jobs reach the daemon: https, with the sandbox's site CA."""
+    return f"https://127.0.0.1:{federation_port(layout)}"
 
 
 def federation_dir(layout: SandboxLayout) -> Path:
@@ -277,6 +285,10 @@ def site_config(layout: SandboxLayout) -> str:
         f"audit_path = {_q(federation_dir(layout) / 'audit.db')}",
         f"key_file = {_q(layout.master_key)}",
         f"listen_port = {federation_port(layout)}",
+        f"public_url = {_q(federation_url(layout))}",
+        f"tls_cert = {_q(layout.federation_cert)}",
+        f"tls_key = {_q(layout.federation_key)}",
+        f"ca_file = {_q(layout.ca_cert)}",
         *(f"{key} = {value}" for key, value in SANDBOX_FEDERATION.items()),
     ]
     return "\n".join(parts) + "\n"

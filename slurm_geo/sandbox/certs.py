@@ -1,0 +1,129 @@
+"""The sandbox's site CA and the federation daemon's certificate, made once at `up`.
+
+A site gives the daemon a certificate from a CA its jobs trust (docs/install.md); the
+sandbox plays that CA. `make_ca` and `issue_server` are pure over their inputs (the clock
+is passed in) and return PEM; `ensure_site_tls` writes what is missing: the CA's key and
+certificate, then the daemon's, for 127.0.0.1 and localhost. Keys are written 0600 (never
+readable by others, not even while being written), certificates 0644 (jobs of any user
+read the CA). An existing CA is kept, so jobs holding its certificate keep trusting the
+daemon across `up`s.
+
+EC P-256 keys and SHA-256 signatures; the extensions are those Python's strict X.509
+checks (VERIFY_X509_STRICT, the default from 3.13) ask for: a critical basicConstraints
+and keyUsage on the CA, key identifiers on both, a subjectAltName on the server's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from slurm_geo.atomic import write_if_changed
+from slurm_geo.sandbox.layout import SandboxLayout
+
+CA_DAYS = 3650
+SERVER_DAYS = 3650  # a sandbox lives as long as its directory; delete tls/ to renew
+SERVER_HOSTS = ("127.0.0.1", "localhost")
+Write = Callable[[Path, bytes, int], object]
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A private key and its certificate, PEM."""
+
+    key_pem: bytes
+    cert_pem: bytes
+
+
+def make_ca(common_name: str, now: datetime, days: int = CA_DAYS) -> Issued:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    usage = x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                          content_commitment=False, key_encipherment=False,
+                          data_encipherment=False, key_agreement=False, encipher_only=False,
+                          decipher_only=False)
+    cert = (_valid(x509.CertificateBuilder(), now, days)
+            .subject_name(name).issuer_name(name).public_key(key.public_key())
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(usage, critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    return Issued(_key_pem(key), cert.public_bytes(serialization.Encoding.PEM))
+
+
+def issue_server(ca: Issued, hosts: Sequence[str], now: datetime,
+                 days: int = SERVER_DAYS) -> Issued:
+    """A server certificate for `hosts` (IP addresses or DNS names), signed by `ca`."""
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the sandbox CA key is not an EC key")
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    key = ec.generate_private_key(ec.SECP256R1())
+    usage = x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
+                          content_commitment=False, key_encipherment=False,
+                          data_encipherment=False, key_agreement=True, encipher_only=False,
+                          decipher_only=False)
+    cert = (_valid(x509.CertificateBuilder(), now, days)
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .add_extension(x509.SubjectAlternativeName([_general_name(h) for h in hosts]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(usage, critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return Issued(_key_pem(key), cert.public_bytes(serialization.Encoding.PEM))
+
+
+def ensure_site_tls(layout: SandboxLayout, now: datetime | None = None,
+                    write: Write = write_if_changed) -> bool:
+    """Make the site CA and the daemon's certificate where they are missing; True when
+    something was written. A new CA gets a new server certificate with it."""
+    now = now or datetime.now(UTC)
+    layout.tls_dir.mkdir(mode=0o755, parents=True, exist_ok=True)  # jobs of any user read it
+    made_ca = not (layout.ca_cert.exists() and layout.ca_key.exists())
+    if made_ca:
+        ca = make_ca("slurm-geo sandbox site CA", now)
+        write(layout.ca_key, ca.key_pem, 0o600)
+        write(layout.ca_cert, ca.cert_pem, 0o644)
+    else:
+        ca = Issued(layout.ca_key.read_bytes(), layout.ca_cert.read_bytes())
+    if not made_ca and layout.federation_cert.exists() and layout.federation_key.exists():
+        return False
+    server = issue_server(ca, SERVER_HOSTS, now)
+    write(layout.federation_key, server.key_pem, 0o600)
+    write(layout.federation_cert, server.cert_pem, 0o644)
+    return True
+
+
+def _valid(builder: x509.CertificateBuilder, now: datetime, days: int
+           ) -> x509.CertificateBuilder:
+    return (builder.serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(hours=1))  # a node whose clock runs behind
+            .not_valid_after(now + timedelta(days=days)))
+
+
+def _general_name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())

@@ -1,0 +1,58 @@
+"""The sandbox's site CA and the federation daemon's certificate, made at `up` without
+running anything else, and the site config that serves https with them."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from datetime import UTC, datetime
+
+from cryptography import x509
+
+from slurm_geo.config.model import parse_config
+from slurm_geo.federation.tls import ca_pem, server_context
+from slurm_geo.sandbox.certs import ensure_site_tls
+from slurm_geo.sandbox.layout import SandboxLayout
+from slurm_geo.sandbox.render import site_config
+
+NOW = datetime(2030, 1, 2, tzinfo=UTC)
+
+
+def test_the_sandbox_makes_its_ca_and_the_daemons_certificate_once(tmp_path):
+    layout = SandboxLayout(tmp_path / "box", 20000)
+    assert ensure_site_tls(layout, NOW)
+    files = (layout.ca_cert, layout.ca_key, layout.federation_cert, layout.federation_key)
+    made = [path.read_bytes() for path in files]
+    assert not ensure_site_tls(layout, NOW)  # a second `up` keeps them
+    assert [path.read_bytes() for path in files] == made
+    assert {path.name: oct(path.stat().st_mode & 0o777) for path in files} == {
+        "site-ca.pem": "0o644", "site-ca.key": "0o600",
+        "federation.pem": "0o644", "federation.key": "0o600"}
+    os.remove(layout.federation_cert)  # a lost server certificate: the same CA issues one
+    assert ensure_site_tls(layout, NOW)
+    assert layout.ca_cert.read_bytes() == made[0] and layout.federation_cert.read_bytes() != made[2]
+
+
+def test_the_sandbox_certificate_names_127_0_0_1_and_chains_to_its_ca(tmp_path):
+    layout = SandboxLayout(tmp_path / "box", 20000)
+    ensure_site_tls(layout, NOW)
+    cert = x509.load_pem_x509_certificate(layout.federation_cert.read_bytes())
+    ca = x509.load_pem_x509_certificate(layout.ca_cert.read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert cert.issuer == ca.subject
+    cert.verify_directly_issued_by(ca)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+
+def test_the_sandbox_config_serves_https_with_its_ca(tmp_path):
+    layout = SandboxLayout(tmp_path / "box", 20000)
+    config = parse_config(tomllib.loads(site_config(layout))).federation
+    assert config is not None
+    assert config.url == "https://127.0.0.1:20050"
+    assert (config.tls_cert, config.tls_key, config.ca_file) == (
+        layout.federation_cert, layout.federation_key, layout.ca_cert)
+    ensure_site_tls(layout)
+    assert config.tls_cert is not None and config.tls_key is not None
+    server_context(config.tls_cert, config.tls_key)  # what the daemon loads at start
+    assert config.ca_file is not None and ca_pem(config.ca_file)
