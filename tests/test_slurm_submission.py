@@ -184,12 +184,14 @@ DOWN_PING = Answer(500, {"errors": [
     (Answer(401, {}), "HTTP 401 from slurmrestd"),
     (Answer(403, {"errors": []}), "HTTP 403 from slurmrestd"),
     (Answer(200, {"errors": [{"error_number": 6000}]}), "error 6000"),
+    (Answer(500, {"errors": [{"error": "Invalid authentication credential"}]}),
+     "Invalid authentication credential"),
     (DOWN_PING, ""),
     (OK_PING, ""),
     (Answer(500, {"errors": [{"error_number": 2017, "error": "Invalid job id specified"}]}),
      ""),
 ], ids=["22.05 ping", "22.05 submit", "24.11 expired", "401", "403", "bare 6000",
-        "controller down", "ok", "unknown job"])
+        "message only", "controller down", "ok", "unknown job"])
 def test_token_problems_are_told_from_everything_else(answer, problem):
     assert token_problem(answer.status_code, answer.body) == problem
 

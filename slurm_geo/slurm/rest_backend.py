@@ -54,8 +54,7 @@ UNREACHABLE_MARKERS = ("Unable to contact slurm controller", "Socket timed out",
 # ESLURM_AUTH_CRED_INVALID (both); 6001 ESLURM_AUTH_EXPIRED (24.11); 6006
 # ESLURM_AUTH_INVALID (22.05); 6007 ESLURM_AUTH_UNPACK (both).
 TOKEN_ERRORS = frozenset({1007, 6000, 6001, 6006, 6007})
-TOKEN_MARKERS = ("Protocol authentication error", "authentication credential",
-                 "Authentication credential")
+TOKEN_MARKERS = ("protocol authentication error", "authentication credential")  # lower case
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ def token_problem(status: int, doc: dict[str, Any]) -> str:
                    if (code := parse.number(e.get("error_number") or e.get("error_code")))
                    in TOKEN_ERRORS)
     message = parse.error_text(doc)
-    if codes or any(marker in message for marker in TOKEN_MARKERS):
+    if codes or any(marker in message.lower() for marker in TOKEN_MARKERS):
         return message or f"error {codes[0]}"
     return ""
 
