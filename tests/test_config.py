@@ -106,6 +106,15 @@ def test_the_federation_settings_table_in_the_docs_is_current():
     assert settings_table(FEDERATION_SETTINGS) in docs.read_text()
 
 
+def test_the_rest_user_mapping_table_in_the_docs_is_current():
+    from pathlib import Path
+
+    from slurm_geo.config.model import settings_table
+    from slurm_geo.config.tables import REMOTE_ACCOUNT_SETTINGS
+    docs = Path(__file__).resolve().parent.parent / "docs" / "install.md"
+    assert settings_table(REMOTE_ACCOUNT_SETTINGS) in docs.read_text()
+
+
 def federated(**table) -> dict:
     raw = {**GOOD, "clusters": {name: {**c, "store": "offsite"}
                                 for name, c in GOOD["clusters"].items()},

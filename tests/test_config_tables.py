@@ -25,6 +25,7 @@ from slurm_geo.config.tables import (
     PRICE_ENTRY_SETTINGS,
     PRICE_SETTINGS,
     REGISTRY_SETTINGS,
+    REMOTE_ACCOUNT_SETTINGS,
     RETENTION_SETTINGS,
     SITE_SETTINGS,
     STORE_SETTINGS,
@@ -32,6 +33,7 @@ from slurm_geo.config.tables import (
     ClusterConfig,
     PriceEntry,
     Prices,
+    RemoteAccount,
     StoreConfig,
 )
 from slurm_geo.errors import ConfigError
@@ -45,7 +47,9 @@ SITE = {
                    "store": "pfs", "prices": {"cpu_hour": 0.01}},
         "rented": {"region": "eu", "access": "rest", "rest_url": "https://r.example/",
                    "rest_user": "geo", "token_file": "/etc/slurm-geo/rented.jwt",
-                   "provider": "market", "store": "offsite"},
+                   "provider": "market", "store": "offsite",
+                   "users": {"alice": {"account": "geo-alice",
+                                       "token_file": "/etc/slurm-geo/rented/alice.jwt"}}},
     },
     "stores": {"pfs": {"url": "file:///pfs/ckpt", "region": "home"},
                "offsite": {"url": "s3://bucket/ckpt", "region": "eu"}},
@@ -66,6 +70,8 @@ TABLES = [
     (("registry",), "[registry]", REGISTRY_SETTINGS),
     (("clusters", "onprem"), "[clusters.onprem]", CLUSTER_SETTINGS),
     (("clusters", "onprem", "prices"), "[clusters.onprem].prices", PRICE_SETTINGS),
+    (("clusters", "rented", "users", "alice"), "[clusters.rented].users: alice",
+     REMOTE_ACCOUNT_SETTINGS),
     (("stores", "offsite"), "[stores.offsite]", STORE_SETTINGS),
     (("policy",), "[policy]", POLICY_SETTINGS),
     (("retention",), "[retention]", RETENTION_SETTINGS),
@@ -103,6 +109,22 @@ def test_the_site_with_every_table_reads():
         int(datetime(2026, 12, 1, tzinfo=UTC).timestamp()), 2.0, 0.0, 0.1, 5.0,
         provider="market", source="[[billing.prices]] #0"),)
     assert site.cluster("rented").rest_url == "https://r.example"
+    assert site.cluster("rented").users == {
+        "alice": RemoteAccount("geo-alice", Path("/etc/slurm-geo/rented/alice.jwt"))}
+    assert site.cluster("onprem").users == {}
+
+
+def test_users_map_only_rest_clusters_and_only_user_names():
+    cli = refusal(with_key(("clusters", "onprem"), "users", {
+        "alice": {"account": "a", "token_file": "/t"}}))
+    assert "users is for access 'rest'" in cli and "sbatch --uid/--gid" in cli
+    bad = refusal(with_key(("clusters", "rented"), "users", {
+        "a b": {"account": "a", "token_file": "/t"}}))
+    assert "must be a user name" in bad and "'a b'" in bad
+    relative = refusal(with_key(("clusters", "rented", "users", "alice"), "token_file", "t"))
+    assert "[clusters.rented].users: alice: token_file must be an absolute path" in relative
+    missing = refusal(with_key(("clusters", "rented", "users"), "bob", {"account": "b"}))
+    assert "missing token_file" in missing
 
 
 @pytest.mark.parametrize("at, where, settings", TABLES, ids=IDS)
@@ -152,6 +174,7 @@ DECLARED = [
     (ClusterConfig, CLUSTER_SETTINGS, {"name"}),
     (Prices, PRICE_SETTINGS, set()),
     (StoreConfig, STORE_SETTINGS, {"name"}),
+    (RemoteAccount, REMOTE_ACCOUNT_SETTINGS, set()),
     (GeoPolicy, POLICY_SETTINGS, set()),
     (RetentionPolicy, RETENTION_SETTINGS, set()),
     (BillingTable, BILLING_SETTINGS, set()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 
 import pytest
@@ -55,3 +56,26 @@ def test_drill_passes_only_when_every_target_holds(figures, passed, missed):
 
 def test_report_says_what_was_off_site_at_the_kill():
     assert "last step home 100, off-site at kill 80, resumed at 80" in render_report(report())
+
+
+def test_the_drill_submits_its_training_job_with_its_shells_environment(tmp_path,
+                                                                        monkeypatch):
+    """A JobSpec's environment is the job's whole environment: the drill, playing the user
+    who runs sbatch, passes its shell's own, without the Slurm variables of a job."""
+    from slurm_geo.config.model import parse_config
+    from slurm_geo.drills.drill import submit_training
+    from slurm_geo.slurm.fake import FakeSlurm
+
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    site = parse_config({
+        "site": {"home_cluster": "onprem"},
+        "clusters": {"onprem": {"region": "home", "access": "cli", "slurm_conf": "/x",
+                                "store": "pfs"}},
+        "stores": {"pfs": {"url": f"file://{tmp_path}", "region": "home"}}},
+        source=str(tmp_path / "config.toml"))
+    onprem = FakeSlurm("onprem")
+    submit_training(site, onprem, DrillSettings(), tmp_path)
+    (_, spec), = onprem.submitted
+    assert spec.environment["PATH"] == os.environ["PATH"]
+    assert spec.environment["SLURM_GEO_CONFIG"] == str(tmp_path / "config.toml")
+    assert "SLURM_JOB_ID" not in spec.environment

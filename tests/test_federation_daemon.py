@@ -22,13 +22,27 @@ from slurm_geo.federation.model import ClusterStatus, JobStatus, LeftHome
 from slurm_geo.federation.state import FederationState
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.protocol import ENV_GENERATION, ENV_RESUME_STEP, LeaseRequest
-from slurm_geo.slurm import JobSpec, JobState
+from slurm_geo.policy.directives import BY_OPTION
+from slurm_geo.registry import Registry, RegistryReader
+from slurm_geo.slurm import JobSpec, JobState, Owner
 from slurm_geo.slurm.fake import FakeSlurm
 
 KEY = bytes(range(32))
 TTL = 10.0
 OPTIONS = WriteOptions(chunk_size=4096, pack_size=16 * 1024)
 RUN = "run-a"
+ALICE = Owner("alice", 2001, 2100)
+# What alice's shell exported when she ran sbatch; Slurm keeps it (sacct --env-vars).
+ALICE_ENV = {"PATH": "/home/alice/venv/bin:/usr/bin:/bin", "HOME": "/home/alice",
+             "USER": "alice", "VIRTUAL_ENV": "/home/alice/venv", "LANG": "C.UTF-8",
+             "LC_ALL": "C.UTF-8", "MODULEPATH": "/etc/modules", "EDITOR": "vim",
+             "AWS_SECRET_ACCESS_KEY": "alices-own", "SLURM_GEO_FAILOVER": "never"}
+
+
+def directives(failover: str | None = "auto") -> dict[str, str]:
+    """What the SPANK plugin validated and handed Slurm for `script(failover)`."""
+    found = {"geo-ckpt-dir": "/pfs/run-a", "geo-clusters": "onprem,rented"}
+    return found if failover is None else {**found, "geo-failover": failover}
 
 
 def script(failover: str = "auto") -> str:
@@ -36,6 +50,11 @@ def script(failover: str = "auto") -> str:
             "#SBATCH --geo-ckpt-dir=/pfs/run-a\n"
             f"#SBATCH --geo-failover={failover}\n#SBATCH --geo-clusters=onprem,rented\n"
             "exec python train.py\n")
+
+
+def spank_environment(options: dict[str, str]) -> dict[str, str]:
+    """How sbatch puts the SPANK plugin's hand-over in the job's environment."""
+    return {f"SLURM_SPANK_GEO_{BY_OPTION[name].env}": value for name, value in options.items()}
 
 
 @dataclass
@@ -56,6 +75,7 @@ class Site:
 
     tmp: Path
     clock: Clock = field(default_factory=Clock)
+    rented_cluster: dict = field(default_factory=dict)  # keys replacing rented's config
 
     def __post_init__(self) -> None:
         for name in ("pfs", "away"):
@@ -66,7 +86,7 @@ class Site:
                 "onprem": {"region": "home", "access": "cli", "slurm_conf": "/x",
                            "store": "pfs"},
                 "rented": {"region": "eu", "access": "cli", "slurm_conf": "/y",
-                           "store": "away"},
+                           "store": "away", **self.rented_cluster},
             },
             "stores": {"pfs": {"url": f"file://{self.tmp / 'pfs'}", "region": "home"},
                        "away": {"url": f"file://{self.tmp / 'away'}", "region": "eu"}},
@@ -79,6 +99,8 @@ class Site:
                        "away": LocalDirStore(self.tmp / "away")}
         self.onprem = FakeSlurm("onprem", clock=self.clock)
         self.rented = FakeSlurm("rented", clock=self.clock)
+        self.registry_path = self.tmp / "registry.db"
+        self.submitted_directives: dict[int, dict[str, str]] = {}
         self.restart()
 
     def restart(self) -> None:
@@ -87,8 +109,29 @@ class Site:
         clients = {"onprem": self.onprem, "rented": self.rented}
         wiring = Wiring(self.config, self.config.federation, KEY, dict(clients), self.stores,
                         self.stores, self.state,
-                        AuditLog(self.config.federation.audit_path, clock=self.clock), self.clock)
+                        AuditLog(self.config.federation.audit_path, clock=self.clock), self.clock,
+                        RegistryReader(self.registry_path, missing_ok=True))
         self.federation = Federation(wiring, dict(clients), BandwidthModel())
+
+    def submit_home(self, text: str | None = None, failover: str | None = "auto",
+                    owner: Owner = ALICE) -> int:
+        """`owner` runs sbatch on onprem with `text` (default: script(failover)): the SPANK
+        plugin validates the directives sbatch parsed and hands them to Slurm."""
+        options = directives(failover)
+        job_id = self.onprem.submit(JobSpec(
+            script=text or script(failover or "auto"), owner=owner,
+            environment={**ALICE_ENV, **spank_environment(options)}))
+        self.submitted_directives[job_id] = options
+        return job_id
+
+    def start_home(self, job_id: int) -> None:
+        """Slurm starts the home job, after PrologSlurmctld recorded it in the registry."""
+        info = self.onprem.job(job_id)
+        with Registry(self.registry_path) as registry:
+            registry.job_started("onprem", job_id, info.restart_count, name=info.name,
+                                 user=info.user, nodes="", now=self.clock(),
+                                 directives=self.submitted_directives[job_id])
+        self.onprem.start(job_id)
 
     def tick(self, rounds: int = 1, seconds: float = 1.0) -> None:
         for _ in range(rounds):
@@ -114,8 +157,8 @@ class Site:
         return [f"{e.kind}: {e.what}" for e in self.federation.audit.entries()]
 
     def home_job_training(self, failover: str = "auto") -> int:
-        job_id = self.onprem.submit(JobSpec(script=script(failover)))
-        self.onprem.start(job_id)
+        job_id = self.submit_home(failover=failover)
+        self.start_home(job_id)
         self.tick()
         assert self.lease("onprem", job_id, last_step=None)["verdict"] == "grant"
         return job_id
@@ -220,7 +263,7 @@ def test_a_job_completed_after_releasing_its_lease_finishes(site):
 
 
 def test_a_hopeless_queue_is_left_for_the_rented_cluster(site):
-    job_id = site.onprem.submit(JobSpec(script=script()))
+    job_id = site.submit_home()
     site.onprem.set_expected_start(7200.0)  # home would start it in two hours
     site.tick()
     assert site.job().generation == 0  # queued for less than the margin

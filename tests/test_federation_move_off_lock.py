@@ -13,14 +13,13 @@ import time
 
 import numpy as np
 import pytest
-from test_federation_daemon import KEY, RUN, Site, script
+from test_federation_daemon import KEY, RUN, Site
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor
 from slurm_geo.ckpt.open_store import paced
 from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.federation.model import JobStatus
 from slurm_geo.lease.protocol import LeaseRequest
-from slurm_geo.slurm import JobSpec
 
 pytestmark = pytest.mark.slow
 
@@ -44,8 +43,8 @@ def test_lease_renewals_are_answered_while_a_move_copies_and_verifies_1_gib(tmp_
     site.federation.wiring.paced_stores = {name: paced(store, name, bucket)
                                            for name, store in site.stores.items()}
     mover_id = site.home_job_training(failover="manual")
-    other_id = site.onprem.submit(JobSpec(script=script()))
-    site.onprem.start(other_id)
+    other_id = site.submit_home()
+    site.start_home(other_id)
     site.tick()
     write_large_checkpoint(site, 100)
     mover = site.state.find_job("onprem", mover_id)

@@ -372,8 +372,8 @@ def training_with_output(site: Site) -> tuple[Path, int]:
     out = site.tmp / "out"
     out.mkdir()
     site.rented.submit(JobSpec(script="#!/bin/bash\n"))
-    job_id = site.onprem.submit(JobSpec(script=output_script(out)))
-    site.onprem.start(job_id)
+    job_id = site.submit_home(output_script(out))
+    site.start_home(job_id)
     site.tick()
     assert site.lease("onprem", job_id)["verdict"] == "grant"
     return out, job_id

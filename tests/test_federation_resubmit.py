@@ -1,4 +1,5 @@
-"""Reading a script's #SBATCH block and building the resubmission, table-driven."""
+"""Reading a script's #SBATCH block as sbatch does, and building the resubmission (as its
+owner, with the four parts of its environment), table-driven."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ from slurm_geo.federation.resubmit import (
     script_options,
 )
 from slurm_geo.policy.directives import DirectiveError
+from slurm_geo.slurm.models import Owner
+
+VALIDATED = {"geo-ckpt-dir": "/pfs/ckpt", "geo-failover": "auto",
+             "geo-clusters": "onprem,rented"}
+ALICE = Owner("alice", 2001, 2100)
 
 SCRIPT = """#!/bin/bash
 # a comment line is not the end of the block
@@ -38,9 +44,19 @@ def test_the_sbatch_block_is_read_until_the_first_command():
     assert (options.nodes, options.cpus_per_task, options.gpus) == (2, 4, 8)
     assert options.partition == "gpu"
     assert options.output == "/data/%x-%j.out"
-    assert options.geo == ("--geo-ckpt-dir=/pfs/ckpt", "--geo-failover=auto",
-                           "--geo-clusters=onprem,rented")
-    assert options.directives().clusters == ("onprem", "rented")
+    assert options.geo == ()  # never from the script: Slurm's validated ones count
+    validated = options.with_directives(VALIDATED)
+    assert validated.geo == ("--geo-ckpt-dir=/pfs/ckpt", "--geo-clusters=onprem,rented",
+                             "--geo-failover=auto")
+    assert validated.directives().clusters == ("onprem", "rented")
+
+
+def test_an_indented_sbatch_line_is_a_comment_as_for_sbatch():
+    options = script_options("#!/bin/bash\n#SBATCH --time=30\n  #SBATCH --nodes=4\n"
+                             "\t#SBATCH --geo-failover=auto\n#SBATCH --partition=gpu\n"
+                             "true\n")
+    assert (options.time_limit_minutes, options.nodes, options.partition) == (30, 1, "gpu")
+    assert options.geo == () and options.directives().failover is None
 
 
 @pytest.mark.parametrize("time, minutes", [
@@ -58,33 +74,47 @@ def test_gpu_counts(line, gpus):
 
 
 def test_bad_directives_are_refused_not_carried():
-    options = script_options("#!/bin/bash\n#SBATCH --geo-failover=sometimes\n")
+    options = ScriptOptions().with_directives({"geo-failover": "sometimes"})
     with pytest.raises(DirectiveError, match="sometimes"):
         options.directives()
 
 
 def test_options_survive_json():
-    options = script_options(SCRIPT)
+    options = script_options(SCRIPT).with_directives(VALIDATED)
     assert ScriptOptions.from_json(options.to_json()) == options
 
 
 def test_the_resubmission_carries_script_directives_and_resume_pointer():
     incoming = Incoming("onprem-9", 2, "run-a", 120, "http://fed:9852", "tok", "s3://b/c",
                         "http://s3:9000")
-    spec = resubmission(SCRIPT, script_options(SCRIPT), incoming, ("batch",), {"A": "1"})
+    spec = resubmission(SCRIPT, script_options(SCRIPT).with_directives(VALIDATED), incoming,
+                        ("batch",), owner=ALICE, store_env={"AWS_ACCESS_KEY_ID": "scoped"})
     assert spec.script == SCRIPT
+    assert spec.owner == ALICE
     assert spec.partition is None  # rented has no "gpu" partition: its default takes it
     assert (spec.nodes, spec.cpus_per_task, spec.time_limit_minutes) == (2, 4, 1590)
     assert spec.requeue is True
     env = spec.environment
     assert env[ENV_GENERATION] == "2" and env[ENV_RESUME_STEP] == "120"
-    assert env[ENV_KEY_TOKEN] == "tok" and env["A"] == "1"
+    assert env[ENV_KEY_TOKEN] == "tok" and env["AWS_ACCESS_KEY_ID"] == "scoped"
     assert env["SLURM_GEO_FAILOVER"] == "auto"
     assert env["SLURM_GEO_CLUSTERS"] == "onprem,rented"
 
 
+def test_the_environment_is_the_owners_then_the_stores_then_the_directives_then_incoming():
+    incoming = Incoming("onprem-9", 2, "run-a", 120, "http://fed:9852", "tok", "s3://b/c")
+    spec = resubmission(
+        SCRIPT, ScriptOptions().with_directives({"geo-failover": "manual"}), incoming, (),
+        owner=ALICE, owner_env={"PATH": "/home/alice/bin", "SLURM_GEO_FAILOVER": "never",
+                                "AWS_ACCESS_KEY_ID": "alices", ENV_GENERATION: "0"},
+        store_env={"AWS_ACCESS_KEY_ID": "scoped"})
+    env = spec.environment
+    assert (env["PATH"], env["AWS_ACCESS_KEY_ID"], env["SLURM_GEO_FAILOVER"],
+            env[ENV_GENERATION]) == ("/home/alice/bin", "scoped", "manual", "2")
+
+
 def test_a_run_without_checkpoint_resumes_from_nothing():
     incoming = Incoming("onprem-9", 1, "run-a", None, "u", "t", "file:///x")
-    spec = resubmission("#!/bin/bash\ntrue\n", ScriptOptions(), incoming, (), {})
+    spec = resubmission("#!/bin/bash\ntrue\n", ScriptOptions(), incoming, ())
     assert spec.environment[ENV_RESUME_STEP] == ""
     assert spec.name == "onprem-9"

@@ -31,6 +31,7 @@ from slurm_geo.federation.model import (
     token_digest,
 )
 from slurm_geo.federation.state import SCHEMA_VERSION, FederationState
+from slurm_geo.slurm.models import Owner
 
 NOW = 1_800_000_000.0
 NAME = "onprem-7"
@@ -412,6 +413,23 @@ def test_add_job_registers_once(state: FederationState) -> None:
     assert state.find_job(HOME, 7) == first and state.find_job(HOME, 8) is None
 
 
+def test_the_owner_and_their_environment_are_stored_with_the_job(path: Path) -> None:
+    owned = job(owner=Owner("alice", 2001, 2100),
+                owner_env={"PATH": "/home/alice/bin", "PS1": "'$(x)' \"y\"\n"})
+    writer = FederationState(path)
+    try:
+        writer.add_job(owned)
+        assert writer.job(NAME) == owned
+        assert writer.find_job(HOME, 7) == owned
+    finally:
+        writer.close()
+    reader = FederationState(path, readonly=True)
+    try:
+        assert reader.job(NAME).owner == Owner("alice", 2001, 2100)
+    finally:
+        reader.close()
+
+
 def test_the_script_and_json_columns_survive_hostile_text(state: FederationState) -> None:
     hostile = job(script="#!/bin/bash\n'; echo foo\n\"$(rm -rf /)\"\n",
                   spec={"name": "a b\n'c'"}, directives={"--geo-clusters": "x,y"})
@@ -458,10 +476,10 @@ def tables(path: Path) -> set[str]:
         db.close()
 
 
-def test_a_fresh_database_is_schema_version_2_in_wal_mode(state: FederationState,
+def test_a_fresh_database_is_schema_version_3_in_wal_mode(state: FederationState,
                                                            path: Path) -> None:
-    assert SCHEMA_VERSION == 2
-    assert user_version(path) == 2
+    assert SCHEMA_VERSION == 3
+    assert user_version(path) == 3
     assert state.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert tables(path) == {"jobs", "incarnations", "leases", "tokens", "health",
                             "bandwidth", "daemon"}
@@ -504,7 +522,7 @@ def test_reopening_keeps_everything(path: Path) -> None:
         assert again.lease(NAME) == lease()
         assert again.health()[HOME].status is ClusterStatus.UP
         assert again.bandwidth_snapshot() == [{"source": "pfs", "mbps": 200}]
-        assert user_version(path) == 2
+        assert user_version(path) == 3
     finally:
         again.close()
 
@@ -512,13 +530,13 @@ def test_reopening_keeps_everything(path: Path) -> None:
 def test_a_newer_schema_is_refused(path: Path) -> None:
     FederationState(path).close()
     db = sqlite3.connect(path)
-    db.execute("PRAGMA user_version = 3")
+    db.execute("PRAGMA user_version = 4")
     db.close()
     with pytest.raises(FederationStateError, match="newer than this slurm-geo"):
         FederationState(path)
-    with pytest.raises(FederationStateError, match="schema version 3"):
+    with pytest.raises(FederationStateError, match="schema version 4"):
         FederationState(path, readonly=True)
-    assert user_version(path) == 3
+    assert user_version(path) == 4
 
 
 # --- migration from version 1 ------------------------------------------------------------------
@@ -640,7 +658,8 @@ def test_a_version_1_database_is_migrated_on_open(path: Path, version: int) -> N
         assert [i.training_at for i in state.incarnations(NAME)] == [NOW - 590]
         assert "meta" not in tables(path)
         assert "daemon" in tables(path)
-        assert user_version(path) == 2
+        assert (migrated.owner, migrated.owner_env) == (None, {})  # never recorded
+        assert user_version(path) == 3
     finally:
         state.close()
 
@@ -657,6 +676,46 @@ def test_a_migrated_database_opens_again_unchanged_and_takes_writes(path: Path) 
             2, LeftHome.QUEUE, 3)
     finally:
         state.close()
+
+
+# --- migration from version 2 ------------------------------------------------------------------
+
+def make_v2(path: Path) -> None:
+    """A database as version 2 left it: version 1's tables, the columns and the daemon row
+    version 2 added (its _V2_JOB_COLUMNS and _OTHERS), no meta."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(V1_SCHEMA.replace(
+        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);", ""))
+    for column in ("left_home TEXT", "lost_restarts INTEGER NOT NULL DEFAULT 0",
+                   "recoveries INTEGER NOT NULL DEFAULT 0", "awaiting_approval TEXT"):
+        db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
+    db.executescript("""CREATE TABLE daemon (id INTEGER PRIMARY KEY CHECK (id = 1),
+        bandwidth_probe_at REAL NOT NULL DEFAULT 0,
+        sync_transfer_id INTEGER NOT NULL DEFAULT 0);
+        INSERT INTO daemon (id) VALUES (1);""")
+    db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+               (*V1_JOB, "outage", 1, 2, None))
+    db.execute("PRAGMA user_version = 2")
+    db.close()
+
+
+def test_a_version_2_database_gains_owner_columns_and_its_jobs_have_no_owner(
+        path: Path) -> None:
+    make_v2(path)
+    state = FederationState(path)
+    try:
+        old = state.job(NAME)
+        assert (old.left_home, old.lost_restarts, old.recoveries) == (LeftHome.OUTAGE, 1, 2)
+        assert (old.owner, old.owner_env) == (None, {})
+        assert user_version(path) == 3
+        state.add_job(job(logical_job="onprem-11", job_id=11, owner=Owner("bob", 2002, 2002)))
+        assert state.job("onprem-11").owner == Owner("bob", 2002, 2002)
+    finally:
+        state.close()
+    FederationState(path).close()  # opens again as it is
+    assert user_version(path) == 3
 
 
 # --- readonly ----------------------------------------------------------------------------------

@@ -130,14 +130,14 @@ def test_a_job_submitted_elsewhere_is_told_the_ca(site_ca):
     pem = site_ca.cert_pem.decode()
     incoming = Incoming("onprem-9", 1, "run-a", None, "https://fed.example:9852", "t",
                         "file:///x", federation_ca=pem)
-    spec = resubmission("#!/bin/bash\ntrue\n", ScriptOptions(), incoming, (), {})
+    spec = resubmission("#!/bin/bash\ntrue\n", ScriptOptions(), incoming, ())
     assert spec.environment[ENV_FEDERATION_CA] == pem
     env = {"SLURM_CLUSTER_NAME": "rented", "SLURM_JOB_ID": "7", **spec.environment}
     run = FederatedRun.from_environment("run-a", env)
     assert run.placement.federation_ca == pem
     without = Incoming("onprem-9", 1, "run-a", None, "http://127.0.0.1:9852", "t", "file:///x")
     assert ENV_FEDERATION_CA not in resubmission("#!/bin/bash\n", ScriptOptions(), without,
-                                                 (), {}).environment
+                                                 ()).environment
 
 
 def test_a_job_the_daemon_moves_is_told_the_site_ca(tmp_path, site_ca):

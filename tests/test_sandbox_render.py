@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from slurm_geo.sandbox.layout import SandboxLayout
-from slurm_geo.sandbox.render import restd_plugins, slurm_conf, slurmdbd_conf
+from slurm_geo.config.model import RemoteAccount, parse_config
+from slurm_geo.sandbox.layout import REST_USER, SandboxLayout
+from slurm_geo.sandbox.render import restd_plugins, site_config, slurm_conf, slurmdbd_conf
 
 LAYOUT = SandboxLayout(Path("/srv/box"), 20000)
 
@@ -33,6 +35,20 @@ def test_clusters_do_not_share_ports_state_or_accounting():
         assert onprem[key] != rented[key], key
     assert "AuthAltTypes" not in onprem
     assert rented["AuthAltTypes"] == "auth/jwt"
+
+
+@pytest.mark.parametrize("cluster", LAYOUT.clusters, ids=lambda c: c.name)
+def test_slurmdbd_keeps_each_batch_jobs_environment(cluster):
+    """The federation daemon reads a job owner's environment with sacct --env-vars."""
+    assert dict(settings(slurm_conf(LAYOUT, cluster, "h")))["AccountingStoreFlags"] == \
+        "job_env"
+
+
+def test_the_sandbox_site_maps_root_whose_jobs_its_tests_submit_to_the_rest_user():
+    site = parse_config(tomllib.loads(site_config(LAYOUT)))
+    rented = site.cluster(LAYOUT.rented.name)
+    assert rented.users == {"root": RemoteAccount(REST_USER, LAYOUT.rented.token_file)}
+    assert site.cluster(LAYOUT.onprem.name).users == {}
 
 
 def test_each_slurmdbd_has_its_own_database_and_only_rented_takes_jwt():

@@ -10,7 +10,7 @@ import pytest
 from slurm_geo.slurm.client import SlurmClient
 from slurm_geo.slurm.errors import ControllerUnreachable, JobNotFound, SlurmRejected
 from slurm_geo.slurm.fake import FakeSlurm
-from slurm_geo.slurm.models import JobSpec, JobState, NodeInfo
+from slurm_geo.slurm.models import JobSpec, JobState, NodeInfo, Owner
 
 T0 = 1_700_000_000.0
 HOSTILE_SCRIPT = "#!/bin/bash\necho \"it's\"; echo foo'; rm -rf /'\n"
@@ -313,7 +313,8 @@ def test_record_carries_the_comment_and_partition(fake):
 
 CLIENT_CALLS = [
     lambda f: f.submit(spec()), lambda f: f.job(1), lambda f: f.jobs(), lambda f: f.cancel(1),
-    lambda f: f.requeue(1), lambda f: f.batch_script(1), lambda f: f.hold(1),
+    lambda f: f.requeue(1), lambda f: f.batch_script(1), lambda f: f.batch_environment(1),
+    lambda f: f.hold(1),
     lambda f: f.release(1), lambda f: f.ping(), lambda f: f.nodes(),
     lambda f: f.expected_start(spec()), lambda f: f.accounting([1]),
     lambda f: f.accounting(start=at(0), end=at(1)),
@@ -380,3 +381,25 @@ def test_timeout_is_reported_as_configured():
         fake.ping()
     fake.come_back()
     assert fake.ping() >= 0
+
+
+def test_a_job_belongs_to_its_specs_owner_and_keeps_its_environment(fake):
+    alice = Owner("alice", 2001, 2100)
+    owned = fake.submit(spec(owner=alice, environment={"PATH": "/home/alice/bin"}))
+    plain = fake.submit(spec())
+
+    assert fake.job(owned).owner == alice
+    assert fake.job(plain).owner == Owner("fake-user", 1000, 1000)
+    assert fake.accounting([owned])[0].user == "alice"
+    assert fake.batch_environment(owned) == {"PATH": "/home/alice/bin"}
+    assert fake.batch_environment(plain) == {}
+    assert [s.owner for _, s in fake.submitted] == [alice, None]
+
+
+def test_the_batch_environment_outlives_slurmctlds_memory_of_the_job(fake):
+    job_id = fake.submit(spec(environment={"A": "1"}))
+    fake.cancel(job_id)
+    fake.forget(job_id)
+    assert fake.batch_environment(job_id) == {"A": "1"}
+    with pytest.raises(JobNotFound):
+        fake.batch_environment(99)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from slurm_geo.slurm import parse
 from slurm_geo.slurm.cli_backend import sbatch_arguments
-from slurm_geo.slurm.models import JobInfo, JobSpec, JobState, NodeInfo
+from slurm_geo.slurm.models import JobInfo, JobSpec, JobState, NodeInfo, Owner
 from slurm_geo.slurm.rest_backend import choose_api_version, estimate_start, job_properties
 
 T0 = 1_700_000_000
@@ -26,6 +27,7 @@ JOB_V38 = {
     "user_name": "alice", "account": "ml", "partition": "gpu", "nodes": "n1",
     "restart_cnt": 1, "submit_time": T0, "start_time": T0 + 100, "end_time": T0 + 3700,
     "time_limit": 60, "exit_code": 0, "cluster": "rented",
+    "user_id": 2001, "group_id": 2100, "group_name": "ml",
 }
 JOB_V41 = {
     **JOB_V38, "job_state": ["RUNNING"], "submit_time": wrapped(T0),
@@ -44,8 +46,25 @@ def test_job_reads_the_same_from_both_shapes(raw):
         submit_time=datetime.fromtimestamp(T0, UTC),
         start_time=datetime.fromtimestamp(T0 + 100, UTC),
         end_time=datetime.fromtimestamp(T0 + 3700, UTC),
-        time_limit_minutes=60, exit_code=0,
+        time_limit_minutes=60, exit_code=0, uid=2001, gid=2100,
     )
+    assert job.owner == Owner("alice", 2001, 2100)
+
+
+# The owner's fields as each version prints them (src/plugins/openapi/v0.0.38/jobs.c in
+# 22.05: plain ints, group_id null for NO_VAL; data_parser v0.0.42 in 24.11: UINT32, plain).
+@pytest.mark.parametrize("fields, uid, gid, owner", [
+    ({"user_name": "alice", "user_id": 2001, "group_id": 2001}, 2001, 2001,
+     Owner("alice", 2001, 2001)),
+    ({"user_name": "alice", "user_id": 2001, "group_id": None}, 2001, None, None),
+    ({"user_name": "", "user_id": 2001, "group_id": 2001}, 2001, 2001, None),
+    ({"user_name": "root", "user_id": 0, "group_id": 0}, 0, 0, Owner("root", 0, 0)),
+    ({"user_name": "alice"}, None, None, None),  # accounting-only records carry no ids
+], ids=["22.05 and 24.11", "22.05 NO_VAL group", "no name", "root", "no ids"])
+def test_the_owner_comes_from_the_job_record(fields, uid, gid, owner):
+    raw = {k: v for k, v in JOB_V41.items() if k not in ("user_name", "user_id", "group_id")}
+    [job] = parse.jobs_from_ctld({"jobs": [{**raw, **fields}]}, cluster="rented")
+    assert (job.uid, job.gid, job.owner) == (uid, gid, owner)
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -193,6 +212,14 @@ def test_sbatch_arguments_pass_hostile_values_as_single_arguments():
             "--comment=cc=ml"} <= set(args)
 
 
+def test_sbatch_arguments_run_the_job_as_its_owner_with_sbatchs_own_environment():
+    owned = sbatch_arguments(replace(HOSTILE, owner=Owner("alice", 2001, 2100)))
+    assert {"--uid=2001", "--gid=2100", "--export=ALL"} <= set(owned)
+    plain = sbatch_arguments(HOSTILE)
+    assert "--export=ALL" in plain
+    assert not [a for a in plain if a.startswith(("--uid", "--gid"))]
+
+
 @pytest.mark.parametrize("version, env, nodes, limit", [
     ("0.0.38", {"PATH": "/usr/local/bin:/usr/bin:/bin"}, [1, 1], 30),
     ("0.0.39", {"PATH": "/usr/local/bin:/usr/bin:/bin"}, [1, 1], 30),
@@ -246,3 +273,34 @@ def running(job_id, started_min_ago, limit_min):
 def test_estimate_start(nodes_, jobs, wanted, expected):
     spec = JobSpec(script="", nodes=wanted)
     assert estimate_start(NOW, spec, nodes_, jobs) == expected
+
+
+# --- sacct --env-vars -------------------------------------------------------------------------
+
+HEADER = ("Environment used for 12 (must be batch to display)\n"
+          + "-" * 80 + "\n")
+ENV = "PATH=/usr/bin:/bin\nHOME=/home/alice\nPS1=a=b c\nEMPTY=\n"
+FUNCTION = "BASH_FUNC_ml%%=() {  eval \"$(lmod ml \"$@\")\"\n}\n"
+
+
+@pytest.mark.parametrize("text, expected", [
+    # 22.05 (src/sacct/options.c _print_env): header always, "%s\n" after the stored env
+    (HEADER + ENV + "\n", {"PATH": "/usr/bin:/bin", "HOME": "/home/alice", "PS1": "a=b c",
+                           "EMPTY": ""}),
+    # 24.11 with --noheader: the stored env as it is
+    (ENV, {"PATH": "/usr/bin:/bin", "HOME": "/home/alice", "PS1": "a=b c", "EMPTY": ""}),
+    (HEADER + ENV, {"PATH": "/usr/bin:/bin", "HOME": "/home/alice", "PS1": "a=b c",
+                    "EMPTY": ""}),
+    # an exported bash function spans lines
+    (FUNCTION + "LANG=C.UTF-8\n",
+     {"BASH_FUNC_ml%%": '() {  eval "$(lmod ml "$@")"\n}', "LANG": "C.UTF-8"}),
+    ("A=1\r\nB=2\n", {"A": "1\r", "B": "2"}),  # only newlines separate variables
+    # slurmdbd keeps none (no AccountingStoreFlags=job_env), or has no record yet
+    (HEADER + "NONE\n\n", None),
+    ("NONE\n", None),
+    ("", None),
+    (HEADER, None),
+], ids=["22.05", "24.11 --noheader", "24.11 header", "bash function", "carriage return",
+        "22.05 none", "24.11 none", "no record", "header only"])
+def test_batch_environment(text, expected):
+    assert parse.batch_environment(text) == expected

@@ -38,6 +38,7 @@ from slurm_geo.config.tables import (
     ClusterConfig,
     PriceEntry,
     Prices,
+    RemoteAccount,
     StoreConfig,
     parse_billing,
     parse_cluster,
@@ -53,7 +54,8 @@ from slurm_geo.policy.retention import RetentionPolicy
 __all__ = [
     "ACCESS_METHODS", "CLUSTER_SETTINGS", "CONFIG_ENV", "DEFAULT_CONFIG_PATH",
     "DEFAULT_REGISTRY_PATH", "DEFAULT_TIMEOUT_S", "FEDERATION_SETTINGS", "SYNC_SETTINGS",
-    "BillingTable", "ClusterConfig", "FederationConfig", "PriceEntry", "Prices", "Setting",
+    "BillingTable", "ClusterConfig", "FederationConfig", "PriceEntry", "Prices",
+    "RemoteAccount", "Setting",
     "SiteConfig", "StoreConfig", "SyncConfig", "config_path_from_env", "load_config",
     "parse_config", "settings_table",
 ]

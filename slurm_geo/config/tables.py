@@ -11,6 +11,7 @@ config knows policy, policy never knows config.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -98,11 +99,41 @@ def _prices(value: Any, where: str) -> Prices:
 
 
 @dataclass(frozen=True)
+class RemoteAccount:
+    """The account a home user's jobs run as on a REST cluster, and that account's JWT."""
+
+    account: str
+    token_file: Path
+
+
+REMOTE_ACCOUNT_SETTINGS = (
+    Setting("account", text, None, "The cluster's account the home user's jobs run as "
+            "there.", required=True),
+    Setting("token_file", path, None, "That account's slurmrestd JWT; refused at every use "
+            "if the file has any group or other permission bit (chmod 600).", required=True),
+)
+_USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}")
+
+
+def _remote_account(value: Any, where: str) -> RemoteAccount:
+    return RemoteAccount(**read_settings(value, REMOTE_ACCOUNT_SETTINGS, where))
+
+
+def _user_name(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _USER_NAME.fullmatch(value):
+        raise ConfigError(f"{where} must be a user name (1-32 letters, digits, '.', '_' or "
+                          f"'-'), got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """One Slurm cluster and how slurm-geo reaches it.
 
     `access = "cli"` runs Slurm's commands with `slurm_conf`; `access = "rest"` talks to
-    slurmrestd at `rest_url` with the JWT in `token_file`, as across the internet.
+    slurmrestd at `rest_url` with the JWT in `token_file`, as across the internet, and
+    submits each home user's jobs as the account `users` maps them to (a user it maps to
+    none cannot run there).
     """
 
     name: str
@@ -120,6 +151,7 @@ class ClusterConfig:
     gpu_types: tuple[str, ...] = ()
     compliance: str = ""  # compliance domain, e.g. "eu-gdpr"; informational
     slurm_federation: str = ""  # native Slurm federation it belongs to: Slurm moves jobs
+    users: Mapping[str, RemoteAccount] = field(default_factory=dict)  # home user -> account
 
 
 CLUSTER_SETTINGS = (
@@ -133,9 +165,10 @@ CLUSTER_SETTINGS = (
     Setting("rest_url", secure_url("write https://, with slurmrestd behind TLS"),
             ClusterConfig.rest_url, "slurmrestd's URL (access rest); https unless the host is "
             "loopback."),
-    Setting("rest_user", text, ClusterConfig.rest_user, "The user slurmrestd runs jobs as "
-            "(access rest)."),
-    Setting("token_file", path, None, "The file holding slurmrestd's JWT (access rest)."),
+    Setting("rest_user", text, ClusterConfig.rest_user, "The daemon's own account on the "
+            "cluster, for everything but submissions (access rest)."),
+    Setting("token_file", path, None, "The file holding rest_user's JWT, mode 0600 (access "
+            "rest)."),
     Setting("timeout_s", seconds, ClusterConfig.timeout_s,
             "A Slurm command or REST call still unanswered after this long fails."),
     Setting("prices", _prices, Prices(), "[clusters.NAME.prices]: what the cluster charges.",
@@ -150,6 +183,10 @@ CLUSTER_SETTINGS = (
             "\"eu-gdpr\"; informational."),
     Setting("slurm_federation", text, ClusterConfig.slurm_federation,
             "The native Slurm federation the cluster belongs to: Slurm moves its jobs."),
+    Setting("users", mapping_of(_remote_account, "home user = {account, token_file}",
+                                key=_user_name), None,
+            "[clusters.NAME.users.USER]: the account and token each home user's jobs run "
+            "with (access rest); a user without one cannot run there.", subtable=True),
 )
 
 
@@ -158,6 +195,9 @@ def parse_cluster(name: str, table: Any, where: str) -> ClusterConfig:
     if values["access"] == "cli" and "slurm_conf" not in values:
         raise ConfigError(
             f"{where}: access 'cli' needs slurm_conf = PATH to the cluster's slurm.conf")
+    if values["access"] == "cli" and values.get("users"):
+        raise ConfigError(f"{where}: users is for access 'rest'; on a CLI cluster jobs run "
+                          "as their owner's own uid and gid (sbatch --uid/--gid)")
     if values["access"] == "rest":
         for key in ("rest_url", "rest_user", "token_file"):
             if key not in values:

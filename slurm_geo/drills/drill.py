@@ -181,9 +181,12 @@ def submit_training(site: SiteConfig, client: SlurmClient, settings: DrillSettin
     work = out_dir / run
     work.mkdir(parents=True, exist_ok=True)
     trace = work / "trace.log"
+    # As a user's sbatch would, the job takes this shell's environment (a JobSpec's is the
+    # job's whole environment), not the Slurm variables of a job it may run in.
+    shell = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
     job_id = client.submit(JobSpec(
         script=_script(site, run, settings, work, trace), name="geo-drill",
-        working_dir=work, environment={"SLURM_GEO_CONFIG": str(site.source)}))
+        working_dir=work, environment={**shell, "SLURM_GEO_CONFIG": str(site.source)}))
     return Training(run, site.home_cluster, job_id, work, trace)
 
 

@@ -32,6 +32,7 @@ from slurm_geo.federation.model import (
     answering,
 )
 from slurm_geo.federation.mover import Mover
+from slurm_geo.federation.owners import owner_refusal
 from slurm_geo.federation.planner import ClusterView, JobNeeds, Plan, plan
 from slurm_geo.federation.probes import BandwidthProbes, HealthProbes
 from slurm_geo.federation.reconcile import (
@@ -275,7 +276,8 @@ class Federation:
             and cluster.slurm_federation == current.slurm_federation
         return ClusterView(name=name, region=cluster.region, store=cluster.store,
                            prices=cluster.prices, up=up, queue_wait_s=wait, fits=True,
-                           federation_sibling=sibling)
+                           federation_sibling=sibling,
+                           owner_refused=owner_refusal(cluster, job.owner))
 
     def _queue_wait(self, name: str, options: ScriptOptions, job: LogicalJob) -> float | None:
         if name == job.cluster and job.status is JobStatus.RUNNING:
@@ -284,7 +286,7 @@ class Federation:
                 return 0.0  # it is training there now
         spec = resubmission(job.script, options, Incoming(job.logical_job, 0, job.run, None,
                                                           "", "", ""),
-                            self.site.cluster(name).partitions, {})
+                            self.site.cluster(name).partitions, owner=job.owner)
         try:
             start = self.clients[name].expected_start(spec)
         except SlurmError:

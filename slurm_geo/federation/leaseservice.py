@@ -1,6 +1,6 @@
 """The federation daemon's answers to training jobs: leases and run keys, and the
-registration of home jobs it has not seen yet (slurm_geo.lease.protocol; the HTTP side
-is federation.service).
+registration of home jobs it has not seen yet (federation.registration;
+slurm_geo.lease.protocol; the HTTP side is federation.service).
 
 A lease decision and its write happen under the daemon's generation lock, the one a move
 holds for its generation compare-and-set, so no lease is ever granted to a generation a
@@ -17,16 +17,13 @@ from typing import Any
 
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.runkey import unwrap_run_key
-from slurm_geo.errors import SlurmGeoError
 from slurm_geo.federation.leases import Verdict, decide
-from slurm_geo.federation.model import JobStatus, Lease, LogicalJob
+from slurm_geo.federation.model import Lease, LogicalJob
 from slurm_geo.federation.refusals import Refusal, clip
-from slurm_geo.federation.resubmit import ScriptOptions, script_options
+from slurm_geo.federation.registration import Registrar
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.protocol import Action, KeyReply, LeaseReply, LeaseRequest
 from slurm_geo.lease.protocol import Verdict as Said
-from slurm_geo.policy.directives import DirectiveError
-from slurm_geo.slurm import JobState, SlurmError
 
 log = logging.getLogger("slurm_geo.federation")
 
@@ -46,7 +43,7 @@ class LeaseService:
     def __init__(self, wiring: Wiring, generation_lock: threading.Lock):
         self.wiring = wiring
         self._lock = generation_lock
-        self._seen_pending: set[int] = set()
+        self.registrar = Registrar(wiring)
 
     def lease(self, request: LeaseRequest) -> Reply:
         reply, job = self._lease(request)
@@ -61,7 +58,8 @@ class LeaseService:
         """The reply, and the logical job the request named (None: no such job)."""
         w = self.wiring
         if self._unregistered_home_job(request):
-            self._register(request)  # reads the batch script from Slurm: not under the lock
+            # Reads Slurm and the registry: not under the lock.
+            self.registrar.register_leasing(request.job_id, request.run)
         with self._lock:
             now = w.clock()
             job = w.state.find_job(request.cluster, request.job_id)
@@ -118,53 +116,12 @@ class LeaseService:
                    f"{job.cluster}", "the job presented its one-time token")
         return Reply(200, KeyReply(job.run, data_key).to_json())
 
-    # --- registration ---------------------------------------------------------------------
+    # --- registration (federation.registration) ------------------------------------------
 
     def _unregistered_home_job(self, request: LeaseRequest) -> bool:
         return (request.generation == 0 and request.cluster == self.wiring.home
                 and self.wiring.state.find_job(request.cluster, request.job_id) is None)
 
-    def _register(self, request: LeaseRequest) -> None:
-        w = self.wiring
-        script = w.clients[w.home].batch_script(request.job_id)
-        options = script_options(script)
-        try:
-            options.directives()
-        except DirectiveError as exc:
-            raise SlurmGeoError(f"job {w.home}:{request.job_id}: {exc}") from None
-        self._add(request.job_id, request.run, script, options,
-                  "first lease request of a home job")
-
     def discover_pending(self) -> None:
-        """Register geo jobs pending at home, so a hopeless queue can be left: a job that
-        asks --geo-failover and --geo-ckpt-dir. Each pending job's script is read once."""
-        w = self.wiring
-        home = w.clients[w.home]
-        for info in home.jobs():
-            if info.state is not JobState.PENDING or info.job_id in self._seen_pending:
-                continue
-            self._seen_pending.add(info.job_id)
-            if w.state.find_job(w.home, info.job_id) is not None:
-                continue
-            try:
-                script = home.batch_script(info.job_id)
-                options = script_options(script)
-                directives = options.directives()
-            except (SlurmError, DirectiveError, ValueError):
-                continue
-            if directives.ckpt_dir and directives.failover in ("auto", "manual"):
-                self._add(info.job_id, "", script, options,
-                          "a geo job pending on the home cluster")
-
-    def _add(self, job_id: int, run: str, script: str, options: ScriptOptions,
-             why: str) -> None:
-        w = self.wiring
-        now = w.clock()
-        logical = f"{w.home}-{job_id}"
-        job = LogicalJob(logical, run, w.home, script, options.to_json(),
-                         options.directives().as_options(), 0, w.home, job_id, None,
-                         JobStatus.RUNNING, created_at=now, updated_at=now)
-        if w.state.add_job(job):
-            w.audit.append("register", logical, f"registered {w.home}:{job_id}"
-                           + (f" (run {run})" if run else ""), why, cluster=w.home,
-                           job_id=job_id, run=run, directives=job.directives)
+        """Register geo jobs pending at home, so a hopeless queue can be left."""
+        self.registrar.discover_pending()

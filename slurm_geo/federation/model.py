@@ -29,11 +29,12 @@ on the current status):
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.slurm.models import Owner
 
 
 class JobStatus(Enum):
@@ -91,6 +92,16 @@ class IllegalTransition(FederationStateError):
                          "not a transition of the logical job's lifecycle")
 
 
+class OwnerUnknown(FederationStateError):
+    """The state has no owner for the job (registered before slurm-geo recorded owners):
+    the daemon never submits a job without one, so nothing runs as root by default."""
+
+    def __init__(self, logical_job: str):
+        super().__init__(f"logical job {logical_job} has no recorded owner, so it is never "
+                         "submitted again (it would not run as its owner); cancel it with "
+                         f"`slurm-geo cancel {logical_job}` and let its owner submit it anew")
+
+
 class StaleJob(FederationStateError):
     """The job changed under us (another writer moved it first): nothing was written."""
 
@@ -124,6 +135,11 @@ class LogicalJob:
     lost_restarts: int = 0             # restarts after a lost incarnation (max_restarts)
     recoveries: int = 0                # incarnations started because the last was lost
     awaiting_approval: str | None = None  # the cluster a move waits for a person to approve
+    # Whom Slurm's job record named at registration; every incarnation runs as them.
+    owner: Owner | None = None
+    # The allow-listed part of the environment the owner submitted with
+    # (federation.owners), which later incarnations get again.
+    owner_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

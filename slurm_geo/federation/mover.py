@@ -8,7 +8,9 @@ A move, in order (each step is safe to repeat if the daemon dies after it):
   3. the target store is fenced: only the new generation's cluster may commit past the
      resume step there (and the old store too, when it can be reached);
   4. the job is submitted on the target with its resume pointer, a one-time token
-     for its run's data key, and the CA to verify the daemon's https against.
+     for its run's data key and the CA to verify the daemon's https against, as its
+     owner, with the environment federation.owners builds (a job without a recorded
+     owner is never submitted: OwnerUnknown, before step 1).
 Steps 1, 3 and 4 copy, read and call Slurm; only step 2 holds the daemon's generation
 lock, which lease renewals share, so a long copy stalls no other job's trainer.
 """
@@ -36,10 +38,12 @@ from slurm_geo.federation.model import (
     JobStatus,
     LeftHome,
     LogicalJob,
+    OwnerUnknown,
     StaleJob,
     answering,
     token_digest,
 )
+from slurm_geo.federation.owners import owner_environment
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
 from slurm_geo.federation.tls import ca_pem
 from slurm_geo.federation.wiring import Wiring
@@ -69,6 +73,7 @@ class Mover:
         job = w.state.job(job.logical_job)
         if job.status not in (JobStatus.RUNNING, JobStatus.FAILED):
             return None
+        self._check_owner(job)
         target_store, source_store = w.store_of(target), w.store_of(job.cluster)
         current_up = answering(health, job.cluster)
         carries = bool(job.run) and current_up and source_store != target_store
@@ -221,16 +226,30 @@ class Mover:
                            run=job.run, step=step, faults=len(faults))
         return False
 
+    def _check_owner(self, job: LogicalJob) -> None:
+        """Never submit a job without its owner: it would run as the daemon's account."""
+        if job.owner is None:
+            self.wiring.say_once(("no-owner", job.logical_job), "decision", job.logical_job,
+                                 "not submitted: the job's owner is unknown",
+                                 str(OwnerUnknown(job.logical_job)))
+            raise OwnerUnknown(job.logical_job)
+
     def _submit(self, job: LogicalJob) -> LogicalJob:
         w = self.wiring
+        self._check_owner(job)
         cluster = w.site.cluster(job.cluster)
         store = w.site.stores[cluster.store]
         token = secrets.token_urlsafe(32)
         ca = "" if w.config.ca_file is None else ca_pem(w.config.ca_file)
         incoming = Incoming(job.logical_job, job.generation, job.run, job.resume_step,
                             w.config.url, token, store.url, store.endpoint_url, ca)
+        # The daemon's own environment reaches the job only through what
+        # job_environment scopes for the store (federation.owners).
         spec = resubmission(job.script, ScriptOptions.from_json(job.spec), incoming,
-                            cluster.partitions, job_environment(store, os.environ))
+                            cluster.partitions, owner=job.owner,
+                            owner_env=owner_environment(job.owner_env,
+                                                        same_account=cluster.access == "cli"),
+                            store_env=job_environment(store, os.environ))
         try:
             job_id = w.clients[job.cluster].submit(spec)
         except SlurmError as exc:

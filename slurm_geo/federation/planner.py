@@ -16,8 +16,9 @@ everywhere, so a cluster's cost in time is what it takes the job to *start* ther
   starts soonest, ties by cost. A cluster whose wait or bandwidth is unknown is then still
   eligible (an unknown wait beats an outage) but ranks after every known one.
 
-Eligibility (a candidate other than the current cluster): up; fits the job; allowed by
-residency / data class (`slurm_geo.policy.geo.check`); named by `--geo-clusters` when
+Eligibility (a candidate other than the current cluster): the job's owner can run there
+(on a REST cluster, `[clusters.NAME.users]` maps them to an account); up; fits the job;
+allowed by residency / data class (`slurm_geo.policy.geo.check`); named by `--geo-clusters` when
 given; predicted cost within `--geo-max-cost` when given; not a native Slurm federation
 sibling of the current cluster (Slurm moves jobs between those); a verified checkpoint to
 move from; `--geo-failover` not `never`; and, while the current cluster is usable, known
@@ -86,6 +87,7 @@ class ClusterView:
     queue_wait_s: float | None
     fits: bool
     federation_sibling: bool = False
+    owner_refused: str = ""  # why the job's owner cannot run there ('' if they can)
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,8 @@ def _why_not_move(job: JobNeeds, view: ClusterView, rules: GeoRules, cost: Cost,
         return "no verified checkpoint to move from"
     if view.federation_sibling:
         return f"in a native Slurm federation with {job.current}: Slurm moves jobs there"
+    if view.owner_refused:
+        return view.owner_refused
     if not view.up:
         return "down"
     if not view.fits:

@@ -1,15 +1,20 @@
 """What a job is resubmitted with on another cluster: its own script, its own `#SBATCH`
-options and `--geo-*` directives, and what the new incarnation must know. Pure.
+options, the `--geo-*` directives Slurm validated, its owner, and what the new
+incarnation must know. Pure.
 
 slurmrestd does not read `#SBATCH` lines, so the options a resubmission needs are read
-from the script here and travel as JobSpec fields; the directives travel as SLURM_GEO_*
-(which the controller's job_submit.lua checks, as for any REST submission).
+from the script here, as sbatch reads them (a line counts only when `#SBATCH` starts it),
+and travel as JobSpec fields. The directives are never read from the script: they are
+what Slurm validated (federation.owners), and travel as SLURM_GEO_* (which the
+controller's job_submit.lua checks, as for any REST submission). The environment is the
+four parts federation.owners lists, nothing else.
 """
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +30,7 @@ from slurm_geo.lease.protocol import (
     ENV_STORE_ENDPOINT,
 )
 from slurm_geo.policy.directives import Directives, parse_arguments, to_environment
-from slurm_geo.slurm.models import JobSpec
+from slurm_geo.slurm.models import JobSpec, Owner
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class ScriptOptions:
     working_dir: str | None = None
     signal: str | None = None
     gpus: int = 0  # in all, over every node
-    geo: tuple[str, ...] = ()  # the --geo-NAME=VALUE arguments
+    geo: tuple[str, ...] = ()  # --geo-NAME=VALUE of the directives Slurm validated
 
     def to_json(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
@@ -53,26 +58,31 @@ class ScriptOptions:
     def directives(self) -> Directives:
         return parse_arguments(self.geo)
 
+    def with_directives(self, directives: Mapping[str, str]) -> ScriptOptions:
+        """These options with `{option: value}` directives (options without "--")."""
+        return replace(self, geo=tuple(f"--{name}={value}" for name, value in
+                                       sorted(directives.items())))
+
 
 _ALIASES = {"-J": "--job-name", "-t": "--time", "-N": "--nodes", "-c": "--cpus-per-task",
             "-p": "--partition", "-o": "--output", "-D": "--chdir"}
 
 
 def script_options(script: str) -> ScriptOptions:
-    """Read the `#SBATCH` block (it ends at the first command, as for sbatch)."""
+    """Read the `#SBATCH` block as sbatch does (src/sbatch/opt.c): a line counts only when
+    it starts with `#SBATCH`; an indented one is a comment; the block ends at the first
+    command. `--geo-*` options are left out: Slurm's validated directives are the job's
+    (`with_directives`)."""
     values: dict[str, str] = {}
-    geo: list[str] = []
     for line in script.splitlines()[1:]:
         stripped = line.strip()
-        if not stripped or (stripped.startswith("#") and not stripped.startswith("#SBATCH")):
+        if not stripped or (stripped.startswith("#") and not line.startswith("#SBATCH")):
             continue
-        if not stripped.startswith("#SBATCH"):
+        if not line.startswith("#SBATCH"):
             break
-        words = shlex.split(stripped[len("#SBATCH"):], comments=True)
+        words = shlex.split(line[len("#SBATCH"):], comments=True)
         for option, value in _pairs(words):
-            if option.startswith("--geo-"):
-                geo.append(f"{option}={value}")
-            else:
+            if not option.startswith("--geo-"):
                 values[_ALIASES.get(option, option)] = value
     return ScriptOptions(
         name=values.get("--job-name"),
@@ -84,7 +94,6 @@ def script_options(script: str) -> ScriptOptions:
         working_dir=values.get("--chdir"),
         signal=values.get("--signal"),
         gpus=_gpus(values),
-        geo=tuple(geo),
     )
 
 
@@ -164,11 +173,16 @@ class Incoming:
 
 
 def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
-                 partitions: tuple[str, ...], extra_env: dict[str, str]) -> JobSpec:
-    """The JobSpec for the new incarnation. A partition the target does not have is
-    dropped (its default partition takes the job)."""
+                 partitions: tuple[str, ...], *, owner: Owner | None = None,
+                 owner_env: Mapping[str, str] | None = None,
+                 store_env: Mapping[str, str] | None = None) -> JobSpec:
+    """The JobSpec for the new incarnation, run as `owner`, its environment built from
+    the owner's allow-listed one, the store's credentials, the directives and `incoming`,
+    in that order (federation.owners). A partition the target does not have is dropped
+    (its default partition takes the job)."""
     env = {
-        **extra_env,
+        **(owner_env or {}),
+        **(store_env or {}),
         **to_environment(options.directives()),
         ENV_LOGICAL_JOB: incoming.logical_job,
         ENV_GENERATION: str(incoming.generation),
@@ -187,6 +201,7 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
         name=resubmitted_name(options, incoming.logical_job),
         working_dir=Path(options.working_dir or RESUBMIT_WORKING_DIR),
         environment=env,
+        owner=owner,
         partition=partition,
         time_limit_minutes=options.time_limit_minutes,
         nodes=options.nodes,

@@ -27,6 +27,7 @@ from slurm_geo.federation.credentials import read_job_credentials
 from slurm_geo.federation.state import FederationState
 from slurm_geo.federation.tls import ca_pem
 from slurm_geo.federation.wiring import Wiring
+from slurm_geo.registry import RegistryReader
 from slurm_geo.slurm import SlurmClient, connect
 
 
@@ -79,5 +80,6 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
         state.refresh_leases(clock())
     bandwidth = BandwidthModel.restore(state.bandwidth_snapshot())
     wiring = Wiring(site, config, master_key, clients, stores, paced_stores, state,
-                    AuditLog(config.audit_path, clock=clock), clock)
+                    AuditLog(config.audit_path, clock=clock), clock,
+                    RegistryReader(site.registry_path, missing_ok=True))
     return Federation(wiring, probes, bandwidth)

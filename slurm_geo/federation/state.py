@@ -8,7 +8,10 @@ daemon, `slurm-geo cancel` and `slurm-geo approve` never overwrite each other.
 
 Schema version 2 (PRAGMA user_version) made version 1's per-job `meta` keys
 (`left_home:JOB`, `lost_restarts:JOB`) columns of `jobs` and its daemon-wide ones a
-`daemon` row; opening a version-1 database migrates it in one transaction.
+`daemon` row. Version 3 added each job's owner (`owner_user`, `owner_uid`, `owner_gid`,
+from Slurm's job record at registration) and the allow-listed part of their submitted
+environment (`owner_env`); a job registered before has none, and is never submitted
+again (federation.mover). Opening an older database migrates it in one transaction.
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ from slurm_geo.federation.model import (
     check_transition,
     token_digest,
 )
+from slurm_geo.slurm.models import Owner
 from slurm_geo.sqlite_tx import immediate_transaction, open_database
 
 BUSY_TIMEOUT_S = 30.0
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _JOBS = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -61,7 +65,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     left_home TEXT,                -- outage | queue: why it runs away from home
     lost_restarts INTEGER NOT NULL DEFAULT 0,
     recoveries INTEGER NOT NULL DEFAULT 0,
-    awaiting_approval TEXT         -- the target of a move waiting for `slurm-geo approve`
+    awaiting_approval TEXT,        -- the target of a move waiting for `slurm-geo approve`
+    owner_user TEXT,               -- whom Slurm's job record named at registration
+    owner_uid INTEGER,
+    owner_gid INTEGER,
+    owner_env TEXT NOT NULL DEFAULT '{}'  -- JSON: the allow-listed part of their environment
 );"""
 
 _OTHERS = """
@@ -114,16 +122,27 @@ INSERT OR IGNORE INTO daemon (id) VALUES (1);
 
 _V2_JOB_COLUMNS = ("left_home TEXT", "lost_restarts INTEGER NOT NULL DEFAULT 0",
                    "recoveries INTEGER NOT NULL DEFAULT 0", "awaiting_approval TEXT")
+_V3_OWNER_COLUMNS = ("owner_user TEXT", "owner_uid INTEGER", "owner_gid INTEGER",
+                     "owner_env TEXT NOT NULL DEFAULT '{}'")
 
 
 def _job_from_row(row: sqlite3.Row) -> LogicalJob:
+    owner = None
+    if row["owner_user"] is not None and None not in (row["owner_uid"], row["owner_gid"]):
+        owner = Owner(row["owner_user"], row["owner_uid"], row["owner_gid"])
     return LogicalJob(
         row["logical_job"], row["run"], row["home"], row["script"], json.loads(row["spec"]),
         json.loads(row["directives"]), row["generation"], row["cluster"], row["job_id"],
         row["resume_step"], JobStatus(row["status"]), row["move_to"], row["move_after_step"],
         row["created_at"], row["updated_at"],
         LeftHome(row["left_home"]) if row["left_home"] else None, row["lost_restarts"],
-        row["recoveries"], row["awaiting_approval"])
+        row["recoveries"], row["awaiting_approval"], owner, json.loads(row["owner_env"]))
+
+
+def _owner_values(job: LogicalJob) -> tuple[str | None, int | None, int | None, str]:
+    owner = job.owner
+    return (None if owner is None else owner.user, None if owner is None else owner.uid,
+            None if owner is None else owner.gid, json.dumps(job.owner_env))
 
 
 class FederationState:
@@ -184,11 +203,13 @@ class FederationState:
                 return False
             db.execute(
                 "INSERT INTO jobs (logical_job, run, home, script, spec, directives, "
-                "generation, cluster, job_id, resume_step, status, created_at, updated_at) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "generation, cluster, job_id, resume_step, status, created_at, updated_at, "
+                "owner_user, owner_uid, owner_gid, owner_env) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (job.logical_job, job.run, job.home, job.script, json.dumps(job.spec),
                  json.dumps(job.directives), job.generation, job.cluster, job.job_id,
-                 job.resume_step, job.status.value, job.created_at, job.updated_at))
+                 job.resume_step, job.status.value, job.created_at, job.updated_at,
+                 *_owner_values(job)))
             db.execute("INSERT INTO incarnations VALUES (?,?,?,?,?,?,?,?,?)",
                        (job.logical_job, job.generation, job.cluster, job.job_id,
                         job.resume_step, job.created_at, None, None, None))
@@ -239,24 +260,11 @@ class FederationState:
         """`expected` -> `wanted`, if that is a transition and the job is still `expected`;
         IllegalTransition or StaleJob otherwise, and nothing is written."""
         with self.transaction() as db:
-            self._check_status(db, logical_job, expected, wanted)
+            _check_status(db, logical_job, expected, wanted)
             db.execute("UPDATE jobs SET status = ?, move_to = NULL, move_after_step = NULL, "
                        "awaiting_approval = NULL, updated_at = ? WHERE logical_job = ?",
                        (wanted.value, now, logical_job))
         return self.job(logical_job)
-
-    @staticmethod
-    def _check_status(db: sqlite3.Connection, logical_job: str, expected: JobStatus,
-                      wanted: JobStatus) -> sqlite3.Row:
-        check_transition(logical_job, expected, wanted)
-        row: sqlite3.Row | None = db.execute(
-            "SELECT status, generation FROM jobs WHERE logical_job = ?",
-            (logical_job,)).fetchone()
-        if row is None:
-            raise UnknownLogicalJob(logical_job)
-        if row["status"] != expected.value:
-            raise StaleJob(logical_job, expected.value)
-        return row
 
     def plan_move(self, logical_job: str, generation: int, target: str,
                   after_step: int | None, now: float) -> LogicalJob:
@@ -428,6 +436,18 @@ class FederationState:
             db.execute("UPDATE daemon SET sync_transfer_id = ? WHERE id = 1", (transfer_id,))
 
 
+def _check_status(db: sqlite3.Connection, logical_job: str, expected: JobStatus,
+                  wanted: JobStatus) -> sqlite3.Row:
+    check_transition(logical_job, expected, wanted)
+    row: sqlite3.Row | None = db.execute(
+        "SELECT status, generation FROM jobs WHERE logical_job = ?", (logical_job,)).fetchone()
+    if row is None:
+        raise UnknownLogicalJob(logical_job)
+    if row["status"] != expected.value:
+        raise StaleJob(logical_job, expected.value)
+    return row
+
+
 def _lease_live(db: sqlite3.Connection, logical_job: str, generation: int, now: float,
                 ttl_s: float) -> bool:
     row = db.execute("SELECT generation, renewed_at, released FROM leases WHERE "
@@ -462,6 +482,8 @@ def _create_or_migrate(db: sqlite3.Connection) -> None:
                           "name = 'jobs'").fetchone() is not None
     if has_jobs and version < 2:
         _migrate_from_v1(db)
+    if has_jobs and version < 3:
+        _add_owner_columns(db)
     db.execute(_JOBS)
     for statement in _OTHERS.split(";"):
         if statement.strip():
@@ -473,6 +495,12 @@ def _create_or_migrate(db: sqlite3.Connection) -> None:
 
 def _migrate_from_v1(db: sqlite3.Connection) -> None:
     for column in _V2_JOB_COLUMNS:
+        db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
+
+
+def _add_owner_columns(db: sqlite3.Connection) -> None:
+    """Version 3: each job's owner and environment. Jobs registered before have none."""
+    for column in _V3_OWNER_COLUMNS:
         db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
 
 

@@ -13,6 +13,7 @@ from slurm_geo.ckpt.store import Store
 from slurm_geo.config.model import FederationConfig, SiteConfig
 from slurm_geo.federation.audit import AuditLog
 from slurm_geo.federation.state import FederationState
+from slurm_geo.registry import RegistryReader
 from slurm_geo.slurm import SlurmClient
 
 
@@ -27,6 +28,7 @@ class Wiring:
     state: FederationState
     audit: AuditLog
     clock: Callable[[], float] = time.time
+    registry: RegistryReader | None = None  # the home controller's: validated directives
     _announced: set[tuple[str, ...]] = field(default_factory=set)
 
     @property

@@ -111,6 +111,9 @@ def slurm_conf(layout: SandboxLayout, cluster: ClusterLayout, hostname: str) -> 
         f"AccountingStoragePort={cluster.dbd_port}",
         # Clients reach slurmdbd through this munge socket, not through AuthInfo.
         f"AccountingStoragePass={layout.munge_socket}",
+        # slurmdbd keeps each batch job's environment: the federation daemon reads the
+        # owner's with `sacct --env-vars` when it registers a job.
+        "AccountingStoreFlags=job_env",
     ]
     if cluster.uses_rest:
         lines += ["AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={cluster.jwt_key}"]
@@ -246,6 +249,12 @@ def site_config(layout: SandboxLayout) -> str:
         "timeout_s = 10",
         'store = "offsite"',
         _prices_table(rented.name),
+        "",
+        # The sandbox's jobs are root's (its tests submit as root): they run as the
+        # REST user there, with its token.
+        f"[clusters.{rented.name}.users.root]",
+        f"account = {_q(REST_USER)}",
+        f"token_file = {_q(rented.token_file)}",
         "",
         "[stores.pfs]",
         f'url = {_q(f"file://{layout.pfs_dir}")}',

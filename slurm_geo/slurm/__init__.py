@@ -9,6 +9,7 @@ from slurm_geo.slurm.errors import (
     SlurmCommandError,
     SlurmError,
     SlurmRejected,
+    TokenRejected,
 )
 from slurm_geo.slurm.models import (
     AccountingRecord,
@@ -17,22 +18,26 @@ from slurm_geo.slurm.models import (
     JobState,
     MalformedAccountingRow,
     NodeInfo,
+    Owner,
 )
-from slurm_geo.slurm.rest_backend import RestSlurmClient
+from slurm_geo.slurm.rest_backend import RestLogin, RestSlurmClient
 
 
 def connect(cluster: ClusterConfig) -> SlurmClient:
     """The client for `cluster`, by its configured access method."""
     if cluster.access == "rest":
         assert cluster.token_file is not None
+        accounts = {user: RestLogin(remote.account, remote.token_file)
+                    for user, remote in cluster.users.items()}
         return RestSlurmClient(cluster.name, cluster.rest_url, cluster.rest_user,
-                               cluster.token_file, cluster.timeout_s)
+                               cluster.token_file, cluster.timeout_s, accounts)
     assert cluster.slurm_conf is not None
     return CliSlurmClient(cluster.name, cluster.slurm_conf, cluster.timeout_s)
 
 
 __all__ = [
     "AccountingRecord", "CliSlurmClient", "ControllerUnreachable", "JobInfo", "JobNotFound",
-    "JobSpec", "JobState", "MalformedAccountingRow", "NodeInfo", "RestSlurmClient",
-    "SlurmClient", "SlurmCommandError", "SlurmError", "SlurmRejected", "connect",
+    "JobSpec", "JobState", "MalformedAccountingRow", "NodeInfo", "Owner", "RestLogin",
+    "RestSlurmClient", "SlurmClient", "SlurmCommandError", "SlurmError", "SlurmRejected",
+    "TokenRejected", "connect",
 ]

@@ -1,9 +1,26 @@
-"""A cluster reached through its command-line tools (sbatch, squeue, scontrol, sacct)."""
+"""A cluster reached through its command-line tools (sbatch, squeue, scontrol, sacct).
+
+Submissions (checked in Slurm's source, tags slurm-22-05-8-1 and slurm-24-11-4-1):
+
+- A job runs as its owner: `sbatch --uid=UID --gid=GID`. Both versions accept these
+  from root only (`sbatch --help`: "user root only"; src/common/slurm_opt.c arg_set_uid
+  and arg_set_gid refuse unless getuid() == 0), by name or number. The daemon that
+  submits for other users therefore runs as root on a CLI cluster.
+- The job's environment is exactly JobSpec.environment. `--export=NONE` cannot carry an
+  explicit environment: sbatch then keeps only the SLURM_* variables of its own
+  environment (in 22.05 it even drops what --export-file read) and makes slurmd load the
+  owner's login environment (--get-user-env); NAME=value in --export would put secrets
+  on the command line, which every local user can read. So sbatch is started with the
+  job's environment as its own - none of the calling process's variables - plus the
+  cluster's SLURM_CONF, and `--export=ALL` passes that on whatever SBATCH_EXPORT says.
+  Found by the caller's PATH, sbatch is named by its absolute path.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterable, Iterator
@@ -20,6 +37,7 @@ from slurm_geo.slurm.errors import (
     SlurmRejected,
 )
 from slurm_geo.slurm.models import (
+    DEFAULT_JOB_PATH,
     AccountingRecord,
     JobInfo,
     JobSpec,
@@ -44,9 +62,12 @@ PARSABLE_DELIMITER = "\x1f"
 
 
 def sbatch_arguments(spec: JobSpec) -> list[str]:
-    """sbatch flags for `spec`; the script itself goes to sbatch's stdin."""
+    """sbatch flags for `spec`; the script itself goes to sbatch's stdin, its environment
+    is sbatch's own (`sbatch_environment`)."""
     args = [f"--job-name={spec.name}", f"--chdir={spec.working_dir}",
-            f"--nodes={spec.nodes}", f"--cpus-per-task={spec.cpus_per_task}"]
+            f"--nodes={spec.nodes}", f"--cpus-per-task={spec.cpus_per_task}", "--export=ALL"]
+    if spec.owner is not None:
+        args += [f"--uid={spec.owner.uid}", f"--gid={spec.owner.gid}"]
     if spec.partition:
         args.append(f"--partition={spec.partition}")
     if spec.time_limit_minutes is not None:
@@ -64,6 +85,11 @@ def sbatch_arguments(spec: JobSpec) -> list[str]:
     return args
 
 
+def sbatch_environment(spec: JobSpec, slurm_conf: Path) -> dict[str, str]:
+    """sbatch's whole environment for `spec`, which it exports to the job."""
+    return {"PATH": DEFAULT_JOB_PATH, **spec.environment, "SLURM_CONF": str(slurm_conf)}
+
+
 class CliSlurmClient(SlurmClient):
     def __init__(self, cluster: str, slurm_conf: Path, timeout_s: float):
         self.cluster = cluster
@@ -71,8 +97,8 @@ class CliSlurmClient(SlurmClient):
         self.timeout_s = timeout_s
 
     def submit(self, spec: JobSpec) -> int:
-        out = self._run(["sbatch", "--parsable", *sbatch_arguments(spec)], "submit",
-                        stdin=spec.script, extra_env=spec.environment)
+        out = self._run([self._sbatch(), "--parsable", *sbatch_arguments(spec)], "submit",
+                        stdin=spec.script, env=sbatch_environment(spec, self.slurm_conf))
         return parse.submitted_job_id(out)
 
     def job(self, job_id: int) -> JobInfo:
@@ -100,6 +126,17 @@ class CliSlurmClient(SlurmClient):
         return self._run(["scontrol", "write", "batch_script", str(job_id), "-"],
                          "read the batch script", job_id=job_id)
 
+    def batch_environment(self, job_id: int) -> dict[str, str]:
+        out = self._run(["sacct", "--env-vars", "--noheader", f"--jobs={job_id}"],
+                        "read the batch environment", job_id=job_id)
+        found = parse.batch_environment(out)
+        if found is None:
+            raise SlurmRejected(self.cluster, "read the batch environment",
+                                f"slurmdbd keeps no environment for job {job_id} (it needs "
+                                "AccountingStoreFlags=job_env in slurm.conf, and the job's "
+                                "record, which reaches slurmdbd seconds after submission)")
+        return found
+
     def hold(self, job_id: int) -> None:
         self._run(["scontrol", "hold", str(job_id)], "hold", job_id=job_id)
 
@@ -117,8 +154,9 @@ class CliSlurmClient(SlurmClient):
         return parse.nodes(self._json(["sinfo", "--json"], "list nodes"))
 
     def expected_start(self, spec: JobSpec) -> datetime | None:
-        out = self._run(["sbatch", "--test-only", *sbatch_arguments(spec)], "test-only submit",
-                        stdin=spec.script, extra_env=spec.environment, merge_stderr=True)
+        out = self._run([self._sbatch(), "--test-only", *sbatch_arguments(spec)],
+                        "test-only submit", stdin=spec.script,
+                        env=sbatch_environment(spec, self.slurm_conf), merge_stderr=True)
         return parse.expected_start_from_test_only(out)
 
     def accounting(
@@ -158,6 +196,14 @@ class CliSlurmClient(SlurmClient):
 
     # --- running commands ----------------------------------------------------------------
 
+    @staticmethod
+    def _sbatch() -> str:
+        """sbatch, found by this process's PATH: the job's own PATH may name another."""
+        found = shutil.which("sbatch")
+        if found is None:
+            raise SlurmCommandError("sbatch", "not found; install Slurm's client tools")
+        return found
+
     def _json(self, argv: list[str], action: str) -> dict[str, Any]:
         out = self._run(argv, action)
         try:
@@ -171,10 +217,12 @@ class CliSlurmClient(SlurmClient):
         action: str,
         job_id: int | None = None,
         stdin: str | None = None,
-        extra_env: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
         merge_stderr: bool = False,
     ) -> str:
-        env = {**os.environ, **(extra_env or {}), "SLURM_CONF": str(self.slurm_conf)}
+        """`argv` with `env` as its whole environment; by default this process's own."""
+        if env is None:
+            env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
         try:
             proc = subprocess.run(
                 argv, input=stdin, capture_output=True, text=True, env=env,

@@ -44,6 +44,11 @@ class SlurmClient(ABC):
         """The batch script a queued or running job was submitted with."""
 
     @abstractmethod
+    def batch_environment(self, job_id: int) -> dict[str, str]:
+        """The environment the batch job was submitted with, as Slurm keeps it (slurmdbd
+        with AccountingStoreFlags=job_env); SlurmRejected where Slurm keeps none."""
+
+    @abstractmethod
     def hold(self, job_id: int) -> None: ...
 
     @abstractmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from slurm_geo.errors import SlurmGeoError
 
 
@@ -42,6 +44,20 @@ class SlurmRejected(SlurmError):
         self.action = action
         self.detail = detail
         super().__init__(f"cluster '{cluster}': {action} refused: {detail}")
+
+
+class TokenRejected(SlurmRejected):
+    """slurmrestd, or slurmctld behind it, refused the JWT (expired, revoked, another
+    user's), or the token file cannot be used. The cluster answered: never an outage."""
+
+    def __init__(self, cluster: str, action: str, user: str, token_file: Path, detail: str,
+                 fix: str = ""):
+        self.user = user
+        self.token_file = token_file
+        fix = fix or (f"it has expired or is not that user's: issue a new one with `scontrol "
+                      f"token username={user}` on {cluster} and write it there (mode 0600)")
+        super().__init__(cluster, action, f"token problem with {token_file} (user "
+                         f"'{user}'): {detail}; {fix}")
 
 
 class SlurmCommandError(SlurmError):

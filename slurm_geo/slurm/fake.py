@@ -3,8 +3,10 @@
 It behaves like the real backends where slurm-geo depends on them (errors by type, job ids
 kept across requeues, one accounting record per incarnation, every call failing while the
 controller is down), and nothing happens on its own: a test moves jobs with `start` and
-`finish`. It never replaces the sandbox tests, which are what say the real backends behave
-like this.
+`finish`. A job belongs to its spec's owner (else the fake's own user, uid and gid), and
+its batch environment is its spec's environment, as slurmdbd keeps it with
+AccountingStoreFlags=job_env; `submitted` keeps every spec, owner and environment included.
+It never replaces the sandbox tests, which are what say the real backends behave like this.
 
 A job's states, as the fake drives them (requeue and the test controls are the only ways
 out of a state; terminal states stay until a requeue):
@@ -64,11 +66,13 @@ class FakeSlurm(SlurmClient):
 
     def __init__(self, cluster: str, clock: Callable[[], float] = time.time,
                  timeout_s: float = 1.0, *, nodes: list[NodeInfo] | None = None,
-                 user: str = "fake-user", account: str = "fake-account"):
+                 user: str = "fake-user", account: str = "fake-account", uid: int = 1000,
+                 gid: int = 1000):
         self.cluster = cluster
         self.timeout_s = timeout_s
         self.user = user
         self.account = account
+        self.uid, self.gid = uid, gid
         self._clock = clock
         # One lock for everything: the daemon calls from its probe thread and its main loop,
         # and the test's controls come from a third.
@@ -131,6 +135,10 @@ class FakeSlurm(SlurmClient):
     def batch_script(self, job_id: int) -> str:
         with self._controller():
             return self._held_by_ctld(job_id).spec.script
+
+    def batch_environment(self, job_id: int) -> dict[str, str]:
+        with self._controller():  # from slurmdbd: a job slurmctld purged has it too
+            return dict(self._known(job_id).spec.environment)
 
     def hold(self, job_id: int) -> None:
         with self._controller():
@@ -276,15 +284,21 @@ class FakeSlurm(SlurmClient):
         # A pending job's start time is Slurm's estimate of it, as squeue and slurmrestd
         # report it; the same estimate `expected_start` gives.
         pending = job.state is JobState.PENDING and not job.reason.startswith("JobHeld")
+        owner = job.spec.owner
         return JobInfo(
             cluster=self.cluster, job_id=job.job_id, name=job.spec.name, state=job.state,
-            reason=job.reason, user=self.user, account=self.account,
+            reason=job.reason, user=self._user_of(job), account=self.account,
             partition=job.spec.partition or DEFAULT_PARTITION, nodes=job.nodes,
             restart_count=len(job.past), submit_time=job.submit_time,
             start_time=self._expected_start() if pending else job.start_time,
             end_time=job.end_time,
             time_limit_minutes=job.spec.time_limit_minutes, exit_code=job.exit_code,
+            uid=self.uid if owner is None else owner.uid,
+            gid=self.gid if owner is None else owner.gid,
         )
+
+    def _user_of(self, job: _Job) -> str:
+        return self.user if job.spec.owner is None else job.spec.owner.user
 
     def _records(self, job: _Job) -> list[AccountingRecord]:
         return [*job.past, self._record(job)]
@@ -297,8 +311,9 @@ class FakeSlurm(SlurmClient):
         tres = {} if began is None else {"cpu": job.spec.cpus_per_task * job.spec.nodes,
                                          "node": job.spec.nodes}
         return AccountingRecord(
-            cluster=self.cluster, job_id=job.job_id, name=job.spec.name, user=self.user,
-            account=self.account, partition=job.spec.partition or DEFAULT_PARTITION,
+            cluster=self.cluster, job_id=job.job_id, name=job.spec.name,
+            user=self._user_of(job), account=self.account,
+            partition=job.spec.partition or DEFAULT_PARTITION,
             state=job.state, submit_time=job.submit_time, start_time=began,
             end_time=job.end_time, elapsed_s=elapsed, allocated_tres=tres,
             exit_code=job.exit_code, nodes=job.nodes, comment=job.spec.comment or "",

@@ -59,17 +59,35 @@ _TERMINAL = frozenset({
 })
 
 
+# What a job whose environment names no PATH gets (both backends).
+DEFAULT_JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The account a job belongs to and runs as, as Slurm's job record names it."""
+
+    user: str
+    uid: int
+    gid: int
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A batch job to submit: the same fields work through sbatch and through slurmrestd.
 
     slurmrestd does not read `#SBATCH` lines, so everything Slurm must know is a field here.
+    `environment` is the job's whole environment: nothing of the submitting process's own
+    reaches the job (PATH is DEFAULT_JOB_PATH when it names none). `owner`: the account
+    the job runs as (sbatch --uid/--gid; on a REST cluster the account mapped to that
+    user); None submits as the caller's own account.
     """
 
     script: str
     name: str = "slurm-geo"
     working_dir: Path = Path("/tmp")
     environment: dict[str, str] = field(default_factory=dict)
+    owner: Owner | None = None
     partition: str | None = None
     time_limit_minutes: int | None = None
     nodes: int = 1
@@ -98,6 +116,15 @@ class JobInfo:
     end_time: datetime | None
     time_limit_minutes: int | None
     exit_code: int | None
+    uid: int | None = None  # the owner's, as slurmctld has them (accounting has none)
+    gid: int | None = None
+
+    @property
+    def owner(self) -> Owner | None:
+        """Whom Slurm runs the job as; None when the record lacks the user, uid or gid."""
+        if not self.user or self.uid is None or self.gid is None:
+            return None
+        return Owner(self.user, self.uid, self.gid)
 
     @property
     def held(self) -> bool:

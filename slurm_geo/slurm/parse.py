@@ -94,6 +94,10 @@ def _job(raw: Json, cluster: str) -> JobInfo:
         end_time=timestamp(raw.get("end_time")),
         time_limit_minutes=limit,
         exit_code=_exit_code(raw.get("exit_code")),
+        # Plain numbers in every shape (22.05's v0.0.38 and 24.11's v0.0.42 alike); a
+        # group_id of null (v0.0.38 prints NO_VAL so) is unknown.
+        uid=number(raw.get("user_id")),
+        gid=number(raw.get("group_id")),
     )
 
 
@@ -307,6 +311,42 @@ def ping_is_up_json(doc: Json) -> bool:
     if "responding" in first:
         return bool(first["responding"])
     return str(first.get("pinged") or first.get("ping") or "").upper() == "UP"
+
+
+# --- sacct --env-vars: the environment a batch job was submitted with -----------------------
+
+_ENV_HEADER = "Environment used for "
+# A variable's name; bash exports functions as BASH_FUNC_name%%=() { ...
+_ENV_LINE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*|BASH_FUNC_[^=\s]+%%)=(.*)")
+
+
+def batch_environment(text: str) -> dict[str, str] | None:
+    """The variables `sacct --env-vars --jobs=ID` printed; None when slurmdbd keeps none
+    (it prints NONE without AccountingStoreFlags=job_env, or nothing for a job it has no
+    record of yet).
+
+    slurmdbd stores the environment as NAME=value lines (accounting_storage_slurmdbd.c:
+    "%s\n" per variable), so a value holding a newline (an exported bash function) goes on
+    over the following lines: a line that does not start NAME= continues the previous
+    value. 22.05 always prints a two-line header first; 24.11 only without --noheader.
+    """
+    lines = text.split("\n")
+    if lines and lines[0].startswith(_ENV_HEADER):
+        lines = lines[2:] if len(lines) > 1 and set(lines[1]) == {"-"} else lines[1:]
+    while lines and not lines[-1].strip():
+        lines.pop()  # 22.05 ends with a blank line
+    if not lines or lines == ["NONE"]:
+        return None
+    found: dict[str, str] = {}
+    name = None
+    for line in lines:
+        match = _ENV_LINE.fullmatch(line)
+        if match:
+            name = match.group(1)
+            found[name] = match.group(2)
+        elif name is not None:
+            found[name] += "\n" + line
+    return found
 
 
 def submitted_job_id(text: str) -> int:

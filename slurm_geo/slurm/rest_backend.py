@@ -1,10 +1,24 @@
-"""A cluster reached only through slurmrestd over HTTP with a JWT, as across the internet."""
+"""A cluster reached only through slurmrestd over HTTP with a JWT, as across the internet.
+
+The daemon's own calls (ping, nodes, jobs, accounting, cancel) go as `user` with the token
+in `token_file`; a job is submitted as the account its owner is mapped to (`accounts`:
+home user -> RestLogin), with that account's token, so it runs as that account. A token
+file with any group or other permission bit is refused before it is sent.
+
+A refused token is a TokenRejected, never ControllerUnreachable: slurmrestd 22.05 passes
+the JWT on to slurmctld, and an expired one comes back as HTTP 200 or 500 with error 1007
+("Protocol authentication error"); 24.11 also has 6001 ("Authentication credential
+expired"), and 401/403 where slurmrestd checks the token itself.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,8 +28,21 @@ import requests
 
 from slurm_geo.slurm import parse
 from slurm_geo.slurm.client import WINDOW_SLACK, SlurmClient, job_from_records, overlaps
-from slurm_geo.slurm.errors import ControllerUnreachable, JobNotFound, SlurmRejected
-from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobSpec, JobState, NodeInfo
+from slurm_geo.slurm.errors import (
+    ControllerUnreachable,
+    JobNotFound,
+    SlurmRejected,
+    TokenRejected,
+)
+from slurm_geo.slurm.models import (
+    DEFAULT_JOB_PATH,
+    AccountingRecord,
+    JobInfo,
+    JobSpec,
+    JobState,
+    NodeInfo,
+    Owner,
+)
 
 # OpenAPI versions whose shapes `parse` reads, newest first. 0.0.38: Slurm 22.05;
 # 0.0.39: 23.02; 0.0.40+: 23.11 and later.
@@ -23,6 +50,32 @@ SUPPORTED_API_VERSIONS = ("0.0.42", "0.0.41", "0.0.40", "0.0.39", "0.0.38")
 JOB_NOT_FOUND = 2017  # ESLURM_INVALID_JOB_ID
 UNREACHABLE_MARKERS = ("Unable to contact slurm controller", "Socket timed out",
                        "Communication connection failure", "Connection refused")
+# slurm_errno.h: 1007 SLURM_PROTOCOL_AUTHENTICATION_ERROR (both); 6000
+# ESLURM_AUTH_CRED_INVALID (both); 6001 ESLURM_AUTH_EXPIRED (24.11); 6006
+# ESLURM_AUTH_INVALID (22.05); 6007 ESLURM_AUTH_UNPACK (both).
+TOKEN_ERRORS = frozenset({1007, 6000, 6001, 6006, 6007})
+TOKEN_MARKERS = ("protocol authentication error", "authentication credential")  # lower case
+
+
+@dataclass(frozen=True)
+class RestLogin:
+    """An account on the cluster and the file holding its JWT."""
+
+    user: str
+    token_file: Path
+
+
+def token_problem(status: int, doc: dict[str, Any]) -> str:
+    """Why slurmrestd's answer is a refused token ('' if it is not one). Pure."""
+    if status in (401, 403):
+        return f"HTTP {status} from slurmrestd"
+    codes = sorted(code for e in parse.errors(doc)
+                   if (code := parse.number(e.get("error_number") or e.get("error_code")))
+                   in TOKEN_ERRORS)
+    message = parse.error_text(doc)
+    if codes or any(marker in message.lower() for marker in TOKEN_MARKERS):
+        return message or f"error {codes[0]}"
+    return ""
 
 
 def choose_api_version(paths: Iterable[str]) -> str:
@@ -38,7 +91,7 @@ def choose_api_version(paths: Iterable[str]) -> str:
 def job_properties(spec: JobSpec, api_version: str) -> dict[str, Any]:
     """The `job` object of a submission for this API version."""
     modern = api_version >= "0.0.40"
-    env = spec.environment or {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+    env = {"PATH": DEFAULT_JOB_PATH, **spec.environment}
     props: dict[str, Any] = {
         "name": spec.name,
         "current_working_directory": str(spec.working_dir),
@@ -101,20 +154,39 @@ def estimate_start(
 
 
 class RestSlurmClient(SlurmClient):
-    def __init__(self, cluster: str, url: str, user: str, token_file: Path, timeout_s: float):
+    def __init__(self, cluster: str, url: str, user: str, token_file: Path, timeout_s: float,
+                 accounts: Mapping[str, RestLogin] | None = None):
         self.cluster = cluster
         self.url = url.rstrip("/")
         self.user = user
         self.token_file = token_file
         self.timeout_s = timeout_s
+        self.accounts = dict(accounts or {})
         self._http = requests.Session()
         self._version: str | None = None
+
+    @property
+    def login(self) -> RestLogin:
+        """The daemon's own account here."""
+        return RestLogin(self.user, self.token_file)
+
+    def login_for(self, owner: Owner | None) -> RestLogin:
+        """The account a job of `owner` runs as here; the daemon's own for None."""
+        if owner is None:
+            return self.login
+        try:
+            return self.accounts[owner.user]
+        except KeyError:
+            raise SlurmRejected(self.cluster, "submit", f"no account for home user "
+                                f"'{owner.user}' here: add [clusters.{self.cluster}.users."
+                                f"{owner.user}] (account, token_file) to the config") from None
 
     # --- jobs ----------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> int:
+        login = self.login_for(spec.owner)
         body = {"script": spec.script, "job": job_properties(spec, self.api_version)}
-        doc = self._call("POST", "slurm", "job/submit", "submit", json=body)
+        doc = self._call("POST", "slurm", "job/submit", "submit", json=body, login=login)
         job_id = parse.number(doc.get("job_id"))
         if not job_id:
             raise SlurmRejected(self.cluster, "submit", parse.error_text(doc) or "no job id")
@@ -148,6 +220,13 @@ class RestSlurmClient(SlurmClient):
             self.cluster, "read the batch script",
             f"slurmrestd (API v{self.api_version}) does not return batch scripts; keep the "
             "script from the submission",
+        )
+
+    def batch_environment(self, job_id: int) -> dict[str, str]:
+        raise SlurmRejected(
+            self.cluster, "read the batch environment",
+            f"slurmrestd (API v{self.api_version}) does not serve a job's environment (its "
+            "job records skip it, 22.05 and 24.11 alike); read it where the job was submitted",
         )
 
     def hold(self, job_id: int) -> None:
@@ -208,10 +287,15 @@ class RestSlurmClient(SlurmClient):
         return self._version
 
     def _call(self, method: str, family: str, path: str, action: str, job_id: int | None = None,
-              missing_ok: bool = False, **kwargs: Any) -> dict[str, Any]:
+              missing_ok: bool = False, login: RestLogin | None = None,
+              **kwargs: Any) -> dict[str, Any]:
         began = time.monotonic()
-        response = self._send(method, self._url(family, path), action, **kwargs)
+        login = login or self.login
+        response = self._send(method, self._url(family, path), login, **kwargs)
         doc = _decode(response)
+        problem = token_problem(response.status_code, doc)
+        if problem:
+            raise TokenRejected(self.cluster, action, login.user, login.token_file, problem)
         message = parse.error_text(doc)
         if any(marker in message for marker in UNREACHABLE_MARKERS):
             raise ControllerUnreachable(self.cluster, message, self.timeout_s)
@@ -235,8 +319,8 @@ class RestSlurmClient(SlurmClient):
         if remaining <= 0.1:
             return False
         try:
-            response = self._http.get(self._url("slurm", "ping"), headers=self._headers(),
-                                      timeout=remaining)
+            response = self._http.get(self._url("slurm", "ping"),
+                                      headers=self._headers(self.login), timeout=remaining)
         except (requests.ConnectionError, requests.Timeout):
             return False
         return parse.ping_is_up_json(_decode(response))
@@ -246,33 +330,44 @@ class RestSlurmClient(SlurmClient):
         return f"{self.url}/{prefix}{self.api_version}/{path}"
 
     def _get_json(self, url: str, action: str) -> dict[str, Any]:
-        response = self._send("GET", url, action)
+        response = self._send("GET", url, self.login)
+        if response.status_code in (401, 403):
+            raise TokenRejected(self.cluster, action, self.user, self.token_file,
+                                f"HTTP {response.status_code} from slurmrestd")
         if response.status_code >= 400:
             raise SlurmRejected(self.cluster, action, f"HTTP {response.status_code} for {url}")
         return _decode(response)
 
-    def _send(self, method: str, url: str, action: str, **kwargs: Any) -> requests.Response:
+    def _send(self, method: str, url: str, login: RestLogin,
+              **kwargs: Any) -> requests.Response:
+        headers = self._headers(login)
         try:
-            response = self._http.request(method, url, headers=self._headers(),
-                                          timeout=self.timeout_s, **kwargs)
+            return self._http.request(method, url, headers=headers, timeout=self.timeout_s,
+                                      **kwargs)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise ControllerUnreachable(self.cluster, f"slurmrestd at {self.url}: "
                                         f"{type(exc).__name__}", self.timeout_s) from None
-        if response.status_code in (401, 403):
-            raise SlurmRejected(self.cluster, action,
-                                f"slurmrestd refused the token in {self.token_file} "
-                                f"(HTTP {response.status_code}); issue a new one with "
-                                "`scontrol token` on that cluster")
-        return response
 
-    def _headers(self) -> dict[str, str]:
-        try:
-            token = self.token_file.read_text().strip()
-        except OSError as exc:
-            raise SlurmRejected(
-                self.cluster, "authenticate",
-                f"cannot read token_file {self.token_file}: {exc.strerror}") from None
-        return {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": token}
+    def _headers(self, login: RestLogin) -> dict[str, str]:
+        return {"X-SLURM-USER-NAME": login.user,
+                "X-SLURM-USER-TOKEN": read_token(self.cluster, login)}
+
+
+def read_token(cluster: str, login: RestLogin) -> str:
+    """The JWT in the login's token file, refused when the file lets group or others in."""
+    try:
+        with open(login.token_file) as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            token = handle.read().strip()
+    except OSError as exc:
+        raise TokenRejected(cluster, "authenticate", login.user, login.token_file,
+                            f"cannot read it ({exc.strerror})",
+                            "make it readable by the daemon's account") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise TokenRejected(cluster, "authenticate", login.user, login.token_file,
+                            f"mode {stat.S_IMODE(mode):04o} lets others in",
+                            f"chmod 600 {login.token_file}")
+    return token
 
 
 def _decode(response: requests.Response) -> dict[str, Any]:

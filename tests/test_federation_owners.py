@@ -1,0 +1,217 @@
+"""Jobs run as their owner: the owner comes from Slurm's job record, the directives from
+what Slurm validated (never an indented #SBATCH line), the environment from an
+allow-list; every incarnation the daemon submits runs as the owner, with nothing of the
+daemon's environment, and a REST cluster that maps the owner to no account is not
+eligible. Pure rules first, then the whole daemon over FakeSlurm."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_geo.config.model import ClusterConfig, RemoteAccount
+from slurm_geo.federation.model import JobStatus, LogicalJob
+from slurm_geo.federation.owners import (
+    accepted_directives,
+    owner_environment,
+    owner_refusal,
+)
+from slurm_geo.federation.registration import NotRegistered
+from slurm_geo.lease.protocol import LeaseRequest
+from slurm_geo.slurm import JobSpec, Owner
+from tests.test_federation_daemon import (
+    ALICE,
+    ALICE_ENV,
+    TTL,
+    Site,
+    directives,
+    lose_home,
+    script,
+)
+
+BOB = Owner("bob", 2002, 2002)
+MARKER = "SLURM_GEO_DAEMON_ONLY_MARKER"
+
+# --- the rules ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("same_account, expected", [
+    (True, {"PATH": "/home/alice/venv/bin:/usr/bin:/bin", "HOME": "/home/alice",
+            "USER": "alice", "VIRTUAL_ENV": "/home/alice/venv", "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8", "MODULEPATH": "/etc/modules"}),
+    (False, {"PATH": "/home/alice/venv/bin:/usr/bin:/bin",
+             "VIRTUAL_ENV": "/home/alice/venv", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+             "MODULEPATH": "/etc/modules"}),
+], ids=["same account (CLI)", "another account (REST)"])
+def test_the_owners_environment_is_allow_listed(same_account, expected):
+    env = {**ALICE_ENV, "CONDA_PREFIX": "/opt/conda", "SLURM_JOB_ID": "5",
+           "SBATCH_PARTITION": "x", "SLURM_SPANK_GEO_FAILOVER": "auto", "PROMPT_COMMAND": "x"}
+    kept = owner_environment(env, same_account=same_account)
+    assert kept == {**expected, "CONDA_PREFIX": "/opt/conda"}
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SLURM_SPANK_GEO_CKPT_DIR": "/pfs/a", "SLURM_SPANK_GEO_FAILOVER": "auto",
+      "SLURM_GEO_FAILOVER": "never"}, {"geo-ckpt-dir": "/pfs/a", "geo-failover": "auto"}),
+    ({"SLURM_GEO_CKPT_DIR": "/pfs/a", "SLURM_GEO_CLUSTERS": "a,b"},
+     {"geo-ckpt-dir": "/pfs/a", "geo-clusters": "a,b"}),
+    ({"PATH": "/bin", "SLURM_GEO_UNKNOWN": "x"}, {}),
+], ids=["SPANK's hand-over first", "else SLURM_GEO_* as job_submit.lua reads", "none"])
+def test_the_directives_slurm_accepted_come_from_the_stored_environment(env, expected):
+    assert accepted_directives(env) == expected
+
+
+REST = ClusterConfig("rented", "eu", "rest", rest_url="https://r", rest_user="geo",
+                     token_file=Path("/t"),
+                     users={"alice": RemoteAccount("geo-alice", Path("/t-alice"))})
+
+
+@pytest.mark.parametrize("cluster, owner, why", [
+    (REST, ALICE, ""),
+    (REST, BOB, "no account for bob on rented ([clusters.rented.users] maps none)"),
+    (ClusterConfig("onprem", "home", "cli", slurm_conf=Path("/c")), BOB, ""),
+    (REST, None, "the job's owner is unknown (registered before slurm-geo recorded owners)"),
+])
+def test_where_an_owner_can_run(cluster, owner, why):
+    assert owner_refusal(cluster, owner) == why
+
+
+# --- the daemon -----------------------------------------------------------------------------
+
+@pytest.fixture
+def site(tmp_path: Path) -> Site:
+    return Site(tmp_path)
+
+
+def test_the_owner_and_environment_come_from_slurms_record_at_registration(site):
+    site.home_job_training()
+    job = site.job()
+    assert job.owner == ALICE
+    assert job.owner_env == owner_environment(ALICE_ENV)
+    assert "AWS_SECRET_ACCESS_KEY" not in job.owner_env and "EDITOR" not in job.owner_env
+    assert job.directives == directives()  # PrologSlurmctld's record
+    assert any("of alice" in k for k in site.kinds() if k.startswith("register"))
+
+
+def test_a_job_slurm_cancelled_is_restarted_as_its_owner(site):
+    job_id = site.home_job_training()
+    site.onprem.cancel(job_id)  # an admin's scancel: the job ends holding its lease
+    site.clock.advance(TTL + 1)
+    site.tick(rounds=2)
+    job = site.job()
+    assert (job.generation, job.cluster) == (1, "onprem")
+    (_, restarted), = [s for s in site.onprem.submitted if s[0] == job.job_id]
+    assert restarted.owner == ALICE
+    assert restarted.environment["PATH"] == ALICE_ENV["PATH"]
+    assert restarted.environment["HOME"] == "/home/alice"
+
+
+def test_a_moved_job_runs_as_its_owner_without_the_daemons_environment(site, monkeypatch):
+    monkeypatch.setenv(MARKER, "daemon-secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "daemon-secret")  # file stores: none given
+    site.home_job_training()
+    site.checkpoint("away", 40)
+    lose_home(site)
+    site.tick()
+    (_, moved), = site.rented.submitted
+    assert moved.owner == ALICE
+    env = moved.environment
+    assert MARKER in os.environ and MARKER not in env
+    assert "daemon-secret" not in env.values()
+    # Alice's allow-listed variables and what the daemon tells the job, nothing else.
+    alices = owner_environment(ALICE_ENV)
+    assert {k: v for k, v in env.items() if not k.startswith("SLURM_GEO_")} == alices
+    assert env["SLURM_GEO_FAILOVER"] == "auto"  # validated, not alice's own "never"
+
+
+def test_an_indented_failover_line_sbatch_ignored_has_no_effect(site):
+    indented = script().replace("#SBATCH --geo-failover=auto", "  #SBATCH --geo-failover=auto")
+    job_id = site.submit_home(indented, failover=None)  # SPANK never saw the line
+    site.start_home(job_id)
+    site.tick()
+    assert site.lease("onprem", job_id)["verdict"] == "grant"
+    assert "geo-failover" not in site.job().directives
+    site.checkpoint("away", 40)
+    lose_home(site)
+    site.tick(rounds=2)
+    job = site.job()
+    assert (job.generation, job.awaiting_approval) == (0, "rented")  # asks, never auto
+    assert site.rented.submitted == []
+
+
+def test_a_pending_job_whose_only_failover_line_is_indented_is_not_registered(site):
+    indented = script().replace("#SBATCH --geo-failover=auto", "\t#SBATCH --geo-failover=auto")
+    site.submit_home(indented, failover=None)
+    site.onprem.set_expected_start(7200.0)
+    site.tick(rounds=3)
+    assert site.state.jobs() == []
+
+
+def test_a_job_with_no_directives_recorded_is_no_geo_job_said_once(site, caplog):
+    caplog.set_level(logging.WARNING, "slurm_geo.federation")
+    plain_env = {k: v for k, v in ALICE_ENV.items() if not k.startswith("SLURM_GEO_")}
+    job_id = site.onprem.submit(JobSpec(script=script(), owner=ALICE, environment=plain_env))
+    site.onprem.start(job_id)  # no PrologSlurmctld record, no SPANK hand-over
+    for _ in range(2):  # the HTTP service answers 503 with the reason
+        with pytest.raises(NotRegistered, match="not a geo job for the daemon"):
+            site.federation.lease(LeaseRequest("run-a", "onprem", job_id, 0, 0, None))
+    assert sum("event=not_registered" in m for m in caplog.messages) == 1
+    assert site.state.jobs() == []
+
+
+def test_the_registry_record_is_enough_without_a_stored_environment(site):
+    job_id = site.onprem.submit(JobSpec(script=script(), owner=BOB))  # no job_env flag
+    site.submitted_directives[job_id] = directives()
+    site.start_home(job_id)
+    assert site.lease("onprem", job_id)["verdict"] == "grant"
+    job = site.job()
+    assert (job.owner, job.owner_env, job.directives) == (BOB, {}, directives())
+
+
+def test_a_job_without_a_recorded_owner_is_never_submitted(site):
+    now = site.clock()
+    site.state.add_job(LogicalJob("onprem-77", "run-a", "onprem", script(), {},
+                                  directives(), 0, "onprem", None, None, JobStatus.RUNNING,
+                                  created_at=now, updated_at=now))
+    site.state.begin_generation("onprem-77", 0, "onprem", None, now)  # a move half done
+    site.tick(rounds=2)
+    assert site.onprem.submitted == [] and site.rented.submitted == []
+    assert sum("owner is unknown" in k for k in site.kinds()) == 1
+
+
+def rest_site(tmp_path: Path, users: dict) -> Site:
+    token = tmp_path / "geo.jwt"
+    return Site(tmp_path, rented_cluster={
+        "access": "rest", "rest_url": "https://r.example", "rest_user": "geo",
+        "token_file": str(token), "users": users})
+
+
+def test_a_rest_cluster_without_an_account_for_the_owner_is_ineligible_and_says_why(
+        tmp_path):
+    site = rest_site(tmp_path, {"bob": {"account": "geo-bob", "token_file": "/t"}})
+    site.home_job_training()
+    site.checkpoint("away", 40)
+    lose_home(site)
+    chosen = site.federation.plan_for(site.job())
+    rented = chosen.candidate("rented")
+    assert not rented.eligible
+    assert rented.why_not == "no account for alice on rented ([clusters.rented.users] maps none)"
+    assert chosen.choice == "onprem" and "no account for alice" in chosen.reason
+    site.tick(rounds=2)
+    assert site.rented.submitted == []
+
+
+def test_a_rest_cluster_that_maps_the_owner_takes_the_job(tmp_path):
+    site = rest_site(tmp_path, {"alice": {"account": "geo-alice", "token_file": "/t"}})
+    site.home_job_training()
+    site.checkpoint("away", 40)
+    lose_home(site)
+    assert site.federation.plan_for(site.job()).candidate("rented").eligible
+    site.tick()
+    (_, moved), = site.rented.submitted
+    assert moved.owner == ALICE
+    assert "HOME" not in moved.environment and "USER" not in moved.environment
+    assert moved.environment["VIRTUAL_ENV"] == "/home/alice/venv"
