@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -266,13 +268,29 @@ class RestSlurmClient(SlurmClient):
         return response
 
     def _headers(self) -> dict[str, str]:
-        try:
-            token = self.token_file.read_text().strip()
-        except OSError as exc:
-            raise SlurmRejected(
-                self.cluster, "authenticate",
-                f"cannot read token_file {self.token_file}: {exc.strerror}") from None
-        return {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": token}
+        return {"X-SLURM-USER-NAME": self.user,
+                "X-SLURM-USER-TOKEN": read_token_file(self.cluster, self.token_file)}
+
+
+def read_token_file(cluster: str, path: Path) -> str:
+    """The JWT in `path`, re-read on each request (tokens rotate). Like the master key, a
+    file group or others may read or write is refused: a JWT is a password for the cluster."""
+    try:
+        with open(path, "rb") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            raw = handle.read()
+    except OSError as exc:
+        raise SlurmRejected(cluster, "authenticate",
+                            f"cannot read token_file {path}: {exc.strerror}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise SlurmRejected(cluster, "authenticate",
+                            f"token_file {path} has mode {stat.S_IMODE(mode):04o}, which "
+                            f"lets others in; chmod 600 {path}")
+    try:
+        return raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise SlurmRejected(cluster, "authenticate",
+                            f"token_file {path} does not hold a JWT (not ASCII text)") from None
 
 
 def _decode(response: requests.Response) -> dict[str, Any]:
