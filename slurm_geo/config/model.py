@@ -26,7 +26,13 @@ from slurm_geo.config.paths import (
     DEFAULT_CONFIG_PATH,
     config_path_from_env,
 )
-from slurm_geo.config.settings import Setting, read_settings, reject_unknown, settings_table
+from slurm_geo.config.settings import (
+    Setting,
+    read_settings,
+    reject_unknown,
+    settings_table,
+    site_name,
+)
 from slurm_geo.config.tables import (
     ACCESS_METHODS,
     CLUSTER_SETTINGS,
@@ -103,6 +109,9 @@ def load_config(path: Path | None = None) -> SiteConfig:
 def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
     reject_unknown(raw, set(TABLES), source)
     tables = {name: _table(raw, name, source) for name in TABLES}
+    for kind in ("clusters", "stores"):
+        for name in tables[kind]:  # before a name goes into any message
+            site_name(name, f"{source} [{kind}]: a {kind[:-1]}'s name")
     home = read_settings(tables["site"], SITE_SETTINGS, f"{source} [site]").get(
         "home_cluster", "")
     clusters = {name: parse_cluster(name, table, f"{source} [clusters.{name}]")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.errors import ConfigError
+from slurm_geo.names import NAME_RULE, is_name
 
 Parse = Callable[[Any, str], Any]
 
@@ -130,6 +131,13 @@ def text(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where} must be a non-empty string, got {value!r}")
     return value
+
+
+def site_name(value: Any, where: str) -> str:
+    """A cluster, region, store or cost-center name: the grammar of slurm_geo.names."""
+    if not is_name(value):
+        raise ConfigError(f"{where} must be {NAME_RULE}, got {value!r}")
+    return str(value)
 
 
 def path(value: Any, where: str) -> Path:
