@@ -28,6 +28,7 @@ from slurm_geo.config.settings import (
     path,
     read_settings,
     seconds,
+    shown,
     site_name,
     table_of,
     tables,
@@ -196,7 +197,7 @@ STORE_SETTINGS = (
 def parse_store(name: str, table: Any, where: str) -> StoreConfig:
     store = StoreConfig(name=name, **read_settings(table, STORE_SETTINGS, where))
     if store.job_credentials is not None and not store.url.startswith("s3://"):
-        raise ConfigError(f"{where}: job_credentials is for s3:// stores; '{store.url}' "
+        raise ConfigError(f"{where}: job_credentials is for s3:// stores; {shown(store.url)} "
                           "needs none")
     return store
 
@@ -327,5 +328,5 @@ def _price_entry(row: Any, index: int, clusters: Mapping[str, ClusterConfig],
         raise ConfigError(f"{where}: cluster '{cluster}' is not one of [clusters] (known: "
                           f"{', '.join(sorted(clusters)) or 'none'})")
     if provider and provider not in {c.provider or c.name for c in clusters.values()}:
-        raise ConfigError(f"{where}: no cluster has provider '{provider}'")
+        raise ConfigError(f"{where}: no cluster has provider {shown(provider)}")
     return PriceEntry(**values, source=f"[[billing.prices]] #{index}")
