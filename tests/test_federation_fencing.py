@@ -114,3 +114,16 @@ def test_a_job_cannot_make_a_fence_the_daemon_trusts(site):
     job = site.job()
     lookup = daemon_lookup(known_fence(job))
     assert lookup(Repository(site.stores["away"], KEY), RUN).generation == 1
+
+
+def test_a_marker_a_job_forged_on_a_stale_checkpoint_does_not_stop_the_move(site):
+    away_and_training(site)
+    stale_checkpoint(site, "away", 50)  # got in just before the fence
+    data_key = unwrap_run_key(site.stores["away"], KEY, RUN)
+    marker = f"promoted/{RUN}/{50:020d}"
+    body = json.dumps({"run": RUN, "step": 50, "promoted_at": "x"}).encode()
+    site.stores["away"].put(marker, seal(data_key, Kind.PROMOTED, bytes(16), body, marker))
+    moved = site.federation.mover.complete(site.job(), "a move repeated after a crash")
+    assert (moved.cluster, moved.generation) == ("rented", 1)
+    assert f"fence: kept {RUN}@50 in away" in site.kinds()
+    assert Repository(site.stores["away"], KEY).steps(RUN) == [40, 50]

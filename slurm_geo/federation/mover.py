@@ -24,7 +24,13 @@ import time
 from datetime import UTC, datetime
 
 from slurm_geo.ckpt import Repository
-from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.errors import (
+    CkptError,
+    CorruptObject,
+    ImmutableCheckpoint,
+    UnsupportedFormat,
+    WrongKey,
+)
 from slurm_geo.ckpt.fence import Fence, unadmitted_steps
 from slurm_geo.ckpt.names import key_name
 from slurm_geo.ckpt.replicate import copy_checkpoint
@@ -190,9 +196,18 @@ class Mover:
 
     def _drop_unadmitted(self, job: LogicalJob, repository: Repository,
                          store_name: str) -> None:
-        """Checkpoints a stale incarnation got into the store just before the fence."""
+        """Checkpoints a stale incarnation got into the store just before the fence. One
+        a marker keeps (promoted, or a marker that does not open: a job may have made it)
+        stays, audited: the fence keeps it from being resumed, and the move goes on."""
         for step in unadmitted_steps(repository, job.run, daemon_lookup(known_fence(job))):
-            repository.delete_checkpoint(job.run, step)
+            try:
+                repository.delete_checkpoint(job.run, step)
+            except (ImmutableCheckpoint, UnsupportedFormat, WrongKey, CorruptObject) as exc:
+                self.wiring.audit.append("fence", job.logical_job, f"kept {job.run}@{step} "
+                                         f"in {store_name}", f"not admitted by the fence, "
+                                         f"but not deleted: {exc}", run=job.run, step=step,
+                                         store=store_name)
+                continue
             self.wiring.audit.append("fence", job.logical_job, f"dropped {job.run}@{step} "
                                      f"from {store_name}", "written by an incarnation the "
                                      "fence does not admit", run=job.run, step=step,
