@@ -181,7 +181,7 @@ timeout_s = 2
 database = "{tmp_path / 'billing.db'}"
 [billing.budgets]
 ml-research = 10
-"it's" = 1000
+ops = 1000  # budget keys follow the name grammar; hostile names come from accounts
 """)
     return {"SLURM_GEO_CONFIG": str(path)}
 

@@ -22,6 +22,7 @@ from slurm_geo.ckpt.errors import (
     CkptError,
     CorruptObject,
     KeyFileError,
+    LegacyObject,
     UnsupportedFormat,
     WrongKey,
 )
@@ -29,11 +30,13 @@ from slurm_geo.ckpt.keys import (
     RunKeys,
     chunk_id,
     create_master_key_file,
+    fence_key,
     fingerprint,
     load_master_key,
+    promotion_key,
 )
 from slurm_geo.ckpt.pack import Entry, PackReader, PackWriter, check_pack_id
-from slurm_geo.ckpt.seal import Kind, open_sealed, seal
+from slurm_geo.ckpt.seal import Kind, open_legacy, open_sealed, seal
 
 MASTER = bytes(range(32))
 DATA_KEY = bytes(range(32, 64))
@@ -47,6 +50,17 @@ HELLO_ID_V1 = "ff7bdaa843e27bb41908be2a371af66f8b2ac4c991dfcb6b6595908d7e0f94eb"
 SEALED_KEY = (
     "5347454f5345414c010155ade8af0381597aa0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
     "d98663de9c354511ad969e76a1d5d7bb18472212a01cc2883e7d2aa83c13097346b9965f2beb199cf8a157696bf89a3e"
+)
+FENCE_KEY = "7a1fc1398d1e831634ee3ddf645daec103f4e72b71845fe7a18c20f98daf3a55"
+PROMOTION_KEY = "203ac1ca40b17553d7f3f219f1dd7e59abac7ff17ed9692e8da13ee267a45c93"
+FINGERPRINT_FENCE = "969e4390281787e5"
+FINGERPRINT_PROMOTION = "51c3ebede1f3553c"
+MARKER_NAME = "promoted/r/00000000000000000001"
+MARKER_PAYLOAD = b'{"run": "r", "step": 1, "promoted_at": "2026-11-29T12:00:00+00:00"}'
+SEALED_MARKER = (
+    "5347454f5345414c020451c3ebede1f3553ca0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
+    "bcb579050d5e35e7f5bc2b92b7d5809e137c4e8e7983d0b001bc5e74c89fe47b3666d3538321cd21cb83a38c"
+    "ae2a603fcf88232bbe16a9b7c9c7bfb8b98544b098650a76dae5794da0113cc51e13af1d7a7cbd"
 )
 HELLO_BLOB = "000500000068656c6c6f"
 PACK = (
@@ -71,6 +85,17 @@ def test_key_derivations_match_the_vectors():
     assert keys.id_key.hex() == ID_KEY
     assert chunk_id(keys.id_key, b"hello", 2).hex() == HELLO_ID
     assert chunk_id(keys.id_key, b"hello", 1).hex() == HELLO_ID_V1
+    assert fence_key(MASTER).hex() == FENCE_KEY
+    assert promotion_key(MASTER).hex() == PROMOTION_KEY
+    assert fingerprint(bytes.fromhex(FENCE_KEY)).hex() == FINGERPRINT_FENCE
+    assert fingerprint(bytes.fromhex(PROMOTION_KEY)).hex() == FINGERPRINT_PROMOTION
+
+
+def test_the_promotion_marker_matches_its_vector():
+    key = promotion_key(MASTER)
+    assert seal(key, Kind.PROMOTED, SALT, MARKER_PAYLOAD, MARKER_NAME).hex() == SEALED_MARKER
+    assert open_sealed(key, Kind.PROMOTED, bytes.fromhex(SEALED_MARKER),
+                       MARKER_NAME) == MARKER_PAYLOAD
 
 
 def test_sealed_key_and_pack_match_the_vectors():
@@ -105,6 +130,16 @@ def test_an_independent_reader_opens_the_vectors():
     header, salt = sealed[:34], sealed[18:34]
     seal_key = hkdf(MASTER, salt, b"slurm-geo/v1/seal")
     assert AESGCM(seal_key).decrypt(bytes(12), sealed[34:], header + b"keys/r") == DATA_KEY
+
+    promotion = hkdf(MASTER, None, b"slurm-geo/v1/promotion")
+    assert promotion.hex() == PROMOTION_KEY
+    assert hkdf(MASTER, None, b"slurm-geo/v1/fence").hex() == FENCE_KEY
+    marker = bytes.fromhex(SEALED_MARKER)
+    assert marker[8:10] == bytes([2, 4])
+    assert marker[10:18] == hmac.digest(promotion, b"slurm-geo/v1/fingerprint", "sha256")[:8]
+    marker_key = hkdf(promotion, marker[18:34], b"slurm-geo/v1/seal")
+    assert AESGCM(marker_key).decrypt(bytes(12), marker[34:],
+                                      marker[:34] + MARKER_NAME.encode()) == MARKER_PAYLOAD
 
     for version, pack_hex, pack_id in ((3, PACK, PACK_ID), (1, PACK_V1, PACK_V1_ID)):
         pack = bytes.fromhex(pack_hex)
@@ -151,6 +186,34 @@ def test_a_sealed_object_from_a_newer_format_is_unsupported():
     sealed[8] = 2
     with pytest.raises(UnsupportedFormat, match="version 2"):
         open_sealed(MASTER, Kind.DATA_KEY, bytes(sealed), "keys/r")
+
+
+def version_1_marker() -> bytes:
+    """The marker vector's payload as a version 1 writer sealed it: under the data key."""
+    header = b"SGEOSEAL" + bytes([1, Kind.PROMOTED]) + fingerprint(DATA_KEY) + SALT
+    seal_key = hkdf(DATA_KEY, SALT, b"slurm-geo/v1/seal")
+    return header + AESGCM(seal_key).encrypt(bytes(12), MARKER_PAYLOAD,
+                                             header + MARKER_NAME.encode())
+
+
+def test_a_version_1_marker_is_refused_and_read_only_under_the_old_rule():
+    old = version_1_marker()
+    for key in (promotion_key(MASTER), DATA_KEY):
+        with pytest.raises(LegacyObject, match="version 1 promotion marker") as info:
+            open_sealed(key, Kind.PROMOTED, old, MARKER_NAME)
+        assert isinstance(info.value, UnsupportedFormat) and info.value.exit_code == 22
+    assert open_legacy(DATA_KEY, Kind.PROMOTED, old, MARKER_NAME) == MARKER_PAYLOAD
+    with pytest.raises(UnsupportedFormat):  # the new form is not read under the old rule
+        open_legacy(DATA_KEY, Kind.PROMOTED, bytes.fromhex(SEALED_MARKER), MARKER_NAME)
+    with pytest.raises(ValueError):
+        open_legacy(MASTER, Kind.DATA_KEY, bytes.fromhex(SEALED_KEY), "keys/r")
+
+
+def test_every_flipped_bit_in_a_marker_is_caught_and_named():
+    for position, damaged in flips(bytes.fromhex(SEALED_MARKER)):
+        with pytest.raises(CkptError) as info:
+            open_sealed(promotion_key(MASTER), Kind.PROMOTED, damaged, MARKER_NAME)
+        assert info.value.name == MARKER_NAME, position
 
 
 def flips(data: bytes):

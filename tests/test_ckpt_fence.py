@@ -1,16 +1,18 @@
 """Fences: a run moved to another cluster cannot be overwritten by its stale incarnation,
-neither directly nor through replication; and a job holding only its run key reads and
-writes that run and nothing else."""
+neither directly nor through replication; a job holding only its run key reads and writes
+that run and nothing else, and can make no fence or promotion marker a daemon accepts."""
 
 from __future__ import annotations
 
+import json
 import random
 import struct
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
-from slurm_geo.ckpt.errors import CorruptObject, WrongKey
+from slurm_geo.ckpt.errors import CorruptObject, ImmutableCheckpoint, LegacyObject, WrongKey
 from slurm_geo.ckpt.fence import (
     Fence,
     FencedCheckpoint,
@@ -19,8 +21,10 @@ from slurm_geo.ckpt.fence import (
     unadmitted_steps,
     write_fence,
 )
+from slurm_geo.ckpt.keys import INFO_SEAL, derive_key, fence_key, fingerprint, promotion_key
 from slurm_geo.ckpt.replicate import copy_checkpoint
-from slurm_geo.ckpt.runkey import NoRunKey, RunKeyRepository, unwrap_run_key
+from slurm_geo.ckpt.runkey import NoControlKey, NoRunKey, RunKeyRepository, unwrap_run_key
+from slurm_geo.ckpt.seal import Kind, seal
 
 KEY = bytes(range(32))
 OPTIONS = WriteOptions(chunk_size=4096, pack_size=16 * 1024)
@@ -124,3 +128,109 @@ def test_checkpoints_a_fence_does_not_admit_are_found_for_removal(tmp_path):
     assert unadmitted_steps(repository, "run") == [30]
     write_fence(repository, fence(generation=2, resume=None))
     assert unadmitted_steps(repository, "run") == [10, 20, 30]
+
+
+# --- sealed under a key no job holds (docs/format.md §4, §8.3, §8.4) -------------------
+
+def legacy_seal(key: bytes, kind: Kind, payload: bytes, name: str) -> bytes:
+    """A version 1 sealed object as writers before the fence key wrote kinds 4 and 5:
+    the layout of §5 under the run's data key, written here from the spec alone."""
+    header = b"SGEOSEAL" + bytes([1, kind]) + fingerprint(key) + SALT
+    return header + AESGCM(derive_key(key, SALT, INFO_SEAL)).encrypt(
+        bytes(12), payload, header + name.encode())
+
+
+SALT = bytes(range(0xA0, 0xB0))
+FORGED = (json.dumps({"run": "run", "generation": 999, "holder": "rented", "resume_step": None,
+                      "set_at": "2026-11-29T12:00:00+00:00"}).encode())
+
+
+def job_side(store, run: str = "run") -> RunKeyRepository:
+    return RunKeyRepository(store, run, unwrap_run_key(store, KEY, run))
+
+
+def test_a_job_holding_only_its_run_key_can_neither_write_nor_open_a_fence(tmp_path):
+    store, repository = repo(tmp_path, "s")
+    save(repository, "run", 10, "onprem")
+    job = job_side(store)
+    with pytest.raises(NoControlKey, match="a job does not hold"):
+        write_fence(job, fence(generation=999))
+    write_fence(repository, fence())
+    with pytest.raises(NoControlKey):
+        read_fence(job, "run")
+    assert read_fence(repository, "run") == fence()
+
+
+@pytest.mark.parametrize("forge", [
+    lambda data_key: seal(data_key, Kind.FENCE, SALT, FORGED, "fences/run"),  # version 2
+    lambda data_key: legacy_seal(data_key, Kind.FENCE, FORGED, "fences/run"),  # version 1
+], ids=["version-2-under-run-key", "version-1"])
+def test_a_fence_a_job_forged_is_refused_by_replication(tmp_path, forge):
+    home_store, home = repo(tmp_path, "home")
+    away_store, away = repo(tmp_path, "away")
+    save(home, "run", 20, "onprem")
+    copy_checkpoint(home, home_store, away_store, "run", 20)
+    away_store.put("fences/run", forge(unwrap_run_key(away_store, KEY, "run")))
+    with pytest.raises((WrongKey, LegacyObject)):
+        read_fence(away, "run")
+    save(home, "run", 30, "onprem")
+    with pytest.raises((WrongKey, LegacyObject)):  # checkpoint-sync: copy nothing
+        copy_checkpoint(home, home_store, away_store, "run", 30)
+    assert away.steps("run") == [20]
+
+
+def test_a_version_1_fence_names_the_way_out(tmp_path):
+    store, repository = repo(tmp_path, "s")
+    save(repository, "run", 10, "onprem")
+    store.put("fences/run", legacy_seal(unwrap_run_key(store, KEY, "run"), Kind.FENCE, FORGED,
+                                        "fences/run"))
+    with pytest.raises(LegacyObject, match="version 1 fence.*federation daemon rewrites"):
+        read_fence(repository, "run")
+
+
+def test_a_job_cannot_promote_and_its_forged_markers_protect_nothing(tmp_path):
+    store, repository = repo(tmp_path, "s")
+    save(repository, "run", 10, "onprem")
+    job = job_side(store)
+    with pytest.raises(NoControlKey):
+        job.promote("run", 10)
+    body = json.dumps({"run": "run", "step": 10, "promoted_at": "x"}).encode()
+    name = "promoted/run/00000000000000000010"
+    for forged, error in ((seal(job._keys("run").data_key, Kind.PROMOTED, SALT, body, name),
+                           WrongKey),
+                          (legacy_seal(job._keys("run").data_key, Kind.PROMOTED, body, name),
+                           LegacyObject)):
+        store.put(name, forged)
+        with pytest.raises(error):  # neither trusted nor taken as absent
+            repository.is_promoted("run", 10)
+        with pytest.raises(error):
+            repository.delete_checkpoint("run", 10)
+    assert job.is_promoted("run", 10)  # the job cannot tell: it only refrains from writing
+    with pytest.raises(ImmutableCheckpoint):
+        save(job, "run", 10, "rented")
+
+
+def test_a_marker_must_name_its_checkpoint(tmp_path):
+    store, repository = repo(tmp_path, "s")
+    save(repository, "run", 10, "onprem")
+    save(repository, "run", 20, "onprem")
+    repository.promote("run", 10)
+    assert repository.is_promoted("run", 10) and not repository.is_promoted("run", 20)
+    name = "promoted/run/00000000000000000020"
+    body = json.dumps({"run": "run", "step": 10, "promoted_at": "x"}).encode()
+    store.put(name, seal(promotion_key(KEY), Kind.PROMOTED, SALT, body, name))
+    with pytest.raises(CorruptObject, match="names 'run'@10, not run@20"):
+        repository.is_promoted("run", 20)
+
+
+def test_fences_and_markers_are_sealed_under_keys_derived_from_the_master_key(tmp_path):
+    store, repository = repo(tmp_path, "s")
+    save(repository, "run", 10, "onprem")
+    write_fence(repository, fence())
+    repository.promote("run", 10)
+    for name, key in (("fences/run", fence_key(KEY)),
+                      ("promoted/run/00000000000000000010", promotion_key(KEY))):
+        sealed = store.get(name)
+        assert sealed[8] == 2  # sealed object version 2
+        assert sealed[10:18] == fingerprint(key)
+    assert fence_key(KEY) != promotion_key(KEY)

@@ -144,11 +144,13 @@ class Site:
         return self.federation.lease(request).body
 
     def checkpoint(self, store: str, step: int) -> None:
+        """A checkpoint saved by the cluster whose store `store` is."""
         rng = random.Random(step)
         data = struct.pack("<1024f", *(rng.gauss(0, 1) for _ in range(1024)))
+        cluster = "rented" if store == "away" else "onprem"
         Repository(self.stores[store], KEY, OPTIONS).write_checkpoint(
             RUN, [Tensor("w", "float32", (1024,), data)], b"",
-            Metadata(step, step, 0, 1.0, "2026-12-01T00:00:00Z", "onprem", "1"))
+            Metadata(step, step, 0, 1.0, "2026-12-01T00:00:00Z", cluster, "1"))
 
     def job(self) -> object:
         return self.state.jobs()[0]

@@ -319,3 +319,50 @@ def test_a_planted_link_leads_nowhere_the_user_could_not_write(open_dir, tmp_pat
         node.prolog(job_context(env), lambda: node.Staging(None), now=1.0)
     assert list(protected.iterdir()) == []
     assert os.geteuid() == 0
+
+
+# --- a job whose user is not known ------------------------------------------------------------
+
+@pytest.mark.parametrize("uid, gid", [
+    (None, "100"), ("100", None), ("", "100"), ("abc", "100"), ("-1", "100"),
+    ("100", "-1"), ("4294967295", "100"), ("100", "4294967295"), (" 100", "100"),
+])
+def test_a_uid_or_gid_that_is_not_an_id_is_unknown(tmp_path, uid, gid):
+    env = env_for(tmp_path)
+    for key, value in (("SLURM_JOB_UID", uid), ("SLURM_JOB_GID", gid)):
+        if value is None:
+            del env[key]
+        else:
+            env[key] = value
+    job = job_context(env)
+    assert not job.ids_known
+    assert job_context(env_for(tmp_path)).ids_known
+
+
+@pytest.mark.parametrize("hook", ["prolog", "epilog", "prolog_slurmctld", "epilog_slurmctld"])
+def test_a_hook_without_the_jobs_uid_logs_one_line_and_does_nothing(tmp_path, hook):
+    from slurm_geo.hooks.entry import run_hook
+
+    ckpt = tmp_path / "ckpt"
+    log = tmp_path / "hooks.log"
+    env = {**env_for(ckpt, restart=1), "SLURM_GEO_HOOK_LOG": str(log),
+           "SLURM_GEO_CONFIG": str(tmp_path / "missing.toml")}
+    del env["SLURM_JOB_UID"]
+    assert run_hook(hook, env) == 0  # exit 0: Slurm must not drain the node
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1, lines
+    assert f"{hook} of job 42 does nothing: SLURM_JOB_UID/SLURM_JOB_GID missing" in lines[0]
+    assert not ckpt.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as slurmd runs hooks")
+def test_as_root_the_hooks_never_act_for_an_unknown_user(tmp_path):
+    env = env_for(tmp_path / "ckpt")
+    del env["SLURM_JOB_GID"]
+    with pytest.raises(node.UnknownJobUser):
+        node.prolog(job_context(env), lambda: node.Staging(None), now=1.0)
+    with pytest.raises(node.UnknownJobUser):
+        node.epilog(job_context(env), [], now=1.0)
+    assert not (tmp_path / "ckpt").exists()
+    with node.as_user(0, 0):  # root's own job runs as root
+        assert os.geteuid() == 0

@@ -47,6 +47,19 @@ class UnsupportedFormat(CkptError):
         )
 
 
+class LegacyObject(UnsupportedFormat):
+    """A version 1 fence or promotion marker (docs/format.md §8.4): sealed under the run's
+    data key, which every job of the run holds, so it proves nothing and is refused."""
+
+    def __init__(self, name: str, what: str, remedy: str):
+        self.version = 1
+        CkptError.__init__(
+            self, name,
+            f"object '{name}' is a version 1 {what}, sealed under the run's data key, which "
+            f"jobs hold: it is not trusted (docs/format.md §8.4); {remedy}",
+        )
+
+
 class WrongKey(CkptError):
     exit_code = 23
 

@@ -5,11 +5,19 @@ the new incarnation writes to: generation G, held by that cluster, resuming from
 From then on a checkpoint of the run is admitted there only if it was written by the
 holder, or is history (step <= S). A stale incarnation that kept training through a
 partition can then never overwrite, or be replicated over, the new incarnation's work.
+
+A fence is sealed under the site's fence key (derived from the master key, docs/format.md
+§4), which the daemons hold and no job does: a job cannot write one that is accepted, so
+it cannot fence a run away from the daemon (a generation-999 fence would block every later
+move). What reads a fence chooses how (a `FenceLookup`): checkpoint-sync takes the store's
+(`read_fence`: what does not open there stops the copy); the federation daemon takes the
+newer of the store's and its own state's (slurm_geo.federation.fencing).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from slurm_geo.ckpt.errors import CkptError, CorruptObject
@@ -54,7 +62,21 @@ class FenceRegression(CkptError):
                          f"refusing to set the older generation {wanted}")
 
 
+FenceLookup = Callable[[Repository, str], Fence | None]
+
+
+def newer(stored: Fence | None, known: Fence | None) -> Fence | None:
+    """The fence of the higher generation; `known` (the federation daemon's state) on a tie
+    or when the store has none: a fence the daemon set counts even where it was deleted."""
+    if stored is None or (known is not None and known.generation >= stored.generation):
+        return known
+    return stored
+
+
 def read_fence(repository: Repository, run: str) -> Fence | None:
+    """The store's fence, None when there is none. A `fences/<run>` that does not open
+    under the fence key raises (LegacyObject for a version 1 fence, WrongKey, CorruptObject):
+    a reader that knows nothing else must then copy nothing."""
     payload = repository.fence_payload(run)
     if payload is None:
         return None
@@ -71,25 +93,30 @@ def read_fence(repository: Repository, run: str) -> Fence | None:
     return fence
 
 
-def write_fence(repository: Repository, fence: Fence) -> None:
-    """Set the fence; generations only move forward (the same one may be written again)."""
-    current = read_fence(repository, fence.run)
+def write_fence(repository: Repository, fence: Fence,
+                lookup: FenceLookup = read_fence) -> None:
+    """Set the fence; generations only move forward (the same one may be written again).
+    `lookup` reads the current one: the federation daemon's treats a fence that does not
+    open as absent, and replaces it."""
+    current = lookup(repository, fence.run)
     if current is not None and current.generation > fence.generation:
         raise FenceRegression(fence.run, current.generation, fence.generation)
     repository.put_fence(fence.run, json.dumps(asdict(fence), sort_keys=True).encode())
 
 
-def check_admitted(repository: Repository, manifest: Manifest) -> None:
-    """Raise FencedCheckpoint if `repository`'s fence does not admit `manifest`."""
-    fence = read_fence(repository, manifest.run)
+def check_admitted(repository: Repository, manifest: Manifest,
+                   lookup: FenceLookup = read_fence) -> None:
+    """Raise FencedCheckpoint if the run's fence in `repository` does not admit `manifest`."""
+    fence = lookup(repository, manifest.run)
     if fence is not None and not fence.admits(manifest):
         raise FencedCheckpoint(manifest, fence)
 
 
-def unadmitted_steps(repository: Repository, run: str) -> list[int]:
+def unadmitted_steps(repository: Repository, run: str,
+                     lookup: FenceLookup = read_fence) -> list[int]:
     """Steps of `run` in the repository that its fence does not admit: checkpoints a stale
     incarnation got in (e.g. replicated in the instant before the fence was set)."""
-    fence = read_fence(repository, run)
+    fence = lookup(repository, run)
     if fence is None:
         return []
     later = [s for s in repository.steps(run)

@@ -23,6 +23,10 @@ FINGERPRINT_SIZE = 8
 INFO_CHUNK_ID = b"slurm-geo/v1/chunk-id"
 INFO_PACK = b"slurm-geo/v1/pack"
 INFO_SEAL = b"slurm-geo/v1/seal"
+# Fences and promotion markers are sealed under keys only the master key yields, which the
+# daemons hold and no job does (a job holds its run's data key): docs/format.md §4, §8.4.
+INFO_FENCE = b"slurm-geo/v1/fence"
+INFO_PROMOTION = b"slurm-geo/v1/promotion"
 _FINGERPRINT_MESSAGE = b"slurm-geo/v1/fingerprint"
 
 RandomBytes = Callable[[int], bytes]
@@ -30,6 +34,16 @@ RandomBytes = Callable[[int], bytes]
 
 def derive_key(ikm: bytes, salt: bytes | None, info: bytes) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=KEY_SIZE, salt=salt, info=info).derive(ikm)
+
+
+def fence_key(master_key: bytes) -> bytes:
+    """`F`: seals every fence of the site (the object name binds it to its run)."""
+    return derive_key(master_key, None, INFO_FENCE)
+
+
+def promotion_key(master_key: bytes) -> bytes:
+    """`P`: seals every promotion marker of the site."""
+    return derive_key(master_key, None, INFO_PROMOTION)
 
 
 def fingerprint(key: bytes) -> bytes:

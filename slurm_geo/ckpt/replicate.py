@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from slurm_geo.ckpt.fence import check_admitted
+from slurm_geo.ckpt.fence import FenceLookup, check_admitted, read_fence
 from slurm_geo.ckpt.manifest import with_bases
 from slurm_geo.ckpt.names import key_name, manifest_name, pack_name
 from slurm_geo.ckpt.repository import Repository
@@ -29,8 +29,9 @@ class CopyReport:
 
 def copy_checkpoint(source: Repository, source_store: Store, destination: Store, run: str,
                     step: int, on_pack: Callable[[int, int], None] = lambda _i, _n: None,
-                    ) -> CopyReport:
-    """Copy `run@step`; `on_pack(done, total)` is called after each pack is handled."""
+                    fence: FenceLookup = read_fence) -> CopyReport:
+    """Copy `run@step`; `on_pack(done, total)` is called after each pack is handled.
+    `fence` reads the destination's fence (by default the store's own, strictly)."""
     manifest = source.manifest(run, step)  # opens and validates: never copy a bad manifest
     packs = sorted({pack_name(r.pack) for r in with_bases(manifest.refs())})
     copied = present = moved = 0
@@ -44,7 +45,7 @@ def copy_checkpoint(source: Repository, source_store: Store, destination: Store,
             copied += 1
         on_pack(done, len(packs))
     # Checked last, right before the commit point: a fence set during the copy still holds.
-    check_admitted(Repository(destination, source.master_key), manifest)
+    check_admitted(Repository(destination, source.master_key), manifest, fence)
     _copy(source_store, destination, manifest_name(run, step))
     if _destination_latest(source, destination, run) < step:
         _copy_latest_naming(source, destination, run, step)

@@ -15,7 +15,14 @@ from typing import NamedTuple
 
 from slurm_geo.ckpt.chunking import content_defined_chunks, fixed_chunks
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, ImmutableCheckpoint, ObjectMissing
-from slurm_geo.ckpt.keys import KEY_SIZE, SALT_SIZE, RandomBytes, RunKeys
+from slurm_geo.ckpt.keys import (
+    KEY_SIZE,
+    SALT_SIZE,
+    RandomBytes,
+    RunKeys,
+    fence_key,
+    promotion_key,
+)
 from slurm_geo.ckpt.locks import Clock, push_lock
 from slurm_geo.ckpt.manifest import (
     DTYPE_SIZES,
@@ -213,18 +220,29 @@ class Repository:
                        if (r := run_of_manifest_name(n)) is not None})
 
     def promote(self, run: str, step: int) -> None:
-        """Tier 3: make a checkpoint immutable (never overwritten, deleted or collected)."""
+        """Tier 3: make a checkpoint immutable (never overwritten, deleted or collected).
+        The marker is sealed under the promotion key (§8.1): the master key's holders only."""
         self.manifest(run, step)  # only a valid checkpoint can be promoted
         body = json.dumps({"run": run, "step": step, "promoted_at": self._clock().isoformat()})
-        self._put_sealed(self._keys(run).data_key, Kind.PROMOTED, promoted_name(run, step),
+        self._put_sealed(self._promotion_key(), Kind.PROMOTED, promoted_name(run, step),
                          body.encode())
 
     def is_promoted(self, run: str, step: int) -> bool:
-        return self._store.exists(promoted_name(run, step))
+        """Whether `promoted/<run>/<step>` opens under the promotion key and names that
+        checkpoint. A marker that is there but does not (version 1, another key, altered)
+        raises its error: it is neither trusted nor silently taken as absent."""
+        name = promoted_name(run, step)
+        try:
+            sealed = self._store.get(name)
+        except ObjectMissing:
+            return False
+        payload = open_sealed(self._promotion_key(), Kind.PROMOTED, sealed, name)
+        check_promotion(payload, name, run, step)
+        return True
 
     def put_fence(self, run: str, payload: bytes) -> None:
         """Write the run's fence (§8.3); slurm_geo.ckpt.fence decides what it says."""
-        self._put_sealed(self._keys(run).data_key, Kind.FENCE, fence_name(run), payload)
+        self._put_sealed(self._fence_key(), Kind.FENCE, fence_name(run), payload)
 
     def fence_payload(self, run: str) -> bytes | None:
         """The opened payload of the run's fence, or None when the run is not fenced."""
@@ -233,7 +251,7 @@ class Repository:
             sealed = self._store.get(name)
         except ObjectMissing:
             return None
-        return open_sealed(self._keys(run).data_key, Kind.FENCE, sealed, name)
+        return open_sealed(self._fence_key(), Kind.FENCE, sealed, name)
 
     def delete_checkpoint(self, run: str, step: int) -> None:
         """Drop a checkpoint's manifest; its packs go at the next gc unless shared."""
@@ -304,6 +322,12 @@ class Repository:
         return [writer.add(c, element_size, bases[i] if i < len(bases) else None)
                 for i, c in enumerate(chunks)]
 
+    def _fence_key(self) -> bytes:
+        return fence_key(self.master_key)
+
+    def _promotion_key(self) -> bytes:
+        return promotion_key(self.master_key)
+
     def _keys(self, run: str, create: bool = False) -> RunKeys:
         if run not in self._run_keys:
             self._run_keys[run] = self._load_keys(run, create)
@@ -326,6 +350,18 @@ class Repository:
 
     def _put_sealed(self, key: bytes, kind: Kind, name: str, payload: bytes) -> None:
         self._store.put(name, seal(key, kind, self._random_bytes(SALT_SIZE), payload, name))
+
+
+def check_promotion(payload: bytes, name: str, run: str, step: int) -> None:
+    """A marker's payload must name the checkpoint its object name does (§8.1)."""
+    try:
+        fields = json.loads(payload)
+        named = (fields["run"], fields["step"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptObject(name, f"promotion marker does not parse: {exc}") from None
+    if named != (run, step) or type(fields["step"]) is not int:
+        raise CorruptObject(name, f"promotion marker names {named[0]!r}@{named[1]!r}, "
+                            f"not {run}@{step}")
 
 
 def _bytes_view(data: Bytes) -> memoryview:

@@ -127,7 +127,7 @@ def list_checkpoints(run: str | None, store_url: str, key_file: Path, as_json: b
             rows.append({"run": name, "step": step, "epoch": meta.epoch, "loss": meta.loss,
                          "created_at": meta.created_at, "cluster": meta.cluster,
                          "job_id": meta.job_id, "latest": step == latest,
-                         "promoted": repository.is_promoted(name, step)})
+                         "promoted": _promoted(repository, name, step)})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -171,6 +171,38 @@ def promote(target: str, store_url: str, key_file: Path) -> None:
     run, step = _parse_target(target, repository, store_url)
     repository.promote(run, step)
     click.echo(f"{run}@{step}: promoted")
+
+
+@ckpt.command()
+@store_option("--store", "Store whose promotion markers to re-seal")
+@click.option("--dry-run", is_flag=True, help="Report what would be re-sealed; write nothing.")
+@key_file_option
+@json_option
+def reseal(store_url: str, dry_run: bool, key_file: Path, as_json: bool) -> None:
+    """Once, when upgrading: re-seal version 1 promotion markers under the promotion key.
+
+    A version 1 marker was sealed under its run's data key, which jobs hold; readers now
+    refuse it. Each one whose checkpoint opens is sealed again (docs/format.md §8.4); exit
+    1 when some marker was refused. Version 1 fences are listed: the federation daemon
+    rewrites the ones it knows.
+    """
+    from slurm_geo.ckpt import load_master_key
+    from slurm_geo.ckpt.reseal import reseal as reseal_store
+
+    report = reseal_store(_open(store_url), load_master_key(key_file), dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps({**asdict(report), "dry_run": dry_run}, indent=2))
+    else:
+        verb = "would re-seal" if dry_run else "re-sealed"
+        for name in report.resealed:
+            click.echo(f"{verb} {name}")
+        for name, why in report.refused.items():
+            click.echo(f"slurm-geo: refused {name}: {why}", err=True)
+        for name in report.old_fences:
+            click.echo(f"version 1 fence {name}: the federation daemon rewrites it")
+        click.echo(f"{verb} {len(report.resealed)} marker(s), {len(report.current)} already "
+                   f"current, {len(report.refused)} refused")
+    sys.exit(1 if report.refused else 0)
 
 
 @ckpt.command()
@@ -241,6 +273,17 @@ def _site_retention():
 
     path = config_path_from_env()
     return load_config(path).retention if path.exists() else None
+
+
+def _promoted(repository, run: str, step: int) -> bool:
+    """A marker that does not open (version 1, another key) counts as none, said once."""
+    from slurm_geo.ckpt.errors import CorruptObject, UnsupportedFormat, WrongKey
+
+    try:
+        return bool(repository.is_promoted(run, step))
+    except (UnsupportedFormat, WrongKey, CorruptObject) as exc:
+        click.echo(f"slurm-geo: warning: {exc}", err=True)
+        return False
 
 
 def _open(url: str):

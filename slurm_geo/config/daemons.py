@@ -23,6 +23,7 @@ from slurm_geo.config.settings import (
     read_settings,
     seconds,
     secure_url,
+    shown,
     text,
     whole,
 )
@@ -106,12 +107,13 @@ def _check_sync_stores(config: SyncConfig, stores: Mapping[str, StoreConfig],
     for root in config.roots:
         if "://" in root:
             if not root.startswith(("file://", "s3://")):
-                raise ConfigError(f"{where}: root '{root}' must start with file:// or s3://")
+                raise ConfigError(f"{where}: root {shown(root)} must start with file:// or s3://")
         elif root not in stores:
-            raise ConfigError(f"{where}: root '{root}' is neither a URL nor one of [stores] "
+            raise ConfigError(f"{where}: root {shown(root)} is neither a URL nor one of [stores] "
                               f"(stores: {known})")
     if config.destination not in stores:
-        raise ConfigError(f"{where}: destination '{config.destination}' is not one of [stores] "
+        raise ConfigError(f"{where}: destination {shown(config.destination)} is not one of "
+                          "[stores] "
                           f"(stores: {known})")
     destination_url = stores[config.destination].url
     for root in config.roots:

@@ -26,7 +26,15 @@ from slurm_geo.config.paths import (
     DEFAULT_CONFIG_PATH,
     config_path_from_env,
 )
-from slurm_geo.config.settings import Setting, read_settings, reject_unknown, settings_table
+from slurm_geo.config.settings import (
+    Setting,
+    printable,
+    read_settings,
+    reject_unknown,
+    settings_table,
+    shown,
+    site_name,
+)
 from slurm_geo.config.tables import (
     ACCESS_METHODS,
     CLUSTER_SETTINGS,
@@ -83,28 +91,66 @@ class SiteConfig:
         except KeyError:
             known = ", ".join(sorted(self.clusters)) or "none"
             raise ConfigError(
-                f"cluster '{name}' is not in {self.source} (known clusters: {known})"
+                f"cluster {shown(name)} is not in {self.source} (known clusters: {known})"
             ) from None
 
 
+MAX_DEPTH = 8  # tables and lists within one another: the deepest real config needs 4
+
+
 def load_config(path: Path | None = None) -> SiteConfig:
-    """Read and validate the config at `path`, `$SLURM_GEO_CONFIG` or the default path."""
+    """Read and validate the config at `path`, `$SLURM_GEO_CONFIG` or the default path.
+    Every way the file can be wrong is one ConfigError line naming it: missing, unreadable,
+    a directory, not UTF-8, not TOML, nested too deep, or a value the tables refuse."""
     path = path or config_path_from_env()
+    source = printable(str(path))
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(
-            f"config file {path} does not exist; set {CONFIG_ENV} or create it "
+            f"config file {source} does not exist; set {CONFIG_ENV} or create it "
             "(see docs/install.md)"
         ) from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {source} is a directory; {CONFIG_ENV} must name the "
+                          "file itself") from None
+    except PermissionError:
+        raise ConfigError(f"config file {source} cannot be read by this user; make it "
+                          "readable (it holds no secrets: keys and tokens are other files)"
+                          ) from None
+    except OSError as exc:
+        raise ConfigError(f"config file {source} cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {source} is not UTF-8 text (byte {exc.start}); "
+                          "TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    return parse_config(raw, source=str(path))
+        raise ConfigError(f"config file {source} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {source} nests values too deeply to read") from None
+    check_depth(raw, source)
+    return parse_config(raw, source=source)
+
+
+def check_depth(raw: dict[str, Any], source: str) -> None:
+    """Refuse tables and lists nested more than MAX_DEPTH deep, naming the top table."""
+    for key, value in raw.items():
+        stack = [(value, 1)]
+        while stack:
+            item, depth = stack.pop()
+            if depth > MAX_DEPTH:
+                raise ConfigError(f"{source} [{printable(str(key))}]: values nested more "
+                                  f"than {MAX_DEPTH} deep; no setting takes that")
+            children = item.values() if isinstance(item, dict) else \
+                item if isinstance(item, list) else ()
+            stack.extend((child, depth + 1) for child in children)
 
 
 def parse_config(raw: dict[str, Any], source: str = "<memory>") -> SiteConfig:
     reject_unknown(raw, set(TABLES), source)
     tables = {name: _table(raw, name, source) for name in TABLES}
+    for kind in ("clusters", "stores"):
+        for name in tables[kind]:  # before a name goes into any message
+            site_name(name, f"{source} [{kind}]: a {kind[:-1]}'s name")
     home = read_settings(tables["site"], SITE_SETTINGS, f"{source} [site]").get(
         "home_cluster", "")
     clusters = {name: parse_cluster(name, table, f"{source} [clusters.{name}]")

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from slurm_geo.errors import ConfigError
+from slurm_geo.names import NAME_RULE, is_name
 
 Parse = Callable[[Any, str], Any]
 
@@ -60,15 +61,33 @@ def read_settings(table: Any, settings: tuple[Setting, ...], where: str) -> dict
 def reject_unknown(table: Mapping[str, Any], known: set[str], where: str) -> None:
     unknown = sorted(set(table) - known)
     if unknown:
+        named = ", ".join(printable(str(key)) for key in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
-        )
+            f"{where}: unknown key(s) {named}{more}; allowed: {', '.join(sorted(known))}")
+
+
+SHOWN_CHARS = 80  # of a refused value in a message: the line stays short
+
+
+def shown(value: Any) -> str:
+    """A refused value as a message shows it: its repr, on one line, cut to SHOWN_CHARS."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<a {type(value).__name__} nested too deep>"
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+def printable(text: str) -> str:
+    """`text` with control characters as '?': a name or path that goes into a message."""
+    return "".join("?" if ord(c) < 32 or ord(c) == 127 else c for c in text)
 
 
 def table_of(table: Any, where: str, what: str) -> dict[str, Any]:
     """`table` when it is a TOML table; `what` says what it holds ("cost center = USD")."""
     if not isinstance(table, dict):
-        raise ConfigError(f"{where} must be a table of {what}, got {table!r}")
+        raise ConfigError(f"{where} must be a table of {what}, got {shown(table)}")
     return table
 
 
@@ -97,7 +116,7 @@ def whole(low: int, high: int | None = None) -> Parse:
     def parse(value: Any, where: str) -> int:
         if (not isinstance(value, int) or isinstance(value, bool) or value < low
                 or (high is not None and value > high)):
-            raise ConfigError(f"{where} must be a whole number {bounds}, got {value!r}")
+            raise ConfigError(f"{where} must be a whole number {bounds}, got {shown(value)}")
         return value
     return parse
 
@@ -114,7 +133,7 @@ def number(low: float, high: float | None = None, *, above: bool = False, unit: 
         if (not isinstance(value, int | float) or isinstance(value, bool)
                 or not math.isfinite(value) or value < low or (above and value == low)
                 or (high is not None and value > high)):
-            raise ConfigError(f"{where} must be {what}, got {value!r}")
+            raise ConfigError(f"{where} must be {what}, got {shown(value)}")
         return float(value)
     return parse
 
@@ -124,26 +143,33 @@ seconds = number(0, above=True, unit="seconds")
 
 def flag(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(f"{where} must be true or false, got {value!r}")
+        raise ConfigError(f"{where} must be true or false, got {shown(value)}")
     return value
 
 
 def text(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where} must be a non-empty string, got {value!r}")
+        raise ConfigError(f"{where} must be a non-empty string, got {shown(value)}")
     return value
+
+
+def site_name(value: Any, where: str) -> str:
+    """A cluster, region, store or cost-center name: the grammar of slurm_geo.names."""
+    if not is_name(value):
+        raise ConfigError(f"{where} must be {NAME_RULE}, got {shown(value)}")
+    return str(value)
 
 
 def path(value: Any, where: str) -> Path:
     if not isinstance(value, str) or not value.startswith("/"):
-        raise ConfigError(f"{where} must be an absolute path, got {value!r}")
+        raise ConfigError(f"{where} must be an absolute path, got {shown(value)}")
     return Path(value)
 
 
 def choice(*choices: str) -> Parse:
     def parse(value: Any, where: str) -> str:
         if value not in choices:
-            raise ConfigError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
+            raise ConfigError(f"{where} must be one of {', '.join(choices)}, got {shown(value)}")
         return str(value)
     return parse
 
@@ -154,7 +180,7 @@ def url(*schemes: str, empty: bool = False) -> Parse:
         if not isinstance(value, str) or ((value or not empty)
                                           and not value.startswith(schemes)):
             raise ConfigError(f"{where} must {'be empty or ' if empty else ''}start with "
-                              f"{' or '.join(schemes)}, got {value!r}")
+                              f"{' or '.join(schemes)}, got {shown(value)}")
         return value
     return parse
 
@@ -191,9 +217,9 @@ def names(*, what: str = "names", each: str = "a name", non_empty: bool = False)
         if (not isinstance(value, list) or (non_empty and not value)
                 or not all(isinstance(v, str) and v for v in value)):
             raise ConfigError(f"{where} must be a {'non-empty ' if non_empty else ''}list of "
-                              f"{what}, got {value!r}")
+                              f"{what}, got {shown(value)}")
         if len(set(value)) != len(value):
-            raise ConfigError(f"{where} names {each} twice: {value!r}")
+            raise ConfigError(f"{where} names {each} twice: {shown(value)}")
         return tuple(value)
     return parse
 
@@ -201,7 +227,7 @@ def names(*, what: str = "names", each: str = "a name", non_empty: bool = False)
 def tables(value: Any, where: str) -> list[dict[str, Any]]:
     """A TOML array of tables ([[x]] entries); each is read by its own Settings."""
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise ConfigError(f"{where} must be a list of tables ([[...]] entries), got {value!r}")
+        raise ConfigError(f"{where} must be a list of tables ([[...]] entries), got {shown(value)}")
     return value
 
 
@@ -217,5 +243,5 @@ def moment(value: Any, where: str) -> int:
             raise TypeError(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{where} must be a date or time (YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS,"
-                          f" UTC), got {value!r}") from None
+                          f" UTC), got {shown(value)}") from None
     return int((value.replace(tzinfo=UTC) if value.tzinfo is None else value).timestamp())

@@ -30,6 +30,8 @@ from slurm_geo.config.settings import (
     read_settings,
     seconds,
     secure_url,
+    shown,
+    site_name,
     table_of,
     tables,
     text,
@@ -63,7 +65,7 @@ def mapping_of(parse: Parse, what: str, key: Parse | None = None) -> Parse:
 # --- [site] and [registry] ----------------------------------------------------------------
 
 SITE_SETTINGS = (
-    Setting("home_cluster", text, "", "The [clusters] name of the site's own cluster: jobs "
+    Setting("home_cluster", site_name, "", "The [clusters] name of the site's own cluster: jobs "
             "fail over from it and back."),
 )
 REGISTRY_SETTINGS = (
@@ -155,8 +157,8 @@ class ClusterConfig:
 
 
 CLUSTER_SETTINGS = (
-    Setting("region", text, None, "The region the cluster is in (residency rules name it).",
-            required=True),
+    Setting("region", site_name, None, "The region the cluster is in (residency rules name "
+            "it).", required=True),
     Setting("access", choice(*ACCESS_METHODS), None, "How slurm-geo reaches the cluster: "
             "cli (Slurm's commands, with slurm_conf) or rest (slurmrestd).", required=True),
     Setting("provider", text, ClusterConfig.provider, "Who rents the cluster out (billing "
@@ -173,8 +175,8 @@ CLUSTER_SETTINGS = (
             "A Slurm command or REST call still unanswered after this long fails."),
     Setting("prices", _prices, Prices(), "[clusters.NAME.prices]: what the cluster charges.",
             subtable=True),
-    Setting("store", text, ClusterConfig.store, "The [stores] name jobs on this cluster write "
-            "checkpoints to."),
+    Setting("store", site_name, ClusterConfig.store, "The [stores] name jobs on this cluster "
+            "write checkpoints to."),
     Setting("partitions", names(each="a partition"), ClusterConfig.partitions,
             "Partitions geo jobs may use; none: any."),
     Setting("gpu_types", names(each="a GPU type"), ClusterConfig.gpu_types,
@@ -225,7 +227,7 @@ class StoreConfig:
 STORE_SETTINGS = (
     Setting("url", url("file://", "s3://"), None, "file:///PATH or s3://BUCKET/PREFIX.",
             required=True),
-    Setting("region", text, None, "The region the store is in.", required=True),
+    Setting("region", site_name, None, "The region the store is in.", required=True),
     Setting("endpoint_url", url("http://", "https://"), StoreConfig.endpoint_url,
             "The S3 endpoint (default: AWS)."),
     Setting("job_credentials", path, None, "An env file (0600) of S3 credentials scoped to "
@@ -237,7 +239,7 @@ STORE_SETTINGS = (
 def parse_store(name: str, table: Any, where: str) -> StoreConfig:
     store = StoreConfig(name=name, **read_settings(table, STORE_SETTINGS, where))
     if store.job_credentials is not None and not store.url.startswith("s3://"):
-        raise ConfigError(f"{where}: job_credentials is for s3:// stores; '{store.url}' "
+        raise ConfigError(f"{where}: job_credentials is for s3:// stores; {shown(store.url)} "
                           "needs none")
     return store
 
@@ -257,8 +259,9 @@ POLICY_SETTINGS = (
                                        "data class = [regions]", key=choice(*DATA_CLASSES)),
             None, "[policy.data_classes]: the regions each data class may reside in; "
             "unlisted: anywhere.", subtable=True),
-    Setting("budgets", mapping_of(number(0, above=True, unit="USD"), "cost center = USD"),
-            None, "[policy.budgets]: USD per job each cost center allows; none: no budgets.",
+    Setting("budgets", mapping_of(number(0, above=True, unit="USD"), "cost center = USD",
+                                  key=site_name), None,
+            "[policy.budgets]: USD per job each cost center allows; none: no budgets.",
             subtable=True),
 )
 
@@ -310,7 +313,8 @@ class PriceEntry:
 
 
 PRICE_ENTRY_SETTINGS = (
-    Setting("cluster", text, "", "The [clusters] name these prices are for (or provider)."),
+    Setting("cluster", site_name, "", "The [clusters] name these prices are for (or "
+            "provider)."),
     Setting("provider", text, "", "The provider whose clusters these prices are for (or "
             "cluster)."),
     Setting("effective_from", moment, None, "The date or time (UTC) from which they apply.",
@@ -340,7 +344,7 @@ BILLING_SETTINGS = (
     Setting("first_ingest_days", whole(1, 3660), BillingTable.first_ingest_days,
             "How far back the first ingest of a cluster looks."),
     Setting("budgets", mapping_of(number(0.01, 1e12, unit="USD"),
-                                  "cost center = USD per month"), None,
+                                  "cost center = USD per month", key=site_name), None,
             "[billing.budgets]: USD per calendar month (UTC) and cost center.", subtable=True),
     Setting("prices", tables, (), "[[billing.prices]]: effective-dated prices for a cluster "
             "or a provider."),
@@ -366,5 +370,5 @@ def _price_entry(row: Any, index: int, clusters: Mapping[str, ClusterConfig],
         raise ConfigError(f"{where}: cluster '{cluster}' is not one of [clusters] (known: "
                           f"{', '.join(sorted(clusters)) or 'none'})")
     if provider and provider not in {c.provider or c.name for c in clusters.values()}:
-        raise ConfigError(f"{where}: no cluster has provider '{provider}'")
+        raise ConfigError(f"{where}: no cluster has provider {shown(provider)}")
     return PriceEntry(**values, source=f"[[billing.prices]] #{index}")

@@ -21,6 +21,7 @@ from slurm_geo.config.model import SiteConfig
 from slurm_geo.daemon.events import event
 from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.federation.bandwidth import BandwidthModel
+from slurm_geo.federation.fencing import Refencer
 from slurm_geo.federation.leaseservice import LeaseService, Reply
 from slurm_geo.federation.model import (
     FederationStateError,
@@ -65,6 +66,7 @@ class Federation:
         generation_lock = threading.Lock()
         self.leases = LeaseService(wiring, generation_lock)
         self.mover = Mover(wiring, generation_lock, bandwidth)
+        self.refencer = Refencer(wiring)
         self.health = HealthProbes(wiring, probes)
         self.bandwidth_probes = BandwidthProbes(wiring, bandwidth)
         self._rules = rules_for(wiring.site)
@@ -112,6 +114,7 @@ class Federation:
             # move is finished in a later round, once it is mended.
             except (SlurmError, CkptError, ConfigError, FederationStateError) as exc:
                 event(log, "reconcile_failed", logging.WARNING, job=job.logical_job, error=exc)
+        self.refencer.round(self.state.jobs())
 
     def reconcile_job(self, job: LogicalJob, health: dict[str, Health]) -> Step:
         snapshot = self.snapshot(job, health)

@@ -6,7 +6,8 @@ A move, in order (each step is safe to repeat if the daemon dies after it):
   2. the generation goes up, a compare-and-set that also fails if the job's lease was
      renewed meanwhile: from now on the old incarnation gets no lease;
   3. the target store is fenced: only the new generation's cluster may commit past the
-     resume step there (and the old store too, when it can be reached);
+     resume step there (and the old store too, when it can be reached); fences are read
+     and written the daemon's way (federation.fencing: its state's word counts);
   4. the job is submitted on the target with its resume pointer, a one-time token
      for its run's data key and the CA to verify the daemon's https against, as its
      owner, with the environment federation.owners builds (a job without a recorded
@@ -25,13 +26,20 @@ import time
 from datetime import UTC, datetime
 
 from slurm_geo.ckpt import Repository
-from slurm_geo.ckpt.errors import CkptError
-from slurm_geo.ckpt.fence import Fence, unadmitted_steps, write_fence
+from slurm_geo.ckpt.errors import (
+    CkptError,
+    CorruptObject,
+    ImmutableCheckpoint,
+    UnsupportedFormat,
+    WrongKey,
+)
+from slurm_geo.ckpt.fence import Fence, unadmitted_steps
 from slurm_geo.ckpt.names import key_name
 from slurm_geo.ckpt.replicate import copy_checkpoint
 from slurm_geo.ckpt.runkey import unwrap_run_key
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.credentials import job_environment
+from slurm_geo.federation.fencing import daemon_lookup, known_fence, set_fence
 from slurm_geo.federation.model import (
     Health,
     Incarnation,
@@ -106,8 +114,8 @@ class Mover:
             target_store = w.store_of(moved.cluster)
             self._ensure_run_key(moved, target_store)
             repository = Repository(w.stores[target_store], w.master_key)
-            write_fence(repository, Fence(moved.run, moved.generation, moved.cluster,
-                                          moved.resume_step, _utc(w.clock())))
+            set_fence(repository, Fence(moved.run, moved.generation, moved.cluster,
+                                        moved.resume_step, _utc(w.clock())))
             self._drop_unadmitted(moved, repository, target_store)
             w.audit.append("fence", moved.logical_job,
                            f"run {moved.run} fenced at generation {moved.generation} for "
@@ -147,7 +155,7 @@ class Mover:
                 or not w.stores[store_name].exists(key_name(job.run)):
             return  # nothing of the run is there to fence
         fence = Fence(job.run, job.generation, job.cluster, job.resume_step, _utc(w.clock()))
-        write_fence(Repository(w.stores[store_name], w.master_key), fence)
+        set_fence(Repository(w.stores[store_name], w.master_key), fence)
 
     def _ensure_run_key(self, job: LogicalJob, store_name: str) -> None:
         """The run keeps one data key everywhere: a store without it gets the sealed key
@@ -176,7 +184,8 @@ class Mover:
         if not steps:
             return
         started = time.monotonic()
-        report = copy_checkpoint(repository, source, target, job.run, steps[-1])
+        report = copy_checkpoint(repository, source, target, job.run, steps[-1],
+                                 fence=daemon_lookup(known_fence(job)))
         seconds = time.monotonic() - started
         if report.bytes_copied and seconds > 0:
             self.bandwidth.observe(source_store, target_store, report.bytes_copied, seconds)
@@ -193,9 +202,18 @@ class Mover:
 
     def _drop_unadmitted(self, job: LogicalJob, repository: Repository,
                          store_name: str) -> None:
-        """Checkpoints a stale incarnation got into the store just before the fence."""
-        for step in unadmitted_steps(repository, job.run):
-            repository.delete_checkpoint(job.run, step)
+        """Checkpoints a stale incarnation got into the store just before the fence. One
+        a marker keeps (promoted, or a marker that does not open: a job may have made it)
+        stays, audited: the fence keeps it from being resumed, and the move goes on."""
+        for step in unadmitted_steps(repository, job.run, daemon_lookup(known_fence(job))):
+            try:
+                repository.delete_checkpoint(job.run, step)
+            except (ImmutableCheckpoint, UnsupportedFormat, WrongKey, CorruptObject) as exc:
+                self.wiring.audit.append("fence", job.logical_job, f"kept {job.run}@{step} "
+                                         f"in {store_name}", f"not admitted by the fence, "
+                                         f"but not deleted: {exc}", run=job.run, step=step,
+                                         store=store_name)
+                continue
             self.wiring.audit.append("fence", job.logical_job, f"dropped {job.run}@{step} "
                                      f"from {store_name}", "written by an incarnation the "
                                      "fence does not admit", run=job.run, step=step,
@@ -207,7 +225,7 @@ class Mover:
         checkpoints exist but none verifies."""
         w = self.wiring
         repository = Repository(w.paced_stores[store_name], w.master_key)
-        stale = set(unadmitted_steps(repository, job.run))
+        stale = set(unadmitted_steps(repository, job.run, daemon_lookup(known_fence(job))))
         steps = [s for s in repository.steps(job.run) if s not in stale]
         if not steps:
             w.audit.append("verify", job.logical_job, f"no checkpoint of {job.run} in "

@@ -4,6 +4,9 @@ Slurm 22.05 gives every hook SLURM_JOB_ID, SLURM_CLUSTER_NAME, SLURM_JOB_RESTART
 (already counted up when an epilog follows a requeue), SLURM_JOB_UID/GID, and the
 directives the SPANK plugin handed over as SPANK_GEO_<NAME>. Node hooks also get
 SLURMD_NODENAME; epilogs SLURM_JOB_EXIT_CODE2 ("exit:signal").
+
+A uid or gid that is missing or not a plain id is None, never a default: the hooks run as
+root and act as the job's user, so with no user to act as they do nothing (hooks.entry).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ class JobContext:
     cluster: str
     job_id: int
     restart: int
-    uid: int
-    gid: int
+    uid: int | None  # None: missing or not an id; see `ids_known`
+    gid: int | None
     user: str
     name: str
     node: str
@@ -37,6 +40,10 @@ class JobContext:
     exit_code: str
     directives: Directives
     raw_directives: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ids_known(self) -> bool:
+        return self.uid is not None and self.gid is not None
 
     @property
     def tag(self) -> str:
@@ -49,6 +56,18 @@ def _int(env: Mapping[str, str], key: str, default: int = 0) -> int:
         return int(env.get(key, default))
     except ValueError:
         return default
+
+
+# (uid_t)-1 tells set*id(2) "leave this id unchanged": as the job's uid it would mean root.
+_NO_ID = 2**32 - 1
+
+
+def _id(env: Mapping[str, str], key: str) -> int | None:
+    """A uid or gid as Slurm writes it (decimal digits), or None."""
+    text = env.get(key, "")
+    if not (text.isascii() and text.isdigit()) or int(text) >= _NO_ID:
+        return None
+    return int(text)
 
 
 def raw_directives(env: Mapping[str, str]) -> dict[str, str]:
@@ -70,8 +89,8 @@ def job_context(env: Mapping[str, str]) -> JobContext:
         cluster=env.get("SLURM_CLUSTER_NAME", ""),
         job_id=_int(env, "SLURM_JOB_ID"),
         restart=_int(env, "SLURM_JOB_RESTART_COUNT"),
-        uid=_int(env, "SLURM_JOB_UID", -1),
-        gid=_int(env, "SLURM_JOB_GID", -1),
+        uid=_id(env, "SLURM_JOB_UID"),
+        gid=_id(env, "SLURM_JOB_GID"),
         user=env.get("SLURM_JOB_USER", ""),
         name=env.get("SLURM_JOB_NAME", ""),
         node=env.get("SLURMD_NODENAME", ""),

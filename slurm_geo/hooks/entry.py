@@ -2,7 +2,9 @@
 
 A node Prolog that exits non-zero drains the node and requeues the job, so every hook
 here logs what went wrong and exits 0: a broken config or an unreachable store must cost
-at most the geo extras of one job, never a node. The thin scripts in prolog_epilog/ call
+at most the geo extras of one job, never a node. A job whose uid or gid Slurm did not
+pass gets one log line and nothing else: the hooks run as root and act as the job's user,
+never as root in its stead. The thin scripts in prolog_epilog/ call
 `run_hook` only for geo jobs; everything else has already exited.
 
 Log: $SLURM_GEO_HOOK_LOG, else /var/log/slurm-geo/hooks.log when that directory exists,
@@ -31,6 +33,12 @@ def run_hook(name: str, env: Mapping[str, str] = os.environ,
         from slurm_geo.hooks.context import job_context
 
         job = job_context(env)
+        if not job.ids_known:
+            log.warning("%s of job %s does nothing: SLURM_JOB_UID/SLURM_JOB_GID missing or "
+                        "not an id (%r/%r), and a hook never acts as root for a job", name,
+                        env.get("SLURM_JOB_ID", "?"), env.get("SLURM_JOB_UID"),
+                        env.get("SLURM_JOB_GID"))
+            return 0
         site = _site_or_none()
         _dispatch(name, job, site, env, clock())
     except Exception:

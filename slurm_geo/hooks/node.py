@@ -95,11 +95,21 @@ def final_checkpoint(ckpt_dir: Path) -> tuple[str, int] | None:
 
 # --- prolog --------------------------------------------------------------------------------
 
+class UnknownJobUser(ValueError):
+    """Root with no job user to act as: the hook must not go on as root."""
+
+
 @contextmanager
-def as_user(uid: int, gid: int) -> Iterator[None]:
+def as_user(uid: int | None, gid: int | None) -> Iterator[None]:
     """Run the block with the job user's effective ids and groups (when we are root and
-    the job is not); root's come back afterwards."""
-    if os.geteuid() != 0 or uid <= 0:
+    the job is not); root's come back afterwards. Unknown ids, as root, raise: the block
+    never runs as root for a job whose user is not known."""
+    if os.geteuid() != 0:
+        yield
+        return
+    if uid is None or gid is None:
+        raise UnknownJobUser(f"the job's uid/gid are unknown ({uid}/{gid}); not acting as root")
+    if uid == 0:  # root's own job
         yield
         return
     groups = os.getgroups()

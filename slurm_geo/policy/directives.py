@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.names import NAME_RULE, is_name
 
 DATA_CLASSES = ("public", "internal", "restricted")
 FAILOVER_MODES = ("auto", "manual", "never")
@@ -108,12 +109,9 @@ def _minutes(value: str, option: str) -> int:
     return int(value)
 
 
-_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
-
-
 def _names(value: str, option: str) -> tuple[str, ...]:
     names = value.split(",")
-    if not all(re.fullmatch(_NAME, n) for n in names):
+    if not all(is_name(n) for n in names):
         raise _reject(option, value, "is not a comma-separated list of names")
     if len(set(names)) != len(names):
         raise _reject(option, value, "names one entry twice")
@@ -129,9 +127,8 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str, str], str]:
 
 
 def _name(value: str, option: str) -> str:
-    if not re.fullmatch(_NAME, value):
-        raise _reject(option, value, "must be 1-64 letters, digits, '.', '_' or '-', "
-                      "starting with a letter or digit")
+    if not is_name(value):
+        raise _reject(option, value, f"must be {NAME_RULE}")
     return value
 
 

@@ -354,11 +354,13 @@ class RestSlurmClient(SlurmClient):
 
 
 def read_token(cluster: str, login: RestLogin) -> str:
-    """The JWT in the login's token file, refused when the file lets group or others in."""
+    """The JWT in the login's token file, re-read on each request (tokens rotate). Like
+    the master key, a file group or others may read or write is refused: a JWT is a
+    password for the cluster."""
     try:
-        with open(login.token_file) as handle:
+        with open(login.token_file, "rb") as handle:
             mode = os.fstat(handle.fileno()).st_mode
-            token = handle.read().strip()
+            raw = handle.read()
     except OSError as exc:
         raise TokenRejected(cluster, "authenticate", login.user, login.token_file,
                             f"cannot read it ({exc.strerror})",
@@ -367,7 +369,12 @@ def read_token(cluster: str, login: RestLogin) -> str:
         raise TokenRejected(cluster, "authenticate", login.user, login.token_file,
                             f"mode {stat.S_IMODE(mode):04o} lets others in",
                             f"chmod 600 {login.token_file}")
-    return token
+    try:
+        return raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise TokenRejected(cluster, "authenticate", login.user, login.token_file,
+                            "it does not hold a JWT (not ASCII text)",
+                            "write the token scontrol printed into it") from None
 
 
 def _decode(response: requests.Response) -> dict[str, Any]:

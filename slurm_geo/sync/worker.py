@@ -180,10 +180,16 @@ class Attempt:
         return Result(replica.id, Outcome.VERIFIED)
 
     def _carry_promotion(self, replica: Replica) -> None:
-        """Tier 3 holds off-site too: a promoted checkpoint's marker follows its replica."""
+        """Tier 3 holds off-site too: a promoted checkpoint's marker follows its replica,
+        once it opens under the promotion key and names the checkpoint (a marker that is
+        there but does not open fails the attempt, naming it)."""
         name = promoted_name(replica.run, replica.step)
-        if self._source.exists(name) and not self._destination.exists(name):
-            self._destination.put(name, self._source.get(name))
+        if not Repository(self._source, self._key).is_promoted(replica.run, replica.step):
+            return
+        sealed = self._source.get(name)
+        # A marker already there may be a version 1 one or a job's: the good one replaces it.
+        if not self._destination.exists(name) or self._destination.get(name) != sealed:
+            self._destination.put(name, sealed)
 
     def _corrupted(self, replica: Replica, replica_repo: Repository,
                    faults: list[CkptError]) -> Result:
