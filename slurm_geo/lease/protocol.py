@@ -35,8 +35,16 @@ ENV_RESUME_STEP = "SLURM_GEO_RESUME_STEP"
 ENV_RUN = "SLURM_GEO_RUN"
 ENV_FEDERATION_URL = "SLURM_GEO_FEDERATION_URL"
 ENV_KEY_TOKEN = "SLURM_GEO_KEY_TOKEN"
+ENV_LEASE_SECRET = "SLURM_GEO_LEASE_SECRET"  # signs this incarnation's requests (64 hex)
 ENV_STORE = "SLURM_GEO_STORE"
 ENV_STORE_ENDPOINT = "SLURM_GEO_STORE_ENDPOINT"
+
+# How a request proves who sends it (docs/federation.md, "Authentication").
+HEADER_MUNGE = "X-Slurm-Geo-Munge"              # home: a MUNGE credential
+HEADER_INCARNATION = "X-Slurm-Geo-Incarnation"  # elsewhere: LOGICAL_JOB/GENERATION,
+HEADER_TIMESTAMP = "X-Slurm-Geo-Timestamp"      # integer seconds since the epoch,
+HEADER_NONCE = "X-Slurm-Geo-Nonce"              # 32 hex digits, fresh for each request,
+HEADER_SIGNATURE = "X-Slurm-Geo-Signature"      # HMAC-SHA256, 64 hex digits
 
 
 class ProtocolError(ValueError):
