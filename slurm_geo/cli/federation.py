@@ -98,6 +98,7 @@ def _view(state: FederationState, job: LogicalJob, display: Display,
         "move_after_step": job.move_after_step, "created_at": _iso(job.created_at),
         "updated_at": _iso(job.updated_at), "directives": job.directives,
         "options": job.spec, "script": job.script,
+        "owner_uid": job.owner_uid, "owner_user": job.owner_user,
         "slurm": None if slurm is None else {"state": slurm.state.value,
                                              "reason": slurm.reason, "held": slurm.held},
         "lease": None if lease is None else {

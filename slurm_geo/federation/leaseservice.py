@@ -98,14 +98,14 @@ class LeaseService:
         """The run's data key, for the incarnation the token was minted for, while it is
         the current generation."""
         w = self.wiring
-        owner = w.state.token_owner(token)
+        owner = w.state.identities.token_owner(token)
         if owner is None:
             return Reply(403, {"reason": "unknown or expired token"})
-        job = w.state.job(owner[0])
+        job = w.state.job(owner.logical_job)
         if not job.run:
             return Reply(409, {"reason": "ask for a lease first: it names the run"})
-        if job.generation != owner[1] or job.status.is_final():
-            return Reply(403, {"reason": f"generation {owner[1]} is no longer current"})
+        if job.generation != owner.generation or job.status.is_final():
+            return Reply(403, {"reason": f"generation {owner.generation} is no longer current"})
         store = w.stores[w.store_of(job.cluster)]
         try:
             data_key = unwrap_run_key(store, w.master_key, job.run, create=True)

@@ -124,6 +124,8 @@ class LogicalJob:
     lost_restarts: int = 0             # restarts after a lost incarnation (max_restarts)
     recoveries: int = 0                # incarnations started because the last was lost
     awaiting_approval: str | None = None  # the cluster a move waits for a person to approve
+    owner_uid: int | None = None       # who registered it, from Slurm's record (None: unknown)
+    owner_user: str = ""
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,8 @@ any point and rebuild its view from this file, Slurm and the stores (crash-only)
 changes and generation bumps are compare-and-set on what the writer last saw, so the
 daemon, `slurm-geo cancel` and `slurm-geo approve` never overwrite each other.
 
-Schema version 2 (PRAGMA user_version) made version 1's per-job `meta` keys
-(`left_home:JOB`, `lost_restarts:JOB`) columns of `jobs` and its daemon-wide ones a
-`daemon` row; opening a version-1 database migrates it in one transaction.
+The schema and its migrations are in federation.schema (version 3: owners, incarnation
+secrets, used tokens); who is who (owners, secrets, key tokens) in federation.identities.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from slurm_geo.federation.identities import Identities, forget_incarnation, put_token
 from slurm_geo.federation.model import (
     ClusterStatus,
     FederationStateError,
@@ -34,86 +34,20 @@ from slurm_geo.federation.model import (
     StaleJob,
     UnknownLogicalJob,
     check_transition,
-    token_digest,
+)
+from slurm_geo.federation.schema import (
+    SCHEMA_VERSION,
+    check_version,
+    create_or_migrate,
+    refuse_newer,
 )
 from slurm_geo.sqlite_tx import immediate_transaction, open_database
 
+__all__ = ["SCHEMA_VERSION", "FederationState"]
+
 BUSY_TIMEOUT_S = 30.0
-SCHEMA_VERSION = 2
 
-_JOBS = """
-CREATE TABLE IF NOT EXISTS jobs (
-    logical_job TEXT PRIMARY KEY,
-    run TEXT NOT NULL,
-    home TEXT NOT NULL,
-    script TEXT NOT NULL,
-    spec TEXT NOT NULL,            -- JSON: what a resubmission needs besides the script
-    directives TEXT NOT NULL,      -- JSON: the --geo-* options
-    generation INTEGER NOT NULL,
-    cluster TEXT NOT NULL,         -- where the current generation runs
-    job_id INTEGER,                -- its Slurm job id there; NULL while moving
-    resume_step INTEGER,
-    status TEXT NOT NULL,
-    move_to TEXT,                  -- a planned move waiting for the next checkpoint
-    move_after_step INTEGER,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    left_home TEXT,                -- outage | queue: why it runs away from home
-    lost_restarts INTEGER NOT NULL DEFAULT 0,
-    recoveries INTEGER NOT NULL DEFAULT 0,
-    awaiting_approval TEXT         -- the target of a move waiting for `slurm-geo approve`
-);"""
-
-_OTHERS = """
-CREATE TABLE IF NOT EXISTS incarnations (
-    logical_job TEXT NOT NULL,
-    generation INTEGER NOT NULL,
-    cluster TEXT NOT NULL,
-    job_id INTEGER,
-    resume_step INTEGER,
-    submitted_at REAL NOT NULL,
-    training_at REAL,              -- first lease granted: training started
-    ended_at REAL,
-    end_reason TEXT,
-    PRIMARY KEY (logical_job, generation)
-);
-CREATE TABLE IF NOT EXISTS leases (
-    logical_job TEXT PRIMARY KEY,
-    generation INTEGER NOT NULL,
-    cluster TEXT NOT NULL,
-    job_id INTEGER NOT NULL,
-    restart INTEGER NOT NULL,
-    renewed_at REAL NOT NULL,
-    last_step INTEGER,
-    released INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS tokens (
-    token_sha256 TEXT PRIMARY KEY,
-    logical_job TEXT NOT NULL,
-    generation INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS health (
-    cluster TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    failures INTEGER NOT NULL,
-    since REAL NOT NULL,
-    last_ok REAL,
-    last_error TEXT
-);
-CREATE TABLE IF NOT EXISTS bandwidth (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    snapshot TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS daemon (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    bandwidth_probe_at REAL NOT NULL DEFAULT 0,   -- the last probe transfer between stores
-    sync_transfer_id INTEGER NOT NULL DEFAULT 0   -- checkpoint-sync transfers learnt from
-);
-INSERT OR IGNORE INTO daemon (id) VALUES (1);
-"""
-
-_V2_JOB_COLUMNS = ("left_home TEXT", "lost_restarts INTEGER NOT NULL DEFAULT 0",
-                   "recoveries INTEGER NOT NULL DEFAULT 0", "awaiting_approval TEXT")
+BUSY_TIMEOUT_S = 30.0
 
 
 def _job_from_row(row: sqlite3.Row) -> LogicalJob:
@@ -123,7 +57,7 @@ def _job_from_row(row: sqlite3.Row) -> LogicalJob:
         row["resume_step"], JobStatus(row["status"]), row["move_to"], row["move_after_step"],
         row["created_at"], row["updated_at"],
         LeftHome(row["left_home"]) if row["left_home"] else None, row["lost_restarts"],
-        row["recoveries"], row["awaiting_approval"])
+        row["recoveries"], row["awaiting_approval"], row["owner_uid"], row["owner_user"])
 
 
 class FederationState:
@@ -143,7 +77,8 @@ class FederationState:
                                         "daemon running on this host? ([federation] state)"),
                                     isolation_level=None, check_same_thread=False)
             self.db.row_factory = sqlite3.Row
-            _check_version(self.db, path)
+            check_version(self.db, path)
+            self.identities = Identities(self.db, self._lock)
             return
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
@@ -151,7 +86,7 @@ class FederationState:
                                   check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         try:
-            _refuse_newer(self.db, path)  # before anything changes the file
+            refuse_newer(self.db, path)  # before anything changes the file
         except FederationStateError:
             self.db.close()
             raise
@@ -159,7 +94,8 @@ class FederationState:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         with self._lock, immediate_transaction(self.db) as db:
-            _create_or_migrate(db)
+            create_or_migrate(db)
+        self.identities = Identities(self.db, self._lock)
 
     def close(self) -> None:
         self.db.close()
@@ -184,11 +120,12 @@ class FederationState:
                 return False
             db.execute(
                 "INSERT INTO jobs (logical_job, run, home, script, spec, directives, "
-                "generation, cluster, job_id, resume_step, status, created_at, updated_at) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "generation, cluster, job_id, resume_step, status, created_at, updated_at, "
+                "owner_uid, owner_user) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (job.logical_job, job.run, job.home, job.script, json.dumps(job.spec),
                  json.dumps(job.directives), job.generation, job.cluster, job.job_id,
-                 job.resume_step, job.status.value, job.created_at, job.updated_at))
+                 job.resume_step, job.status.value, job.created_at, job.updated_at,
+                 job.owner_uid, job.owner_user))
             db.execute("INSERT INTO incarnations VALUES (?,?,?,?,?,?,?,?,?)",
                        (job.logical_job, job.generation, job.cluster, job.job_id,
                         job.resume_step, job.created_at, None, None, None))
@@ -239,24 +176,11 @@ class FederationState:
         """`expected` -> `wanted`, if that is a transition and the job is still `expected`;
         IllegalTransition or StaleJob otherwise, and nothing is written."""
         with self.transaction() as db:
-            self._check_status(db, logical_job, expected, wanted)
+            _check_status(db, logical_job, expected, wanted)
             db.execute("UPDATE jobs SET status = ?, move_to = NULL, move_after_step = NULL, "
                        "awaiting_approval = NULL, updated_at = ? WHERE logical_job = ?",
                        (wanted.value, now, logical_job))
         return self.job(logical_job)
-
-    @staticmethod
-    def _check_status(db: sqlite3.Connection, logical_job: str, expected: JobStatus,
-                      wanted: JobStatus) -> sqlite3.Row:
-        check_transition(logical_job, expected, wanted)
-        row: sqlite3.Row | None = db.execute(
-            "SELECT status, generation FROM jobs WHERE logical_job = ?",
-            (logical_job,)).fetchone()
-        if row is None:
-            raise UnknownLogicalJob(logical_job)
-        if row["status"] != expected.value:
-            raise StaleJob(logical_job, expected.value)
-        return row
 
     def plan_move(self, logical_job: str, generation: int, target: str,
                   after_step: int | None, now: float) -> LogicalJob:
@@ -337,8 +261,7 @@ class FederationState:
                 raise StaleJob(logical_job, f"moving at generation {generation}")
             db.execute("UPDATE incarnations SET job_id = ? WHERE logical_job = ? AND "
                        "generation = ?", (job_id, logical_job, generation))
-            db.execute("INSERT OR REPLACE INTO tokens VALUES (?,?,?)",
-                       (token_sha256, logical_job, generation))
+            put_token(db, token_sha256, logical_job, generation)
         return self.job(logical_job)
 
     # --- incarnations ---------------------------------------------------------------------
@@ -355,8 +278,7 @@ class FederationState:
             db.execute("UPDATE incarnations SET ended_at = ?, end_reason = ? WHERE "
                        "logical_job = ? AND generation = ? AND ended_at IS NULL",
                        (now, reason, logical_job, generation))
-            db.execute("DELETE FROM tokens WHERE logical_job = ? AND generation = ?",
-                       (logical_job, generation))
+            forget_incarnation(db, logical_job, generation)
 
     # --- leases and tokens ----------------------------------------------------------------
 
@@ -383,11 +305,6 @@ class FederationState:
         lease counts as renewed now, so no move starts before it could have run out."""
         with self.transaction() as db:
             db.execute("UPDATE leases SET renewed_at = ? WHERE released = 0", (now,))
-
-    def token_owner(self, token: str) -> tuple[str, int] | None:
-        row = self._one("SELECT logical_job, generation FROM tokens WHERE token_sha256 = ?",
-                        (token_digest(token),))
-        return None if row is None else (row["logical_job"], row["generation"])
 
     # --- health, bandwidth and the daemon's own watermarks ----------------------------------
 
@@ -428,71 +345,22 @@ class FederationState:
             db.execute("UPDATE daemon SET sync_transfer_id = ? WHERE id = 1", (transfer_id,))
 
 
+def _check_status(db: sqlite3.Connection, logical_job: str, expected: JobStatus,
+                  wanted: JobStatus) -> sqlite3.Row:
+    check_transition(logical_job, expected, wanted)
+    row: sqlite3.Row | None = db.execute(
+        "SELECT status, generation FROM jobs WHERE logical_job = ?",
+        (logical_job,)).fetchone()
+    if row is None:
+        raise UnknownLogicalJob(logical_job)
+    if row["status"] != expected.value:
+        raise StaleJob(logical_job, expected.value)
+    return row
+
+
 def _lease_live(db: sqlite3.Connection, logical_job: str, generation: int, now: float,
                 ttl_s: float) -> bool:
     row = db.execute("SELECT generation, renewed_at, released FROM leases WHERE "
                      "logical_job = ?", (logical_job,)).fetchone()
     return (row is not None and row["generation"] == generation and not row["released"]
             and now - row["renewed_at"] <= ttl_s)
-
-
-def _check_version(db: sqlite3.Connection, path: Path) -> None:
-    try:
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-    except sqlite3.Error as exc:
-        raise FederationStateError(f"cannot read the federation state {path}: {exc}") from None
-    if version != SCHEMA_VERSION:
-        raise FederationStateError(
-            f"the federation state {path} is schema version {version}, this slurm-geo reads "
-            f"{SCHEMA_VERSION}; start the federation daemon of this version once to migrate "
-            "it (or use the slurm-geo that matches the daemon)")
-
-
-def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise FederationStateError(
-            f"the federation state {path} is schema version {version}, newer than this "
-            f"slurm-geo ({SCHEMA_VERSION}); upgrade slurm-geo on this host")
-
-
-def _create_or_migrate(db: sqlite3.Connection) -> None:
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    has_jobs = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
-                          "name = 'jobs'").fetchone() is not None
-    if has_jobs and version < 2:
-        _migrate_from_v1(db)
-    db.execute(_JOBS)
-    for statement in _OTHERS.split(";"):
-        if statement.strip():
-            db.execute(statement)
-    if has_jobs and version < 2:
-        _move_v1_meta(db)
-    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-
-def _migrate_from_v1(db: sqlite3.Connection) -> None:
-    for column in _V2_JOB_COLUMNS:
-        db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
-
-
-def _move_v1_meta(db: sqlite3.Connection) -> None:
-    """Version 1 kept per-job facts and the daemon's watermarks as meta keys."""
-    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
-                  "name = 'meta'").fetchone() is None:
-        return
-    for key, value in db.execute("SELECT key, value FROM meta").fetchall():
-        kind, _, logical_job = key.partition(":")
-        if kind == "left_home" and value in {h.value for h in LeftHome}:
-            db.execute("UPDATE jobs SET left_home = ? WHERE logical_job = ?",
-                       (value, logical_job))
-        elif kind == "lost_restarts":
-            db.execute("UPDATE jobs SET lost_restarts = ? WHERE logical_job = ?",
-                       (int(value), logical_job))
-        elif key == "bandwidth_probe_at":
-            db.execute("UPDATE daemon SET bandwidth_probe_at = ?", (float(value),))
-        elif key == "sync_transfer_id":
-            db.execute("UPDATE daemon SET sync_transfer_id = ?", (int(value),))
-    # Version 1 never cleared left_home when a job came home.
-    db.execute("UPDATE jobs SET left_home = NULL WHERE cluster = home")
-    db.execute("DROP TABLE meta")
