@@ -40,7 +40,8 @@ log = logging.getLogger("slurm_geo.federation")
 
 # [federation] settings bound or opened once, at the start: the lease service's socket,
 # the state and audit databases, the master key. A reload keeps their old values.
-RESTART_SETTINGS = ("listen_address", "listen_port", "state", "audit_path", "key_file")
+RESTART_SETTINGS = ("listen_address", "listen_port", "state", "audit_path", "key_file",
+                    "munge_socket")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -2,8 +2,9 @@
 and its one-time key token. `FederationState.identities` is one of these, on the state's
 own connection and lock (the schema: federation.schema).
 
-The secrets are kept in the clear: the daemon must compute the same HMAC as the job. The
-state file is 0600 in a 0700 directory, as for every job's batch script.
+The secrets are kept in the clear, for as long as the job is: the daemon must compute the
+same HMAC as the job, and a stale incarnation must still be told it is fenced. The state
+file is 0600 in a 0700 directory, as for every job's batch script.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def put_token(db: sqlite3.Connection, token_sha256: str, logical_job: str,
 
 
 def forget_incarnation(db: sqlite3.Connection, logical_job: str, generation: int) -> None:
-    """An ended incarnation can no longer authenticate nor fetch a key."""
-    for table in ("tokens", "incarnation_secrets"):
-        db.execute(f"DELETE FROM {table} WHERE logical_job = ? AND generation = ?",
-                   (logical_job, generation))
+    """An ended incarnation can fetch no key. Its secret stays: should it still run (a
+    cancel that did not reach it), its requests are answered, and refused, as fenced."""
+    db.execute("DELETE FROM tokens WHERE logical_job = ? AND generation = ?",
+               (logical_job, generation))

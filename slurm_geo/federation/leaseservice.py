@@ -1,11 +1,16 @@
-"""The federation daemon's answers to training jobs: leases and run keys, and the
-registration of home jobs it has not seen yet (slurm_geo.lease.protocol; the HTTP side
-is federation.service).
+"""The federation daemon's answers to training jobs: leases and run keys, each to the
+caller its credential proves (slurm_geo.lease.protocol; the HTTP side is
+federation.service; who is calling: federation.authn; home jobs registered and runs
+owned: federation.registration).
 
 A lease decision and its write happen under the daemon's generation lock, the one a move
 holds for its generation compare-and-set, so no lease is ever granted to a generation a
-move has just replaced. Nothing slow runs under it: Slurm calls and store reads happen
-before or after, so a move copying a 100 GB checkpoint never delays a renewal.
+move has just replaced. Nothing slow runs under it: Slurm calls, MUNGE and store reads
+happen before or after, so a move copying a 100 GB checkpoint never delays a renewal.
+
+A request that is not authenticated is answered 401, one that is authentic but not its
+caller's to make (another user's job, another incarnation, a replay, a token used) 403;
+either changes nothing.
 """
 
 from __future__ import annotations
@@ -17,15 +22,15 @@ from typing import Any
 
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.runkey import unwrap_run_key
-from slurm_geo.errors import SlurmGeoError
+from slurm_geo.daemon.events import event
+from slurm_geo.federation.authn import Authenticator, Caller
 from slurm_geo.federation.leases import Verdict, decide
 from slurm_geo.federation.model import JobStatus, Lease, LogicalJob
-from slurm_geo.federation.resubmit import ScriptOptions, script_options
+from slurm_geo.federation.registration import Registrar
 from slurm_geo.federation.wiring import Wiring
-from slurm_geo.lease.protocol import Action, KeyReply, LeaseReply, LeaseRequest
+from slurm_geo.lease.protocol import Action, KeyReply, KeyRequest, LeaseReply, LeaseRequest
 from slurm_geo.lease.protocol import Verdict as Said
-from slurm_geo.policy.directives import DirectiveError
-from slurm_geo.slurm import JobState, SlurmError
+from slurm_geo.lease.signing import Credentials, Forbidden, Refused
 
 log = logging.getLogger("slurm_geo.federation")
 
@@ -39,22 +44,28 @@ class Reply:
 
 
 class LeaseService:
-    def __init__(self, wiring: Wiring, generation_lock: threading.Lock):
+    def __init__(self, wiring: Wiring, generation_lock: threading.Lock,
+                 authenticator: Authenticator):
         self.wiring = wiring
         self._lock = generation_lock
-        self._seen_pending: set[int] = set()
+        self.auth = authenticator
+        self.registrar = Registrar(wiring, generation_lock, authenticator.uid_of)
 
-    def lease(self, request: LeaseRequest) -> Reply:
-        reply = self._lease(request)
+    def lease(self, request: LeaseRequest, credentials: Credentials) -> Reply:
+        try:
+            caller = self.auth.authenticate(credentials)
+            reply = self._lease(request, caller)
+        except Refused as exc:
+            return _refused(exc, credentials, request.cluster, request.job_id)
         return Reply(reply.http_status, reply.to_json())
 
-    def _lease(self, request: LeaseRequest) -> LeaseReply:
+    def _lease(self, request: LeaseRequest, caller: Caller) -> LeaseReply:
         w = self.wiring
-        if self._unregistered_home_job(request):
-            self._register(request)  # reads the batch script from Slurm: not under the lock
+        if caller.at_home:
+            self.registrar.admit_home(request, caller)  # reads Slurm: not under the lock
         with self._lock:
             now = w.clock()
-            job = w.state.find_job(request.cluster, request.job_id)
+            job = self._job_of(request.cluster, request.job_id, request.generation, caller)
             lease = None if job is None else w.state.lease(job.logical_job)
             answer = decide(job, lease, request, w.home, now, w.config.lease_ttl_s)
             if answer.verdict is Verdict.REGISTER:
@@ -66,8 +77,28 @@ class LeaseService:
                 return LeaseReply(Said.WAIT, answer.reason, retry_s=WAIT_RETRY_S)
             assert job is not None
             if not job.run:  # discovered while pending: the job names its run now
+                self.registrar.check_run(request.run, job.logical_job, job.owner_uid)
                 job = w.state.name_run(job.logical_job, request.run, now)
             return self._grant(job, lease, request, answer.action, answer.reason, now)
+
+    def _job_of(self, cluster: str, job_id: int, generation: int, caller: Caller
+                ) -> LogicalJob | None:
+        """The logical job the request is about, if it is the caller's to ask for."""
+        w = self.wiring
+        if caller.at_home:
+            job = w.state.find_job(cluster, job_id)
+            if job is not None and job.owner_uid != caller.uid:
+                raise Forbidden(f"{cluster}:{job_id} is {job.logical_job}, which belongs to "
+                                f"{job.owner_user or 'another user'}, not to uid {caller.uid}")
+            return job
+        assert caller.logical_job is not None
+        for incarnation in w.state.incarnations(caller.logical_job):
+            if incarnation.generation == caller.generation == generation \
+                    and incarnation.cluster == cluster \
+                    and incarnation.job_id in (None, job_id):
+                return w.state.job(caller.logical_job)
+        raise Forbidden(f"the credential of {caller} does not speak for {cluster}:{job_id} "
+                        f"generation {generation}")
 
     def _grant(self, job: LogicalJob, lease: Lease | None, request: LeaseRequest,
                action: Action, reason: str, now: float) -> LeaseReply:
@@ -94,75 +125,67 @@ class LeaseService:
                              f"refused a lease to {request.cluster}:{request.job_id} "
                              f"generation {request.generation}", reason)
 
-    def key(self, token: str) -> Reply:
-        """The run's data key, for the incarnation the token was minted for, while it is
-        the current generation."""
+    def key(self, request: KeyRequest, credentials: Credentials) -> Reply:
+        """The run's data key, for the current generation of the job that owns the run,
+        while it holds the lease: at home by MUNGE, elsewhere by the incarnation's
+        signature and its one-time token."""
+        try:
+            caller = self.auth.authenticate(credentials)
+            return self._key(request, caller)
+        except Refused as exc:
+            return _refused(exc, credentials, request.cluster, request.job_id)
+
+    def _key(self, request: KeyRequest, caller: Caller) -> Reply:
         w = self.wiring
-        owner = w.state.identities.token_owner(token)
-        if owner is None:
-            return Reply(403, {"reason": "unknown or expired token"})
-        job = w.state.job(owner.logical_job)
-        if not job.run:
-            return Reply(409, {"reason": "ask for a lease first: it names the run"})
-        if job.generation != owner.generation or job.status.is_final():
-            return Reply(403, {"reason": f"generation {owner.generation} is no longer current"})
+        job = self._key_holder(request, caller)
+        lease = w.state.lease(job.logical_job)
+        if not job.run or lease is None or lease.generation != job.generation \
+                or lease.restart != request.restart or lease.expired(w.clock(),
+                                                                     w.config.lease_ttl_s):
+            return Reply(409, {"reason": "hold the lease first: ask for one (it names the "
+                               "run), then for the key"})
         store = w.stores[w.store_of(job.cluster)]
         try:
             data_key = unwrap_run_key(store, w.master_key, job.run, create=True)
         except CkptError as exc:
             return Reply(503, {"reason": str(exc)})
-        w.say_once(("key", job.logical_job, str(job.generation)), "key", job.logical_job,
-                   f"released run {job.run}'s data key to generation {job.generation} on "
-                   f"{job.cluster}", "the job presented its one-time token")
+        if request.token and not w.state.identities.use_token(request.token, request.restart):
+            raise Forbidden("this token has released the key already")
+        w.say_once(("key", job.logical_job, str(job.generation), str(request.restart)), "key",
+                   job.logical_job, f"released run {job.run}'s data key to generation "
+                   f"{job.generation} on {job.cluster}:{job.job_id}",
+                   f"{caller} holds the lease" + (" and presented its one-time token"
+                                                  if request.token else ""))
         return Reply(200, KeyReply(job.run, data_key).to_json())
 
-    # --- registration ---------------------------------------------------------------------
-
-    def _unregistered_home_job(self, request: LeaseRequest) -> bool:
-        return (request.generation == 0 and request.cluster == self.wiring.home
-                and self.wiring.state.find_job(request.cluster, request.job_id) is None)
-
-    def _register(self, request: LeaseRequest) -> None:
+    def _key_holder(self, request: KeyRequest, caller: Caller) -> LogicalJob:
+        """The caller's job, if the request names its current generation."""
         w = self.wiring
-        script = w.clients[w.home].batch_script(request.job_id)
-        options = script_options(script)
-        try:
-            options.directives()
-        except DirectiveError as exc:
-            raise SlurmGeoError(f"job {w.home}:{request.job_id}: {exc}") from None
-        self._add(request.job_id, request.run, script, options,
-                  "first lease request of a home job")
+        if caller.at_home and request.token:
+            raise Forbidden("a key token is for the incarnation it was given to; a home job "
+                            "asks without one")
+        if caller.at_home and (request.cluster != w.home or request.generation != 0):
+            raise Forbidden("a MUNGE credential speaks only for generation 0 on the home "
+                            f"cluster {w.home}")
+        job = self._job_of(request.cluster, request.job_id, request.generation, caller)
+        if job is None:
+            raise Forbidden(f"{request.cluster}:{request.job_id} is no registered job")
+        if job.status is not JobStatus.RUNNING or (job.generation, job.cluster, job.job_id) \
+                != (request.generation, request.cluster, request.job_id):
+            raise Forbidden(f"generation {request.generation} on {request.cluster}:"
+                            f"{request.job_id} is not the job's current incarnation")
+        if not caller.at_home:
+            owner = w.state.identities.token_owner(request.token) if request.token else None
+            if owner is None or (owner.logical_job, owner.generation) != (
+                    caller.logical_job, caller.generation):
+                raise Forbidden("no key token of this incarnation was presented")
+        return job
 
     def discover_pending(self) -> None:
-        """Register geo jobs pending at home, so a hopeless queue can be left: a job that
-        asks --geo-failover and --geo-ckpt-dir. Each pending job's script is read once."""
-        w = self.wiring
-        home = w.clients[w.home]
-        for info in home.jobs():
-            if info.state is not JobState.PENDING or info.job_id in self._seen_pending:
-                continue
-            self._seen_pending.add(info.job_id)
-            if w.state.find_job(w.home, info.job_id) is not None:
-                continue
-            try:
-                script = home.batch_script(info.job_id)
-                options = script_options(script)
-                directives = options.directives()
-            except (SlurmError, DirectiveError, ValueError):
-                continue
-            if directives.ckpt_dir and directives.failover in ("auto", "manual"):
-                self._add(info.job_id, "", script, options,
-                          "a geo job pending on the home cluster")
+        self.registrar.discover_pending()
 
-    def _add(self, job_id: int, run: str, script: str, options: ScriptOptions,
-             why: str) -> None:
-        w = self.wiring
-        now = w.clock()
-        logical = f"{w.home}-{job_id}"
-        job = LogicalJob(logical, run, w.home, script, options.to_json(),
-                         options.directives().as_options(), 0, w.home, job_id, None,
-                         JobStatus.RUNNING, created_at=now, updated_at=now)
-        if w.state.add_job(job):
-            w.audit.append("register", logical, f"registered {w.home}:{job_id}"
-                           + (f" (run {run})" if run else ""), why, cluster=w.home,
-                           job_id=job_id, run=run, directives=job.directives)
+
+def _refused(refusal: Refused, credentials: Credentials, cluster: str, job_id: int) -> Reply:
+    event(log, "request_refused", logging.WARNING, path=credentials.path,
+          status=refusal.status, cluster=cluster, job_id=job_id, reason=str(refusal))
+    return Reply(refusal.status, {"reason": str(refusal)})

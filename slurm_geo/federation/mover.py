@@ -7,8 +7,9 @@ A move, in order (each step is safe to repeat if the daemon dies after it):
      renewed meanwhile: from now on the old incarnation gets no lease;
   3. the target store is fenced: only the new generation's cluster may commit past the
      resume step there (and the old store too, when it can be reached);
-  4. the job is submitted on the target with its resume pointer and a one-time token
-     for its run's data key.
+  4. the job is submitted on the target with its resume pointer, the secret it signs its
+     lease requests with (stored first: it may ask as soon as it starts) and a one-time
+     token for its run's data key.
 Steps 1, 3 and 4 copy, read and call Slurm; only step 2 holds the daemon's generation
 lock, which lease renewals share, so a long copy stalls no other job's trainer.
 """
@@ -42,6 +43,7 @@ from slurm_geo.federation.model import (
 )
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
 from slurm_geo.federation.wiring import Wiring
+from slurm_geo.lease.signing import new_secret
 from slurm_geo.slurm import SlurmError
 from slurm_geo.slurm.errors import JobNotFound
 
@@ -224,9 +226,10 @@ class Mover:
         w = self.wiring
         cluster = w.site.cluster(job.cluster)
         store = w.site.stores[cluster.store]
-        token = secrets.token_urlsafe(32)
+        token, secret = secrets.token_urlsafe(32), new_secret()
+        w.state.identities.put_secret(job.logical_job, job.generation, secret)
         incoming = Incoming(job.logical_job, job.generation, job.run, job.resume_step,
-                            w.config.url, token, store.url, store.endpoint_url)
+                            w.config.url, token, store.url, store.endpoint_url, secret)
         spec = resubmission(job.script, ScriptOptions.from_json(job.spec), incoming,
                             cluster.partitions, job_environment(store, os.environ))
         try:

@@ -17,6 +17,7 @@ from slurm_geo.lease.protocol import (
     ENV_FEDERATION_URL,
     ENV_GENERATION,
     ENV_KEY_TOKEN,
+    ENV_LEASE_SECRET,
     ENV_LOGICAL_JOB,
     ENV_RESUME_STEP,
     ENV_RUN,
@@ -159,6 +160,7 @@ class Incoming:
     key_token: str
     store_url: str
     store_endpoint: str = ""
+    lease_secret: str = ""  # signs the incarnation's lease requests
 
 
 def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
@@ -174,6 +176,7 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
         ENV_RUN: incoming.run,
         ENV_FEDERATION_URL: incoming.federation_url,
         ENV_KEY_TOKEN: incoming.key_token,
+        ENV_LEASE_SECRET: incoming.lease_secret,
         ENV_STORE: incoming.store_url,
         ENV_STORE_ENDPOINT: incoming.store_endpoint,
     }

@@ -26,6 +26,7 @@ import heapq
 import hmac
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -171,9 +172,14 @@ class NonceCache:
         self.window_s, self.max_entries, self.not_before = window_s, max_entries, not_before
         self._seen: set[str] = set()
         self._expiry: list[tuple[float, str]] = []
+        self._lock = threading.Lock()  # the daemon's service answers on many threads
 
     def first_use(self, key: str, timestamp: float, now: float) -> None:
         """Remember `key`; Forbidden if it was seen, CannotCheck if the cache is full."""
+        with self._lock:
+            self._remember(key, timestamp, now)
+
+    def _remember(self, key: str, timestamp: float, now: float) -> None:
         while self._expiry and self._expiry[0][0] < now:
             self._seen.discard(heapq.heappop(self._expiry)[1])
         if timestamp < self.not_before:

@@ -277,6 +277,7 @@ def site_config(layout: SandboxLayout) -> str:
         f"audit_path = {_q(federation_dir(layout) / 'audit.db')}",
         f"key_file = {_q(layout.master_key)}",
         f"listen_port = {federation_port(layout)}",
+        f"munge_socket = {_q(layout.munge_socket)}",  # home jobs prove who they are by MUNGE
         *(f"{key} = {value}" for key, value in SANDBOX_FEDERATION.items()),
     ]
     return "\n".join(parts) + "\n"

@@ -52,6 +52,7 @@ class _Job:
     nodes: str = ""
     past: list[AccountingRecord] = field(default_factory=list)  # incarnations before requeues
     forgotten: bool = False  # slurmctld purged it (MinJobAge); only slurmdbd still knows
+    user: str = ""  # who submitted it (`submit_as`); empty: the cluster's `user`
 
 
 class FakeSlurm(SlurmClient):
@@ -176,6 +177,13 @@ class FakeSlurm(SlurmClient):
 
     # --- test controls: the cluster doing things on its own ---------------------------------
 
+    def submit_as(self, user: str, spec: JobSpec) -> int:
+        """A job another user submitted: Slurm's record names `user` as its owner."""
+        job_id = self.submit(spec)
+        with self._lock:
+            self._jobs[job_id].user = user
+        return job_id
+
     def start(self, job_id: int) -> None:
         """The scheduler starts a pending, unheld job on the first nodes it needs."""
         with self._lock:
@@ -278,7 +286,7 @@ class FakeSlurm(SlurmClient):
         pending = job.state is JobState.PENDING and not job.reason.startswith("JobHeld")
         return JobInfo(
             cluster=self.cluster, job_id=job.job_id, name=job.spec.name, state=job.state,
-            reason=job.reason, user=self.user, account=self.account,
+            reason=job.reason, user=job.user or self.user, account=self.account,
             partition=job.spec.partition or DEFAULT_PARTITION, nodes=job.nodes,
             restart_count=len(job.past), submit_time=job.submit_time,
             start_time=self._expected_start() if pending else job.start_time,
@@ -297,7 +305,8 @@ class FakeSlurm(SlurmClient):
         tres = {} if began is None else {"cpu": job.spec.cpus_per_task * job.spec.nodes,
                                          "node": job.spec.nodes}
         return AccountingRecord(
-            cluster=self.cluster, job_id=job.job_id, name=job.spec.name, user=self.user,
+            cluster=self.cluster, job_id=job.job_id, name=job.spec.name,
+            user=job.user or self.user,
             account=self.account, partition=job.spec.partition or DEFAULT_PARTITION,
             state=job.state, submit_time=job.submit_time, start_time=began,
             end_time=job.end_time, elapsed_s=elapsed, allocated_tres=tres,
