@@ -119,6 +119,9 @@ def test_the_owner_trains_and_another_uid_is_refused_for_her_job(site):
     before = dump(site)
     reply = site.lease_reply("onprem", job_id, last_step=5, as_user="bob")
     assert reply.status == 403 and "belongs to alice, not to uid 2002" in reply.body["reason"]
+    # What the HTTP side audits of it, once per source per interval (federation.refusals).
+    assert reply.refusal is not None and reply.refusal.kind == "refused"
+    assert reply.refusal.what == f"refused a lease to onprem:{job_id} (403)"
     assert dump(site) == before
     assert site.lease("onprem", job_id, last_step=5)["verdict"] == "grant"
 

@@ -22,6 +22,7 @@ from slurm_geo.lease.client import FederatedRun, FederationUnreachable, _post, t
 from slurm_geo.lease.protocol import (
     ENV_FEDERATION_CA,
     ENV_FEDERATION_URL,
+    ENV_LEASE_SECRET,
     LEASE_PATH,
     LeaseRequest,
 )
@@ -134,7 +135,7 @@ def test_a_job_submitted_elsewhere_is_told_the_ca(site_ca):
     assert spec.environment[ENV_FEDERATION_CA] == pem
     env = {"SLURM_CLUSTER_NAME": "rented", "SLURM_JOB_ID": "7", **spec.environment}
     run = FederatedRun.from_environment("run-a", env)
-    assert run.placement.federation_ca == pem
+    assert (run.placement.federation_ca, run.placement.lease_secret) == (pem, "5e" * 32)
     without = Incoming("onprem-9", 1, "run-a", None, "http://127.0.0.1:9852", "t", "file:///x")
     assert ENV_FEDERATION_CA not in resubmission("#!/bin/bash\n", ScriptOptions(), without,
                                                  ()).environment
@@ -156,6 +157,9 @@ def test_a_job_the_daemon_moves_is_told_the_site_ca(tmp_path, site_ca):
     (_, spec), = site.rented.submitted
     assert spec.environment[ENV_FEDERATION_CA] == site_ca.cert_pem.decode()
     assert spec.environment[ENV_FEDERATION_URL] == "https://fed.example:9852"
+    # Beside the CA, the secret it signs with: the one the daemon stored for generation 1.
+    logical = site.state.jobs()[0].logical_job
+    assert spec.environment[ENV_LEASE_SECRET] == site.state.identities.secret(logical, 1)
 
 
 def test_a_ca_that_is_not_pem_stops_the_job_with_one_line():
