@@ -1,9 +1,11 @@
 """A federation daemon's lease and key service on a real port, with no Slurm behind it: a
 site of two clusters and directory stores, and one logical job already moved to `rented`
-as generation 1 (Slurm job 77, key token "secret-token")."""
+as generation 1 (Slurm job 77, key token "secret-token", lease secret SECRET). Requests
+are lease protocol 2's: generation 1 signs with its secret (`signed` for a raw body)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import time
@@ -14,6 +16,7 @@ from typing import Any
 from slurm_geo.ckpt import LocalDirStore
 from slurm_geo.config.model import parse_config
 from slurm_geo.federation.audit import AuditLog
+from slurm_geo.federation.authn import Authenticator
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.core import Federation
 from slurm_geo.federation.httpserver import DEFAULT_LIMITS, BoundedHTTPServer, Limits
@@ -22,9 +25,14 @@ from slurm_geo.federation.service import Metrics, serve
 from slurm_geo.federation.state import FederationState
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.client import Placement
+from slurm_geo.lease.munge import FakeMunge
+from slurm_geo.lease.signing import MungeSigner, SecretSigner, secret_bytes
+from slurm_geo.slurm import Owner
 
 KEY = bytes(range(32))
 TTL = 1.0
+SECRET = "5e" * 32  # generation 1's, as the daemon minted it
+ALICE = Owner("alice", 2001, 2001)  # whose job onprem-5 is
 
 
 def free_port() -> int:
@@ -39,12 +47,23 @@ class LeaseSite:
     server: BoundedHTTPServer
     url: str
     stores: dict[str, LocalDirStore]
+    munged: FakeMunge
 
     def placement(self, generation: int = 1, cluster: str = "rented", job_id: int = 77,
                   token: str = "", restart: int = 0, store_url: str = "file:///x",
                   ca: str = "") -> Placement:
         return Placement("run-a", cluster, job_id, restart, generation, None, self.url,
-                         store_url, "", token, None, ca)
+                         store_url, "", token, logical_job="onprem-5", lease_secret=SECRET,
+                         federation_ca=ca)
+
+    def signed(self, path: str, body: dict[str, Any], generation: int = 1
+               ) -> tuple[bytes, dict[str, str]]:
+        """`body`'s bytes and the headers its sender proves itself with: generation 1 its
+        secret, generation 0 (the home job, alice's) MUNGE."""
+        data = json.dumps(body).encode()
+        signer = SecretSigner("onprem-5", 1, secret_bytes(SECRET)) if generation \
+            else MungeSigner(self.munged.as_uid(ALICE.uid))
+        return data, signer.headers("POST", path, data)
 
     def entries(self, *kinds: str) -> list[Any]:
         return [e for e in self.federation.audit.entries() if not kinds or e.kind in kinds]
@@ -75,14 +94,18 @@ def start(tmp_path: Path, *, tls: ssl.SSLContext | None = None,
     state = FederationState(site.federation.state)
     wiring = Wiring(site, site.federation, KEY, {}, stores, stores, state,
                     AuditLog(site.federation.audit_path))
-    federation_ = Federation(wiring, {}, BandwidthModel())
+    munged = FakeMunge()
+    federation_ = Federation(wiring, {}, BandwidthModel(),
+                             Authenticator(state.identities, munged, time.time))
     now = time.time()
     state.add_job(LogicalJob("onprem-5", "run-a", "onprem", "#!/bin/bash\n", {}, {}, 0,
-                             "onprem", 5, None, JobStatus.RUNNING, None, None, now, now))
+                             "onprem", 5, None, JobStatus.RUNNING, None, None, now, now,
+                             owner=ALICE))
     state.begin_generation("onprem-5", 0, "rented", None, now)
+    state.identities.put_secret("onprem-5", 1, SECRET)
     state.submitted("onprem-5", 1, 77, token_digest("secret-token"), now)
     metrics = Metrics()
     server = serve(federation_, metrics, "127.0.0.1", port, tls=tls, limits=limits)
     metrics.observe(federation_)
     url = f"https://127.0.0.1:{port}" if tls is not None else site.federation.url
-    return LeaseSite(federation_, server, url, stores)
+    return LeaseSite(federation_, server, url, stores, munged)

@@ -2,10 +2,15 @@
 directory stores: registration, outage and failover, the stale incarnation fenced,
 failback at a checkpoint, a lost job restarted and given up, a hopeless queue left, a
 move awaiting approval, a move cut short by a crash, cancel and resubmit. Seconds, not
-minutes; the same paths run against real Slurm in the sandbox tests."""
+minutes; the same paths run against real Slurm in the sandbox tests.
+
+Every lease request is authenticated as lease protocol 2 has it: a home job's with a
+credential of a fake munged for its user (alice unless told), an incarnation the daemon
+submitted with the secret it was given (tests/test_federation_authn.py: who is refused)."""
 
 from __future__ import annotations
 
+import json
 import random
 import struct
 from dataclasses import dataclass, field
@@ -16,15 +21,25 @@ import pytest
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.config.model import parse_config
 from slurm_geo.federation.audit import AuditLog
+from slurm_geo.federation.authn import Authenticator
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.core import Federation
 from slurm_geo.federation.model import ClusterStatus, JobStatus, LeftHome
 from slurm_geo.federation.state import FederationState
 from slurm_geo.federation.wiring import Wiring
-from slurm_geo.lease.protocol import ENV_GENERATION, ENV_RESUME_STEP, LeaseRequest
+from slurm_geo.lease.munge import FakeMunge
+from slurm_geo.lease.protocol import (
+    ENV_GENERATION,
+    ENV_RESUME_STEP,
+    KEY_PATH,
+    LEASE_PATH,
+    KeyRequest,
+    LeaseRequest,
+)
+from slurm_geo.lease.signing import Credentials, MungeSigner, SecretSigner, secret_bytes
 from slurm_geo.policy.directives import BY_OPTION
 from slurm_geo.registry import Registry, RegistryReader
-from slurm_geo.slurm import JobSpec, JobState, Owner
+from slurm_geo.slurm import JobSpec, JobState, Owner, SlurmRejected
 from slurm_geo.slurm.fake import FakeSlurm
 
 KEY = bytes(range(32))
@@ -32,6 +47,8 @@ TTL = 10.0
 OPTIONS = WriteOptions(chunk_size=4096, pack_size=16 * 1024)
 RUN = "run-a"
 ALICE = Owner("alice", 2001, 2100)
+BOB = Owner("bob", 2002, 2002)
+USERS = {"alice": 2001, "bob": 2002, "slurm-geo": 990}  # the uids the fake munged vouches for
 # What alice's shell exported when she ran sbatch; Slurm keeps it (sacct --env-vars).
 ALICE_ENV = {"PATH": "/home/alice/venv/bin:/usr/bin:/bin", "HOME": "/home/alice",
              "USER": "alice", "VIRTUAL_ENV": "/home/alice/venv", "LANG": "C.UTF-8",
@@ -101,6 +118,7 @@ class Site:
         self.rented = FakeSlurm("rented", clock=self.clock)
         self.registry_path = self.tmp / "registry.db"
         self.submitted_directives: dict[int, dict[str, str]] = {}
+        self.munged = FakeMunge()
         self.restart()
 
     def restart(self) -> None:
@@ -111,7 +129,8 @@ class Site:
                         self.stores, self.state,
                         AuditLog(self.config.federation.audit_path, clock=self.clock), self.clock,
                         RegistryReader(self.registry_path, missing_ok=True))
-        self.federation = Federation(wiring, dict(clients), BandwidthModel())
+        authenticator = Authenticator(self.state.identities, self.munged, self.clock)
+        self.federation = Federation(wiring, dict(clients), BandwidthModel(), authenticator)
 
     def submit_home(self, text: str | None = None, failover: str | None = "auto",
                     owner: Owner = ALICE) -> int:
@@ -139,9 +158,45 @@ class Site:
             self.clock.advance(seconds)
 
     def lease(self, cluster: str, job_id: int, generation: int = 0,
-              last_step: int | None = None, release: bool = False) -> dict:
-        request = LeaseRequest(RUN, cluster, job_id, 0, generation, last_step, release)
-        return self.federation.lease(request).body
+              last_step: int | None = None, release: bool = False, *, restart: int = 0,
+              run: str = RUN, as_user: str | None = None) -> dict:
+        return self.lease_reply(cluster, job_id, generation, last_step, release,
+                                restart=restart, run=run, as_user=as_user).body
+
+    def lease_reply(self, cluster: str, job_id: int, generation: int = 0,
+                    last_step: int | None = None, release: bool = False, *, restart: int = 0,
+                    run: str = RUN, as_user: str | None = None):
+        request = LeaseRequest(run, cluster, job_id, restart, generation, last_step, release)
+        credentials = self.credentials(LEASE_PATH, request.to_json(), cluster, job_id,
+                                       generation, as_user)
+        return self.federation.lease(request, credentials)
+
+    def key(self, cluster: str, job_id: int, generation: int = 0, *, restart: int = 0,
+            token: str = "", as_user: str | None = None):
+        request = KeyRequest(cluster, job_id, restart, generation, token)
+        credentials = self.credentials(KEY_PATH, request.to_json(), cluster, job_id,
+                                       generation, as_user)
+        return self.federation.key(request, credentials)
+
+    def credentials(self, path: str, body: dict, cluster: str, job_id: int, generation: int,
+                    as_user: str | None = None) -> Credentials:
+        """What the job's client would send: MUNGE as `as_user` (default: alice) for a
+        home job, else the signature of the incarnation that is Slurm job `job_id` on
+        `cluster` with its secret (no credential at all when it has none)."""
+        data = json.dumps(body).encode()
+        headers: dict[str, str] = {}
+        if as_user is not None or (cluster == "onprem" and generation == 0):
+            munge = self.munged.as_uid(USERS[as_user or "alice"])
+            headers = MungeSigner(munge).headers("POST", path, data)
+        else:
+            job = self.state.find_job(cluster, job_id)
+            secret = None if job is None else self.state.identities.secret(job.logical_job,
+                                                                           generation)
+            if job is not None and secret is not None:
+                signer = SecretSigner(job.logical_job, generation, secret_bytes(secret),
+                                      clock=self.clock)
+                headers = signer.headers("POST", path, data)
+        return Credentials.from_headers(headers, "POST", path, data)
 
     def checkpoint(self, store: str, step: int) -> None:
         """A checkpoint saved by the cluster whose store `store` is."""
@@ -386,3 +441,33 @@ def test_metrics_gauges_are_set_afresh_each_round(site):
     nodes = metrics.registry.get_sample_value("slurm_geo_federation_nodes_available",
                                               {"cluster": "onprem"})
     assert nodes is None  # no probe of it answered this round
+
+
+class EnvironmentRecordedLate:
+    """slurmdbd records a job's environment a few seconds after its submission: the first
+    `rounds` reads of it fail, as `sacct --env-vars` does before the record exists."""
+
+    def __init__(self, inner: FakeSlurm, rounds: int):
+        self.inner, self.rounds = inner, rounds
+
+    def batch_environment(self, job_id: int) -> dict[str, str]:
+        if self.rounds > 0:
+            self.rounds -= 1
+            raise SlurmRejected("onprem", "read the batch environment", "no record yet")
+        return self.inner.batch_environment(job_id)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_pending_job_recorded_late_is_still_registered_and_leaves_the_queue(site):
+    site.federation.wiring.clients["onprem"] = EnvironmentRecordedLate(site.onprem, rounds=2)
+    job_id = site.submit_home()
+    site.onprem.set_expected_start(7200.0)
+    site.tick(rounds=2)
+    assert site.state.jobs() == []  # not recorded yet: looked at again, not given up
+    site.tick()
+    assert site.job().job_id == job_id
+    site.clock.advance(120)
+    site.tick()
+    assert (site.job().cluster, site.job().left_home) == ("rented", LeftHome.QUEUE)

@@ -23,7 +23,7 @@ from slurm_geo.federation.httpserver import (
 )
 from slurm_geo.federation.refusals import Refusal, RefusalAudit, clip
 from slurm_geo.lease.client import _post
-from slurm_geo.lease.protocol import LEASE_PATH, LeaseRequest
+from slurm_geo.lease.protocol import LEASE_PATH, KeyRequest, LeaseRequest
 
 
 def address(site: LeaseSite) -> tuple[str, int]:
@@ -33,8 +33,8 @@ def address(site: LeaseSite) -> tuple[str, int]:
 def lease_in_time(site: LeaseSite) -> float:
     """Seconds the current generation's lease request took to be granted."""
     started = time.monotonic()
-    status, body = _post(site.url + LEASE_PATH,
-                         LeaseRequest("run-a", "rented", 77, 0, 1, None).to_json())
+    status, body = _post(site.url + LEASE_PATH, *site.signed(
+        LEASE_PATH, LeaseRequest("run-a", "rented", 77, 0, 1, None).to_json()))
     assert (status, body.get("verdict")) == (200, "grant"), body
     return time.monotonic() - started
 
@@ -207,23 +207,25 @@ def post(path: str, body: bytes) -> bytes:
 def test_a_flood_of_bad_requests_from_one_source_is_one_audit_entry(tmp_path):
     site = start(tmp_path)
     huge = json.dumps(LeaseRequest("run-a", "\x1b[31m" + "c" * 10_000, 5, 0, 0, 1).to_json())
-    floods = [post(LEASE_PATH, huge.encode()),            # 409 fenced, a 10 kB cluster name
+    key = json.dumps(KeyRequest("rented", 77, 0, 1, "guessed").to_json()).encode()
+    floods = [post(LEASE_PATH, huge.encode()),            # 401 unsigned, a 10 kB cluster name
               post(LEASE_PATH, b"{not json"),             # 400
               post("/v1/elsewhere", b"{}"),               # 404
               b"GET / HTTP/1.x\r\n\r\n",                   # 400 from http.server, as 0.9
               b"GET / HTTP/1.1\r\nX: " + b"a" * 70_000 + b"\r\n\r\n",  # a head too long
-              post("/v1/key", b'{"token": "guessed"}')]   # 403
+              post("/v1/key", key)]                       # 401: a token alone proves nothing
     try:
         replies = [raw(site, floods[i % len(floods)]) for i in range(1000)]
         statuses = {reply.split(b" ", 2)[1] if reply.startswith(b"HTTP/")
                     else b"0.9" if reply else b"reset" for reply in replies}
-        assert {b"409", b"400", b"404", b"403", b"0.9"} <= statuses
+        assert {b"401", b"400", b"404", b"0.9"} <= statuses
         assert all(status[:1] == b"4" or status in (b"0.9", b"reset") for status in statuses)
         (entry,) = site.entries("refused", "fence")
-        assert entry.kind == "fence" and entry.logical_job is None
+        assert entry.kind == "refused" and entry.logical_job is None
         assert entry.what.startswith("refused a lease to ?[31mccc") and len(entry.what) <= 200
+        assert "no credential" in entry.why
         assert "\x1b" not in entry.what + entry.why and len(entry.why) <= 200
-        assert entry.detail == {"source": "127.0.0.1", "status": 409, "path": "/v1/lease",
+        assert entry.detail == {"source": "127.0.0.1", "status": 401, "path": "/v1/lease",
                                 "left_out": 0}
     finally:
         site.close()
@@ -232,8 +234,8 @@ def test_a_flood_of_bad_requests_from_one_source_is_one_audit_entry(tmp_path):
 def test_a_stale_incarnation_refused_a_lease_is_audited_with_its_job(tmp_path):
     site = start(tmp_path)
     try:
-        status, _ = _post(site.url + LEASE_PATH,
-                          LeaseRequest("run-a", "onprem", 5, 0, 0, None).to_json())
+        status, _ = _post(site.url + LEASE_PATH, *site.signed(
+            LEASE_PATH, LeaseRequest("run-a", "onprem", 5, 0, 0, None).to_json(), 0))
         assert status == 409
         (entry,) = site.entries("fence")
         assert entry.logical_job == "onprem-5"

@@ -19,7 +19,6 @@ from slurm_geo.ckpt import Metadata, Repository, Tensor
 from slurm_geo.ckpt.open_store import paced
 from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.federation.model import JobStatus
-from slurm_geo.lease.protocol import LeaseRequest
 
 pytestmark = pytest.mark.slow
 
@@ -58,8 +57,7 @@ def test_lease_renewals_are_answered_while_a_move_copies_and_verifies_1_gib(tmp_
     latencies = []
     while move.is_alive():
         asked = time.monotonic()
-        reply = site.federation.lease(LeaseRequest("run-b", "onprem", other_id, 0, 0,
-                                                   None)).body
+        reply = site.lease("onprem", other_id, run="run-b")  # MUNGE-authenticated
         latencies.append(time.monotonic() - asked)
         assert reply["verdict"] == "grant"
         time.sleep(0.05)

@@ -20,7 +20,6 @@ from slurm_geo.federation.owners import (
     owner_refusal,
 )
 from slurm_geo.federation.registration import NotRegistered
-from slurm_geo.lease.protocol import LeaseRequest
 from slurm_geo.slurm import JobSpec, Owner
 from tests.test_federation_daemon import (
     ALICE,
@@ -157,7 +156,7 @@ def test_a_job_with_no_directives_recorded_is_no_geo_job_said_once(site, caplog)
     site.onprem.start(job_id)  # no PrologSlurmctld record, no SPANK hand-over
     for _ in range(2):  # the HTTP service answers 503 with the reason
         with pytest.raises(NotRegistered, match="not a geo job for the daemon"):
-            site.federation.lease(LeaseRequest("run-a", "onprem", job_id, 0, 0, None))
+            site.lease_reply("onprem", job_id)
     assert sum("event=not_registered" in m for m in caplog.messages) == 1
     assert site.state.jobs() == []
 
@@ -166,7 +165,7 @@ def test_the_registry_record_is_enough_without_a_stored_environment(site):
     job_id = site.onprem.submit(JobSpec(script=script(), owner=BOB))  # no job_env flag
     site.submitted_directives[job_id] = directives()
     site.start_home(job_id)
-    assert site.lease("onprem", job_id)["verdict"] == "grant"
+    assert site.lease("onprem", job_id, as_user="bob")["verdict"] == "grant"
     job = site.job()
     assert (job.owner, job.owner_env, job.directives) == (BOB, {}, directives())
 

@@ -72,6 +72,11 @@ def dump(state: FederationState) -> dict[str, list[tuple[Any, ...]]]:
             for t in tables}
 
 
+def owner(state: FederationState, token: str) -> tuple[str, int] | None:
+    found = state.identities.token_owner(token)
+    return None if found is None else (found.logical_job, found.generation)
+
+
 def added(state: FederationState, **overrides: Any) -> LogicalJob:
     j = job(**overrides)
     assert state.add_job(j)
@@ -210,9 +215,9 @@ def test_begin_generation_deletes_every_token_of_the_job(state: FederationState)
     added(state)
     state.begin_generation(NAME, 0, CLOUD, 100, NOW)
     state.submitted(NAME, 1, 70, token_digest("secret-1"), NOW)
-    assert state.token_owner("secret-1") == (NAME, 1)
+    assert owner(state, "secret-1") == (NAME, 1)
     state.begin_generation(NAME, 1, HOME, 200, NOW + 1)
-    assert state.token_owner("secret-1") is None
+    assert owner(state, "secret-1") is None
 
 
 @pytest.mark.parametrize(("previous", "to", "given", "after"), [
@@ -332,7 +337,7 @@ def test_submitted_records_the_slurm_job_and_its_token(state: FederationState) -
     running = state.submitted(NAME, 1, 70, token_digest("secret"), NOW)
     assert (running.status, running.job_id, running.updated_at) == (JobStatus.RUNNING, 70, NOW)
     assert state.incarnations(NAME)[-1].job_id == 70
-    assert state.token_owner("secret") == (NAME, 1)
+    assert owner(state, "secret") == (NAME, 1)
     assert state.find_job(CLOUD, 70) == running
 
 
@@ -344,7 +349,7 @@ def test_submitted_after_a_cancel_is_stale_and_writes_nothing(state: FederationS
     with pytest.raises(StaleJob, match="moving at generation 1"):
         state.submitted(NAME, 1, 70, token_digest("secret"), NOW)
     assert dump(state) == before
-    assert state.token_owner("secret") is None
+    assert owner(state, "secret") is None
 
 
 @pytest.mark.parametrize("generation", [0, 2], ids=["an older generation", "a later one"])
@@ -363,7 +368,7 @@ def test_submitted_twice_is_stale(state: FederationState) -> None:
     state.submitted(NAME, 1, 70, token_digest("first"), NOW - 1)
     with pytest.raises(StaleJob):
         state.submitted(NAME, 1, 71, token_digest("second"), NOW)
-    assert state.job(NAME).job_id == 70 and state.token_owner("second") is None
+    assert state.job(NAME).job_id == 70 and owner(state, "second") is None
 
 
 @pytest.mark.parametrize("status", [JobStatus.RUNNING, JobStatus.MOVING],
@@ -476,13 +481,13 @@ def tables(path: Path) -> set[str]:
         db.close()
 
 
-def test_a_fresh_database_is_schema_version_3_in_wal_mode(state: FederationState,
+def test_a_fresh_database_is_schema_version_4_in_wal_mode(state: FederationState,
                                                            path: Path) -> None:
-    assert SCHEMA_VERSION == 3
-    assert user_version(path) == 3
+    assert SCHEMA_VERSION == 4
+    assert user_version(path) == 4
     assert state.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert tables(path) == {"jobs", "incarnations", "leases", "tokens", "health",
-                            "bandwidth", "daemon"}
+                            "bandwidth", "daemon", "incarnation_secrets"}
 
 
 def test_the_file_and_its_directory_are_private_whatever_the_umask(tmp_path: Path) -> None:
@@ -522,7 +527,7 @@ def test_reopening_keeps_everything(path: Path) -> None:
         assert again.lease(NAME) == lease()
         assert again.health()[HOME].status is ClusterStatus.UP
         assert again.bandwidth_snapshot() == [{"source": "pfs", "mbps": 200}]
-        assert user_version(path) == 3
+        assert user_version(path) == 4
     finally:
         again.close()
 
@@ -530,13 +535,13 @@ def test_reopening_keeps_everything(path: Path) -> None:
 def test_a_newer_schema_is_refused(path: Path) -> None:
     FederationState(path).close()
     db = sqlite3.connect(path)
-    db.execute("PRAGMA user_version = 4")
+    db.execute("PRAGMA user_version = 5")
     db.close()
     with pytest.raises(FederationStateError, match="newer than this slurm-geo"):
         FederationState(path)
-    with pytest.raises(FederationStateError, match="schema version 4"):
+    with pytest.raises(FederationStateError, match="schema version 5"):
         FederationState(path, readonly=True)
-    assert user_version(path) == 4
+    assert user_version(path) == 5
 
 
 # --- migration from version 1 ------------------------------------------------------------------
@@ -654,12 +659,12 @@ def test_a_version_1_database_is_migrated_on_open(path: Path, version: int) -> N
         assert state.job("onprem-9").left_home is None  # home again: nothing stale kept
         assert (state.bandwidth_probe_at(), state.sync_transfer_id()) == (123.5, 42)
         assert state.lease(NAME) == Lease(NAME, 1, CLOUD, 70, 0, NOW - 5, 150, False)
-        assert state.token_owner("v1-token") == (NAME, 1)
+        assert owner(state, "v1-token") == (NAME, 1)
         assert [i.training_at for i in state.incarnations(NAME)] == [NOW - 590]
         assert "meta" not in tables(path)
         assert "daemon" in tables(path)
         assert (migrated.owner, migrated.owner_env) == (None, {})  # never recorded
-        assert user_version(path) == 3
+        assert user_version(path) == 4
     finally:
         state.close()
 
@@ -676,46 +681,6 @@ def test_a_migrated_database_opens_again_unchanged_and_takes_writes(path: Path) 
             2, LeftHome.QUEUE, 3)
     finally:
         state.close()
-
-
-# --- migration from version 2 ------------------------------------------------------------------
-
-def make_v2(path: Path) -> None:
-    """A database as version 2 left it: version 1's tables, the columns and the daemon row
-    version 2 added (its _V2_JOB_COLUMNS and _OTHERS), no meta."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.executescript(V1_SCHEMA.replace(
-        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);", ""))
-    for column in ("left_home TEXT", "lost_restarts INTEGER NOT NULL DEFAULT 0",
-                   "recoveries INTEGER NOT NULL DEFAULT 0", "awaiting_approval TEXT"):
-        db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
-    db.executescript("""CREATE TABLE daemon (id INTEGER PRIMARY KEY CHECK (id = 1),
-        bandwidth_probe_at REAL NOT NULL DEFAULT 0,
-        sync_transfer_id INTEGER NOT NULL DEFAULT 0);
-        INSERT INTO daemon (id) VALUES (1);""")
-    db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-               (*V1_JOB, "outage", 1, 2, None))
-    db.execute("PRAGMA user_version = 2")
-    db.close()
-
-
-def test_a_version_2_database_gains_owner_columns_and_its_jobs_have_no_owner(
-        path: Path) -> None:
-    make_v2(path)
-    state = FederationState(path)
-    try:
-        old = state.job(NAME)
-        assert (old.left_home, old.lost_restarts, old.recoveries) == (LeftHome.OUTAGE, 1, 2)
-        assert (old.owner, old.owner_env) == (None, {})
-        assert user_version(path) == 3
-        state.add_job(job(logical_job="onprem-11", job_id=11, owner=Owner("bob", 2002, 2002)))
-        assert state.job("onprem-11").owner == Owner("bob", 2002, 2002)
-    finally:
-        state.close()
-    FederationState(path).close()  # opens again as it is
-    assert user_version(path) == 3
 
 
 # --- readonly ----------------------------------------------------------------------------------
@@ -769,3 +734,183 @@ def test_readonly_open_of_a_version_1_file_says_to_start_the_daemon(path: Path,
     assert str(path) in str(raised.value)
     assert f"schema version {version}" in str(raised.value)
     assert user_version(path) == version and "meta" in tables(path)  # nothing migrated
+
+
+# --- migration from version 2 ------------------------------------------------------------------
+
+# Version 2's schema, verbatim from the last version-2 commit of slurm_geo/federation/state.py
+# (f460e68): no owners, no incarnation secrets, tokens reusable.
+V2_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    logical_job TEXT PRIMARY KEY,
+    run TEXT NOT NULL,
+    home TEXT NOT NULL,
+    script TEXT NOT NULL,
+    spec TEXT NOT NULL,            -- JSON: what a resubmission needs besides the script
+    directives TEXT NOT NULL,      -- JSON: the --geo-* options
+    generation INTEGER NOT NULL,
+    cluster TEXT NOT NULL,         -- where the current generation runs
+    job_id INTEGER,                -- its Slurm job id there; NULL while moving
+    resume_step INTEGER,
+    status TEXT NOT NULL,
+    move_to TEXT,                  -- a planned move waiting for the next checkpoint
+    move_after_step INTEGER,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    left_home TEXT,                -- outage | queue: why it runs away from home
+    lost_restarts INTEGER NOT NULL DEFAULT 0,
+    recoveries INTEGER NOT NULL DEFAULT 0,
+    awaiting_approval TEXT         -- the target of a move waiting for `slurm-geo approve`
+);
+CREATE TABLE IF NOT EXISTS incarnations (
+    logical_job TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    cluster TEXT NOT NULL,
+    job_id INTEGER,
+    resume_step INTEGER,
+    submitted_at REAL NOT NULL,
+    training_at REAL,              -- first lease granted: training started
+    ended_at REAL,
+    end_reason TEXT,
+    PRIMARY KEY (logical_job, generation)
+);
+CREATE TABLE IF NOT EXISTS leases (
+    logical_job TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL,
+    cluster TEXT NOT NULL,
+    job_id INTEGER NOT NULL,
+    restart INTEGER NOT NULL,
+    renewed_at REAL NOT NULL,
+    last_step INTEGER,
+    released INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    token_sha256 TEXT PRIMARY KEY,
+    logical_job TEXT NOT NULL,
+    generation INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS health (
+    cluster TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    failures INTEGER NOT NULL,
+    since REAL NOT NULL,
+    last_ok REAL,
+    last_error TEXT
+);
+CREATE TABLE IF NOT EXISTS bandwidth (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    snapshot TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS daemon (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    bandwidth_probe_at REAL NOT NULL DEFAULT 0,   -- the last probe transfer between stores
+    sync_transfer_id INTEGER NOT NULL DEFAULT 0   -- checkpoint-sync transfers learnt from
+);
+INSERT OR IGNORE INTO daemon (id) VALUES (1);
+"""
+
+
+def make_v2(path: Path) -> None:
+    """A database as version 2 left it: one job away (generation 1) with its key token."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.executescript(V2_SCHEMA)
+    db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+               (*V1_JOB, "outage", 1, 2, None))
+    db.execute("INSERT INTO incarnations VALUES (?,?,?,?,?,?,?,?,?)",
+               (NAME, 1, CLOUD, 70, 100, NOW - 600, NOW - 590, None, None))
+    db.execute("INSERT INTO tokens VALUES (?,?,?)", (token_digest("v2-token"), NAME, 1))
+    db.execute("PRAGMA user_version = 2")
+    db.close()
+
+
+# What version 3 added to version 2, verbatim from its _V3_OWNER_COLUMNS (7afbfae).
+V3_OWNER_COLUMNS = ("owner_user TEXT", "owner_uid INTEGER", "owner_gid INTEGER",
+                    "owner_env TEXT NOT NULL DEFAULT '{}'")
+
+
+def make_v3(path: Path) -> None:
+    """A database as version 3 left it: version 2's job, owned by alice, her environment."""
+    make_v2(path)
+    db = sqlite3.connect(path, isolation_level=None)
+    for column in V3_OWNER_COLUMNS:
+        db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
+    db.execute("UPDATE jobs SET owner_user = 'alice', owner_uid = 2001, owner_gid = 2100, "
+               "owner_env = ? WHERE logical_job = ?", ('{"LANG": "C.UTF-8"}', NAME))
+    db.execute("PRAGMA user_version = 3")
+    db.close()
+
+
+def test_a_version_2_database_gains_owners_secrets_and_token_use_its_jobs_owned_by_none(
+        path: Path) -> None:
+    make_v2(path)
+    state = FederationState(path)
+    try:
+        old = state.job(NAME)
+        assert (old.run, old.generation) == ("run-7", 1)
+        assert (old.left_home, old.lost_restarts, old.recoveries) == (LeftHome.OUTAGE, 1, 2)
+        assert (old.owner, old.owner_env) == (None, {})
+        found = state.identities.token_owner("v2-token")
+        assert found is not None and found.used_restart is None
+        assert state.identities.secret(NAME, 1) is None  # submitted before secrets
+        assert "incarnation_secrets" in tables(path) and user_version(path) == 4
+        state.add_job(job(logical_job="onprem-11", job_id=11, owner=Owner("bob", 2002, 2002)))
+        assert state.job("onprem-11").owner == Owner("bob", 2002, 2002)
+    finally:
+        state.close()
+    FederationState(path).close()  # opens again as it is
+    assert user_version(path) == 4
+
+
+def test_a_job_of_version_2_claims_the_owner_slurm_names_once(path: Path) -> None:
+    make_v2(path)
+    state = FederationState(path)
+    try:
+        state.identities.claim_owner(NAME, Owner("alice", 2001, 2100), {"LANG": "C.UTF-8"})
+        state.identities.claim_owner(NAME, Owner("bob", 2002, 2002), {})  # a recorded owner stays
+        claimed = state.job(NAME)
+        assert (claimed.owner, claimed.owner_env) == (Owner("alice", 2001, 2100),
+                                                      {"LANG": "C.UTF-8"})
+    finally:
+        state.close()
+
+
+def test_a_version_3_database_keeps_its_owners_and_gains_secrets_and_token_use(
+        path: Path) -> None:
+    make_v3(path)
+    state = FederationState(path)
+    try:
+        owned = state.job(NAME)
+        assert (owned.owner, owned.owner_env) == (Owner("alice", 2001, 2100),
+                                                  {"LANG": "C.UTF-8"})
+        assert user_version(path) == 4 and "incarnation_secrets" in tables(path)
+        assert state.identities.secret(NAME, 1) is None
+        assert state.identities.use_token("v2-token", 0)  # unused until now: once
+        assert not state.identities.use_token("v2-token", 0)
+    finally:
+        state.close()
+
+
+def test_a_token_releases_the_key_once_per_restart_of_its_incarnation(
+        state: FederationState) -> None:
+    added(state)
+    state.begin_generation(NAME, 0, CLOUD, 100, NOW)
+    state.submitted(NAME, 1, 70, token_digest("tok"), NOW)
+    assert state.identities.use_token("tok", 0)
+    assert not state.identities.use_token("tok", 0)  # the second use
+    assert state.identities.use_token("tok", 1)       # requeued: the next restart, once
+    assert not state.identities.use_token("tok", 0)
+    assert not state.identities.use_token("guess", 5)
+
+
+def test_an_ended_incarnation_loses_its_token_and_keeps_its_secret(
+        state: FederationState) -> None:
+    added(state, owner=Owner("alice", 2001, 2100))
+    assert state.job(NAME).owner == Owner("alice", 2001, 2100)
+    state.begin_generation(NAME, 0, CLOUD, 100, NOW)
+    state.identities.put_secret(NAME, 1, "ab" * 32)
+    state.submitted(NAME, 1, 70, token_digest("tok"), NOW)
+    assert state.identities.secret(NAME, 1) == "ab" * 32
+    state.end_incarnation(NAME, 1, "cancelled", NOW + 1)
+    assert owner(state, "tok") is None
+    assert state.identities.secret(NAME, 1) == "ab" * 32  # so it is told it is fenced

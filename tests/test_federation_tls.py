@@ -22,6 +22,7 @@ from slurm_geo.lease.client import FederatedRun, FederationUnreachable, _post, t
 from slurm_geo.lease.protocol import (
     ENV_FEDERATION_CA,
     ENV_FEDERATION_URL,
+    ENV_LEASE_SECRET,
     LEASE_PATH,
     LeaseRequest,
 )
@@ -64,7 +65,7 @@ def test_a_job_trusting_the_site_ca_gets_its_lease_over_https(https_site, site_c
 
 def test_a_job_trusting_another_ca_refuses_the_daemon(https_site):
     other = make_ca("someone else's CA", datetime.now(UTC))
-    status, body = _post(https_site.url + LEASE_PATH, LEASE,
+    status, body = _post(https_site.url + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE),
                          tls_context(other.cert_pem.decode()))
     assert status is None and "CERTIFICATE_VERIFY_FAILED" in body["reason"]
     run = FederatedRun(https_site.placement(ca=other.cert_pem.decode()))
@@ -75,9 +76,9 @@ def test_a_job_trusting_another_ca_refuses_the_daemon(https_site):
 
 def test_plain_http_to_the_tls_port_gets_nothing_and_the_service_goes_on(https_site, site_ca):
     plain = https_site.url.replace("https://", "http://")
-    status, body = _post(plain + LEASE_PATH, LEASE)
+    status, body = _post(plain + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE))
     assert status is None, body
-    assert _post(https_site.url + LEASE_PATH, LEASE,
+    assert _post(https_site.url + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE),
                  tls_context(site_ca.cert_pem.decode()))[0] == 200
 
 
@@ -87,7 +88,7 @@ def test_a_tls_client_that_never_finishes_its_handshake_holds_no_worker(https_si
     try:
         for sock in stalled:
             sock.sendall(b"\x16\x03\x01")  # the first bytes of a ClientHello, then nothing
-        assert _post(https_site.url + LEASE_PATH, LEASE,
+        assert _post(https_site.url + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE),
                      tls_context(site_ca.cert_pem.decode()))[0] == 200
     finally:
         for sock in stalled:
@@ -129,12 +130,12 @@ def test_the_ca_file_must_hold_a_pem_certificate(tmp_path, site_ca):
 def test_a_job_submitted_elsewhere_is_told_the_ca(site_ca):
     pem = site_ca.cert_pem.decode()
     incoming = Incoming("onprem-9", 1, "run-a", None, "https://fed.example:9852", "t",
-                        "file:///x", federation_ca=pem)
+                        "file:///x", federation_ca=pem, lease_secret="5e" * 32)
     spec = resubmission("#!/bin/bash\ntrue\n", ScriptOptions(), incoming, ())
     assert spec.environment[ENV_FEDERATION_CA] == pem
     env = {"SLURM_CLUSTER_NAME": "rented", "SLURM_JOB_ID": "7", **spec.environment}
     run = FederatedRun.from_environment("run-a", env)
-    assert run.placement.federation_ca == pem
+    assert (run.placement.federation_ca, run.placement.lease_secret) == (pem, "5e" * 32)
     without = Incoming("onprem-9", 1, "run-a", None, "http://127.0.0.1:9852", "t", "file:///x")
     assert ENV_FEDERATION_CA not in resubmission("#!/bin/bash\n", ScriptOptions(), without,
                                                  ()).environment
@@ -156,12 +157,16 @@ def test_a_job_the_daemon_moves_is_told_the_site_ca(tmp_path, site_ca):
     (_, spec), = site.rented.submitted
     assert spec.environment[ENV_FEDERATION_CA] == site_ca.cert_pem.decode()
     assert spec.environment[ENV_FEDERATION_URL] == "https://fed.example:9852"
+    # Beside the CA, the secret it signs with: the one the daemon stored for generation 1.
+    logical = site.state.jobs()[0].logical_job
+    assert spec.environment[ENV_LEASE_SECRET] == site.state.identities.secret(logical, 1)
 
 
 def test_a_ca_that_is_not_pem_stops_the_job_with_one_line():
     env = {"SLURM_CLUSTER_NAME": "rented", "SLURM_JOB_ID": "7", "SLURM_GEO_GENERATION": "1",
            "SLURM_GEO_FEDERATION_URL": "https://fed.example", "SLURM_GEO_STORE": "file:///x",
-           "SLURM_GEO_KEY_TOKEN": "t", ENV_FEDERATION_CA: "garbage"}
+           "SLURM_GEO_KEY_TOKEN": "t", "SLURM_GEO_LOGICAL_JOB": "onprem-9",
+           "SLURM_GEO_LEASE_SECRET": "5e" * 32, ENV_FEDERATION_CA: "garbage"}
     with pytest.raises(ConfigError, match="SLURM_GEO_FEDERATION_CA .* is not a PEM"):
         FederatedRun.from_environment("run-a", env)
 

@@ -143,6 +143,7 @@ class FederationConfig:
     margin_s: float = 60.0
     failback: bool = True
     failback_stable_s: float = 120.0
+    munge_socket: Path | None = None
 
     @property
     def url(self) -> str:
@@ -197,6 +198,10 @@ FEDERATION_SETTINGS = (
             "Move jobs back home when home is healthy and the plan favours it."),
     Setting("failback_stable_s", seconds, FederationConfig.failback_stable_s,
             "Home must have answered every probe for this long before a failback."),
+    Setting("munge_socket", path, None, "The home cluster's munged socket: home jobs prove "
+            "who they are to the daemon with `munge`, the daemon checks with `unmunge`. "
+            "Default: the socket the home cluster's slurm.conf names (AuthInfo=socket=), "
+            "else munge's own."),
 )
 
 

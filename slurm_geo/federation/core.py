@@ -20,6 +20,7 @@ from slurm_geo.ckpt.manifest import with_bases
 from slurm_geo.config.model import SiteConfig
 from slurm_geo.daemon.events import event
 from slurm_geo.errors import ConfigError, SlurmGeoError
+from slurm_geo.federation.authn import Authenticator
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.fencing import Refencer
 from slurm_geo.federation.leaseservice import LeaseService, Reply
@@ -47,7 +48,9 @@ from slurm_geo.federation.reconcile import (
 )
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
 from slurm_geo.federation.wiring import Wiring
-from slurm_geo.lease.protocol import LeaseRequest
+from slurm_geo.lease.munge import MungeCommands, munge_socket
+from slurm_geo.lease.protocol import KeyRequest, LeaseRequest
+from slurm_geo.lease.signing import Credentials
 from slurm_geo.policy.geo import rules_for
 from slurm_geo.slurm import JobInfo, JobState, SlurmClient, SlurmError
 from slurm_geo.slurm.errors import JobNotFound
@@ -57,14 +60,21 @@ log = logging.getLogger("slurm_geo.federation")
 
 class Federation:
     def __init__(self, wiring: Wiring, probes: dict[str, SlurmClient],
-                 bandwidth: BandwidthModel):
+                 bandwidth: BandwidthModel, authenticator: Authenticator | None = None):
+        """`authenticator`: who sends each lease request; by default MUNGE's programs on
+        the socket `[federation] munge_socket` or the home cluster's slurm.conf names."""
         self.wiring = wiring
         self.site, self.config, self.state = wiring.site, wiring.config, wiring.state
         self.audit, self.clients, self.clock = wiring.audit, wiring.clients, wiring.clock
         self.home = wiring.home
         self.bandwidth = bandwidth
         generation_lock = threading.Lock()
-        self.leases = LeaseService(wiring, generation_lock)
+        if authenticator is None:
+            socket = munge_socket(self.config.munge_socket,
+                                  self.site.cluster(self.home).slurm_conf)
+            authenticator = Authenticator(wiring.state.identities, MungeCommands(socket),
+                                          wiring.clock)
+        self.leases = LeaseService(wiring, generation_lock, authenticator)
         self.mover = Mover(wiring, generation_lock, bandwidth)
         self.refencer = Refencer(wiring)
         self.health = HealthProbes(wiring, probes)
@@ -227,11 +237,11 @@ class Federation:
 
     # --- what people ask of it ----------------------------------------------------------------
 
-    def lease(self, request: LeaseRequest) -> Reply:
-        return self.leases.lease(request)
+    def lease(self, request: LeaseRequest, credentials: Credentials) -> Reply:
+        return self.leases.lease(request, credentials)
 
-    def key(self, token: str) -> Reply:
-        return self.leases.key(token)
+    def key(self, request: KeyRequest, credentials: Credentials) -> Reply:
+        return self.leases.key(request, credentials)
 
     def plan_for(self, job: LogicalJob, health: dict[str, Health] | None = None,
                  current_wait: float | None = None) -> Plan:

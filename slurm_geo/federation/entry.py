@@ -39,10 +39,11 @@ PROGRAM = "slurm-geo-federation"
 log = logging.getLogger("slurm_geo.federation")
 
 # [federation] settings bound or opened once, at the start: the lease service's socket,
-# its TLS and refusal audit, the state and audit databases, the master key. A reload
-# keeps their old values.
+# its TLS and refusal audit, the MUNGE socket, the state and audit databases, the master
+# key. A reload keeps their old values.
 RESTART_SETTINGS = ("listen_address", "listen_port", "tls_cert", "tls_key",
-                    "refusal_audit_interval_s", "state", "audit_path", "key_file")
+                    "refusal_audit_interval_s", "munge_socket", "state", "audit_path",
+                    "key_file")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -1,31 +1,35 @@
-"""The federation daemon's answers to training jobs: leases and run keys, and the
-registration of home jobs it has not seen yet (federation.registration;
-slurm_geo.lease.protocol; the HTTP side is federation.service).
+"""The federation daemon's answers to training jobs: leases and run keys, each to the
+caller its credential proves (slurm_geo.lease.protocol; the HTTP side is
+federation.service; who is calling: federation.authn; home jobs registered and runs
+owned: federation.registration).
 
 A lease decision and its write happen under the daemon's generation lock, the one a move
 holds for its generation compare-and-set, so no lease is ever granted to a generation a
-move has just replaced. Nothing slow runs under it: Slurm calls and store reads happen
-before or after, so a move copying a 100 GB checkpoint never delays a renewal.
+move has just replaced. Nothing slow runs under it: Slurm calls, MUNGE and store reads
+happen before or after, so a move copying a 100 GB checkpoint never delays a renewal.
+
+A request that is not authenticated is answered 401, one that is authentic but not its
+caller's to make (another user's job, another incarnation, a replay, a token used) 403;
+either changes nothing.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.runkey import unwrap_run_key
+from slurm_geo.federation.authn import Authenticator, Caller
 from slurm_geo.federation.leases import Verdict, decide
-from slurm_geo.federation.model import Lease, LogicalJob
-from slurm_geo.federation.refusals import Refusal, clip
+from slurm_geo.federation.model import JobStatus, Lease, LogicalJob
+from slurm_geo.federation.refusals import REFUSED, Refusal, clip
 from slurm_geo.federation.registration import Registrar
 from slurm_geo.federation.wiring import Wiring
-from slurm_geo.lease.protocol import Action, KeyReply, LeaseReply, LeaseRequest
+from slurm_geo.lease.protocol import Action, KeyReply, KeyRequest, LeaseReply, LeaseRequest
 from slurm_geo.lease.protocol import Verdict as Said
-
-log = logging.getLogger("slurm_geo.federation")
+from slurm_geo.lease.signing import Credentials, Forbidden, Refused
 
 WAIT_RETRY_S = 1.0
 
@@ -40,13 +44,19 @@ class Reply:
 
 
 class LeaseService:
-    def __init__(self, wiring: Wiring, generation_lock: threading.Lock):
+    def __init__(self, wiring: Wiring, generation_lock: threading.Lock,
+                 authenticator: Authenticator):
         self.wiring = wiring
         self._lock = generation_lock
-        self.registrar = Registrar(wiring)
+        self.auth = authenticator
+        self.registrar = Registrar(wiring, generation_lock)
 
-    def lease(self, request: LeaseRequest) -> Reply:
-        reply, job = self._lease(request)
+    def lease(self, request: LeaseRequest, credentials: Credentials) -> Reply:
+        try:
+            caller = self.auth.authenticate(credentials)
+            reply, job = self._lease(request, caller)
+        except Refused as exc:
+            return _refused(exc, "a lease", request.cluster, request.job_id)
         if reply.verdict is not Said.FENCED:
             return Reply(reply.http_status, reply.to_json())
         return Reply(reply.http_status, reply.to_json(), Refusal(
@@ -54,15 +64,15 @@ class LeaseService:
             f"refused a lease to {clip(request.cluster, 64)}:{request.job_id} generation "
             f"{request.generation}", reply.reason))
 
-    def _lease(self, request: LeaseRequest) -> tuple[LeaseReply, LogicalJob | None]:
+    def _lease(self, request: LeaseRequest, caller: Caller
+               ) -> tuple[LeaseReply, LogicalJob | None]:
         """The reply, and the logical job the request named (None: no such job)."""
         w = self.wiring
-        if self._unregistered_home_job(request):
-            # Reads Slurm and the registry: not under the lock.
-            self.registrar.register_leasing(request.job_id, request.run)
+        if caller.at_home:
+            self.registrar.admit_home(request, caller)  # reads Slurm: not under the lock
         with self._lock:
             now = w.clock()
-            job = w.state.find_job(request.cluster, request.job_id)
+            job = self._job_of(request.cluster, request.job_id, request.generation, caller)
             lease = None if job is None else w.state.lease(job.logical_job)
             answer = decide(job, lease, request, w.home, now, w.config.lease_ttl_s)
             if answer.verdict is Verdict.REGISTER:
@@ -73,8 +83,30 @@ class LeaseService:
                 return LeaseReply(Said.WAIT, answer.reason, retry_s=WAIT_RETRY_S), job
             assert job is not None
             if not job.run:  # discovered while pending: the job names its run now
+                self.registrar.check_run(request.run, job.logical_job,
+                                         None if job.owner is None else job.owner.uid)
                 job = w.state.name_run(job.logical_job, request.run, now)
             return self._grant(job, lease, request, answer.action, answer.reason, now), job
+
+    def _job_of(self, cluster: str, job_id: int, generation: int, caller: Caller
+                ) -> LogicalJob | None:
+        """The logical job the request is about, if it is the caller's to ask for."""
+        w = self.wiring
+        if caller.at_home:
+            job = w.state.find_job(cluster, job_id)
+            if job is not None and (job.owner is None or job.owner.uid != caller.uid):
+                whose = 'another user' if job.owner is None else job.owner.user
+                raise Forbidden(f"{cluster}:{job_id} is {job.logical_job}, which belongs to "
+                                f"{whose}, not to uid {caller.uid}")
+            return job
+        assert caller.logical_job is not None
+        for incarnation in w.state.incarnations(caller.logical_job):
+            if incarnation.generation == caller.generation == generation \
+                    and incarnation.cluster == cluster \
+                    and incarnation.job_id in (None, job_id):
+                return w.state.job(caller.logical_job)
+        raise Forbidden(f"the credential of {caller} does not speak for {cluster}:{job_id} "
+                        f"generation {generation}")
 
     def _grant(self, job: LogicalJob, lease: Lease | None, request: LeaseRequest,
                action: Action, reason: str, now: float) -> LeaseReply:
@@ -94,34 +126,69 @@ class LeaseService:
         return LeaseReply(Said.GRANT, reason, action, job.logical_job, job.generation,
                           w.config.lease_ttl_s)
 
-    def key(self, token: str) -> Reply:
-        """The run's data key, for the incarnation the token was minted for, while it is
-        the current generation."""
+    def key(self, request: KeyRequest, credentials: Credentials) -> Reply:
+        """The run's data key, for the current generation of the job that owns the run,
+        while it holds the lease: at home by MUNGE, elsewhere by the incarnation's
+        signature and its one-time token."""
+        try:
+            caller = self.auth.authenticate(credentials)
+            return self._key(request, caller)
+        except Refused as exc:
+            return _refused(exc, "a key", request.cluster, request.job_id)
+
+    def _key(self, request: KeyRequest, caller: Caller) -> Reply:
         w = self.wiring
-        owner = w.state.token_owner(token)
-        if owner is None:
-            return Reply(403, {"reason": "unknown or expired token"})
-        job = w.state.job(owner[0])
-        if not job.run:
-            return Reply(409, {"reason": "ask for a lease first: it names the run"})
-        if job.generation != owner[1] or job.status.is_final():
-            return Reply(403, {"reason": f"generation {owner[1]} is no longer current"})
+        job = self._key_holder(request, caller)
+        lease = w.state.lease(job.logical_job)
+        if not job.run or lease is None or lease.generation != job.generation \
+                or lease.restart != request.restart or lease.expired(w.clock(),
+                                                                     w.config.lease_ttl_s):
+            return Reply(409, {"reason": "hold the lease first: ask for one (it names the "
+                               "run), then for the key"})
         store = w.stores[w.store_of(job.cluster)]
         try:
             data_key = unwrap_run_key(store, w.master_key, job.run, create=True)
         except CkptError as exc:
             return Reply(503, {"reason": str(exc)})
-        w.say_once(("key", job.logical_job, str(job.generation)), "key", job.logical_job,
-                   f"released run {job.run}'s data key to generation {job.generation} on "
-                   f"{job.cluster}", "the job presented its one-time token")
+        if request.token and not w.state.identities.use_token(request.token, request.restart):
+            raise Forbidden("this token has released the key already")
+        w.say_once(("key", job.logical_job, str(job.generation), str(request.restart)), "key",
+                   job.logical_job, f"released run {job.run}'s data key to generation "
+                   f"{job.generation} on {job.cluster}:{job.job_id}",
+                   f"{caller} holds the lease" + (" and presented its one-time token"
+                                                  if request.token else ""))
         return Reply(200, KeyReply(job.run, data_key).to_json())
 
-    # --- registration (federation.registration) ------------------------------------------
-
-    def _unregistered_home_job(self, request: LeaseRequest) -> bool:
-        return (request.generation == 0 and request.cluster == self.wiring.home
-                and self.wiring.state.find_job(request.cluster, request.job_id) is None)
+    def _key_holder(self, request: KeyRequest, caller: Caller) -> LogicalJob:
+        """The caller's job, if the request names its current generation."""
+        w = self.wiring
+        if caller.at_home and request.token:
+            raise Forbidden("a key token is for the incarnation it was given to; a home job "
+                            "asks without one")
+        if caller.at_home and (request.cluster != w.home or request.generation != 0):
+            raise Forbidden("a MUNGE credential speaks only for generation 0 on the home "
+                            f"cluster {w.home}")
+        job = self._job_of(request.cluster, request.job_id, request.generation, caller)
+        if job is None:
+            raise Forbidden(f"{request.cluster}:{request.job_id} is no registered job")
+        if job.status is not JobStatus.RUNNING or (job.generation, job.cluster, job.job_id) \
+                != (request.generation, request.cluster, request.job_id):
+            raise Forbidden(f"generation {request.generation} on {request.cluster}:"
+                            f"{request.job_id} is not the job's current incarnation")
+        if not caller.at_home:
+            owner = w.state.identities.token_owner(request.token) if request.token else None
+            if owner is None or (owner.logical_job, owner.generation) != (
+                    caller.logical_job, caller.generation):
+                raise Forbidden("no key token of this incarnation was presented")
+        return job
 
     def discover_pending(self) -> None:
-        """Register geo jobs pending at home, so a hopeless queue can be left."""
         self.registrar.discover_pending()
+
+
+def _refused(refusal: Refused, what: str, cluster: str, job_id: int) -> Reply:
+    """401, 403 or 503 with the reason; a 4xx is audited by the HTTP side, at most once
+    per source address per interval (federation.refusals), never logged per request."""
+    return Reply(refusal.status, {"reason": str(refusal)}, Refusal(
+        REFUSED, None, f"refused {what} to {clip(cluster, 64)}:{job_id} ({refusal.status})",
+        str(refusal)))

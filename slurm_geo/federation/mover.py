@@ -8,9 +8,10 @@ A move, in order (each step is safe to repeat if the daemon dies after it):
   3. the target store is fenced: only the new generation's cluster may commit past the
      resume step there (and the old store too, when it can be reached); fences are read
      and written the daemon's way (federation.fencing: its state's word counts);
-  4. the job is submitted on the target with its resume pointer, a one-time token
-     for its run's data key and the CA to verify the daemon's https against, as its
-     owner, with the environment federation.owners builds (a job without a recorded
+  4. the job is submitted on the target with its resume pointer, the secret it signs its
+     lease requests with (stored first: it may ask as soon as it starts), a one-time
+     token for its run's data key and the CA to verify the daemon's https against, as
+     its owner, with the environment federation.owners builds (a job without a recorded
      owner is never submitted: OwnerUnknown, before step 1).
 Steps 1, 3 and 4 copy, read and call Slurm; only step 2 holds the daemon's generation
 lock, which lease renewals share, so a long copy stalls no other job's trainer.
@@ -55,6 +56,7 @@ from slurm_geo.federation.owners import owner_environment
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
 from slurm_geo.federation.tls import ca_pem
 from slurm_geo.federation.wiring import Wiring
+from slurm_geo.lease.signing import new_secret
 from slurm_geo.slurm import SlurmError
 from slurm_geo.slurm.errors import JobNotFound
 
@@ -257,10 +259,12 @@ class Mover:
         self._check_owner(job)
         cluster = w.site.cluster(job.cluster)
         store = w.site.stores[cluster.store]
-        token = secrets.token_urlsafe(32)
+        token, secret = secrets.token_urlsafe(32), new_secret()
         ca = "" if w.config.ca_file is None else ca_pem(w.config.ca_file)
+        w.state.identities.put_secret(job.logical_job, job.generation, secret)
         incoming = Incoming(job.logical_job, job.generation, job.run, job.resume_step,
-                            w.config.url, token, store.url, store.endpoint_url, ca)
+                            w.config.url, token, store.url, store.endpoint_url,
+                            federation_ca=ca, lease_secret=secret)
         # The daemon's own environment reaches the job only through what
         # job_environment scopes for the store (federation.owners).
         spec = resubmission(job.script, ScriptOptions.from_json(job.spec), incoming,

@@ -1,5 +1,5 @@
 """Registering a home job the daemon has not seen: at its first lease request, or while it
-is pending at home (so a hopeless queue can be left).
+is pending at home (so a hopeless queue can be left); and which job a run belongs to.
 
 Everything comes from what the user cannot forge (federation.owners): the owner from
 Slurm's job record, the directives from PrologSlurmctld's registry record (else from
@@ -7,26 +7,40 @@ what the SPANK plugin handed Slurm, in the job's stored environment), the enviro
 from Slurm's copy of it, allow-listed. A job with no directives recorded anywhere is not
 a geo job for the daemon (said in one warning line, once); a job Slurm names no uid or
 gid for is not registered: it could not run as its owner.
+
+A lease request registers a job only when it is MUNGE-authenticated and the caller's uid
+is the one Slurm's record names for that job (federation.authn). A run named by one
+logical job is refused to every other, but for a new job of the same owner once the
+earlier one is final (a run continued later).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
 from slurm_geo.daemon.events import event
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.federation.authn import Caller
 from slurm_geo.federation.model import JobStatus, LogicalJob
 from slurm_geo.federation.owners import accepted_directives, owner_environment
 from slurm_geo.federation.resubmit import script_options
 from slurm_geo.federation.wiring import Wiring
+from slurm_geo.lease.protocol import LeaseRequest
+from slurm_geo.lease.signing import Forbidden
 from slurm_geo.policy.directives import DirectiveError, Directives, parse_options
 from slurm_geo.registry import RegistryUnreadable
 from slurm_geo.slurm import JobInfo, JobState, Owner, SlurmError
+from slurm_geo.slurm.errors import JobNotFound
 
 log = logging.getLogger("slurm_geo.federation")
+
+# Rounds a pending job's environment may be missing (slurmdbd records a job a few
+# seconds after its submission) before the daemon stops looking at it.
+PENDING_TRIES = 30
 
 Recorded = Mapping[tuple[str, int], Mapping[str, str]]  # (cluster, job id) -> directives
 
@@ -46,25 +60,102 @@ class Found:
     environment: dict[str, str]   # the owner's, allow-listed
 
 
+def run_taken_by(others: list[LogicalJob], run: str, logical_job: str | None,
+                 uid: int | None) -> str | None:
+    """Why `run` may not be named by `logical_job` of `uid`, given every job that names
+    it (`others`); None when it may. Pure."""
+    for other in others:
+        if other.logical_job == logical_job:
+            continue
+        if other.status.is_final() and uid is not None and other.owner is not None \
+                and other.owner.uid == uid:
+            continue  # its owner continues the run in a new job
+        return f"run {run} belongs to logical job {other.logical_job}"
+    return None
+
+
+def not_the_callers(tag: str, info: JobInfo, caller: Caller) -> str | None:
+    """Why home job `info` is not `caller`'s (by the uid Slurm's record names); None when
+    it is. Pure."""
+    owner = info.owner
+    if owner is None:
+        return (f"job {tag}: Slurm's record of it names no user, uid and gid, so it could "
+                "not run as its owner; not registered")
+    if owner.uid != caller.uid:
+        return f"{tag} belongs to {owner.user}, not to uid {caller.uid}"
+    return None
+
+
 class Registrar:
-    def __init__(self, wiring: Wiring):
+    """`generation_lock`: the lease service's; a run is checked and its job added under
+    it, so two jobs cannot both take one run. Slurm is never called under it."""
+
+    def __init__(self, wiring: Wiring, generation_lock: threading.Lock):
         self.wiring = wiring
+        self._lock = generation_lock
         self._seen_pending: set[int] = set()
+        self._pending_tries: dict[int, int] = {}
         self._refused: dict[int, str] = {}  # job id -> why, said once
 
-    def register_leasing(self, job_id: int, run: str) -> None:
+    def check_run(self, run: str, logical_job: str | None, uid: int | None) -> None:
+        if not run:
+            return
+        taken = run_taken_by(self.wiring.state.find_by_run(run), run, logical_job, uid)
+        if taken is not None:
+            raise Forbidden(taken)
+
+    def admit_home(self, request: LeaseRequest, caller: Caller) -> None:
+        """A MUNGE-authenticated request: for generation 0 of a home job the caller owns.
+        Registers the job at its first request (or NotRegistered saying why); a job
+        registered before owners were recorded gets its owner from Slurm's record now.
+        Slurm calls: not under the lock."""
+        w = self.wiring
+        if request.cluster != w.home or request.generation != 0:
+            raise Forbidden("a MUNGE credential speaks only for generation 0 of a job on the "
+                            f"home cluster {w.home}; an incarnation the daemon submitted "
+                            "signs with its secret")
+        job = w.state.find_job(w.home, request.job_id)
+        if job is None:
+            self._register_leasing(request.job_id, request.run, caller)
+        elif job.owner is None and self._first_job_id(job) == request.job_id:
+            info = self._owned_by(request.job_id, caller)
+            assert info.owner is not None
+            w.state.identities.claim_owner(
+                job.logical_job, info.owner,
+                owner_environment(self._environment(request.job_id, quiet=False)))
+
+    def _first_job_id(self, job: LogicalJob) -> int | None:
+        first = self.wiring.state.incarnations(job.logical_job)[0]
+        return first.job_id if first.cluster == self.wiring.home else None
+
+    def _owned_by(self, job_id: int, caller: Caller) -> JobInfo:
+        """Slurm's record of home job `job_id`, if it names the caller's uid as its owner."""
+        w = self.wiring
+        try:
+            info = w.clients[w.home].job(job_id)
+        except JobNotFound:
+            raise Forbidden(f"{w.home} has no job {job_id}") from None
+        why = not_the_callers(f"{w.home}:{job_id}", info, caller)
+        if why is not None:
+            raise Forbidden(why)
+        return info
+
+    def _register_leasing(self, job_id: int, run: str, caller: Caller) -> None:
         """A home job's first lease request: register it, or NotRegistered saying why."""
+        info = self._owned_by(job_id, caller)  # another's job: refused, never remembered
         if job_id in self._refused:
             raise NotRegistered(self._refused[job_id])
-        info = self.wiring.clients[self.wiring.home].job(job_id)
         found = self._find(info, self._recorded())
         if isinstance(found, str):
             self._refuse(job_id, found)
-        self._add(found, run, "first lease request of a home job")
+        job = self._job(found, run)
+        with self._lock:
+            self.check_run(run, None, caller.uid)
+            self._add(job, "first lease request of a home job")
 
     def discover_pending(self) -> None:
         """Register geo jobs pending at home that ask --geo-failover and --geo-ckpt-dir.
-        Each pending job is looked at once."""
+        Each pending job is looked at once, once Slurm has recorded its environment."""
         w = self.wiring
         fresh = [info for info in w.clients[w.home].jobs()
                  if info.state is JobState.PENDING and info.job_id not in self._seen_pending]
@@ -76,16 +167,23 @@ class Registrar:
             event(log, "registry_unreadable", logging.WARNING, error=exc)
             return
         for info in fresh:
-            self._seen_pending.add(info.job_id)
             if w.state.find_job(w.home, info.job_id) is not None:
+                self._seen_pending.add(info.job_id)
                 continue
+            environment = self._pending_environment(info.job_id)
+            if environment is None:
+                continue  # slurmdbd has no record of it yet: look again next round
+            self._seen_pending.add(info.job_id)
             try:
-                found = self._find(info, recorded, quiet=True)
+                found = self._find(info, recorded, quiet=True, environment=environment)
+                if not isinstance(found, Found) or not found.directives.ckpt_dir \
+                        or found.directives.failover not in ("auto", "manual"):
+                    continue
+                job = self._job(found, "")
             except SlurmError:
                 continue
-            if isinstance(found, Found) and found.directives.ckpt_dir \
-                    and found.directives.failover in ("auto", "manual"):
-                self._add(found, "", "a geo job pending on the home cluster")
+            with self._lock:
+                self._add(job, "a geo job pending on the home cluster")
 
     # --- inside ----------------------------------------------------------------------------
 
@@ -95,7 +193,19 @@ class Registrar:
             return {}
         return {(job.cluster, job.job_id): job.directives for job in registry.jobs()}
 
-    def _find(self, info: JobInfo, recorded: Recorded, quiet: bool = False) -> Found | str:
+    def _pending_environment(self, job_id: int) -> dict[str, str] | None:
+        """Slurm's copy of a pending job's environment (where its directives are); None
+        while slurmdbd has not recorded the job yet, which takes a few seconds after
+        submission, for at most PENDING_TRIES rounds; then {} (looked at no more)."""
+        try:
+            return self.wiring.clients[self.wiring.home].batch_environment(job_id)
+        except SlurmError:
+            tries = self._pending_tries.get(job_id, 0) + 1
+            self._pending_tries[job_id] = tries
+            return None if tries < PENDING_TRIES else {}
+
+    def _find(self, info: JobInfo, recorded: Recorded, quiet: bool = False,
+              environment: dict[str, str] | None = None) -> Found | str:
         """The job's registration, or why there is none."""
         w = self.wiring
         tag = f"{w.home}:{info.job_id}"
@@ -103,7 +213,8 @@ class Registrar:
         if owner is None:
             return (f"job {tag}: Slurm's record of it names no user, uid and gid, so it "
                     "could not run as its owner; not registered")
-        environment = self._environment(info.job_id, quiet)
+        if environment is None:
+            environment = self._environment(info.job_id, quiet)
         directives = recorded.get((w.home, info.job_id)) or accepted_directives(environment)
         if not directives:
             return (f"job {tag}: no --geo-* directives recorded for it (no PrologSlurmctld "
@@ -132,19 +243,26 @@ class Registrar:
               why=why)
         raise NotRegistered(why)
 
-    def _add(self, found: Found, run: str, why: str) -> None:
+    def _job(self, found: Found, run: str) -> LogicalJob:
+        """The logical job `found` becomes (reads its batch script from Slurm)."""
         w = self.wiring
         now = w.clock()
-        job_id, owner = found.info.job_id, found.owner
+        job_id = found.info.job_id
         script = w.clients[w.home].batch_script(job_id)
         options = script_options(script).with_directives(found.directives.as_options())
-        logical = f"{w.home}-{job_id}"
-        job = LogicalJob(logical, run, w.home, script, options.to_json(),
-                         found.directives.as_options(), 0, w.home, job_id, None,
-                         JobStatus.RUNNING, created_at=now, updated_at=now, owner=owner,
-                         owner_env=found.environment)
+        return LogicalJob(f"{w.home}-{job_id}", run, w.home, script, options.to_json(),
+                          found.directives.as_options(), 0, w.home, job_id, None,
+                          JobStatus.RUNNING, created_at=now, updated_at=now,
+                          owner=found.owner, owner_env=found.environment)
+
+    def _add(self, job: LogicalJob, why: str) -> None:
+        """Under the generation lock."""
+        w = self.wiring
+        owner = job.owner
+        assert owner is not None and job.job_id is not None
         if w.state.add_job(job):
-            w.audit.append("register", logical, f"registered {w.home}:{job_id}"
-                           + (f" (run {run})" if run else "") + f" of {owner.user}", why,
-                           cluster=w.home, job_id=job_id, run=run, directives=job.directives,
-                           owner=owner.user, uid=owner.uid, gid=owner.gid)
+            w.audit.append("register", job.logical_job, f"registered {w.home}:{job.job_id}"
+                           + (f" (run {job.run})" if job.run else "") + f" of {owner.user}",
+                           why, cluster=w.home, job_id=job.job_id, run=job.run,
+                           directives=job.directives, owner=owner.user, uid=owner.uid,
+                           gid=owner.gid)

@@ -23,6 +23,7 @@ from slurm_geo.lease.protocol import (
     ENV_FEDERATION_URL,
     ENV_GENERATION,
     ENV_KEY_TOKEN,
+    ENV_LEASE_SECRET,
     ENV_LOGICAL_JOB,
     ENV_RESUME_STEP,
     ENV_RUN,
@@ -170,6 +171,7 @@ class Incoming:
     store_url: str
     store_endpoint: str = ""
     federation_ca: str = ""  # PEM of the CA the daemon's certificate verifies against
+    lease_secret: str = ""  # signs the incarnation's lease requests
 
 
 def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
@@ -190,6 +192,7 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
         ENV_RUN: incoming.run,
         ENV_FEDERATION_URL: incoming.federation_url,
         ENV_KEY_TOKEN: incoming.key_token,
+        ENV_LEASE_SECRET: incoming.lease_secret,
         ENV_STORE: incoming.store_url,
         ENV_STORE_ENDPOINT: incoming.store_endpoint,
     }

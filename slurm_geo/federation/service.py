@@ -3,6 +3,8 @@
     POST /v1/lease   LeaseRequest -> 200 LeaseReply (grant | wait) | 409 (fenced)
     POST /v1/key     KeyRequest -> 200 KeyReply | 403 | 409 | 503
     GET  /metrics    Prometheus text format
+Each POST's credential headers go with its raw body to the lease service, which answers
+401 or 403 to a request it does not authenticate (slurm_geo.lease.signing).
 A body that is not a request of the protocol gets 400 with the reason; the bodies are
 slurm_geo.lease.protocol's, specified in docs/federation.md ("Lease protocol"). The server
 (federation.httpserver) bounds threads, waits and queues; refusals are audited at most
@@ -39,6 +41,7 @@ from slurm_geo.lease.protocol import (
     LeaseRequest,
     ProtocolError,
 )
+from slurm_geo.lease.signing import Credentials
 from slurm_geo.slurm import SlurmError
 
 log = logging.getLogger("slurm_geo.federation")
@@ -99,11 +102,12 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
 
         def do_POST(self) -> None:  # noqa: N802
             try:
-                body = self._body()
+                body, raw = self._body()
+                credentials = Credentials.from_headers(self.headers, "POST", self.path, raw)
                 if self.path == LEASE_PATH:
-                    reply = federation.lease(LeaseRequest.from_json(body))
+                    reply = federation.lease(LeaseRequest.from_json(body), credentials)
                 elif self.path == KEY_PATH:
-                    reply = federation.key(KeyRequest.from_json(body).token)
+                    reply = federation.key(KeyRequest.from_json(body), credentials)
                 else:
                     reply = Reply(404, {"reason": "not found"})
             except (ProtocolError, ValueError, RecursionError) as exc:  # deep JSON: recursion
@@ -112,14 +116,15 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
                 reply = Reply(503, {"reason": str(exc)})
             self._send(reply)
 
-        def _body(self) -> dict[str, Any]:
+        def _body(self) -> tuple[dict[str, Any], bytes]:
             length = int(self.headers.get("Content-Length", "0"))
             if not 0 < length <= MAX_BODY_BYTES:
                 raise ValueError("body missing or too large")
-            body = json.loads(self.rfile.read(length))
+            raw = self.rfile.read(length)
+            body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("body is not a JSON object")
-            return body
+            return body, raw
 
         def _send(self, reply: Reply) -> None:
             if 400 <= reply.status < 500:

@@ -6,12 +6,9 @@ any point and rebuild its view from this file, Slurm and the stores (crash-only)
 changes and generation bumps are compare-and-set on what the writer last saw, so the
 daemon, `slurm-geo cancel` and `slurm-geo approve` never overwrite each other.
 
-Schema version 2 (PRAGMA user_version) made version 1's per-job `meta` keys
-(`left_home:JOB`, `lost_restarts:JOB`) columns of `jobs` and its daemon-wide ones a
-`daemon` row. Version 3 added each job's owner (`owner_user`, `owner_uid`, `owner_gid`,
-from Slurm's job record at registration) and the allow-listed part of their submitted
-environment (`owner_env`); a job registered before has none, and is never submitted
-again (federation.mover). Opening an older database migrates it in one transaction.
+The schema and its migrations are in federation.schema (version 3: each job's owner and
+their allow-listed environment; version 4: incarnation secrets, used tokens); who is who
+(owners claimed, secrets, key tokens) in federation.identities.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from slurm_geo.federation.identities import Identities, forget_incarnation, put_token
 from slurm_geo.federation.model import (
     ClusterStatus,
     FederationStateError,
@@ -37,93 +35,19 @@ from slurm_geo.federation.model import (
     StaleJob,
     UnknownLogicalJob,
     check_transition,
-    token_digest,
+)
+from slurm_geo.federation.schema import (
+    SCHEMA_VERSION,
+    check_version,
+    create_or_migrate,
+    refuse_newer,
 )
 from slurm_geo.slurm.models import Owner
 from slurm_geo.sqlite_tx import immediate_transaction, open_database
 
+__all__ = ["SCHEMA_VERSION", "FederationState"]
+
 BUSY_TIMEOUT_S = 30.0
-SCHEMA_VERSION = 3
-
-_JOBS = """
-CREATE TABLE IF NOT EXISTS jobs (
-    logical_job TEXT PRIMARY KEY,
-    run TEXT NOT NULL,
-    home TEXT NOT NULL,
-    script TEXT NOT NULL,
-    spec TEXT NOT NULL,            -- JSON: what a resubmission needs besides the script
-    directives TEXT NOT NULL,      -- JSON: the --geo-* options
-    generation INTEGER NOT NULL,
-    cluster TEXT NOT NULL,         -- where the current generation runs
-    job_id INTEGER,                -- its Slurm job id there; NULL while moving
-    resume_step INTEGER,
-    status TEXT NOT NULL,
-    move_to TEXT,                  -- a planned move waiting for the next checkpoint
-    move_after_step INTEGER,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    left_home TEXT,                -- outage | queue: why it runs away from home
-    lost_restarts INTEGER NOT NULL DEFAULT 0,
-    recoveries INTEGER NOT NULL DEFAULT 0,
-    awaiting_approval TEXT,        -- the target of a move waiting for `slurm-geo approve`
-    owner_user TEXT,               -- whom Slurm's job record named at registration
-    owner_uid INTEGER,
-    owner_gid INTEGER,
-    owner_env TEXT NOT NULL DEFAULT '{}'  -- JSON: the allow-listed part of their environment
-);"""
-
-_OTHERS = """
-CREATE TABLE IF NOT EXISTS incarnations (
-    logical_job TEXT NOT NULL,
-    generation INTEGER NOT NULL,
-    cluster TEXT NOT NULL,
-    job_id INTEGER,
-    resume_step INTEGER,
-    submitted_at REAL NOT NULL,
-    training_at REAL,              -- first lease granted: training started
-    ended_at REAL,
-    end_reason TEXT,
-    PRIMARY KEY (logical_job, generation)
-);
-CREATE TABLE IF NOT EXISTS leases (
-    logical_job TEXT PRIMARY KEY,
-    generation INTEGER NOT NULL,
-    cluster TEXT NOT NULL,
-    job_id INTEGER NOT NULL,
-    restart INTEGER NOT NULL,
-    renewed_at REAL NOT NULL,
-    last_step INTEGER,
-    released INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS tokens (
-    token_sha256 TEXT PRIMARY KEY,
-    logical_job TEXT NOT NULL,
-    generation INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS health (
-    cluster TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    failures INTEGER NOT NULL,
-    since REAL NOT NULL,
-    last_ok REAL,
-    last_error TEXT
-);
-CREATE TABLE IF NOT EXISTS bandwidth (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    snapshot TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS daemon (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    bandwidth_probe_at REAL NOT NULL DEFAULT 0,   -- the last probe transfer between stores
-    sync_transfer_id INTEGER NOT NULL DEFAULT 0   -- checkpoint-sync transfers learnt from
-);
-INSERT OR IGNORE INTO daemon (id) VALUES (1);
-"""
-
-_V2_JOB_COLUMNS = ("left_home TEXT", "lost_restarts INTEGER NOT NULL DEFAULT 0",
-                   "recoveries INTEGER NOT NULL DEFAULT 0", "awaiting_approval TEXT")
-_V3_OWNER_COLUMNS = ("owner_user TEXT", "owner_uid INTEGER", "owner_gid INTEGER",
-                     "owner_env TEXT NOT NULL DEFAULT '{}'")
 
 
 def _job_from_row(row: sqlite3.Row) -> LogicalJob:
@@ -162,7 +86,8 @@ class FederationState:
                                         "daemon running on this host? ([federation] state)"),
                                     isolation_level=None, check_same_thread=False)
             self.db.row_factory = sqlite3.Row
-            _check_version(self.db, path)
+            check_version(self.db, path)
+            self.identities = Identities(self.db, self._lock)
             return
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
@@ -170,7 +95,7 @@ class FederationState:
                                   check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         try:
-            _refuse_newer(self.db, path)  # before anything changes the file
+            refuse_newer(self.db, path)  # before anything changes the file
         except FederationStateError:
             self.db.close()
             raise
@@ -178,7 +103,8 @@ class FederationState:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         with self._lock, immediate_transaction(self.db) as db:
-            _create_or_migrate(db)
+            create_or_migrate(db)
+        self.identities = Identities(self.db, self._lock)
 
     def close(self) -> None:
         self.db.close()
@@ -345,8 +271,7 @@ class FederationState:
                 raise StaleJob(logical_job, f"moving at generation {generation}")
             db.execute("UPDATE incarnations SET job_id = ? WHERE logical_job = ? AND "
                        "generation = ?", (job_id, logical_job, generation))
-            db.execute("INSERT OR REPLACE INTO tokens VALUES (?,?,?)",
-                       (token_sha256, logical_job, generation))
+            put_token(db, token_sha256, logical_job, generation)
         return self.job(logical_job)
 
     # --- incarnations ---------------------------------------------------------------------
@@ -363,8 +288,7 @@ class FederationState:
             db.execute("UPDATE incarnations SET ended_at = ?, end_reason = ? WHERE "
                        "logical_job = ? AND generation = ? AND ended_at IS NULL",
                        (now, reason, logical_job, generation))
-            db.execute("DELETE FROM tokens WHERE logical_job = ? AND generation = ?",
-                       (logical_job, generation))
+            forget_incarnation(db, logical_job, generation)
 
     # --- leases and tokens ----------------------------------------------------------------
 
@@ -391,11 +315,6 @@ class FederationState:
         lease counts as renewed now, so no move starts before it could have run out."""
         with self.transaction() as db:
             db.execute("UPDATE leases SET renewed_at = ? WHERE released = 0", (now,))
-
-    def token_owner(self, token: str) -> tuple[str, int] | None:
-        row = self._one("SELECT logical_job, generation FROM tokens WHERE token_sha256 = ?",
-                        (token_digest(token),))
-        return None if row is None else (row["logical_job"], row["generation"])
 
     # --- health, bandwidth and the daemon's own watermarks ----------------------------------
 
@@ -440,7 +359,8 @@ def _check_status(db: sqlite3.Connection, logical_job: str, expected: JobStatus,
                   wanted: JobStatus) -> sqlite3.Row:
     check_transition(logical_job, expected, wanted)
     row: sqlite3.Row | None = db.execute(
-        "SELECT status, generation FROM jobs WHERE logical_job = ?", (logical_job,)).fetchone()
+        "SELECT status, generation FROM jobs WHERE logical_job = ?",
+        (logical_job,)).fetchone()
     if row is None:
         raise UnknownLogicalJob(logical_job)
     if row["status"] != expected.value:
@@ -454,73 +374,3 @@ def _lease_live(db: sqlite3.Connection, logical_job: str, generation: int, now: 
                      "logical_job = ?", (logical_job,)).fetchone()
     return (row is not None and row["generation"] == generation and not row["released"]
             and now - row["renewed_at"] <= ttl_s)
-
-
-def _check_version(db: sqlite3.Connection, path: Path) -> None:
-    try:
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-    except sqlite3.Error as exc:
-        raise FederationStateError(f"cannot read the federation state {path}: {exc}") from None
-    if version != SCHEMA_VERSION:
-        raise FederationStateError(
-            f"the federation state {path} is schema version {version}, this slurm-geo reads "
-            f"{SCHEMA_VERSION}; start the federation daemon of this version once to migrate "
-            "it (or use the slurm-geo that matches the daemon)")
-
-
-def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise FederationStateError(
-            f"the federation state {path} is schema version {version}, newer than this "
-            f"slurm-geo ({SCHEMA_VERSION}); upgrade slurm-geo on this host")
-
-
-def _create_or_migrate(db: sqlite3.Connection) -> None:
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    has_jobs = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
-                          "name = 'jobs'").fetchone() is not None
-    if has_jobs and version < 2:
-        _migrate_from_v1(db)
-    if has_jobs and version < 3:
-        _add_owner_columns(db)
-    db.execute(_JOBS)
-    for statement in _OTHERS.split(";"):
-        if statement.strip():
-            db.execute(statement)
-    if has_jobs and version < 2:
-        _move_v1_meta(db)
-    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-
-def _migrate_from_v1(db: sqlite3.Connection) -> None:
-    for column in _V2_JOB_COLUMNS:
-        db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
-
-
-def _add_owner_columns(db: sqlite3.Connection) -> None:
-    """Version 3: each job's owner and environment. Jobs registered before have none."""
-    for column in _V3_OWNER_COLUMNS:
-        db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
-
-
-def _move_v1_meta(db: sqlite3.Connection) -> None:
-    """Version 1 kept per-job facts and the daemon's watermarks as meta keys."""
-    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
-                  "name = 'meta'").fetchone() is None:
-        return
-    for key, value in db.execute("SELECT key, value FROM meta").fetchall():
-        kind, _, logical_job = key.partition(":")
-        if kind == "left_home" and value in {h.value for h in LeftHome}:
-            db.execute("UPDATE jobs SET left_home = ? WHERE logical_job = ?",
-                       (value, logical_job))
-        elif kind == "lost_restarts":
-            db.execute("UPDATE jobs SET lost_restarts = ? WHERE logical_job = ?",
-                       (int(value), logical_job))
-        elif key == "bandwidth_probe_at":
-            db.execute("UPDATE daemon SET bandwidth_probe_at = ?", (float(value),))
-        elif key == "sync_transfer_id":
-            db.execute("UPDATE daemon SET sync_transfer_id = ?", (int(value),))
-    # Version 1 never cleared left_home when a job came home.
-    db.execute("UPDATE jobs SET left_home = NULL WHERE cluster = home")
-    db.execute("DROP TABLE meta")

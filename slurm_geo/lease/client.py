@@ -3,16 +3,20 @@ No torch inside: the training side (slurm_geo.torch) and any other trainer use i
 
     run = FederatedRun.from_environment("my-run")
     run.acquire()                  # blocks until the daemon grants a lease (or fences us)
-    repository = run.repository()  # home: master key; elsewhere: the run key, in memory
+    repository = run.repository()  # the run's data key from the daemon, in memory only
     ... each step:   if not run.may_train(): run.wait_for_lease()
     ... after each committed checkpoint: run.checkpointed(step); if run.release_requested: stop
     run.release(final_step)
 
-On the home cluster the job finds the daemon and its store through the site config
-($SLURM_GEO_CONFIG). An incarnation the daemon submitted elsewhere finds everything in
-its environment (SLURM_GEO_*, see slurm_geo.lease.protocol), including a one-time
-token for the run's data key: the key is fetched from the daemon (https, verified
-against the CA in SLURM_GEO_FEDERATION_CA) and held in memory only.
+On the home cluster the job finds the daemon, its store and munged's socket through the
+site config ($SLURM_GEO_CONFIG) and proves who it is with a MUNGE credential on every
+request; it never reads the master key. An incarnation the daemon submitted elsewhere
+finds everything in its environment (SLURM_GEO_*, see slurm_geo.lease.protocol): the
+secret it signs its requests with and a one-time token for its run's data key, both
+taken out of os.environ when read (child processes do not inherit them), and the CA to
+verify the daemon's https against (SLURM_GEO_FEDERATION_CA; at home: [federation]
+ca_file; else the system's). Either way the run's data key is fetched from the daemon
+and held in memory only (lease protocol 2: slurm_geo.lease.signing).
 
 The lease is renewed by a thread every third of its TTL; `may_train()` compares the last
 successful renewal with the job's own monotonic clock, so a process that was frozen (or
@@ -30,17 +34,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from slurm_geo.ckpt import Repository, load_master_key
+from slurm_geo.ckpt import Repository
 from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.lease import protocol
+from slurm_geo.lease.munge import MungeCommands, MungeUnavailable, munge_socket
 from slurm_geo.lease.protocol import TRAINER_SHARE
+from slurm_geo.lease.signing import MungeSigner, SecretSigner, secret_bytes
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +64,7 @@ class FederationUnreachable(SlurmGeoError):
 
 @dataclass(frozen=True)
 class Placement:
-    """Where this incarnation is and what it starts from."""
+    """Where this incarnation is, what it starts from and how it proves who it is."""
 
     run: str
     cluster: str
@@ -69,14 +75,34 @@ class Placement:
     federation_url: str
     store_url: str
     store_endpoint: str
-    key_token: str  # empty on the home cluster: the master key is read from key_file
-    key_file: Path | None
+    key_token: str = ""     # empty on the home cluster: it asks for its key by MUNGE
+    logical_job: str = ""   # an incarnation the daemon submitted: whose secret it holds
+    lease_secret: str = ""  # empty on the home cluster: its requests carry MUNGE
+    munge_socket: Path | None = None
     federation_ca: str = ""  # PEM of the CA the daemon's https is verified against; "": system
+
+    def __repr__(self) -> str:  # never the secret nor the token in a log or traceback
+        return (f"Placement(run={self.run!r}, cluster={self.cluster!r}, "
+                f"job_id={self.job_id}, generation={self.generation})")
+
+
+class Signer(Protocol):
+    def headers(self, method: str, path: str, body: bytes) -> dict[str, str]: ...
+
+
+def signer_for(placement: Placement) -> Signer:
+    """The secret an incarnation the daemon submitted was given; MUNGE at home."""
+    if placement.lease_secret:
+        return SecretSigner(placement.logical_job, placement.generation,
+                            secret_bytes(placement.lease_secret))
+    return MungeSigner(MungeCommands(placement.munge_socket))
 
 
 class FederatedRun:
-    def __init__(self, placement: Placement, *, clock: Any = time.monotonic):
+    def __init__(self, placement: Placement, *, clock: Any = time.monotonic,
+                 signer: Signer | None = None):
         self.placement = placement
+        self._signer = signer_for(placement) if signer is None else signer
         self._clock = clock
         self._lock = threading.Lock()
         self._last_ok: float | None = None
@@ -96,28 +122,20 @@ class FederatedRun:
         restart = int(env.get("SLURM_RESTART_COUNT") or env.get("SLURM_JOB_RESTART_COUNT")
                       or 0)
         if env.get(protocol.ENV_GENERATION):
-            resume = env.get(protocol.ENV_RESUME_STEP, "")
-            return cls(Placement(
-                run=env.get(protocol.ENV_RUN) or run, cluster=cluster, job_id=job_id,
-                restart=restart, generation=int(env[protocol.ENV_GENERATION]),
-                resume_step=int(resume) if resume else None,
-                federation_url=env[protocol.ENV_FEDERATION_URL],
-                store_url=env[protocol.ENV_STORE],
-                store_endpoint=env.get(protocol.ENV_STORE_ENDPOINT, ""),
-                key_token=env[protocol.ENV_KEY_TOKEN], key_file=None,
-                federation_ca=env.get(protocol.ENV_FEDERATION_CA, "")))
+            return cls(_submitted_placement(run, cluster, job_id, restart, env))
         from slurm_geo.config.model import load_config
-        from slurm_geo.config.paths import master_key_path
 
         site = load_config(None)
         config = site.federation
         if config is None:
             raise ConfigError(f"{site.source} has no [federation] table; a federated job "
                               "finds the daemon there (docs/federation.md)")
-        store = site.stores[site.cluster(cluster or site.home_cluster).store]
-        key_file = master_key_path(config.key_file, env)
+        here = site.cluster(cluster or site.home_cluster)
+        store = site.stores[here.store]
         return cls(Placement(run, cluster, job_id, restart, 0, None, config.url, store.url,
-                             store.endpoint_url, "", key_file, _read_ca(config.ca_file)))
+                             store.endpoint_url,
+                             munge_socket=munge_socket(config.munge_socket, here.slurm_conf),
+                             federation_ca=_read_ca(config.ca_file)))
 
     # --- the lease ------------------------------------------------------------------------
 
@@ -176,8 +194,7 @@ class FederatedRun:
         request = protocol.LeaseRequest(placement.run, placement.cluster, placement.job_id,
                                         placement.restart, placement.generation, last_step,
                                         release)
-        status, body = _post(placement.federation_url + protocol.LEASE_PATH,
-                             request.to_json(), self._tls)
+        status, body = self._call(protocol.LEASE_PATH, request.to_json())
         reply = _lease_reply(status, body)
         with self._lock:
             if reply is not None and reply.verdict is protocol.Verdict.FENCED:
@@ -193,16 +210,28 @@ class FederatedRun:
         return reply if reply is not None and reply.verdict is not protocol.Verdict.FENCED \
             else None
 
+    # --- requests ---------------------------------------------------------------------------
+
+    def _call(self, path: str, body: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+        """POST `body` to the daemon, signed: what it answered, or (None, reason)."""
+        data = json.dumps(body).encode()
+        try:
+            headers = self._signer.headers("POST", path, data)
+        except MungeUnavailable as exc:
+            return None, {"reason": str(exc)}
+        return _post(self.placement.federation_url + path, data, headers, self._tls)
+
     # --- the store ------------------------------------------------------------------------
 
     def repository(self) -> Repository:
+        """The run's store, opened with the run's data key: the daemon releases it to the
+        incarnation holding the lease (acquire first), by MUNGE at home, elsewhere by the
+        incarnation's signature and its one-time token."""
         placement = self.placement
         store = open_store(placement.store_url, endpoint_url=placement.store_endpoint or None)
-        if not placement.key_token:
-            assert placement.key_file is not None
-            return Repository(store, load_master_key(placement.key_file))
-        status, body = _post(placement.federation_url + protocol.KEY_PATH,
-                             protocol.KeyRequest(placement.key_token).to_json(), self._tls)
+        request = protocol.KeyRequest(placement.cluster, placement.job_id, placement.restart,
+                                      placement.generation, placement.key_token)
+        status, body = self._call(protocol.KEY_PATH, request.to_json())
         try:
             if status != 200:
                 raise ValueError(body.get("reason"))
@@ -210,6 +239,35 @@ class FederatedRun:
         except (KeyError, TypeError, ValueError) as exc:
             raise Fenced(f"the federation daemon did not release the run key: {exc}") from None
         return RunKeyRepository(store, key.run, key.data_key)
+
+
+def _submitted_placement(run: str, cluster: str, job_id: int, restart: int,
+                         env: Mapping[str, str]) -> Placement:
+    """An incarnation the daemon submitted: everything is in its environment; its secret
+    and token leave os.environ once read."""
+    if not env.get(protocol.ENV_LEASE_SECRET):
+        raise ConfigError(f"{protocol.ENV_LEASE_SECRET} is not set: this incarnation was "
+                          "submitted by a federation daemon older than lease protocol 2 "
+                          "and cannot prove who it is")
+    resume = env.get(protocol.ENV_RESUME_STEP, "")
+    return Placement(
+        run=env.get(protocol.ENV_RUN) or run, cluster=cluster, job_id=job_id,
+        restart=restart, generation=int(env[protocol.ENV_GENERATION]),
+        resume_step=int(resume) if resume else None,
+        federation_url=env[protocol.ENV_FEDERATION_URL], store_url=env[protocol.ENV_STORE],
+        store_endpoint=env.get(protocol.ENV_STORE_ENDPOINT, ""),
+        key_token=_take(env, protocol.ENV_KEY_TOKEN),
+        logical_job=env[protocol.ENV_LOGICAL_JOB],
+        lease_secret=_take(env, protocol.ENV_LEASE_SECRET),
+        federation_ca=env.get(protocol.ENV_FEDERATION_CA, ""))
+
+
+def _take(env: Mapping[str, str], name: str) -> str:
+    """A credential from the environment, removed from it (os.environ included)."""
+    value = env[name]
+    if isinstance(env, MutableMapping):
+        del env[name]
+    return value
 
 
 def _lease_reply(status: int | None, body: dict[str, Any]) -> protocol.LeaseReply | None:
@@ -241,12 +299,13 @@ def _read_ca(path: Path | None) -> str:
         raise ConfigError(f"[federation] ca_file {path}: cannot read it ({exc})") from None
 
 
-def _post(url: str, body: dict[str, Any], tls: ssl.SSLContext | None = None
-          ) -> tuple[int | None, dict[str, Any]]:
-    """POST `body` to the daemon; (None, {"reason"}) when no reply came (no connection, a
-    certificate that does not verify, a reply that is not HTTP or not JSON)."""
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+def _post(url: str, data: bytes, headers: Mapping[str, str],
+          tls: ssl.SSLContext | None = None) -> tuple[int | None, dict[str, Any]]:
+    """POST exactly `data` (the bytes the credential in `headers` covers) to the daemon;
+    (None, {"reason"}) when no reply came (no connection, a certificate that does not
+    verify, a reply that is not HTTP or not JSON)."""
+    request = urllib.request.Request(url, data=data, method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
     try:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S,
                                     context=tls) as response:

@@ -5,9 +5,13 @@ an incarnation the daemon submits is told where to find it. The service
 these types; docs/federation.md ("Lease protocol") specifies them as a wire protocol.
 
 Every body is a JSON object. Requests carry `"protocol": PROTOCOL_VERSION`; a missing one
-means version 1 (the only one so far). A daemon answers a request of a version it does
-not speak with 400 and the versions it does. Unknown fields are ignored, so a later
-version may add optional ones; a field that changes meaning gets a new version.
+means version 1. A daemon answers a request of a version it does not speak with 400 and
+the versions it does. Unknown fields are ignored, so a later version may add optional
+ones; a field that changes meaning gets a new version.
+
+Version 2 authenticates every request (slurm_geo.lease.signing): a job the user submitted
+on the home cluster sends a MUNGE credential, an incarnation the daemon submitted signs
+with the secret it was given; version 1, which trusted every field, is no longer spoken.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+PROTOCOL_VERSION = 2
+SUPPORTED_VERSIONS = (2,)
 
 LEASE_PATH = "/v1/lease"
 KEY_PATH = "/v1/key"
@@ -38,8 +42,16 @@ ENV_FEDERATION_URL = "SLURM_GEO_FEDERATION_URL"
 # system's CAs.
 ENV_FEDERATION_CA = "SLURM_GEO_FEDERATION_CA"
 ENV_KEY_TOKEN = "SLURM_GEO_KEY_TOKEN"
+ENV_LEASE_SECRET = "SLURM_GEO_LEASE_SECRET"  # signs this incarnation's requests (64 hex)
 ENV_STORE = "SLURM_GEO_STORE"
 ENV_STORE_ENDPOINT = "SLURM_GEO_STORE_ENDPOINT"
+
+# How a request proves who sends it (docs/federation.md, "Authentication").
+HEADER_MUNGE = "X-Slurm-Geo-Munge"              # home: a MUNGE credential
+HEADER_INCARNATION = "X-Slurm-Geo-Incarnation"  # elsewhere: LOGICAL_JOB/GENERATION,
+HEADER_TIMESTAMP = "X-Slurm-Geo-Timestamp"      # integer seconds since the epoch,
+HEADER_NONCE = "X-Slurm-Geo-Nonce"              # 32 hex digits, fresh for each request,
+HEADER_SIGNATURE = "X-Slurm-Geo-Signature"      # HMAC-SHA256, 64 hex digits
 
 
 class ProtocolError(ValueError):
@@ -121,20 +133,31 @@ class LeaseReply:
 
 @dataclass(frozen=True)
 class KeyRequest:
-    token: str
+    """The incarnation asking for its run's data key: it must hold the lease. `token` is
+    the one-time token an incarnation the daemon submitted was given; empty at home."""
+
+    cluster: str
+    job_id: int
+    restart: int
+    generation: int
+    token: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"protocol": PROTOCOL_VERSION, "token": self.token}
+        return {"protocol": PROTOCOL_VERSION, "cluster": self.cluster, "job_id": self.job_id,
+                "restart": self.restart, "generation": self.generation, "token": self.token}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> KeyRequest:
         _check_version(body)
-        return cls(_text(body, "token"))
+        return cls(cluster=_text(body, "cluster"), job_id=_count(body, "job_id"),
+                   restart=_count(body, "restart", default=0),
+                   generation=_count(body, "generation"),
+                   token=_text(body, "token", allow_empty=True, default=""))
 
 
 @dataclass(frozen=True)
 class KeyReply:
-    """200 {run, data_key (hex)}; errors are {reason} with 403, 409 or 503."""
+    """200 {run, data_key (hex)}; errors are {reason} with 401, 403, 409 or 503."""
 
     run: str
     data_key: bytes
@@ -157,8 +180,9 @@ def _check_version(body: dict[str, Any]) -> None:
 _MISSING = object()
 
 
-def _text(body: dict[str, Any], name: str, allow_empty: bool = False) -> str:
-    value = body.get(name, _MISSING)
+def _text(body: dict[str, Any], name: str, allow_empty: bool = False,
+          default: Any = _MISSING) -> str:
+    value = body.get(name, default)
     if not isinstance(value, str) or (not value and not allow_empty):
         raise ProtocolError(f"{name} must be a{'' if allow_empty else ' non-empty'} string")
     return value

@@ -298,6 +298,7 @@ def site_config(layout: SandboxLayout) -> str:
         f"tls_cert = {_q(layout.federation_cert)}",
         f"tls_key = {_q(layout.federation_key)}",
         f"ca_file = {_q(layout.ca_cert)}",
+        f"munge_socket = {_q(layout.munge_socket)}",  # home jobs prove who they are by MUNGE
         *(f"{key} = {value}" for key, value in SANDBOX_FEDERATION.items()),
     ]
     return "\n".join(parts) + "\n"

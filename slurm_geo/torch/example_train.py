@@ -5,8 +5,10 @@
     python -m slurm_geo.torch.example_train --run RUN --federated --steps N --ckpt-every K
 
 With --federated the job holds a training lease from the federation daemon and finds its
-store and key from the site config or, on a cluster it was moved to, its environment
-(slurm_geo.lease.client); it trains only while the lease is current.
+store from the site config or, on a cluster it was moved to, its environment
+(slurm_geo.lease.client); it trains only while the lease is current. Its run's data key
+comes from the daemon once the lease is granted (at home by MUNGE: the master key is
+never read), and --key-file is not used.
 
 It resumes from the run's newest valid checkpoint, trains to step N, checkpointing every
 K steps, and prints `final step S weights <sha256>`. On SIGUSR1, or on reaching step M

@@ -1,0 +1,84 @@
+"""Who is who in the federation state: each job's owner, each incarnation's lease secret
+and its one-time key token. `FederationState.identities` is one of these, on the state's
+own connection and lock (the schema: federation.schema).
+
+The secrets are kept in the clear, for as long as the job is: the daemon must compute the
+same HMAC as the job, and a stale incarnation must still be told it is fenced. The state
+file is 0600 in a 0700 directory, as for every job's batch script.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+
+from slurm_geo.federation.model import token_digest
+from slurm_geo.slurm.models import Owner
+from slurm_geo.sqlite_tx import immediate_transaction
+
+
+@dataclass(frozen=True)
+class TokenOwner:
+    logical_job: str
+    generation: int
+    used_restart: int | None  # the restart of the incarnation it released the key to
+
+
+class Identities:
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock):
+        self._db, self._lock = db, lock
+
+    def put_secret(self, logical_job: str, generation: int, secret: str) -> None:
+        """Before the incarnation is submitted: it may ask as soon as it starts."""
+        with self._lock, immediate_transaction(self._db) as db:
+            db.execute("INSERT OR REPLACE INTO incarnation_secrets VALUES (?,?,?)",
+                       (logical_job, generation, secret))
+
+    def secret(self, logical_job: str, generation: int) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT secret FROM incarnation_secrets WHERE "
+                                   "logical_job = ? AND generation = ?",
+                                   (logical_job, generation)).fetchone()
+        return None if row is None else str(row[0])
+
+    def token_owner(self, token: str) -> TokenOwner | None:
+        with self._lock:
+            row = self._db.execute("SELECT logical_job, generation, used_restart FROM tokens "
+                                   "WHERE token_sha256 = ?", (token_digest(token),)).fetchone()
+        return None if row is None else TokenOwner(row[0], row[1], row[2])
+
+    def use_token(self, token: str, restart: int) -> bool:
+        """Mark the token used by `restart` of its incarnation; False if that restart (or a
+        later one) used it already. A requeued incarnation (same job, next restart) may
+        fetch its key once more, after it got the lease."""
+        with self._lock, immediate_transaction(self._db) as db:
+            changed = db.execute("UPDATE tokens SET used_restart = ? WHERE token_sha256 = ? "
+                                 "AND (used_restart IS NULL OR used_restart < ?)",
+                                 (restart, token_digest(token), restart))
+            return changed.rowcount == 1
+
+    def claim_owner(self, logical_job: str, owner: Owner, environment: dict[str, str]
+                    ) -> None:
+        """A job registered before owners were recorded (schema 2) gets the owner Slurm's
+        record names and their allow-listed environment, once; an owner already recorded
+        is never replaced."""
+        with self._lock, immediate_transaction(self._db) as db:
+            db.execute("UPDATE jobs SET owner_user = ?, owner_uid = ?, owner_gid = ?, "
+                       "owner_env = ? WHERE logical_job = ? AND owner_uid IS NULL",
+                       (owner.user, owner.uid, owner.gid, json.dumps(environment),
+                        logical_job))
+
+
+def put_token(db: sqlite3.Connection, token_sha256: str, logical_job: str,
+              generation: int) -> None:
+    db.execute("INSERT OR REPLACE INTO tokens VALUES (?,?,?,NULL)",
+               (token_sha256, logical_job, generation))
+
+
+def forget_incarnation(db: sqlite3.Connection, logical_job: str, generation: int) -> None:
+    """An ended incarnation can fetch no key. Its secret stays: should it still run (a
+    cancel that did not reach it), its requests are answered, and refused, as fenced."""
+    db.execute("DELETE FROM tokens WHERE logical_job = ? AND generation = ?",
+               (logical_job, generation))
