@@ -80,6 +80,9 @@ class Sandbox:
         to_reconfigure = self._prepare_files(version, progress)
         stages = self._stages(version)
         self._check_ports(daemon for stage in stages for daemon in stage)
+        if certs.ensure_site_tls(self.layout):  # the federation daemon's, for its https
+            progress(f"made the sandbox's site CA and the federation daemon's certificate "
+                     f"in {self.layout.tls_dir}")
 
         self._start_stage(stages[0], progress)
         self._create_databases()
@@ -314,9 +317,6 @@ class Sandbox:
                     self._stop_for_restart(cluster, progress)
             write_if_changed(cluster.slurmdbd_conf,
                         render.slurmdbd_conf(layout, cluster, password.decode().strip()), 0o600)
-        if certs.ensure_site_tls(layout):
-            progress(f"made the sandbox's site CA and the federation daemon's certificate "
-                     f"in {layout.tls_dir}")
         write_if_changed(layout.site_config, render.site_config(layout), 0o644)
         changed |= geo.install(layout, write_if_changed)
         return {name for name in changed if self.processes.running_pid(f"{name}-slurmctld")}
