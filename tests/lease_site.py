@@ -74,7 +74,8 @@ class LeaseSite:
 
 
 def start(tmp_path: Path, *, tls: ssl.SSLContext | None = None,
-          limits: Limits = DEFAULT_LIMITS, **federation: Any) -> LeaseSite:
+          limits: Limits = DEFAULT_LIMITS, munged: FakeMunge | None = None,
+          **federation: Any) -> LeaseSite:
     (tmp_path / "pfs").mkdir()
     (tmp_path / "away").mkdir()
     port = free_port()
@@ -94,7 +95,7 @@ def start(tmp_path: Path, *, tls: ssl.SSLContext | None = None,
     state = FederationState(site.federation.state)
     wiring = Wiring(site, site.federation, KEY, {}, stores, stores, state,
                     AuditLog(site.federation.audit_path))
-    munged = FakeMunge()
+    munged = munged or FakeMunge()
     federation_ = Federation(wiring, {}, BandwidthModel(),
                              Authenticator(state.identities, munged, time.time))
     now = time.time()

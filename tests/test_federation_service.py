@@ -7,78 +7,29 @@ the home one sends a credential of a fake munged."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.request
 from pathlib import Path
 
+import lease_site
 import pytest
 
-from slurm_geo.ckpt import LocalDirStore
 from slurm_geo.ckpt.runkey import unwrap_run_key
-from slurm_geo.config.model import parse_config
-from slurm_geo.federation.audit import AuditLog
-from slurm_geo.federation.authn import Authenticator
-from slurm_geo.federation.bandwidth import BandwidthModel
-from slurm_geo.federation.core import Federation
-from slurm_geo.federation.model import JobStatus, LogicalJob, token_digest
-from slurm_geo.federation.service import Metrics, serve
-from slurm_geo.federation.state import FederationState
-from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.client import FederatedRun, Fenced, Placement
 from slurm_geo.lease.munge import FakeMunge
 from slurm_geo.lease.protocol import LEASE_PATH, LeaseRequest
 from slurm_geo.lease.signing import MungeSigner, SecretSigner, secret_bytes
-from slurm_geo.slurm import Owner
 
-KEY = bytes(range(32))
-TTL = 1.0
-SECRET = "5e" * 32  # generation 1's, as the daemon minted it
-ALICE = 2001
+KEY, TTL, SECRET = lease_site.KEY, lease_site.TTL, lease_site.SECRET
+ALICE = lease_site.ALICE.uid
 MUNGED = FakeMunge()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
 def service(tmp_path):
-    (tmp_path / "pfs").mkdir()
-    (tmp_path / "away").mkdir()
-    port = free_port()
-    site = parse_config({
-        "site": {"home_cluster": "onprem"},
-        "clusters": {
-            "onprem": {"region": "home", "access": "cli", "slurm_conf": "/x", "store": "pfs"},
-            "rented": {"region": "eu", "access": "cli", "slurm_conf": "/y", "store": "away"},
-        },
-        "stores": {"pfs": {"url": f"file://{tmp_path / 'pfs'}", "region": "home"},
-                   "away": {"url": f"file://{tmp_path / 'away'}", "region": "eu"}},
-        "federation": {"state": str(tmp_path / "fed.db"), "audit_path": str(tmp_path / "a.db"),
-                       "listen_port": port, "lease_ttl_s": TTL},
-    })
-    assert site.federation is not None
-    stores = {"pfs": LocalDirStore(tmp_path / "pfs"), "away": LocalDirStore(tmp_path / "away")}
-    state = FederationState(site.federation.state)
-    wiring = Wiring(site, site.federation, KEY, {}, stores, stores, state,
-                    AuditLog(site.federation.audit_path))
-    federation = Federation(wiring, {}, BandwidthModel(),
-                            Authenticator(state.identities, MUNGED, time.time))
-    now = time.time()
-    state.add_job(LogicalJob("onprem-5", "run-a", "onprem", "#!/bin/bash\n", {}, {}, 0,
-                             "onprem", 5, None, JobStatus.RUNNING, None, None, now, now,
-                             owner=Owner("alice", ALICE, ALICE)))
-    state.begin_generation("onprem-5", 0, "rented", None, now)
-    state.identities.put_secret("onprem-5", 1, SECRET)
-    state.submitted("onprem-5", 1, 77, token_digest("secret-token"), now)
-    metrics = Metrics()
-    server = serve(federation, metrics, "127.0.0.1", port)
-    metrics.observe(federation)
-    yield federation, site.federation.url, stores
-    server.shutdown()
+    site = lease_site.start(tmp_path, munged=MUNGED)
+    yield site.federation, site.url, site.stores
+    site.close()
 
 
 def placement(url: str, generation: int, cluster: str, job_id: int, token: str = "",
