@@ -220,6 +220,16 @@ class Site:
         assert self.lease("onprem", job_id, last_step=None)["verdict"] == "grant"
         return job_id
 
+    def moved_away(self) -> tuple[int, int]:
+        """A home job training at generation 0, then moved to rented from its checkpoint
+        40 (generation 1, pending there) while home is out: (home job id, rented job id)."""
+        home_id = self.home_job_training()
+        self.checkpoint("away", 40)
+        lose_home(self)
+        self.tick()
+        (away_id, _), = self.rented.submitted
+        return home_id, away_id
+
 
 @pytest.fixture
 def site(tmp_path: Path) -> Site:
@@ -269,11 +279,7 @@ def test_an_outage_moves_the_job_to_its_newest_verified_checkpoint_off_site(site
 
 
 def test_a_job_away_fails_back_at_its_next_checkpoint_and_its_checkpoint_goes_home(site):
-    site.home_job_training()
-    site.checkpoint("away", 40)
-    lose_home(site)
-    site.tick()
-    (away_id, _), = site.rented.submitted
+    _, away_id = site.moved_away()
     site.rented.start(away_id)
     assert site.lease("rented", away_id, generation=1)["verdict"] == "grant"
     site.checkpoint("away", 60)
@@ -376,11 +382,7 @@ def test_a_submission_refused_is_audited_and_retried(site):
 
 
 def test_a_moved_job_that_dies_before_its_first_lease_says_so(site):
-    site.home_job_training()
-    site.checkpoint("away", 40)
-    lose_home(site)
-    site.tick()
-    (away_id, _), = site.rented.submitted
+    _, away_id = site.moved_away()
     site.rented.start(away_id)
     site.rented.finish(away_id, JobState.FAILED, exit_code=127)
     site.tick()

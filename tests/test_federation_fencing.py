@@ -11,7 +11,7 @@ import struct
 
 import pytest
 from test_ckpt_fence import legacy_seal
-from test_federation_daemon import KEY, OPTIONS, RUN, Site, lose_home
+from test_federation_daemon import KEY, OPTIONS, RUN, Site
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor
 from slurm_geo.ckpt.errors import LegacyObject, WrongKey
@@ -30,11 +30,7 @@ def site(tmp_path) -> Site:
 
 def away_and_training(site: Site) -> int:
     """The home job failed over to `rented` (generation 1, resuming at 40), training."""
-    site.home_job_training()
-    site.checkpoint("away", 40)
-    lose_home(site)
-    site.tick()
-    (away_id, _), = site.rented.submitted
+    _, away_id = site.moved_away()
     site.rented.start(away_id)
     assert site.lease("rented", away_id, generation=1)["verdict"] == "grant"
     return away_id

@@ -43,20 +43,9 @@ def site(tmp_path: Path) -> Site:
     return Site(tmp_path)
 
 
-def moved_away(site: Site) -> tuple[int, int]:
-    """A home job training at generation 0, then moved to rented (generation 1, pending
-    there) while home is out: (home job id, rented job id)."""
-    home_id = site.home_job_training()
-    site.checkpoint("away", 40)
-    lose_home(site)
-    site.tick()
-    (away_id, _), = site.rented.submitted
-    return home_id, away_id
-
-
 def failed_away(site: Site) -> str:
     """A job moved to rented that died there before its first lease: failed."""
-    moved_away(site)
+    site.moved_away()
     (away_id, _), = site.rented.submitted
     site.rented.start(away_id)
     site.rented.finish(away_id, JobState.FAILED, exit_code=127)
@@ -92,7 +81,7 @@ def audit(site: Site, kind: str) -> list:
 
 
 def test_cancel_cancels_every_incarnation_and_fences_the_trainer(site):
-    home_id, away_id = moved_away(site)
+    home_id, away_id = site.moved_away()
     site.rented.start(away_id)
     assert site.lease("rented", away_id, generation=1)["verdict"] == "grant"
     site.onprem.come_back()
@@ -116,7 +105,7 @@ def test_cancel_cancels_every_incarnation_and_fences_the_trainer(site):
 
 
 def test_cancel_reports_what_it_cannot_reach_and_a_second_cancel_finishes_it(site):
-    home_id, away_id = moved_away(site)  # home is still out
+    home_id, away_id = site.moved_away()  # home is still out
     report = cancel(site.federation, site.job(), "alice")
     assert [(o.cluster, o.result) for o in report.outcomes] == [("onprem", "not reached"),
                                                                 ("rented", "cancelled")]
@@ -134,7 +123,7 @@ def test_cancel_reports_what_it_cannot_reach_and_a_second_cancel_finishes_it(sit
 
 
 def test_the_daemon_cancels_an_older_incarnation_left_open_once_its_cluster_answers(site):
-    home_id, _ = moved_away(site)
+    home_id, _ = site.moved_away()
     cancel(site.federation, site.job(), "alice")
     site.onprem.come_back()
     site.tick(rounds=3)
@@ -144,7 +133,7 @@ def test_the_daemon_cancels_an_older_incarnation_left_open_once_its_cluster_answ
 
 
 def test_the_daemon_cancels_the_current_incarnation_cancel_could_not_reach(site):
-    home_id, away_id = moved_away(site)
+    home_id, away_id = site.moved_away()
     site.rented.start(away_id)
     site.rented.go_down()
     site.tick(rounds=2)  # rented is out now
