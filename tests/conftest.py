@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 from slurm_geo.config import SiteConfig, load_config
 from slurm_geo.sandbox import Sandbox, root_from_env
 from slurm_geo.sandbox.layout import S3_BUCKET
+from slurm_geo.sandbox.users import ALICE, SandboxUser
 from slurm_geo.slurm import CliSlurmClient, SlurmClient, SlurmError, connect
 
 
@@ -30,13 +33,16 @@ def site(sandbox: Sandbox) -> SiteConfig:
 
 
 class TrackingClient:
-    """Wraps a client so every job a test submits is cancelled when the test ends."""
+    """Wraps a client so every job a test submits is cancelled when the test ends; a job
+    that names no owner is alice's (nothing the suite submits runs as root)."""
 
     def __init__(self, client: SlurmClient):
         self.client = client
         self.submitted: list[int] = []
 
     def submit(self, spec):
+        if spec.owner is None:
+            spec = dataclasses.replace(spec, owner=ALICE.owner)
         job_id = self.client.submit(spec)
         self.submitted.append(job_id)
         return job_id
@@ -73,11 +79,24 @@ def provider_admin(sandbox: Sandbox):
 
 @pytest.fixture
 def shared_dir(sandbox: Sandbox, request) -> Path:
-    """A directory jobs on either cluster can write to (the sandbox's shared filesystem)."""
-    path = sandbox.layout.pfs_dir / "tests" / request.node.name.replace("/", "_")
-    path.mkdir(parents=True, exist_ok=True)
+    """A directory of alice's that her jobs on either cluster write to (in her project
+    directory on the sandbox's shared filesystem)."""
+    return user_dir(sandbox, ALICE, request.node.name)
+
+
+def user_dir(sandbox: Sandbox, person: SandboxUser, name: str) -> Path:
+    """An empty directory of that user's, for one test: theirs, 0700."""
+    tests = sandbox.layout.project_dir(person.name) / "tests"
+    path = tests / name.replace("/", "_")
+    for directory in (tests, path):
+        directory.mkdir(exist_ok=True)
+        os.chown(directory, person.uid, person.uid)
+        directory.chmod(0o700)
     for stale in path.iterdir():
-        stale.unlink()
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink()
     return path
 
 

@@ -117,3 +117,25 @@ def test_a_crash_before_rename_keeps_the_old_object_and_hides_the_temp_file(tmp_
 def test_objects_are_plain_files_under_the_root(tmp_path):
     LocalDirStore(tmp_path).put("packs/ab/cd", b"bytes")
     assert (tmp_path / "packs" / "ab" / "cd").read_bytes() == b"bytes"
+
+
+@pytest.mark.parametrize("root_mode, expected", [
+    (0o1777, 0o1777),  # a site filesystem every user's jobs write into
+    (0o2770, 0o2770),  # shared with one group
+    (0o755, None),     # one writer's own store: the umask decides, as always
+])
+def test_a_shared_stores_new_directories_take_the_roots_permissions(tmp_path, root_mode,
+                                                                    expected):
+    """Else the first user to checkpoint under packs/ab/ would lock every other user's
+    job out of that prefix."""
+    root = tmp_path / "pfs"
+    root.mkdir()
+    root.chmod(root_mode)
+    old = os.umask(0o077)
+    try:
+        LocalDirStore(root).put("packs/ab/abcdef", b"x")
+    finally:
+        os.umask(old)
+    for created in (root / "packs", root / "packs" / "ab"):
+        mode = created.stat().st_mode & 0o7777
+        assert mode == (expected if expected is not None else 0o700)

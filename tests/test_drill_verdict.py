@@ -58,12 +58,15 @@ def test_report_says_what_was_off_site_at_the_kill():
     assert "last step home 100, off-site at kill 80, resumed at 80" in render_report(report())
 
 
-def test_the_drill_submits_its_training_job_with_its_shells_environment(tmp_path,
-                                                                        monkeypatch):
-    """A JobSpec's environment is the job's whole environment: the drill, playing the user
-    who runs sbatch, passes its shell's own, without the Slurm variables of a job."""
+def test_the_drill_submits_its_training_job_as_alice_with_her_login_environment(tmp_path,
+                                                                               monkeypatch):
+    """A JobSpec's environment is the job's whole environment: the drill, playing alice at
+    her shell, passes what her login would, with nothing of root's and no Slurm variables
+    of a job the drill may run in; the job runs as her and `python` is the site's."""
     from slurm_geo.config.model import parse_config
     from slurm_geo.drills.drill import submit_training
+    from slurm_geo.sandbox.layout import SandboxLayout
+    from slurm_geo.sandbox.users import ALICE
     from slurm_geo.slurm.fake import FakeSlurm
 
     monkeypatch.setenv("SLURM_JOB_ID", "99")
@@ -73,9 +76,14 @@ def test_the_drill_submits_its_training_job_with_its_shells_environment(tmp_path
                                 "store": "pfs"}},
         "stores": {"pfs": {"url": f"file://{tmp_path}", "region": "home"}}},
         source=str(tmp_path / "config.toml"))
+    layout = SandboxLayout(tmp_path / "box")
     onprem = FakeSlurm("onprem")
-    submit_training(site, onprem, DrillSettings(), tmp_path)
+    training = submit_training(site, onprem, DrillSettings(), tmp_path, layout)
     (_, spec), = onprem.submitted
-    assert spec.environment["PATH"] == os.environ["PATH"]
+    assert spec.owner == ALICE.owner
+    assert spec.environment["PATH"].split(":")[0] == str(layout.site_python.parent)
+    assert spec.environment["HOME"] == "/home/alice"
     assert spec.environment["SLURM_GEO_CONFIG"] == str(tmp_path / "config.toml")
     assert "SLURM_JOB_ID" not in spec.environment
+    assert "exec python -m slurm_geo.torch.example_train" in spec.script
+    assert training.work.stat().st_uid == ALICE.uid

@@ -108,6 +108,28 @@ def test_a_job_slurm_cancelled_is_restarted_as_its_owner(site):
     assert restarted.environment["HOME"] == "/home/alice"
 
 
+def test_an_environment_slurmdbd_records_after_registration_is_learned_for_restarts(
+        site, monkeypatch):
+    """slurmdbd records a job seconds after submission: a job that asks for its lease
+    sooner is registered without its environment, which the daemon reads again later,
+    so its restart still finds `python` on the owner's PATH."""
+    from slurm_geo.slurm import SlurmError
+    recorded = site.onprem.batch_environment
+    def not_yet(job_id):
+        raise SlurmError("slurmdbd keeps no environment for this job yet")
+    monkeypatch.setattr(site.onprem, "batch_environment", not_yet)
+    job_id = site.home_job_training()
+    assert site.job().owner_env == {}
+    monkeypatch.setattr(site.onprem, "batch_environment", recorded)
+    site.tick()
+    assert site.job().owner_env == owner_environment(ALICE_ENV)
+    site.onprem.cancel(job_id)
+    site.clock.advance(TTL + 1)
+    site.tick(rounds=2)
+    (_, restarted), = [s for s in site.onprem.submitted if s[0] == site.job().job_id]
+    assert restarted.environment["PATH"] == ALICE_ENV["PATH"]
+
+
 def test_a_moved_job_runs_as_its_owner_without_the_daemons_environment(site, monkeypatch):
     monkeypatch.setenv(MARKER, "daemon-secret")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "daemon-secret")  # file stores: none given

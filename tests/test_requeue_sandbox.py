@@ -21,12 +21,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import eventually
+from conftest import user_dir
+from helpers import eventually, sbatch_as
 
 from slurm_geo.ckpt import LocalDirStore
+from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.hooks.node import newest_steps
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.processes import has_marker
+from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import CliSlurmClient
 from slurm_geo.slurm.models import JobState
 
@@ -38,11 +41,12 @@ CKPT_EVERY = 1000
 
 @pytest.fixture
 def job_dir(sandbox: Sandbox, request) -> Path:
-    """A fresh directory on the sandbox's shared filesystem (conftest's shared_dir cannot
-    hold the subdirectories geo jobs create)."""
-    path = sandbox.layout.pfs_dir / "tests" / f"geo-{request.node.name}".replace("/", "_")
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
+    """A fresh directory of alice's, whose jobs these are, with a key of her own: the
+    site's master key is the daemons' alone."""
+    path = user_dir(sandbox, ALICE, f"geo-{request.node.name}")
+    key = path / "alice.key"
+    create_master_key_file(key)
+    os.chown(key, ALICE.uid, ALICE.uid)
     return path
 
 
@@ -55,20 +59,17 @@ def trainer_script(sandbox: Sandbox, ckpt: Path, out: Path, steps: int,
         f"#SBATCH --output={out}",
         "#SBATCH --open-mode=append",
         *[f"#SBATCH {arg}" for arg in extra],
-        'echo "incarnation ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME pid $$"',
+        'echo "incarnation ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME pid $$ uid $(id -u)"',
         f'echo $$ > "{ckpt.parent}/trainer.pid"',
         # exec: --signal=B:USR1 reaches only the batch shell, which becomes the trainer
-        f'exec {sys.executable} -m slurm_geo.torch.example_train --run {RUN} '
-        f'--store "$SLURM_GEO_CKPT_DIR" --key-file {sandbox.layout.master_key} '
+        f'exec python -m slurm_geo.torch.example_train --run {RUN} '
+        f'--store "$SLURM_GEO_CKPT_DIR" --key-file {ckpt.parent / "alice.key"} '
         f'--steps {steps} --ckpt-every {CKPT_EVERY}',
     ]) + "\n"
 
 
 def submit(sandbox: Sandbox, script: str) -> int:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-    result = subprocess.run(["sbatch", "--parsable"], input=script, text=True,
-                            capture_output=True, timeout=60, check=False,
-                            env={**env, "SLURM_CONF": str(sandbox.layout.onprem.slurm_conf)})
+    result = sbatch_as(sandbox, ALICE, script)
     assert result.returncode == 0, result.stderr
     return int(result.stdout.strip())
 

@@ -44,10 +44,12 @@ def test_slurmdbd_keeps_each_batch_jobs_environment(cluster):
         "job_env"
 
 
-def test_the_sandbox_site_maps_root_whose_jobs_its_tests_submit_to_the_rest_user():
+def test_the_sandbox_site_maps_alice_and_bob_each_to_their_own_rest_account_and_not_root():
     site = parse_config(tomllib.loads(site_config(LAYOUT)))
     rented = site.cluster(LAYOUT.rented.name)
-    assert rented.users == {"root": RemoteAccount(REST_USER, LAYOUT.rented.token_file)}
+    assert rented.users == {
+        name: RemoteAccount(name, LAYOUT.rented.user_token_file(name)) for name in ("alice", "bob")}
+    assert rented.rest_user == REST_USER  # the daemon's own account, for probes and cancels
     assert site.cluster(LAYOUT.onprem.name).users == {}
 
 

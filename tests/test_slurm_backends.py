@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from slurm_geo.slurm import JobNotFound, JobSpec, JobState, SlurmRejected
+from slurm_geo.sandbox.users import ALICE
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.sandbox
@@ -19,9 +20,11 @@ def script(body: str) -> str:
     return f"#!/bin/bash\n{body}\n"
 
 
-def test_submitted_job_runs_with_its_environment_and_reports_completion(cluster, shared_dir):
+def test_submitted_job_runs_as_alice_with_its_environment_and_reports_completion(
+        cluster, shared_dir):
     out = shared_dir / "env value.txt"
-    spec = JobSpec(script=script(f'echo "$GEO_TEST_VALUE" > "{out}"'), name=HOSTILE_NAME,
+    spec = JobSpec(script=script(f'echo "$GEO_TEST_VALUE" > "{out}"; id -u > "{out}.uid"'),
+                   name=HOSTILE_NAME,
                    working_dir=shared_dir, environment={"GEO_TEST_VALUE": "hello 'world'"},
                    time_limit_minutes=5)
     job_id = cluster.submit(spec)
@@ -33,6 +36,8 @@ def test_submitted_job_runs_with_its_environment_and_reports_completion(cluster,
     assert info.cluster == cluster.cluster
     assert info.exit_code == 0
     assert out.read_text() == "hello 'world'\n"
+    assert (shared_dir / "env value.txt.uid").read_text() == f"{ALICE.uid}\n"
+    assert info.user == "alice"
 
 
 def test_cancel_ends_a_running_job(cluster, shared_dir):

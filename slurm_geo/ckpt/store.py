@@ -8,6 +8,7 @@ the store `UnsafeObjectName`. Everything else (crypto, formats) happens above th
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,13 +111,22 @@ class LocalDirStore:
                     yield (relative / file).as_posix()
 
     def _make_dirs(self, directory: Path) -> None:
-        """Create missing directories, each made durable in its parent."""
+        """Create missing directories, each made durable in its parent.
+
+        A store whose root group or others may write (a site filesystem all users' jobs
+        checkpoint into, mode 1777 or 2770) is shared: each new directory takes the root's
+        permission bits, whatever the writer's umask, or the first user to write under a
+        prefix would lock everyone else out of it (as git's core.sharedRepository).
+        """
         missing = []
         while directory != self.root and not directory.is_dir():
             missing.append(directory)
             directory = directory.parent
+        shared = stat.S_IMODE(self.root.stat().st_mode) if missing else 0
         for created in reversed(missing):
             created.mkdir(exist_ok=True)  # another writer may have just made it
+            if shared & (stat.S_IWGRP | stat.S_IWOTH) and created.stat().st_uid == os.getuid():
+                created.chmod(shared)
             _fsync_dir(created.parent)
 
 

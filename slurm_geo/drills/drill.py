@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -32,7 +31,9 @@ from slurm_geo.drills.report import DrillReport, Sample
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.federation.audit import AuditLog, Entry
 from slurm_geo.sandbox import Sandbox
+from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.processes import has_marker
+from slurm_geo.sandbox.users import ALICE, SandboxUser, job_environment
 from slurm_geo.slurm import JobSpec, SlurmClient, SlurmError, connect
 from slurm_geo.sync.reader import SyncStateReader
 
@@ -80,7 +81,7 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
     # A job pending on nodes still coming up could be moved for its queue before the drill.
     wait_for(lambda: nodes_ready(clients[home]), time.time() + 120,
              f"{home}'s nodes to be available")
-    job = submit_training(site, clients[home], settings, out_dir)
+    job = submit_training(site, clients[home], settings, out_dir, sandbox.layout)
     run, work, trace, job_id, logical = job.run, job.work, job.trace, job.job_id, \
         job.logical_job
     progress(f"submitted {run} to {home} as job {job_id}")
@@ -175,18 +176,21 @@ def reference_weights(settings: DrillSettings) -> str:
 # --- pieces (bench/federation_chaos.py uses them too) -----------------------------------
 
 def submit_training(site: SiteConfig, client: SlurmClient, settings: DrillSettings,
-                    out_dir: Path, prefix: str = "drill") -> Training:
-    """Submit a federated example_train job to the home cluster, with a fresh run id."""
+                    out_dir: Path, layout: SandboxLayout, person: SandboxUser = ALICE,
+                    prefix: str = "drill") -> Training:
+    """Submit a federated example_train job of `person`'s to the home cluster, with a
+    fresh run id. It runs as that user, with the environment their login shell would
+    hand sbatch: the site Python is `python` on its PATH, wherever the job runs."""
     run = f"{prefix}-{uuid.uuid4().hex[:8]}"
     work = out_dir / run
     work.mkdir(parents=True, exist_ok=True)
+    os.chown(work, person.uid, person.uid)
+    work.chmod(0o700)
     trace = work / "trace.log"
-    # As a user's sbatch would, the job takes this shell's environment (a JobSpec's is the
-    # job's whole environment), not the Slurm variables of a job it may run in.
-    shell = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
     job_id = client.submit(JobSpec(
         script=_script(site, run, settings, work, trace), name="geo-drill",
-        working_dir=work, environment={**shell, "SLURM_GEO_CONFIG": str(site.source)}))
+        working_dir=work, owner=person.owner,
+        environment={**job_environment(layout, person), "SLURM_GEO_CONFIG": str(site.source)}))
     return Training(run, site.home_cluster, job_id, work, trace)
 
 
@@ -239,7 +243,7 @@ def _script(site: SiteConfig, run: str, settings: DrillSettings, work: Path,
         "#SBATCH --geo-failover=auto",
         f"#SBATCH --geo-clusters={','.join(sorted(site.clusters))}",
         # Job ids repeat across clusters: the cluster's name keeps each output apart.
-        f"exec {sys.executable} -m slurm_geo.torch.example_train --run {run} --federated "
+        f"exec python -m slurm_geo.torch.example_train --run {run} --federated "
         f"--steps {settings.steps} --ckpt-every {settings.ckpt_every} "
         f"--step-delay {settings.step_delay_s} --hidden {settings.hidden} --trace {trace} "
         # Appended: an incarnation Slurm requeues under the same id keeps what it said.

@@ -115,6 +115,7 @@ class Federation:
         if answering(health, self.home):
             try:
                 self.leases.discover_pending()
+                self.leases.learn_environments(self.state.jobs())
             except SlurmError as exc:
                 event(log, "discover_failed", logging.WARNING, error=exc)
         for job in self.state.jobs():

@@ -71,6 +71,14 @@ class Identities:
                         logical_job))
 
 
+    def learn_environment(self, logical_job: str, environment: dict[str, str]) -> None:
+        """The owner's environment, for a job registered before slurmdbd had it (it
+        records a job seconds after submission); one already known is never replaced."""
+        with self._lock, immediate_transaction(self._db) as db:
+            db.execute("UPDATE jobs SET owner_env = ? WHERE logical_job = ? AND "
+                       "owner_env = '{}'", (json.dumps(environment), logical_job))
+
+
 def put_token(db: sqlite3.Connection, token_sha256: str, logical_job: str,
               generation: int) -> None:
     db.execute("INSERT OR REPLACE INTO tokens VALUES (?,?,?,NULL)",

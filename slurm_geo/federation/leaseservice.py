@@ -185,6 +185,9 @@ class LeaseService:
     def discover_pending(self) -> None:
         self.registrar.discover_pending()
 
+    def learn_environments(self, jobs: list[LogicalJob]) -> None:
+        self.registrar.learn_environments(jobs)
+
 
 def _refused(refusal: Refused, what: str, cluster: str, job_id: int) -> Reply:
     """401, 403 or 503 with the reason; a 4xx is audited by the HTTP side, at most once

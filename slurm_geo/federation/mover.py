@@ -265,6 +265,12 @@ class Mover:
         incoming = Incoming(job.logical_job, job.generation, job.run, job.resume_step,
                             w.config.url, token, store.url, store.endpoint_url,
                             federation_ca=ca, lease_secret=secret)
+        if not job.owner_env:
+            w.say_once(("no-owner-env", job.logical_job), "decision", job.logical_job,
+                       "submitted with Slurm's default environment",
+                       "slurmdbd never recorded the environment the owner submitted with "
+                       "(AccountingStoreFlags=job_env), so PATH, modules and virtualenv are "
+                       "the cluster's defaults")
         # The daemon's own environment reaches the job only through what
         # job_environment scopes for the store (federation.owners).
         spec = resubmission(job.script, ScriptOptions.from_json(job.spec), incoming,

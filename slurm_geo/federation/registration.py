@@ -95,6 +95,7 @@ class Registrar:
         self._lock = generation_lock
         self._seen_pending: set[int] = set()
         self._pending_tries: dict[int, int] = {}
+        self._env_tries: dict[str, int] = {}
         self._refused: dict[int, str] = {}  # job id -> why, said once
 
     def check_run(self, run: str, logical_job: str | None, uid: int | None) -> None:
@@ -184,6 +185,25 @@ class Registrar:
                 continue
             with self._lock:
                 self._add(job, "a geo job pending on the home cluster")
+
+    def learn_environments(self, jobs: list[LogicalJob]) -> None:
+        """Jobs registered before slurmdbd recorded their environment get it now, while
+        their first home job is still in accounting, so later incarnations run with what
+        the owner submitted with (PATH, virtualenv) and not Slurm's bare default."""
+        w = self.wiring
+        for job in jobs:
+            if job.owner_env or job.owner is None or job.status.is_final():
+                continue
+            first = self._first_job_id(job)
+            if first is None or self._env_tries.get(job.logical_job, 0) >= PENDING_TRIES:
+                continue
+            try:
+                environment = owner_environment(w.clients[w.home].batch_environment(first))
+            except SlurmError:
+                self._env_tries[job.logical_job] = self._env_tries.get(job.logical_job, 0) + 1
+                continue
+            if environment:
+                w.state.identities.learn_environment(job.logical_job, environment)
 
     # --- inside ----------------------------------------------------------------------------
 

@@ -47,6 +47,10 @@ class ClusterLayout:
     def token_file(self) -> Path:
         return self.root / "jwt.token"
 
+    def user_token_file(self, user: str) -> Path:
+        """The JWT of a home user's mapped account here (slurmrestd clusters)."""
+        return self.root / "tokens" / f"{user}.jwt"
+
     @property
     def database(self) -> str:
         return f"slurm_acct_{self.name}"
@@ -126,6 +130,23 @@ class SandboxLayout:
     def pfs_dir(self) -> Path:
         """Stands for the on-prem parallel filesystem."""
         return self.root / "pfs"
+
+    @property
+    def projects_dir(self) -> Path:
+        return self.root / "projects"
+
+    def project_dir(self, user: str) -> Path:
+        """A user's own directory for job scripts, outputs and traces (0700, theirs)."""
+        return self.projects_dir / user
+
+    @property
+    def site_python_dir(self) -> Path:
+        """The venv every sandbox user's jobs run (sandbox.users)."""
+        return self.root / "python"
+
+    @property
+    def site_python(self) -> Path:
+        return self.site_python_dir / "bin" / "python3"
 
     @property
     def master_key(self) -> Path:

@@ -26,7 +26,7 @@ import requests
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import certs, geo, render
+from slurm_geo.sandbox import certs, geo, render, users
 from slurm_geo.sandbox.layout import (
     DEFAULT_PORT_BASE,
     REST_USER,
@@ -78,6 +78,11 @@ class Sandbox:
         _require_sync_program()
         version = admin.installed_slurm_version()
         to_reconfigure = self._prepare_files(version, progress)
+        made = users.ensure_accounts(self.layout)
+        if made:
+            progress(f"created the sandbox's users: {', '.join(made)}")
+        users.share_home_store(self.layout)
+        users.ensure_site_python(self.layout, progress)
         stages = self._stages(version)
         self._check_ports(daemon for stage in stages for daemon in stage)
         if certs.ensure_site_tls(self.layout):  # the federation daemon's, for its https
@@ -348,6 +353,15 @@ class Sandbox:
         except SlurmError as exc:
             raise SandboxError(f"cannot issue a JWT for {rented.name}: {exc}") from None
         write_if_changed(rented.token_file, token + "\n", 0o600)
+        rented.user_token_file("").parent.mkdir(mode=0o700, exist_ok=True)
+        for person in users.SANDBOX_USERS:
+            try:
+                token = admin.issue_token(rented.slurm_conf, person.name,
+                                          users.USER_TOKEN_LIFESPAN_S)
+            except SlurmError as exc:
+                raise SandboxError(f"cannot issue {person.name}'s JWT for {rented.name}: "
+                                   f"{exc}") from None
+            write_if_changed(rented.user_token_file(person.name), token + "\n", 0o600)
 
     def _create_bucket(self) -> None:
         url = f"{self.layout.s3_endpoint}/{S3_BUCKET}"

@@ -7,6 +7,7 @@ import shlex
 from pathlib import Path
 
 from slurm_geo.sandbox.layout import REST_USER, S3_BUCKET, ClusterLayout, SandboxLayout
+from slurm_geo.sandbox.users import SANDBOX_USERS
 
 # Prices the sandbox advertises so cost-aware code has something realistic to weigh.
 SANDBOX_PRICES = {
@@ -250,12 +251,13 @@ def site_config(layout: SandboxLayout) -> str:
         'store = "offsite"',
         _prices_table(rented.name),
         "",
-        # The sandbox's jobs are root's (its tests submit as root): they run as the
-        # REST user there, with its token.
-        f"[clusters.{rented.name}.users.root]",
-        f"account = {_q(REST_USER)}",
-        f"token_file = {_q(rented.token_file)}",
-        "",
+        # Each sandbox user's jobs run there as an account of the same name, with its
+        # own JWT; root has no mapping, so no job of root's can move there.
+        *(line for person in SANDBOX_USERS for line in (
+            f"[clusters.{rented.name}.users.{person.name}]",
+            f"account = {_q(person.name)}",
+            f"token_file = {_q(rented.user_token_file(person.name))}",
+            "")),
         "[stores.pfs]",
         f'url = {_q(f"file://{layout.pfs_dir}")}',
         f'region = {_q(onprem.region)}',
