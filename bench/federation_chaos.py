@@ -158,7 +158,7 @@ class Chaos:
         try:
             self._wait_home_up(time.time() + 90)
             job = drill.submit_training(self.site, self.clients[self.home], self.settings,
-                                        self.out_dir, prefix="chaos")
+                                        self.out_dir, self.sandbox.layout, prefix="chaos")
             trial.run, trial.logical_job = job.run, job.logical_job
             deadline = time.time() + self.settings.timeout_s
             frozen = self._inject(trial, job, deadline)

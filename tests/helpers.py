@@ -23,13 +23,13 @@ def eventually(probe: Callable[[], T], accept: Callable[[T], bool], timeout_s: f
 
 
 def sbatch_as(sandbox, person, script: str, *args: str, cluster: str = "onprem",
-              timeout_s: float = 60):
+              slurm_conf=None, timeout_s: float = 60):
     """`sbatch --parsable ARGS` as `person` types it at their shell on the sandbox: their
     uid (MUNGE says so to Slurm), their login environment, nothing of root's."""
     from slurm_geo.sandbox.users import job_environment, run_as
 
     layout = sandbox.layout
     env = {**job_environment(layout, person),
-           "SLURM_CONF": str(layout.cluster(cluster).slurm_conf)}
+           "SLURM_CONF": str(slurm_conf or layout.cluster(cluster).slurm_conf)}
     return run_as(person, ["sbatch", "--parsable", *args], input=script, text=True,
                   capture_output=True, timeout=timeout_s, check=False, env=env)

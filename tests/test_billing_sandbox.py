@@ -14,6 +14,7 @@ from slurm_geo.billing import service
 from slurm_geo.billing.config import billing_config
 from slurm_geo.billing.db import BillingDB
 from slurm_geo.billing.periods import Period
+from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import JobSpec, JobState, connect
 from slurm_geo.slurm.parse import tres_text
 from tests.helpers import eventually
@@ -56,10 +57,11 @@ def workload(site, sandbox, provider_admin, shared_dir):
         short = client.submit(JobSpec(
             script="#!/bin/bash\nsleep 2\n", name=HOSTILE_NAME, working_dir=shared_dir,
             environment={"SLURM_GEO_COST_CENTER": "ml-research",
-                         "PATH": "/usr/local/bin:/usr/bin:/bin"}, time_limit_minutes=5))
+                         "PATH": "/usr/local/bin:/usr/bin:/bin"}, time_limit_minutes=5,
+            owner=ALICE.owner))
         requeued = client.submit(JobSpec(script="#!/bin/bash\nsleep 300\n",
                                          working_dir=shared_dir, time_limit_minutes=10,
-                                         requeue=True))
+                                         requeue=True, owner=ALICE.owner))
         jobs[name] = (short, requeued)
     for name, client in clients.items():
         requeued = jobs[name][1]

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import ControllerUnreachable, JobSpec, connect
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -20,7 +21,7 @@ OPERATIONS = {
     "jobs": lambda c: c.jobs(),
     "job": lambda c: c.job(1),
     "nodes": lambda c: c.nodes(),
-    "submit": lambda c: c.submit(JobSpec(script="#!/bin/bash\ntrue\n")),
+    "submit": lambda c: c.submit(JobSpec(script="#!/bin/bash\ntrue\n", owner=ALICE.owner)),
     "cancel": lambda c: c.cancel(1),
     "expected_start": lambda c: c.expected_start(JobSpec(script="#!/bin/bash\ntrue\n")),
 }

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
-from helpers import eventually
+from conftest import user_dir
+from helpers import eventually, sbatch_as
 
 from slurm_geo.policy.directives import Directives, to_environment
 from slurm_geo.sandbox import Sandbox
+from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import JobSpec, SlurmRejected, connect
 from slurm_geo.slurm.models import JobState
 
@@ -23,22 +24,14 @@ pytestmark = pytest.mark.sandbox
 
 @pytest.fixture
 def job_dir(sandbox: Sandbox, request) -> Path:
-    """A fresh directory on the sandbox's shared filesystem (conftest's shared_dir cannot
-    hold the subdirectories geo jobs create)."""
-    path = sandbox.layout.pfs_dir / "tests" / f"geo-{request.node.name}".replace("/", "_")
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
+    """A fresh directory of alice's, whose jobs these are."""
+    return user_dir(sandbox, ALICE, f"geo-{request.node.name}")
 
 
 def sbatch(sandbox: Sandbox, *args: str, script: str = "#!/bin/bash\ntrue\n",
            slurm_conf: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Plain sbatch against onprem, as a user would run it."""
-    conf = slurm_conf or sandbox.layout.onprem.slurm_conf
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-    return subprocess.run(["sbatch", "--parsable", *args], input=script, text=True,
-                          capture_output=True, env={**env, "SLURM_CONF": str(conf)},
-                          timeout=60, check=False)
+    """Plain sbatch against onprem, as alice runs it at her shell."""
+    return sbatch_as(sandbox, ALICE, script, *args, slurm_conf=slurm_conf)
 
 
 def squeue_names(sandbox: Sandbox) -> list[str]:
@@ -133,15 +126,15 @@ def test_each_bad_directive_is_refused_with_its_own_message(sandbox, case, args,
     assert len(names) <= before
 
 
-def test_controller_refuses_what_a_client_without_the_check_lets_through(sandbox, tmp_path):
+def test_controller_refuses_what_a_client_without_the_check_lets_through(sandbox, job_dir):
     """Another slurm.conf whose plugstack loads the plugin without its validator (and no
     client-side Lua): the controller's job_submit.lua still refuses the forbidden
     residency."""
     layout = sandbox.layout.onprem
-    plugstack = tmp_path / "plugstack.conf"
+    plugstack = job_dir / "plugstack.conf"
     original = (layout.etc / "plugstack.conf").read_text().split()
     plugstack.write_text(f"required {original[1]}\n")  # no validator= argument
-    conf = tmp_path / "slurm.conf"
+    conf = job_dir / "slurm.conf"
     conf.write_text("".join(
         f"PlugStackConfig={plugstack}\n" if line.startswith("PlugStackConfig=") else line
         for line in layout.slurm_conf.read_text().splitlines(keepends=True)
@@ -166,13 +159,14 @@ def test_rest_submissions_are_checked_by_the_controller(sandbox, site, job_dir):
                            residency=("home",))
     with pytest.raises(SlurmRejected, match="Access/permission denied"):
         rented.submit(JobSpec(script="#!/bin/bash\ntrue\n", name="rest-forbidden",
-                              environment=to_environment(forbidden), working_dir=job_dir))
+                              environment=to_environment(forbidden), working_dir=job_dir,
+                              owner=ALICE.owner))
     out = job_dir / "rest.txt"
     allowed = Directives(ckpt_dir=str(job_dir / "rest"), cost_center="ml-research",
                          residency=("home", "remote"))
     job_id = rented.submit(JobSpec(
         script=f'#!/bin/bash\nenv | grep "^SLURM_GEO_" | sort > "{out}"\n', name="rest-ok",
-        environment=to_environment(allowed), working_dir=job_dir))
+        environment=to_environment(allowed), working_dir=job_dir, owner=ALICE.owner))
     eventually(lambda: rented.job(job_id), lambda j: j.state.is_terminal(), 90)
     assert "SLURM_GEO_RESIDENCY=home,remote" in out.read_text().splitlines()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 
 import pytest
@@ -15,7 +14,7 @@ WINDOW_S = 3.0  # RTO target: window + 15 s = 18 s
 
 
 def report(rto_s: float | None = 9.0, steps_lost: int | None = 20, identical: bool = True,
-           audit_ok: bool = True) -> DrillReport:
+           audit_ok: bool = True, ran_as: dict[str, int] | None = None) -> DrillReport:
     last_step_home = 100
     resume = None if steps_lost is None else last_step_home - steps_lost
     running = None if rto_s is None else KILLED_AT + rto_s
@@ -29,7 +28,8 @@ def report(rto_s: float | None = 9.0, steps_lost: int | None = 20, identical: bo
         reference_weights="a" * 64 if identical else "b" * 64, bit_identical=identical,
         replicated_bytes=1, replication_seconds=0.1, predicted_transfer_s=0.1,
         actual_transfer_s=0.1, legs=[], stale_incarnation="onprem:1 cancelled: fenced",
-        audit_ok=audit_ok)
+        audit_ok=audit_ok, owner="alice", owner_uid=2001,
+        ran_as={"onprem:1": 2001, "rented:1": 2001} if ran_as is None else ran_as)
 
 
 @pytest.mark.parametrize("figures, passed, missed", [
@@ -43,6 +43,8 @@ def report(rto_s: float | None = 9.0, steps_lost: int | None = 20, identical: bo
     ({"rto_s": 30.0, "steps_lost": 60}, False, 2),
     ({"identical": False}, False, 0),
     ({"audit_ok": False}, False, 0),
+    ({"ran_as": {"onprem:1": 2001, "rented:1": 0}}, False, 1),  # the moved one as root
+    ({"ran_as": {"onprem:1": 2001}}, False, 1),                  # the moved one never said
 ])
 def test_drill_passes_only_when_every_target_holds(figures, passed, missed):
     drill = report(**figures)

@@ -29,6 +29,7 @@ from slurm_geo.drills import drill
 from slurm_geo.federation.audit import AuditLog
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.lifecycle import JOB_ACCESS_KEY
+from slurm_geo.sandbox.users import ALICE, BOB
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -164,7 +165,8 @@ def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbo
     site, clients = _site_and_clients(fed_sandbox)
     assert site.federation is not None
     audit = AuditLog(site.federation.audit_path, readonly=True)
-    training = drill.submit_training(site, clients["onprem"], settings, ROOT / "failback")
+    training = drill.submit_training(site, clients["onprem"], settings, ROOT / "failback",
+                                     fed_sandbox.layout)
     logical = f"onprem-{training.job_id}"
     deadline = time.time() + 240
     drill.wait_for(lambda: len(drill.verified_offsite(site, training.run)) >= 2, deadline,
@@ -204,6 +206,10 @@ def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbo
     lines = drill.trace_lines(training.trace)
     rented_steps = [line.step for line in lines if line.generation == 1]
     assert max(rented_steps) == home.detail["resume_step"]  # nothing trained twice, or lost
+    # Every incarnation, the moved one and the one failed back, ran as alice.
+    ran_as = drill.incarnation_uids(training.work)
+    assert f"onprem:{home_job}" in ran_as and any(k.startswith("rented:") for k in ran_as)
+    assert set(ran_as.values()) == {ALICE.uid}, ran_as
 
 
 def test_a_hopeless_home_queue_is_left_for_rented(fed_sandbox: Sandbox):
@@ -216,11 +222,13 @@ def test_a_hopeless_home_queue_is_left_for_rented(fed_sandbox: Sandbox):
     assert site.federation is not None
     onprem = clients["onprem"]
     blockers = [onprem.submit(JobSpec(script="#!/bin/bash\nsleep 900\n", name="blocker",
-                                      time_limit_minutes=60, cpus_per_task=2))
+                                      time_limit_minutes=60, cpus_per_task=2,
+                                      owner=BOB.owner, working_dir=Path("/tmp")))
                 for _ in range(2)]
     try:
         audit = AuditLog(site.federation.audit_path, readonly=True)
-        training = drill.submit_training(site, onprem, settings, ROOT / "queue")
+        training = drill.submit_training(site, onprem, settings, ROOT / "queue",
+                                         fed_sandbox.layout)
         logical = f"onprem-{training.job_id}"
         deadline = time.time() + 180
         moved = drill.wait_for(lambda: drill.audit_entry(audit, "requeue", logical, "rented",

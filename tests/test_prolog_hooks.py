@@ -128,6 +128,20 @@ def test_without_the_key_staging_says_so(tmp_path, key):
     assert marker["staged"][0]["note"] == "no master key on this node"
 
 
+def test_a_repository_under_its_users_own_key_is_left_alone_not_called_damaged(tmp_path,
+                                                                             key):
+    """A user who keeps a repository under a key of their own (the site's master key is
+    the daemons' alone): the node cannot verify it, says so, and touches nothing."""
+    save(Repository(LocalDirStore(tmp_path), os.urandom(32)), 5)
+    before = sorted(LocalDirStore(tmp_path).list(""))
+    marker = node.prolog(job_context(env_for(tmp_path, restart=1)),
+                         lambda: node.Staging(key), now=1.0)
+    assert marker["staged"] == [{"run": RUN, "step": 5, "verified": False, "source": "local",
+                                 "note": "sealed under a key of its own, not the site's: "
+                                         "not verified here"}]
+    assert sorted(LocalDirStore(tmp_path).list("")) == before
+
+
 # --- node epilog ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("restart_after", "exit_code", "reason"), [

@@ -12,10 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -83,8 +80,8 @@ def incarnations(out: Path) -> list[dict]:
     found: list[dict] = []
     text = out.read_text() if out.exists() else ""
     for line in text.splitlines():
-        if m := re.match(r"incarnation (\d+) on (\S+)", line):
-            found.append({"restart": int(m[1]), "node": m[2]})
+        if m := re.match(r"incarnation (\d+) on (\S+) pid \d+ uid (\d+)", line):
+            found.append({"restart": int(m[1]), "node": m[2], "uid": int(m[3])})
         elif (m := re.match(r"started at step (\d+)", line)) and found:
             found[-1]["started"] = int(m[1])
         elif (m := re.match(r"stopped at step (\d+)", line)) and found:
@@ -116,14 +113,17 @@ def test_time_limit_checkpoints_requeues_and_continues(sandbox, job_dir):
                           lambda s: len(s) >= 2 and bool(s[1].get("saved_since")), 150, 1)
         first, second = seen[0], seen[1]
         assert first["started"] == 0
+        assert first["uid"] == second["uid"] == ALICE.uid
         assert first["stopped"] == first["final"] > 0       # final checkpoint at the signal
         assert second["restart"] == 1
         assert second["started"] == first["stopped"]         # nothing trained twice
         assert client.job(job_id).restart_count >= 1
         marker = json.loads((ckpt / ".slurm-geo" / f"prolog-onprem-{job_id}-1.json")
                             .read_text())
-        assert marker["staged"] == [{"run": RUN, "step": first["stopped"], "verified": True,
-                                     "source": "local", "note": ""}]
+        # alice's repository is sealed under her own key, which the node does not hold.
+        assert marker["staged"] == [{"run": RUN, "step": first["stopped"], "verified": False,
+                                     "source": "local", "note": "sealed under a key of its "
+                                     "own, not the site's: not verified here"}]
         record = json.loads((ckpt / ".slurm-geo" / f"job-onprem-{job_id}.json").read_text())
         assert record["incarnations"][0]["reason"] == "requeued"
         assert record["incarnations"][0]["final_checkpoint"] == {"run": RUN,

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from slurm_geo.slurm import JobNotFound, JobSpec, JobState, SlurmRejected
 from slurm_geo.sandbox.users import ALICE
+from slurm_geo.slurm import JobNotFound, JobSpec, JobState, SlurmRejected
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.sandbox

@@ -146,6 +146,7 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
         legs=_legs(site, clients, [(home, job_id), (target, new_job)]),
         stale_incarnation=stale.what if stale else "not seen within 60 s",
         audit_ok=AuditLog(site.federation.audit_path, readonly=True).verify().ok,
+        owner=ALICE.name, owner_uid=ALICE.uid, ran_as=incarnation_uids(work),
         timeline=sampler.samples,
     )
     report.picture = str(draw_timeline(report, work / "timeline.png"))
@@ -192,6 +193,15 @@ def submit_training(site: SiteConfig, client: SlurmClient, settings: DrillSettin
         working_dir=work, owner=person.owner,
         environment={**job_environment(layout, person), "SLURM_GEO_CONFIG": str(site.source)}))
     return Training(run, site.home_cluster, job_id, work, trace)
+
+
+def incarnation_uids(work: Path) -> dict[str, int]:
+    """The uid each incarnation of a training job ran as, by 'cluster:job'."""
+    found = {}
+    for path in work.glob("uid-*-*"):
+        cluster, _, job_id = path.name.removeprefix("uid-").rpartition("-")
+        found[f"{cluster}:{job_id}"] = int(path.read_text())
+    return found
 
 
 def nodes_ready(client: SlurmClient) -> bool:
@@ -242,6 +252,8 @@ def _script(site: SiteConfig, run: str, settings: DrillSettings, work: Path,
         "#SBATCH --geo-cost-center=ml-research",
         "#SBATCH --geo-failover=auto",
         f"#SBATCH --geo-clusters={','.join(sorted(site.clusters))}",
+        # Whom each incarnation ran as (incarnation_uids).
+        f'id -u > "{work}/uid-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID"',
         # Job ids repeat across clusters: the cluster's name keeps each output apart.
         f"exec python -m slurm_geo.torch.example_train --run {run} --federated "
         f"--steps {settings.steps} --ckpt-every {settings.ckpt_every} "

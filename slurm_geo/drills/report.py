@@ -43,6 +43,9 @@ class DrillReport:
     legs: list[dict[str, Any]]
     stale_incarnation: str
     audit_ok: bool
+    owner: str = ""                 # whose job the drill submitted, and their uid
+    owner_uid: int = -1
+    ran_as: dict[str, int] = field(default_factory=dict)  # uid per incarnation 'cluster:job'
     timeline: list[Sample] = field(default_factory=list)
     picture: str = ""
 
@@ -68,13 +71,21 @@ class DrillReport:
         return self.steps_lost is not None and self.steps_lost <= self.settings["ckpt_every"]
 
     @property
+    def ran_as_owner(self) -> bool:
+        """Every incarnation ran as the job's owner, and at least the home one and the
+        moved one said so."""
+        return len(self.ran_as) >= 2 and set(self.ran_as.values()) == {self.owner_uid}
+
+    @property
     def passed(self) -> bool:
-        return self.bit_identical and self.rto_met and self.steps_lost_met and self.audit_ok
+        return self.bit_identical and self.rto_met and self.steps_lost_met and \
+            self.audit_ok and self.ran_as_owner
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(detection_s=self.detection_s, rto_s=self.rto_s,
-                    rto_target_s=self.rto_target_s, passed=self.passed)
+                    rto_target_s=self.rto_target_s, ran_as_owner=self.ran_as_owner,
+                    passed=self.passed)
         return data
 
 
@@ -105,6 +116,8 @@ def render_report(report: DrillReport) -> str:
         f"{seconds(report.actual_transfer_s)}",
         f"  stale incarnation   {report.stale_incarnation}",
         f"  audit chain         {'verifies' if report.audit_ok else 'BROKEN'}",
+        f"  ran as              {report.owner:>10}   uid {report.owner_uid} in "
+        f"{len(report.ran_as)} incarnations: {verdict(report.ran_as_owner)}",
         "",
         "  leg                 elapsed      compute        fee      total",
     ]

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_geo.ckpt.errors import WrongKey
 from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
 from slurm_geo.ckpt.store import LocalDirStore, Store
 from slurm_geo.hooks.context import JobContext
@@ -156,6 +157,10 @@ def _stage_run(repo: Any, store: Store, staging: Staging, scratch: Path, run: st
     faults = repo.verify(run, newest)
     if not faults:
         return Staged(run, newest, True, "local")
+    if any(isinstance(fault, WrongKey) for fault in faults):
+        # A user's own repository, under their own key: nothing damaged, nothing to fetch.
+        return Staged(run, newest, False, "local",
+                      "sealed under a key of its own, not the site's: not verified here")
     note = f"step {newest} damaged locally ({faults[0]})"
     log.warning("run %s: %s", run, note)
     if staging.replica is not None and _fetch(store, staging, scratch, run, newest, faults):

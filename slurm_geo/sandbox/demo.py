@@ -1,4 +1,5 @@
-"""The sandbox's main job for now: one batch job on each cluster, read back from accounting."""
+"""The sandbox's main job for now: one batch job of alice's on each cluster, read back from
+accounting."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 
 from slurm_geo.config import SiteConfig
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import AccountingRecord, JobSpec, JobState, SlurmClient, connect
 
 JOB_SCRIPT = "#!/bin/bash\necho \"hello from $SLURM_CLUSTER_NAME on $(hostname)\"\nsleep 1\n"
@@ -21,9 +23,9 @@ def run_job_on_each_cluster(
     for cluster in site.clusters.values():
         client = connect(cluster)
         spec = JobSpec(script=JOB_SCRIPT, name="slurm-geo-hello", time_limit_minutes=5,
-                       output="/dev/null")
+                       output="/dev/null", owner=ALICE.owner)
         job_id = client.submit(spec)
-        progress(f"{cluster.name}: submitted job {job_id} ({cluster.access})")
+        progress(f"{cluster.name}: submitted job {job_id} as {ALICE.name} ({cluster.access})")
         submitted.append((client, job_id))
     return [record for client, job_id in submitted
             for record in _wait_for_accounting(client, job_id)]

@@ -76,10 +76,16 @@ def install(layout: SandboxLayout, write: Write) -> set[str]:
         files = {cluster.etc / "plugstack.conf": (render.plugstack_conf(layout, cluster), 0o644)}
         for name, text in export_files(rules, cluster.name, site.source).items():
             files[cluster.etc / name] = (text, 0o644)
-        for hook in (*render.GEO_HOOKS, render.GEO_VALIDATOR):
+        for hook in render.GEO_HOOKS:  # Slurm runs them as root
             script = HOOK_SCRIPTS / f"{hook}.py"
             files[render.geo_hook_path(cluster, hook)] = (
                 render.hook_wrapper(layout, cluster, sys.executable, script), 0o755)
+        # sbatch runs the validator as the submitting user: the site Python, and a copy of
+        # the script where every user can read it (the checkout may be root's alone).
+        validator = cluster.etc / f"{render.GEO_VALIDATOR}.py"
+        files[validator] = ((HOOK_SCRIPTS / validator.name).read_text(), 0o644)
+        files[render.geo_hook_path(cluster, render.GEO_VALIDATOR)] = (
+            render.hook_wrapper(layout, cluster, str(layout.site_python), validator), 0o755)
         if any([write(path, text, mode) for path, (text, mode) in files.items()]):
             changed.add(cluster.name)
     return changed

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_ROOT = Path("/var/lib/slurm-geo/sandbox")
+SITE_PYTHON_DIR = Path("/var/lib/slurm-geo/site-python")
 ROOT_ENV = "SLURM_GEO_SANDBOX_DIR"
 DEFAULT_PORT_BASE = 16800
 S3_BUCKET = "slurm-geo"
@@ -141,8 +142,9 @@ class SandboxLayout:
 
     @property
     def site_python_dir(self) -> Path:
-        """The venv every sandbox user's jobs run (sandbox.users)."""
-        return self.root / "python"
+        """The venv every sandbox user's jobs run (sandbox.users): one for all sandboxes
+        of this machine, as a site has one software tree, kept by `down --purge`."""
+        return SITE_PYTHON_DIR
 
     @property
     def site_python(self) -> Path:

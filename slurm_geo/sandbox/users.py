@@ -8,7 +8,7 @@ the suite submits runs as root.
 Jobs run a Python every user can execute, with this checkout's slurm_geo and the suite's
 torch: the "site software tree" a real site provides with modules or a shared venv. The
 interpreter running the suite may live where only root can read (pyenv under /root), so
-the sandbox builds its own venv from the system's python3 once, and publishes the
+the sandbox builds a venv from the system's python3 once per machine, and publishes the
 checkout's slurm_geo into it at each `up` whenever the source changed.
 """
 
@@ -161,6 +161,7 @@ def _build_venv(target: Path, progress) -> None:
                            f" and need the suite's Python {version}, for its torch; install "
                            f"python{version} and python{version}-venv")
     progress(f"building the site Python every sandbox user runs, in {target} (once)")
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     temp = target.with_name(f".{target.name}.building")
     shutil.rmtree(temp, ignore_errors=True)
     _run([str(SYSTEM_PYTHON), "-m", "venv", str(temp)],
