@@ -33,3 +33,26 @@ def sbatch_as(sandbox, person, script: str, *args: str, cluster: str = "onprem",
            "SLURM_CONF": str(slurm_conf or layout.cluster(cluster).slurm_conf)}
     return run_as(person, ["sbatch", "--parsable", *args], input=script, text=True,
                   capture_output=True, timeout=timeout_s, check=False, env=env)
+
+
+def incarnation_environment(logical_job: str, generation: int) -> dict[str, str] | None:
+    """The environment of a running process of that incarnation, read from /proc."""
+    import psutil
+
+    wanted = {"SLURM_GEO_LOGICAL_JOB": logical_job, "SLURM_GEO_GENERATION": str(generation)}
+    for pid in psutil.pids():
+        env = process_environment(pid)
+        if env is not None and all(env.get(k) == v for k, v in wanted.items()):
+            return env
+    return None
+
+
+def process_environment(pid: int) -> dict[str, str] | None:
+    from pathlib import Path
+
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return dict(entry.split("=", 1) for entry in raw.decode(errors="replace").split("\0")
+                if "=" in entry)

@@ -73,6 +73,7 @@ def test_valid_directives_reach_the_job_and_the_prolog(sandbox, job_dir):
     job_id = int(result.stdout.strip())
     assert wait_done(sandbox, job_id) is JobState.COMPLETED
     seen = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert seen.pop("SLURM_GEO_CONFIG") == str(sandbox.layout.site_config)  # alice's shell's
     assert seen == {
         "SLURM_GEO_CKPT_DIR": str(ckpt), "SLURM_GEO_RESIDENCY": "home,remote",
         "SLURM_GEO_DATA_CLASS": "internal", "SLURM_GEO_COST_CENTER": "ml-research",

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import psutil
 import pytest
 
 from slurm_geo.billing.ingest import federation_transfers
@@ -30,6 +29,7 @@ from slurm_geo.federation.audit import AuditLog
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.lifecycle import JOB_ACCESS_KEY
 from slurm_geo.sandbox.users import ALICE, BOB
+from tests.helpers import incarnation_environment
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -139,21 +139,6 @@ def _site_and_clients(box: Sandbox):
     return site, {name: connect(c) for name, c in site.clusters.items()}
 
 
-def _environment_of(logical_job: str, generation: int) -> dict[str, str] | None:
-    """The environment of a process of that incarnation, read from /proc."""
-    wanted = {"SLURM_GEO_LOGICAL_JOB": logical_job, "SLURM_GEO_GENERATION": str(generation)}
-    for pid in psutil.pids():
-        try:
-            raw = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        env = dict(entry.split("=", 1) for entry in raw.decode(errors="replace").split("\0")
-                   if "=" in entry)
-        if all(env.get(name) == value for name, value in wanted.items()):
-            return env
-    return None
-
-
 def _final_weights(training, job_id: int, cluster: str) -> str | None:
     return drill.final_line(drill.job_output(training.work, job_id, cluster))[1]
 
@@ -177,7 +162,7 @@ def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbo
                    deadline, "training on rented")
     # The moved job reaches the offsite store with the store's job_credentials, not with
     # the daemon's own S3 key.
-    moved_env = drill.wait_for(lambda: _environment_of(logical, generation=1), deadline,
+    moved_env = drill.wait_for(lambda: incarnation_environment(logical, generation=1), deadline,
                                "the moved job's processes")
     assert moved_env["AWS_ACCESS_KEY_ID"] == JOB_ACCESS_KEY, moved_env.get("AWS_ACCESS_KEY_ID")
     fed_sandbox.up(progress=lambda _m: None)  # home is back

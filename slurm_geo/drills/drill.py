@@ -189,7 +189,7 @@ def submit_training(site: SiteConfig, client: SlurmClient, settings: DrillSettin
     work.chmod(0o700)
     trace = work / "trace.log"
     job_id = client.submit(JobSpec(
-        script=_script(site, run, settings, work, trace), name="geo-drill",
+        script=training_script(site, run, settings, work, trace), name="geo-drill",
         working_dir=work, owner=person.owner,
         environment={**job_environment(layout, person), "SLURM_GEO_CONFIG": str(site.source)}))
     return Training(run, site.home_cluster, job_id, work, trace)
@@ -240,7 +240,7 @@ def _other_cluster(site: SiteConfig) -> str:
     return others[0]
 
 
-def _script(site: SiteConfig, run: str, settings: DrillSettings, work: Path,
+def training_script(site: SiteConfig, run: str, settings: DrillSettings, work: Path,
             trace: Path) -> str:
     pfs = site.stores[site.cluster(site.home_cluster).store].url.removeprefix("file://")
     return "\n".join([

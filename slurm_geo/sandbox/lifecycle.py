@@ -94,6 +94,8 @@ class Sandbox:
         self._start_stage(stages[1], progress)
         for cluster in self.layout.clusters:
             admin.register_cluster(cluster.slurm_conf, cluster.name)
+            admin.add_users(cluster.slurm_conf, cluster.name, users.ACCOUNT,
+                            [person.name for person in users.SANDBOX_USERS])
         self._start_stage(stages[2], progress)
         self._start_stage(stages[3], progress)
         for cluster in self.layout.clusters:

@@ -32,6 +32,7 @@ from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.slurm import Owner
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
+ACCOUNT = "users"  # the Slurm account alice and bob are associated with, on both clusters
 USER_TOKEN_LIFESPAN_S = 24 * 3600  # short-lived: `up` mints them again
 PACKAGE = Path(slurm_geo.__file__).resolve().parent
 

@@ -39,6 +39,28 @@ def register_cluster(slurm_conf: Path, name: str, timeout_s: float = 20) -> None
         _run(["sacctmgr", "-i", "add", "cluster", name], timeout_s, slurm_conf)
 
 
+def associated_users(slurm_conf: Path, cluster: str, timeout_s: float = 20) -> set[str]:
+    out = _run(["sacctmgr", "--noheader", "--parsable2", "show", "assoc", f"cluster={cluster}",
+                "format=user"], timeout_s, slurm_conf)
+    return {line for line in out.splitlines() if line}
+
+
+def add_users(slurm_conf: Path, cluster: str, account: str, users: list[str],
+              timeout_s: float = 20) -> None:
+    """Give each user an association under `account` (created if need be), as a site's
+    accounting does: without one, slurmdbd's JSON records name no user for their jobs."""
+    missing = sorted(set(users) - associated_users(slurm_conf, cluster, timeout_s))
+    if not missing:
+        return
+    out = _run(["sacctmgr", "--noheader", "--parsable2", "show", "account", account,
+                "format=account"], timeout_s, slurm_conf)
+    if account not in out.split():
+        _run(["sacctmgr", "-i", "add", "account", account, f"cluster={cluster}"],
+             timeout_s, slurm_conf)
+    _run(["sacctmgr", "-i", "add", "user", ",".join(missing), f"account={account}",
+          f"cluster={cluster}"], timeout_s, slurm_conf)
+
+
 def issue_token(slurm_conf: Path, username: str, lifespan_s: int, timeout_s: float = 20) -> str:
     """A JWT for `username` from the cluster's slurmctld (needs root or SlurmUser)."""
     out = _run(

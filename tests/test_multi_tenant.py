@@ -1,0 +1,332 @@
+"""A site of users who do not trust each other, on the real sandbox: alice trains, bob
+attacks. alice types plain sbatch at her shell; bob sends what any user of the site could
+send from his own login: his own MUNGE credential, forged signatures, replays of alice's
+requests, and his own geo job naming her run. Each attack is refused and changes nothing;
+everything the daemon submits for alice runs as alice, with her environment and none of
+the daemon's; her job never reads the site's master key; a fence she forges counts for
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import user_dir
+from helpers import eventually, incarnation_environment, process_environment, sbatch_as
+
+from slurm_geo.ckpt import LocalDirStore, Repository
+from slurm_geo.ckpt.fence import read_fence
+from slurm_geo.ckpt.keys import load_master_key
+from slurm_geo.drills import drill
+from slurm_geo.federation.audit import AuditLog
+from slurm_geo.federation.state import FederationState
+from slurm_geo.sandbox import Sandbox
+from slurm_geo.sandbox.render import federation_port, federation_url
+from slurm_geo.sandbox.users import ALICE, BOB, SandboxUser, job_environment, run_as
+from slurm_geo.slurm import CliSlurmClient, JobState
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+# Long enough to outlive every test of the module (0.05 s a step).
+SETTINGS = drill.DrillSettings(steps=6000, ckpt_every=40, step_delay_s=0.05)
+
+# What a user sends from their own shell, with the site Python: requests described in
+# argv[1] (JSON), answered as JSON on stdout. "munge": the caller's own credential;
+# "secret": a signature with a secret of the caller's choosing; "replay": the exact bytes
+# and headers of an earlier answer's request.
+SEND = r'''
+import json, sys
+from pathlib import Path
+from slurm_geo.lease.client import _post, tls_context
+from slurm_geo.lease.munge import MungeCommands
+from slurm_geo.lease.signing import MungeSigner, SecretSigner, secret_bytes
+
+args = json.loads(sys.argv[1])
+tls = tls_context(Path(args["ca"]).read_text())
+answers = []
+for request in args["requests"]:
+    if request["signer"] == "replay":
+        data, headers = request["data"].encode(), request["headers"]
+    else:
+        data = json.dumps(request["body"]).encode()
+        signer = {"none": None,
+                  "munge": lambda: MungeSigner(MungeCommands(Path(args["munge"]))),
+                  "secret": lambda: SecretSigner(request["logical_job"], request["generation"],
+                                                 secret_bytes(request["secret"]))}
+        made = signer[request["signer"]]
+        headers = {} if made is None else made().headers("POST", request["path"], data)
+    status, body = _post(args["url"] + request["path"], data, headers, tls)
+    answers.append({"name": request["name"], "status": status, "body": body,
+                    "data": data.decode(), "headers": headers})
+print(json.dumps(answers))
+'''
+
+
+@dataclass
+class Training:
+    run: str
+    job_id: int
+    work: Path
+    trace: Path
+
+    @property
+    def logical_job(self) -> str:
+        return f"onprem-{self.job_id}"
+
+
+def send(sandbox: Sandbox, person: SandboxUser, requests: list[dict]) -> dict[str, dict]:
+    """The requests, sent by a process of `person`'s own; their answers by name."""
+    args = {"url": federation_url(sandbox.layout), "ca": str(sandbox.layout.ca_cert),
+            "munge": str(sandbox.layout.munge_socket), "requests": requests}
+    done = run_as(person, [str(sandbox.layout.site_python), "-c", SEND, json.dumps(args)],
+                  env=job_environment(sandbox.layout, person), capture_output=True,
+                  text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return {answer["name"]: answer for answer in json.loads(done.stdout)}
+
+
+def lease_body(training: Training, job_id: int | None = None, restart: int = 0,
+               generation: int = 0, run: str | None = None, release: bool = False) -> dict:
+    return {"protocol": 2, "run": training.run if run is None else run, "cluster": "onprem",
+            "job_id": training.job_id if job_id is None else job_id, "restart": restart,
+            "generation": generation, "last_step": None, "release": release}
+
+
+def key_body(job_id: int, generation: int = 0) -> dict:
+    return {"protocol": 2, "cluster": "onprem", "job_id": job_id, "restart": 0,
+            "generation": generation, "token": ""}
+
+
+def steps_trained(training: Training) -> int:
+    return max((line.step for line in drill.trace_lines(training.trace)), default=0)
+
+
+def onprem(sandbox: Sandbox) -> CliSlurmClient:
+    return CliSlurmClient("onprem", sandbox.layout.onprem.slurm_conf, timeout_s=10)
+
+
+def state(site) -> FederationState:
+    return FederationState(site.federation.state, readonly=True)
+
+
+@pytest.fixture(scope="module")
+def alice(sandbox: Sandbox, site) -> Training:
+    """alice's federated training job, typed with plain sbatch at her shell and training
+    at home. Its script also says whether the job could read the master key, and carries
+    an indented `#SBATCH --geo-failover=never`, which sbatch ignores and so must the daemon."""
+    sandbox.up(progress=lambda _msg: None)
+    work = user_dir(sandbox, ALICE, "multi-tenant")
+    run = f"alice-{uuid.uuid4().hex[:8]}"
+    trace = work / "trace.log"
+    key = sandbox.layout.master_key
+    script = drill.training_script(site, run, SETTINGS, work, trace).replace(
+        "exec python", f'test -r "{key}" && echo readable > "{work}/master-key" || '
+                       f'echo unreadable > "{work}/master-key"\nexec python', 1).replace(
+        "#SBATCH --geo-failover=auto",
+        "#SBATCH --geo-failover=auto\n  #SBATCH --geo-failover=never")
+    submitted = sbatch_as(sandbox, ALICE, script)
+    assert submitted.returncode == 0, submitted.stderr
+    training = Training(run, int(submitted.stdout.strip()), work, trace)
+    eventually(lambda: steps_trained(training), lambda steps: steps >= SETTINGS.ckpt_every, 120)
+    yield training
+    done = operator_cancel(site, training)
+    assert done.returncode == 0, done.stderr
+
+
+def operator_cancel(site, training: Training) -> subprocess.CompletedProcess:
+    """The operator's `slurm-geo cancel`: every incarnation, and no restart after."""
+    return subprocess.run([sys.executable, "-m", "slurm_geo", "cancel", training.logical_job,
+                           "--config", str(site.source)], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def bobs_job(sandbox: Sandbox, site) -> int:
+    """A geo job of bob's own, at home: what he may name in his requests."""
+    work = user_dir(sandbox, BOB, "multi-tenant")
+    pfs = site.stores["pfs"].url.removeprefix("file://")
+    script = "\n".join(["#!/bin/bash", f"#SBATCH --geo-ckpt-dir={pfs}",
+                        "#SBATCH --geo-cost-center=ml-research", "#SBATCH --geo-failover=manual",
+                        f"#SBATCH --output={work}/%j.out", "sleep 900", ""])
+    submitted = sbatch_as(sandbox, BOB, script)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = int(submitted.stdout.strip())
+    eventually(lambda: onprem(sandbox).job(job_id), lambda j: j.state is JobState.RUNNING)
+    yield job_id
+    onprem(sandbox).cancel(job_id)
+
+
+# --- alice at home ---------------------------------------------------------------------------
+
+def test_alices_home_job_trains_and_checkpoints_without_read_access_to_the_master_key(
+        sandbox, site, alice):
+    assert (alice.work / "master-key").read_text() == "unreadable\n"
+    assert os.stat(sandbox.layout.master_key).st_mode & 0o077 == 0
+    eventually(lambda: drill.verified_offsite(site, alice.run), lambda steps: len(steps) >= 1,
+               120)
+    assert drill.incarnation_uids(alice.work) == {f"onprem:{alice.job_id}": ALICE.uid}
+
+
+def test_an_indented_geo_directive_has_no_effect(site, alice):
+    job = state(site).job(alice.logical_job)
+    assert job.owner is not None and job.owner.user == "alice"
+    assert job.directives["geo-failover"] == "auto"  # what SPANK and job_submit.lua saw
+
+
+# --- bob's attacks -------------------------------------------------------------------------
+
+def snapshot(sandbox: Sandbox, site, training: Training) -> tuple:
+    job = state(site).job(training.logical_job)
+    fence = (Path(site.stores["pfs"].url.removeprefix("file://")) / "fences" / training.run)
+    return (job.generation, job.cluster, job.job_id, job.status, fence.exists(),
+            onprem(sandbox).job(training.job_id).state)
+
+
+def test_forged_unsigned_replayed_or_other_users_lease_requests_are_refused_and_change_nothing(
+        sandbox, site, alice, bobs_job):
+    before = snapshot(sandbox, site, alice)
+    # A renewal alice's own shell sends (her job's uid, her job): granted, and recorded.
+    (genuine,) = send(sandbox, ALICE, [{"name": "genuine", "path": "/v1/lease",
+                                        "signer": "munge", "body": lease_body(alice)}]).values()
+    assert genuine["status"] == 200 and genuine["body"]["verdict"] == "grant", genuine
+    high_restart = lease_body(alice, restart=99)
+    answers = send(sandbox, BOB, [
+        {"name": "unsigned", "path": "/v1/lease", "signer": "none", "body": high_restart},
+        {"name": "bob's credential, alice's job", "path": "/v1/lease", "signer": "munge",
+         "body": high_restart},
+        {"name": "released for her", "path": "/v1/lease", "signer": "munge",
+         "body": lease_body(alice, release=True)},
+        {"name": "a secret of bob's choosing", "path": "/v1/lease", "signer": "secret",
+         "logical_job": alice.logical_job, "generation": 1, "secret": "ab" * 32,
+         "body": lease_body(alice, generation=1, restart=99)},
+        {"name": "replay of alice's", "path": "/v1/lease", "signer": "replay",
+         "data": genuine["data"], "headers": genuine["headers"]},
+        {"name": "string boolean", "path": "/v1/lease", "signer": "munge",
+         "body": {**lease_body(alice, job_id=bobs_job), "release": "false"}},
+    ])
+    assert answers["unsigned"]["status"] == 401, answers["unsigned"]
+    assert answers["bob's credential, alice's job"]["status"] == 403
+    assert answers["released for her"]["status"] == 403
+    assert answers["a secret of bob's choosing"]["status"] in (401, 403)
+    assert answers["replay of alice's"]["status"] == 401
+    assert "replay" in answers["replay of alice's"]["body"]["reason"].lower()
+    assert answers["string boolean"]["status"] == 400
+    for answer in answers.values():
+        assert answer["body"].get("reason"), answer  # a JSON reason, never a bare status
+    trained = steps_trained(alice)
+    eventually(lambda: steps_trained(alice), lambda steps: steps > trained + 20, 60)
+    assert snapshot(sandbox, site, alice) == before
+    assert (before[3].value, before[5]) == ("running", JobState.RUNNING)
+
+
+def test_bob_cannot_obtain_alices_run_key_or_fence_her_job(sandbox, site, alice, bobs_job):
+    before = snapshot(sandbox, site, alice)
+    answers = send(sandbox, BOB, [
+        {"name": "key of alice's job", "path": "/v1/key", "signer": "munge",
+         "body": key_body(alice.job_id)},
+        {"name": "his job claims her run", "path": "/v1/lease", "signer": "munge",
+         "body": lease_body(alice, job_id=bobs_job, restart=99)},
+        {"name": "key of his job", "path": "/v1/key", "signer": "munge",
+         "body": key_body(bobs_job)},
+        {"name": "her next generation", "path": "/v1/lease", "signer": "munge",
+         "body": lease_body(alice, generation=999, restart=99)},
+    ])
+    assert answers["key of alice's job"]["status"] == 403, answers["key of alice's job"]
+    assert "key" not in answers["key of alice's job"]["body"]
+    assert answers["his job claims her run"]["status"] == 403
+    assert "belongs to" in answers["his job claims her run"]["body"]["reason"]
+    assert answers["key of his job"]["status"] != 200  # it registered no run: no key at all
+    assert answers["her next generation"]["status"] == 403
+    trained = steps_trained(alice)
+    eventually(lambda: steps_trained(alice), lambda steps: steps > trained + 20, 60)
+    assert snapshot(sandbox, site, alice) == before
+    assert "fenced" not in drill.job_output(alice.work, alice.job_id, "onprem")
+    audit = AuditLog(site.federation.audit_path, readonly=True)
+    assert not [e for e in audit.entries(logical_job=alice.logical_job) if e.kind == "fence"]
+
+
+def test_the_service_survives_300_stalled_connections_and_still_answers_leases(
+        sandbox, site, alice):
+    port = federation_port(sandbox.layout)
+    stalled = []
+    try:
+        for _ in range(300):
+            stalled.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        trained = steps_trained(alice)
+        # alice's trainer renews through them all and goes on training (a trainer stops
+        # within 60 % of the lease TTL without a granted renewal).
+        eventually(lambda: steps_trained(alice), lambda steps: steps > trained + 60, 60)
+        answer = send(sandbox, BOB, [{"name": "probe", "path": "/v1/lease", "signer": "none",
+                                      "body": lease_body(alice)}])["probe"]
+        assert answer["status"] == 401, answer
+    finally:
+        for connection in stalled:
+            connection.close()
+
+
+# --- alice's job cancelled, restarted by the daemon ---------------------------------------
+
+@pytest.fixture(scope="module")
+def restarted(sandbox: Sandbox, site, alice) -> dict[str, str]:
+    """alice forges a generation-999 fence for her own run, then cancels her job with
+    scancel: the daemon restarts the lost job at home. Returns the environment of the
+    restarted trainer's process."""
+    pfs = Path(site.stores["pfs"].url.removeprefix("file://"))
+    forge = ("import json, os, sys\n"
+             "from pathlib import Path\n"
+             "from slurm_geo.ckpt import LocalDirStore, Repository\n"
+             "fence = {'run': sys.argv[2], 'generation': 999, 'holder': 'alice',\n"
+             "         'set_at': '2026-12-01T00:00:00+00:00', 'resume_step': None}\n"
+             "Repository(LocalDirStore(Path(sys.argv[1])), os.urandom(32)).put_fence(\n"
+             "    sys.argv[2], json.dumps(fence).encode())\n")
+    done = run_as(ALICE, [str(sandbox.layout.site_python), "-c", forge, str(pfs), alice.run],
+                  env=job_environment(sandbox.layout, ALICE), capture_output=True, text=True,
+                  timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    cancel = run_as(ALICE, ["scancel", str(alice.job_id)],
+                    env={**job_environment(sandbox.layout, ALICE),
+                         "SLURM_CONF": str(sandbox.layout.onprem.slurm_conf)},
+                    capture_output=True, text=True, timeout=30, check=False)
+    assert cancel.returncode == 0, cancel.stderr
+    return eventually(lambda: incarnation_environment(alice.logical_job, generation=1),
+                      lambda env: env is not None, 120, 1)
+
+
+def test_a_cancelled_then_restarted_job_runs_as_its_owner(site, alice, restarted):
+    job = state(site).job(alice.logical_job)
+    assert (job.generation, job.cluster) == (1, "onprem")
+    eventually(lambda: drill.incarnation_uids(alice.work), lambda uids: len(uids) == 2, 60)
+    assert drill.incarnation_uids(alice.work) == {f"onprem:{alice.job_id}": ALICE.uid,
+                                                  f"onprem:{job.job_id}": ALICE.uid}
+
+
+def test_no_variable_of_the_daemons_environment_appears_in_a_submitted_job(
+        sandbox, restarted):
+    daemon = process_environment(sandbox.processes.running_pid("federation"))
+    assert daemon is not None
+    submitted = {k: v for k, v in restarted.items() if not k.startswith("SLURM")}
+    alices = job_environment(sandbox.layout, ALICE)
+    leaked = {k for k, v in daemon.items() if submitted.get(k) == v and alices.get(k) != v}
+    assert leaked == set(), leaked
+    assert restarted["HOME"] == str(ALICE.home) and restarted["USER"] == "alice"
+    assert restarted["PATH"] == alices["PATH"]  # `python` is hers after the restart too
+    assert daemon["AWS_SECRET_ACCESS_KEY"] not in restarted.values()
+
+
+def test_a_job_cannot_forge_a_fence(sandbox, site, alice, restarted):
+    """The fence alice forged (generation 999, sealed under a key of her choosing) neither
+    stopped the restart nor survived it: the store's fence is the daemon's, generation 1."""
+    pfs = LocalDirStore(Path(site.stores["pfs"].url.removeprefix("file://")))
+    fence = read_fence(Repository(pfs, load_master_key(sandbox.layout.master_key)), alice.run)
+    assert fence is not None and fence.generation == 1
+    eventually(lambda: [line for line in drill.trace_lines(alice.trace)
+                        if line.generation == 1], lambda lines: len(lines) >= 10, 60)
+    assert state(site).job(alice.logical_job).status.value == "running"
