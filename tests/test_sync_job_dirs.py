@@ -253,6 +253,32 @@ def test_a_residency_without_the_destinations_region_keeps_the_directory_home(si
     assert "kept_home" in site.status().stdout
 
 
+@as_root
+def test_a_run_name_another_directory_replicates_is_refused_loudly(site, caplog):
+    """Two users' directories, each with a run "trainer" under its own key: the second
+    would replace the first's replicas off-site and fail verification there."""
+    first, second = site.user_dir("a"), site.user_dir("b")
+    mine = site.train(first, "trainer", 1)
+    site.register(41, first)
+    assert site.run_once() == 0
+    site.train(second, "trainer", 2)
+    own = site.train(second, "other", 1)
+    site.register(42, second)
+    with caplog.at_level(logging.INFO, logger="slurm_geo.sync"):
+        assert site.run_once() == 1
+    assert statuses(site.state) == {("trainer", mine[0]): "verified",
+                                    ("other", own[0]): "verified"}
+    restored, local = (Repository(LocalDirStore(d), site.key).read_checkpoint(
+        "trainer", mine[0]) for d in (site.offsite, first))  # the first's replica is intact
+    assert [bytes(t.data) for t in restored.tensors] == [bytes(t.data) for t in local.tensors]
+    source = site.sources()[f"file://{second}"]
+    assert source.status is SourceStatus.CONFLICT
+    assert f"run 'trainer' is already replicated from {first}" in source.detail
+    assert any("event=job_dir_conflict" in r.getMessage() and r.levelno == logging.ERROR
+               for r in caplog.records)
+    assert "another --run name" in site.status().stderr
+
+
 def test_the_directory_of_a_root_is_replicated_once_as_that_root(site):
     steps = site.train(site.root, "shared", 2, owner=pwd.getpwuid(os.getuid()))
     link = site.tmp / "pfs-link"

@@ -16,11 +16,13 @@ from slurm_geo.sync.jobdirs import (
     Protection,
     SourceStatus,
     SyncSite,
+    conflict_detail,
     directory_problem,
     file_roots,
     plan_job_dirs,
     protection,
     residency_keeps_home,
+    run_conflicts,
     sync_site,
 )
 
@@ -186,3 +188,36 @@ def test_the_site_as_the_decisions_see_it():
     assert site == SyncSite("onprem", {"pfs": "/lustre/ckpt"}, "local", "/backup", "remote",
                             POLICY)
     assert sync_site(["pfs"], urls, "offsite", "remote", "", POLICY).destination_path is None
+
+
+A, B = "file:///home/a/ckpt", "file:///home/b/ckpt"
+
+
+@pytest.mark.parametrize("name, found, owners, expected", [
+    ("distinct names: nothing refused", {A: {"x"}, B: {"y"}, "pfs": {"z"}}, {}, {}),
+    ("a name already replicated from another directory is refused",
+     {A: {"trainer"}, B: {"trainer", "own"}}, {"trainer": A}, {B: {"trainer": A}}),
+    ("... whichever directory sorts first",
+     {A: {"trainer"}, B: {"trainer"}}, {"trainer": B}, {A: {"trainer": B}}),
+    ("new in two directories at once: the first by name",
+     {A: {"trainer"}, B: {"trainer"}}, {}, {B: {"trainer": A}}),
+    ("a [sync] root's run wins over a job directory's",
+     {"pfs": {"trainer"}, A: {"trainer"}}, {}, {A: {"trainer": "pfs"}}),
+    ("a [sync] root is never refused, even where a directory was first",
+     {"pfs": {"trainer"}, A: {"trainer"}}, {"trainer": A}, {}),
+    ("the owner's own run goes on", {A: {"trainer"}}, {"trainer": A}, {}),
+    ("a run another root replicated, not in this scan", {A: {"old"}}, {"old": "pfs"},
+     {A: {"old": "pfs"}}),
+])
+def test_a_run_name_belongs_to_the_root_that_replicated_it_first(name, found, owners,
+                                                                   expected):
+    assert run_conflicts(found, {A, B}, owners) == expected, name
+
+
+def test_a_conflict_says_which_run_where_and_the_fix():
+    assert conflict_detail({"trainer": A}) == (
+        "run 'trainer' is already replicated from /home/a/ckpt; the destination keeps one "
+        "run of each name, so it is not replicated from here: train it under another --run "
+        "name")
+    assert "(and 1 more run(s) of its names elsewhere)" in conflict_detail(
+        {"a": "pfs", "b": "pfs"})

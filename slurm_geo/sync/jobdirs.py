@@ -44,12 +44,13 @@ class SourceStatus(Enum):
     COVERED = "covered"        # a job directory that is a configured root: replicated as it
     KEPT_HOME = "kept_home"    # the job's residency or data class forbids the destination
     INVALID = "invalid"        # a job directory that cannot be replicated as registered
+    CONFLICT = "conflict"      # it holds a run another source already replicates
     RELEASED = "released"      # no longer scanned: its jobs ended and nothing is owed
 
     @property
     def is_problem(self) -> bool:
         """A replication the registry or the config asks for that cannot happen."""
-        return self in (SourceStatus.UNREADABLE, SourceStatus.INVALID)
+        return self in (SourceStatus.UNREADABLE, SourceStatus.INVALID, SourceStatus.CONFLICT)
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,40 @@ def directory_problem(plan: DirPlan, probe: Probe, uids: Mapping[str, int | None
                 "job's directory is replicated only when its user owns it (chown it, or "
                 "make it one of [sync] roots)")
     return None
+
+
+def run_conflicts(found: Mapping[str, Collection[str]], job_roots: Collection[str],
+                  owners: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """The runs each job directory may not replicate: {root: {run: the root that does}}.
+
+    The destination keeps one run of each name, whatever root it came from, and each
+    repository seals its runs under its own random key: a second directory's run of the
+    same name would replace the first's checkpoints there, fail verification, and take the
+    first's verified replicas down with it. So a run belongs to the root that replicated it
+    first (`owners`, from the state); a run new in this scan to a [sync] root (an admin's
+    choice, never refused), else to the first job directory by name. `found`: the runs
+    each root's scan found."""
+    claims: dict[str, list[str]] = defaultdict(list)
+    for root in sorted(found, key=lambda r: (r in job_roots, r)):
+        for run in found[root]:
+            claims[run].append(root)
+    refused: dict[str, dict[str, str]] = defaultdict(dict)
+    for run, roots in claims.items():
+        owner = owners.get(run, roots[0])
+        for root in roots:
+            if root != owner and root in job_roots:
+                refused[root][run] = owner
+    return dict(refused)
+
+
+def conflict_detail(refused: Mapping[str, str]) -> str:
+    """One line for a directory's refused runs."""
+    run, owner = sorted(refused.items())[0]
+    more = len(refused) - 1
+    return (f"run {quote(run)} is already replicated from {owner.removeprefix(FILE)}"
+            + (f" (and {more} more run(s) of its names elsewhere)" if more else "")
+            + "; the destination keeps one run of each name, so it is not replicated from "
+              "here: train it under another --run name")
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,10 @@ from slurm_geo.sync.jobdirs import (
     Probe,
     SourceStatus,
     SyncSite,
+    conflict_detail,
     directory_problem,
     plan_job_dirs,
+    run_conflicts,
     sync_site,
 )
 from slurm_geo.sync.runtime import Runtime
@@ -75,21 +77,39 @@ class Sources:
         if registry is not None:
             seen.append(registry)
         runtime.watch_job_roots(p.root for p in plans if p.status is SourceStatus.WATCHED)
+        jobs = {p.root: self._scan_job_dir(p, runtime, now) for p in plans
+                if p.status is SourceStatus.WATCHED}
+        refused = self._conflicts(scans, jobs, state, runtime.destination)
         for plan in plans:
             status, detail = plan.status, plan.detail
-            if status is SourceStatus.WATCHED:
-                problem = self._problem(plan)
-                scan = RootScan(plan.root, error=problem) if problem else \
-                    _scan(plan.root, runtime)
-                scans.append(scan)
-                if scan.ok:
-                    self._scanned[plan.root] = now
-                else:
-                    status, detail = SourceStatus.UNREADABLE, scan.error
+            seen_there = jobs.get(plan.root)
+            if seen_there is not None and not seen_there.ok:
+                status, detail = SourceStatus.UNREADABLE, seen_there.error
+            elif seen_there is not None and plan.root in refused:
+                status, detail = SourceStatus.CONFLICT, conflict_detail(refused[plan.root])
+                seen_there = RootScan(plan.root, tuple(
+                    f for f in seen_there.found if f.run not in refused[plan.root]))
+            if seen_there is not None:
+                scans.append(seen_there)
             seen.append(Source(plan.root, "job", plan.path, status, plan.jobs, plan.users,
                                detail, scanned_at=self._scanned.get(plan.root)))
         self._record(seen, state, now)
         return scans
+
+    def _scan_job_dir(self, plan: DirPlan, runtime: Runtime, now: float) -> RootScan:
+        problem = directory_problem(plan, probe_directory(plan.path),
+                                    {user: uid_of_user(user) for user in plan.users})
+        scan = RootScan(plan.root, error=problem) if problem else _scan(plan.root, runtime)
+        if scan.ok:
+            self._scanned[plan.root] = now
+        return scan
+
+    @staticmethod
+    def _conflicts(roots: list[RootScan], jobs: dict[str, RootScan], state: StateDB,
+                   destination: str) -> dict[str, dict[str, str]]:
+        found = {scan.root: {f.run for f in scan.found} for scan in [*roots, *jobs.values()]}
+        runs = {run for root in jobs for run in found[root]}
+        return run_conflicts(found, jobs.keys(), state.first_roots(runs, destination))
 
     # --- the registry -------------------------------------------------------------------
 
@@ -154,10 +174,6 @@ class Sources:
                          runtime.destination_region, runtime.home_cluster, runtime.geo_policy,
                          os.path.realpath)
 
-    def _problem(self, plan: DirPlan) -> str | None:
-        return directory_problem(plan, probe_directory(plan.path),
-                                 {user: uid_of_user(user) for user in plan.users})
-
     # --- recording and telling ------------------------------------------------------------
 
     def _record(self, seen: list[Source], state: StateDB, now: float) -> None:
@@ -219,7 +235,7 @@ def _tell(source: Source, before: Source | None) -> None:
             event(log, f"{'root' if source.kind == 'root' else 'registry'}_back",
                   root=source.root, path=source.path)
     elif source.kind == "job":
-        level = logging.ERROR if status is SourceStatus.INVALID else logging.INFO
+        level = logging.ERROR if status.is_problem else logging.INFO
         event(log, f"job_dir_{status.value}", level, root=source.root, **fields)
 
 

@@ -211,6 +211,7 @@ class StateDB:
             replicas.create_index(["root", "run", "destination", "step"],  # type: ignore[union-attr]
                                   unique=True, if_not_exists=True)
             replicas.create_index(["status"], if_not_exists=True)  # type: ignore[union-attr]
+            replicas.create_index(["run", "destination"], if_not_exists=True)  # type: ignore[union-attr]
             transfers = self.db["transfers"]
             transfers.create(_TRANSFER_COLUMNS, pk="id", if_not_exists=True)  # type: ignore[union-attr]
             transfers.create_index(["replica_id"], if_not_exists=True)  # type: ignore[union-attr]
@@ -275,6 +276,17 @@ class StateDB:
                        tuple(json.loads(row["jobs"])), tuple(json.loads(row["users"])),
                        row["detail"], row["since"], row["scanned_at"])
                 for row in self.db.query("SELECT * FROM sources ORDER BY root")]
+
+    def first_roots(self, runs: Iterable[str], destination: str) -> dict[str, str]:
+        """The root each of `runs` was first replicated from to `destination` (runs never
+        replicated there are left out)."""
+        found = {}
+        for run in sorted(set(runs)):
+            rows = list(self.db.query("SELECT root FROM replicas WHERE run = ? AND "
+                                      "destination = ? ORDER BY id LIMIT 1", [run, destination]))
+            if rows:
+                found[run] = rows[0]["root"]
+        return found
 
     def owed_roots(self, destination: str) -> set[str]:
         """Roots with replicas still to copy or verify at `destination`."""
