@@ -19,6 +19,7 @@ from slurm_geo.hooks.context import job_context
 from slurm_geo.policy.directives import Directives
 from slurm_geo.registry import IllegalTransition, IncarnationState, Registry
 from slurm_geo.slurm.errors import SlurmRejected
+from slurm_geo.sync.jobdirs import Protection
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN = "train-1"
@@ -160,18 +161,21 @@ def test_epilog_records_reason_and_final_checkpoint(tmp_path, key, restart_after
     (tmp_path / ".slurm-geo" / "staging-onprem-42-0").mkdir()
     record = node.epilog(job_context(env_for(tmp_path, restart=restart_after,
                                              SLURM_JOB_EXIT_CODE2=exit_code)),
-                         sync_roots=[tmp_path], now=2.0)
+                         Protection(str(tmp_path), True, "root"), now=2.0)
     (entry,) = record["incarnations"]
     assert entry["reason"] == reason
     assert entry["restart"] == 0
     assert entry["final_checkpoint"] == {"run": RUN, "step": 15}
-    assert entry["sync"] == {"root": str(tmp_path), "replicated": True}
+    assert entry["sync"] == {"root": str(tmp_path), "replicated": True, "as": "root"}
     assert not (tmp_path / ".slurm-geo" / "staging-onprem-42-0").exists()
 
 
-def test_epilog_outside_sync_roots_says_not_replicated(tmp_path):
-    record = node.epilog(job_context(env_for(tmp_path)), sync_roots=[], now=2.0)
-    assert record["incarnations"][0]["sync"] == {"root": None, "replicated": False}
+def test_epilog_of_a_directory_not_replicated_says_why(tmp_path):
+    why = "its --geo-residency=home excludes the destination's region 'remote'"
+    record = node.epilog(job_context(env_for(tmp_path)), Protection(None, False, why),
+                         now=2.0)
+    assert record["incarnations"][0]["sync"] == {"root": None, "replicated": False,
+                                                 "why": why}
     assert record["incarnations"][0]["final_checkpoint"] is None
 
 
@@ -376,7 +380,53 @@ def test_as_root_the_hooks_never_act_for_an_unknown_user(tmp_path):
     with pytest.raises(node.UnknownJobUser):
         node.prolog(job_context(env), lambda: node.Staging(None), now=1.0)
     with pytest.raises(node.UnknownJobUser):
-        node.epilog(job_context(env), [], now=1.0)
+        node.epilog(job_context(env), Protection(None, False, "-"), now=1.0)
     assert not (tmp_path / "ckpt").exists()
     with node.as_user(0, 0):  # root's own job runs as root
         assert os.geteuid() == 0
+
+
+# --- what checkpoint-sync does with the directory ----------------------------------------------
+
+def test_the_epilog_records_whether_checkpoint_sync_replicates_the_directory(tmp_path,
+                                                                            monkeypatch):
+    """A root's directory, any other directory (a registered job's: replicated too), and
+    one the job's residency keeps home; staging fetches from the replica of the first two."""
+    from slurm_geo.config import load_config
+    from slurm_geo.hooks.entry import protection_of, run_hook, staging_for
+
+    for name in ("pfs", "offsite", "jobs/a"):
+        (tmp_path / name).mkdir(parents=True)
+    config = tmp_path / "site.toml"
+    config.write_text(f'''
+[stores.pfs]
+url = "file://{tmp_path / 'pfs'}"
+region = "home"
+[stores.offsite]
+url = "file://{tmp_path / 'offsite'}"
+region = "remote"
+[sync]
+roots = ["pfs"]
+destination = "offsite"
+key_file = "{tmp_path / 'no.key'}"
+''')
+    site = load_config(config)
+
+    def job(ckpt, **extra):
+        return job_context({**env_for(ckpt), "SPANK_GEO_RESIDENCY": "home,remote", **extra})
+
+    assert protection_of(site, job(tmp_path / "pfs")) == Protection(
+        str(tmp_path / "pfs"), True, "root")
+    assert protection_of(site, job(tmp_path / "jobs" / "a")) == Protection(
+        f"file://{tmp_path / 'jobs' / 'a'}", True, "job directory")
+    home_only = job(tmp_path / "jobs" / "a", SPANK_GEO_RESIDENCY="home")
+    assert not protection_of(site, home_only).replicated
+    assert staging_for(site, job(tmp_path / "jobs" / "a"), {}).replica is not None
+    assert staging_for(site, home_only, {}).replica is None
+
+    monkeypatch.setenv("SLURM_GEO_CONFIG", str(config))  # the hooks read the config thus
+    env = {**env_for(tmp_path / "jobs" / "a"), "SPANK_GEO_RESIDENCY": "home,remote",
+           "SLURM_GEO_HOOK_LOG": str(tmp_path / "h.log")}
+    assert run_hook("epilog", env) == 0
+    record = (tmp_path / "jobs" / "a" / ".slurm-geo" / "job-onprem-42.json").read_text()
+    assert '"as": "job directory"' in record and '"replicated": true' in record

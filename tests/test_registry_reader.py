@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.registry import (
+    ActiveJob,
     LineageLink,
     RegisteredJob,
     Registry,
@@ -51,6 +52,33 @@ def test_a_registry_not_created_yet_is_no_jobs_only_when_the_caller_says_so(tmp_
     with pytest.raises(RegistryUnreadable, match=r"there is no such file; .*\[registry\] path"):
         RegistryReader(absent).jobs()
     assert not absent.exists()
+
+
+def test_active_jobs_are_those_running_or_seen_since_and_those_asked_for(tmp_path):
+    """checkpoint-sync reads this every scan: what runs, what ran lately, and the jobs of
+    the directories it still watches, never the whole history."""
+    path = tmp_path / "registry.db"
+    with Registry(path) as registry:
+        for job_id, started, ended in ((1, NOW, None),          # running since long ago
+                                       (2, NOW, NOW + 10),     # ended long ago
+                                       (3, NOW, NOW + 500),    # ended lately
+                                       (4, NOW, NOW + 20)):    # ended long ago, asked for
+            registry.job_started("onprem", job_id, 0, name="t", user="alice", nodes="n1",
+                                 directives={"geo-ckpt-dir": f"/pfs/{job_id}"}, now=started)
+            if ended is not None:
+                registry.job_ended("onprem", job_id, 0, "0:0", now=ended)
+        registry.job_started("onprem", 5, 0, name="t", user="bob", nodes="n1",
+                             directives={}, now=NOW)
+        registry.job_ended("onprem", 5, 1, "0:0", now=NOW + 5)          # requeued ...
+        registry.job_started("onprem", 5, 1, name="t", user="bob", nodes="n2",
+                             directives={}, now=NOW + 450)              # ... and running
+    reader = RegistryReader(path)
+    active = reader.active_jobs(NOW + 400, also=[("onprem", 4), ("rented", 99)])
+    assert [(a.job.job_id, a.running, a.last_seen) for a in active] == [
+        (1, True, NOW), (3, False, NOW + 500), (4, False, NOW + 20), (5, True, NOW + 450)]
+    assert active[0] == ActiveJob(RegisteredJob("onprem", 1, "onprem:1", "alice",
+                                                {"geo-ckpt-dir": "/pfs/1"}, NOW), True, NOW)
+    assert RegistryReader(tmp_path / "absent.db", missing_ok=True).active_jobs(0.0) == []
 
 
 def _damaged(path: Path) -> None:

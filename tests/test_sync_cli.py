@@ -97,3 +97,31 @@ def test_lag_is_zero_once_the_newest_is_verified():
     rows = [replica(100, Status.VERIFIED), replica(200, Status.SKIPPED)]
     [summary] = run_summaries(rows, now=1e9)
     assert summary["lag_s"] == 0.0 and summary["verified"] == 100
+
+
+def test_status_rows_name_each_runs_job_and_list_directories_without_runs():
+    from slurm_geo.cli.sync import status_rows
+    from slurm_geo.sync.jobdirs import SourceStatus
+    from slurm_geo.sync.state import Source
+    from tests.test_sync_lifecycle import replica
+
+    job_root = "file:///pfs/ckpt/llm-7b"
+    replicas = [replica(100, Status.VERIFIED, run="llm-7b", root=job_root),
+                replica(50, Status.VERIFIED, id=2, run="other", root="pfs")]
+    sources = [
+        Source("pfs", "root", "file:///pfs", SourceStatus.WATCHED),
+        Source(job_root, "job", "/pfs/ckpt/llm-7b", SourceStatus.WATCHED, ("onprem:31",),
+               ("alice",)),
+        Source("file:///gone", "job", "/gone", SourceStatus.UNREADABLE, ("onprem:32",),
+               ("bob",), "/gone does not exist"),
+        Source("file:///home", "job", "/home", SourceStatus.KEPT_HOME, ("onprem:33",),
+               ("eve",), "job onprem:33: its --geo-residency=home excludes ..."),
+        Source("file:///old", "job", "/old", SourceStatus.RELEASED, ("onprem:1",), ("x",)),
+        Source("registry", "registry", "/r.db", SourceStatus.WATCHED),
+    ]
+    rows = status_rows(replicas, sources, now=1e9)
+    assert [(r["run"], r["jobs"], r["source"]) for r in rows] == [
+        ("llm-7b", ["onprem:31"], "watched"), ("other", [], "watched"),
+        (None, ["onprem:32"], "unreadable"), (None, ["onprem:33"], "kept_home")]
+    assert rows[2]["error"] == rows[2]["source_detail"] == "/gone does not exist"
+    assert rows[0]["roots"] == [job_root] and rows[1]["roots"] == ["pfs"]

@@ -74,9 +74,12 @@ class Trainer:
 
 
 def site_config(path: Path, roots: dict[str, Path], destination_url: str, *,
-                endpoint_url: str = "", key_file: Path, state: Path, **sync: Any) -> Path:
-    """A site config with file:// roots, one `offsite` destination and a [sync] table."""
-    lines = []
+                endpoint_url: str = "", key_file: Path, state: Path,
+                registry: Path | None = None, extra: str = "", **sync: Any) -> Path:
+    """A site config with file:// roots, one `offsite` destination, a [sync] table, the
+    job registry (default: registry.db beside the config) and `extra` TOML."""
+    registry = registry or path.parent / "registry.db"
+    lines = [extra, "[registry]", f"path = {json.dumps(str(registry))}", ""]
     for name, directory in roots.items():
         lines += [f"[stores.{name}]", f"url = {json.dumps(f'file://{directory}')}",
                   'region = "home"', ""]

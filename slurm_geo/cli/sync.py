@@ -16,7 +16,8 @@ state_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 _COLUMNS = ["run", "destination", "newest", "verified", "pending", "uploading", "replicated",
-            "failed", "corrupted", "skipped", "lag_s", "error"]
+            "failed", "corrupted", "skipped", "lag_s", "jobs", "error"]
+_SOURCE_COLUMNS = ["source", "kind", "status", "jobs", "detail"]
 
 
 @click.group()
@@ -28,20 +29,27 @@ def sync() -> None:
 @state_option
 @json_option
 def status(state_path: Path | None, as_json: bool) -> None:
-    """Per run and destination: newest checkpoint, newest verified, counts, lag."""
+    """Per run and destination: newest checkpoint, newest verified, counts, lag; and each
+    registered job's checkpoint directory, with what checkpoint-sync sees there."""
     from slurm_geo.sync.state import StateDB
 
     state = StateDB(_state_path(state_path), readonly=True)
     try:
-        rows = run_summaries(state.replicas(), time.time())
+        replicas, sources = state.replicas(), state.sources()
     finally:
         state.close()
+    rows = status_rows(replicas, sources, time.time())
+    for source in sources:
+        if source.status.is_problem:  # on stderr too: never lost in a long table
+            click.echo(f"slurm-geo: warning: {_named(source)}: {source.detail}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-    elif not rows:
-        click.echo("no checkpoints seen yet")
-    else:
-        click.echo(_table(rows))
+        return
+    runs = [r for r in rows if r["run"] is not None]
+    shown = [s for s in sources if _listed(s)]
+    click.echo(_table(runs, _COLUMNS) if runs else "no checkpoints seen yet")
+    if shown:
+        click.echo("\n" + _table([_source_row(s) for s in shown], _SOURCE_COLUMNS, wrap=False))
 
 
 @sync.command()
@@ -79,6 +87,56 @@ def run_summaries(replicas: list[Any], now: float) -> list[dict[str, Any]]:
             for (run, destination), rows in sorted(groups.items())]
 
 
+def status_rows(replicas: list[Any], sources: list[Any], now: float) -> list[dict[str, Any]]:
+    """`run_summaries`, each with the roots its checkpoints come from, the registered jobs
+    of those roots and what checkpoint-sync saw there (`source`, `source_detail`: the
+    worst of them); then a row with run None for each job directory with no checkpoint
+    seen, and for each root or registry that cannot be read."""
+    by_root = {s.root: s for s in sources}
+    roots: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for replica in replicas:
+        roots[(replica.run, replica.destination)].add(replica.root)
+    rows = []
+    for summary in run_summaries(replicas, now):
+        named = sorted(roots[(summary["run"], summary["destination"])])
+        rows.append({**summary, "roots": named,
+                     **_about([by_root[r] for r in named if r in by_root])})
+    used = {root for named in roots.values() for root in named}
+    for source in sources:
+        if source.root in used or not _listed(source):
+            continue
+        rows.append({"run": None, "destination": None, "newest": None, "verified": None,
+                     **{k: 0 for k in ("pending", "uploading", "replicated", "failed",
+                                       "corrupted", "skipped", "verified_count")},
+                     "lag_s": None, "error": source.detail, "roots": [source.root],
+                     **_about([source])})
+    return rows
+
+
+def _listed(source: Any) -> bool:
+    """Shown on its own: a job directory still of interest, or a source that is broken."""
+    return source.status.is_problem or (source.kind == "job"
+                                        and source.status.value != "released")
+
+
+def _about(sources: list[Any]) -> dict[str, Any]:
+    worst = next((s for s in sources if s.status.is_problem), sources[0] if sources else None)
+    return {"jobs": list(dict.fromkeys(job for s in sources for job in s.jobs)),
+            "source": worst.status.value if worst else None,
+            "source_detail": worst.detail if worst else None}
+
+
+def _named(source: Any) -> str:
+    if source.kind == "job":
+        return f"job {', '.join(source.jobs)}" if source.jobs else source.path
+    return "the job registry" if source.kind == "registry" else f"root {source.root}"
+
+
+def _source_row(source: Any) -> dict[str, Any]:
+    return {"source": source.path, "kind": source.kind, "status": source.status.value,
+            "jobs": ",".join(source.jobs) or None, "detail": source.detail}
+
+
 def _summary(run: str, destination: str, rows: list[Any], now: float) -> dict[str, Any]:
     counts: dict[str, int] = defaultdict(int)
     for r in rows:
@@ -113,15 +171,16 @@ def _state_path(explicit: Path | None) -> Path:
     return site.sync.state
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
+def _table(rows: list[dict[str, Any]], columns: list[str], wrap: bool = True) -> str:
+    """Aligned columns; long cells are cut unless `wrap` is off (the last column whole)."""
     def cell(row: dict[str, Any], column: str) -> str:
-        value = row[column]
-        if value is None:
+        value = ",".join(value) if isinstance(value := row.get(column), list) else value
+        if value in (None, ""):
             return "-"
         text = str(value)
-        return text if len(text) <= 60 else text[:57] + "..."
+        return text if len(text) <= 60 or not wrap else text[:57] + "..."
 
-    cells = [[c.upper() for c in _COLUMNS]] + [[cell(r, c) for c in _COLUMNS] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
+    cells = [[c.upper() for c in columns]] + [[cell(r, c) for c in columns] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
                      for r in cells)

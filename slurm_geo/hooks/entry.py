@@ -53,7 +53,7 @@ def _dispatch(name: str, job: Any, site: Any, env: Mapping[str, str], now: float
     if name == "prolog":
         node.prolog(job, lambda: staging_for(site, job, env), now)
     elif name == "epilog":
-        node.epilog(job, sync_roots(site), now)
+        node.epilog(job, protection_of(site, job), now)
     elif name in ("prolog_slurmctld", "epilog_slurmctld"):
         from slurm_geo.registry import Registry
 
@@ -97,16 +97,20 @@ def _site_or_none() -> Any:
         return None
 
 
-def sync_roots(site: Any) -> list[Path]:
-    """The local directories checkpoint-sync watches."""
+def protection_of(site: Any, job: Any) -> Any:
+    """Whether checkpoint-sync replicates the job's directory: as one of its roots, as a
+    registered job's directory, or not (slurm_geo.sync.jobdirs)."""
+    from slurm_geo.sync.jobdirs import protection, sync_site
+
+    real_path = os.path.realpath(job.directives.ckpt_dir)
     if site is None or site.sync is None:
-        return []
-    roots = []
-    for root in site.sync.roots:
-        url = site.stores[root].url if root in site.stores else root
-        if url.startswith("file://"):
-            roots.append(Path(url.removeprefix("file://")))
-    return roots
+        return protection(real_path, job.directives, job.cluster, None)
+    urls = {name: store.url for name, store in site.stores.items()}
+    destination = site.stores[site.sync.destination]
+    return protection(real_path, job.directives, job.cluster,
+                      sync_site(site.sync.roots, urls, site.sync.destination,
+                                destination.region, site.home_cluster, site.policy,
+                                os.path.realpath))
 
 
 def staging_for(site: Any, job: Any, env: Mapping[str, str]) -> Any:
@@ -118,8 +122,7 @@ def staging_for(site: Any, job: Any, env: Mapping[str, str]) -> Any:
     key_file = master_key_path(site.sync.key_file if site and site.sync else None, env)
     key = load_master_key(key_file) if key_file.exists() else None
     replica = None
-    ckpt_dir = Path(job.directives.ckpt_dir).resolve()
-    if site and site.sync and any(r.resolve() == ckpt_dir for r in sync_roots(site)):
+    if protection_of(site, job).replicated:
         destination = site.stores[site.sync.destination]
         replica = open_store(destination.url, destination.endpoint_url or None)
     return Staging(key, replica)

@@ -11,8 +11,9 @@ Epilog, after each incarnation:
   1. finds the job's final checkpoint (the run with the newest manifest, its last step);
   2. tells why the incarnation ended (requeued, completed, failed) from the restart count
      the prolog saw and the exit code;
-  3. hands the checkpoint to checkpoint-sync: the directory is one of its roots (it
-     replicates it on its next scan), or the record says it is not replicated;
+  3. hands the checkpoint to checkpoint-sync: the directory is one of its roots, or a
+     registered job's directory it replicates too (both on its next scan), or the record
+     says why it is not replicated (the job's residency, no checkpoint-sync);
   4. appends all that to `.slurm-geo/job-<cluster>-<job>.json` and removes staged data.
 
 `.slurm-geo/` starts with a dot, which stores never list: it is not part of the checkpoint
@@ -34,12 +35,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_geo.ckpt.errors import WrongKey
 from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
 from slurm_geo.ckpt.store import LocalDirStore, Store
 from slurm_geo.hooks.context import JobContext
+
+if TYPE_CHECKING:
+    from slurm_geo.sync.jobdirs import Protection
 
 log = logging.getLogger("slurm_geo.hooks")
 
@@ -229,26 +233,27 @@ def end_reason(prolog_restart: int | None, job: JobContext) -> str:
     return "completed" if job.exit_code in ("", "0", "0:0") else "failed"
 
 
-def epilog(job: JobContext, sync_roots: list[Path], now: float) -> dict[str, Any]:
-    """Record the incarnation's end and final checkpoint; returns the record written."""
+def epilog(job: JobContext, protected: Protection, now: float) -> dict[str, Any]:
+    """Record the incarnation's end and final checkpoint, and whether checkpoint-sync
+    replicates the directory (`protected`); returns the record written."""
     assert job.directives.ckpt_dir is not None
     with as_user(job.uid, job.gid):
-        return _epilog(job, Path(job.directives.ckpt_dir), sync_roots, now)
+        return _epilog(job, Path(job.directives.ckpt_dir), protected, now)
 
 
-def _epilog(job: JobContext, ckpt_dir: Path, sync_roots: list[Path],
+def _epilog(job: JobContext, ckpt_dir: Path, protected: Protection,
             now: float) -> dict[str, Any]:
     meta = prepare_directory(ckpt_dir)
     prolog_restart = _last_prolog_restart(meta, job)
     final = final_checkpoint(ckpt_dir)
-    root = next((r for r in sync_roots if _same_dir(r, ckpt_dir)), None)
     entry = {
         "restart": prolog_restart if prolog_restart is not None else job.restart,
         "node": job.node, "ended_at": now, "reason": end_reason(prolog_restart, job),
         "exit_code": job.exit_code,
         "final_checkpoint": None if final is None else {"run": final[0], "step": final[1]},
-        "sync": {"root": str(root), "replicated": True} if root else
-                {"root": None, "replicated": False},
+        "sync": {"root": protected.root, "replicated": True, "as": protected.how}
+                if protected.replicated else
+                {"root": None, "replicated": False, "why": protected.how},
     }
     record_path = meta / f"job-{job.tag}.json"
     record = read_json(record_path) or {"cluster": job.cluster, "job_id": job.job_id,
@@ -258,9 +263,9 @@ def _epilog(job: JobContext, ckpt_dir: Path, sync_roots: list[Path],
     write_json(record_path, record)
     for staged in meta.glob(f"staging-{job.tag}-*"):
         shutil.rmtree(staged, ignore_errors=True)
-    if root is None:
-        log.info("job %s: %s is not a checkpoint-sync root; its checkpoints stay on this "
-                 "cluster only", job.tag, ckpt_dir)
+    if not protected.replicated:
+        log.info("job %s: checkpoint-sync does not replicate %s (%s); its checkpoints stay "
+                 "on this cluster only", job.tag, ckpt_dir, protected.how)
     return record
 
 
@@ -271,13 +276,6 @@ def _last_prolog_restart(meta: Path, job: JobContext) -> int | None:
         if tail.isdigit() and int(tail) <= job.restart:
             restarts.append(int(tail))
     return max(restarts, default=None)
-
-
-def _same_dir(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve()
-    except OSError:
-        return False
 
 
 # --- files ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ Written by PrologSlurmctld and EpilogSlurmctld (prolog_epilog/), read by slurm-g
 """
 
 from slurm_geo.registry.db import (
+    ActiveJob,
     IllegalTransition,
     Incarnation,
     IncarnationState,
@@ -15,6 +16,6 @@ from slurm_geo.registry.db import (
     restart_cap_reached,
 )
 
-__all__ = ["IllegalTransition", "Incarnation", "IncarnationState", "LineageLink",
+__all__ = ["ActiveJob", "IllegalTransition", "Incarnation", "IncarnationState", "LineageLink",
            "RegisteredJob", "Registry", "RegistryReader", "RegistryUnreadable",
            "restart_cap_reached"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
@@ -271,6 +271,16 @@ class RegisteredJob:
     first_seen: float
 
 
+@dataclass(frozen=True)
+class ActiveJob:
+    """A geo job and how recently it ran: `running` while an incarnation is, `last_seen`
+    its newest incarnation's start or end (controller clock)."""
+
+    job: RegisteredJob
+    running: bool
+    last_seen: float
+
+
 class RegistryReader:
     """The registry at `path`, read-only (never created or written), one connection per
     read. The hooks create it at the first geo job's PrologSlurmctld, so with `missing_ok`
@@ -296,6 +306,26 @@ class RegistryReader:
                               self._directives(cluster, job_id, text), float(first_seen))
                 for cluster, job_id, logical, user, text, first_seen in rows]
 
+    def active_jobs(self, since: float, also: Iterable[tuple[str, int]] = ()
+                    ) -> list[ActiveJob]:
+        """Geo jobs running now or seen (started or ended) at `since` or later, and the
+        jobs named in `also` however old, by cluster and job id. Bounded by what runs,
+        not by the registry's history: checkpoint-sync reads it every scan."""
+        wanted = sorted(set(also))
+        named = "".join(" OR (j.cluster = ? AND j.job_id = ?)" for _ in wanted)
+        seen = "MAX(MAX(i.started_at, COALESCE(i.ended_at, 0)))"
+        rows = self._rows(
+            "SELECT j.cluster, j.job_id, j.logical_id, j.user, j.directives, j.first_seen, "
+            f"MAX(i.state = 'running'), {seen} FROM jobs j JOIN incarnations i "
+            "ON i.cluster = j.cluster AND i.job_id = j.job_id GROUP BY j.cluster, j.job_id "
+            f"HAVING MAX(i.state = 'running') = 1 OR {seen} >= ?{named} "
+            "ORDER BY j.cluster, j.job_id",
+            [since, *(value for tag in wanted for value in tag)])
+        return [ActiveJob(RegisteredJob(cluster, int(job_id), logical, user,
+                                        self._directives(cluster, job_id, text),
+                                        float(first_seen)), bool(running), float(seen))
+                for cluster, job_id, logical, user, text, first_seen, running, seen in rows]
+
     def _directives(self, cluster: str, job_id: int, text: str | None) -> dict[str, str]:
         try:
             found = json.loads(text or "{}")
@@ -306,7 +336,7 @@ class RegistryReader:
                                                 f"that are not a JSON object: {text!r}")
         return {str(k): str(v) for k, v in found.items()}
 
-    def _rows(self, sql: str) -> list[tuple[Any, ...]]:
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         if self.missing_ok and not self.path.exists():
             return []
         with reading(self.path, missing=lambda: RegistryUnreadable(
@@ -314,4 +344,4 @@ class RegistryReader:
                                     "(see [registry] path in the config)"),
                      unreadable=lambda reason: RegistryUnreadable(self.path, reason),
                      timeout_s=self.timeout_s) as db:
-            return db.execute(sql).fetchall()
+            return db.execute(sql, list(params)).fetchall()

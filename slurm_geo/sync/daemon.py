@@ -33,7 +33,8 @@ from slurm_geo.sync.inflight import InFlight
 from slurm_geo.sync.metrics import Live, SyncCollector, serve_metrics
 from slurm_geo.sync.planner import lowest_steps, next_work, reconcile, retry_delay_s
 from slurm_geo.sync.runtime import Runtime
-from slurm_geo.sync.scanner import RootScan, scan_root
+from slurm_geo.sync.scanner import RootScan
+from slurm_geo.sync.sources import Sources
 from slurm_geo.sync.state import StaleStatus, StateDB, Status, SyncError
 from slurm_geo.sync.worker import Outcome
 
@@ -71,6 +72,7 @@ class Daemon:
         self._bucket = TokenBucket(self.runtime.sync.bandwidth_mb_s * 1e6, monotonic)
         self._inflight = InFlight(state_path, self._stop, self._bucket, self._wakeup.wake,
                                   clock, monotonic)
+        self._sources = Sources()
         self._scans: list[RootScan] = []
         self._next_scan = 0.0
         self._next_due: float | None = None
@@ -204,18 +206,7 @@ class Daemon:
     def _scan(self) -> None:
         assert self._state is not None
         runtime = self.runtime
-        scans = []
-        for root in runtime.sync.roots:
-            try:
-                scan = scan_root(root, runtime.root_store(root))
-            except SlurmGeoError as exc:  # the root could not even be opened
-                scan = RootScan(root, error=str(exc))
-            was_ok = all(s.root != root or s.ok for s in self._scans)
-            if was_ok and not scan.ok:
-                event(log, "root_unreadable", logging.WARNING, root=root, error=scan.error)
-            elif scan.ok and not was_ok:
-                event(log, "root_back", root=root)
-            scans.append(scan)
+        scans = self._sources.scan(runtime, self._state, self._clock())
         self._scans = scans
         self.live.last_scan = self._clock()
         self._next_scan = self._monotonic() + runtime.sync.poll_interval_s
@@ -258,8 +249,8 @@ class Daemon:
         work = next_work(rows, [s.root for s in self._scans if s.ok], now)
         self._next_due = work.next_due
         for replica in work.due:
-            if replica.root not in runtime.root_urls:
-                continue  # its root left the config at a reload
+            if not runtime.reads(replica.root):
+                continue  # its root left the config at a reload, or its job directory
             try:
                 if replica.status is Status.PENDING:
                     self._state.move(replica.id, Status.PENDING, Status.UPLOADING, now,
@@ -316,9 +307,11 @@ class Daemon:
         return max(0.0, min(candidates))
 
     def _once_exit_code(self) -> int:
+        """Behind while a replica is unsettled, or a job's directory cannot be replicated."""
         assert self._state is not None
         unsettled = self._state.replicas(
             "destination = ? AND status NOT IN (?, ?)",
             [self.runtime.destination, Status.VERIFIED.value, Status.SKIPPED.value])
-        return EXIT_OK if not unsettled else EXIT_BEHIND
+        stuck = [s for s in self._state.sources() if s.kind == "job" and s.status.is_problem]
+        return EXIT_OK if not unsettled and not stuck else EXIT_BEHIND
 

@@ -74,7 +74,7 @@ class InFlight:
         limits = Limits(sync.max_attempts, sync.attempt_timeout_s, sync.retry_base_s,
                         sync.retry_max_s)
         route = Route(replica.root, runtime.root_store(replica.root),
-                      runtime.root_regions.get(replica.root, ""), runtime.destination,
+                      runtime.region_of(replica.root), runtime.destination,
                       runtime.destination_store, runtime.destination_region)
         deadline = self._monotonic() + sync.attempt_timeout_s
         guard = Guard(self._stop, deadline, self._monotonic)

@@ -1,13 +1,16 @@
 """What the daemon derives from the site config: stores, regions, policy and the master key.
 
 Built at start and again on SIGHUP, so a reload is "build a new Runtime, then switch".
-`open_store` and the environment are passed in; tests hand in wrapped stores.
+`open_store` and the environment are passed in; tests hand in wrapped stores. Besides the
+configured roots, a runtime reads the job directories the last scan chose to watch
+(`watch_job_roots`, slurm_geo.sync.sources): a reload forgets them until the next scan,
+which comes first.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from slurm_geo.ckpt.store import Store
 from slurm_geo.config.model import SiteConfig, SyncConfig, load_config
 from slurm_geo.config.paths import master_key_path
 from slurm_geo.errors import ConfigError
+from slurm_geo.policy.geo import GeoPolicy
 from slurm_geo.policy.retention import RetentionPolicy
 
 OpenStore = Callable[..., Store]
@@ -36,14 +40,34 @@ class Runtime:
     root_urls: dict[str, tuple[str, str | None]]  # root -> (url, endpoint_url)
     root_regions: dict[str, str]
     open_store: OpenStore = default_open_store
+    home_cluster: str = ""
+    home_region: str = ""           # of job directories and file:// URL roots
+    geo_policy: GeoPolicy = field(default_factory=GeoPolicy)
+    registry_path: Path | None = None
+    destination_url: str = ""
+    store_urls: dict[str, str] = field(default_factory=dict)  # [stores] name -> url
     _roots: dict[str, Store] = field(default_factory=dict, repr=False)
+    _job_roots: set[str] = field(default_factory=set, repr=False)
 
     def root_store(self, root: str) -> Store:
         """The root's store; opening it again later if it failed (an unmounted PFS)."""
         if root not in self._roots:
-            url, endpoint = self.root_urls[root]
+            url, endpoint = self.root_urls.get(root, (root, None))
             self._roots[root] = self.open_store(url, endpoint_url=endpoint)
         return self._roots[root]
+
+    def watch_job_roots(self, roots: Iterable[str]) -> None:
+        """Read these job directories (file:// roots) too, and no others."""
+        wanted = set(roots) - set(self.root_urls)
+        for gone in self._job_roots - wanted:
+            self._roots.pop(gone, None)
+        self._job_roots = wanted
+
+    def reads(self, root: str) -> bool:
+        return root in self.root_urls or root in self._job_roots
+
+    def region_of(self, root: str) -> str:
+        return self.root_regions.get(root, self.home_region)
 
 
 def load_runtime(config_path: Path, env: Mapping[str, str] = os.environ,
@@ -80,4 +104,8 @@ def runtime_from_site(site: SiteConfig, env: Mapping[str, str] = os.environ,
     return Runtime(sync=sync, policy=site.retention, master_key=master_key,
                    destination=sync.destination, destination_store=destination_store,
                    destination_region=target.region, root_urls=urls, root_regions=regions,
-                   open_store=open_store)
+                   open_store=open_store, home_cluster=site.home_cluster,
+                   home_region=home.region if home is not None else "",
+                   geo_policy=site.policy, registry_path=site.registry_path,
+                   destination_url=target.url,
+                   store_urls={name: store.url for name, store in site.stores.items()})

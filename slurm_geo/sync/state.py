@@ -21,11 +21,17 @@ The replication lifecycle, enforced by `StateDB` on every status change:
 Every status change is a compare-and-set on the row's current status, so the daemon, its
 worker thread and `slurm-geo sync retry` never overwrite each other's moves. Transfers
 (one row per object put, plus one per verification read-back) are what billing reads.
+
+`sources` is not a lifecycle but an observation: one row per place the daemon reads from
+(a configured root, a registered job's checkpoint directory, the job registry) saying what
+its last scan saw there, so that `sync status` can name a directory that cannot be
+replicated. Only the daemon writes it, whole rows, when what it saw changes.
 Times are Unix seconds (REAL).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -36,6 +42,7 @@ from sqlite_utils import Database
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.sqlite_tx import open_database
+from slurm_geo.sync.jobdirs import SourceStatus
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 10.0
@@ -67,6 +74,31 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.SKIPPED: frozenset({Status.PENDING}),
 }
 ACTIVE = (Status.PENDING, Status.UPLOADING, Status.REPLICATED)  # the queue
+
+
+@dataclass(frozen=True)
+class Source:
+    """One row of `sources` (what its status means: `SourceStatus`). `kind` is "root" (a
+    [sync] root), "job" (a registered job's --geo-ckpt-dir, named file://<real path>) or
+    "registry"; `jobs` and `users` are those of the registered jobs that named it, newest
+    first; `scanned_at`, when a good scan of it began (kept to the nearest few minutes: it
+    only decides when a finished job's directory is let go)."""
+
+    root: str
+    kind: str
+    path: str
+    status: SourceStatus
+    jobs: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    detail: str | None = None
+    since: float = 0.0
+    scanned_at: float | None = None
+
+    def same_as(self, other: Source | None) -> bool:
+        """Whether `other` saw the same (`since` and `scanned_at` aside)."""
+        return other is not None and (self.kind, self.path, self.status, self.jobs,
+                                      self.users, self.detail) == (
+            other.kind, other.path, other.status, other.jobs, other.users, other.detail)
 
 
 class SyncError(SlurmGeoError):
@@ -143,6 +175,10 @@ _TRANSFER_COLUMNS: dict[str, type] = {
     "bytes": int, "source": str, "destination": str, "source_region": str,
     "destination_region": str, "started_at": float, "finished_at": float,
 }
+_SOURCES = """CREATE TABLE IF NOT EXISTS sources (
+    root TEXT PRIMARY KEY, kind TEXT NOT NULL, path TEXT NOT NULL, status TEXT NOT NULL,
+    jobs TEXT NOT NULL, users TEXT NOT NULL, detail TEXT, since REAL NOT NULL,
+    scanned_at REAL)"""
 _COUNTERS = ("bytes", "attempts", "failures", "charged", "outages", "corruptions")
 
 
@@ -175,9 +211,11 @@ class StateDB:
             replicas.create_index(["root", "run", "destination", "step"],  # type: ignore[union-attr]
                                   unique=True, if_not_exists=True)
             replicas.create_index(["status"], if_not_exists=True)  # type: ignore[union-attr]
+            replicas.create_index(["run", "destination"], if_not_exists=True)  # type: ignore[union-attr]
             transfers = self.db["transfers"]
             transfers.create(_TRANSFER_COLUMNS, pk="id", if_not_exists=True)  # type: ignore[union-attr]
             transfers.create_index(["replica_id"], if_not_exists=True)  # type: ignore[union-attr]
+            self.db.execute(_SOURCES)
             self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
                             [str(SCHEMA_VERSION)])
@@ -230,6 +268,33 @@ class StateDB:
                                   "replica_id = ? AND kind != 'verify'", [replica_id]))
         return int(rows[0]["n"])
 
+    def sources(self) -> list[Source]:
+        """Every row of `sources`, by root; none in a database from before the table."""
+        if not self.db["sources"].exists():
+            return []
+        return [Source(row["root"], row["kind"], row["path"], SourceStatus(row["status"]),
+                       tuple(json.loads(row["jobs"])), tuple(json.loads(row["users"])),
+                       row["detail"], row["since"], row["scanned_at"])
+                for row in self.db.query("SELECT * FROM sources ORDER BY root")]
+
+    def first_roots(self, runs: Iterable[str], destination: str) -> dict[str, str]:
+        """The root each of `runs` was first replicated from to `destination` (runs never
+        replicated there are left out)."""
+        found = {}
+        for run in sorted(set(runs)):
+            rows = list(self.db.query("SELECT root FROM replicas WHERE run = ? AND "
+                                      "destination = ? ORDER BY id LIMIT 1", [run, destination]))
+            if rows:
+                found[run] = rows[0]["root"]
+        return found
+
+    def owed_roots(self, destination: str) -> set[str]:
+        """Roots with replicas still to copy or verify at `destination`."""
+        active = ", ".join(f"'{s.value}'" for s in ACTIVE)
+        return {row["root"] for row in self.db.query(
+            f"SELECT DISTINCT root FROM replicas WHERE destination = ? AND status IN ({active})",
+            [destination])}
+
     def query(self, sql: str, params: Iterable[Any] = ()) -> Iterator[dict[str, Any]]:
         return self.db.query(sql, list(params))
 
@@ -279,6 +344,26 @@ class StateDB:
                 [*params, replica_id, expected.value])
         if cursor.rowcount != 1:
             raise StaleStatus(replica_id, expected)
+
+    def mark(self, key: str) -> str | None:
+        """A value the daemon keeps across restarts (`meta`), None when never set."""
+        rows = list(self.db.query("SELECT value FROM meta WHERE key = ?", [key]))
+        return rows[0]["value"] if rows else None
+
+    def set_mark(self, key: str, value: str) -> None:
+        with self.db.conn:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value])
+
+    def record_sources(self, sources: Iterable[Source]) -> None:
+        """Write these rows of `sources` whole, in one transaction."""
+        with self.db.conn:
+            for source in sources:
+                self.db.execute(
+                    "INSERT OR REPLACE INTO sources (root, kind, path, status, jobs, users, "
+                    "detail, since, scanned_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [source.root, source.kind, source.path, source.status.value,
+                     json.dumps(list(source.jobs)), json.dumps(list(source.users)),
+                     source.detail, source.since, source.scanned_at])
 
     def record_transfer(self, replica: Replica, row: dict[str, Any]) -> None:
         """One object moved for `replica`: object, kind, bytes, source(_region),
