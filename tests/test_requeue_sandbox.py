@@ -53,6 +53,8 @@ def trainer_script(sandbox: Sandbox, ckpt: Path, out: Path, steps: int,
         "#!/bin/bash",
         f'#SBATCH --geo-ckpt-dir="{ckpt}"',
         "#SBATCH --geo-cost-center=ml-research",
+        # Under alice's own key, which checkpoint-sync does not hold: her runs stay home.
+        "#SBATCH --geo-residency=home",
         f"#SBATCH --output={out}",
         "#SBATCH --open-mode=append",
         *[f"#SBATCH {arg}" for arg in extra],
@@ -191,6 +193,8 @@ def test_restarts_are_capped(sandbox, job_dir):
         "#!/bin/bash",
         f'#SBATCH --geo-ckpt-dir="{job_dir / "ckpt"}"',
         "#SBATCH --geo-cost-center=ml-research",
+        # Under alice's own key, which checkpoint-sync does not hold: her runs stay home.
+        "#SBATCH --geo-residency=home",
         f"#SBATCH --output={out}",
         "#SBATCH --open-mode=append",
         'echo "incarnation ${SLURM_RESTART_COUNT:-0}"',

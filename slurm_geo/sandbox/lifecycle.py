@@ -94,8 +94,7 @@ class Sandbox:
         self._start_stage(stages[1], progress)
         for cluster in self.layout.clusters:
             admin.register_cluster(cluster.slurm_conf, cluster.name)
-            admin.add_users(cluster.slurm_conf, cluster.name, users.ACCOUNT,
-                            [person.name for person in users.SANDBOX_USERS])
+            users.associate(cluster)
         self._start_stage(stages[2], progress)
         self._start_stage(stages[3], progress)
         for cluster in self.layout.clusters:
@@ -355,15 +354,7 @@ class Sandbox:
         except SlurmError as exc:
             raise SandboxError(f"cannot issue a JWT for {rented.name}: {exc}") from None
         write_if_changed(rented.token_file, token + "\n", 0o600)
-        rented.user_token_file("").parent.mkdir(mode=0o700, exist_ok=True)
-        for person in users.SANDBOX_USERS:
-            try:
-                token = admin.issue_token(rented.slurm_conf, person.name,
-                                          users.USER_TOKEN_LIFESPAN_S)
-            except SlurmError as exc:
-                raise SandboxError(f"cannot issue {person.name}'s JWT for {rented.name}: "
-                                   f"{exc}") from None
-            write_if_changed(rented.user_token_file(person.name), token + "\n", 0o600)
+        users.mint_tokens(rented)
 
     def _create_bucket(self) -> None:
         url = f"{self.layout.s3_endpoint}/{S3_BUCKET}"

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import slurm_geo
+from slurm_geo.atomic import write_if_changed
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox.layout import SandboxLayout
-from slurm_geo.slurm import Owner
+from slurm_geo.sandbox.layout import ClusterLayout, SandboxLayout
+from slurm_geo.slurm import Owner, admin
+from slurm_geo.slurm.errors import SlurmError
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 ACCOUNT = "users"  # the Slurm account alice and bob are associated with, on both clusters
@@ -122,6 +124,24 @@ def _gid_owner(gid: int) -> str | None:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return None
+
+
+def associate(cluster: ClusterLayout) -> None:
+    """alice and bob in the cluster's accounting, under ACCOUNT."""
+    admin.add_users(cluster.slurm_conf, cluster.name, ACCOUNT,
+                    [person.name for person in SANDBOX_USERS])
+
+
+def mint_tokens(cluster: ClusterLayout) -> None:
+    """A fresh JWT for each user's account on a slurmrestd cluster, valid for a day."""
+    cluster.user_token_file("").parent.mkdir(mode=0o700, exist_ok=True)
+    for person in SANDBOX_USERS:
+        try:
+            token = admin.issue_token(cluster.slurm_conf, person.name, USER_TOKEN_LIFESPAN_S)
+        except SlurmError as exc:
+            raise SandboxError(f"cannot issue {person.name}'s JWT for {cluster.name}: "
+                               f"{exc}") from None
+        write_if_changed(cluster.user_token_file(person.name), token + "\n", 0o600)
 
 
 def job_environment(layout: SandboxLayout, person: SandboxUser) -> dict[str, str]:
