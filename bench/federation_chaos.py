@@ -29,11 +29,12 @@ put it, and the trial is checked:
     resume step S for which the daemon's last `verify` before it says "run@S verified"
     ("no checkpoint" when S is none), and that incarnation printed "started at step S";
 (c) final weights bit-identical to an uninterrupted run (drill.reference_weights);
-(d) detection, RTO (fault -> the new generation's first lease), steps lost.
+(d) detection, RTO (fault -> the new generation's first lease), steps lost;
+(e) every incarnation ran as alice, whose job it is (each records `id -u`).
 
 Run: python bench/federation_chaos.py [--trials 20] [--seed N]; writes
 bench/results/federation_chaos-<time>.json, prints a table and Markdown for
-docs/benchmarks.md; exits 1 if any trial violates (a) or (b), 2 if a trial could not
+docs/benchmarks.md; exits 1 if any trial violates (a), (b) or (e), 2 if a trial could not
 complete, lost its job (it did not complete) or ended with other weights.
 """
 
@@ -61,6 +62,7 @@ from slurm_geo.federation.audit import AuditLog, Entry  # noqa: E402
 from slurm_geo.federation.model import answering  # noqa: E402
 from slurm_geo.federation.state import FederationState  # noqa: E402
 from slurm_geo.sandbox import Sandbox  # noqa: E402
+from slurm_geo.sandbox.users import ALICE  # noqa: E402
 from slurm_geo.slurm import SlurmClient, SlurmError, connect  # noqa: E402
 from slurm_geo.sync.reader import SyncStateReader  # noqa: E402
 from slurm_geo.sync.state import Replica, Status  # noqa: E402
@@ -103,6 +105,7 @@ class Trial:
     overlap: list[str] = field(default_factory=list)     # (a) violations
     unverified: list[str] = field(default_factory=list)  # (b) violations
     not_started: list[str] = field(default_factory=list)  # submitted, never trained
+    not_as_owner: list[str] = field(default_factory=list)  # incarnations not run as alice
     finished: str | None = None                          # the daemon's "finished" entry
     stale: dict[str, Any] = field(default_factory=dict)  # the home incarnation's end
     error: str | None = None
@@ -110,7 +113,7 @@ class Trial:
 
     @property
     def violates(self) -> bool:
-        return bool(self.overlap or self.unverified)
+        return bool(self.overlap or self.unverified or self.not_as_owner)
 
 
 def plan_faults(trials: int, rng: random.Random, settings: drill.DrillSettings) -> list[Fault]:
@@ -236,6 +239,8 @@ class Chaos:
             trial.overlap += self._stale_commits(job, hit, lease.unix_time)
         trial.unverified = unverified_resumes(entries, job.work)
         trial.not_started = failed_resumes(entries, job.work)
+        trial.not_as_owner = [f"{incarnation} as uid {uid}" for incarnation, uid
+                              in drill.incarnation_uids(job.work).items() if uid != ALICE.uid]
         trial.moves = [{"generation": e.detail.get("generation"),
                         "cluster": e.detail.get("cluster"), "job_id": e.detail.get("job_id"),
                         "resume_step": e.detail.get("resume_step"),
@@ -443,6 +448,7 @@ def summary(trials: list[Trial], settings: drill.DrillSettings) -> dict[str, Any
         "trials": len(trials), "completed": len(done),
         "violations_two_training": sum(bool(t.overlap) for t in trials),
         "violations_unverified_resume": sum(bool(t.unverified) for t in trials),
+        "violations_not_run_as_owner": sum(bool(t.not_as_owner) for t in trials),
         "bit_identical": sum(t.bit_identical for t in done),
         "jobs_completed": sum("COMPLETED" in (t.finished or "") for t in done),
         "trials_with_an_incarnation_that_never_trained": sum(bool(t.not_started)
@@ -516,7 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         trials.append(trial)
         print(f"trial {index}/{len(faults)} {fault.kind}@{fault.step}: rto {trial.rto_s} "
               f"lost {trial.steps_lost} identical {trial.bit_identical} "
-              f"(a) {len(trial.overlap)} (b) {len(trial.unverified)} {trial.seconds} s"
+              f"(a) {len(trial.overlap)} (b) {len(trial.unverified)} "
+              f"not as alice {len(trial.not_as_owner)} {trial.seconds} s"
               + (f" ERROR {trial.error}" if trial.error else ""), file=sys.stderr)
     result = {"seed": seed, "settings": asdict(SETTINGS), "reference_weights": reference,
               "summary": summary(trials, SETTINGS),
