@@ -236,3 +236,20 @@ def test_a_rest_cluster_that_maps_the_owner_takes_the_job(tmp_path):
     assert moved.owner == ALICE
     assert "HOME" not in moved.environment and "USER" not in moved.environment
     assert moved.environment["VIRTUAL_ENV"] == "/home/alice/venv"
+
+
+def test_a_rejected_token_is_a_token_problem_said_once_never_an_outage(site, monkeypatch):
+    """slurmrestd refusing the daemon's JWT (expired, revoked) means the cluster answered:
+    declaring it out would move every job away from a healthy cluster."""
+    from slurm_geo.federation.model import ClusterStatus
+    from slurm_geo.slurm import TokenRejected
+
+    def refused():
+        raise TokenRejected("rented", "ping", "geo", Path("/etc/slurm-geo/rented.jwt"),
+                            "the token has expired")
+    monkeypatch.setattr(site.rented, "ping", refused)
+    site.tick(rounds=5)
+    assert site.state.health()["rented"].status is ClusterStatus.UP
+    said = [k for k in site.kinds() if "refused the daemon's token" in k]
+    assert said == ["decision: cluster rented refused the daemon's token"]
+    assert not any(k.startswith("outage") for k in site.kinds())

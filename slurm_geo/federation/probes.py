@@ -15,7 +15,7 @@ from slurm_geo.daemon.events import event
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.model import ClusterStatus, Health
 from slurm_geo.federation.wiring import Wiring
-from slurm_geo.slurm import SlurmClient, SlurmError
+from slurm_geo.slurm import SlurmClient, SlurmError, TokenRejected
 from slurm_geo.sync.reader import SyncStateReader, SyncStateUnreadable
 
 log = logging.getLogger("slurm_geo.federation")
@@ -45,6 +45,7 @@ class HealthProbes:
     timeout failed. Runs on its own thread beside the daemon loop."""
 
     def __init__(self, wiring: Wiring, probes: dict[str, SlurmClient]):
+        self.wiring = wiring
         self.probes = probes
         self.state = wiring.state
         self.audit = wiring.audit
@@ -66,6 +67,14 @@ class HealthProbes:
             client.ping()
             self.nodes_available[client.cluster] = sum(
                 1 for node in client.nodes() if node.available)
+        except TokenRejected as exc:
+            # The cluster answered: an expired or revoked token is the operator's to mend,
+            # said once, never an outage (which would move every job away from it).
+            self.nodes_available.pop(client.cluster, None)
+            self.wiring.say_once(("token-rejected", client.cluster, str(exc)), "decision",
+                                 None, f"cluster {client.cluster} refused the daemon's token",
+                                 str(exc), cluster=client.cluster)
+            event(log, "token_rejected", logging.ERROR, cluster=client.cluster, error=exc)
         except SlurmError as exc:
             self.nodes_available.pop(client.cluster, None)
             return str(exc)
