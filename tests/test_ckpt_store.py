@@ -139,3 +139,7 @@ def test_a_shared_stores_new_directories_take_the_roots_permissions(tmp_path, ro
     for created in (root / "packs", root / "packs" / "ab"):
         mode = created.stat().st_mode & 0o7777
         assert mode == (expected if expected is not None else 0o700)
+    # Objects are readable by those the store is shared with (the daemons copy a run back
+    # for its owner's job), never writable by them.
+    obj = (root / "packs" / "ab" / "abcdef").stat().st_mode & 0o777
+    assert obj == ({0o1777: 0o644, 0o2770: 0o640}.get(root_mode, 0o600))

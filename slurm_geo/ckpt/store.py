@@ -42,6 +42,10 @@ class LocalDirStore:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise StoreUnavailable(str(root), "not a directory")
+        # A root group or others may write is a store shared by the users of a site
+        # filesystem (mode 1777, or 2770 with a group): see _make_dirs and put.
+        mode = stat.S_IMODE(self.root.stat().st_mode)
+        self._shared = mode if mode & (stat.S_IWGRP | stat.S_IWOTH) else 0
 
     def __repr__(self) -> str:
         return f"LocalDirStore({str(self.root)!r})"
@@ -52,6 +56,10 @@ class LocalDirStore:
             self._make_dirs(path.parent)
             fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             try:
+                if self._shared:
+                    # Objects are ciphertext: the daemons copy a run's checkpoints back into
+                    # a shared store for its owner's job, which must read them.
+                    os.fchmod(fd, self._shared & 0o644)
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(data)
                     handle.flush()
@@ -113,20 +121,18 @@ class LocalDirStore:
     def _make_dirs(self, directory: Path) -> None:
         """Create missing directories, each made durable in its parent.
 
-        A store whose root group or others may write (a site filesystem all users' jobs
-        checkpoint into, mode 1777 or 2770) is shared: each new directory takes the root's
-        permission bits, whatever the writer's umask, or the first user to write under a
-        prefix would lock everyone else out of it (as git's core.sharedRepository).
+        In a shared store each new directory takes the root's permission bits, whatever
+        the writer's umask, or the first user to write under a prefix would lock everyone
+        else out of it (as git's core.sharedRepository).
         """
         missing = []
         while directory != self.root and not directory.is_dir():
             missing.append(directory)
             directory = directory.parent
-        shared = stat.S_IMODE(self.root.stat().st_mode) if missing else 0
         for created in reversed(missing):
             created.mkdir(exist_ok=True)  # another writer may have just made it
-            if shared & (stat.S_IWGRP | stat.S_IWOTH) and created.stat().st_uid == os.getuid():
-                created.chmod(shared)
+            if self._shared and created.stat().st_uid == os.getuid():
+                created.chmod(self._shared)
             _fsync_dir(created.parent)
 
 
