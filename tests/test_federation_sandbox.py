@@ -29,6 +29,7 @@ from slurm_geo.federation.audit import AuditLog
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.lifecycle import JOB_ACCESS_KEY
 from slurm_geo.sandbox.users import ALICE, BOB
+from tests.conftest import user_dir
 from tests.helpers import incarnation_environment
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -208,7 +209,8 @@ def test_a_hopeless_home_queue_is_left_for_rented(fed_sandbox: Sandbox):
     onprem = clients["onprem"]
     blockers = [onprem.submit(JobSpec(script="#!/bin/bash\nsleep 900\n", name="blocker",
                                       time_limit_minutes=60, cpus_per_task=2,
-                                      owner=BOB.owner, working_dir=Path("/tmp")))
+                                      owner=BOB.owner, output="/dev/null",
+                                      working_dir=user_dir(fed_sandbox, BOB, "blockers")))
                 for _ in range(2)]
     try:
         audit = AuditLog(site.federation.audit_path, readonly=True)
