@@ -8,7 +8,8 @@ Tables (times are Unix seconds, UTC):
     clusters    region and provider of each cluster, prices  the effective-dated price table
     cost_lines  per incarnation or transfer, calendar month and price: a `costs.Charge`
     problems    accounting rows that could not be read, kept verbatim
-    watermarks  where the next incremental ingest of each source starts
+    watermarks  where the next incremental ingest of each source starts; and, under
+                "covered:SOURCE", how far that source was read completely
 
 Writes are batched `executemany` upserts inside one transaction per batch, so memory stays
 bounded and a re-ingest of the same window leaves every table as it was.

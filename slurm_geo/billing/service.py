@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_geo.billing import ingest
+from slurm_geo.billing import ingest, sources
 from slurm_geo.billing.config import BillingConfig
 from slurm_geo.billing.costs import CostLine, PriceTable
 from slurm_geo.billing.db import BillingDB
@@ -23,6 +23,16 @@ from slurm_geo.billing.report import (
     no_price_flag,
     priced,
 )
+from slurm_geo.billing.sources import (
+    ACCOUNTING_SETTLE_S,
+    EGRESS,
+    EGRESS_SETTLE_S,
+    REGISTRY,
+    Outcome,
+    SourceRun,
+    covered_key,
+    covered_until,
+)
 from slurm_geo.errors import SlurmGeoError
 
 DAY = 86400
@@ -31,44 +41,117 @@ EGRESS_OVERLAP_S = 3600
 
 @dataclass
 class IngestResult:
+    """Every source's outcome (`sources`), and what was read of each cluster."""
+
     clusters: list[ingest.IngestStats] = field(default_factory=list)
-    failures: dict[str, str] = field(default_factory=dict)
+    sources: list[SourceRun] = field(default_factory=list)
     transfers: int = 0
     repriced: int = 0
 
+    @property
+    def failures(self) -> dict[str, str]:
+        """{source: the error, naming the fix} of each source not read completely."""
+        return {r.source: r.detail for r in self.sources if r.outcome is Outcome.FAILED}
+
+    @property
+    def exit_code(self) -> int:
+        return sources.exit_code(self.sources)
+
     def as_dict(self) -> dict[str, Any]:
-        return {"clusters": [s.as_dict() for s in self.clusters], "failures": self.failures,
-                "transfers": self.transfers, "repriced": self.repriced}
+        return {"sources": [r.as_dict() for r in self.sources],
+                "clusters": [s.as_dict() for s in self.clusters], "failures": self.failures,
+                "transfers": self.transfers, "repriced": self.repriced,
+                "exit_code": self.exit_code}
 
 
 def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[Any], now: int,
                since: int | None = None, until: int | None = None) -> IngestResult:
-    """Ingest each cluster from its watermark (or `since`) to `until` (default: now).
+    """Ingest each source from its watermark (or `since`) to `until` (default: now).
 
-    A cluster that cannot be reached is recorded in `failures` and the others go on; its
-    watermark stays, so the next run fetches what was missed.
+    A source that cannot be read completely ends FAILED in the result and keeps its
+    watermark, so the next run reads the same window again; the others go on. Every other
+    source needs the registry (lineage; who owns a checkpoint run): when it cannot be read,
+    nothing is. Errors of the billing database itself are raised.
     """
     result = IngestResult()
     table = PriceTable(config.prices, config.clusters)
     if db.set_prices(config.prices, config.clusters):
         result.repriced = ingest.reprice_all(db, table)
-    lineage, registry_jobs = ingest.read_registry(config.registry)
-    end = until if until is not None else now
-    first = now - config.first_ingest_days * DAY
+    try:
+        lineage, registry_jobs = ingest.read_registry(config.registry)
+    except SlurmGeoError as exc:
+        needs = ("not read: it needs the registry, and what it bills without it would stay "
+                 "wrong")
+        result.sources += [sources.failed(REGISTRY, exc), *(
+            SourceRun(name, Outcome.SKIPPED, needs)
+            for name in [*(ingest.accounting_source(c.cluster) for c in clients), EGRESS])]
+        return result
+    if config.registry is not None:
+        result.sources.append(SourceRun(REGISTRY, Outcome.READ, f"{len(lineage)} lineage "
+                                        f"link(s), {len(registry_jobs)} geo job(s)"))
+    window = _Window(now, since, until, now - config.first_ingest_days * DAY)
     for client in clients:
-        start = since if since is not None else (
-            db.watermark(f"accounting:{client.cluster}") or first)
-        try:
-            stats = ingest.ingest_cluster(db, client, start, end, lineage, table)
-        except SlurmGeoError as exc:
-            result.failures[client.cluster] = str(exc)  # the caller reports it
-            continue
-        result.clusters.append(stats)
-    egress_since = since if since is not None else max(
-        0, (db.watermark(ingest.EGRESS_SOURCE) or first) - EGRESS_OVERLAP_S)
-    result.transfers = ingest.ingest_egress(db, config.sync_state, config.federation_audit,
-                                            registry_jobs, table, egress_since, end)
+        result.sources.append(_ingest_cluster(db, client, window, lineage, table, result))
+    result.sources.append(_ingest_egress(db, config, window, registry_jobs, table, result))
     return result
+
+
+@dataclass(frozen=True)
+class _Window:
+    now: int
+    since: int | None  # as given (a backfill), else each source starts at its watermark
+    until: int | None  # as given, else now
+    first: int         # where a source never ingested starts
+
+    @property
+    def end(self) -> int:
+        return self.until if self.until is not None else self.now
+
+    def start(self, watermark: int | None) -> int:
+        return self.since if self.since is not None else (watermark or self.first)
+
+
+def _ingest_cluster(db: BillingDB, client: Any, window: _Window, lineage: ingest.Lineage,
+                    table: PriceTable, result: IngestResult) -> SourceRun:
+    source = ingest.accounting_source(client.cluster)
+    before = db.watermark(source)
+    start = window.start(before)
+    try:
+        stats = ingest.ingest_cluster(db, client, start, window.end, lineage, table)
+    except SlurmGeoError as exc:
+        return sources.failed(source, exc, start, window.end, before)
+    result.clusters.append(stats)
+    _cover(db, source, covered_until(window.until, window.now, ACCOUNTING_SETTLE_S))
+    return SourceRun(source, Outcome.READ,
+                     f"{stats.incarnations} incarnation(s) from {stats.records} record(s), "
+                     f"{stats.malformed} malformed, {stats.pending} pending",
+                     since=start, until=window.end, watermark=db.watermark(source))
+
+
+def _ingest_egress(db: BillingDB, config: BillingConfig, window: _Window,
+                   registry_jobs: list[Any], table: PriceTable, result: IngestResult
+                   ) -> SourceRun:
+    before = db.watermark(EGRESS)
+    # Read again from an hour before the watermark: checkpoint-sync records a transfer
+    # when its object is in, which may be long after it began; rows are keyed, so a
+    # transfer read twice is stored once.
+    start = window.since if window.since is not None else max(
+        0, (before or window.first) - EGRESS_OVERLAP_S)
+    try:
+        result.transfers = ingest.ingest_egress(db, config.sync_state, config.federation_audit,
+                                                registry_jobs, table, start, window.end)
+    except SlurmGeoError as exc:
+        return sources.failed(EGRESS, exc, start, window.end, before)
+    _cover(db, EGRESS, covered_until(window.until, window.now, EGRESS_SETTLE_S))
+    return SourceRun(EGRESS, Outcome.READ, f"{result.transfers} transfer(s)", since=start,
+                     until=window.end, watermark=db.watermark(EGRESS))
+
+
+def _cover(db: BillingDB, source: str, until: int) -> None:
+    """Record that `source` is in up to `until`; a backfill of an older window never
+    takes it back."""
+    key = covered_key(source)
+    db.set_watermark(key, max(until, db.watermark(key) or until))
 
 
 def period_lines(db: BillingDB, period: Period, flags: list[Flag]
