@@ -30,3 +30,8 @@ class SourceUnreadable(BillingError):
         if exit_code is not None:
             self.exit_code = exit_code
 
+
+class BillingDiffers(BillingError):
+    """`billing check`: the billing database and what the sources account for disagree."""
+
+    exit_code = 53

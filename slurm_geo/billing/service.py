@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from slurm_geo.billing import ingest, sources
+from slurm_geo.billing import check, ingest, sources
 from slurm_geo.billing.config import BillingConfig
 from slurm_geo.billing.costs import CostLine, PriceTable
-from slurm_geo.billing.db import BillingDB
+from slurm_geo.billing.db import JOB_COLUMNS, BillingDB
+from slurm_geo.billing.errors import BillingDiffers
 from slurm_geo.billing.periods import Period
 from slurm_geo.billing.report import (
     Flag,
@@ -34,6 +35,9 @@ from slurm_geo.billing.sources import (
     covered_until,
 )
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.federation.audit import AuditLog
+from slurm_geo.slurm.models import MalformedAccountingRow
+from slurm_geo.sync.reader import SyncStateReader
 
 DAY = 86400
 EGRESS_OVERLAP_S = 3600
@@ -152,6 +156,134 @@ def _cover(db: BillingDB, source: str, until: int) -> None:
     takes it back."""
     key = covered_key(source)
     db.set_watermark(key, max(until, db.watermark(key) or until))
+
+
+@dataclass
+class CheckResult:
+    """`billing check` of a period: each source compared (or why not), and every
+    difference found."""
+
+    period: Period
+    sources: list[SourceRun] = field(default_factory=list)
+    totals: dict[str, dict[str, Any]] = field(default_factory=dict)  # source -> both sides
+    differences: list[check.Difference] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """53 on any difference (money billed wrong is the finding that matters most), else
+        as ingest's: the unreadable sources' code."""
+        return BillingDiffers.exit_code if self.differences else sources.exit_code(self.sources)
+
+    def compared(self, source: str, window: Period, billed: dict[str, int],
+                 accounted: dict[str, int], found: list[check.Difference]) -> None:
+        self.totals[source] = {"billed": billed, "accounted": accounted}
+        self.differences += found
+        self.sources.append(SourceRun(
+            source, Outcome.READ, f"{len(found)} difference(s)" if found else "agrees",
+            since=window.start, until=window.end))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"period": self.period.label,
+                "sources": [{**r.as_dict(), **self.totals.get(r.source, {})}
+                            for r in self.sources],
+                "differences": [d.as_dict() for d in self.differences],
+                "exit_code": self.exit_code}
+
+
+def run_check(db: BillingDB, config: BillingConfig, clients: Sequence[Any], period: Period,
+              now: int) -> CheckResult:
+    """Compare what billing holds of `period` with what each source accounts for now,
+    up to where ingest read that source completely (`sources.covered_key`)."""
+    result = CheckResult(period)
+    for client in clients:
+        source = ingest.accounting_source(client.cluster)
+        window = _compared(db, source, period, now, ACCOUNTING_SETTLE_S)
+        if window is None:
+            result.sources.append(SourceRun(source, Outcome.SKIPPED, "nothing of the period "
+                                            "ingested yet"))
+            continue
+        try:
+            accounted = check.usage(_accounted(client, window), window)
+        except SlurmGeoError as exc:
+            result.sources.append(sources.failed(source, exc, window.start, window.end))
+            continue
+        billed = check.usage((check.Incarnation.of(dict(row)) for row in db.incarnations_of(
+            client.cluster, window.start, window.end)), window)
+        result.compared(source, window, check.Totals.of(billed).as_dict(),
+                        check.Totals.of(accounted).as_dict(),
+                        check.compare_usage(source, client.cluster, window, billed, accounted))
+    _check_egress(db, config, period, now, result)
+    return result
+
+
+def _compared(db: BillingDB, source: str, period: Period, now: int, settle_s: int
+              ) -> Period | None:
+    """The part of `period` billing claims to hold all of `source` for; a source never
+    ingested is compared up to now (less what it may still be recording), so that all
+    it holds shows as missing."""
+    covered = db.watermark(covered_key(source))
+    end = min(period.end, covered if covered is not None else now - settle_s)
+    return Period(period.label, period.start, end) if end > period.start else None
+
+
+def _accounted(client: Any, window: Period) -> Iterator[check.Incarnation]:
+    """The cluster's incarnations of `window` as ingest would store them now; rows it
+    could not bill (flagged in reports) are left out on both sides."""
+    for item in ingest.fetch_accounting(client, window.start, window.end):
+        if isinstance(item, MalformedAccountingRow) or ingest.malformed_reason(item):
+            continue
+        row = ingest.incarnation_row(item, {}, window.end)
+        yield check.Incarnation.of(dict(zip(JOB_COLUMNS, row, strict=True)))
+
+
+def _check_egress(db: BillingDB, config: BillingConfig, period: Period, now: int,
+                  result: CheckResult) -> None:
+    """checkpoint-sync's transfers and the daemon's copies against billing's egress rows
+    (the daemon's are stored with kind "move")."""
+    window = _compared(db, EGRESS, period, now, EGRESS_SETTLE_S)
+    wanted = [(name, origin, read) for name, origin, read, path in (
+        ("egress:checkpoint-sync", "checkpoint-sync", _sync_transfers, config.sync_state),
+        ("egress:federation", "the federation daemon", _daemon_copies, config.federation_audit),
+    ) if path is not None]
+    if not wanted:
+        return
+    if window is None:
+        result.sources += [SourceRun(name, Outcome.SKIPPED, "nothing of the period ingested "
+                                     "yet") for name, _, _ in wanted]
+        return
+    rows = [dict(r) for r in db.egress_in(window.start, window.end)]
+    for name, origin, read in wanted:
+        try:
+            recorded = read(config, window)
+        except SlurmGeoError as exc:
+            result.sources.append(sources.failed(name, exc, window.start, window.end))
+            continue
+        moves = name == "egress:federation"
+        billed = {check.transfer_key(r): r["bytes"] or 0 for r in rows
+                  if (r["kind"] == "move") == moves}
+        result.compared(name, window, _transfer_totals(billed), _transfer_totals(recorded),
+                        check.compare_transfers(name, origin, window, billed, recorded))
+
+
+def _sync_transfers(config: BillingConfig, window: Period) -> check.Transfers:
+    assert config.sync_state is not None
+    return {check.transfer_key(asdict(t)): t.bytes or 0 for t in
+            SyncStateReader(config.sync_state).transfers_finished(window.start, window.end)}
+
+
+def _daemon_copies(config: BillingConfig, window: Period) -> check.Transfers:
+    """As ingest reads them: none while the daemon has written no audit log yet."""
+    path = config.federation_audit
+    if path is None or not path.exists():
+        return {}
+    with AuditLog(path, readonly=True) as audit:
+        entries = audit.entries(kind="transfer")
+    return {check.transfer_key(t): t["bytes"] or 0 for t in
+            ingest.federation_transfers(entries, window.start, window.end)}
+
+
+def _transfer_totals(transfers: check.Transfers) -> dict[str, int]:
+    return {"transfers": len(transfers), "bytes": sum(transfers.values())}
 
 
 def period_lines(db: BillingDB, period: Period, flags: list[Flag]

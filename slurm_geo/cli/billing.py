@@ -82,33 +82,72 @@ def ingest(clusters: tuple[str, ...], since: str | None, until: str | None,
     else:
         click.echo(_ingest_table(result))
     if result.failures:
-        _fail("ingest", config, _period(None).label, result.failures, alert,
+        _fail("ingest", config, _period(None).label, result.failures, [], alert,
               result.exit_code)
     if check_budgets:
         _check_budgets(db_path or config.database, None, None, False, as_json=False)
 
 
-def _fail(command: str, config: Any, period: str, failures: dict[str, str], alert: bool,
-          code: int) -> None:
-    """Report each unreadable source on a line of its own (the journal, under systemd),
-    POST them when asked, and exit with `code`."""
+@billing.command()
+@period_option
+@cluster_option
+@alert_option
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def check(period_text: str | None, clusters: tuple[str, ...], alert: bool,
+          db_path: Path | None, as_json: bool) -> None:
+    """Compare what was ingested with what the sources account for; exit 53 on any
+    difference.
+
+    Per cluster, Slurm's accounting now (jobs, incarnations, CPU- and GPU-seconds); per
+    egress source, checkpoint-sync's transfers and the federation daemon's copies (count,
+    bytes): each up to where ingest last read it completely. One line per difference.
+    """
+    from slurm_geo.billing.service import connect_all, run_check
+    from slurm_geo.slurm import connect
+
+    site, config = _load()
+    period = _period(period_text)
+    clients = connect_all(site, clusters, connect)
+    with opened(db_path or config.database, readonly=True) as db:
+        result = run_check(db, config, clients, period, int(time.time()))
+    click.echo(json.dumps(result.as_dict(), indent=2) if as_json else _check_table(result))
+    if result.exit_code:
+        failures = {r.source: r.detail for r in result.sources if r.outcome.value == "failed"}
+        _fail("check", config, period.label, failures,
+              [(d.source, d.message) for d in result.differences], alert, result.exit_code)
+
+
+def _fail(command: str, config: Any, period: str, failures: dict[str, str],
+          differences: list[tuple[str, str]], alert: bool, code: int) -> None:
+    """Report each unreadable source and each difference on a line of its own (the
+    journal, under systemd), POST them when asked, and exit with `code`."""
     from slurm_geo.billing.budgets import failure_alert, post_webhook
-    from slurm_geo.billing.errors import SourceUnreadable
+    from slurm_geo.billing.errors import BillingDiffers, SourceUnreadable
 
     lines = [(source, f"{source} not read: {text}") for source, text in failures.items()]
     for _, text in lines:
         click.echo(f"slurm-geo: error: {text}", err=True)
+    for _, text in differences:
+        click.echo(f"slurm-geo: difference: {text}", err=True)
     if alert:
         alerts = [failure_alert(subject, f"billing {command}: {text}")
-                  for subject, text in lines]
+                  for subject, text in [*lines, *differences]]
         problem = (post_webhook(config.webhook_url, period, alerts) if config.webhook_url
                    else "no [billing] webhook_url is configured")
         if problem:
             click.echo(f"slurm-geo: warning: {problem}; the lines above were not delivered",
                        err=True)
-    raise SourceUnreadable(f"billing {command}: {len(failures)} source(s) not read "
-                           f"({', '.join(failures)}); their watermarks stay, the next run "
-                           "reads those windows again", code)
+    parts = []
+    if failures:
+        parts.append(f"{len(failures)} source(s) not read ({', '.join(failures)})"
+                     + ("; their watermarks stay, the next run reads those windows again"
+                        if command == "ingest" else ""))
+    if differences:
+        parts.append(f"{len(differences)} difference(s) between billing and its sources")
+    message = f"billing {command}{f' {period}' if command == 'check' else ''}: " \
+              f"{'; '.join(parts)}"
+    raise BillingDiffers(message) if differences else SourceUnreadable(message, code)
 
 
 def _ingest_table(result: Any) -> str:
@@ -123,6 +162,23 @@ def _ingest_table(result: Any) -> str:
     if result.repriced:
         lines.append(f"prices changed: {result.repriced} row(s) repriced")
     return "\n".join(lines)
+
+
+def _check_table(result: Any) -> str:
+    rows = [("source", "compared", "result")]
+    for run in result.sources:
+        sides = result.totals.get(run.source, {})
+        billed, accounted = _totals(sides.get("billed")), _totals(sides.get("accounted"))
+        if run.outcome.value == "failed":
+            outcome = "not read"
+        elif not sides:
+            outcome = run.detail
+        elif billed == accounted:
+            outcome = f"agrees: {billed}"
+        else:
+            outcome = f"{run.detail}: billing holds {billed}; the source has {accounted}"
+        rows.append((run.source, _window(run), outcome))
+    return "\n".join([f"billing check {result.period.label}", *_columns(rows)])
 
 
 def _window(run: Any) -> str:
