@@ -270,3 +270,12 @@ def test_an_unreadable_sync_state_is_reported_by_check_too(tmp_path, clusters, c
                                    clock.now)
     assert result.exit_code == 40
     assert "cannot read checkpoint-sync's state" in result.as_dict()["sources"][-1]["detail"]
+
+
+@pytest.mark.parametrize("until, now, expected", [
+    (None, T0, T0 - sources.ACCOUNTING_SETTLE_S),  # until now: less what is still settling
+    (T0 - 5, T0, T0 - 5),                          # an --until given: taken at its word
+    (T0 + HOUR, T0, T0),                           # ... but nothing after now has happened
+])
+def test_how_far_a_source_is_covered(until, now, expected):
+    assert sources.covered_until(until, now, sources.ACCOUNTING_SETTLE_S) == expected

@@ -1,5 +1,6 @@
-"""What the CLI and the timer run: ingest every cluster, build a period's lines. Thin I/O
-around the pure parts; Slurm clients are passed in (`connect`), never created here."""
+"""What the CLI and the timer run: ingest every source, check what was ingested against
+them, build a period's lines. Thin I/O around the pure parts (`sources`, `check`, costs,
+reports); Slurm clients are passed in (`connect`), never created here."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from slurm_geo.slurm.models import MalformedAccountingRow
 from slurm_geo.sync.reader import SyncStateReader
 
 DAY = 86400
-EGRESS_OVERLAP_S = 3600
+EGRESS_OVERLAP_S = EGRESS_SETTLE_S  # how late checkpoint-sync may record a transfer
 
 
 @dataclass
@@ -167,6 +168,11 @@ class CheckResult:
     sources: list[SourceRun] = field(default_factory=list)
     totals: dict[str, dict[str, Any]] = field(default_factory=dict)  # source -> both sides
     differences: list[check.Difference] = field(default_factory=list)
+
+    @property
+    def failures(self) -> dict[str, str]:
+        """{source: the error, naming the fix} of each source that could not be read."""
+        return {r.source: r.detail for r in self.sources if r.outcome is Outcome.FAILED}
 
     @property
     def exit_code(self) -> int:

@@ -96,9 +96,9 @@ def covered_key(source: str) -> str:
 
 def covered_until(until: int | None, now: int, settle_s: int) -> int:
     """How far a window read completely just now can be trusted: an --until the admin gave
-    is taken at its word; a window that ran until now, less what the source may still be
-    recording."""
-    return until if until is not None else now - settle_s
+    is taken at its word (up to now: nothing later has happened yet); a window that ran
+    until now, less what the source may still be recording."""
+    return min(until, now) if until is not None else now - settle_s
 
 
 def _iso(seconds: int | None) -> str | None:

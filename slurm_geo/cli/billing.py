@@ -113,8 +113,7 @@ def check(period_text: str | None, clusters: tuple[str, ...], alert: bool,
         result = run_check(db, config, clients, period, int(time.time()))
     click.echo(json.dumps(result.as_dict(), indent=2) if as_json else _check_table(result))
     if result.exit_code:
-        failures = {r.source: r.detail for r in result.sources if r.outcome.value == "failed"}
-        _fail("check", config, period.label, failures,
+        _fail("check", config, period.label, result.failures,
               [(d.source, d.message) for d in result.differences], alert, result.exit_code)
 
 
