@@ -224,9 +224,13 @@ def test_cli_user_mistakes_are_one_line(args, code, message, site_config):
 
 def test_cli_ingest_reports_an_unreachable_cluster(tmp_path, site_config):
     run = cli("ingest", "--db", str(tmp_path / "x.db"), env=site_config)
-    assert run.returncode == 50
-    assert "not ingested: onprem" in run.stderr and "Traceback" not in run.stderr
-    assert len(run.stderr.strip().splitlines()) <= 2
+    assert run.returncode == 52
+    first, last = run.stderr.strip().splitlines()
+    assert first.startswith("slurm-geo: error: accounting:onprem not read: ")
+    assert last == "slurm-geo: error: billing ingest: 1 source(s) not read (accounting:onprem);" \
+        " their watermarks stay, the next run reads those windows again"
+    assert "Traceback" not in run.stderr
+    assert "accounting:onprem  failed" in run.stdout and "no watermark yet" in run.stdout
 
 
 def test_help_lists_billing():
@@ -496,22 +500,40 @@ def test_an_unreadable_sync_state_fails_egress_ingest_and_keeps_the_watermark(
         assert db.conn.execute("SELECT COUNT(*) FROM egress").fetchone()[0] == 0
 
 
-@pytest.mark.parametrize("broken, code, message", [
-    ("sync.db", 40, "cannot read checkpoint-sync's state {tmp}/sync.db: file is not a "
-                    "database"),
-    ("registry.db", 42, "cannot read the job registry {tmp}/registry.db: file is not a "
-                        "database"),
-])
-def test_cli_ingest_exits_non_zero_on_an_unreadable_source(tmp_path, synced_site, broken,
-                                                           code, message):
+DAMAGED = ": file is not a database: the file is damaged or is another database; check " \
+    "the configured path"
+
+
+def test_cli_ingest_stops_at_an_unreadable_registry(tmp_path, synced_site):
+    """Nothing is read without the registry's lineage: every other source is skipped, so
+    no watermark moves past what would be billed without it. Exit 42, the registry's."""
     from slurm_geo.sync.state import StateDB
 
     StateDB(tmp_path / "sync.db").close()
-    _damage(tmp_path / broken)
+    _damage(tmp_path / "registry.db")
+    run = cli("ingest", "--json", env=synced_site)
+    assert run.returncode == 42, run.stderr
+    assert run.stderr.strip().splitlines()[0] == "slurm-geo: error: registry not read: " \
+        f"cannot read the job registry {tmp_path}/registry.db{DAMAGED}"
+    outcomes = {s["source"]: s["outcome"] for s in json.loads(run.stdout)["sources"]}
+    assert outcomes == {"registry": "failed", "accounting:onprem": "skipped",
+                        "egress": "skipped"}
+    assert "Traceback" not in run.stderr
+
+
+def test_cli_ingest_names_every_source_it_could_not_read(tmp_path, synced_site):
+    """An unreachable cluster (exit 52 alone) and a damaged checkpoint-sync state (exit 40
+    alone): together, 52; each on its own line, naming its fix."""
+    _damage(tmp_path / "sync.db")
     run = cli("ingest", env=synced_site)
-    assert run.returncode == code, run.stderr
-    assert run.stderr.strip() == f"slurm-geo: error: {message.format(tmp=tmp_path)}: the " \
-        "file is damaged or is another database; check the configured path"
+    assert run.returncode == 52, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert lines[0].startswith("slurm-geo: error: accounting:onprem not read: ")
+    assert lines[1] == "slurm-geo: error: egress not read: cannot read checkpoint-sync's " \
+        f"state {tmp_path}/sync.db{DAMAGED}"
+    assert lines[2].startswith("slurm-geo: error: billing ingest: 2 source(s) not read "
+                               "(accounting:onprem, egress)")
+    assert "Traceback" not in run.stderr
 
 
 def test_cli_ingest_with_readable_sources_and_no_registry_yet(tmp_path, synced_site):
@@ -519,6 +541,9 @@ def test_cli_ingest_with_readable_sources_and_no_registry_yet(tmp_path, synced_s
 
     StateDB(tmp_path / "sync.db").close()  # checkpoint-sync ran; no geo job started yet
     run = cli("ingest", "--json", env=synced_site)
-    assert run.returncode == 50  # only the unreachable cluster is reported
-    assert "not ingested: onprem" in run.stderr and "Traceback" not in run.stderr
-    assert json.loads(run.stdout)["transfers"] == 0
+    assert run.returncode == 52  # only the unreachable cluster is reported
+    assert "accounting:onprem not read" in run.stderr and "Traceback" not in run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["transfers"] == 0 and list(doc["failures"]) == ["accounting:onprem"]
+    assert [(s["source"], s["outcome"]) for s in doc["sources"]] == [
+        ("registry", "read"), ("accounting:onprem", "failed"), ("egress", "read")]

@@ -38,13 +38,15 @@ def test_unit_settings(unit, key, value):
     assert value in settings(unit)[key]
 
 
-def test_the_service_runs_a_command_slurm_geo_accepts():
+def test_the_service_runs_ingest_then_check_both_alerting():
+    """Each line a command slurm-geo accepts; ingest first (check compares what it read)."""
     from slurm_geo.errors import SlurmGeoError  # noqa: F401 - the package imports
 
-    [command] = settings(SERVICE)["ExecStart"]
-    argv = shlex.split(command)
-    assert argv[0] == "/usr/local/bin/slurm-geo"
-    run = subprocess.run([sys.executable, "-m", "slurm_geo", *argv[1:], "--help"],
-                         capture_output=True, text=True, timeout=30)
-    assert run.returncode == 0, run.stderr
-    assert "--check-budgets" in run.stdout
+    commands = [shlex.split(c) for c in settings(SERVICE)["ExecStart"]]
+    assert [argv[1:3] for argv in commands] == [["billing", "ingest"], ["billing", "check"]]
+    for argv in commands:
+        assert argv[0] == "/usr/local/bin/slurm-geo" and "--alert" in argv
+        run = subprocess.run([sys.executable, "-m", "slurm_geo", *argv[1:], "--help"],
+                             capture_output=True, text=True, timeout=30)
+        assert run.returncode == 0, run.stderr
+    assert "--check-budgets" in commands[0]

@@ -78,3 +78,15 @@ def test_every_port_is_distinct():
 ])
 def test_restd_plugins_by_release(version, expected):
     assert restd_plugins(version) == expected
+
+
+def test_the_sandbox_bills_into_a_database_inside_its_own_root():
+    """Not the site default /var/lib/slurm-geo/billing.db, which every sandbox would share."""
+    from slurm_geo.billing.config import DEFAULT_DATABASE, billing_config
+
+    config = billing_config(parse_config(tomllib.loads(site_config(LAYOUT))))
+    assert config.database == LAYOUT.root / "billing" / "billing.db"
+    assert config.database.is_relative_to(LAYOUT.root) and config.database != DEFAULT_DATABASE
+    other = SandboxLayout(Path("/srv/other"), 21000)
+    assert billing_config(parse_config(tomllib.loads(site_config(other)))).database != \
+        config.database

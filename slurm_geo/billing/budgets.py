@@ -18,7 +18,7 @@ from slurm_geo.billing.report import Owner
 
 @dataclass(frozen=True)
 class Alert:
-    level: str          # "warning" or "exceeded"
+    level: str          # "warning" or "exceeded"; "error" (`failure_alert`)
     cost_center: str
     subject: str        # "month" or the logical job
     spent_usd: float
@@ -67,6 +67,13 @@ def spending(lines: Iterable[tuple[Owner, CostLine]]
         key = (owner.cost_center, owner.logical_id or owner.job)
         jobs[key] = jobs.get(key, 0.0) + amount
     return centers, jobs
+
+
+def failure_alert(subject: str, message: str) -> Alert:
+    """A `billing ingest` that could not read a source, or a `billing check` that found a
+    difference, sent as budget alerts are (level "error"): a bill known to be incomplete or
+    wrong is the webhook's business as much as an overspent one."""
+    return Alert("error", "", subject, 0.0, 0.0, message)
 
 
 def post_webhook(url: str, period: str, alerts: Sequence[Alert], timeout_s: float = 5.0,

@@ -8,7 +8,8 @@ Tables (times are Unix seconds, UTC):
     clusters    region and provider of each cluster, prices  the effective-dated price table
     cost_lines  per incarnation or transfer, calendar month and price: a `costs.Charge`
     problems    accounting rows that could not be read, kept verbatim
-    watermarks  where the next incremental ingest of each source starts
+    watermarks  where the next incremental ingest of each source starts; and, under
+                "covered:SOURCE", how far that source was read completely (billing check)
 
 Writes are batched `executemany` upserts inside one transaction per batch, so memory stays
 bounded and a re-ingest of the same window leaves every table as it was.
@@ -207,6 +208,14 @@ class BillingDB:
         return self.conn.execute(
             "SELECT * FROM jobs WHERE start_ts IS NOT NULL AND start_ts < ? AND "
             "COALESCE(end_ts, as_of) > ? ORDER BY cluster, job_id, submit_ts", [end, start])
+
+    def incarnations_of(self, cluster: str, start: int, end: int) -> Iterator[sqlite3.Row]:
+        """One cluster's incarnations that ran at some point of [start, end): what `billing
+        check` compares with that cluster's accounting."""
+        return self.conn.execute(
+            "SELECT job_id, submit_ts, start_ts, end_ts, elapsed_s, cpus, gpus, as_of FROM "
+            "jobs WHERE cluster = ? AND start_ts IS NOT NULL AND start_ts < ? AND "
+            "COALESCE(end_ts, as_of) > ?", [cluster, end, start])
 
     def jobs_by_keys(self, keys: Sequence[tuple[str, int, int]]) -> list[sqlite3.Row]:
         rows = []

@@ -15,3 +15,23 @@ class BudgetExceeded(BillingError):
     """At least one cost center spent more than its budget in the period (for scripts)."""
 
     exit_code = 51
+
+
+class SourceUnreadable(BillingError):
+    """A source billing reads could not be read completely: a cluster's accounting (token
+    refused, controller or slurmdbd unreachable, an error in slurmrestd's answer), or more
+    than one source at once. Its watermark stayed: the next run reads that window again.
+    (A single unreadable database keeps its own code: 40, 42, 55.)"""
+
+    exit_code = 52
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class BillingDiffers(BillingError):
+    """`billing check`: the billing database and what the sources account for disagree."""
+
+    exit_code = 53

@@ -169,18 +169,31 @@ def _write_batch(db: BillingDB, columns: list[str], rows: list[list[Any]],
         db.add_problems(problems)
 
 
-def ingest_cluster(db: BillingDB, client: Any, since: int, until: int, lineage: Lineage,
-                   prices: costs.PriceTable) -> IngestStats:
-    """One cluster's window [since, until) through its SlurmClient; moves its watermark."""
-    stats = IngestStats(client.cluster, since, until)
+def fetch_accounting(client: Any, since: int, until: int
+                     ) -> Iterable[AccountingRecord | MalformedAccountingRow]:
+    """Every incarnation overlapping [since, until) that the cluster's accounting holds, or
+    a SlurmError: a window that cannot be read completely is never an empty one. CLI
+    clusters stream `sacct --parsable2`; REST ones answer one JSON document."""
     window = {"start": datetime.fromtimestamp(since, UTC),
               "end": datetime.fromtimestamp(until, UTC)}
-    # CLI clusters stream `sacct --parsable2`; REST ones answer one JSON document.
     rows = getattr(client, "accounting_rows", None)
-    records = rows(**window) if callable(rows) else client.accounting(**window)
-    ingest_records(db, records, stats, lineage, until, prices)
+    return rows(**window) if callable(rows) else client.accounting(**window)
+
+
+def accounting_source(cluster: str) -> str:
+    """The name of a cluster's accounting as a source: its watermark's key, and what
+    `billing ingest` and `billing check` report it as."""
+    return f"accounting:{cluster}"
+
+
+def ingest_cluster(db: BillingDB, client: Any, since: int, until: int, lineage: Lineage,
+                   prices: costs.PriceTable) -> IngestStats:
+    """One cluster's window [since, until) through its SlurmClient; moves its watermark
+    only once the whole window is in (a SlurmError leaves it where it was)."""
+    stats = IngestStats(client.cluster, since, until)
+    ingest_records(db, fetch_accounting(client, since, until), stats, lineage, until, prices)
     db.count_restarts()
-    db.set_watermark(f"accounting:{client.cluster}",
+    db.set_watermark(accounting_source(client.cluster),
                      next_watermark(until, stats.unfinished_since))
     return stats
 

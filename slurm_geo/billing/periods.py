@@ -31,6 +31,11 @@ def epoch(moment: datetime) -> int:
     return int(moment.timestamp())
 
 
+def iso(seconds: int | float) -> str:
+    """Unix seconds as shown to people and scripts: 2026-11-29T18:00:00Z."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def utc_time(text: str) -> datetime:
     """An ISO date or date-time; UTC unless it carries an offset."""
     try:

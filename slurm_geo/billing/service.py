@@ -1,17 +1,19 @@
-"""What the CLI and the timer run: ingest every cluster, build a period's lines. Thin I/O
-around the pure parts; Slurm clients are passed in (`connect`), never created here."""
+"""What the CLI and the timer run: ingest every source, check what was ingested against
+them, build a period's lines. Thin I/O around the pure parts (`sources`, `check`, costs,
+reports); Slurm clients are passed in (`connect`), never created here."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from slurm_geo.billing import ingest
+from slurm_geo.billing import check, ingest, sources
 from slurm_geo.billing.config import BillingConfig
 from slurm_geo.billing.costs import CostLine, PriceTable
-from slurm_geo.billing.db import BillingDB
+from slurm_geo.billing.db import JOB_COLUMNS, BillingDB
+from slurm_geo.billing.errors import BillingDiffers
 from slurm_geo.billing.periods import Period
 from slurm_geo.billing.report import (
     Flag,
@@ -23,52 +25,271 @@ from slurm_geo.billing.report import (
     no_price_flag,
     priced,
 )
+from slurm_geo.billing.sources import (
+    ACCOUNTING_SETTLE_S,
+    EGRESS,
+    EGRESS_SETTLE_S,
+    REGISTRY,
+    Outcome,
+    SourceRun,
+    covered_key,
+    covered_until,
+)
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.federation.audit import AuditLog
+from slurm_geo.slurm.models import MalformedAccountingRow
+from slurm_geo.sync.reader import SyncStateReader
 
 DAY = 86400
-EGRESS_OVERLAP_S = 3600
+EGRESS_OVERLAP_S = EGRESS_SETTLE_S  # how late checkpoint-sync may record a transfer
 
 
 @dataclass
 class IngestResult:
+    """Every source's outcome (`sources`), and what was read of each cluster."""
+
     clusters: list[ingest.IngestStats] = field(default_factory=list)
-    failures: dict[str, str] = field(default_factory=dict)
+    sources: list[SourceRun] = field(default_factory=list)
     transfers: int = 0
     repriced: int = 0
 
+    @property
+    def failures(self) -> dict[str, str]:
+        """{source: the error, naming the fix} of each source not read completely."""
+        return {r.source: r.detail for r in self.sources if r.outcome is Outcome.FAILED}
+
+    @property
+    def exit_code(self) -> int:
+        return sources.exit_code(self.sources)
+
     def as_dict(self) -> dict[str, Any]:
-        return {"clusters": [s.as_dict() for s in self.clusters], "failures": self.failures,
-                "transfers": self.transfers, "repriced": self.repriced}
+        return {"sources": [r.as_dict() for r in self.sources],
+                "clusters": [s.as_dict() for s in self.clusters], "failures": self.failures,
+                "transfers": self.transfers, "repriced": self.repriced,
+                "exit_code": self.exit_code}
 
 
 def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[Any], now: int,
                since: int | None = None, until: int | None = None) -> IngestResult:
-    """Ingest each cluster from its watermark (or `since`) to `until` (default: now).
+    """Ingest each source from its watermark (or `since`) to `until` (default: now).
 
-    A cluster that cannot be reached is recorded in `failures` and the others go on; its
-    watermark stays, so the next run fetches what was missed.
+    A source that cannot be read completely ends FAILED in the result and keeps its
+    watermark, so the next run reads the same window again; the others go on. Every other
+    source needs the registry (lineage; who owns a checkpoint run): when it cannot be read,
+    nothing is. Errors of the billing database itself are raised.
     """
     result = IngestResult()
     table = PriceTable(config.prices, config.clusters)
     if db.set_prices(config.prices, config.clusters):
         result.repriced = ingest.reprice_all(db, table)
-    lineage, registry_jobs = ingest.read_registry(config.registry)
-    end = until if until is not None else now
-    first = now - config.first_ingest_days * DAY
+    try:
+        lineage, registry_jobs = ingest.read_registry(config.registry)
+    except SlurmGeoError as exc:
+        needs = ("not read: it needs the registry, and what it bills without it would stay "
+                 "wrong")
+        result.sources += [sources.failed(REGISTRY, exc), *(
+            SourceRun(name, Outcome.SKIPPED, needs)
+            for name in [*(ingest.accounting_source(c.cluster) for c in clients), EGRESS])]
+        return result
+    if config.registry is not None:
+        result.sources.append(SourceRun(REGISTRY, Outcome.READ, f"{len(lineage)} lineage "
+                                        f"link(s), {len(registry_jobs)} geo job(s)"))
+    window = _Window(now, since, until, now - config.first_ingest_days * DAY)
     for client in clients:
-        start = since if since is not None else (
-            db.watermark(f"accounting:{client.cluster}") or first)
-        try:
-            stats = ingest.ingest_cluster(db, client, start, end, lineage, table)
-        except SlurmGeoError as exc:
-            result.failures[client.cluster] = str(exc)  # the caller reports it
-            continue
-        result.clusters.append(stats)
-    egress_since = since if since is not None else max(
-        0, (db.watermark(ingest.EGRESS_SOURCE) or first) - EGRESS_OVERLAP_S)
-    result.transfers = ingest.ingest_egress(db, config.sync_state, config.federation_audit,
-                                            registry_jobs, table, egress_since, end)
+        result.sources.append(_ingest_cluster(db, client, window, lineage, table, result))
+    result.sources.append(_ingest_egress(db, config, window, registry_jobs, table, result))
     return result
+
+
+@dataclass(frozen=True)
+class _Window:
+    now: int
+    since: int | None  # as given (a backfill), else each source starts at its watermark
+    until: int | None  # as given, else now
+    first: int         # where a source never ingested starts
+
+    @property
+    def end(self) -> int:
+        return self.until if self.until is not None else self.now
+
+    def start(self, watermark: int | None) -> int:
+        return self.since if self.since is not None else (watermark or self.first)
+
+
+def _ingest_cluster(db: BillingDB, client: Any, window: _Window, lineage: ingest.Lineage,
+                    table: PriceTable, result: IngestResult) -> SourceRun:
+    source = ingest.accounting_source(client.cluster)
+    before = db.watermark(source)
+    start = window.start(before)
+    try:
+        stats = ingest.ingest_cluster(db, client, start, window.end, lineage, table)
+    except SlurmGeoError as exc:
+        return sources.failed(source, exc, start, window.end, before)
+    result.clusters.append(stats)
+    _cover(db, source, covered_until(window.until, window.now, ACCOUNTING_SETTLE_S))
+    return SourceRun(source, Outcome.READ,
+                     f"{stats.incarnations} incarnation(s) from {stats.records} record(s), "
+                     f"{stats.malformed} malformed, {stats.pending} pending",
+                     since=start, until=window.end, watermark=db.watermark(source))
+
+
+def _ingest_egress(db: BillingDB, config: BillingConfig, window: _Window,
+                   registry_jobs: list[Any], table: PriceTable, result: IngestResult
+                   ) -> SourceRun:
+    before = db.watermark(EGRESS)
+    # Read again from an hour before the watermark: checkpoint-sync records a transfer
+    # when its object is in, which may be long after it began; rows are keyed, so a
+    # transfer read twice is stored once.
+    start = window.since if window.since is not None else max(
+        0, (before or window.first) - EGRESS_OVERLAP_S)
+    try:
+        result.transfers = ingest.ingest_egress(db, config.sync_state, config.federation_audit,
+                                                registry_jobs, table, start, window.end)
+    except SlurmGeoError as exc:
+        return sources.failed(EGRESS, exc, start, window.end, before)
+    _cover(db, EGRESS, covered_until(window.until, window.now, EGRESS_SETTLE_S))
+    return SourceRun(EGRESS, Outcome.READ, f"{result.transfers} transfer(s)", since=start,
+                     until=window.end, watermark=db.watermark(EGRESS))
+
+
+def _cover(db: BillingDB, source: str, until: int) -> None:
+    """Record that `source` is in up to `until`; a backfill of an older window never
+    takes it back."""
+    key = covered_key(source)
+    db.set_watermark(key, max(until, db.watermark(key) or until))
+
+
+@dataclass
+class CheckResult:
+    """`billing check` of a period: each source compared (or why not), and every
+    difference found."""
+
+    period: Period
+    sources: list[SourceRun] = field(default_factory=list)
+    totals: dict[str, dict[str, Any]] = field(default_factory=dict)  # source -> both sides
+    differences: list[check.Difference] = field(default_factory=list)
+
+    @property
+    def failures(self) -> dict[str, str]:
+        """{source: the error, naming the fix} of each source that could not be read."""
+        return {r.source: r.detail for r in self.sources if r.outcome is Outcome.FAILED}
+
+    @property
+    def exit_code(self) -> int:
+        """53 on any difference (money billed wrong is the finding that matters most), else
+        as ingest's: the unreadable sources' code."""
+        return BillingDiffers.exit_code if self.differences else sources.exit_code(self.sources)
+
+    def compared(self, source: str, window: Period, billed: dict[str, int],
+                 accounted: dict[str, int], found: list[check.Difference]) -> None:
+        self.totals[source] = {"billed": billed, "accounted": accounted}
+        self.differences += found
+        self.sources.append(SourceRun(
+            source, Outcome.READ, f"{len(found)} difference(s)" if found else "agrees",
+            since=window.start, until=window.end))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"period": self.period.label,
+                "sources": [{**r.as_dict(), **self.totals.get(r.source, {})}
+                            for r in self.sources],
+                "differences": [d.as_dict() for d in self.differences],
+                "exit_code": self.exit_code}
+
+
+def run_check(db: BillingDB, config: BillingConfig, clients: Sequence[Any], period: Period,
+              now: int) -> CheckResult:
+    """Compare what billing holds of `period` with what each source accounts for now,
+    up to where ingest read that source completely (`sources.covered_key`)."""
+    result = CheckResult(period)
+    for client in clients:
+        source = ingest.accounting_source(client.cluster)
+        window = _compared(db, source, period, now, ACCOUNTING_SETTLE_S)
+        if window is None:
+            result.sources.append(SourceRun(source, Outcome.SKIPPED, "nothing of the period "
+                                            "ingested yet"))
+            continue
+        try:
+            accounted = check.usage(_accounted(client, window), window)
+        except SlurmGeoError as exc:
+            result.sources.append(sources.failed(source, exc, window.start, window.end))
+            continue
+        billed = check.usage((check.Incarnation.of(dict(row)) for row in db.incarnations_of(
+            client.cluster, window.start, window.end)), window)
+        result.compared(source, window, check.Totals.of(billed).as_dict(),
+                        check.Totals.of(accounted).as_dict(),
+                        check.compare_usage(source, client.cluster, window, billed, accounted))
+    _check_egress(db, config, period, now, result)
+    return result
+
+
+def _compared(db: BillingDB, source: str, period: Period, now: int, settle_s: int
+              ) -> Period | None:
+    """The part of `period` billing claims to hold all of `source` for; a source never
+    ingested is compared up to now (less what it may still be recording), so that all
+    it holds shows as missing."""
+    covered = db.watermark(covered_key(source))
+    end = min(period.end, covered if covered is not None else now - settle_s)
+    return Period(period.label, period.start, end) if end > period.start else None
+
+
+def _accounted(client: Any, window: Period) -> Iterator[check.Incarnation]:
+    """The cluster's incarnations of `window` as ingest would store them now; rows it
+    could not bill (flagged in reports) are left out on both sides."""
+    for item in ingest.fetch_accounting(client, window.start, window.end):
+        if isinstance(item, MalformedAccountingRow) or ingest.malformed_reason(item):
+            continue
+        row = ingest.incarnation_row(item, {}, window.end)
+        yield check.Incarnation.of(dict(zip(JOB_COLUMNS, row, strict=True)))
+
+
+def _check_egress(db: BillingDB, config: BillingConfig, period: Period, now: int,
+                  result: CheckResult) -> None:
+    """checkpoint-sync's transfers and the daemon's copies against billing's egress rows
+    (the daemon's are stored with kind "move")."""
+    window = _compared(db, EGRESS, period, now, EGRESS_SETTLE_S)
+    wanted = [(name, origin, read) for name, origin, read, path in (
+        ("egress:checkpoint-sync", "checkpoint-sync", _sync_transfers, config.sync_state),
+        ("egress:federation", "the federation daemon", _daemon_copies, config.federation_audit),
+    ) if path is not None]
+    if not wanted:
+        return
+    if window is None:
+        result.sources += [SourceRun(name, Outcome.SKIPPED, "nothing of the period ingested "
+                                     "yet") for name, _, _ in wanted]
+        return
+    rows = [dict(r) for r in db.egress_in(window.start, window.end)]
+    for name, origin, read in wanted:
+        try:
+            recorded = read(config, window)
+        except SlurmGeoError as exc:
+            result.sources.append(sources.failed(name, exc, window.start, window.end))
+            continue
+        moves = name == "egress:federation"
+        billed = {check.transfer_key(r): r["bytes"] or 0 for r in rows
+                  if (r["kind"] == "move") == moves}
+        result.compared(name, window, _transfer_totals(billed), _transfer_totals(recorded),
+                        check.compare_transfers(name, origin, window, billed, recorded))
+
+
+def _sync_transfers(config: BillingConfig, window: Period) -> check.Transfers:
+    assert config.sync_state is not None
+    return {check.transfer_key(asdict(t)): t.bytes or 0 for t in
+            SyncStateReader(config.sync_state).transfers_finished(window.start, window.end)}
+
+
+def _daemon_copies(config: BillingConfig, window: Period) -> check.Transfers:
+    """As ingest reads them: none while the daemon has written no audit log yet."""
+    path = config.federation_audit
+    if path is None or not path.exists():
+        return {}
+    with AuditLog(path, readonly=True) as audit:
+        entries = audit.entries(kind="transfer")
+    return {check.transfer_key(t): t["bytes"] or 0 for t in
+            ingest.federation_transfers(entries, window.start, window.end)}
+
+
+def _transfer_totals(transfers: check.Transfers) -> dict[str, int]:
+    return {"transfers": len(transfers), "bytes": sum(transfers.values())}
 
 
 def period_lines(db: BillingDB, period: Period, flags: list[Flag]

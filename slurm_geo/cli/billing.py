@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -41,19 +41,32 @@ def billing() -> None:
     """Chargeback: rental, egress and marketplace costs per job and cost center."""
 
 
+cluster_option = click.option(
+    "--cluster", "clusters", multiple=True,
+    help="Only this cluster (repeatable; default: every cluster in the config).")
+alert_option = click.option(
+    "--alert", is_flag=True,
+    help="Also POST each failure to [billing] webhook_url, as budget alerts (the timer "
+         "passes it).")
+
+
 @billing.command()
-@click.option("--cluster", "clusters", multiple=True,
-              help="Only this cluster (repeatable; default: every cluster in the config).")
+@cluster_option
 @click.option("--since", default=None, help="Start here instead of at the watermark (UTC).")
 @click.option("--until", default=None, help="End of the window (UTC; default: now).")
 @click.option("--check-budgets", is_flag=True,
               help="Then check this month's budgets, as `billing budgets` does.")
+@alert_option
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ingest(clusters: tuple[str, ...], since: str | None, until: str | None,
-           check_budgets: bool, db_path: Path | None, as_json: bool) -> None:
-    """Fetch accounting (every requeued incarnation) and checkpoint egress into the database."""
-    from slurm_geo.billing.errors import BillingError
+           check_budgets: bool, alert: bool, db_path: Path | None, as_json: bool) -> None:
+    """Fetch accounting (every requeued incarnation) and checkpoint egress into the database.
+
+    A source that cannot be read completely keeps its watermark (the next run reads that
+    window again) and makes the command exit non-zero: 52, or 40 / 42 / 55 when only
+    checkpoint-sync's state / the registry / the audit log failed.
+    """
     from slurm_geo.billing.periods import epoch, utc_time
     from slurm_geo.billing.service import connect_all, run_ingest
     from slurm_geo.slurm import connect
@@ -67,20 +80,121 @@ def ingest(clusters: tuple[str, ...], since: str | None, until: str | None,
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
     else:
-        for stats in result.clusters:
-            click.echo(f"{stats.cluster}: {stats.incarnations} incarnation(s) from "
-                       f"{stats.records} record(s), {stats.malformed} malformed, "
-                       f"{stats.pending} pending ({stats.as_dict()['since']} .. "
-                       f"{stats.as_dict()['until']})")
-        click.echo(f"egress: {result.transfers} transfer(s)"
-                   + (f"; prices changed, {result.repriced} row(s) repriced"
-                      if result.repriced else ""))
+        click.echo(_ingest_table(result))
     if result.failures:
-        names = ", ".join(sorted(result.failures))
-        raise BillingError(f"not ingested: {names} ({next(iter(result.failures.values()))}); "
-                           "the next run retries from the same watermark")
+        _fail("ingest", config, _period(None).label, result.failures, [], alert,
+              result.exit_code)
     if check_budgets:
         _check_budgets(db_path or config.database, None, None, False, as_json=False)
+
+
+@billing.command()
+@period_option
+@cluster_option
+@alert_option
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def check(period_text: str | None, clusters: tuple[str, ...], alert: bool,
+          db_path: Path | None, as_json: bool) -> None:
+    """Compare what was ingested with what the sources account for; exit 53 on any
+    difference.
+
+    Per cluster, Slurm's accounting now (jobs, incarnations, CPU- and GPU-seconds); per
+    egress source, checkpoint-sync's transfers and the federation daemon's copies (count,
+    bytes): each up to where ingest last read it completely. One line per difference.
+    """
+    from slurm_geo.billing.service import connect_all, run_check
+    from slurm_geo.slurm import connect
+
+    site, config = _load()
+    period = _period(period_text)
+    clients = connect_all(site, clusters, connect)
+    with opened(db_path or config.database, readonly=True) as db:
+        result = run_check(db, config, clients, period, int(time.time()))
+    click.echo(json.dumps(result.as_dict(), indent=2) if as_json else _check_table(result))
+    if result.exit_code:
+        _fail("check", config, period.label, result.failures,
+              [(d.source, d.message) for d in result.differences], alert, result.exit_code)
+
+
+def _fail(command: str, config: Any, period: str, failures: dict[str, str],
+          differences: list[tuple[str, str]], alert: bool, code: int) -> None:
+    """Report each unreadable source and each difference on a line of its own (the
+    journal, under systemd), POST them when asked, and exit with `code`."""
+    from slurm_geo.billing.budgets import failure_alert, post_webhook
+    from slurm_geo.billing.errors import BillingDiffers, SourceUnreadable
+
+    lines = [(source, f"{source} not read: {text}") for source, text in failures.items()]
+    for _, text in lines:
+        click.echo(f"slurm-geo: error: {text}", err=True)
+    for _, text in differences:
+        click.echo(f"slurm-geo: difference: {text}", err=True)
+    if alert:
+        alerts = [failure_alert(subject, f"billing {command}: {text}")
+                  for subject, text in [*lines, *differences]]
+        problem = (post_webhook(config.webhook_url, period, alerts) if config.webhook_url
+                   else "no [billing] webhook_url is configured")
+        if problem:
+            click.echo(f"slurm-geo: warning: {problem}; the lines above were not delivered",
+                       err=True)
+    parts = []
+    if failures:
+        parts.append(f"{len(failures)} source(s) not read ({', '.join(failures)})"
+                     + ("; their watermarks stay, the next run reads those windows again"
+                        if command == "ingest" else ""))
+    if differences:
+        parts.append(f"{len(differences)} difference(s) between billing and its sources")
+    message = f"billing {command}{f' {period}' if command == 'check' else ''}: " \
+              f"{'; '.join(parts)}"
+    raise BillingDiffers(message) if differences else SourceUnreadable(message, code)
+
+
+def _ingest_table(result: Any) -> str:
+    rows = [("source", "outcome", "window", "detail")]
+    for run in result.sources:
+        detail = run.detail
+        if run.outcome.value == "failed":
+            mark = run.as_dict()["watermark"]
+            detail = f"watermark stays at {mark}" if mark else "no watermark yet"
+        rows.append((run.source, run.outcome.value, _window(run), detail))
+    lines = _columns(rows)
+    if result.repriced:
+        lines.append(f"prices changed: {result.repriced} row(s) repriced")
+    return "\n".join(lines)
+
+
+def _check_table(result: Any) -> str:
+    rows = [("source", "compared", "result")]
+    for run in result.sources:
+        sides = result.totals.get(run.source, {})
+        billed, accounted = _totals(sides.get("billed")), _totals(sides.get("accounted"))
+        if run.outcome.value == "failed":
+            outcome = "not read"
+        elif not sides:
+            outcome = run.detail
+        elif billed == accounted:
+            outcome = f"agrees: {billed}"
+        else:
+            outcome = f"{run.detail}: billing holds {billed}; the source has {accounted}"
+        rows.append((run.source, _window(run), outcome))
+    return "\n".join([f"billing check {result.period.label}", *_columns(rows)])
+
+
+def _window(run: Any) -> str:
+    shown = run.as_dict()
+    return f"{shown['since']} .. {shown['until']}" if run.since is not None and \
+        run.until is not None else ""
+
+
+def _totals(totals: dict[str, int] | None) -> str:
+    names = {"cpu_seconds": "cpu-s", "gpu_seconds": "gpu-s"}
+    return ", ".join(f"{value} {names.get(key, key)}" for key, value in (totals or {}).items())
+
+
+def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+            .rstrip() for row in rows]
 
 
 @billing.command()

@@ -218,12 +218,13 @@ class AuditLog:
         if kind is not None:
             sql += " AND kind = ?"
             args.append(kind)
-        rows = self._db.execute(sql + " ORDER BY seq", args)
         try:
-            return [_entry(row) for row in rows]
+            return [_entry(row) for row in self._db.execute(sql + " ORDER BY seq", args)]
         except ValueError as exc:
             raise AuditError(f"audit log {self.path}: an entry's {exc}; run `slurm-geo "
                              "audit verify`") from None
+        except sqlite3.DatabaseError as exc:  # locked past the timeout, a damaged page
+            raise AuditError(f"cannot read audit log {self.path}: {exc}") from None
 
     def verify(self, expected_head: tuple[int, str] | None = None) -> VerifyReport:
         """Recompute the chain; see the module docstring for what it can and cannot show."""

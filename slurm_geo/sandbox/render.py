@@ -51,6 +51,12 @@ def sync_state_path(layout: SandboxLayout) -> Path:
     return layout.root / "sync" / "checkpoint-sync.db"
 
 
+def billing_database_path(layout: SandboxLayout) -> Path:
+    """Inside the sandbox root: every sandbox bills into its own database, never the
+    site's default /var/lib/slurm-geo/billing.db (which a second sandbox would share)."""
+    return layout.root / "billing" / "billing.db"
+
+
 def federation_port(layout: SandboxLayout) -> int:
     return layout.port_base + FEDERATION_PORT_OFFSET
 
@@ -290,6 +296,9 @@ def site_config(layout: SandboxLayout) -> str:
         "",
         "[registry]",
         f"path = {_q(layout.root / 'registry' / 'registry.db')}",
+        "",
+        "[billing]  # chargeback (docs/billing.md)",
+        f"database = {_q(billing_database_path(layout))}",
         "",
         "[federation]  # the federation daemon (docs/federation.md)",
         f"state = {_q(federation_dir(layout) / 'federation.db')}",

@@ -7,6 +7,7 @@ from slurm_geo.slurm.errors import (
     ControllerUnreachable,
     JobNotFound,
     SlurmCommandError,
+    SlurmdbdUnreachable,
     SlurmError,
     SlurmRejected,
     TokenRejected,
@@ -39,5 +40,5 @@ __all__ = [
     "AccountingRecord", "CliSlurmClient", "ControllerUnreachable", "JobInfo", "JobNotFound",
     "JobSpec", "JobState", "MalformedAccountingRow", "NodeInfo", "Owner", "RestLogin",
     "RestSlurmClient", "SlurmClient", "SlurmCommandError", "SlurmError", "SlurmRejected",
-    "TokenRejected", "connect",
+    "SlurmdbdUnreachable", "TokenRejected", "connect",
 ]

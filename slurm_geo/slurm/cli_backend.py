@@ -34,6 +34,7 @@ from slurm_geo.slurm.errors import (
     ControllerUnreachable,
     JobNotFound,
     SlurmCommandError,
+    SlurmdbdUnreachable,
     SlurmRejected,
 )
 from slurm_geo.slurm.models import (
@@ -223,21 +224,22 @@ class CliSlurmClient(SlurmClient):
         """`argv` with `env` as its whole environment; by default this process's own."""
         if env is None:
             env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        # sacct asks slurmdbd, never slurmctld: its silence is an accounting outage.
+        unreachable = SlurmdbdUnreachable if argv[0] == "sacct" else ControllerUnreachable
         try:
             proc = subprocess.run(
                 argv, input=stdin, capture_output=True, text=True, env=env,
                 timeout=self.timeout_s, check=False,
             )
         except subprocess.TimeoutExpired:
-            raise ControllerUnreachable(
-                self.cluster, f"{argv[0]} got no answer", self.timeout_s) from None
+            raise unreachable(self.cluster, f"{argv[0]} got no answer", self.timeout_s) from None
         except FileNotFoundError:
             raise SlurmCommandError(argv[0], "not found; install Slurm's client tools") from None
         message = (proc.stderr or proc.stdout).strip()
-        unreachable = [line for line in message.splitlines()
-                       if any(marker in line for marker in UNREACHABLE_MARKERS)]
-        if unreachable:
-            raise ControllerUnreachable(self.cluster, unreachable[0].strip(), self.timeout_s)
+        silent = [line for line in message.splitlines()
+                  if any(marker in line for marker in UNREACHABLE_MARKERS)]
+        if silent:
+            raise unreachable(self.cluster, silent[0].strip(), self.timeout_s)
         if job_id is not None and "Invalid job id" in proc.stderr:
             raise JobNotFound(self.cluster, job_id)
         if proc.returncode != 0:

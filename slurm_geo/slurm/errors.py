@@ -25,6 +25,19 @@ class ControllerUnreachable(SlurmError):
         )
 
 
+class SlurmdbdUnreachable(ControllerUnreachable):
+    """The cluster's accounting (slurmdbd, or its database behind it) did not answer;
+    slurmctld may be fine. An outage of accounting only: jobs still run."""
+
+    def __init__(self, cluster: str, detail: str, timeout_s: float):
+        self.cluster = cluster
+        self.timeout_s = timeout_s
+        SlurmError.__init__(
+            self, f"cluster '{cluster}': accounting (slurmdbd) unreachable within "
+                  f"{timeout_s:g} s ({detail}); check that slurmdbd and the database behind it "
+                  "are running")
+
+
 class JobNotFound(SlurmError):
     exit_code = 12
 

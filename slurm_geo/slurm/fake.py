@@ -2,10 +2,11 @@
 
 It behaves like the real backends where slurm-geo depends on them (errors by type, job ids
 kept across requeues, one accounting record per incarnation, every call failing while the
-controller is down), and nothing happens on its own: a test moves jobs with `start` and
-`finish`. A job belongs to its spec's owner (else the fake's own user, uid and gid), and
-its batch environment is its spec's environment, as slurmdbd keeps it with
-AccountingStoreFlags=job_env; `submitted` keeps every spec, owner and environment included.
+controller is down or its token is refused), and nothing happens on its own: a test
+moves jobs with `start` and `finish`. A job belongs to its spec's owner (else the fake's
+own user, uid and gid), and its batch environment is its spec's environment, as slurmdbd
+keeps it with AccountingStoreFlags=job_env; `submitted` keeps every spec, owner and
+environment included.
 It never replaces the sandbox tests, which are what say the real backends behave like this.
 
 A job's states, as the fake drives them (requeue and the test controls are the only ways
@@ -25,9 +26,15 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from slurm_geo.slurm.client import SlurmClient, job_from_records, overlaps
-from slurm_geo.slurm.errors import ControllerUnreachable, JobNotFound, SlurmRejected
+from slurm_geo.slurm.errors import (
+    ControllerUnreachable,
+    JobNotFound,
+    SlurmRejected,
+    TokenRejected,
+)
 from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobSpec, JobState, NodeInfo
 
 HELD_REASON = "JobHeldUser"  # what scontrol hold leaves; JobInfo.held reads it
@@ -82,6 +89,7 @@ class FakeSlurm(SlurmClient):
         self._nodes = list(default_nodes(cluster) if nodes is None else nodes)
         self._expected: datetime | float | None = 0.0
         self._down = False
+        self._token_refused = ""  # why every call is refused as a bad JWT; "" when it is not
         self._rejections: list[str] = []
 
     # --- SlurmClient ------------------------------------------------------------------------
@@ -223,6 +231,16 @@ class FakeSlurm(SlurmClient):
         with self._lock:
             self._down = False
 
+    def refuse_token(self, detail: str = "Protocol authentication error") -> None:
+        """From now on every call raises TokenRejected, as a REST cluster does once the
+        daemon's JWT has expired; `accept_token` ends it (a new token was written)."""
+        with self._lock:
+            self._token_refused = detail
+
+    def accept_token(self) -> None:
+        with self._lock:
+            self._token_refused = ""
+
     def reject_next_submit(self, message: str = "Batch job submission failed") -> None:
         """The next submission (one per call, queued) is refused with SlurmRejected."""
         with self._lock:
@@ -252,6 +270,9 @@ class FakeSlurm(SlurmClient):
             if self._down:
                 raise ControllerUnreachable(self.cluster, "fake controller is down",
                                             self.timeout_s)
+            if self._token_refused:
+                raise TokenRejected(self.cluster, "call", self.user,
+                                    Path(f"/fake/{self.cluster}.jwt"), self._token_refused)
             yield
 
     def _now(self) -> datetime:

@@ -9,6 +9,13 @@ A refused token is a TokenRejected, never ControllerUnreachable: slurmrestd 22.0
 the JWT on to slurmctld, and an expired one comes back as HTTP 200 or 500 with error 1007
 ("Protocol authentication error"); 24.11 also has 6001 ("Authentication credential
 expired"), and 401/403 where slurmrestd checks the token itself.
+
+Accounting (/slurmdb/) is read strictly: 22.05's dbv0.0.38 puts a failed slurmdbd query
+into `errors` and still answers HTTP 200 with `"jobs": []` (src/plugins/openapi/
+dbv0.0.38/jobs.c, _dump_jobs). Read as records, that is an empty window, and billing would
+move its watermark past jobs it never saw; so any error but "nothing found" raises.
+"Failed connecting to slurmdbd" (7000) is what it says both when slurmdbd is down and when
+slurmdbd refused the JWT; a ping with the same token tells the two apart.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from slurm_geo.slurm.client import WINDOW_SLACK, SlurmClient, job_from_records, 
 from slurm_geo.slurm.errors import (
     ControllerUnreachable,
     JobNotFound,
+    SlurmdbdUnreachable,
+    SlurmError,
     SlurmRejected,
     TokenRejected,
 )
@@ -55,6 +64,13 @@ UNREACHABLE_MARKERS = ("Unable to contact slurm controller", "Socket timed out",
 # ESLURM_AUTH_INVALID (22.05); 6007 ESLURM_AUTH_UNPACK (both).
 TOKEN_ERRORS = frozenset({1007, 6000, 6001, 6006, 6007})
 TOKEN_MARKERS = ("protocol authentication error", "authentication credential")  # lower case
+# 7000 ESLURM_DB_CONNECTION, 7001 ESLURM_DB_CONNECTION_INVALID: slurmrestd could not open
+# slurmdbd for this request.
+DB_CONNECTION_ERRORS = frozenset({7000, 7001})
+# 9003 ESLURM_REST_EMPTY_RESULT: 22.05 and 23.02 answer a query that matched no job with
+# "Nothing found" (source slurmdb_jobs_get): an empty window, not a failure. The same code
+# from the QOS, TRES or association queries that follow would drop every record: an error.
+EMPTY_RESULT = 9003
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,25 @@ def token_problem(status: int, doc: dict[str, Any]) -> str:
     if codes or any(marker in message.lower() for marker in TOKEN_MARKERS):
         return message or f"error {codes[0]}"
     return ""
+
+
+def accounting_problem(doc: dict[str, Any]) -> str:
+    """Why slurmrestd's answer to /slurmdb/vX/job(s) is not a complete set of records ('' if
+    it is one). Pure."""
+    problems = [e for e in parse.errors(doc) if not _empty_result(e)]
+    if problems:
+        codes = [code for e in problems
+                 if (code := parse.number(e.get("error_number") or e.get("error_code")))]
+        return parse.error_text({"errors": problems}) or f"error {codes[0] if codes else '?'}"
+    if not isinstance(doc.get("jobs"), list):
+        return "the answer holds no job list"
+    return ""
+
+
+def _empty_result(error: dict[str, Any]) -> bool:
+    source = str(error.get("source") or "")
+    code = parse.number(error.get("error_number") or error.get("error_code"))
+    return code == EMPTY_RESULT and (not source or "jobs" in source)
 
 
 def choose_api_version(paths: Iterable[str]) -> str:
@@ -305,6 +340,8 @@ class RestSlurmClient(SlurmClient):
             if missing_ok:
                 return {}
             raise JobNotFound(self.cluster, job_id)
+        if family == "slurmdb":
+            self._check_accounting(response.status_code, doc, codes, action, login)
         if response.status_code >= 500 and not self._controller_answers(began):
             raise ControllerUnreachable(self.cluster, f"{action} failed: {message}",
                                         self.timeout_s)
@@ -312,6 +349,33 @@ class RestSlurmClient(SlurmClient):
             raise SlurmRejected(self.cluster, action,
                                 message or f"HTTP {response.status_code} from slurmrestd")
         return doc
+
+    def _check_accounting(self, status: int, doc: dict[str, Any], codes: set[int | None],
+                          action: str, login: RestLogin) -> None:
+        """Raise unless `doc` holds every record asked for (see the module docstring). An
+        HTTP error without a slurmdbd connection error is left to `_call`'s own checks."""
+        problem = accounting_problem(doc)
+        if not problem:
+            return
+        if codes & DB_CONNECTION_ERRORS:
+            raise self._slurmdbd_failure(problem, action, login)
+        if status < 400:
+            raise SlurmRejected(self.cluster, action,
+                                f"slurmrestd answered without the records: {problem}")
+
+    def _slurmdbd_failure(self, problem: str, action: str, login: RestLogin) -> SlurmError:
+        """slurmrestd could not open slurmdbd: down, or it refused the token. slurmctld,
+        asked with the same token, tells which."""
+        try:
+            self.ping()
+        except TokenRejected:
+            return TokenRejected(self.cluster, action, login.user, login.token_file,
+                                 f"slurmdbd refused the connection ({problem}) and slurmctld "
+                                 "refused the token")
+        except SlurmError as exc:
+            return SlurmdbdUnreachable(self.cluster, f"{problem}; slurmctld neither: {exc}",
+                                       self.timeout_s)
+        return SlurmdbdUnreachable(self.cluster, problem, self.timeout_s)
 
     def _controller_answers(self, began: float) -> bool:
         """After a vague server error: is it Slurm saying no, or slurmctld being gone?"""
@@ -344,9 +408,13 @@ class RestSlurmClient(SlurmClient):
         try:
             return self._http.request(method, url, headers=headers, timeout=self.timeout_s,
                                       **kwargs)
-        except (requests.ConnectionError, requests.Timeout) as exc:
+        except (requests.ConnectionError, requests.Timeout,
+                requests.exceptions.ChunkedEncodingError) as exc:  # the last: cut off
             raise ControllerUnreachable(self.cluster, f"slurmrestd at {self.url}: "
                                         f"{type(exc).__name__}", self.timeout_s) from None
+        except requests.RequestException as exc:  # a URL or an answer requests cannot use
+            raise SlurmRejected(self.cluster, f"{method} {url}",
+                                f"{type(exc).__name__}: {exc}") from None
 
     def _headers(self, login: RestLogin) -> dict[str, str]:
         return {"X-SLURM-USER-NAME": login.user,
