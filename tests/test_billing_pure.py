@@ -14,6 +14,7 @@ import pytest
 from slurm_geo.billing import attribution, budgets, costs, invoice, report
 from slurm_geo.billing.config import ClusterFacts, PriceEntry, billing_config
 from slurm_geo.billing.errors import BillingError
+from slurm_geo.billing.lineage import LegOwner
 from slurm_geo.billing.periods import (
     Period,
     months_overlapping,
@@ -74,17 +75,21 @@ def test_next_watermark(end, unfinished, expected):
 
 # --- attribution ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("admin, comment, account, expected", [
-    ("geo:cost_center=ml-research", "", "root", ("ml-research", "directive")),
-    ("note geo:cost_center=ops", "", "root", ("ops", "directive")),
-    ("", "geo:cost_center=ops", "root", ("ops", "directive")),
-    ("", "", "physics", ("physics", "account")),
-    ("", "", "", ("", "none")),
-    ("geo:cost_center=", "", "acct", ("acct", "account")),
-    ("xgeo:cost_center=ops", "", "acct", ("acct", "account")),
+@pytest.mark.parametrize("admin, comment, account, recorded, expected", [
+    ("geo:cost_center=ml-research", "", "root", "", ("ml-research", "directive")),
+    ("note geo:cost_center=ops", "", "root", "", ("ops", "directive")),
+    ("", "geo:cost_center=ops", "root", "", ("ops", "directive")),
+    ("", "", "physics", "", ("physics", "account")),
+    ("", "", "", "", ("", "none")),
+    ("geo:cost_center=", "", "acct", "", ("acct", "account")),
+    ("xgeo:cost_center=ops", "", "acct", "", ("acct", "account")),
+    # A leg the federation daemon submitted where nothing tagged it: its logical job's.
+    ("", "", "rental-acct", "ml-research", ("ml-research", "logical job")),
+    ("", "", "", "ml-research", ("ml-research", "logical job")),
+    ("geo:cost_center=ops", "", "", "ml-research", ("ops", "directive")),
 ])
-def test_cost_center_of(admin, comment, account, expected):
-    assert attribution.cost_center_of(admin, comment, account) == expected
+def test_cost_center_of(admin, comment, account, recorded, expected):
+    assert attribution.cost_center_of(admin, comment, account, recorded) == expected
 
 
 @pytest.mark.parametrize("tres, gpus, unknown", [
@@ -97,23 +102,6 @@ def test_cost_center_of(admin, comment, account, expected):
 def test_gpus_and_unknown_tres(tres, gpus, unknown):
     assert attribution.gpu_count(tres) == gpus
     assert attribution.unknown_tres(tres) == unknown
-
-
-def registry_job(ckpt_dir, first_seen, job_id=1, center="ml"):
-    return attribution.RegistryJob("onprem", job_id, f"onprem:{job_id}", "alice", center,
-                                   ckpt_dir, first_seen)
-
-
-@pytest.mark.parametrize("run, source, expected", [
-    ("llm-7b", "file:///pfs", 2),
-    ("llm-13b", "file:///pfs", None),
-    ("x", "file:///pfs/ckpt/other/", 3),
-])
-def test_job_for_run(run, source, expected):
-    jobs = [registry_job("/pfs/ckpt/llm-7b", 1.0, 1), registry_job("/pfs/ckpt/llm-7b/", 2.0, 2),
-            registry_job("/pfs/ckpt/other", 0.5, 3), registry_job("", 9.0, 4)]
-    found = attribution.job_for_run(run, source, jobs)
-    assert (found.job_id if found else None) == expected
 
 
 # --- prices and cost lines ------------------------------------------------------------------
@@ -476,9 +464,15 @@ def test_records_from_json_that_cannot_be_billed(over, reason):
 @pytest.mark.parametrize("over, lineage, expected", [
     ({}, {}, {"cost_center": "ml", "cost_center_source": "directive", "flags": "",
               "logical_id": "rented:5", "cpus": 8, "gpus": 2}),
-    ({"admin_comment": "", "account": ""}, {("rented", 5): "onprem:3"},
+    ({"admin_comment": "", "account": ""}, {("rented", 5): LegOwner("onprem:3", "")},
      {"cost_center": "", "cost_center_source": "none", "flags": "no cost center",
       "logical_id": "onprem:3"}),
+    # rented:5 is a leg the federation daemon submitted for onprem-3 (ml-research)
+    ({"admin_comment": "", "account": "rental"}, {("rented", 5): LegOwner("onprem-3", "ml")},
+     {"cost_center": "ml", "cost_center_source": "logical job", "flags": "",
+      "logical_id": "onprem-3"}),
+    ({}, {("rented", 5): LegOwner("onprem-3", "other")},
+     {"cost_center": "ml", "cost_center_source": "directive", "logical_id": "onprem-3"}),
     ({"allocated_tres": {"cpu": 1, "license/x": 1}, "partition": ""}, {},
      {"flags": "unknown TRES license/x; accounting not settled", "gpus": 0}),
     ({"end_time": None}, {}, {"flags": "running", "end_ts": None}),

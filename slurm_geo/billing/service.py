@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_geo.billing import ingest
+from slurm_geo.billing import ingest, records
 from slurm_geo.billing.config import BillingConfig
 from slurm_geo.billing.costs import CostLine, PriceTable
 from slurm_geo.billing.db import BillingDB
@@ -52,7 +52,9 @@ def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[Any], now
     table = PriceTable(config.prices, config.clusters)
     if db.set_prices(config.prices, config.clusters):
         result.repriced = ingest.reprice_all(db, table)
-    lineage, registry_jobs = ingest.read_registry(config.registry)
+    owners = records.read_owners(config.registry, config.federation_state,
+                                 config.federation_audit)
+    lineage = owners.lineage()
     end = until if until is not None else now
     first = now - config.first_ingest_days * DAY
     for client in clients:
@@ -67,7 +69,7 @@ def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[Any], now
     egress_since = since if since is not None else max(
         0, (db.watermark(ingest.EGRESS_SOURCE) or first) - EGRESS_OVERLAP_S)
     result.transfers = ingest.ingest_egress(db, config.sync_state, config.federation_audit,
-                                            registry_jobs, table, egress_since, end)
+                                            owners, table, egress_since, end)
     return result
 
 
