@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from slurm_geo.billing import costs, service
+from slurm_geo.billing import costs, invoice, service
 from slurm_geo.billing.config import BillingConfig, ClusterFacts, PriceEntry
 from slurm_geo.billing.db import BillingDB
 from slurm_geo.billing.periods import parse_period
@@ -177,6 +177,28 @@ def test_the_moved_leg_is_billed_under_its_logical_job_with_its_cluster(site):
     assert (moved["cluster"], moved["logical_id"], moved["cost_center"],
             moved["cost_center_source"], moved["flags"]) == (
         "rented", "onprem-50", "ml-research", "logical job", "")
+
+
+def test_flags_and_invoices_are_per_job_not_per_object(site):
+    found = ingest_twice(*site)
+    result = found["report"]
+    assert set(result.groups) == {"ml-research", "ops", "(none)"}
+    # one flag for the run nobody owns, though its 28 transfers are priced by two clusters
+    assert [(f.kind, f.cluster, f.subject, f.count) for f in result.flags] == [
+        ("no cost center", "onprem,rented", "run:nobody", 2 * (OBJECTS + 1))]
+    bills = invoice.invoices(found["lines"], parse_period("2026-11"))
+    assert {li.owner.logical_id for li in bills["ml-research"].lines} == {"onprem-50"}
+    assert [(li.owner.job, li.line.kind, li.line.cluster, li.items)
+            for li in bills["ml-research"].lines] == [
+        ("onprem:50", "cpu", "onprem", 1), ("onprem:50", "gpu", "onprem", 1),
+        ("rented:1", "cpu", "rented", 1), ("rented:1", "gpu", "rented", 1),
+        ("rented:1", "marketplace_fee", "rented", 1),
+        # uploads leave home (priced by onprem), read-backs and the copy leave remote
+        ("onprem:50", "egress", "onprem", 2 * OBJECTS), ("onprem:50", "egress", "rented", 2),
+        ("rented:1", "egress", "onprem", OBJECTS), ("rented:1", "egress", "rented", 2)]
+    assert [(li.owner.job, li.line.cluster, li.items) for li in bills["(none)"].lines] == [
+        ("run:nobody", "onprem", 2 * OBJECTS), ("run:nobody", "rented", 2)]
+    assert bills["ml-research"].total == round(result.groups["ml-research"].total_usd, 2)
 
 
 def test_a_damaged_federation_state_stops_ingest(site, tmp_path):

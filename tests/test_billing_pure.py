@@ -334,7 +334,8 @@ def test_report_flags(over, kind):
 
 
 def test_malformed_rows_and_unowned_egress_are_flagged():
-    egress = [{"run": "r", "step": 1, "bytes": 10**9, "source_region": "remote",
+    egress = [{"run": "r", "step": 1, "object": "chunks/x", "bytes": 10**9,
+               "source_region": "remote",
                "destination_region": "home", "finished_at": ts("2026-11-12"), "job_id": None,
                "job_cluster": "", "logical_id": "", "user": "", "cost_center": ""}]
     result = build([], egress, problems=[{"cluster": "onprem", "line": 3, "text": "x|y",
@@ -374,6 +375,92 @@ def test_invoice_html_escapes_names():
                                NOV))
     html = invoice.invoice_html(next(iter(invoice.invoices(lines, NOV).values())))
     assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def egress(run="r", step=1, obj="chunks/x", job_id=None, center="", size=10**9,
+           when="2026-11-12", logical=""):
+    return {"run": run, "step": step, "object": obj, "bytes": size, "source_region": "remote",
+            "destination_region": "home", "finished_at": ts(when), "job_id": job_id,
+            "job_cluster": "rented" if job_id else "", "logical_id": logical, "user": "",
+            "cost_center": center}
+
+
+F = report.Flag
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ([], []),
+    ([F("running", "rented", "rented:5", "a")], [F("running", "rented", "rented:5", "a")]),
+    # one per job (or run) and kind, the first one's detail, counted
+    ([F("no cost center", "rented", "run:r", "step 1"),
+      F("no cost center", "rented", "run:r", "step 2"),
+      F("no price", "rented", "run:r", "at t"),
+      F("no cost center", "rented", "run:s", "step 1"),
+      F("no cost center", "rented", "run:r", "step 3")],
+     [F("no cost center", "rented", "run:r", "step 1", 3), F("no price", "rented", "run:r", "at t"),
+      F("no cost center", "rented", "run:s", "step 1")]),
+    # counts add up; a run's egress priced by two clusters names both
+    ([F("running", "a", "a:1", "x", 2), F("running", "a", "a:1", "y", 3),
+      F("no price", "a", "run:r", "x"), F("no price", "b", "run:r", "y"),
+      F("no price", "a", "run:r", "z")],
+     [F("running", "a", "a:1", "x", 5), F("no price", "a,b", "run:r", "x", 3)]),
+])
+def test_aggregate_flags(flags, expected):
+    assert report.aggregate_flags(flags) == expected
+
+
+def test_egress_nobody_owns_is_one_flag_per_run_however_many_objects():
+    rows = [egress(run=run, step=step, obj=f"chunks/{i}") for run in ("r", "s")
+            for step in (100, 200) for i in range(13)]
+    result = build([], rows)
+    assert [(f.kind, f.subject, f.count) for f in result.flags] == [
+        ("no cost center", "run:r", 26), ("no cost center", "run:s", 26)]
+    assert "first: step 100, chunks/0" in result.flags[0].detail
+    assert "no job is known to own the run" in result.flags[0].detail
+    text = report.render(result, "table")
+    assert text.count("[no cost center]") == 2 and "run:r (26 times)" in text
+    assert json.loads(report.render(result, "json"))["flags"][0]["count"] == 26
+    owned = build([], [egress(job_id=5, logical="onprem-3")])
+    assert "its logical job onprem-3 was registered without --geo-cost-center" in \
+        owned.flags[0].detail
+
+
+def test_job_flags_count_incarnations():
+    result = build([job(flags="accounting not settled"),
+                    job(submit_ts=ts("2026-11-10T09:31:00"), restarts=1,
+                        start_ts=ts("2026-11-10T09:32:00"), end_ts=ts("2026-11-10T10:00:00"),
+                        elapsed_s=1680, flags="accounting not settled")])
+    assert [(f.kind, f.subject, f.count) for f in result.flags] == [
+        ("accounting not settled", "rented:5", 2)]
+    assert "first: incarnation 0" in result.flags[0].detail
+
+
+def test_invoices_list_a_line_per_job_not_per_object():
+    rows = [egress(step=step, obj=f"chunks/{i}", job_id=5, center="ml", logical="onprem-3",
+                   size=10**8, when=f"2026-11-{12 + step // 100}")
+            for step in (100, 200) for i in range(13)]
+    rows += [egress(run="nobody", obj=f"chunks/{i}") for i in range(5)]
+    lines = list(report.priced([job(), job(submit_ts=ts("2026-11-10T09:31:00"), restarts=1,
+                                          start_ts=ts("2026-11-10T09:32:00"),
+                                          end_ts=ts("2026-11-10T10:32:00"), elapsed_s=3600)],
+                               rows, TABLE, NOV))
+    bills = invoice.invoices(lines, NOV)
+    ml, none = bills["ml"], bills["(none)"]
+    assert [(li.owner.job, li.line.kind, li.items) for li in ml.lines] == [
+        ("rented:5", "cpu", 2), ("rented:5", "gpu", 2), ("rented:5", "marketplace_fee", 2),
+        ("rented:5", "egress", 26)]
+    cpu, egress_line = ml.lines[0].line, ml.lines[3].line
+    assert (cpu.quantity, cpu.start, cpu.end) == (8 * (5400 + 3600), ts("2026-11-10T08:00:00"),
+                                                  ts("2026-11-10T10:32:00"))
+    assert (egress_line.quantity, egress_line.amount) == (26 * 10**8, pytest.approx(0.234))
+    # the invoice's total is the report's
+    summed = report.build_report(iter(lines), NOV, "cost-center", [])
+    assert ml.total == round(summed.groups["ml"].total_usd, 2) > 0
+    assert [(li.owner.job, li.items) for li in none.lines] == [("run:nobody", 5)]
+    csv_lines = invoice.invoice_csv(none).splitlines()
+    assert csv_lines[0].endswith("amount_usd,items") and len(csv_lines) == 3
+    assert csv_lines[1].endswith(",0.450000,5") and csv_lines[2].endswith(",0.45,5")
+    assert "<td class=n>26</td>" in invoice.invoice_html(ml)
 
 
 @pytest.mark.parametrize("center, stem", [
