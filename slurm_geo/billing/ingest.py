@@ -14,7 +14,7 @@ incarnation had not finished (it must be fetched again). Rows that cannot be rea
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
@@ -252,7 +252,9 @@ def _sync_transfers(sync_state: Path | None, since: int, until: int) -> list[Map
     the egress watermark stays) rather than billing no egress."""
     if sync_state is None:
         return []
-    return [asdict(t) for t in SyncStateReader(sync_state).transfers_finished(since, until)]
+    # vars(), not asdict(): the rows are flat, and asdict's deep copy took 60 % of an
+    # egress ingest (bench/billing_ingest.py).
+    return [dict(vars(t)) for t in SyncStateReader(sync_state).transfers_finished(since, until)]
 
 
 def federation_transfers(entries: Iterable[Entry], since: int, until: int
