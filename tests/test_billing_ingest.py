@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_geo.billing import costs, ingest, service
+from slurm_geo.billing import costs, ingest, records, service
 from slurm_geo.billing.config import ClusterFacts, PriceEntry
 from slurm_geo.billing.db import BillingDB
+from slurm_geo.billing.lineage import Owners
 from slurm_geo.billing.periods import parse_period
 from slurm_geo.slurm import parse
 
@@ -336,14 +337,15 @@ def test_egress_is_charged_to_the_job_that_owns_the_run(tmp_path):
                              directives={"geo-ckpt-dir": "/pfs/ckpt/llm-7b",
                                          "geo-cost-center": "ml-research"}, now=nov - 100)
         registry.link("rented", 5, "onprem", 3, now=nov - 50)
-    lineage, jobs = ingest.read_registry(tmp_path / "registry.db")
+    lineage, jobs = records.read_registry(tmp_path / "registry.db")
     assert lineage[("rented", 5)] == "onprem:3"
+    owners = Owners(registry=jobs, registry_lineage=lineage)
 
     with BillingDB(tmp_path / "billing.db") as db:
         db.set_prices(PRICES, CLUSTERS)
         table = costs.PriceTable(PRICES, CLUSTERS)
         for _ in range(2):  # the second time changes nothing
-            count = ingest.ingest_egress(db, tmp_path / "sync.db", None, jobs, table, 0,
+            count = ingest.ingest_egress(db, tmp_path / "sync.db", None, owners, table, 0,
                                          int(nov) + 60)
             if _ == 0:
                 before = db.dump()
@@ -397,7 +399,8 @@ def test_the_daemons_copies_are_transfers_as_checkpoint_sync_records_them(tmp_pa
                          seconds=1.0, packs_copied=1),  # no destination recorded: skipped
         ]
     assert ingest.federation_transfers(entries, int(nov), int(nov) + 1) == [{
-        "run": "llm-7b", "step": 120, "object": "manifests/llm-7b/00000000000000000120",
+        "logical_job": "onprem-3", "run": "llm-7b", "step": 120,
+        "object": "manifests/llm-7b/00000000000000000120",
         "kind": "move", "started_at": nov - 4.0, "finished_at": nov, "bytes": 2 * 10**9,
         "source": "offsite", "destination": "pfs", "source_region": "remote",
         "destination_region": "home"}]
@@ -417,13 +420,14 @@ def test_a_failback_copy_is_charged_as_egress_to_the_job(tmp_path):
         registry.job_started("onprem", 3, 0, name="llm", user="alice", nodes="n1",
                              directives={"geo-ckpt-dir": "/pfs/ckpt/llm-7b",
                                          "geo-cost-center": "ml-research"}, now=nov - 100)
-    _lineage, jobs = ingest.read_registry(tmp_path / "registry.db")
+    # The audit log names the copies' logical job; the registry its directives.
+    owners = records.read_owners(tmp_path / "registry.db", None, tmp_path / "audit.db")
     with BillingDB(tmp_path / "billing.db") as db:
         db.set_prices(PRICES, CLUSTERS)
         table = costs.PriceTable(PRICES, CLUSTERS)
         dumps = []
         for _ in range(2):  # the second time changes nothing
-            count = ingest.ingest_egress(db, None, tmp_path / "audit.db", jobs, table, 0,
+            count = ingest.ingest_egress(db, None, tmp_path / "audit.db", owners, table, 0,
                                          int(nov) + 60)
             dumps.append(db.dump())
         assert count == 2 and dumps[0] == dumps[1]
@@ -494,8 +498,8 @@ def test_an_unreadable_sync_state_fails_egress_ingest_and_keeps_the_watermark(
         db.set_prices(PRICES, CLUSTERS)
         db.set_watermark(ingest.EGRESS_SOURCE, 123)
         with pytest.raises(SyncStateUnreadable, match=message):
-            ingest.ingest_egress(db, sync, None, [], costs.PriceTable(PRICES, CLUSTERS), 0,
-                                 10**10)
+            ingest.ingest_egress(db, sync, None, Owners(), costs.PriceTable(PRICES, CLUSTERS),
+                                 0, 10**10)
         assert db.watermark(ingest.EGRESS_SOURCE) == 123
         assert db.conn.execute("SELECT COUNT(*) FROM egress").fetchone()[0] == 0
 
@@ -513,10 +517,10 @@ def test_cli_ingest_stops_at_an_unreadable_registry(tmp_path, synced_site):
     _damage(tmp_path / "registry.db")
     run = cli("ingest", "--json", env=synced_site)
     assert run.returncode == 42, run.stderr
-    assert run.stderr.strip().splitlines()[0] == "slurm-geo: error: registry not read: " \
+    assert run.stderr.strip().splitlines()[0] == "slurm-geo: error: ownership not read: " \
         f"cannot read the job registry {tmp_path}/registry.db{DAMAGED}"
     outcomes = {s["source"]: s["outcome"] for s in json.loads(run.stdout)["sources"]}
-    assert outcomes == {"registry": "failed", "accounting:onprem": "skipped",
+    assert outcomes == {"ownership": "failed", "accounting:onprem": "skipped",
                         "egress": "skipped"}
     assert "Traceback" not in run.stderr
 
@@ -546,4 +550,4 @@ def test_cli_ingest_with_readable_sources_and_no_registry_yet(tmp_path, synced_s
     doc = json.loads(run.stdout)
     assert doc["transfers"] == 0 and list(doc["failures"]) == ["accounting:onprem"]
     assert [(s["source"], s["outcome"]) for s in doc["sources"]] == [
-        ("registry", "read"), ("accounting:onprem", "failed"), ("egress", "read")]
+        ("ownership", "read"), ("accounting:onprem", "failed"), ("egress", "read")]

@@ -131,7 +131,7 @@ def test_an_unreadable_registry_reads_nothing_else(tmp_path, clusters, clock):
     with BillingDB(tmp_path / "billing.db") as db:
         result = service.run_ingest(db, config(tmp_path, registry=tmp_path / "registry.db"),
                                     list(clusters.values()), clock.now)
-        assert outcomes(result) == {"registry": "failed", "accounting:onprem": "skipped",
+        assert outcomes(result) == {"ownership": "failed", "accounting:onprem": "skipped",
                                     "accounting:rented": "skipped", "egress": "skipped"}
         assert result.exit_code == 42
         assert not any(db.watermark(s) for s in ("accounting:onprem", "accounting:rented",
@@ -167,14 +167,17 @@ def _audit_with_a_damaged_page(path: Path) -> None:
 
 @pytest.mark.parametrize("make", [_damage, _audit_with_a_damaged_page],
                          ids=["does not open", "damaged page"])
-def test_an_unreadable_audit_log_fails_egress_with_the_audit_logs_code(tmp_path, clusters,
-                                                                      clock, make):
+def test_an_unreadable_audit_log_stops_ingest_with_the_audit_logs_code(tmp_path, clusters,
+                                                                       clock, make):
+    """The audit log says which Slurm jobs are legs of which logical job: without it
+    nothing would be billed under the right job, so nothing is read."""
     make(tmp_path / "audit.db")
     with BillingDB(tmp_path / "billing.db") as db:
         result = service.run_ingest(db, config(tmp_path, federation_audit=tmp_path / "audit.db"),
                                     list(clusters.values()), clock.now)
-        assert outcomes(result)["egress"] == "failed" and result.exit_code == 55
-        assert "audit log" in result.failures["egress"]
+        assert outcomes(result)["ownership"] == "failed" and result.exit_code == 55
+        assert outcomes(result)["egress"] == "skipped"
+        assert "audit log" in result.failures["ownership"]
         assert db.watermark("egress") is None
 
 
@@ -202,7 +205,7 @@ READ, FAILED, SKIPPED = Outcome.READ, Outcome.FAILED, Outcome.SKIPPED
     ([run("accounting:a", FAILED, 52), run("egress", READ)], 52),
     ([run("accounting:a", FAILED, 52), run("accounting:b", FAILED, 52)], 52),
     ([run("accounting:a", READ), run("egress", FAILED, 40)], 40),
-    ([run("registry", FAILED, 42), run("accounting:a", SKIPPED), run("egress", SKIPPED)], 42),
+    ([run("ownership", FAILED, 42), run("accounting:a", SKIPPED), run("egress", SKIPPED)], 42),
     ([run("egress", FAILED, 55)], 55),
     ([run("accounting:a", FAILED, 52), run("egress", FAILED, 40)], 52),
     ([run("egress:checkpoint-sync", FAILED, 40), run("egress:federation", FAILED, 55)], 52),
@@ -218,4 +221,4 @@ def test_a_clusters_failure_is_52_whatever_its_slurm_reason():
 
     assert sources.failed("accounting:a", SlurmRejected("a", "accounting", "no")).code == 52
     assert sources.failed("accounting:a", ControllerUnreachable("a", "gone", 1)).code == 52
-    assert sources.failed("registry", RegistryUnreadable(Path("r"), "x")).code == 42
+    assert sources.failed("ownership", RegistryUnreadable(Path("r"), "x")).code == 42

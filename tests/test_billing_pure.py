@@ -14,6 +14,7 @@ import pytest
 from slurm_geo.billing import attribution, budgets, costs, invoice, report
 from slurm_geo.billing.config import ClusterFacts, PriceEntry, billing_config
 from slurm_geo.billing.errors import BillingError
+from slurm_geo.billing.lineage import LegOwner
 from slurm_geo.billing.periods import (
     Period,
     months_overlapping,
@@ -74,17 +75,21 @@ def test_next_watermark(end, unfinished, expected):
 
 # --- attribution ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("admin, comment, account, expected", [
-    ("geo:cost_center=ml-research", "", "root", ("ml-research", "directive")),
-    ("note geo:cost_center=ops", "", "root", ("ops", "directive")),
-    ("", "geo:cost_center=ops", "root", ("ops", "directive")),
-    ("", "", "physics", ("physics", "account")),
-    ("", "", "", ("", "none")),
-    ("geo:cost_center=", "", "acct", ("acct", "account")),
-    ("xgeo:cost_center=ops", "", "acct", ("acct", "account")),
+@pytest.mark.parametrize("admin, comment, account, recorded, expected", [
+    ("geo:cost_center=ml-research", "", "root", "", ("ml-research", "directive")),
+    ("note geo:cost_center=ops", "", "root", "", ("ops", "directive")),
+    ("", "geo:cost_center=ops", "root", "", ("ops", "directive")),
+    ("", "", "physics", "", ("physics", "account")),
+    ("", "", "", "", ("", "none")),
+    ("geo:cost_center=", "", "acct", "", ("acct", "account")),
+    ("xgeo:cost_center=ops", "", "acct", "", ("acct", "account")),
+    # A leg the federation daemon submitted where nothing tagged it: its logical job's.
+    ("", "", "rental-acct", "ml-research", ("ml-research", "logical job")),
+    ("", "", "", "ml-research", ("ml-research", "logical job")),
+    ("geo:cost_center=ops", "", "", "ml-research", ("ops", "directive")),
 ])
-def test_cost_center_of(admin, comment, account, expected):
-    assert attribution.cost_center_of(admin, comment, account) == expected
+def test_cost_center_of(admin, comment, account, recorded, expected):
+    assert attribution.cost_center_of(admin, comment, account, recorded) == expected
 
 
 @pytest.mark.parametrize("tres, gpus, unknown", [
@@ -97,23 +102,6 @@ def test_cost_center_of(admin, comment, account, expected):
 def test_gpus_and_unknown_tres(tres, gpus, unknown):
     assert attribution.gpu_count(tres) == gpus
     assert attribution.unknown_tres(tres) == unknown
-
-
-def registry_job(ckpt_dir, first_seen, job_id=1, center="ml"):
-    return attribution.RegistryJob("onprem", job_id, f"onprem:{job_id}", "alice", center,
-                                   ckpt_dir, first_seen)
-
-
-@pytest.mark.parametrize("run, source, expected", [
-    ("llm-7b", "file:///pfs", 2),
-    ("llm-13b", "file:///pfs", None),
-    ("x", "file:///pfs/ckpt/other/", 3),
-])
-def test_job_for_run(run, source, expected):
-    jobs = [registry_job("/pfs/ckpt/llm-7b", 1.0, 1), registry_job("/pfs/ckpt/llm-7b/", 2.0, 2),
-            registry_job("/pfs/ckpt/other", 0.5, 3), registry_job("", 9.0, 4)]
-    found = attribution.job_for_run(run, source, jobs)
-    assert (found.job_id if found else None) == expected
 
 
 # --- prices and cost lines ------------------------------------------------------------------
@@ -346,7 +334,8 @@ def test_report_flags(over, kind):
 
 
 def test_malformed_rows_and_unowned_egress_are_flagged():
-    egress = [{"run": "r", "step": 1, "bytes": 10**9, "source_region": "remote",
+    egress = [{"run": "r", "step": 1, "object": "chunks/x", "bytes": 10**9,
+               "source_region": "remote",
                "destination_region": "home", "finished_at": ts("2026-11-12"), "job_id": None,
                "job_cluster": "", "logical_id": "", "user": "", "cost_center": ""}]
     result = build([], egress, problems=[{"cluster": "onprem", "line": 3, "text": "x|y",
@@ -386,6 +375,92 @@ def test_invoice_html_escapes_names():
                                NOV))
     html = invoice.invoice_html(next(iter(invoice.invoices(lines, NOV).values())))
     assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def egress(run="r", step=1, obj="chunks/x", job_id=None, center="", size=10**9,
+           when="2026-11-12", logical=""):
+    return {"run": run, "step": step, "object": obj, "bytes": size, "source_region": "remote",
+            "destination_region": "home", "finished_at": ts(when), "job_id": job_id,
+            "job_cluster": "rented" if job_id else "", "logical_id": logical, "user": "",
+            "cost_center": center}
+
+
+F = report.Flag
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ([], []),
+    ([F("running", "rented", "rented:5", "a")], [F("running", "rented", "rented:5", "a")]),
+    # one per job (or run) and kind, the first one's detail, counted
+    ([F("no cost center", "rented", "run:r", "step 1"),
+      F("no cost center", "rented", "run:r", "step 2"),
+      F("no price", "rented", "run:r", "at t"),
+      F("no cost center", "rented", "run:s", "step 1"),
+      F("no cost center", "rented", "run:r", "step 3")],
+     [F("no cost center", "rented", "run:r", "step 1", 3), F("no price", "rented", "run:r", "at t"),
+      F("no cost center", "rented", "run:s", "step 1")]),
+    # counts add up; a run's egress priced by two clusters names both
+    ([F("running", "a", "a:1", "x", 2), F("running", "a", "a:1", "y", 3),
+      F("no price", "a", "run:r", "x"), F("no price", "b", "run:r", "y"),
+      F("no price", "a", "run:r", "z")],
+     [F("running", "a", "a:1", "x", 5), F("no price", "a,b", "run:r", "x", 3)]),
+])
+def test_aggregate_flags(flags, expected):
+    assert report.aggregate_flags(flags) == expected
+
+
+def test_egress_nobody_owns_is_one_flag_per_run_however_many_objects():
+    rows = [egress(run=run, step=step, obj=f"chunks/{i}") for run in ("r", "s")
+            for step in (100, 200) for i in range(13)]
+    result = build([], rows)
+    assert [(f.kind, f.subject, f.count) for f in result.flags] == [
+        ("no cost center", "run:r", 26), ("no cost center", "run:s", 26)]
+    assert "first: step 100, chunks/0" in result.flags[0].detail
+    assert "no job is known to own the run" in result.flags[0].detail
+    text = report.render(result, "table")
+    assert text.count("[no cost center]") == 2 and "run:r (26 times)" in text
+    assert json.loads(report.render(result, "json"))["flags"][0]["count"] == 26
+    owned = build([], [egress(job_id=5, logical="onprem-3")])
+    assert "its logical job onprem-3 was registered without --geo-cost-center" in \
+        owned.flags[0].detail
+
+
+def test_job_flags_count_incarnations():
+    result = build([job(flags="accounting not settled"),
+                    job(submit_ts=ts("2026-11-10T09:31:00"), restarts=1,
+                        start_ts=ts("2026-11-10T09:32:00"), end_ts=ts("2026-11-10T10:00:00"),
+                        elapsed_s=1680, flags="accounting not settled")])
+    assert [(f.kind, f.subject, f.count) for f in result.flags] == [
+        ("accounting not settled", "rented:5", 2)]
+    assert "first: incarnation 0" in result.flags[0].detail
+
+
+def test_invoices_list_a_line_per_job_not_per_object():
+    rows = [egress(step=step, obj=f"chunks/{i}", job_id=5, center="ml", logical="onprem-3",
+                   size=10**8, when=f"2026-11-{12 + step // 100}")
+            for step in (100, 200) for i in range(13)]
+    rows += [egress(run="nobody", obj=f"chunks/{i}") for i in range(5)]
+    lines = list(report.priced([job(), job(submit_ts=ts("2026-11-10T09:31:00"), restarts=1,
+                                          start_ts=ts("2026-11-10T09:32:00"),
+                                          end_ts=ts("2026-11-10T10:32:00"), elapsed_s=3600)],
+                               rows, TABLE, NOV))
+    bills = invoice.invoices(lines, NOV)
+    ml, none = bills["ml"], bills["(none)"]
+    assert [(li.owner.job, li.line.kind, li.items) for li in ml.lines] == [
+        ("rented:5", "cpu", 2), ("rented:5", "gpu", 2), ("rented:5", "marketplace_fee", 2),
+        ("rented:5", "egress", 26)]
+    cpu, egress_line = ml.lines[0].line, ml.lines[3].line
+    assert (cpu.quantity, cpu.start, cpu.end) == (8 * (5400 + 3600), ts("2026-11-10T08:00:00"),
+                                                  ts("2026-11-10T10:32:00"))
+    assert (egress_line.quantity, egress_line.amount) == (26 * 10**8, pytest.approx(0.234))
+    # the invoice's total is the report's
+    summed = report.build_report(iter(lines), NOV, "cost-center", [])
+    assert ml.total == round(summed.groups["ml"].total_usd, 2) > 0
+    assert [(li.owner.job, li.items) for li in none.lines] == [("run:nobody", 5)]
+    csv_lines = invoice.invoice_csv(none).splitlines()
+    assert csv_lines[0].endswith("amount_usd,items") and len(csv_lines) == 3
+    assert csv_lines[1].endswith(",0.450000,5") and csv_lines[2].endswith(",0.45,5")
+    assert "<td class=n>26</td>" in invoice.invoice_html(ml)
 
 
 @pytest.mark.parametrize("center, stem", [
@@ -476,9 +551,15 @@ def test_records_from_json_that_cannot_be_billed(over, reason):
 @pytest.mark.parametrize("over, lineage, expected", [
     ({}, {}, {"cost_center": "ml", "cost_center_source": "directive", "flags": "",
               "logical_id": "rented:5", "cpus": 8, "gpus": 2}),
-    ({"admin_comment": "", "account": ""}, {("rented", 5): "onprem:3"},
+    ({"admin_comment": "", "account": ""}, {("rented", 5): LegOwner("onprem:3", "")},
      {"cost_center": "", "cost_center_source": "none", "flags": "no cost center",
       "logical_id": "onprem:3"}),
+    # rented:5 is a leg the federation daemon submitted for onprem-3 (ml-research)
+    ({"admin_comment": "", "account": "rental"}, {("rented", 5): LegOwner("onprem-3", "ml")},
+     {"cost_center": "ml", "cost_center_source": "logical job", "flags": "",
+      "logical_id": "onprem-3"}),
+    ({}, {("rented", 5): LegOwner("onprem-3", "other")},
+     {"cost_center": "ml", "cost_center_source": "directive", "logical_id": "onprem-3"}),
     ({"allocated_tres": {"cpu": 1, "license/x": 1}, "partition": ""}, {},
      {"flags": "unknown TRES license/x; accounting not settled", "gpus": 0}),
     ({"end_time": None}, {}, {"flags": "running", "end_ts": None}),

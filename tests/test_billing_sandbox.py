@@ -179,3 +179,103 @@ def test_cli_parsable_and_json_accounting_agree(site, sandbox):
     from_json = client.accounting(start=start, end=end)
     from_rows = list(client.accounting_rows(start, end))
     assert comparable(from_rows) == comparable(from_json)
+
+
+def rented_job(client, shared_dir) -> int:
+    """A short job of alice's on rented, ended and settled in its accounting."""
+    job_id = client.submit(JobSpec(script="#!/bin/bash\nsleep 1\n", working_dir=shared_dir,
+                                   time_limit_minutes=5, owner=ALICE.owner,
+                                   environment={"SLURM_GEO_COST_CENTER": "ml-research"}))
+    eventually(lambda: client.accounting([job_id]),
+               lambda rs: len(rs) == 1 and rs[0].settled and rs[0].end_time, 90)
+    return job_id
+
+
+@pytest.mark.slow
+def test_an_expired_rented_token_fails_ingest_and_a_later_ingest_bills_the_missed_job(
+        site, sandbox, shared_dir, tmp_path):
+    import dataclasses
+
+    from slurm_geo.slurm import admin
+
+    config = billing_config(site)
+    good = connect(site.cluster("rented"))
+    expired = tmp_path / "expired.jwt"
+    expired.write_text(admin.issue_token(sandbox.layout.rented.slurm_conf, "root", 1) + "\n")
+    expired.chmod(0o600)
+    bad = connect(dataclasses.replace(site.cluster("rented"), token_file=expired))
+    with BillingDB(tmp_path / "billing.db") as db:
+        assert not service.run_ingest(db, config, [good], int(time.time())).failures
+        watermark = db.watermark("accounting:rented")
+        job_id = rented_job(good, shared_dir)
+        time.sleep(2)  # the token's one second is over
+        failed = service.run_ingest(db, config, [bad], int(time.time()))
+        assert failed.exit_code == 52
+        assert "token problem" in failed.failures["accounting:rented"]
+        assert db.watermark("accounting:rented") == watermark  # read again next time
+        missed = "SELECT count(*) FROM jobs WHERE cluster = 'rented' AND job_id = ?"
+        assert db.conn.execute(missed, [job_id]).fetchone()[0] == 0
+        later = service.run_ingest(db, config, [good], int(time.time()))
+        assert not later.failures
+        assert db.conn.execute(missed, [job_id]).fetchone()[0] == 1
+
+
+@pytest.mark.slow
+def test_billing_check_passes_after_a_clean_ingest_and_names_a_deleted_row(
+        site, sandbox, workload, tmp_path):
+    import dataclasses
+
+    period, jobs = workload
+    # Transfers of other tests' runs settle on their own schedule: this compares accounting.
+    config = dataclasses.replace(billing_config(site), sync_state=None, federation_audit=None)
+    clients = [connect(site.cluster(name)) for name in CLUSTERS]
+    with BillingDB(tmp_path / "billing.db") as db:
+        def clean():
+            service.run_ingest(db, config, clients, int(time.time()), since=period.start,
+                               until=period.end)
+            return service.run_check(db, config, clients, period, int(time.time()))
+        eventually(clean, lambda result: result.exit_code == 0, 60, 2)
+        short = jobs["rented"][0]
+        db.conn.execute("DELETE FROM jobs WHERE cluster = 'rented' AND job_id = ?", [short])
+        db.conn.commit()
+        found = service.run_check(db, config, clients, period, int(time.time()))
+        assert found.exit_code == 53
+        named = [d.message for d in found.differences if d.measure == "incarnation"]
+        assert any(f"incarnation rented:{short} submitted" in m
+                   and "is in Slurm's accounting, not in billing" in m for m in named), named
+
+
+@pytest.mark.slow
+def test_a_job_requeued_four_times_has_all_five_incarnations_billed(site, sandbox, shared_dir,
+                                                                     tmp_path):
+    """Each incarnation as sacct --duplicates counts it, CPU-seconds equal."""
+    began = int(time.time()) - 1
+    client = connect(site.cluster("onprem"))
+    job_id = client.submit(JobSpec(script="#!/bin/bash\nsleep 300\n", working_dir=shared_dir,
+                                   time_limit_minutes=10, requeue=True, owner=ALICE.owner))
+    try:
+        for restart in range(4):
+            eventually(lambda: client.job(job_id), lambda j, r=restart: j.restart_count == r
+                       and j.state is JobState.RUNNING, 120, 1)
+            time.sleep(2)
+            client.requeue(job_id)
+        eventually(lambda: client.job(job_id), lambda j: j.restart_count == 4
+                   and j.state is JobState.RUNNING, 120, 1)
+        time.sleep(2)
+    finally:
+        client.cancel(job_id)
+    eventually(lambda: client.accounting([job_id]),
+               lambda rs: len(rs) == 5 and all(r.settled and r.end_time for r in rs), 60)
+    ended = int(time.time()) + 1
+    time.sleep(2)
+    period = Period("test", began, ended)
+    with BillingDB(tmp_path / "billing.db") as db:
+        service.run_ingest(db, billing_config(site), [client], int(time.time()),
+                           since=period.start, until=period.end)
+        rows = db.conn.execute("SELECT restarts, elapsed_s, cpus FROM jobs WHERE cluster = "
+                               "'onprem' AND job_id = ? ORDER BY submit_ts", [job_id]).fetchall()
+        assert len(rows) == 5, [tuple(r) for r in rows]
+        billed = sum(r["elapsed_s"] * r["cpus"] for r in rows)
+        accounted = sum(r.elapsed_s * r.allocated_tres.get("cpu", 0)
+                        for r in client.accounting([job_id]))
+        assert billed == accounted > 0

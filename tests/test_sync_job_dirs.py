@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from slurm_geo.billing.attribution import RegistryJob, job_for_run
+from slurm_geo.billing import lineage
+from slurm_geo.billing.attribution import RegistryJob
 from slurm_geo.ckpt import LocalDirStore, Repository
 from slurm_geo.registry import Registry
 from slurm_geo.sync.daemon import Daemon
 from slurm_geo.sync.jobdirs import GIVE_UP_AFTER_S, RELEASE_AFTER_S, SourceStatus
+from slurm_geo.sync.reader import SyncStateReader
 from slurm_geo.sync.runtime import load_runtime
 from slurm_geo.sync.sources import READ_MARK
 from slurm_geo.sync.state import Source, StateDB
@@ -146,9 +148,15 @@ def test_a_registered_directory_outside_the_roots_is_replicated_and_left_untouch
                                                 "!= 'verify'")}
     state.close()
     assert sources == {root}  # billing charges the transfers to the job that owns them
-    owner = job_for_run("llm-7b", root, [RegistryJob("onprem", 31, "onprem:31", "nobody",
-                                                     "ml", str(job_dir), 0.0)])
-    assert owner is not None and owner.job_id == 31
+    # Billing charges them through checkpoint-sync's own record of who named the directory
+    # (the registry's job 31 was registered with another spelling of the path).
+    owners = lineage.Owners(registry=[RegistryJob("onprem", 31, "onprem:31", "nobody", "ml",
+                                                  "/elsewhere", 0.0)])
+    owner = lineage.attribute({"run": "llm-7b", "source": root, "destination": "offsite",
+                               "finished_at": 1.0}, owners,
+                              SyncStateReader(site.state).job_directories())
+    assert (owner.cluster, owner.job_id, owner.cost_center, owner.basis) == (
+        "onprem", 31, "ml", "job directory")
     job = site.sources()[root]
     assert (job.kind, job.status, job.jobs, job.users) == ("job", SourceStatus.WATCHED,
                                                            ("onprem:31",), ("nobody",))

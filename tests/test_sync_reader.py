@@ -110,6 +110,30 @@ def test_replicas_of_a_run_oldest_first(path):
     assert len(SyncStateReader(path).replicas()) == 4
 
 
+def test_job_directories_name_the_jobs_that_registered_them(path):
+    from slurm_geo.sync.jobdirs import SourceStatus
+    from slurm_geo.sync.state import Source
+
+    state = StateDB(path)
+    state.record_sources([
+        Source("file:///home/bob/ck", "job", "/home/bob/link", SourceStatus.WATCHED,
+               ("onprem:71", "onprem:70"), ("bob",), since=NOW),
+        Source("file:///gone", "job", "/gone", SourceStatus.RELEASED, ("onprem:9",), ("eve",)),
+        Source("pfs", "root", "file:///pfs", SourceStatus.WATCHED),
+        Source("registry", "registry", "/var/lib/slurm-geo/registry.db", SourceStatus.WATCHED)])
+    state.close()
+    assert SyncStateReader(path).job_directories() == {
+        "file:///gone": ("onprem:9",), "file:///home/bob/ck": ("onprem:71", "onprem:70")}
+
+
+def test_a_state_from_before_sources_has_no_job_directories(tmp_path):
+    path = tmp_path / "state.db"
+    StateDB(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE sources")
+    assert SyncStateReader(path).job_directories() == {}
+
+
 def test_the_reader_never_writes_or_creates(path, tmp_path):
     before = path.read_bytes()
     SyncStateReader(path).transfers_finished(0, NOW + 100)

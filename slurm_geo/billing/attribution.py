@@ -1,14 +1,17 @@
-"""Who pays: the cost center, CPU and GPU counts, and which job a checkpoint transfer served.
+"""Who pays: the cost center of an accounting record, and its CPU and GPU counts. Pure.
 
-All pure. A job's cost center comes from the `--geo-cost-center` directive, which
-job_submit.lua records in the admin comment as "geo:cost_center=NAME" (sacct and slurmrestd
-do not show the environment); else the Slurm account; else none, and the job is flagged.
+A job's cost center comes from the `--geo-cost-center` directive, which job_submit.lua
+records in the admin comment as "geo:cost_center=NAME" (sacct and slurmrestd do not show
+the environment); else the directive its logical job was registered with (a leg the
+federation daemon submitted on a cluster whose job_submit.lua does not tag it); else the
+Slurm account; else none, and the job is flagged. Which logical job a Slurm job or a
+checkpoint transfer belongs to is `billing.lineage`'s.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -20,11 +23,15 @@ KNOWN_TRES = frozenset({"cpu", "mem", "node", "billing", "energy", "vmem", "page
                         "fs/disk", "fs/lustre", "ic/ofed", "gres/gpumem", "gres/gpuutil"})
 
 
-def cost_center_of(admin_comment: str, comment: str, account: str) -> tuple[str, str]:
-    """(cost center, where it came from: "directive", "account" or "none")."""
+def cost_center_of(admin_comment: str, comment: str, account: str, recorded: str = ""
+                   ) -> tuple[str, str]:
+    """(cost center, where it came from: "directive", "logical job", "account" or "none").
+    `recorded`: the --geo-cost-center the job's logical job was registered with."""
     for text in (admin_comment, comment):
         if match := COST_CENTER_TAG.search(text or ""):
             return match[1], "directive"
+    if recorded:
+        return recorded, "logical job"
     if account:
         return account, "account"
     return "", "none"
@@ -72,16 +79,3 @@ class RegistryJob:
     cost_center: str
     ckpt_dir: str
     first_seen: float
-
-
-def job_for_run(run: str, source: str, jobs: Iterable[RegistryJob]) -> RegistryJob | None:
-    """The job whose checkpoints a transfer of `run` (from root `source`) carried.
-
-    A job's --geo-ckpt-dir names its checkpoint directory; a run is matched when that
-    directory is the transfer's root or ends in the run's name. The latest such job wins
-    (a run continued after a move keeps its name). None: nobody is known to own it.
-    """
-    root = source.removeprefix("file://").rstrip("/")
-    found = [j for j in jobs if j.ckpt_dir and (
-        j.ckpt_dir.rstrip("/") == root or j.ckpt_dir.rstrip("/").rsplit("/", 1)[-1] == run)]
-    return max(found, key=lambda j: j.first_seen) if found else None

@@ -53,6 +53,7 @@ class BillingConfig:
     database: Path = DEFAULT_DATABASE
     sync_state: Path | None = None       # checkpoint-sync's database: egress
     federation_audit: Path | None = None  # the federation daemon's audit log: its copies
+    federation_state: Path | None = None  # its state: logical jobs, runs, incarnations
     registry: Path | None = None         # the controller's job registry: lineage
     budgets: Mapping[str, float] = field(default_factory=dict)
     job_budgets: Mapping[str, float] = field(default_factory=dict)  # [policy.budgets]
@@ -79,6 +80,7 @@ def billing_config(site: SiteConfig) -> BillingConfig:
         database=table.database,
         sync_state=site.sync.state if site.sync else None,
         federation_audit=site.federation.audit_path if site.federation else None,
+        federation_state=site.federation.state if site.federation else None,
         registry=site.registry_path,
         budgets=dict(table.budgets),
         job_budgets=dict(site.policy.budgets),

@@ -14,24 +14,25 @@ incarnation had not finished (it must be fetched again). Rows that cannot be rea
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from slurm_geo.billing import attribution, costs
+from slurm_geo.billing import attribution, costs, records
 from slurm_geo.billing.db import EGRESS_COLUMNS, EGRESS_KEY, JOB_COLUMNS, JOB_KEY, BillingDB
+from slurm_geo.billing.lineage import LegOwner, Owners, attribute
 from slurm_geo.billing.periods import Period, epoch, months_overlapping, next_watermark
 from slurm_geo.ckpt.names import manifest_name
-from slurm_geo.federation.audit import AuditLog, Entry
-from slurm_geo.registry import RegistryReader
+from slurm_geo.federation.audit import Entry
 from slurm_geo.slurm.models import AccountingRecord, MalformedAccountingRow
 from slurm_geo.sync.reader import SyncStateReader
 
 BATCH = 5000
 EGRESS_SOURCE = "egress"
-Lineage = Mapping[tuple[str, int], str]
+# (cluster, job id) -> its logical job: `Owners.lineage()`.
+Lineage = Mapping[tuple[str, int], LegOwner]
 
 
 @dataclass
@@ -59,8 +60,9 @@ def _ts(moment: datetime | None) -> int | None:
 
 def incarnation_row(record: AccountingRecord, lineage: Lineage, as_of: int) -> list[Any]:
     """The `jobs` row of one accounting record, in JOB_COLUMNS order."""
+    leg = lineage.get((record.cluster, record.job_id))
     center, source = attribution.cost_center_of(record.admin_comment, record.comment,
-                                                record.account)
+                                                record.account, leg.cost_center if leg else "")
     tres_text, gpus, unknown = attribution.tres_facts(record.allocated_tres)
     flags = [f"unknown TRES {name}" for name in unknown]
     if source == "none":
@@ -70,7 +72,7 @@ def incarnation_row(record: AccountingRecord, lineage: Lineage, as_of: int) -> l
     if record.end_time is None:
         flags.append("running")
     return [record.cluster, record.job_id, _ts(record.submit_time), 0,
-            lineage.get((record.cluster, record.job_id), f"{record.cluster}:{record.job_id}"),
+            leg.logical_id if leg else f"{record.cluster}:{record.job_id}",
             record.name, record.user, record.account, center, source, record.partition,
             _ts(record.start_time), _ts(record.end_time), record.elapsed_s,
             record.allocated_tres.get("cpu", 0), gpus, tres_text, record.state.value,
@@ -223,51 +225,35 @@ def _pages(db: BillingDB, table: str, columns: list[str]) -> Iterable[list[list[
         yield [list(r)[1:] for r in chunk]
 
 
-# --- I/O: registry and egress ---------------------------------------------------------------
-
-def read_registry(path: Path | None) -> tuple[dict[tuple[str, int], str],
-                                              list[attribution.RegistryJob]]:
-    """Lineage and geo jobs from the controller's registry: none when no registry is
-    configured or no geo job has started yet (no file); `RegistryUnreadable` when it
-    cannot be read, so that ingest fails rather than bill without lineage."""
-    if path is None:
-        return {}, []
-    registry = RegistryReader(path, missing_ok=True)
-    lineage = {(link.cluster, link.job_id): link.logical_id for link in registry.lineage()}
-    jobs = [attribution.RegistryJob(job.cluster, job.job_id, job.logical_id, job.user,
-                                    job.directives.get("geo-cost-center", ""),
-                                    job.directives.get("geo-ckpt-dir", ""), job.first_seen)
-            for job in registry.jobs()]
-    return lineage, jobs
-
+# --- egress ------------------------------------------------------------------------------
 
 def egress_owner(row: Mapping[str, Any]) -> str:
     return f"egress:{row['run']}:{row['step']}:{row['object']}:{row['kind']}:{row['started_at']}"
 
 
-def egress_row(transfer: Mapping[str, Any], jobs: Sequence[attribution.RegistryJob]
-               ) -> list[Any]:
-    """The `egress` row of one checkpoint-sync transfer, with the job it is charged to."""
-    job = attribution.job_for_run(transfer["run"], transfer["source"] or "", jobs)
-    center = job.cost_center if job and job.cost_center else ""
-    source = "directive" if center else "none"
+def egress_row(transfer: Mapping[str, Any], owners: Owners,
+               job_dirs: Mapping[str, Sequence[str]] | None = None) -> list[Any]:
+    """The `egress` row of one transfer (checkpoint-sync's, or the daemon's copy), with the
+    logical job, leg and cost center it is charged to (`billing.lineage.attribute`)."""
+    owner = attribute(transfer, owners, job_dirs)
     return [transfer["run"], transfer["step"], transfer["object"], transfer["kind"],
             transfer["started_at"], transfer["finished_at"], transfer["bytes"] or 0,
             transfer["source"], transfer["destination"], transfer["source_region"],
-            transfer["destination_region"], job.cluster if job else "",
-            job.job_id if job else None, job.logical_id if job else "",
-            job.user if job else "", center, source]
+            transfer["destination_region"], owner.cluster, owner.job_id, owner.logical_id,
+            owner.user, owner.cost_center, "directive" if owner.cost_center else "none"]
 
 
 def ingest_egress(db: BillingDB, sync_state: Path | None, federation_audit: Path | None,
-                  jobs: Sequence[attribution.RegistryJob], prices: costs.PriceTable,
-                  since: int, until: int) -> int:
+                  owners: Owners, prices: costs.PriceTable, since: int,
+                  until: int) -> int:
     """Checkpoint transfers finished in [since, until): checkpoint-sync's (when [sync] is
     configured: its state must be readable) and the federation daemon's copies when a job
-    moves (when its audit log exists)."""
+    moves (when its audit log exists), each charged through `owners`."""
+    job_dirs = records.job_directories(sync_state)
     transfers = (_sync_transfers(sync_state, since, until)
-                 + federation_transfers(_audit_entries(federation_audit), since, until))
-    rows = [egress_row(t, jobs) for t in transfers]
+                 + federation_transfers(records.audit_entries(federation_audit, ("transfer",)),
+                                        since, until))
+    rows = [egress_row(t, owners, job_dirs) for t in transfers]
     _write_egress(db, rows, prices)
     db.set_watermark(EGRESS_SOURCE, until)
     return len(rows)
@@ -279,14 +265,9 @@ def _sync_transfers(sync_state: Path | None, since: int, until: int) -> list[Map
     the egress watermark stays) rather than billing no egress."""
     if sync_state is None:
         return []
-    return [asdict(t) for t in SyncStateReader(sync_state).transfers_finished(since, until)]
-
-
-def _audit_entries(path: Path | None) -> list[Entry]:
-    if path is None or not path.exists():
-        return []
-    with AuditLog(path, readonly=True) as audit:
-        return audit.entries(kind="transfer")
+    # vars(), not asdict(): the rows are flat, and asdict's deep copy took 60 % of an
+    # egress ingest (bench/billing_ingest.py).
+    return [dict(vars(t)) for t in SyncStateReader(sync_state).transfers_finished(since, until)]
 
 
 def federation_transfers(entries: Iterable[Entry], since: int, until: int
@@ -303,7 +284,7 @@ def federation_transfers(entries: Iterable[Entry], since: int, until: int
         if not since <= finished < until:
             continue
         transfers.append({
-            "run": detail["run"], "step": detail["step"],
+            "logical_job": entry.logical_job, "run": detail["run"], "step": detail["step"],
             "object": manifest_name(detail["run"], detail["step"]), "kind": "move",
             "started_at": finished - float(detail.get("seconds", 0.0)),
             "finished_at": finished, "bytes": detail.get("bytes", 0),

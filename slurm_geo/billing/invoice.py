@@ -1,6 +1,13 @@
-"""Monthly invoices per cost center: a CSV of every cost line and a self-contained HTML page
-with an inline SVG bar chart of cost by cluster (no scripts, no external files). Pure: text
-out; the CLI writes the files."""
+"""Monthly invoices per cost center: a CSV of its lines and a self-contained HTML page with an
+inline SVG bar chart of cost by cluster (no scripts, no external files). Pure: text out;
+the CLI writes the files.
+
+A line is one job's cost of one kind at one price (`job_lines`): its incarnations'
+stretches, or its checkpoint transfers, added up (a checkpoint is dozens of objects, each
+a transfer; finance needs the job, not the object). `items` says how many were added;
+the amount is the sum of theirs, each rounded to micro-USD as the report adds them, so
+an invoice's total is the report's.
+"""
 
 from __future__ import annotations
 
@@ -11,62 +18,92 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from html import escape
+from typing import NamedTuple
 
 from slurm_geo.billing.costs import CostLine
 from slurm_geo.billing.periods import Period
 from slurm_geo.billing.report import Owner
 
 CSV_HEADER = ("cost_center", "cluster", "job", "logical_job", "user", "kind", "start_utc",
-              "end_utc", "quantity", "unit", "unit_price", "price_effective_from", "amount_usd")
+              "end_utc", "quantity", "unit", "unit_price", "price_effective_from", "amount_usd",
+              "items")
 UNITS = {"cpu": "cpu-seconds", "gpu": "gpu-seconds", "marketplace_fee": "USD (cpu+gpu)",
          "egress": "bytes"}
 PRICE_UNITS = {"cpu": "USD/cpu-hour", "gpu": "USD/gpu-hour", "marketplace_fee": "%",
                "egress": "USD/GB"}
 
 
+class InvoiceLine(NamedTuple):
+    """One job's cost lines of one kind, cluster and price, added up: from the first
+    one's start to the last one's end, `items` of them."""
+
+    owner: Owner
+    line: CostLine
+    items: int
+
+
 @dataclass
 class Invoice:
     cost_center: str
     period: Period
-    lines: list[tuple[Owner, CostLine]] = field(default_factory=list)
+    lines: list[InvoiceLine] = field(default_factory=list)
 
     @property
     def total(self) -> float:
-        return round(sum(line.amount or 0.0 for _, line in self.lines), 2)
+        return round(sum(li.line.amount or 0.0 for li in self.lines), 2)
 
     def by_cluster(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for owner, line in self.lines:
+        for owner, line, _items in self.lines:
             name = line.cluster or owner.cluster or "(unknown)"
             out[name] = out.get(name, 0.0) + (line.amount or 0.0)
         return dict(sorted(out.items()))
 
     @property
     def unpriced(self) -> int:
-        return sum(1 for _, line in self.lines if line.amount is None)
+        return sum(1 for li in self.lines if li.line.amount is None)
+
+
+def job_lines(lines: Iterable[tuple[Owner, CostLine]]) -> list[InvoiceLine]:
+    """The lines added up per job, kind, cluster and price, in the order first seen."""
+    found: dict[tuple[Owner, str, str, float | None, int | None], InvoiceLine] = {}
+    for owner, line in lines:
+        key = (owner, line.kind, line.cluster, line.unit_price, line.price_from)
+        known = found.get(key)
+        if known is None:
+            found[key] = InvoiceLine(owner, line, 1)
+            continue
+        was = known.line
+        amount = None if was.amount is None or line.amount is None else round(
+            was.amount + line.amount, 6)
+        found[key] = InvoiceLine(owner, was._replace(
+            start=min(was.start, line.start), end=max(was.end, line.end),
+            quantity=round(was.quantity + line.quantity, 6), amount=amount), known.items + 1)
+    return list(found.values())
 
 
 def invoices(lines: Iterable[tuple[Owner, CostLine]], period: Period) -> dict[str, Invoice]:
-    out: dict[str, Invoice] = {}
+    """One invoice per cost center, of its jobs' lines (`job_lines`)."""
+    grouped: dict[str, list[tuple[Owner, CostLine]]] = {}
     for owner, line in lines:
-        out.setdefault(owner.cost_center, Invoice(owner.cost_center, period)).lines.append(
-            (owner, line))
-    return dict(sorted(out.items()))
+        grouped.setdefault(owner.cost_center, []).append((owner, line))
+    return {center: Invoice(center, period, job_lines(grouped[center]))
+            for center in sorted(grouped)}
 
 
 def invoice_csv(invoice: Invoice) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_HEADER)
-    for owner, line in invoice.lines:
+    for owner, line, items in invoice.lines:
         writer.writerow([invoice.cost_center, line.cluster, owner.job, owner.logical_id,
                          owner.user, line.kind, _iso(line.start), _iso(line.end),
                          _number(line.quantity), UNITS[line.kind],
                          "" if line.unit_price is None else _number(line.unit_price),
                          "" if line.price_from is None else _iso(line.price_from),
-                         "" if line.amount is None else f"{line.amount:.6f}"])
+                         "" if line.amount is None else f"{line.amount:.6f}", items])
     writer.writerow([invoice.cost_center, "", "", "", "", "TOTAL", "", "", "", "", "", "",
-                     f"{invoice.total:.2f}"])
+                     f"{invoice.total:.2f}", sum(li.items for li in invoice.lines)])
     return out.getvalue()
 
 
@@ -99,8 +136,9 @@ def invoice_html(invoice: Invoice) -> str:
         f"<td class=n>{_number(line.quantity)} {UNITS[line.kind]}</td>"
         f"<td class=n>{'' if line.unit_price is None else _number(line.unit_price)} "
         f"{PRICE_UNITS[line.kind] if line.unit_price is not None else 'NO PRICE'}</td>"
-        f"<td class=n>{'-' if line.amount is None else f'{line.amount:.6f}'}</td></tr>"
-        for owner, line in invoice.lines)
+        f"<td class=n>{'-' if line.amount is None else f'{line.amount:.6f}'}</td>"
+        f"<td class=n>{items}</td></tr>"
+        for owner, line, items in invoice.lines)
     warning = (f"<p class=warn>{invoice.unpriced} line(s) have no price and are not in the "
                "total; see `slurm-geo billing report`.</p>" if invoice.unpriced else "")
     title = f"Invoice {escape(invoice.cost_center)} {escape(period.label)}"
@@ -116,10 +154,11 @@ td,th{{border:1px solid #ccc;padding:2px 6px;font-size:12px}}.n{{text-align:righ
 {bar_chart_svg(invoice.by_cluster())}
 <h2>Cost lines</h2>
 <table><tr><th>job</th><th>logical job</th><th>user</th><th>cluster</th><th>kind</th>
-<th>from</th><th>to</th><th>quantity</th><th>unit price</th><th>USD</th></tr>
+<th>from</th><th>to</th><th>quantity</th><th>unit price</th><th>USD</th><th>items</th></tr>
 {rows}</table>
-<p>Generated by slurm-geo billing; every line is quantity x unit price (per hour for
-seconds, per 10<sup>9</sup> bytes for egress, percent for fees), rounded to 6 decimals.</p>
+<p>Generated by slurm-geo billing; every line adds up one job's <i>items</i> of one kind at
+one price, each quantity x unit price (per hour for seconds, per 10<sup>9</sup> bytes for
+egress, percent for fees) rounded to 6 decimals.</p>
 </body></html>
 """
 

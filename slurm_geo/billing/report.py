@@ -2,7 +2,9 @@
 
 `priced` turns stored incarnations and transfers into (owner, cost line) pairs for one
 period; `build_report` adds them up and collects every flag (unknown TRES, no price, no cost
-center, still running, malformed accounting rows); `render` writes table, CSV or JSON.
+center, still running, malformed accounting rows), one per job (or run) and kind with how
+many incarnations or transfers it stands for (`aggregate_flags`: a checkpoint is dozens of
+objects, and a flag per object buries the others); `render` writes table, CSV or JSON.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import csv
 import io
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -89,7 +91,26 @@ class Flag:
     kind: str     # unknown TRES, no price, no cost center, running, malformed row, ...
     cluster: str
     subject: str  # the job, run or accounting line concerned
-    detail: str
+    detail: str   # of the first incarnation or transfer concerned
+    count: int = 1  # how many incarnations, transfers or rows it stands for
+
+
+def aggregate_flags(flags: Iterable[Flag]) -> list[Flag]:
+    """One flag per kind and subject (a job, `cluster:job_id`, or a run), in the order
+    first seen, counting the ones it stands for, with the first one's detail (the earliest:
+    lines come in time order) and every cluster named (a run's uploads and its read-backs
+    are priced by the clusters of two regions)."""
+    found: dict[tuple[str, str], Flag] = {}
+    for flag in flags:
+        key = (flag.kind, flag.subject)
+        known = found.get(key)
+        if known is None:
+            found[key] = flag
+            continue
+        clusters = known.cluster.split(",")
+        cluster = known.cluster if flag.cluster in clusters else f"{known.cluster},{flag.cluster}"
+        found[key] = replace(known, cluster=cluster, count=known.count + flag.count)
+    return list(found.values())
 
 
 @dataclass
@@ -121,25 +142,61 @@ def priced(jobs: Iterable[Any], egress: Iterable[Any],
                                        min(li.start for li in lines if li.amount is None)))
         for line in lines:
             yield owner, line
+    yield from _priced_egress(egress, prices, flags)
+
+
+def _priced_egress(egress: Iterable[Any], prices: costs.PriceTable, flags: list[Flag]
+                   ) -> Iterator[tuple[Owner, costs.CostLine]]:
+    """The egress lines. A month holds a transfer per checkpoint object: a job's owner is
+    made once, and a flag once per kind, cluster and subject, counted up after that."""
+    owners: dict[tuple[Any, ...], Owner] = {}
+    seen: dict[tuple[str, str, str], int] = {}
+
+    def flag(kind: str, owner: Owner, row: Any, line: costs.CostLine) -> None:
+        key = (kind, owner.cluster, owner.job)
+        at = seen.get(key)
+        if at is None:
+            seen[key] = len(flags)
+            flags.append(Flag(kind, owner.cluster, owner.job, _egress_detail(kind, row, line)))
+        else:
+            flags[at] = replace(flags[at], count=flags[at].count + 1)
+
     for row in egress:
-        moved = costs.egress_line(row["bytes"], row["source_region"] or "",
-                                  row["destination_region"] or "", int(row["finished_at"]),
-                                  prices)
-        if moved is None:
+        line = costs.egress_line(row["bytes"], row["source_region"] or "",
+                                 row["destination_region"] or "", int(row["finished_at"]),
+                                 prices)
+        if line is None:
             continue
-        line = moved
-        subject = (f"{row['job_cluster']}:{row['job_id']}" if row["job_id"] is not None
-                   else f"run:{row['run']}")
-        owner = Owner(line.cluster or row["job_cluster"] or "", subject, row["logical_id"] or "",
-                      row["user"] or "", row["cost_center"] or NO_COST_CENTER)
-        if not row["cost_center"]:
-            flags.append(Flag("no cost center", owner.cluster, subject,
-                              f"egress of run '{row['run']}' step {row['step']}: no job with "
-                              "a cost center is known to own it"))
+        job_id, center = row["job_id"], row["cost_center"]
+        key = (line.cluster, row["job_cluster"], job_id, None if job_id else row["run"],
+               row["logical_id"], row["user"], center)
+        owner = owners.get(key)
+        if owner is None:
+            subject = (f"{row['job_cluster']}:{job_id}" if job_id is not None
+                       else f"run:{row['run']}")
+            owner = owners[key] = Owner(line.cluster or row["job_cluster"] or "", subject,
+                                        row["logical_id"] or "", row["user"] or "",
+                                        center or NO_COST_CENTER)
+        if not center:
+            flag("no cost center", owner, row, line)
         if line.amount is None:
-            flags.append(Flag("no price", owner.cluster, subject, "no egress price for region "
-                              f"'{row['source_region']}' at {_iso(line.start)}"))
+            flag("no price", owner, row, line)
         yield owner, line
+
+
+def _egress_detail(kind: str, row: Any, line: costs.CostLine) -> str:
+    if kind == "no price":
+        return f"no egress price for region '{row['source_region']}' at {_iso(line.start)}"
+    return (_unowned(row) + f" (first: step {row['step']}, {row['object']}, "
+            f"{_iso(line.start)})")
+
+
+def _unowned(row: Any) -> str:
+    if row["job_id"] is None:
+        return (f"egress of run '{row['run']}': no job is known to own the run (no "
+                "federation record names it, no registered job's --geo-ckpt-dir holds it)")
+    return (f"egress of run '{row['run']}': its logical job {row['logical_id'] or '?'} was "
+            "registered without --geo-cost-center")
 
 
 def _job_flag(owner: Owner, job: Any, text: str) -> Flag:
@@ -148,7 +205,8 @@ def _job_flag(owner: Owner, job: Any, text: str) -> Flag:
 
 def job_flag(cluster: str, job: str, restarts: int, alloc_tres: str, text: str) -> Flag:
     kind = "unknown TRES" if text.startswith("unknown TRES") else text
-    return Flag(kind, cluster, job, f"{text} (incarnation {restarts}, TRES {alloc_tres or '-'})")
+    return Flag(kind, cluster, job, f"{text} (first: incarnation {restarts}, TRES "
+                f"{alloc_tres or '-'})")
 
 
 def no_price_flag(cluster: str, job: str, moment: int) -> Flag:
@@ -173,7 +231,8 @@ def build_report(lines: Iterable[tuple[Owner, costs.CostLine]], period: Period, 
         report.groups.setdefault(group_key(owner, by), Totals()).add(line)
         report.clusters.setdefault(line.cluster or owner.cluster, Totals()).add(line)
         report.total.add(line)
-    report.flags = list(dict.fromkeys(flags))
+    # Malformed rows stay one flag each: each is a different row to look at.
+    report.flags = aggregate_flags(flags)
     report.flags += [Flag("malformed accounting row", p["cluster"], f"line {p['line']}",
                           f"{p['reason']}: {p['text']}") for p in problems]
     return report
@@ -233,7 +292,8 @@ def _table(doc: dict[str, Any]) -> str:
                         for i, (v, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
     if doc["flags"]:
         lines.append(f"\n{len(doc['flags'])} flag(s) need a look:")
-        lines += [f"  [{f['kind']}] {f['cluster']} {f['subject']}: {f['detail']}"
+        lines += [f"  [{f['kind']}] {f['cluster']} {f['subject']}"
+                  + (f" ({f['count']} times)" if f["count"] > 1 else "") + f": {f['detail']}"
                   for f in doc["flags"]]
     return "\n".join(lines)
 

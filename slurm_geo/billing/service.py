@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from slurm_geo.billing import check, ingest, sources
+from slurm_geo.billing import check, ingest, records, sources
 from slurm_geo.billing.config import BillingConfig
 from slurm_geo.billing.costs import CostLine, PriceTable
 from slurm_geo.billing.db import JOB_COLUMNS, BillingDB
 from slurm_geo.billing.errors import BillingDiffers
+from slurm_geo.billing.lineage import Owners
 from slurm_geo.billing.periods import Period
 from slurm_geo.billing.report import (
     Flag,
@@ -29,7 +30,7 @@ from slurm_geo.billing.sources import (
     ACCOUNTING_SETTLE_S,
     EGRESS,
     EGRESS_SETTLE_S,
-    REGISTRY,
+    OWNERSHIP,
     Outcome,
     SourceRun,
     covered_key,
@@ -83,21 +84,23 @@ def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[Any], now
     if db.set_prices(config.prices, config.clusters):
         result.repriced = ingest.reprice_all(db, table)
     try:
-        lineage, registry_jobs = ingest.read_registry(config.registry)
+        owners = records.read_owners(config.registry, config.federation_state,
+                                     config.federation_audit)
     except SlurmGeoError as exc:
-        needs = ("not read: it needs the registry, and what it bills without it would stay "
-                 "wrong")
-        result.sources += [sources.failed(REGISTRY, exc), *(
+        needs = ("not read: it needs the registry and the federation's records, and what "
+                 "it bills without them would stay wrong")
+        result.sources += [sources.failed(OWNERSHIP, exc), *(
             SourceRun(name, Outcome.SKIPPED, needs)
             for name in [*(ingest.accounting_source(c.cluster) for c in clients), EGRESS])]
         return result
+    lineage = owners.lineage()
     if config.registry is not None:
-        result.sources.append(SourceRun(REGISTRY, Outcome.READ, f"{len(lineage)} lineage "
-                                        f"link(s), {len(registry_jobs)} geo job(s)"))
+        result.sources.append(SourceRun(OWNERSHIP, Outcome.READ, f"{len(lineage)} Slurm "
+                                        "job(s) linked to their logical job"))
     window = _Window(now, since, until, now - config.first_ingest_days * DAY)
     for client in clients:
         result.sources.append(_ingest_cluster(db, client, window, lineage, table, result))
-    result.sources.append(_ingest_egress(db, config, window, registry_jobs, table, result))
+    result.sources.append(_ingest_egress(db, config, window, owners, table, result))
     return result
 
 
@@ -134,7 +137,7 @@ def _ingest_cluster(db: BillingDB, client: Any, window: _Window, lineage: ingest
 
 
 def _ingest_egress(db: BillingDB, config: BillingConfig, window: _Window,
-                   registry_jobs: list[Any], table: PriceTable, result: IngestResult
+                   owners: Owners, table: PriceTable, result: IngestResult
                    ) -> SourceRun:
     before = db.watermark(EGRESS)
     # Read again from an hour before the watermark: checkpoint-sync records a transfer
@@ -144,7 +147,7 @@ def _ingest_egress(db: BillingDB, config: BillingConfig, window: _Window,
         0, (before or window.first) - EGRESS_OVERLAP_S)
     try:
         result.transfers = ingest.ingest_egress(db, config.sync_state, config.federation_audit,
-                                                registry_jobs, table, start, window.end)
+                                                owners, table, start, window.end)
     except SlurmGeoError as exc:
         return sources.failed(EGRESS, exc, start, window.end, before)
     _cover(db, EGRESS, covered_until(window.until, window.now, EGRESS_SETTLE_S))

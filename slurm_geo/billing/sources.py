@@ -37,7 +37,8 @@ from typing import Any
 from slurm_geo.billing.errors import SourceUnreadable
 from slurm_geo.billing.periods import iso
 
-REGISTRY = "registry"
+# The registry and the federation daemon's state and audit log: whose job, whose run.
+OWNERSHIP = "ownership"
 EGRESS = "egress"
 # slurmdbd records a job's start and end a moment after slurmctld (minutes when it is
 # loaded or was down): a job that ended in the last seconds before an ingest may still read

@@ -229,7 +229,7 @@ def invoices(period_text: str | None, out_dir: Path, centers: tuple[str, ...],
     from slurm_geo.billing import service
     from slurm_geo.billing.invoice import file_stem, invoice_csv, invoice_html
     from slurm_geo.billing.invoice import invoices as make_invoices
-    from slurm_geo.billing.report import Flag
+    from slurm_geo.billing.report import Flag, aggregate_flags
 
     period = _period(period_text)
     flags: list[Flag] = []
@@ -246,8 +246,8 @@ def invoices(period_text: str | None, out_dir: Path, centers: tuple[str, ...],
                    + (f" ({invoice.unpriced} line(s) without a price)"
                       if invoice.unpriced else ""))
     if flags:
-        click.echo(f"{len(set(flags))} flag(s): see `slurm-geo billing report --period "
-                   f"{period.label}`", err=True)
+        click.echo(f"{len(aggregate_flags(flags))} flag(s): see `slurm-geo billing report "
+                   f"--period {period.label}`", err=True)
 
 
 @billing.command()

@@ -17,6 +17,7 @@ treats a missing file as the error it is.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,22 @@ class SyncStateReader:
         except ValueError as exc:  # a status this slurm-geo does not know
             raise SyncStateUnreadable(self.path, f"{exc}; run the same slurm-geo version as "
                                                  "checkpoint-sync") from exc
+
+    def job_directories(self) -> dict[str, tuple[str, ...]]:
+        """Each registered job directory checkpoint-sync replicates (its root,
+        `file://<real path>`) -> the jobs ("cluster:job_id") that named it, newest first:
+        whose checkpoints its transfers carry. None in a state from before `sources`."""
+        if not self._rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                          "name = 'sources'", []):
+            return {}
+        rows = self._rows("SELECT root, jobs FROM sources WHERE kind = 'job' ORDER BY root",
+                          [])
+        try:
+            return {root: tuple(str(tag) for tag in json.loads(jobs)) for root, jobs in rows}
+        except (TypeError, ValueError) as exc:
+            raise SyncStateUnreadable(self.path, f"a row of sources does not list its jobs "
+                                                 f"as JSON ({exc}); run the same slurm-geo "
+                                                 "version as checkpoint-sync") from exc
 
     def _rows(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
         if self.missing_ok and not self.path.exists():

@@ -1,0 +1,87 @@
+"""Who owns what, read from the other daemons' records for `billing ingest`. Thin I/O:
+each database through its owner's read API (`RegistryReader`, `FederationState` and
+`AuditLog` opened read-only, `SyncStateReader`); what follows from them is
+`billing.lineage`'s.
+
+A record that does not exist yet (no geo job started, no federation daemon run) is no
+records; one that exists and cannot be read stops ingest with its own error, rather than
+bill without lineage: `RegistryUnreadable` (exit 42), `FederationStateError` (43),
+`AuditError` (55), `SyncStateUnreadable` (40).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+from slurm_geo.billing import lineage
+from slurm_geo.billing.attribution import RegistryJob
+from slurm_geo.federation.audit import AuditError, AuditLog, Entry
+from slurm_geo.federation.model import FederationStateError
+from slurm_geo.federation.state import FederationState
+from slurm_geo.registry import RegistryReader
+from slurm_geo.sync.reader import SyncStateReader
+
+
+def read_owners(registry: Path | None, federation_state: Path | None,
+                federation_audit: Path | None) -> lineage.Owners:
+    """Every record of which logical job each Slurm job and run belongs to."""
+    federated = lineage.merge(
+        federated_from_state(federation_state),
+        lineage.from_audit(audit_entries(federation_audit, (*lineage.LEG_KINDS, "transfer"))))
+    links, jobs = read_registry(registry)
+    return lineage.Owners(federated, jobs, links)
+
+
+def read_registry(path: Path | None) -> tuple[dict[tuple[str, int], str], list[RegistryJob]]:
+    """Lineage and geo jobs from the controller's registry: none when no registry is
+    configured or no geo job has started yet (no file)."""
+    if path is None:
+        return {}, []
+    registry = RegistryReader(path, missing_ok=True)
+    links = {(link.cluster, link.job_id): link.logical_id for link in registry.lineage()}
+    jobs = [RegistryJob(job.cluster, job.job_id, job.logical_id, job.user,
+                        job.directives.get("geo-cost-center", ""),
+                        job.directives.get("geo-ckpt-dir", ""), job.first_seen)
+            for job in registry.jobs()]
+    return links, jobs
+
+
+def federated_from_state(path: Path | None) -> list[lineage.FederatedJob]:
+    """The daemon's logical jobs and their incarnations, as its state holds them."""
+    if path is None or not path.exists():
+        return []
+    try:
+        state = FederationState(path, readonly=True)
+    except sqlite3.Error as exc:
+        raise FederationStateError(f"cannot read the federation state {path}: {exc}") from None
+    try:
+        jobs = state.jobs()
+        incarnations = {job.logical_job: state.incarnations(job.logical_job) for job in jobs}
+    except (sqlite3.Error, ValueError) as exc:  # ValueError: a row this version cannot parse
+        raise FederationStateError(f"cannot read the federation state {path}: {exc}") from None
+    finally:
+        state.close()
+    return lineage.from_state(jobs, incarnations)
+
+
+def audit_entries(path: Path | None, kinds: Sequence[str]) -> list[Entry]:
+    """The audit log's entries of these kinds, oldest first; none before the daemon's first
+    start (no file)."""
+    if path is None or not path.exists():
+        return []
+    with AuditLog(path, readonly=True) as audit:
+        try:
+            found = [entry for kind in kinds for entry in audit.entries(kind=kind)]
+        except sqlite3.Error as exc:
+            raise AuditError(f"cannot read audit log {path}: {exc}") from None
+    return sorted(found, key=lambda entry: entry.seq)
+
+
+def job_directories(sync_state: Path | None) -> dict[str, tuple[str, ...]]:
+    """checkpoint-sync's job roots -> the jobs that named them, when [sync] is configured
+    (its state must then be readable, as for its transfers)."""
+    if sync_state is None:
+        return {}
+    return SyncStateReader(sync_state).job_directories()
