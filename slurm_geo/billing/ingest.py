@@ -23,6 +23,7 @@ from typing import Any
 from slurm_geo.billing import attribution, costs, records
 from slurm_geo.billing.db import EGRESS_COLUMNS, EGRESS_KEY, JOB_COLUMNS, JOB_KEY, BillingDB
 from slurm_geo.billing.lineage import LegOwner, Owners, attribute
+from slurm_geo.billing.outages import Outage, cut_short, estimate_flag
 from slurm_geo.billing.periods import Period, epoch, months_overlapping, next_watermark
 from slurm_geo.ckpt.names import manifest_name
 from slurm_geo.federation.audit import Entry
@@ -58,8 +59,11 @@ def _ts(moment: datetime | None) -> int | None:
     return None if moment is None else epoch(moment)
 
 
-def incarnation_row(record: AccountingRecord, lineage: Lineage, as_of: int) -> list[Any]:
-    """The `jobs` row of one accounting record, in JOB_COLUMNS order."""
+def incarnation_row(record: AccountingRecord, lineage: Lineage, as_of: int,
+                    outages: Sequence[Outage] = ()) -> list[Any]:
+    """The `jobs` row of one accounting record, in JOB_COLUMNS order. A leg of a logical
+    job whose cluster was lost while it ran ends where the federation daemon last saw the
+    cluster (outages), flagged estimated."""
     leg = lineage.get((record.cluster, record.job_id))
     center, source = attribution.cost_center_of(record.admin_comment, record.comment,
                                                 record.account, leg.cost_center if leg else "")
@@ -69,12 +73,18 @@ def incarnation_row(record: AccountingRecord, lineage: Lineage, as_of: int) -> l
         flags.append("no cost center")
     if not record.settled:
         flags.append("accounting not settled")
-    if record.end_time is None:
+    start, end, elapsed = _ts(record.start_time), _ts(record.end_time), record.elapsed_s
+    lost = cut_short(record.cluster, start, end, outages) if leg else None
+    if lost is not None and start is not None:
+        end = max(start, int(lost.last_ok))
+        elapsed = end - start
+        flags.append(estimate_flag(lost))
+    elif record.end_time is None:
         flags.append("running")
     return [record.cluster, record.job_id, _ts(record.submit_time), 0,
             leg.logical_id if leg else f"{record.cluster}:{record.job_id}",
             record.name, record.user, record.account, center, source, record.partition,
-            _ts(record.start_time), _ts(record.end_time), record.elapsed_s,
+            start, end, elapsed,
             record.allocated_tres.get("cpu", 0), gpus, tres_text, record.state.value,
             int(record.settled), "; ".join(flags), as_of]
 
@@ -132,7 +142,8 @@ def _egress_line_row(owner: str, month: Period, line: costs.CostLine, center: st
 
 def ingest_records(db: BillingDB, items: Iterable[AccountingRecord | MalformedAccountingRow],
                    stats: IngestStats, lineage: Lineage, as_of: int,
-                   prices: costs.PriceTable, batch: int = BATCH) -> IngestStats:
+                   prices: costs.PriceTable, batch: int = BATCH,
+                   outages: Sequence[Outage] = ()) -> IngestStats:
     """Upsert `items` in batches (bounded memory), with their cost lines and problems."""
     columns = list(JOB_COLUMNS)
     iterator = iter(items)
@@ -153,7 +164,7 @@ def ingest_records(db: BillingDB, items: Iterable[AccountingRecord | MalformedAc
             if item.start_time is None and item.end_time is None:
                 stats.pending += 1
                 continue
-            rows.append(incarnation_row(item, lineage, as_of))
+            rows.append(incarnation_row(item, lineage, as_of, outages))
         stats.malformed += len(problems)
         stats.incarnations += len(rows)
         _write_batch(db, columns, rows, problems, prices)
@@ -189,11 +200,12 @@ def accounting_source(cluster: str) -> str:
 
 
 def ingest_cluster(db: BillingDB, client: Any, since: int, until: int, lineage: Lineage,
-                   prices: costs.PriceTable) -> IngestStats:
+                   prices: costs.PriceTable, outages: Sequence[Outage] = ()) -> IngestStats:
     """One cluster's window [since, until) through its SlurmClient; moves its watermark
     only once the whole window is in (a SlurmError leaves it where it was)."""
     stats = IngestStats(client.cluster, since, until)
-    ingest_records(db, fetch_accounting(client, since, until), stats, lineage, until, prices)
+    ingest_records(db, fetch_accounting(client, since, until), stats, lineage, until, prices,
+                   outages=outages)
     db.count_restarts()
     db.set_watermark(accounting_source(client.cluster),
                      next_watermark(until, stats.unfinished_since))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from slurm_geo.billing import lineage
 from slurm_geo.billing.attribution import RegistryJob
+from slurm_geo.billing.outages import Outage, outages_of
 from slurm_geo.federation.audit import AuditError, AuditLog, Entry
 from slurm_geo.federation.model import FederationStateError
 from slurm_geo.federation.state import FederationState
@@ -85,3 +86,8 @@ def job_directories(sync_state: Path | None) -> dict[str, tuple[str, ...]]:
     if sync_state is None:
         return {}
     return SyncStateReader(sync_state).job_directories()
+
+
+def read_outages(federation_audit: Path | None) -> list[Outage]:
+    """The clusters the federation daemon declared out, and when each last answered."""
+    return outages_of(audit_entries(federation_audit, ("outage",)))

@@ -204,7 +204,7 @@ def _job_flag(owner: Owner, job: Any, text: str) -> Flag:
 
 
 def job_flag(cluster: str, job: str, restarts: int, alloc_tres: str, text: str) -> Flag:
-    kind = "unknown TRES" if text.startswith("unknown TRES") else text
+    kind = next((k for k in ("unknown TRES", "estimated") if text.startswith(k)), text)
     return Flag(kind, cluster, job, f"{text} (first: incarnation {restarts}, TRES "
                 f"{alloc_tres or '-'})")
 

@@ -15,6 +15,7 @@ from slurm_geo.billing.costs import CostLine, PriceTable
 from slurm_geo.billing.db import JOB_COLUMNS, BillingDB
 from slurm_geo.billing.errors import BillingDiffers
 from slurm_geo.billing.lineage import Owners
+from slurm_geo.billing.outages import Outage
 from slurm_geo.billing.periods import Period
 from slurm_geo.billing.report import (
     Flag,
@@ -86,6 +87,7 @@ def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[Any], now
     try:
         owners = records.read_owners(config.registry, config.federation_state,
                                      config.federation_audit)
+        outages = records.read_outages(config.federation_audit)
     except SlurmGeoError as exc:
         needs = ("not read: it needs the registry and the federation's records, and what "
                  "it bills without them would stay wrong")
@@ -99,7 +101,8 @@ def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[Any], now
                                         "job(s) linked to their logical job"))
     window = _Window(now, since, until, now - config.first_ingest_days * DAY)
     for client in clients:
-        result.sources.append(_ingest_cluster(db, client, window, lineage, table, result))
+        result.sources.append(_ingest_cluster(db, client, window, lineage, outages, table,
+                                              result))
     result.sources.append(_ingest_egress(db, config, window, owners, table, result))
     return result
 
@@ -120,12 +123,13 @@ class _Window:
 
 
 def _ingest_cluster(db: BillingDB, client: Any, window: _Window, lineage: ingest.Lineage,
-                    table: PriceTable, result: IngestResult) -> SourceRun:
+                    outages: Sequence[Outage], table: PriceTable, result: IngestResult
+                    ) -> SourceRun:
     source = ingest.accounting_source(client.cluster)
     before = db.watermark(source)
     start = window.start(before)
     try:
-        stats = ingest.ingest_cluster(db, client, start, window.end, lineage, table)
+        stats = ingest.ingest_cluster(db, client, start, window.end, lineage, table, outages)
     except SlurmGeoError as exc:
         return sources.failed(source, exc, start, window.end, before)
     result.clusters.append(stats)
@@ -204,6 +208,13 @@ def run_check(db: BillingDB, config: BillingConfig, clients: Sequence[Any], peri
     """Compare what billing holds of `period` with what each source accounts for now,
     up to where ingest read that source completely (`sources.covered_key`)."""
     result = CheckResult(period)
+    try:  # what ingest bills by: a leg cut short by an outage is estimated on both sides
+        lineage = records.read_owners(config.registry, config.federation_state,
+                                      config.federation_audit).lineage()
+        outages = records.read_outages(config.federation_audit)
+    except SlurmGeoError as exc:
+        result.sources.append(sources.failed(OWNERSHIP, exc))
+        return result
     for client in clients:
         source = ingest.accounting_source(client.cluster)
         window = _compared(db, source, period, now, ACCOUNTING_SETTLE_S)
@@ -212,7 +223,7 @@ def run_check(db: BillingDB, config: BillingConfig, clients: Sequence[Any], peri
                                             "ingested yet"))
             continue
         try:
-            accounted = check.usage(_accounted(client, window), window)
+            accounted = check.usage(_accounted(client, window, lineage, outages), window)
         except SlurmGeoError as exc:
             result.sources.append(sources.failed(source, exc, window.start, window.end))
             continue
@@ -235,13 +246,14 @@ def _compared(db: BillingDB, source: str, period: Period, now: int, settle_s: in
     return Period(period.label, period.start, end) if end > period.start else None
 
 
-def _accounted(client: Any, window: Period) -> Iterator[check.Incarnation]:
+def _accounted(client: Any, window: Period, lineage: ingest.Lineage,
+               outages: Sequence[Outage]) -> Iterator[check.Incarnation]:
     """The cluster's incarnations of `window` as ingest would store them now; rows it
     could not bill (flagged in reports) are left out on both sides."""
     for item in ingest.fetch_accounting(client, window.start, window.end):
         if isinstance(item, MalformedAccountingRow) or ingest.malformed_reason(item):
             continue
-        row = ingest.incarnation_row(item, {}, window.end)
+        row = ingest.incarnation_row(item, lineage, window.end, outages)
         yield check.Incarnation.of(dict(zip(JOB_COLUMNS, row, strict=True)))
 
 
