@@ -130,6 +130,28 @@ def test_an_environment_slurmdbd_records_after_registration_is_learned_for_resta
     assert restarted.environment["PATH"] == ALICE_ENV["PATH"]
 
 
+def test_a_move_during_an_outage_reads_the_environment_slurmdbd_kept(site, monkeypatch):
+    """Registered before slurmdbd had its environment, lost seconds later: the move asks
+    slurmdbd (which may outlive the controller) once more, so the moved job finds
+    `python` on its owner's PATH."""
+    from slurm_geo.slurm import SlurmError
+
+    def not_yet(job_id):
+        raise SlurmError("slurmdbd keeps no environment for this job yet")
+    monkeypatch.setattr(site.onprem, "batch_environment", not_yet)
+    job_id = site.home_job_training()
+    site.checkpoint("away", 40)
+    (_, submitted), = [s for s in site.onprem.submitted if s[0] == job_id]
+    lose_home(site)
+    assert site.job().owner_env == {}
+    monkeypatch.setattr(site.onprem, "batch_environment",
+                        lambda _job_id: dict(submitted.environment))
+    site.tick()
+    (_, moved), = site.rented.submitted
+    assert moved.environment["PATH"] == ALICE_ENV["PATH"]
+    assert not any("default environment" in k for k in site.kinds())
+
+
 def test_a_moved_job_runs_as_its_owner_without_the_daemons_environment(site, monkeypatch):
     monkeypatch.setenv(MARKER, "daemon-secret")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "daemon-secret")  # file stores: none given

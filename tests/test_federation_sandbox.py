@@ -18,6 +18,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -63,8 +64,13 @@ def chaos_module() -> ModuleType:
     return module
 
 
-def test_drill_meets_its_targets(fed_sandbox: Sandbox):
-    report = drill.run_drill(fed_sandbox, SETTINGS, ROOT / "drills", progress=lambda _m: None)
+@pytest.fixture(scope="module")
+def drill_report(fed_sandbox: Sandbox):
+    return drill.run_drill(fed_sandbox, SETTINGS, ROOT / "drills", progress=lambda _m: None)
+
+
+def test_drill_meets_its_targets(drill_report):
+    report = drill_report
 
     # The RTO and "at most one interval" targets are wall-clock figures: measured by the drill
     # and bench/federation_chaos.py (docs/benchmarks.md), not asserted on a loaded CI machine.
@@ -78,6 +84,41 @@ def test_drill_meets_its_targets(fed_sandbox: Sandbox):
     assert "cancelled: fenced" in report.stale_incarnation or \
         report.stale_incarnation.endswith(" ended"), report.stale_incarnation
     assert report.audit_ok
+
+
+def test_the_drill_is_billed_in_full_under_its_logical_job(fed_sandbox: Sandbox, drill_report,
+                                                          tmp_path):
+    """Both legs under the logical job, the killed home leg to its cluster's last answer
+    (flagged estimated), and the run's checkpoint egress charged to its cost center."""
+    from slurm_geo.billing import service
+    from slurm_geo.billing.config import billing_config
+    from slurm_geo.billing.db import BillingDB
+    from slurm_geo.config.model import load_config
+    from slurm_geo.slurm import connect
+
+    report = drill_report
+    site = load_config(fed_sandbox.layout.site_config)
+    clients = [connect(c) for c in site.clusters.values()]
+    (home_leg, moved_leg) = [(leg["cluster"], leg["job_id"]) for leg in report.legs]
+    with BillingDB(tmp_path / "billing.db") as db:
+        def ingested():
+            result = service.run_ingest(db, billing_config(site), clients, int(time.time()),
+                                        since=int(report.killed_at) - 3600)
+            assert not result.failures, result.failures
+            return {(r["cluster"], r["job_id"]): dict(r) for r in db.conn.execute(
+                "SELECT * FROM jobs WHERE logical_id = ?", [report.logical_job])}
+        legs = drill.wait_for(lambda: (found := ingested()) and home_leg in found
+                              and moved_leg in found and found, time.time() + 60,
+                              "both legs in billing")
+        home = legs[home_leg]
+        assert "estimated" in home["flags"], home
+        ran = report.killed_at - home["start_ts"]
+        window = site.federation.detection_window_s
+        assert ran - window - 2 <= home["elapsed_s"] <= ran + 1, (home, ran)
+        assert legs[moved_leg]["cost_center"] == "ml-research"
+        egress = db.conn.execute("SELECT DISTINCT logical_id, cost_center FROM egress WHERE "
+                                 "run = ?", [report.run]).fetchall()
+        assert [tuple(row) for row in egress] == [(report.logical_job, "ml-research")]
 
 
 @pytest.fixture(scope="module")

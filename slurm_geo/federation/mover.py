@@ -24,6 +24,7 @@ import os
 import secrets
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from slurm_geo.ckpt import Repository
@@ -53,6 +54,7 @@ from slurm_geo.federation.model import (
     token_digest,
 )
 from slurm_geo.federation.owners import owner_environment
+from slurm_geo.federation.registration import learn_environment
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
 from slurm_geo.federation.tls import ca_pem
 from slurm_geo.federation.wiring import Wiring
@@ -265,6 +267,8 @@ class Mover:
         incoming = Incoming(job.logical_job, job.generation, job.run, job.resume_step,
                             w.config.url, token, store.url, store.endpoint_url,
                             federation_ca=ca, lease_secret=secret)
+        if not job.owner_env and learn_environment(w, job):  # slurmdbd may have it now
+            job = replace(job, owner_env=w.state.job(job.logical_job).owner_env)
         if not job.owner_env:
             w.say_once(("no-owner-env", job.logical_job), "decision", job.logical_job,
                        "submitted with Slurm's default environment",

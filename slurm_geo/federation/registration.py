@@ -190,20 +190,13 @@ class Registrar:
         """Jobs registered before slurmdbd recorded their environment get it now, while
         their first home job is still in accounting, so later incarnations run with what
         the owner submitted with (PATH, virtualenv) and not Slurm's bare default."""
-        w = self.wiring
         for job in jobs:
             if job.owner_env or job.owner is None or job.status.is_final():
                 continue
-            first = self._first_job_id(job)
-            if first is None or self._env_tries.get(job.logical_job, 0) >= PENDING_TRIES:
+            if self._env_tries.get(job.logical_job, 0) >= PENDING_TRIES:
                 continue
-            try:
-                environment = owner_environment(w.clients[w.home].batch_environment(first))
-            except SlurmError:
+            if not learn_environment(self.wiring, job):
                 self._env_tries[job.logical_job] = self._env_tries.get(job.logical_job, 0) + 1
-                continue
-            if environment:
-                w.state.identities.learn_environment(job.logical_job, environment)
 
     # --- inside ----------------------------------------------------------------------------
 
@@ -286,3 +279,19 @@ class Registrar:
                            why, cluster=w.home, job_id=job.job_id, run=job.run,
                            directives=job.directives, owner=owner.user, uid=owner.uid,
                            gid=owner.gid)
+
+
+def learn_environment(wiring: Wiring, job: LogicalJob) -> bool:
+    """Read the environment the owner submitted the job's first home incarnation with from
+    slurmdbd, and record it; False while slurmdbd has none (or cannot be asked)."""
+    first = wiring.state.incarnations(job.logical_job)[0]
+    if first.cluster != wiring.home or first.job_id is None:
+        return False
+    try:
+        environment = owner_environment(wiring.clients[wiring.home].batch_environment(
+            first.job_id))
+    except SlurmError:
+        return False
+    if environment:
+        wiring.state.identities.learn_environment(job.logical_job, environment)
+    return bool(environment)
