@@ -108,15 +108,39 @@ def test_a_job_slurm_cancelled_is_restarted_as_its_owner(site):
     assert restarted.environment["HOME"] == "/home/alice"
 
 
-def test_an_environment_slurmdbd_records_after_registration_is_learned_for_restarts(
+def test_a_home_jobs_lease_waits_until_slurmdbd_has_recorded_its_environment(
         site, monkeypatch):
     """slurmdbd records a job seconds after submission: a job that asks for its lease
-    sooner is registered without its environment, which the daemon reads again later,
-    so its restart still finds `python` on the owner's PATH."""
+    sooner is asked to ask again (503, the trainer retries each second), so it registers
+    with the environment its later incarnations need."""
     from slurm_geo.slurm import SlurmError
     recorded = site.onprem.batch_environment
+
     def not_yet(job_id):
         raise SlurmError("slurmdbd keeps no environment for this job yet")
+    monkeypatch.setattr(site.onprem, "batch_environment", not_yet)
+    job_id = site.submit_home()
+    site.start_home(job_id)
+    with pytest.raises(NotRegistered, match="slurmdbd has not recorded it yet"):
+        site.lease_reply("onprem", job_id)
+    assert site.state.jobs() == []
+    monkeypatch.setattr(site.onprem, "batch_environment", recorded)
+    assert site.lease("onprem", job_id)["verdict"] == "grant"
+    assert site.job().owner_env == owner_environment(ALICE_ENV)
+
+
+def test_an_environment_slurmdbd_records_after_registration_is_learned_for_restarts(
+        site, monkeypatch):
+    """A job slurmdbd had not recorded after PENDING_TRIES requests is registered without
+    its environment, which the daemon reads again later, so its restart still finds
+    `python` on the owner's PATH."""
+    from slurm_geo.federation import registration
+    from slurm_geo.slurm import SlurmError
+    recorded = site.onprem.batch_environment
+
+    def not_yet(job_id):
+        raise SlurmError("slurmdbd keeps no environment for this job yet")
+    monkeypatch.setattr(registration, "PENDING_TRIES", 1)
     monkeypatch.setattr(site.onprem, "batch_environment", not_yet)
     job_id = site.home_job_training()
     assert site.job().owner_env == {}
@@ -134,10 +158,12 @@ def test_a_move_during_an_outage_reads_the_environment_slurmdbd_kept(site, monke
     """Registered before slurmdbd had its environment, lost seconds later: the move asks
     slurmdbd (which may outlive the controller) once more, so the moved job finds
     `python` on its owner's PATH."""
+    from slurm_geo.federation import registration
     from slurm_geo.slurm import SlurmError
 
     def not_yet(job_id):
         raise SlurmError("slurmdbd keeps no environment for this job yet")
+    monkeypatch.setattr(registration, "PENDING_TRIES", 1)
     monkeypatch.setattr(site.onprem, "batch_environment", not_yet)
     job_id = site.home_job_training()
     site.checkpoint("away", 40)

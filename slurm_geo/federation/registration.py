@@ -146,7 +146,14 @@ class Registrar:
         info = self._owned_by(job_id, caller)  # another's job: refused, never remembered
         if job_id in self._refused:
             raise NotRegistered(self._refused[job_id])
-        found = self._find(info, self._recorded())
+        # Its later incarnations run with the environment it was submitted with, which
+        # slurmdbd records seconds after submission: the job waits for its lease until
+        # then (the trainer asks again each second), for at most PENDING_TRIES requests.
+        environment = self._pending_environment(job_id)
+        if environment is None:
+            raise NotRegistered(f"job {self.wiring.home}:{job_id}: slurmdbd has not recorded "
+                                "it yet (it does seconds after submission); ask again")
+        found = self._find(info, self._recorded(), environment=environment)
         if isinstance(found, str):
             self._refuse(job_id, found)
         job = self._job(found, run)
