@@ -234,6 +234,8 @@ def _publish_package(python: Path) -> None:
     for stale in (fresh, old):
         shutil.rmtree(stale, ignore_errors=True)
     shutil.copytree(PACKAGE, fresh, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for path in [fresh, *fresh.rglob("*")]:  # whatever the checkout's umask was
+        path.chmod(0o755 if path.is_dir() else 0o644)
     if target.exists():
         target.replace(old)
     fresh.replace(target)
