@@ -58,14 +58,6 @@ BOB = SandboxUser("bob", 2002)
 SANDBOX_USERS = (ALICE, BOB)
 
 
-def user(name: str) -> SandboxUser:
-    for candidate in SANDBOX_USERS:
-        if candidate.name == name:
-            return candidate
-    names = ", ".join(u.name for u in SANDBOX_USERS)
-    raise SandboxError(f"no sandbox user '{name}'; choose one of: {names}")
-
-
 def ensure_accounts(layout: SandboxLayout) -> list[str]:
     """Create the accounts and their project directories; what was created, for `up`."""
     made = []
