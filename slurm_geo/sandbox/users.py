@@ -203,7 +203,9 @@ def _job_requirements() -> list[str]:
         name = re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]
         pins.append(f"{name}=={importlib.metadata.version(name)}")
     try:
-        pins.append(f"torch=={importlib.metadata.version('torch')}")
+        # Without its local label (+cpu), as `make install` asks for it: pip takes the
+        # machine's CPU wheel where one lies on disk, else the registry's.
+        pins.append(f"torch=={importlib.metadata.version('torch').split('+')[0]}")
     except importlib.metadata.PackageNotFoundError:
         pass
     return pins
