@@ -421,7 +421,8 @@ def test_a_failback_copy_is_charged_as_egress_to_the_job(tmp_path):
                              directives={"geo-ckpt-dir": "/pfs/ckpt/llm-7b",
                                          "geo-cost-center": "ml-research"}, now=nov - 100)
     # The audit log names the copies' logical job; the registry its directives.
-    owners = records.read_owners(tmp_path / "registry.db", None, tmp_path / "audit.db")
+    owners = records.read_ownership(tmp_path / "registry.db", None,
+                                    tmp_path / "audit.db").owners
     with BillingDB(tmp_path / "billing.db") as db:
         db.set_prices(PRICES, CLUSTERS)
         table = costs.PriceTable(PRICES, CLUSTERS)

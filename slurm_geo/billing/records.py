@@ -14,6 +14,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from slurm_geo.billing import lineage
 from slurm_geo.billing.attribution import RegistryJob
@@ -25,14 +26,20 @@ from slurm_geo.registry import RegistryReader
 from slurm_geo.sync.reader import SyncStateReader
 
 
-def read_owners(registry: Path | None, federation_state: Path | None,
-                federation_audit: Path | None) -> lineage.Owners:
-    """Every record of which logical job each Slurm job and run belongs to."""
-    federated = lineage.merge(
-        federated_from_state(federation_state),
-        lineage.from_audit(audit_entries(federation_audit, (*lineage.LEG_KINDS, "transfer"))))
+class Ownership(NamedTuple):
+    owners: lineage.Owners   # which logical job each Slurm job and run belongs to
+    outages: list[Outage]    # the clusters the federation daemon lost, for lost legs
+
+
+def read_ownership(registry: Path | None, federation_state: Path | None,
+                   federation_audit: Path | None) -> Ownership:
+    """Every record of which logical job each Slurm job and run belongs to, and the
+    outages that cut legs short: one read of the audit log for both."""
+    entries = audit_entries(federation_audit, (*lineage.LEG_KINDS, "transfer", "outage"))
+    federated = lineage.merge(federated_from_state(federation_state),
+                              lineage.from_audit(entries))
     links, jobs = read_registry(registry)
-    return lineage.Owners(federated, jobs, links)
+    return Ownership(lineage.Owners(federated, jobs, links), outages_of(entries))
 
 
 def read_registry(path: Path | None) -> tuple[dict[tuple[str, int], str], list[RegistryJob]]:
@@ -86,8 +93,3 @@ def job_directories(sync_state: Path | None) -> dict[str, tuple[str, ...]]:
     if sync_state is None:
         return {}
     return SyncStateReader(sync_state).job_directories()
-
-
-def read_outages(federation_audit: Path | None) -> list[Outage]:
-    """The clusters the federation daemon declared out, and when each last answered."""
-    return outages_of(audit_entries(federation_audit, ("outage",)))

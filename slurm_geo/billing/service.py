@@ -85,9 +85,8 @@ def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[Any], now
     if db.set_prices(config.prices, config.clusters):
         result.repriced = ingest.reprice_all(db, table)
     try:
-        owners = records.read_owners(config.registry, config.federation_state,
-                                     config.federation_audit)
-        outages = records.read_outages(config.federation_audit)
+        owners, outages = records.read_ownership(config.registry, config.federation_state,
+                                                 config.federation_audit)
     except SlurmGeoError as exc:
         needs = ("not read: it needs the registry and the federation's records, and what "
                  "it bills without them would stay wrong")
@@ -209,9 +208,9 @@ def run_check(db: BillingDB, config: BillingConfig, clients: Sequence[Any], peri
     up to where ingest read that source completely (`sources.covered_key`)."""
     result = CheckResult(period)
     try:  # what ingest bills by: a leg cut short by an outage is estimated on both sides
-        lineage = records.read_owners(config.registry, config.federation_state,
-                                      config.federation_audit).lineage()
-        outages = records.read_outages(config.federation_audit)
+        owners, outages = records.read_ownership(config.registry, config.federation_state,
+                                                 config.federation_audit)
+        lineage = owners.lineage()
     except SlurmGeoError as exc:
         result.sources.append(sources.failed(OWNERSHIP, exc))
         return result
