@@ -118,16 +118,12 @@ class Registrar:
         job = w.state.find_job(w.home, request.job_id)
         if job is None:
             self._register_leasing(request.job_id, request.run, caller)
-        elif job.owner is None and self._first_job_id(job) == request.job_id:
+        elif job.owner is None and first_home_job_id(w, job) == request.job_id:
             info = self._owned_by(request.job_id, caller)
             assert info.owner is not None
             w.state.identities.claim_owner(
                 job.logical_job, info.owner,
                 owner_environment(self._environment(request.job_id, quiet=False)))
-
-    def _first_job_id(self, job: LogicalJob) -> int | None:
-        first = self.wiring.state.incarnations(job.logical_job)[0]
-        return first.job_id if first.cluster == self.wiring.home else None
 
     def _owned_by(self, job_id: int, caller: Caller) -> JobInfo:
         """Slurm's record of home job `job_id`, if it names the caller's uid as its owner."""
@@ -291,14 +287,19 @@ class Registrar:
 def learn_environment(wiring: Wiring, job: LogicalJob) -> bool:
     """Read the environment the owner submitted the job's first home incarnation with from
     slurmdbd, and record it; False while slurmdbd has none (or cannot be asked)."""
-    first = wiring.state.incarnations(job.logical_job)[0]
-    if first.cluster != wiring.home or first.job_id is None:
+    first = first_home_job_id(wiring, job)
+    if first is None:
         return False
     try:
-        environment = owner_environment(wiring.clients[wiring.home].batch_environment(
-            first.job_id))
+        environment = owner_environment(wiring.clients[wiring.home].batch_environment(first))
     except SlurmError:
         return False
     if environment:
         wiring.state.identities.learn_environment(job.logical_job, environment)
     return bool(environment)
+
+
+def first_home_job_id(wiring: Wiring, job: LogicalJob) -> int | None:
+    """The Slurm job of the logical job's generation 0, if it was a home job."""
+    first = wiring.state.incarnations(job.logical_job)[0]
+    return first.job_id if first.cluster == wiring.home else None
