@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
-from tests.test_billing_ingest import cli, sacct_line
+from tests.test_billing_ingest import cli, hook, sacct_line  # noqa: F401 - hook: the fixture
 from tests.test_slurm_submission import slurm_bin  # noqa: F401 - the fixture, used by name
 
 ROWS = [sacct_line(1, cluster="onprem"),
@@ -29,27 +26,6 @@ DOWN = """#!/bin/sh
 echo 'sacct: error: Problem talking to the database: Connection refused' >&2
 exit 1
 """
-
-
-@pytest.fixture
-def hook() -> Iterator[tuple[str, list]]:
-    received: list = []
-
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's naming
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/hook", received
-    finally:
-        server.shutdown()
 
 
 @pytest.fixture
@@ -100,7 +76,7 @@ def test_check_passes_after_a_clean_ingest(site):
                                   "cpu-s,", "12000", "gpu-s"]
 
 
-def test_check_fails_naming_a_row_deleted_from_the_billing_database(tmp_path, site, hook):
+def test_check_fails_naming_a_row_deleted_from_the_billing_database(tmp_path, site, hook):  # noqa: F811
     assert cli("ingest", *WINDOW, env=site).returncode == 0
     with sqlite3.connect(tmp_path / "billing.db") as conn:
         conn.execute("DELETE FROM jobs WHERE job_id = 2 AND state = 'REQUEUED'")
@@ -140,7 +116,7 @@ def test_check_json_for_scripts(tmp_path, site):
                                                           "incarnation"]
 
 
-def test_ingest_exits_non_zero_and_alerts_when_slurmdbd_is_down(tmp_path, site, hook,
+def test_ingest_exits_non_zero_and_alerts_when_slurmdbd_is_down(tmp_path, site, hook,  # noqa: F811
                                                                  slurm_bin):  # noqa: F811
     (slurm_bin / "sacct").write_text(DOWN)
     run = cli("ingest", "--alert", env=site)

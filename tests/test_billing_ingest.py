@@ -7,7 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -263,11 +266,10 @@ def test_stored_lines_and_pricing_on_the_fly_agree(db, by):
     assert sorted(map(repr, stored.flags)) == sorted(map(repr, fly.flags))
 
 
-def test_budget_alerts_reach_the_webhook(tmp_path, site_config):
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
-    received = []
+@pytest.fixture
+def hook() -> Iterator[tuple[str, list]]:
+    """A local webhook: its URL, and the JSON bodies POSTed to it."""
+    received: list = []
 
     class Hook(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server's naming
@@ -279,15 +281,18 @@ def test_budget_alerts_reach_the_webhook(tmp_path, site_config):
             pass
 
     server = HTTPServer(("127.0.0.1", 0), Hook)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        with BillingDB(tmp_path / "billing.db") as db:
-            load(db)
-        url = f"http://127.0.0.1:{server.server_port}/hook"
-        run = cli("budgets", "--period", "2026-11", "--webhook", url, "--json", env=site_config)
+        yield f"http://127.0.0.1:{server.server_port}/hook", received
     finally:
         server.shutdown()
+
+
+def test_budget_alerts_reach_the_webhook(tmp_path, site_config, hook):
+    url, received = hook
+    with BillingDB(tmp_path / "billing.db") as db:
+        load(db)
+    run = cli("budgets", "--period", "2026-11", "--webhook", url, "--json", env=site_config)
     assert run.returncode == 51
     [body] = received
     assert body["period"] == "2026-11"
