@@ -73,6 +73,19 @@ def test_prolog_creates_the_directory_and_a_marker(tmp_path):
     assert LocalDirStore(ckpt).list("") == []  # the marker is not part of the repository
 
 
+def test_the_marker_directory_of_a_shared_checkpoint_directory_is_shared_too(tmp_path):
+    """The first user's prolog makes .slurm-geo/ in a directory all users' jobs checkpoint
+    into (1777): it takes that mode, or every other user's prolog could write no marker."""
+    shared = tmp_path / "pfs"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    node.prolog(job_context(env_for(shared)), lambda: node.Staging(None), now=100.0)
+    assert (shared / ".slurm-geo").stat().st_mode & 0o7777 == 0o1777
+    own = tmp_path / "own"
+    node.prolog(job_context(env_for(own)), lambda: node.Staging(None), now=100.0)
+    assert (own / ".slurm-geo").stat().st_mode & 0o022 == 0
+
+
 def test_resumed_incarnation_verifies_the_newest_checkpoint(tmp_path, key):
     save(Repository(LocalDirStore(tmp_path), key), 10)
     marker = node.prolog(job_context(env_for(tmp_path, restart=1)),

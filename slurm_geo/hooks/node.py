@@ -31,6 +31,7 @@ import logging
 import os
 import pwd
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -139,6 +140,11 @@ def prepare_directory(ckpt_dir: Path) -> Path:
     ckpt_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
     meta = ckpt_dir / META_DIR
     meta.mkdir(mode=0o755, exist_ok=True)
+    # A directory every user's jobs checkpoint into (1777, or 2770 for a group) is shared:
+    # its .slurm-geo/ too, whichever user's prolog made it, as LocalDirStore's directories.
+    shared = stat.S_IMODE(ckpt_dir.stat().st_mode)
+    if shared & (stat.S_IWGRP | stat.S_IWOTH) and meta.stat().st_uid == os.geteuid():
+        meta.chmod(shared)
     return meta
 
 

@@ -21,6 +21,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -78,7 +79,9 @@ def share_home_store(layout: SandboxLayout) -> None:
     and sticky, as /tmp, so no user removes another's files (a LocalDirStore keeps the
     root's bits on the directories it makes). What each user writes there is sealed
     under their run's own key."""
-    for directory, _subdirs, _files in os.walk(layout.pfs_dir):
+    if stat.S_IMODE(layout.pfs_dir.stat().st_mode) == 0o1777:
+        return  # shared already: what was made in it since kept the root's bits
+    for directory, _subdirs, _files in os.walk(layout.pfs_dir):  # a sandbox from before
         os.chmod(directory, 0o1777)
 
 
