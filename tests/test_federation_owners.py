@@ -24,6 +24,7 @@ from slurm_geo.slurm import JobSpec, Owner
 from tests.test_federation_daemon import (
     ALICE,
     ALICE_ENV,
+    RUN,
     TTL,
     Site,
     directives,
@@ -127,6 +128,25 @@ def test_a_home_jobs_lease_waits_until_slurmdbd_has_recorded_its_environment(
     monkeypatch.setattr(site.onprem, "batch_environment", recorded)
     assert site.lease("onprem", job_id)["verdict"] == "grant"
     assert site.job().owner_env == owner_environment(ALICE_ENV)
+
+
+def test_a_run_another_user_registered_is_refused_at_once_not_asked_to_wait(site,
+                                                                          monkeypatch):
+    from slurm_geo.slurm import SlurmError
+
+    bobs = site.onprem.submit(JobSpec(script=script(), owner=BOB))
+    site.submitted_directives[bobs] = directives()
+    site.start_home(bobs)
+    assert site.lease("onprem", bobs, as_user="bob")["verdict"] == "grant"
+
+    def not_yet(job_id):
+        raise SlurmError("slurmdbd keeps no environment for this job yet")
+    monkeypatch.setattr(site.onprem, "batch_environment", not_yet)
+    job_id = site.submit_home()
+    site.start_home(job_id)
+    reply = site.lease_reply("onprem", job_id)  # bob's run: 403 now, never a 503 first
+    assert reply.status == 403
+    assert reply.body["reason"] == f"run {RUN} belongs to logical job onprem-{bobs}"
 
 
 def test_an_environment_slurmdbd_records_after_registration_is_learned_for_restarts(

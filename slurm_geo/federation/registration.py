@@ -142,6 +142,9 @@ class Registrar:
         info = self._owned_by(job_id, caller)  # another's job: refused, never remembered
         if job_id in self._refused:
             raise NotRegistered(self._refused[job_id])
+        # Another's run is refused at once (403), not after slurmdbd's wait below; checked
+        # again under the lock, where it counts.
+        self.check_run(run, None, caller.uid)
         # Its later incarnations run with the environment it was submitted with, which
         # slurmdbd records seconds after submission: the job waits for its lease until
         # then (the trainer asks again each second), for at most PENDING_TRIES requests.
