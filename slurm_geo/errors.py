@@ -10,6 +10,18 @@ class SlurmGeoError(Exception):
 
     exit_code = 1
 
+    def __reduce__(self):  # type: ignore[override]
+        # Subclasses take their own arguments, which pickle's default would not pass back;
+        # torch.distributed pickles a rank's exception to report it on the coordinator.
+        return _rebuild, (type(self), str(self), self.__dict__)
+
+
+def _rebuild(cls: type[SlurmGeoError], message: str, state: dict) -> SlurmGeoError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
 
 class ConfigError(SlurmGeoError):
     """The slurm-geo config file is missing, malformed or names something unknown."""

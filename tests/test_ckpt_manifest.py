@@ -92,7 +92,9 @@ for _ in range(18):
 @pytest.mark.parametrize(
     "path, value, error, match",
     [
-        ("format", 3, UnsupportedFormat, "version 3"),
+        ("format", 4, UnsupportedFormat, "version 4"),
+        ("format", 3, CorruptObject, "'sharded' is missing"),
+        ("sharded", {"ranks": 1, "items": []}, CorruptObject, "needs format 3"),
         ("format", DELETE, UnsupportedFormat, "version None"),
         ("tensors.0.chunks.0.pack", "../x", UnsafeObjectName, "'../x'"),
         ("tensors.0.chunks.1.base.pack", "/etc/passwd", UnsafeObjectName, "/etc/passwd"),

@@ -429,8 +429,8 @@ def test_a_manifest_naming_an_object_outside_the_store_is_refused(store, master,
 
 def test_a_manifest_of_an_unknown_version_is_refused(store, master, repo):
     repo.write_checkpoint(RUN, state(), EXTRA, metadata(3))
-    replace_manifest(store, master, 3, lambda text: text.replace('"format":2', '"format":3'))
-    with pytest.raises(UnsupportedFormat, match="version 3"):
+    replace_manifest(store, master, 3, lambda text: text.replace('"format":2', '"format":4'))
+    with pytest.raises(UnsupportedFormat, match="version 4"):
         repo.read_checkpoint(RUN, 3)
 
 

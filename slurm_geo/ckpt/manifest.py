@@ -19,13 +19,18 @@ from slurm_geo.ckpt.errors import (
     UnsafeObjectName,
     UnsupportedFormat,
 )
+from slurm_geo.ckpt.layout import Layout, layout_to_json, parse_layout
 from slurm_geo.ckpt.names import is_hex_id
 from slurm_geo.ckpt.pack import ENTRY_OVERHEAD, HEADER_SIZE
 
 # Version 2 names chunks by keyed BLAKE3 instead of HMAC-SHA256 (docs/format.md §4); a
 # manifest's version says how its chunk ids are checked, so version 1 stays readable.
+# Version 3 is a multi-rank checkpoint (§7.5): version 2 plus the "sharded" layout. Writers
+# write 3 only for those, so a version 2 reader still reads every single-process one.
 FORMAT_VERSION = 2
-FORMAT_VERSIONS = (1, 2)
+SHARDED_FORMAT = 3
+FORMAT_VERSIONS = (1, 2, 3)
+LATEST_VERSIONS = (1, 2)  # a latest pointer is the same in format 3
 MAX_DELTA_DEPTH = 16
 MAX_CHUNK_SIZE = 64 * 1024 * 1024
 CHUNK_SIZE_MULTIPLE = 16
@@ -88,6 +93,7 @@ class Manifest:
     tensors: tuple[TensorEntry, ...]
     extra_state: BlobEntry
     format: int = FORMAT_VERSION
+    sharded: Layout | None = None  # format 3: the multi-rank layout of `tensors`
 
     @property
     def step(self) -> int:
@@ -153,6 +159,8 @@ def manifest_to_json(manifest: Manifest) -> bytes:
             "chunks": [_ref_to_json(r) for r in manifest.extra_state.chunks],
         },
     }
+    if manifest.sharded is not None:
+        document["sharded"] = layout_to_json(manifest.sharded)
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -183,7 +191,7 @@ def latest_to_json(run: str, step: int) -> bytes:
 def parse_latest(payload: bytes, name: str, run: str) -> int:
     try:
         document = _json_object(payload)
-        _check_format(document, name)
+        _check_format(document, name, LATEST_VERSIONS)
         step = _get(document, "step", int, "latest")
         if document.get("run") != run or step < 0:
             raise MalformedData(f"names run {document.get('run')!r} step {step}")
@@ -202,11 +210,12 @@ def _json_object(payload: bytes) -> dict[str, Any]:
     return document
 
 
-def _check_format(document: dict[str, Any], name: str) -> int:
+def _check_format(document: dict[str, Any], name: str,
+                  versions: tuple[int, ...] = FORMAT_VERSIONS) -> int:
     """The document's format version, if this reader knows it."""
     version = document.get("format")
-    if version not in FORMAT_VERSIONS or isinstance(version, bool):
-        raise UnsupportedFormat(name, version, " or ".join(map(str, FORMAT_VERSIONS)))
+    if version not in versions or isinstance(version, bool):
+        raise UnsupportedFormat(name, version, " or ".join(map(str, versions)))
     return int(version)
 
 
@@ -237,12 +246,19 @@ class _Parser:
         tensors = tuple(self.tensor(raw, chunk_size) for raw in raw_tensors)
         if len({t.path for t in tensors}) != len(tensors):
             raise MalformedData("two tensors share a path")
+        sharded = None
+        if version >= SHARDED_FORMAT:
+            sharded = parse_layout(_get(doc, "sharded", dict, "manifest"),
+                                   {t.path: (t.dtype, t.shape) for t in tensors})
+        elif "sharded" in doc:
+            raise MalformedData(f"a multi-rank layout in a format {version} manifest "
+                                f"(it needs format {SHARDED_FORMAT})")
         return Manifest(
             run=_get(doc, "run", str, "manifest"),
             metadata=self.metadata(_get(doc, "metadata", dict, "manifest")),
             parent_step=parent, chunk_size=chunk_size, tensors=tensors,
             extra_state=self.blob(_get(doc, "extra_state", dict, "manifest")),
-            format=version,
+            format=version, sharded=sharded,
         )
 
     def metadata(self, raw: dict[str, Any]) -> Metadata:

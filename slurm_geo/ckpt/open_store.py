@@ -42,6 +42,21 @@ def open_store(url: str, endpoint_url: str | None = None,
     raise _bad_url(url, "has an unknown scheme")
 
 
+def open_store_or_named(spec: str) -> Store:
+    """The store `spec` names: a URL, or the name of a store in the site config."""
+    if "://" in spec:
+        return open_store(spec)
+    from slurm_geo.config import load_config
+
+    site = load_config()
+    if spec not in site.stores:
+        known = ", ".join(sorted(site.stores)) or "none"
+        raise ConfigError(f"store '{spec}' is neither a URL (file:///PATH, "
+                          f"s3://BUCKET/PREFIX) nor in {site.source} (stores: {known})")
+    config = site.stores[spec]
+    return open_store(config.url, endpoint_url=config.endpoint_url or None)
+
+
 def paced(store: Store, side: str, bucket: TokenBucket | None = None, *,
           guard: Guard | None = None, on_put: Moved | None = None,
           clock: Callable[[], float] = time.time) -> PacedStore:

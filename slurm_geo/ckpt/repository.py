@@ -112,7 +112,7 @@ class Repository:
         """
         name = manifest_name(run, metadata.global_step)
         check_metadata(name, metadata)
-        _check_tensors(tensors)
+        check_tensors(tensors)
         if self.is_promoted(run, metadata.global_step):
             raise ImmutableCheckpoint(name)
         parent_manifest = None if parent is None else self.manifest(run, parent)
@@ -124,19 +124,14 @@ class Repository:
                metadata: Metadata, parent_manifest: Manifest | None, delta: bool,
                unchanged: frozenset[str], before_commit: Callable[[], None]) -> Manifest:
         parent = None if parent_manifest is None else parent_manifest.step
-        keys = self._keys(run, create=True)
         chunk_size = self._options.chunk_size
-        # A parent of an older format names its chunks another way: none are shared.
-        sharing = (parent_manifest if parent_manifest is not None
-                   and parent_manifest.format == FORMAT_VERSION else None)
+        sharing = _sharing(parent_manifest)
         reusable = _reusable_chunks(sharing, chunk_size, unchanged)
         bases = _delta_bases(sharing, chunk_size) if delta else {}
-        with ChunkWriter(self._store, keys, self._options, self._random_bytes,
-                         _known_refs(sharing), ChunkReader(self._store, keys, FORMAT_VERSION).read
-                         ) as writer:
+        with self.chunk_writer(run, sharing) as writer:
             tensor_slots = [
                 [writer.reuse(r) for r in reusable[t.path].chunks] if _same_as(reusable, t)
-                else self._add_tensor(writer, t, bases.get((t.path, t.dtype), ()))
+                else add_tensor(writer, t, chunk_size, bases.get((t.path, t.dtype), ()))
                 for t in tensors
             ]
             extra = _bytes_view(extra_state)
@@ -152,11 +147,42 @@ class Repository:
                 extra_state=BlobEntry(len(extra), tuple(map(writer.ref, extra_slots))),
                 format=FORMAT_VERSION,
             )
-        # The manifest is the commit point; the pointer only saves readers a listing.
-        before_commit()
-        self._put_sealed(keys.data_key, Kind.MANIFEST, name, manifest_to_json(manifest))
-        self.point_latest(run, metadata.global_step)
+        self.commit(manifest, before_commit)
         return manifest
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def options(self) -> WriteOptions:
+        return self._options
+
+    def create_run_key(self, run: str) -> None:
+        """Make sure `keys/<run>` exists, writing a new data key for a run's first save."""
+        self._keys(run, create=True)
+
+    def chunk_writer(self, run: str, parent: Manifest | None, create: bool = True
+                     ) -> ChunkWriter:
+        """A writer of `run`'s new chunks, referencing the ones `parent` already stores."""
+        keys = self._keys(run, create=create)
+        return ChunkWriter(self._store, keys, self._options, self._random_bytes,
+                           _known_refs(_sharing(parent)),
+                           ChunkReader(self._store, keys, FORMAT_VERSION).read)
+
+    def commit(self, manifest: Manifest, before_commit: Callable[[], None]) -> None:
+        """Seal and put the manifest (the commit point, after `before_commit`), then the
+        latest pointer, which only saves readers a listing."""
+        before_commit()
+        self._put_sealed(self._keys(manifest.run).data_key, Kind.MANIFEST,
+                         manifest_name(manifest.run, manifest.step), manifest_to_json(manifest))
+        self.point_latest(manifest.run, manifest.step)
+
+    def read_tensors(self, manifest: Manifest) -> Iterator[Tensor]:
+        """The manifest's tensors one at a time, in its order, each chunk verified (the
+        caller may pass a manifest cut down to the tensors it needs)."""
+        return self._tensors(manifest, ChunkReader(self._store, self._keys(manifest.run),
+                                                   manifest.format))
 
     def point_latest(self, run: str, step: int) -> None:
         """Name `step` as the run's latest checkpoint (after its manifest is in place)."""
@@ -176,8 +202,7 @@ class Repository:
         For streaming pulls: only the tensor being assembled (a bytearray the caller owns)
         and a few chunks and packs are in memory. The manifest is read before this returns.
         """
-        manifest = self.manifest(run, step)
-        return self._tensors(manifest, ChunkReader(self._store, self._keys(run), manifest.format))
+        return self.read_tensors(self.manifest(run, step))
 
     def read_extra_state(self, run: str, step: int) -> bytes:
         """The checkpoint's opaque non-tensor state, verified."""
@@ -314,14 +339,6 @@ class Repository:
                 data += chunk
             return data
 
-    def _add_tensor(self, writer: ChunkWriter, tensor: Tensor,
-                    bases: tuple[ChunkRef, ...]) -> list[int]:
-        """The tensor's chunk slots; chunk i may be a delta against the parent's chunk i."""
-        element_size = PLANE_DTYPES.get(tensor.dtype, 1)
-        chunks = fixed_chunks(_bytes_view(tensor.data), self._options.chunk_size)
-        return [writer.add(c, element_size, bases[i] if i < len(bases) else None)
-                for i, c in enumerate(chunks)]
-
     def _fence_key(self) -> bytes:
         return fence_key(self.master_key)
 
@@ -364,11 +381,20 @@ def check_promotion(payload: bytes, name: str, run: str, step: int) -> None:
                             f"not {run}@{step}")
 
 
+def add_tensor(writer: ChunkWriter, tensor: Tensor, chunk_size: int,
+               bases: tuple[ChunkRef, ...] = ()) -> list[int]:
+    """The tensor's chunk slots; chunk i may be a delta against the parent's chunk i."""
+    element_size = PLANE_DTYPES.get(tensor.dtype, 1)
+    chunks = fixed_chunks(_bytes_view(tensor.data), chunk_size)
+    return [writer.add(c, element_size, bases[i] if i < len(bases) else None)
+            for i, c in enumerate(chunks)]
+
+
 def _bytes_view(data: Bytes) -> memoryview:
     return memoryview(data).cast("B")
 
 
-def _check_tensors(tensors: Sequence[Tensor]) -> None:
+def check_tensors(tensors: Sequence[Tensor]) -> None:
     """Refuse bad input before anything is written."""
     paths = set()
     for path, dtype, shape, data in tensors:
@@ -382,6 +408,12 @@ def _check_tensors(tensors: Sequence[Tensor]) -> None:
         if len(_bytes_view(data)) != tensor_nbytes(dtype, tuple(shape)):
             raise ValueError(f"tensor {path!r}: {len(_bytes_view(data))} bytes do not hold "
                              f"{dtype}{list(shape)}")
+
+
+def _sharing(parent: Manifest | None) -> Manifest | None:
+    """The parent, when its chunk ids are computed as ours are (format 2 and 3): a parent
+    of version 1 names its chunks another way, and none are shared."""
+    return parent if parent is not None and parent.format >= FORMAT_VERSION else None
 
 
 def _known_refs(parent: Manifest | None) -> dict[str, ChunkRef]:

@@ -287,19 +287,9 @@ def _promoted(repository, run: str, step: int) -> bool:
 
 
 def _open(url: str):
-    from slurm_geo.ckpt.open_store import open_store
+    from slurm_geo.ckpt.open_store import open_store_or_named
 
-    if "://" not in url:
-        from slurm_geo.config import load_config
-
-        site = load_config()
-        if url not in site.stores:
-            known = ", ".join(sorted(site.stores)) or "none"
-            raise ConfigError(f"store '{url}' is neither a URL (file:///PATH, "
-                              f"s3://BUCKET/PREFIX) nor in {site.source} (stores: {known})")
-        config = site.stores[url]
-        return open_store(config.url, endpoint_url=config.endpoint_url or None)
-    return open_store(url)
+    return open_store_or_named(url)
 
 
 def _parse_target(target: str, repository, store_url: str) -> tuple[str, int]:
