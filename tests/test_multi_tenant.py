@@ -301,7 +301,9 @@ def restarted(sandbox: Sandbox, site, alice) -> dict[str, str]:
 
 
 def test_a_cancelled_then_restarted_job_runs_as_its_owner(site, alice, restarted):
-    job = state(site).job(alice.logical_job)
+    # The trainer may start before the daemon has recorded the job id sbatch gave it.
+    job = eventually(lambda: state(site).job(alice.logical_job),
+                     lambda job: job.job_id is not None, 60)
     assert (job.generation, job.cluster) == (1, "onprem")
     eventually(lambda: drill.incarnation_uids(alice.work), lambda uids: len(uids) == 2, 60)
     assert drill.incarnation_uids(alice.work) == {f"onprem:{alice.job_id}": ALICE.uid,
