@@ -38,6 +38,9 @@ PLANE_ELEMENT_SIZES = (2, 4)
 ID_SIZE = 32
 
 Buffer = bytes | bytearray | memoryview
+# Where a chunk is decoded: a buffer of its own, or a writable view of memory another
+# object owns (a tensor's, so a load copies nothing after decoding).
+Writable = bytearray | memoryview
 
 # A plane of at least SAMPLE_MIN bytes is first probed: SAMPLE_PIECES slices of
 # SAMPLE_PIECE bytes spread over it are compressed as one; if that saves under 5 %
@@ -118,7 +121,7 @@ def merge_planes(planes: Sequence[Buffer]) -> bytearray:
     return out
 
 
-def merge_planes_into(planes: Sequence[Buffer], out: bytearray, offset: int) -> None:
+def merge_planes_into(planes: Sequence[Buffer], out: Writable, offset: int) -> None:
     """Merge into `out` from `offset`, without an intermediate buffer."""
     element_size, count = len(planes), len(planes[0])
     elements = np.frombuffer(out, np.uint8, count * element_size, offset)
@@ -299,7 +302,7 @@ def decode(blob: Buffer, base: Buffer | None = None) -> bytes | bytearray:
     return xor_bytes(_decode_standalone(inner, size), base)
 
 
-def decode_into(blob: Buffer, out: bytearray, offset: int, size: int,
+def decode_into(blob: Buffer, out: Writable, offset: int, size: int,
                 base: Buffer | None = None) -> None:
     """Decode a chunk of `size` bytes into `out[offset:offset + size]`; as `decode` else.
 
@@ -404,7 +407,7 @@ def _decode_standalone(blob: memoryview, expected_size: int | None = None) -> by
     return data
 
 
-def _sparse_planes_into(body: memoryview, size: int, out: bytearray, offset: int) -> None:
+def _sparse_planes_into(body: memoryview, size: int, out: Writable, offset: int) -> None:
     """Decode a method-5 body: zeros everywhere, the stored values where the mask says."""
     head = 1 + _LENGTH.size
     if len(body) < head or body[0] not in PLANE_ELEMENT_SIZES or size % body[0]:

@@ -15,7 +15,15 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from slurm_geo.ckpt.codec import Buffer, Method, blob_methods, decode, decode_into, delta_base_id
+from slurm_geo.ckpt.codec import (
+    Buffer,
+    Method,
+    Writable,
+    blob_methods,
+    decode,
+    decode_into,
+    delta_base_id,
+)
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, MalformedData
 from slurm_geo.ckpt.keys import RunKeys, chunk_id
 from slurm_geo.ckpt.manifest import ChunkRef
@@ -72,7 +80,7 @@ class ChunkReader:
         self.read_into(ref, data, 0)
         return data
 
-    def read_into(self, ref: ChunkRef, out: bytearray, offset: int) -> None:
+    def read_into(self, ref: ChunkRef, out: Writable, offset: int) -> None:
         """Decode the chunk into `out[offset:offset + ref.size]` and verify it there.
 
         On an error that range holds garbage: the caller must drop `out`. Threads may
@@ -100,7 +108,7 @@ class ChunkReader:
                 pool.submit(self._load, chain.pack, loading)
             chain = chain.base
 
-    def _decode_into(self, ref: ChunkRef, out: bytearray, offset: int) -> None:
+    def _decode_into(self, ref: ChunkRef, out: Writable, offset: int) -> None:
         """Decode the chunk (and its bases) without checking its id."""
         blob = self._blob(ref)
         try:

@@ -170,6 +170,10 @@ class Repository:
                            _known_refs(_sharing(parent)),
                            ChunkReader(self._store, keys, FORMAT_VERSION).read)
 
+    def chunk_reader(self, manifest: Manifest) -> ChunkReader:
+        """A reader of the chunks `manifest` names, each verified against its id."""
+        return ChunkReader(self._store, self._keys(manifest.run), manifest.format)
+
     def commit(self, manifest: Manifest, before_commit: Callable[[], None]) -> None:
         """Seal and put the manifest (the commit point, after `before_commit`), then the
         latest pointer, which only saves readers a listing."""

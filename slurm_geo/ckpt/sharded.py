@@ -11,21 +11,25 @@ that keeps gc off their packs until the commit (slurm_geo.torch.distributed does
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 
 from slurm_geo.ckpt.errors import CorruptObject, ImmutableCheckpoint
 from slurm_geo.ckpt.layout import Layout
 from slurm_geo.ckpt.manifest import (
     SHARDED_FORMAT,
     BlobEntry,
+    ChunkRef,
     Manifest,
     Metadata,
     TensorEntry,
     check_metadata,
     manifest_to_json,
     parse_manifest,
+    tensor_nbytes,
 )
 from slurm_geo.ckpt.names import manifest_name
+from slurm_geo.ckpt.reader import ChunkReader, fetch_pool, ordered_map, prefetched, worker_pool
 from slurm_geo.ckpt.repository import Repository, Tensor, add_tensor, check_tensors
 
 
@@ -69,3 +73,84 @@ def read_stored(repository: Repository, manifest: Manifest,
     verified: what one rank of a load needs, and nothing else."""
     wanted = tuple(t for t in manifest.tensors if t.path in paths)
     return repository.read_tensors(replace(manifest, tensors=wanted))
+
+
+@dataclass(frozen=True)
+class Fill:
+    """Bytes [start, start + len(out)) of the stored tensor `path`, to be decoded into
+    `out`: a writable byte view, such as the memory of the tensor a load restores."""
+
+    path: str
+    start: int
+    out: memoryview
+
+
+class StoredReader:
+    """Reads byte ranges of a manifest's stored tensors straight into caller buffers, every
+    chunk they touch verified against its id: a chunk wholly inside a fill is decoded and
+    checked in place, one across a fill's edge apart, and only its part copied.
+
+    Chunks are read in manifest order on the repository's threads, each pack fetched ahead
+    of the decoding threads; the last few packs stay for the next `fill`, so the small
+    items a load reads one by one do not fetch and check their pack again each time. Use
+    as a context manager: its threads stop on leaving it.
+    """
+
+    def __init__(self, repository: Repository, manifest: Manifest):
+        self._entries = {t.path: t for t in manifest.tensors}
+        self._order = {t.path: i for i, t in enumerate(manifest.tensors)}
+        self._reader = repository.chunk_reader(manifest)
+        threads, self._window = repository.options.threads, repository.options.window
+        self._pool = worker_pool(threads, "slurm-geo-read")
+        self._fetcher = fetch_pool(threads)
+
+    def __enter__(self) -> StoredReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._fetcher.shutdown(wait=True, cancel_futures=True)
+
+    def fill(self, fills: Sequence[Fill]) -> None:
+        """Decode the bytes each fill names into its `out`; on an error they hold garbage."""
+        for fill in fills:
+            entry = self._entries[fill.path]
+            end = fill.start + len(fill.out)
+            if fill.start < 0 or end > tensor_nbytes(entry.dtype, entry.shape):
+                raise ValueError(f"{len(fill.out)} bytes at {fill.start} lie outside stored "
+                                 f"tensor {fill.path!r}")
+        ordered = sorted(fills, key=lambda f: (self._order[f.path], f.start))
+        jobs = prefetched(_chunk_jobs(self._entries, ordered), _ref_of_job, self._reader,
+                          self._fetcher, self._window)
+        for _done in ordered_map(partial(_fill_chunk, self._reader), jobs, self._pool,
+                                 self._window):
+            pass
+
+
+_Job = tuple[ChunkRef, memoryview, int]  # a chunk, a fill's buffer, where the chunk begins there
+
+
+def _chunk_jobs(entries: dict[str, TensorEntry], fills: Sequence[Fill]) -> Iterator[_Job]:
+    """Each chunk a fill overlaps, with its position relative to the fill (negative, or
+    ending past the fill, where it crosses an edge)."""
+    for fill in fills:
+        end = fill.start + len(fill.out)
+        position = 0
+        for ref in entries[fill.path].chunks:
+            if position < end and position + ref.size > fill.start:
+                yield ref, fill.out, position - fill.start
+            position += ref.size
+
+
+def _ref_of_job(job: _Job) -> ChunkRef:
+    return job[0]
+
+
+def _fill_chunk(reader: ChunkReader, job: _Job) -> None:
+    ref, out, at = job
+    if at >= 0 and at + ref.size <= len(out):
+        reader.read_into(ref, out, at)
+        return
+    chunk = reader.read(ref)
+    low, high = max(at, 0), min(at + ref.size, len(out))
+    out[low:high] = chunk[low - at:high - at]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import os
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
     LoadPlanner,
+    ReadItem,
     SavePlan,
     SavePlanner,
     WriteItemType,
@@ -57,13 +58,13 @@ from slurm_geo.ckpt import Repository, Tensor
 from slurm_geo.ckpt.keys import load_master_key
 from slurm_geo.ckpt.layout import BYTES_DTYPE, Item, Layout, Shard, shard_path
 from slurm_geo.ckpt.locks import push_lock
-from slurm_geo.ckpt.manifest import Manifest
+from slurm_geo.ckpt.manifest import DTYPE_SIZES, Manifest, TensorEntry, tensor_nbytes
 from slurm_geo.ckpt.open_store import open_store_or_named
 from slurm_geo.ckpt.runkey import RunKeyRepository
-from slurm_geo.ckpt.sharded import commit_sharded, read_stored, write_shards
+from slurm_geo.ckpt.sharded import Fill, StoredReader, commit_sharded, write_shards
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, WriteOptions
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.torch.state import TORCH_DTYPE_NAMES, tensor_bytes, tensor_from_bytes
+from slurm_geo.torch.state import TORCH_DTYPE_NAMES, tensor_bytes
 
 DCP_VERSION = "1.0.0"  # what DCP's own FileSystemWriter records (CURRENT_DCP_VERSION)
 _TORCH_DTYPES = {name: dtype for dtype, name in TORCH_DTYPE_NAMES.items()}
@@ -271,21 +272,38 @@ class StorageReader(_DcpReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Every read item a contiguous run of its stored shard's bytes (a whole shard, or
+        rows of one: loads on as many ranks, or resharded along the first dimension) is
+        decoded straight into the tensor DCP resolves for it, all of them in one pass over
+        the packs; any other item reads its whole stored shard and copies its part."""
         assert self._manifest is not None
-        wanted = defaultdict(list)
+        stored = {t.path: t for t in self._manifest.tensors}
+        direct: list[tuple[ReadItem, torch.Tensor]] = []
+        fills: list[Fill] = []
+        apart: dict[str, list[tuple[ReadItem, torch.Tensor | None]]] = defaultdict(list)
         for read_item in plan.items:
-            wanted[self._paths[read_item.storage_index]].append(read_item)
-        for stored in read_stored(self._stored.repository, self._manifest, wanted):
-            for read_item in wanted[stored.path]:
-                if read_item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(read_item, io.BytesIO(bytes(stored.data)))
-                    continue
-                source = narrow_tensor_by_index(
-                    tensor_from_bytes(stored.dtype, stored.shape, stored.data),
-                    read_item.storage_offsets, read_item.lengths)
-                target = planner.resolve_tensor(read_item).detach()
-                target.copy_(source)
+            entry = stored[self._paths[read_item.storage_index]]
+            if read_item.type == LoadItemType.BYTE_IO:
+                apart[entry.path].append((read_item, None))
+                continue
+            target = planner.resolve_tensor(read_item).detach()
+            if tuple(target.shape) != tuple(read_item.lengths):
+                raise ValueError(f"{entry.path}: the planner resolved a tensor of shape "
+                                 f"{list(target.shape)} for {list(read_item.lengths)}")
+            span = _byte_span(entry.shape, read_item.storage_offsets, read_item.lengths,
+                              DTYPE_SIZES[entry.dtype])
+            memory = _memory_of(target, entry.dtype)
+            if span is None or memory is None:
+                apart[entry.path].append((read_item, target))
+                continue
+            fills.append(Fill(entry.path, span, memory))
+            direct.append((read_item, target))
+        with StoredReader(self._stored.repository, self._manifest) as reader:
+            reader.fill(fills)
+            for read_item, target in direct:
                 planner.commit_tensor(read_item, target)
+            for path, items in apart.items():
+                _load_from_whole(reader, stored[path], items, planner)
         future: Future[None] = Future()
         future.set_result(None)
         return future
@@ -345,6 +363,53 @@ def _dcp_metadata(layout: Layout, step: int) -> Metadata:
                     else {fqn: tuple(path) for fqn, path in layout.planner_data.items()})
     return Metadata(described, planner_data=planner_data, storage_data=_LoadData(step, paths),
                     version=layout.dcp_version)
+
+
+def _byte_span(shape: tuple[int, ...], offsets: Sequence[int], lengths: Sequence[int],
+               element_size: int) -> int | None:
+    """Where the box at `offsets` of `lengths` starts in the row-major bytes of a tensor
+    of `shape`, when the box is one contiguous run of them (whole trailing dimensions, one
+    partial, single indices before it); None when it is not."""
+    whole_from = len(shape)
+    while whole_from and offsets[whole_from - 1] == 0 and (
+            lengths[whole_from - 1] == shape[whole_from - 1]):
+        whole_from -= 1
+    if any(length != 1 for length in lengths[:max(whole_from - 1, 0)]):
+        return None
+    start, stride = 0, element_size
+    for offset, size in zip(reversed(offsets), reversed(shape), strict=True):
+        start += offset * stride
+        stride *= size
+    return start
+
+
+def _memory_of(tensor: torch.Tensor, dtype: str) -> memoryview | None:
+    """The tensor's own bytes, writable, when a stored shard of `dtype` can be decoded
+    into them as they are: a contiguous CPU tensor of that dtype."""
+    if (tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.is_conj()
+            or tensor.is_neg() or TORCH_DTYPE_NAMES.get(tensor.dtype) != dtype):
+        return None
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
+
+
+def _load_from_whole(reader: StoredReader, entry: TensorEntry,
+                     items: list[tuple[ReadItem, torch.Tensor | None]],
+                     planner: LoadPlanner) -> None:
+    """Read items served from their whole stored shard: bytes items, boxes that are no
+    contiguous run of it (a load resharded along another dimension), and targets of
+    another dtype or layout, which `copy_` converts."""
+    data = bytearray(tensor_nbytes(entry.dtype, entry.shape))
+    reader.fill([Fill(entry.path, 0, memoryview(data))])
+    whole = (torch.frombuffer(data, dtype=torch.uint8) if data
+             else torch.empty(0, dtype=torch.uint8))
+    for read_item, target in items:
+        if target is None:
+            planner.load_bytes(read_item, io.BytesIO(data))
+            continue
+        source = whole.view(_TORCH_DTYPES[entry.dtype]).reshape(entry.shape)
+        target.copy_(narrow_tensor_by_index(source, read_item.storage_offsets,
+                                            read_item.lengths))
+        planner.commit_tensor(read_item, target)
 
 
 def _planner_data(raw: Any) -> dict[str, list[str | int]] | None:
