@@ -35,7 +35,8 @@ WIDTH = 2048
 HEAD_WIDTH = 256  # the frozen-base variant's trainable head: WIDTH -> HEAD_WIDTH -> WIDTH
 BATCH = 8
 FS, OURS = "FileSystemWriter", "slurm-geo"
-RSS_EVERY_S = 0.002
+RSS_EVERY_S = 0.005
+COLD_TRIES, WARM_TRIES = 2, 3  # a load takes about a second: one try is all noise
 _LIBC = ctypes.CDLL("libc.so.6")
 
 
@@ -205,22 +206,22 @@ def save_once(series: str, step: int, writer: str, storage_writer: Any,
 
 
 def load_all(plan: Plan, series: str, step: int, state: dict[str, Any]) -> list[LoadRecord]:
-    """The last checkpoint loaded by both readers: from disk (its files evicted from the
-    page cache), then from the page cache (best of two)."""
+    """The last checkpoint loaded by both readers in turn, COLD_TRIES times from disk (its
+    files evicted from the page cache first), then WARM_TRIES times from the page cache;
+    the parent keeps each reader's best try of each."""
     expected = digests(state)
     readers = [(FS, lambda: dcp.FileSystemReader(plan.fs_dir(series, step))),
                (OURS, lambda: StorageReader(f"file://{plan.store_dir(series)}", run=series,
                                             step=step, key_file=plan.key_file))]
     records = []
-    for name, make in readers:
-        _evict(plan.fs_dir(series, step), plan.store_dir(series))
-        seconds, cpu = load_once(make(), state)
-        records.append(LoadRecord(series, step, name, "cold", seconds, cpu,
-                                  digests(state) == expected))
-    for name, make in readers[::-1] * 2:
-        seconds, cpu = load_once(make(), state)
-        records.append(LoadRecord(series, step, name, "warm", seconds, cpu,
-                                  digests(state) == expected))
+    for cache, tries in (("cold", COLD_TRIES), ("warm", WARM_TRIES)):
+        for attempt in range(tries):
+            for name, make in readers if attempt % 2 else readers[::-1]:
+                if cache == "cold":
+                    _evict(plan.fs_dir(series, step), plan.store_dir(series))
+                seconds, cpu = load_once(make(), state)
+                records.append(LoadRecord(series, step, name, cache, seconds, cpu,
+                                          digests(state) == expected))
     return records
 
 

@@ -11,9 +11,10 @@ between saves. Every checkpoint is saved with `dcp.async_save` by both writers i
 (the order alternating), FileSystemWriter with its defaults (sync_files=True,
 thread_count=1) into a new directory per checkpoint, slurm-geo's into one store per
 series (zstd byte planes, AES-GCM, deduplicated against the previous checkpoint); then
-the last checkpoint is loaded by both readers, from disk (its files evicted from the page
-cache) and from the page cache. Prints Markdown for docs/benchmarks.md (also written to
-bench/results/dcp_vs_filesystem.md) and exits 1 when a target is missed.
+the last checkpoint is loaded by both readers in turn, from disk (its files evicted from
+the page cache; best of 2) and from the page cache (best of 3). Prints Markdown for
+docs/benchmarks.md (also written to bench/results/dcp_vs_filesystem.md) and exits 1 when a
+target is missed.
 """
 
 from __future__ import annotations
@@ -140,9 +141,8 @@ def combine_saves(ranks: list[dict[str, Any]]) -> list[Save]:
 
 
 def combine_loads(ranks: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """(series, reader, cache) -> the try whose slowest rank was fastest (warm loads are
-    tried twice): its time, all ranks' CPU seconds, and whether every rank restored every
-    tensor exactly in every try."""
+    """(series, reader, cache) -> the try whose slowest rank was fastest: its time, all
+    ranks' CPU seconds, and whether every rank restored every tensor exactly in every try."""
     tries: dict[tuple[str, str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for rank in ranks:
         seen: dict[tuple[str, str, str], int] = defaultdict(int)
