@@ -83,7 +83,7 @@ def main() -> None:
     gb = 0.05 if args.quick else args.gb
     work = Path(tempfile.mkdtemp(prefix="dcp-bench-", dir=args.work))
     plan = Plan(work, work / "master.key", _free_port(), args.ranks, gb,
-                dense_saves=2 if args.quick else 3, frozen_saves=3 if args.quick else 5,
+                dense_saves=2 if args.quick else 5, frozen_saves=3 if args.quick else 5,
                 steps_between=1 if args.quick else 2)
     began, load_before = time.perf_counter(), os.getloadavg()
     try:
