@@ -58,7 +58,7 @@ from slurm_geo.ckpt.keys import load_master_key
 from slurm_geo.ckpt.layout import BYTES_DTYPE, Item, Layout, Shard, shard_path
 from slurm_geo.ckpt.locks import push_lock
 from slurm_geo.ckpt.manifest import Manifest
-from slurm_geo.ckpt.open_store import open_store_or_named
+from slurm_geo.ckpt.open_store import open_store, open_store_or_named
 from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.ckpt.sharded import commit_sharded, read_stored, write_shards
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, WriteOptions
@@ -86,8 +86,10 @@ class _Keys:
     key_file: Path | None
     run_key: bytes | None
 
-    def repository(self, store_spec: str, run: str, options: WriteOptions) -> Repository:
-        store = open_store_or_named(store_spec)
+    def repository(self, store_spec: str, endpoint_url: str | None, run: str,
+                   options: WriteOptions) -> Repository:
+        store = (open_store(store_spec, endpoint_url=endpoint_url) if endpoint_url
+                 else open_store_or_named(store_spec))
         if self.run_key is not None:
             return RunKeyRepository(store, run, self.run_key)
         assert self.key_file is not None
@@ -104,14 +106,17 @@ def _keys(key_file: str | os.PathLike[str] | None, run_key: bytes | None) -> _Ke
 class _Stored:
     """The store, opened on first use in whichever process uses it, never pickled."""
 
-    def __init__(self, store: str, run: str, keys: _Keys, options: WriteOptions):
-        self.store, self.run, self.keys, self.options = store, run, keys, options
+    def __init__(self, store: str, endpoint_url: str | None, run: str, keys: _Keys,
+                 options: WriteOptions):
+        self.store, self.endpoint_url, self.run = store, endpoint_url, run
+        self.keys, self.options = keys, options
         self._repository: Repository | None = None
 
     @property
     def repository(self) -> Repository:
         if self._repository is None:
-            self._repository = self.keys.repository(self.store, self.run, self.options)
+            self._repository = self.keys.repository(self.store, self.endpoint_url, self.run,
+                                                    self.options)
         return self._repository
 
     def __getstate__(self) -> dict[str, Any]:
@@ -125,15 +130,16 @@ class _SavePlanData:
 
 class StorageWriter(_DcpWriter):
     """Saves a DCP checkpoint of `run` at `step` into `store` (a URL or a configured
-    store name). `checkpoint_id`, when DCP is given one, is the step."""
+    store name; `endpoint_url` for an S3 URL's endpoint). `checkpoint_id`, when DCP is
+    given one, is the step."""
 
     def __init__(self, store: str, *, run: str, step: int | None = None,
                  key_file: str | os.PathLike[str] | None = None, run_key: bytes | None = None,
-                 epoch: int = 0, loss: float | None = None,
+                 endpoint_url: str | None = None, epoch: int = 0, loss: float | None = None,
                  before_commit: Callable[[], None] | None = None,
                  options: WriteOptions = DEFAULT_OPTIONS):
         super().__init__()
-        self._stored = _Stored(store, run, _keys(key_file, run_key), options)
+        self._stored = _Stored(store, endpoint_url, run, _keys(key_file, run_key), options)
         self.run, self.step, self.epoch, self.loss = run, step, epoch, loss
         self._before_commit = before_commit
         self._is_coordinator = False
@@ -237,9 +243,11 @@ class StorageReader(_DcpReader):
     a damaged one fails the load naming its object, never a silently wrong tensor."""
 
     def __init__(self, store: str, *, run: str, step: int | None = None,
-                 key_file: str | os.PathLike[str] | None = None, run_key: bytes | None = None):
+                 key_file: str | os.PathLike[str] | None = None, run_key: bytes | None = None,
+                 endpoint_url: str | None = None):
         super().__init__()
-        self._stored = _Stored(store, run, _keys(key_file, run_key), DEFAULT_OPTIONS)
+        self._stored = _Stored(store, endpoint_url, run, _keys(key_file, run_key),
+                               DEFAULT_OPTIONS)
         self.run, self.step = run, step
         self._manifest: Manifest | None = None
         self._paths: dict[MetadataIndex, str] = {}
