@@ -103,8 +103,10 @@ def weights_hash(model: nn.Module) -> str:
                                                                 cpu_offload=True))
     digest = hashlib.sha256()
     for name in sorted(full):
+        tensor = full[name]
+        assert isinstance(tensor, torch.Tensor), name
         digest.update(name.encode())
-        digest.update(full[name].contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 

@@ -5,9 +5,11 @@ Rank 0 alone talks to the federation daemon (slurm_geo.lease.client.FederatedRun
 acquires the lease and the run's data key and renews the lease; the other ranks learn
 what they need from it over the job's process group:
 
-* **the run key**, never in clear: rank 0 hands each rank a MUNGE credential of the key
-  restricted to the job's uid, which that rank decodes with its own node's munged. A
-  process of another user, or anyone reading the job's network, cannot open it.
+* **the run key**, never in clear. An incarnation the daemon submitted seals it (AES-GCM)
+  under a key derived from the lease secret every rank of the job was given in its
+  environment; a home job, which has no secret, hands each rank a MUNGE credential of the
+  key restricted to the job's uid, which that rank decodes with its node's munged.
+  Neither a process of another user nor anyone reading the job's network can open it.
 * **the resume step**, the one the daemon verified for a new generation, else the newest
   checkpoint; every rank loads that same step (or, when it does not load, the next older).
 * **each step's verdict** (`step_verdict`, one small all-reduce per step): go on, stop
@@ -31,13 +33,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from slurm_geo.ckpt.keys import derive_key
 from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.lease.client import FederatedRun, Fenced
 from slurm_geo.lease.munge import BadCredential, MungeCommands
+from slurm_geo.lease.signing import secret_bytes
 from slurm_geo.torch.distributed import StorageReader, StorageWriter
+
+NONCE_SIZE = 12
+INFO_RANK_SHARE = b"slurm-geo/v1/rank-key-share"  # HKDF info: the wrap key of the run key
 
 
 class Verdict(enum.IntEnum):
@@ -62,7 +71,7 @@ class _Start:
     """What rank 0 broadcasts once the lease is held."""
 
     run: str
-    credentials: list[str]  # rank i's MUNGE credential of the run key (hex)
+    shares: list[str]       # rank i's MUNGE credential of the run key; or one sealed copy
     candidates: list[int]   # the steps to try loading, in order; none: from scratch
 
 
@@ -99,7 +108,7 @@ class RankedRun:
             raise RankFailed(*message[0])
         start: _Start = message[0]
         self._start, self.run = start, start.run
-        self._key = self._open_share(start.credentials[self.rank])
+        self._key = self._open_share(start.shares[min(self.rank, len(start.shares) - 1)])
 
     def step_verdict(self, stop_requested: bool) -> Verdict:
         """Every rank, once per step: what all ranks do next. Rank 0 first waits while
@@ -160,20 +169,38 @@ class RankedRun:
         federated = self.federated
         federated.acquire()
         run, key = federated.run_key()
-        uid = os.getuid()
-        credentials = [self._munge.encode(key.hex(), restrict_uid=uid) for _ in range(self.world)]
         self._key = key
         placement = federated.placement
+        if placement.lease_secret:
+            nonce = os.urandom(NONCE_SIZE)
+            shares = [(nonce + AESGCM(self._share_key()).encrypt(nonce, key, run.encode())
+                       ).hex()]
+        else:
+            uid = os.getuid()
+            shares = [self._munge.encode(key.hex(), restrict_uid=uid) for _ in range(self.world)]
         if placement.generation > 0 and placement.restart == 0:  # the daemon placed it
             candidates = [] if placement.resume_step is None else [placement.resume_step]
         else:
             store = open_store(placement.store_url, endpoint_url=placement.store_endpoint or None)
             candidates = list(reversed(RunKeyRepository(store, run, key).steps(run)))
-        return _Start(run, credentials, candidates)
+        return _Start(run, shares, candidates)
 
-    def _open_share(self, credential: str) -> bytes:
+    def _share_key(self) -> bytes:
+        placement = self.federated.placement
+        return derive_key(secret_bytes(placement.lease_secret), None, INFO_RANK_SHARE)
+
+    def _open_share(self, share: str) -> bytes:
         if self.is_leader and self._key is not None:
             return self._key
+        if self.federated.placement.lease_secret:
+            sealed = bytes.fromhex(share)
+            try:
+                return AESGCM(self._share_key()).decrypt(sealed[:NONCE_SIZE],
+                                                         sealed[NONCE_SIZE:], self.run.encode())
+            except InvalidTag:
+                raise RankFailed(f"rank {self.rank} could not open the run key rank 0 sent "
+                                 "(sealed under another incarnation's secret)", 34) from None
+        credential = share
         try:
             decoded = self._munge.decode(credential)
         except BadCredential as exc:
