@@ -67,6 +67,18 @@ class ScriptOptions:
                                        sorted(directives.items())))
 
 
+def fitted(options: ScriptOptions, nodes_up: int | None) -> ScriptOptions:
+    """A job asking for a node range (`--nodes=MIN-MAX`, one that reshards on resume) gets
+    a fixed count on the cluster it moves to: as many nodes as that cluster has up, within
+    the range; MAX when that is not known. slurmrestd needs the task count, which a range
+    leaves open, and a fixed count makes the incarnation's world size the daemon's
+    decision, in its audit log."""
+    if options.max_nodes is None:
+        return options
+    most = options.max_nodes if nodes_up is None else min(options.max_nodes, nodes_up)
+    return replace(options, nodes=max(options.nodes, most), max_nodes=None)
+
+
 _ALIASES = {"-J": "--job-name", "-t": "--time", "-N": "--nodes", "-c": "--cpus-per-task",
             "-p": "--partition", "-o": "--output", "-D": "--chdir"}
 

@@ -137,7 +137,9 @@ def job_properties(spec: JobSpec, api_version: str) -> dict[str, Any]:
         "cpus_per_task": spec.cpus_per_task,
     }
     if spec.tasks_per_node is not None:
+        # slurmrestd's default of one task would shrink the job to one node.
         props["tasks_per_node"] = spec.tasks_per_node
+        props["tasks"] = spec.nodes * spec.tasks_per_node
     if spec.partition:
         props["partition"] = spec.partition
     if spec.time_limit_minutes is not None:
