@@ -195,10 +195,12 @@ def submit_training(site: SiteConfig, client: SlurmClient, settings: DrillSettin
     os.chown(work, person.uid, person.uid)
     work.chmod(0o700)
     trace = work / "trace.log"
-    job_id = client.submit(JobSpec(
+    spec = JobSpec(
         script=training_script(site, run, settings, work, trace), name="geo-drill",
         working_dir=work, owner=person.owner,
-        environment={**job_environment(layout, person), "SLURM_GEO_CONFIG": str(site.source)}))
+        environment={**job_environment(layout, person), "SLURM_GEO_CONFIG": str(site.source)})
+    job_id = client.submit(sharded.shaped_for_home(spec, settings) if settings.ranks > 1
+                           else spec)
     return Training(run, site.home_cluster, job_id, work, trace)
 
 

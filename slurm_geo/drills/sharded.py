@@ -13,11 +13,13 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from slurm_geo.drills.settings import DrillSettings
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.render import CPUS_PER_NODE
+from slurm_geo.slurm import JobSpec
 from slurm_geo.slurm.admin import drain_node, resume_node
 
 TASKS_PER_NODE = CPUS_PER_NODE  # one rank per CPU of a sandbox node
@@ -25,6 +27,12 @@ TASKS_PER_NODE = CPUS_PER_NODE  # one rank per CPU of a sandbox node
 
 def nodes_for(settings: DrillSettings) -> int:
     return max(1, settings.ranks // TASKS_PER_NODE)
+
+
+def shaped_for_home(spec: JobSpec, settings: DrillSettings) -> JobSpec:
+    """The job at home, where every node is free. sbatch's command line overrides the
+    script's #SBATCH lines, which are what the daemon reads for a move."""
+    return replace(spec, nodes=nodes_for(settings), tasks_per_node=TASKS_PER_NODE)
 
 
 def batch_lines(settings: DrillSettings) -> list[str]:
