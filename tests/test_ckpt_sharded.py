@@ -60,14 +60,14 @@ def half(rank: int, step: int, zeros: bool) -> bytes:
 
 def save_on_two_ranks(repository: Repository, step: int, parent: int | None = None,
                       zeros: bool = False, cluster: str = "onprem",
-                      before_commit=lambda: None) -> Manifest:
+                      before_commit=lambda: None, extra: bytes = EXTRA) -> Manifest:
     repository.create_run_key(RUN)
     with push_lock(repository.store, os.urandom, lambda: NOW):
         rank0 = write_shards(repository, RUN, [
             Tensor("w@0,0", "float32", (ROWS, COLUMNS), half(0, step, zeros))], parent)
         rank1 = write_shards(repository, RUN, [
             Tensor(f"w@{ROWS},0", "float32", (ROWS, COLUMNS), half(1, step, zeros)),
-            Tensor("extra", "uint8", (len(EXTRA),), EXTRA)], parent)
+            Tensor("extra", "uint8", (len(extra),), extra)], parent)
         metadata = Metadata(step, step, 0, 0.5, "2026-11-29T12:00:00Z", cluster, "7")
         return commit_sharded(repository, RUN, rank0 + rank1, LAYOUT, metadata, parent,
                               before_commit)
