@@ -269,17 +269,22 @@ class StorageReader(_DcpReader):
                               *args: Any, **kwargs: Any) -> None:
         data: _LoadData = metadata.storage_data
         self._paths = data.paths
-        if self._manifest is None or self._manifest.step != data.step:
-            self._open(data.step)  # every rank loads the step the coordinator chose
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans
+        # DCP reads the metadata on every rank: with step=None a save committed meanwhile
+        # could give ranks different steps, so each rank checks the coordinator's.
+        assert self._manifest is not None
+        return [replace(plan, storage_data=self._manifest.step) for plan in plans]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         assert self._manifest is not None
+        if plan.storage_data != self._manifest.step:
+            raise ValueError(f"run '{self.run}': rank 0 loads step {plan.storage_data}, "
+                             f"this rank step {self._manifest.step} (a checkpoint was "
+                             "committed during the load); load with step=N")
         wanted = defaultdict(list)
         for read_item in plan.items:
             wanted[self._paths[read_item.storage_index]].append(read_item)
