@@ -15,7 +15,7 @@ from helpers import eventually, sbatch_as
 
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.sandbox import Sandbox
-from slurm_geo.sandbox.users import ALICE
+from slurm_geo.sandbox.users import ALICE, job_environment, run_as
 from slurm_geo.slurm import CliSlurmClient
 from slurm_geo.slurm.models import JobState
 
@@ -81,3 +81,35 @@ def test_four_ranks_on_two_nodes_save_and_two_ranks_on_one_node_resume_resharded
     assert "resumed step 10 on 2 ranks" in second.read_text()
     assert sorted(hashes(second, "saved")) == [15]
     assert "final step 15" in second.read_text()
+
+
+def test_sigusr1_to_an_srun_job_stops_every_rank_at_one_step_and_requeues_it(
+        sandbox, job_dir):
+    """scancel --signal=USR1 reaches every task of the job's step: all four ranks save the
+    same final step, rank 0 asks Slurm to requeue the job, and the requeued incarnation
+    resumes from it."""
+    out = job_dir / "requeued.out"
+    script = sharded_script(job_dir, out, nodes=2, steps=10**6).replace(
+        "--ckpt-every 5", "--ckpt-every 1000 --step-delay 0.05").replace(
+        f"--output={out}", f"--output={out} --open-mode=append --requeue")
+    submitted = sbatch_as(sandbox, ALICE, script)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = int(submitted.stdout.strip())
+    client = CliSlurmClient("onprem", sandbox.layout.onprem.slurm_conf, timeout_s=10)
+    try:
+        eventually(lambda: out.read_text() if out.exists() else "",
+                   lambda text: "started at step 0" in text, 120, 1)
+        signalled = run_as(ALICE, ["scancel", "--signal=USR1", str(job_id)],
+                           env={**job_environment(sandbox.layout, ALICE),
+                                "SLURM_CONF": str(sandbox.layout.onprem.slurm_conf)},
+                           capture_output=True, text=True, timeout=30, check=False)
+        assert signalled.returncode == 0, signalled.stderr
+        text = eventually(lambda: out.read_text(),
+                          lambda text: "resumed step" in text, 180, 1)
+        stopped = re.search(r"stopped at step (\d+): checkpoint saved", text)
+        assert stopped, text
+        assert f"resumed step {stopped[1]} on 4 ranks" in text
+        assert hashes(out, "resumed")[int(stopped[1])] == hashes(out, "saved")[int(stopped[1])]
+        assert client.job(job_id).restart_count >= 1
+    finally:
+        client.cancel(job_id)
