@@ -35,11 +35,13 @@ def free_port() -> int:
 
 
 def spawn(world: int, fn: Any, *args: Any) -> None:
-    mp.spawn(_entry, args=(world, free_port(), fn, args), nprocs=world, join=True)
+    mp.spawn(join, args=(world, free_port(), fn, args), nprocs=world, join=True)
 
 
-def _entry(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def join(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
+    """Join a gloo process group of `world` ranks as `rank`, run fn(rank, world, *args)."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
     try:
@@ -160,3 +162,13 @@ def async_save_gated(rank: int, world: int, store: str, key_file: str, step: int
     dist.barrier()
     report(Path(out), rank, committed_on_return=committed_on_return,
            committed_after=step in repository.steps(RUN))
+
+
+def save_with_changed_counts(rank: int, world: int, store: str, key_file: str, step: int
+                             ) -> None:
+    """The state of `save(seed=1)` but for one buffer."""
+    state = full_state(1)
+    state["counts"] = torch.arange(48, dtype=torch.int64) * 2
+    dcp.save({"model": sharded(state, world, False),
+              "trainer": {"step": step, "note": f"saved by {world} ranks"}},
+             storage_writer=writer(store, key_file, step))
