@@ -172,3 +172,16 @@ def save_with_changed_counts(rank: int, world: int, store: str, key_file: str, s
     dcp.save({"model": sharded(state, world, False),
               "trainer": {"step": step, "note": f"saved by {world} ranks"}},
              storage_writer=writer(store, key_file, step))
+
+
+def async_save_in_a_process(rank: int, world: int, store: str, key_file: str, step: int,
+                            seed: int) -> None:
+    """dcp.async_save with DCP's process checkpointer: the writer is pickled into a
+    checkpoint process of DCP's own, which writes and commits."""
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    state = {"model": sharded(full_state(seed), world, False),
+             "trainer": {"step": step, "note": f"saved by {world} ranks"}}
+    future = dcp.async_save(state, storage_writer=writer(store, key_file, step),
+                            async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+    future.result()

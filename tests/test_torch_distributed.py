@@ -17,6 +17,7 @@ import pytest
 from dcp_ranks import (
     RUN,
     async_save_gated,
+    async_save_in_a_process,
     load_and_compare,
     reports,
     save,
@@ -189,6 +190,15 @@ def test_async_save_returns_before_the_data_is_durable_and_commits_after(ranks, 
     assert repository.steps(RUN) == [30]
     assert all(all(r["equal"].values())
                for r in loaded(ranks, 2, store, key_file, 30, 3, True).values())
+
+
+def test_async_save_through_dcps_checkpoint_process_commits_a_checkpoint_that_loads(
+        ranks, site):
+    store, key_file, repository = site
+    ranks.launch(2, async_save_in_a_process, store, key_file, 40, 4)
+    assert repository.steps(RUN) == [40]
+    seen = loaded(ranks, 2, store, key_file, 40, 4, True)
+    assert sorted(seen) == [0, 1] and all(all(r["equal"].values()) for r in seen.values())
 
 
 def test_a_second_save_of_a_partly_frozen_model_writes_only_the_changed_shards(ranks, site):
