@@ -19,9 +19,11 @@ from dcp_ranks import (
     async_save_gated,
     async_save_in_a_process,
     load_and_compare,
+    ranked_steps,
     reports,
     save,
     save_then_die_mid_write,
+    save_twice,
     save_with_changed_counts,
     spawn,
 )
@@ -224,3 +226,36 @@ def test_a_second_save_of_a_partly_frozen_model_writes_only_the_changed_shards(r
 def _pack_sizes(store: str) -> dict[str, int]:
     root = Path(store.removeprefix("file://")) / "packs"
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+SCENARIOS = [  # (what happens, the verdicts every rank must see first)
+    ({"stop_rank": 2, "stop_at": 3}, ["TRAIN", "TRAIN", "STOP"]),
+    ({"fence_at": 4}, ["TRAIN", "TRAIN", "TRAIN", "FENCED"]),
+    ({"release_at": 2, "stop_rank": 3, "stop_at": 5}, ["TRAIN", "RELEASE"]),
+]
+
+
+def test_a_stop_a_release_or_a_fence_reaches_every_rank_at_the_same_step(ranks, site):
+    """The verdict of each step is the same on every rank, whichever rank (or rank 0's
+    lease) caused it; and every rank holds the run key rank 0 got."""
+    store, key_file, repository = site
+    repository.create_run_key(RUN)
+    out = ranks.subdirectory("verdicts")
+    ranks.launch(4, ranked_steps, store, key_file, [s for s, _ in SCENARIOS], str(out))
+    seen = reports(out)
+    assert sorted(seen) == [0, 1, 2, 3]
+    for index, (_scenario, expected) in enumerate(SCENARIOS):
+        firsts = {rank: r["results"][index]["verdicts"][:len(expected)]
+                  for rank, r in seen.items()}
+        assert all(first == expected for first in firsts.values()), (index, firsts)
+        assert len({r["results"][index]["key"] for r in seen.values()}) == 1
+
+
+def test_every_rank_resumes_the_step_the_daemon_verified_not_the_newest(ranks, site):
+    store, key_file, repository = site
+    ranks.launch(4, save_twice, store, key_file, [10, 20])
+    assert repository.steps(RUN) == [10, 20]
+    out = ranks.subdirectory("resumed")
+    ranks.launch(2, ranked_steps, store, key_file, [{"resume_step": 10}], str(out))
+    assert {rank: r["results"][0]["resumed"] for rank, r in reports(out).items()} == {
+        0: 10, 1: 10}
