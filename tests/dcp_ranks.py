@@ -35,11 +35,13 @@ def free_port() -> int:
 
 
 def spawn(world: int, fn: Any, *args: Any) -> None:
-    mp.spawn(_entry, args=(world, free_port(), fn, args), nprocs=world, join=True)
+    mp.spawn(join, args=(world, free_port(), fn, args), nprocs=world, join=True)
 
 
-def _entry(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def join(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
+    """Join a gloo process group of `world` ranks as `rank`, run fn(rank, world, *args)."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
     try:
@@ -160,3 +162,103 @@ def async_save_gated(rank: int, world: int, store: str, key_file: str, step: int
     dist.barrier()
     report(Path(out), rank, committed_on_return=committed_on_return,
            committed_after=step in repository.steps(RUN))
+
+
+def save_with_changed_counts(rank: int, world: int, store: str, key_file: str, step: int
+                             ) -> None:
+    """The state of `save(seed=1)` but for one buffer."""
+    state = full_state(1)
+    state["counts"] = torch.arange(48, dtype=torch.int64) * 2
+    dcp.save({"model": sharded(state, world, False),
+              "trainer": {"step": step, "note": f"saved by {world} ranks"}},
+             storage_writer=writer(store, key_file, step))
+
+
+def async_save_in_a_process(rank: int, world: int, store: str, key_file: str, step: int,
+                            seed: int) -> None:
+    """dcp.async_save with DCP's process checkpointer: the writer is pickled into a
+    checkpoint process of DCP's own, which writes and commits."""
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    state = {"model": sharded(full_state(seed), world, False),
+             "trainer": {"step": step, "note": f"saved by {world} ranks"}}
+    future = dcp.async_save(state, storage_writer=writer(store, key_file, step),
+                            async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+    future.result()
+
+
+class FakeFederated:
+    """What RankedRun asks of FederatedRun, on rank 0 (the only one asking the daemon):
+    the lease is lost at its `fence_at`-th check, the daemon asks for the lease back at
+    the `release_at`-th; an incarnation the daemon submitted (a lease secret), placed at
+    `resume_step`."""
+
+    def __init__(self, store: str, key_file: str, *, fence_at: int = 0, release_at: int = 0,
+                 resume_step: int | None = None):
+        from slurm_geo.lease.client import Placement
+
+        self.placement = Placement(RUN, "rented", 7, 0, 1, resume_step, "", store, "",
+                                   lease_secret="ab" * 32)
+        self.store, self.key_file = store, key_file
+        self.fence_at, self.release_at, self.checks = fence_at, release_at, 0
+        self.release_requested = False
+        self.reported: list[int] = []
+
+    def acquire(self) -> None:
+        pass
+
+    def run_key(self) -> tuple[str, bytes]:
+        from slurm_geo.ckpt import LocalDirStore, load_master_key
+        from slurm_geo.ckpt.runkey import unwrap_run_key
+
+        store = LocalDirStore(Path(self.store.removeprefix("file://")))
+        return RUN, unwrap_run_key(store, load_master_key(Path(self.key_file)), RUN)
+
+    def wait_for_lease(self) -> None:
+        from slurm_geo.lease.client import Fenced
+
+        self.checks += 1
+        if self.checks == self.release_at:
+            self.release_requested = True
+        if self.checks == self.fence_at:
+            raise Fenced("the daemon fenced this incarnation")
+
+    def checkpointed(self, step: int) -> None:
+        self.reported.append(step)
+
+    def release(self, step: int | None) -> None:
+        pass
+
+
+def ranked_steps(rank: int, world: int, store: str, key_file: str,
+                 scenarios: list[dict[str, Any]], out: str) -> None:
+    """Per scenario, a fresh RankedRun's verdict at each of 8 steps (rank `stop_rank`
+    asking to stop at `stop_at`, the fake lease fenced or released at a check); with a
+    `resume_step`, the step every rank resumed."""
+    from slurm_geo.torch.ranks import RankedRun
+
+    results = []
+    for scenario in scenarios:
+        federated = FakeFederated(store, key_file, fence_at=scenario.get("fence_at", 0),
+                                  release_at=scenario.get("release_at", 0),
+                                  resume_step=scenario.get("resume_step"))
+        ranked = RankedRun(federated)  # type: ignore[arg-type]
+        ranked.acquire()
+        verdicts = [ranked.step_verdict(rank == scenario.get("stop_rank")
+                                        and step == scenario.get("stop_at")).name
+                    for step in range(1, 9)]
+        resumed = None
+        if "resume_step" in scenario:
+            shapes = full_state(1)
+            state = {"model": sharded({k: torch.zeros_like(v) for k, v in shapes.items()},
+                                      world, True), "trainer": {"step": -1, "note": ""}}
+            resumed = ranked.resume(state)
+            assert state["trainer"]["step"] == resumed
+        results.append({"verdicts": verdicts, "key": ranked._run_key().hex(),
+                        "resumed": resumed})
+    report(Path(out), rank, results=results)
+
+
+def save_twice(rank: int, world: int, store: str, key_file: str, steps: list[int]) -> None:
+    for seed, step in enumerate(steps, start=1):
+        save(rank, world, store, key_file, step, seed)

@@ -11,6 +11,7 @@ from slurm_geo.federation.resubmit import (
     ENV_RESUME_STEP,
     Incoming,
     ScriptOptions,
+    fitted,
     resubmission,
     script_options,
 )
@@ -118,3 +119,19 @@ def test_a_run_without_checkpoint_resumes_from_nothing():
     spec = resubmission("#!/bin/bash\ntrue\n", ScriptOptions(), incoming, ())
     assert spec.environment[ENV_RESUME_STEP] == ""
     assert spec.name == "onprem-9"
+
+
+def test_a_node_range_and_tasks_per_node_are_carried_over():
+    options = script_options("#!/bin/bash\n#SBATCH --nodes=1-2 --ntasks-per-node=2\nsrun x\n")
+    assert (options.nodes, options.max_nodes, options.tasks_per_node) == (1, 2, 2)
+    assert ScriptOptions.from_json(options.to_json()) == options
+    plain = script_options("#!/bin/bash\n#SBATCH -N 3\n")
+    assert (plain.nodes, plain.max_nodes, plain.tasks_per_node) == (3, None, None)
+
+
+@pytest.mark.parametrize("asked, up, nodes", [
+    ("--nodes=1-2", 1, 1), ("--nodes=1-2", 2, 2), ("--nodes=1-2", 5, 2),
+    ("--nodes=2-4", 1, 2), ("--nodes=1-2", None, 2), ("--nodes=3", 1, 3)])
+def test_a_node_range_is_fitted_to_the_nodes_up_where_the_job_moves(asked, up, nodes):
+    options = fitted(script_options(f"#!/bin/bash\n#SBATCH {asked}\n"), up)
+    assert (options.nodes, options.max_nodes) == (nodes, None)

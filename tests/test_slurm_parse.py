@@ -304,3 +304,12 @@ FUNCTION = "BASH_FUNC_ml%%=() {  eval \"$(lmod ml \"$@\")\"\n}\n"
         "22.05 none", "24.11 none", "no record", "header only"])
 def test_batch_environment(text, expected):
     assert parse.batch_environment(text) == expected
+
+
+@pytest.mark.parametrize("api_version, nodes", [("0.0.38", [1, 2]), ("0.0.40", "1-2")])
+def test_a_job_that_reshards_asks_for_a_node_range_and_its_tasks_per_node(api_version, nodes):
+    spec = JobSpec(script="#!/bin/bash\n", nodes=1, max_nodes=2, tasks_per_node=2)
+    assert {"--nodes=1-2", "--ntasks-per-node=2"} <= set(sbatch_arguments(spec))
+    props = job_properties(spec, api_version)
+    assert (props["nodes"], props["tasks_per_node"]) == (nodes, 2)
+    assert "tasks_per_node" not in job_properties(JobSpec(script="#!/bin/bash\n"), api_version)

@@ -9,6 +9,8 @@ gc, prune, billing) treats a multi-rank checkpoint like any other.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,13 +95,24 @@ def parse_layout(raw: Any, stored: dict[str, tuple[str, tuple[int, ...]]]) -> La
     if not isinstance(raw_items, list):
         raise MalformedData("sharded: 'items' is not a list")
     items = tuple(_parse_item(r, stored) for r in raw_items)
-    if len({item.fqn for item in items}) != len(items):
-        raise MalformedData("sharded: two items share a name")
+    shared = [fqn for fqn, n in Counter(item.fqn for item in items).items() if n > 1]
+    if shared:
+        raise MalformedData(f"sharded: two items are named {shared[0]!r}")
     layout = Layout(items, _parse_planner_data(raw.get("planner_data")), version, ranks)
-    if sorted(layout.stored()) != sorted(stored):
-        raise MalformedData("sharded: each stored tensor must hold exactly one shard or "
-                            "bytes item, and each shard or bytes item one stored tensor")
+    _check_each_stored_once(layout, stored)
     return layout
+
+
+def _check_each_stored_once(layout: Layout, stored: Iterable[str]) -> None:
+    """Each stored tensor holds exactly one shard or bytes item (every shard names a
+    stored tensor: `_parse_item` checked that)."""
+    named = Counter(layout.stored())
+    twice = [path for path, n in named.items() if n > 1]
+    if twice:
+        raise MalformedData(f"sharded: tensor {twice[0]!r} is named by two shards or items")
+    unnamed = [path for path in stored if path not in named]
+    if unnamed:
+        raise MalformedData(f"sharded: tensor {unnamed[0]!r} is no shard or bytes item")
 
 
 def _parse_item(raw: Any, stored: dict[str, tuple[str, tuple[int, ...]]]) -> Item:
@@ -108,7 +121,8 @@ def _parse_item(raw: Any, stored: dict[str, tuple[str, tuple[int, ...]]]) -> Ite
     fqn, kind = raw["fqn"], raw.get("kind")
     if kind == "bytes":
         tensor = raw.get("tensor")
-        if tensor not in stored or stored[tensor][0] != BYTES_DTYPE or len(stored[tensor][1]) != 1:
+        if not isinstance(tensor, str) or tensor not in stored or \
+                stored[tensor][0] != BYTES_DTYPE or len(stored[tensor][1]) != 1:
             raise MalformedData(f"sharded: bytes item {fqn!r} names no uint8 vector")
         return Item(fqn, "bytes", tensor=tensor)
     if kind != "tensor":
@@ -117,6 +131,8 @@ def _parse_item(raw: Any, stored: dict[str, tuple[str, tuple[int, ...]]]) -> Ite
     requires_grad = raw.get("requires_grad")
     if not isinstance(requires_grad, bool) or not isinstance(raw.get("shards"), list):
         raise MalformedData(f"sharded: item {fqn!r} lacks 'requires_grad' or 'shards'")
+    if not raw["shards"]:
+        raise MalformedData(f"sharded: tensor item {fqn!r} has no shards")
     shards = []
     for shard in raw["shards"]:
         if not isinstance(shard, dict):
@@ -130,6 +146,10 @@ def _parse_item(raw: Any, stored: dict[str, tuple[str, tuple[int, ...]]]) -> Ite
                 o + s > whole for o, s, whole in zip(offsets, sizes, size, strict=True)):
             raise MalformedData(f"sharded: shard {tensor!r} lies outside {fqn}{list(size)}")
         shards.append(Shard(offsets, sizes, tensor))
+    # Shards lie inside the item; if their elements add up to the item's too, none is
+    # missing (DCP's planner checks on save that they do not overlap).
+    if sum(math.prod(s.sizes) for s in shards) != math.prod(size):
+        raise MalformedData(f"sharded: the shards of {fqn!r} do not cover {fqn}{list(size)}")
     return Item(fqn, "tensor", dtype, size, requires_grad, tuple(shards))
 
 
@@ -145,8 +165,8 @@ def _parse_planner_data(raw: Any) -> dict[str, list[str | int]] | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or not all(
-            isinstance(path, list) and all(isinstance(p, str | int) and not isinstance(p, bool)
-                                           for p in path)
+            isinstance(path, list) and path and all(
+                isinstance(p, str | int) and not isinstance(p, bool) for p in path)
             for path in raw.values()):
         raise MalformedData("sharded: 'planner_data' is not a map of key paths")
     return raw

@@ -307,7 +307,9 @@ class Repository:
             return None
 
         faults: dict[str, CkptError] = {}
-        unique = {r.id: r for r in manifest.refs()}.values()
+        # One read per stored copy, not per id: ranks of a multi-rank save each store the
+        # chunks they hold (equal ones too, zeros say) in their own packs (§7.5).
+        unique = dict.fromkeys(manifest.refs())
         with worker_pool(self._options.threads, "slurm-geo-verify") as pool:
             for fault in ordered_map(fault_of, unique, pool, self._options.window):
                 if fault is not None:

@@ -86,19 +86,27 @@ def push(path: Path, store_url: str, run: str | None, step: int | None, key_file
 @click.argument("target", metavar="RUN[@STEP]")
 @store_option("--from", "Source store")
 @click.option("--to", "path", required=True, type=click.Path(path_type=Path),
-              help="A directory (gets a verified copy of the checkpoint), or FILE.pt "
-                   "(gets a torch.save file of the state dict).")
+              help="A directory (gets a verified copy of the checkpoint; of a multi-rank "
+                   "one, a DCP checkpoint that torch.distributed.checkpoint reads with "
+                   "FileSystemReader), or FILE.pt (gets a torch.save file of the state "
+                   "dict).")
 @key_file_option
 @json_option
 def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool) -> None:
-    """Fetch RUN (its latest step) or RUN@STEP from a store, verifying every chunk."""
+    """Fetch RUN (its latest step) or RUN@STEP from a store, verifying every chunk.
+
+    A multi-rank checkpoint (saved through torch.distributed.checkpoint) is assembled
+    whole in this process, so it needs PyTorch and memory for the whole state dict.
+    """
     from slurm_geo.ckpt import LocalDirStore, Repository, load_master_key
 
     master_key = load_master_key(key_file)
     source_store = _open(store_url)
     source = Repository(source_store, master_key)
     run, step = _parse_target(target, source, store_url)
-    if path.suffix == ".pt":
+    if source.manifest(run, step).sharded is not None:
+        result = _pull_multi_rank(store_url, key_file, run, step, path)
+    elif path.suffix == ".pt":
         result = _pull_torch_file(source, run, step, path)
     else:
         path.mkdir(parents=True, exist_ok=True)
@@ -350,6 +358,26 @@ def _pull_torch_file(repository, run: str, step: int, path: Path) -> dict:
     checkpoint = repository.read_checkpoint(run, step)
     save_torch_file(checkpoint.tensors, checkpoint.extra_state, path)
     return {"run": run, "step": step, "to": str(path)}
+
+
+def _pull_multi_rank(store_url: str, key_file: Path, run: str, step: int, path: Path) -> dict:
+    """A DCP checkpoint directory, or FILE.pt: files torch reads without slurm-geo."""
+    try:
+        from slurm_geo.torch.dcp_export import (
+            load_whole_state,
+            write_dcp_directory,
+            write_torch_file,
+        )
+    except ImportError as exc:
+        raise ConfigError(f"{run}@{step} is a multi-rank checkpoint (saved through "
+                          f"torch.distributed.checkpoint); pulling it needs PyTorch ({exc}): "
+                          "pip install torch") from None
+    state = load_whole_state(store_url, run=run, step=step, key_file=key_file)
+    if path.suffix == ".pt":
+        write_torch_file(state, path)
+        return {"run": run, "step": step, "to": str(path), "as": "torch.save"}
+    write_dcp_directory(state, path)
+    return {"run": run, "step": step, "to": str(path), "as": "dcp"}
 
 
 def _fail_on_faults(faults, what: str) -> None:

@@ -18,23 +18,34 @@ import click
               help="Checkpoint interval in steps.")
 @click.option("--step-delay", type=click.FloatRange(0), default=0.05, show_default=True,
               help="Seconds per step (stands in for GPU time).")
+@click.option("--ranks", type=click.IntRange(1), default=1, show_default=True,
+              help="Ranks of the drill job: more than 1 runs a sharded job (FSDP2, DCP) "
+                   "under srun, 2 ranks per node.")
+@click.option("--reshard", is_flag=True,
+              help="With --ranks: the target cluster offers one node only, so the job "
+                   "resumes there on fewer ranks, resharded from its checkpoint.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Where the report, job output and timeline.png go (default: "
                    "<sandbox>/drills).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def drill(sandbox_dir: Path | None, steps: int, ckpt_every: int, step_delay: float,
-          out: Path | None, as_json: bool) -> None:
+          ranks: int, reshard: bool, out: Path | None, as_json: bool) -> None:
     """Lose the home cluster on purpose: submit a real training job to onprem, kill onprem's
     controller and nodes once two checkpoints are verified off-site, and let the
     federation daemon move the job to rented. Prints the DR report (detection, RTO, steps
     lost, bytes, predicted vs actual transfer, cost per leg) and checks that the final
-    weights are bit-identical to an uninterrupted run. Exits 0 when every target holds."""
+    weights are bit-identical to an uninterrupted run (resharded: that the job loaded
+    exactly the weights saved). Exits 0 when every target holds."""
     from slurm_geo.drills.drill import DrillSettings, run_drill
     from slurm_geo.drills.report import render_report
     from slurm_geo.sandbox import Sandbox, root_from_env
 
     sandbox = Sandbox(root_from_env(sandbox_dir))
-    settings = DrillSettings(steps=steps, ckpt_every=ckpt_every, step_delay_s=step_delay)
+    if reshard and ranks < 4:
+        raise click.UsageError("--reshard needs --ranks 4 or more (2 ranks per node, and "
+                               "one node fewer after the move)")
+    settings = DrillSettings(steps=steps, ckpt_every=ckpt_every, step_delay_s=step_delay,
+                             ranks=ranks, reshard=reshard)
     progress = (lambda _msg: None) if as_json else \
         (lambda msg: click.echo(f"drill: {msg}", err=True))
     report = run_drill(sandbox, settings, out or sandbox.layout.root / "drills", progress)

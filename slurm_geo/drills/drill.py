@@ -26,8 +26,10 @@ from typing import Any
 import psutil
 
 from slurm_geo.config.model import SiteConfig, load_config
+from slurm_geo.drills import sharded
 from slurm_geo.drills.picture import draw_timeline
 from slurm_geo.drills.report import DrillReport, Sample
+from slurm_geo.drills.settings import DrillSettings
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.federation.audit import AuditLog, Entry
 from slurm_geo.sandbox import Sandbox
@@ -42,16 +44,6 @@ Progress = Callable[[str], None]
 
 class DrillFailed(SlurmGeoError):
     exit_code = 41
-
-
-@dataclass(frozen=True)
-class DrillSettings:
-    steps: int = 400
-    ckpt_every: int = 40
-    step_delay_s: float = 0.05
-    verified_before_kill: int = 2
-    timeout_s: float = 300.0
-    hidden: int = 32  # example_train's hidden width (its default); wider: bigger checkpoints
 
 
 @dataclass(frozen=True)
@@ -81,6 +73,14 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
     # A job pending on nodes still coming up could be moved for its queue before the drill.
     wait_for(lambda: nodes_ready(clients[home]), time.time() + 120,
              f"{home}'s nodes to be available")
+    with sharded.fewer_nodes(sandbox.layout, target, settings.ranks > 1 and settings.reshard):
+        return _drill(sandbox, site, clients, home, target, settings, out_dir, progress)
+
+
+def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], home: str,
+           target: str, settings: DrillSettings, out_dir: Path,
+           progress: Progress) -> DrillReport:
+    assert site.federation is not None
     job = submit_training(site, clients[home], settings, out_dir, sandbox.layout)
     run, work, trace, job_id, logical = job.run, job.work, job.trace, job.job_id, \
         job.logical_job
@@ -122,8 +122,10 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
     finally:
         sampler.stop()
     output = job_output(work, new_job, target)
-    reference = reference_weights(settings)
+    reference = (reference_weights(settings) if settings.ranks == 1 or not settings.reshard
+                 else "")
     final_step, final_weights = final_line(output)
+    resumed, saved = sharded.resumed_and_saved(job_output(work, job_id, home), output)
     # The generation the kill hit: not always 0 (the daemon may have moved the job for its
     # queue and back before).
     lines = trace_lines(trace)
@@ -147,6 +149,8 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
         stale_incarnation=stale.what if stale else "not seen within 60 s",
         audit_ok=AuditLog(site.federation.audit_path, readonly=True).verify().ok,
         owner=ALICE.name, owner_uid=ALICE.uid, ran_as=incarnation_uids(work),
+        ranks=settings.ranks, ranks_after_move=sharded.ranks_of(output) or settings.ranks,
+        resumed_weights=resumed, saved_weights=saved,
         timeline=sampler.samples,
     )
     report.picture = str(draw_timeline(report, work / "timeline.png"))
@@ -155,7 +159,10 @@ def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
 
 
 def reference_weights(settings: DrillSettings) -> str:
-    """The weights hash of the same training run, uninterrupted, in this process."""
+    """The weights hash of the same training run, uninterrupted, in this process (on as
+    many ranks, in processes of this host)."""
+    if settings.ranks > 1:
+        return sharded.reference_weights(settings)
     import torch
 
     from slurm_geo.ckpt import LocalDirStore, Repository
@@ -188,10 +195,12 @@ def submit_training(site: SiteConfig, client: SlurmClient, settings: DrillSettin
     os.chown(work, person.uid, person.uid)
     work.chmod(0o700)
     trace = work / "trace.log"
-    job_id = client.submit(JobSpec(
+    spec = JobSpec(
         script=training_script(site, run, settings, work, trace), name="geo-drill",
         working_dir=work, owner=person.owner,
-        environment={**job_environment(layout, person), "SLURM_GEO_CONFIG": str(site.source)}))
+        environment={**job_environment(layout, person), "SLURM_GEO_CONFIG": str(site.source)})
+    job_id = client.submit(sharded.shaped_for_home(spec, settings) if settings.ranks > 1
+                           else spec)
     return Training(run, site.home_cluster, job_id, work, trace)
 
 
@@ -243,9 +252,15 @@ def _other_cluster(site: SiteConfig) -> str:
 def training_script(site: SiteConfig, run: str, settings: DrillSettings, work: Path,
             trace: Path) -> str:
     pfs = site.stores[site.cluster(site.home_cluster).store].url.removeprefix("file://")
+    trainer = (sharded.trainer_command(run, settings, trace) if settings.ranks > 1 else
+               f"exec python -m slurm_geo.torch.example_train --run {run} --federated "
+               f"--steps {settings.steps} --ckpt-every {settings.ckpt_every} "
+               f"--step-delay {settings.step_delay_s} --hidden {settings.hidden} "
+               f"--trace {trace}")
     return "\n".join([
         "#!/bin/bash",
         "#SBATCH --job-name=geo-drill",
+        *(sharded.batch_lines(settings) if settings.ranks > 1 else []),
         "#SBATCH --time=15",
         f"#SBATCH --output={work}/%x-%j.slurm.out",
         f"#SBATCH --geo-ckpt-dir={pfs}",
@@ -255,11 +270,8 @@ def training_script(site: SiteConfig, run: str, settings: DrillSettings, work: P
         # Whom each incarnation ran as (incarnation_uids).
         f'id -u > "{work}/uid-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID"',
         # Job ids repeat across clusters: the cluster's name keeps each output apart.
-        f"exec python -m slurm_geo.torch.example_train --run {run} --federated "
-        f"--steps {settings.steps} --ckpt-every {settings.ckpt_every} "
-        f"--step-delay {settings.step_delay_s} --hidden {settings.hidden} --trace {trace} "
         # Appended: an incarnation Slurm requeues under the same id keeps what it said.
-        f'>> "{work}/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
+        f'{trainer} >> "{work}/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
         "",
     ])
 

@@ -46,6 +46,10 @@ class DrillReport:
     owner: str = ""                 # whose job the drill submitted, and their uid
     owner_uid: int = -1
     ran_as: dict[str, int] = field(default_factory=dict)  # uid per incarnation 'cluster:job'
+    ranks: int = 1
+    ranks_after_move: int = 1
+    resumed_weights: str | None = None  # what the moved job loaded (sharded jobs say)
+    saved_weights: str | None = None    # what was saved at that step before the loss
     timeline: list[Sample] = field(default_factory=list)
     picture: str = ""
 
@@ -77,16 +81,49 @@ class DrillReport:
         return len(self.ran_as) >= 2 and set(self.ran_as.values()) == {self.owner_uid}
 
     @property
+    def resharded(self) -> bool:
+        return self.ranks_after_move != self.ranks
+
+    @property
+    def weights_ok(self) -> bool:
+        """Same world size: the final weights equal an uninterrupted run's. Resharded
+        (the reduction order changed, so those differ): the moved job loaded exactly
+        the weights saved at its resume step, and trained to the end."""
+        if not self.resharded:
+            return self.bit_identical
+        return (self.resumed_weights is not None and self.resumed_weights == self.saved_weights
+                and self.final_step == self.settings["steps"])
+
+    @property
+    def shape_ok(self) -> bool:
+        """A drill asked to reshard did: the job resumed on fewer ranks."""
+        return not self.settings.get("reshard") or self.ranks == 1 or self.resharded
+
+    @property
     def passed(self) -> bool:
-        return self.bit_identical and self.rto_met and self.steps_lost_met and \
+        return self.weights_ok and self.shape_ok and self.rto_met and self.steps_lost_met and \
             self.audit_ok and self.ran_as_owner
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(detection_s=self.detection_s, rto_s=self.rto_s,
                     rto_target_s=self.rto_target_s, ran_as_owner=self.ran_as_owner,
+                    resharded=self.resharded, weights_ok=self.weights_ok,
+                    shape_ok=self.shape_ok,
                     passed=self.passed)
         return data
+
+
+def _weights_line(report: DrillReport) -> str:
+    if report.resharded:
+        same = report.resumed_weights is not None and \
+            report.resumed_weights == report.saved_weights
+        return (f"  resumed weights     {'identical' if same else 'DIFFERENT':>10}   to those "
+                f"saved at step {report.resume_step}, on {report.ranks_after_move} of "
+                f"{report.ranks} ranks (resharded); final step {report.final_step}")
+    ranks = f" ({report.ranks} ranks)" if report.ranks > 1 else ""
+    return (f"  final weights       {'identical' if report.bit_identical else 'DIFFERENT':>10}"
+            f"   step {report.final_step}{ranks}, sha256 {str(report.final_weights)[:16]}...")
 
 
 def render_report(report: DrillReport) -> str:
@@ -108,8 +145,7 @@ def render_report(report: DrillReport) -> str:
         f"{report.last_step_home}, off-site at kill {report.offsite_step_at_kill}, resumed "
         f"at {report.resume_step}; target <= {report.settings['ckpt_every']}: "
         f"{verdict(report.steps_lost_met)}",
-        f"  final weights       {'identical' if report.bit_identical else 'DIFFERENT':>10}"
-        f"   step {report.final_step}, sha256 {str(report.final_weights)[:16]}...",
+        _weights_line(report),
         f"  bytes off-site      {report.replicated_bytes:>10}   by checkpoint-sync, "
         f"{report.replication_seconds:.2f} s of transfers",
         f"  transfer of resume  predicted {seconds(report.predicted_transfer_s)}, actual "

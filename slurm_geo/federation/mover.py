@@ -55,7 +55,7 @@ from slurm_geo.federation.model import (
 )
 from slurm_geo.federation.owners import owner_environment
 from slurm_geo.federation.registration import learn_environment
-from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
+from slurm_geo.federation.resubmit import Incoming, ScriptOptions, fitted, resubmission
 from slurm_geo.federation.tls import ca_pem
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.signing import new_secret
@@ -248,6 +248,13 @@ class Mover:
                            run=job.run, step=step, faults=len(faults))
         return False
 
+    def _nodes_up(self, cluster: str) -> int | None:
+        """Nodes of `cluster` that can take a job now; None when it does not say."""
+        try:
+            return sum(1 for node in self.wiring.clients[cluster].nodes() if node.available)
+        except SlurmError:
+            return None
+
     def _check_owner(self, job: LogicalJob) -> None:
         """Never submit a job without its owner: it would run as the daemon's account."""
         if job.owner is None:
@@ -277,7 +284,15 @@ class Mover:
                        "the cluster's defaults")
         # The daemon's own environment reaches the job only through what
         # job_environment scopes for the store (federation.owners).
-        spec = resubmission(job.script, ScriptOptions.from_json(job.spec), incoming,
+        asked = ScriptOptions.from_json(job.spec)
+        options = fitted(asked, self._nodes_up(job.cluster) if asked.max_nodes else None)
+        if asked.max_nodes is not None:
+            w.audit.append("decision", job.logical_job, f"generation {job.generation} gets "
+                           f"{options.nodes} nodes on {job.cluster}",
+                           f"the job asks for {asked.nodes}-{asked.max_nodes} nodes; "
+                           "that many are up there",
+                           cluster=job.cluster, nodes=options.nodes)
+        spec = resubmission(job.script, options, incoming,
                             cluster.partitions, owner=job.owner,
                             owner_env=owner_environment(job.owner_env,
                                                         same_account=cluster.access == "cli"),

@@ -41,6 +41,8 @@ class ScriptOptions:
     name: str | None = None
     time_limit_minutes: int | None = None
     nodes: int = 1
+    max_nodes: int | None = None  # --nodes=MIN-MAX: a job that reshards on resume
+    tasks_per_node: int | None = None
     cpus_per_task: int = 1
     partition: str | None = None
     output: str | None = None
@@ -65,6 +67,18 @@ class ScriptOptions:
                                        sorted(directives.items())))
 
 
+def fitted(options: ScriptOptions, nodes_up: int | None) -> ScriptOptions:
+    """A job asking for a node range (`--nodes=MIN-MAX`, one that reshards on resume) gets
+    a fixed count on the cluster it moves to: as many nodes as that cluster has up, within
+    the range; MAX when that is not known. slurmrestd needs the task count, which a range
+    leaves open, and a fixed count makes the incarnation's world size the daemon's
+    decision, in its audit log."""
+    if options.max_nodes is None:
+        return options
+    most = options.max_nodes if nodes_up is None else min(options.max_nodes, nodes_up)
+    return replace(options, nodes=max(options.nodes, most), max_nodes=None)
+
+
 _ALIASES = {"-J": "--job-name", "-t": "--time", "-N": "--nodes", "-c": "--cpus-per-task",
             "-p": "--partition", "-o": "--output", "-D": "--chdir"}
 
@@ -85,10 +99,14 @@ def script_options(script: str) -> ScriptOptions:
         for option, value in _pairs(words):
             if not option.startswith("--geo-"):
                 values[_ALIASES.get(option, option)] = value
+    least, _, most = values.get("--nodes", "1").partition("-")
     return ScriptOptions(
         name=values.get("--job-name"),
         time_limit_minutes=_minutes(values["--time"]) if "--time" in values else None,
-        nodes=int(values.get("--nodes", "1").split("-")[0]),
+        nodes=int(least),
+        max_nodes=int(most) if most else None,
+        tasks_per_node=(int(values["--ntasks-per-node"]) if "--ntasks-per-node" in values
+                        else None),
         cpus_per_task=int(values.get("--cpus-per-task", "1")),
         partition=values.get("--partition"),
         output=values.get("--output"),
@@ -208,6 +226,8 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
         partition=partition,
         time_limit_minutes=options.time_limit_minutes,
         nodes=options.nodes,
+        max_nodes=options.max_nodes,
+        tasks_per_node=options.tasks_per_node,
         cpus_per_task=options.cpus_per_task,
         requeue=True,
         signal=options.signal,

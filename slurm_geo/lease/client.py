@@ -224,11 +224,17 @@ class FederatedRun:
     # --- the store ------------------------------------------------------------------------
 
     def repository(self) -> Repository:
-        """The run's store, opened with the run's data key: the daemon releases it to the
-        incarnation holding the lease (acquire first), by MUNGE at home, elsewhere by the
-        incarnation's signature and its one-time token."""
+        """The run's store, opened with the run's data key (`run_key`)."""
         placement = self.placement
         store = open_store(placement.store_url, endpoint_url=placement.store_endpoint or None)
+        run, data_key = self.run_key()
+        return RunKeyRepository(store, run, data_key)
+
+    def run_key(self) -> tuple[str, bytes]:
+        """(run, its data key): the daemon releases it to the incarnation holding the
+        lease (acquire first), by MUNGE at home, elsewhere by the incarnation's signature
+        and its one-time token, so it is asked once per incarnation."""
+        placement = self.placement
         request = protocol.KeyRequest(placement.cluster, placement.job_id, placement.restart,
                                       placement.generation, placement.key_token)
         status, body = self._call(protocol.KEY_PATH, request.to_json())
@@ -238,7 +244,7 @@ class FederatedRun:
             key = protocol.KeyReply.from_json(body)
         except (KeyError, TypeError, ValueError) as exc:
             raise Fenced(f"the federation daemon did not release the run key: {exc}") from None
-        return RunKeyRepository(store, key.run, key.data_key)
+        return key.run, key.data_key
 
 
 def _submitted_placement(run: str, cluster: str, job_id: int, restart: int,

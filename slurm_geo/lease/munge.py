@@ -25,11 +25,13 @@ TIMEOUT_S = 5.0
 # credential is bad: socket, timeout, snafu, no memory.
 _UNAVAILABLE = {1, 5, 6, 7}
 REPLAYED = 17
+UNAUTHORIZED = 18  # decoded by a uid the credential is restricted away from
 _MESSAGES = {8: "not a valid credential", 11: "its MAC does not match",
              14: "not a valid credential", 15: "the credential has expired",
              16: "the credential is from the future (rewound clock)",
              17: "the credential was used already (replayed)",
-             18: "this host may not decode the credential"}
+             18: "this process may not decode the credential (restricted to another "
+                 "user)"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class BadCredential(Exception):
 
 
 class Munge(Protocol):
-    def encode(self, payload: str) -> str: ...
+    def encode(self, payload: str, restrict_uid: int | None = None) -> str: ...
 
     def decode(self, credential: str) -> Decoded: ...
 
@@ -65,8 +67,11 @@ class MungeCommands:
     def __init__(self, socket: Path | None = None, timeout_s: float = TIMEOUT_S):
         self.socket, self.timeout_s = socket, timeout_s
 
-    def encode(self, payload: str) -> str:
-        done = self._run(["munge", "-s", payload], "")
+    def encode(self, payload: str, restrict_uid: int | None = None) -> str:
+        """A credential of `payload` (encrypted by munged); with `restrict_uid`, only a
+        process of that uid may decode it."""
+        restrict = [] if restrict_uid is None else ["-u", str(restrict_uid)]
+        done = self._run(["munge", "-s", payload, *restrict], "")
         if done.returncode != 0:
             raise MungeUnavailable(f"munge failed: {_last_line(done.stderr)}")
         return done.stdout.strip()
@@ -137,7 +142,8 @@ class FakeMunge:
     """An in-memory munged for tests: `as_uid(uid)` encodes as that uid, every view
     decodes what any of them encoded, each credential once."""
 
-    def __init__(self, uid: int = 0, *, _issued: dict[str, tuple[int, str]] | None = None,
+    def __init__(self, uid: int = 0, *,
+                 _issued: dict[str, tuple[int, str, int | None]] | None = None,
                  _decoded: set[str] | None = None):
         self.uid = uid
         self._issued = {} if _issued is None else _issued
@@ -146,9 +152,9 @@ class FakeMunge:
     def as_uid(self, uid: int) -> FakeMunge:
         return FakeMunge(uid, _issued=self._issued, _decoded=self._decoded)
 
-    def encode(self, payload: str) -> str:
+    def encode(self, payload: str, restrict_uid: int | None = None) -> str:
         credential = f"MUNGE:fake-{secrets.token_hex(12)}:"
-        self._issued[credential] = (self.uid, payload)
+        self._issued[credential] = (self.uid, payload, restrict_uid)
         return credential
 
     def decode(self, credential: str) -> Decoded:
@@ -156,8 +162,10 @@ class FakeMunge:
             raise BadCredential(8, _MESSAGES[8])
         if credential in self._decoded:
             raise BadCredential(REPLAYED, _MESSAGES[REPLAYED])
+        uid, payload, restricted_to = self._issued[credential]
+        if restricted_to is not None and restricted_to != self.uid:
+            raise BadCredential(UNAUTHORIZED, _MESSAGES[UNAUTHORIZED])
         self._decoded.add(credential)
-        uid, payload = self._issued[credential]
         return Decoded(uid, uid, payload)
 
 

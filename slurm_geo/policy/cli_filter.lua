@@ -39,6 +39,9 @@ end
 
 function slurm_cli_pre_submit(options, offset)
   if not has_ckpt_dir(options) then return slurm.SUCCESS end
+  -- Inside an allocation this is srun launching the job's ranks (it inherits the job's
+  -- --geo-* options): its batch job got the defaults, and srun refuses a "B:" signal.
+  if os.getenv("SLURM_JOB_ID") ~= nil then return slurm.SUCCESS end
   local signal = options["signal"]
   if signal == nil or signal == "" or signal == "0@0" then
     options["signal"] = "B:USR1@" .. signal_lead_s()

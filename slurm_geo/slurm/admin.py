@@ -92,3 +92,13 @@ def _run(argv: list[str], timeout_s: float, slurm_conf: Path | None = None) -> s
 def reconfigure(slurm_conf: Path, timeout_s: float = 30) -> None:
     """`scontrol reconfigure`: slurmctld and every slurmd read slurm.conf again."""
     _run(["scontrol", "reconfigure"], timeout_s, slurm_conf)
+
+
+def drain_node(slurm_conf: Path, node: str, reason: str, timeout_s: float = 20) -> None:
+    """Take no new job on `node` (its running jobs go on): a site with fewer nodes free."""
+    _run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"],
+         timeout_s, slurm_conf)
+
+
+def resume_node(slurm_conf: Path, node: str, timeout_s: float = 20) -> None:
+    _run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], timeout_s, slurm_conf)

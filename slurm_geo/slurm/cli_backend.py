@@ -65,8 +65,11 @@ PARSABLE_DELIMITER = "\x1f"
 def sbatch_arguments(spec: JobSpec) -> list[str]:
     """sbatch flags for `spec`; the script itself goes to sbatch's stdin, its environment
     is sbatch's own (`sbatch_environment`)."""
+    nodes = f"{spec.nodes}-{spec.max_nodes}" if spec.max_nodes else str(spec.nodes)
     args = [f"--job-name={spec.name}", f"--chdir={spec.working_dir}",
-            f"--nodes={spec.nodes}", f"--cpus-per-task={spec.cpus_per_task}", "--export=ALL"]
+            f"--nodes={nodes}", f"--cpus-per-task={spec.cpus_per_task}", "--export=ALL"]
+    if spec.tasks_per_node is not None:
+        args.append(f"--ntasks-per-node={spec.tasks_per_node}")
     if spec.owner is not None:
         args += [f"--uid={spec.owner.uid}", f"--gid={spec.owner.gid}"]
     if spec.partition:

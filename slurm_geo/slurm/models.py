@@ -91,6 +91,8 @@ class JobSpec:
     partition: str | None = None
     time_limit_minutes: int | None = None
     nodes: int = 1
+    max_nodes: int | None = None  # sbatch --nodes=MIN-MAX: up to this many when free
+    tasks_per_node: int | None = None
     cpus_per_task: int = 1
     requeue: bool | None = None
     signal: str | None = None  # as sbatch --signal, e.g. "B:USR1@60"

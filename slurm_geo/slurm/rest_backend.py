@@ -127,13 +127,19 @@ def job_properties(spec: JobSpec, api_version: str) -> dict[str, Any]:
     """The `job` object of a submission for this API version."""
     modern = api_version >= "0.0.40"
     env = {"PATH": DEFAULT_JOB_PATH, **spec.environment}
+    most = spec.max_nodes or spec.nodes
+    modern_nodes = str(spec.nodes) if most == spec.nodes else f"{spec.nodes}-{most}"
     props: dict[str, Any] = {
         "name": spec.name,
         "current_working_directory": str(spec.working_dir),
         "environment": [f"{k}={v}" for k, v in env.items()] if modern else dict(env),
-        "nodes": str(spec.nodes) if modern else [spec.nodes, spec.nodes],
+        "nodes": modern_nodes if modern else [spec.nodes, most],
         "cpus_per_task": spec.cpus_per_task,
     }
+    if spec.tasks_per_node is not None:
+        # slurmrestd's default of one task would shrink the job to one node.
+        props["tasks_per_node"] = spec.tasks_per_node
+        props["tasks"] = spec.nodes * spec.tasks_per_node
     if spec.partition:
         props["partition"] = spec.partition
     if spec.time_limit_minutes is not None:

@@ -78,6 +78,18 @@ class NoValidCheckpoint(SlurmGeoError):
                          "restore one from another replica")
 
 
+class SavedThroughDcp(SlurmGeoError):
+    """The checkpoint is a multi-rank one: Checkpointer cannot restore it, nor skip it as
+    damaged (which would resume from an older one or from scratch)."""
+
+    exit_code = 2
+
+    def __init__(self, run: str, step: int, ranks: int):
+        super().__init__(f"checkpoint {run}@{step} was saved through PyTorch Distributed "
+                         f"Checkpoint by {ranks} ranks; load it with dcp.load and "
+                         "slurm_geo.torch.distributed.StorageReader (docs/training.md)")
+
+
 @dataclass(frozen=True)
 class ResumeState:
     step: int
@@ -252,6 +264,9 @@ class Checkpointer:
             else list(reversed(self._repository.steps(self._run)))
         for step in candidates:
             try:
+                layout = self._repository.manifest(self._run, step).sharded
+                if layout is not None:
+                    raise SavedThroughDcp(self._run, step, layout.ranks)
                 checkpoint = self._repository.read_checkpoint(self._run, step)
                 state = _training_state(unflatten_state(checkpoint.tensors,
                                                         checkpoint.extra_state))

@@ -59,7 +59,7 @@ from slurm_geo.ckpt.keys import load_master_key
 from slurm_geo.ckpt.layout import BYTES_DTYPE, Item, Layout, Shard, shard_path
 from slurm_geo.ckpt.locks import push_lock
 from slurm_geo.ckpt.manifest import DTYPE_SIZES, Manifest, TensorEntry, tensor_nbytes
-from slurm_geo.ckpt.open_store import open_store_or_named
+from slurm_geo.ckpt.open_store import open_store, open_store_or_named
 from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.ckpt.sharded import Fill, StoredReader, commit_sharded, write_shards
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, WriteOptions
@@ -87,8 +87,10 @@ class _Keys:
     key_file: Path | None
     run_key: bytes | None
 
-    def repository(self, store_spec: str, run: str, options: WriteOptions) -> Repository:
-        store = open_store_or_named(store_spec)
+    def repository(self, store_spec: str, endpoint_url: str | None, run: str,
+                   options: WriteOptions) -> Repository:
+        store = (open_store(store_spec, endpoint_url=endpoint_url) if endpoint_url
+                 else open_store_or_named(store_spec))
         if self.run_key is not None:
             return RunKeyRepository(store, run, self.run_key)
         assert self.key_file is not None
@@ -105,14 +107,17 @@ def _keys(key_file: str | os.PathLike[str] | None, run_key: bytes | None) -> _Ke
 class _Stored:
     """The store, opened on first use in whichever process uses it, never pickled."""
 
-    def __init__(self, store: str, run: str, keys: _Keys, options: WriteOptions):
-        self.store, self.run, self.keys, self.options = store, run, keys, options
+    def __init__(self, store: str, endpoint_url: str | None, run: str, keys: _Keys,
+                 options: WriteOptions):
+        self.store, self.endpoint_url, self.run = store, endpoint_url, run
+        self.keys, self.options = keys, options
         self._repository: Repository | None = None
 
     @property
     def repository(self) -> Repository:
         if self._repository is None:
-            self._repository = self.keys.repository(self.store, self.run, self.options)
+            self._repository = self.keys.repository(self.store, self.endpoint_url, self.run,
+                                                    self.options)
         return self._repository
 
     def __getstate__(self) -> dict[str, Any]:
@@ -126,15 +131,16 @@ class _SavePlanData:
 
 class StorageWriter(_DcpWriter):
     """Saves a DCP checkpoint of `run` at `step` into `store` (a URL or a configured
-    store name). `checkpoint_id`, when DCP is given one, is the step."""
+    store name; `endpoint_url` for an S3 URL's endpoint). `checkpoint_id`, when DCP is
+    given one, is the step."""
 
     def __init__(self, store: str, *, run: str, step: int | None = None,
                  key_file: str | os.PathLike[str] | None = None, run_key: bytes | None = None,
-                 epoch: int = 0, loss: float | None = None,
+                 endpoint_url: str | None = None, epoch: int = 0, loss: float | None = None,
                  before_commit: Callable[[], None] | None = None,
                  options: WriteOptions = DEFAULT_OPTIONS):
         super().__init__()
-        self._stored = _Stored(store, run, _keys(key_file, run_key), options)
+        self._stored = _Stored(store, endpoint_url, run, _keys(key_file, run_key), options)
         self.run, self.step, self.epoch, self.loss = run, step, epoch, loss
         self._before_commit = before_commit
         self._is_coordinator = False
@@ -238,9 +244,11 @@ class StorageReader(_DcpReader):
     a damaged one fails the load naming its object, never a silently wrong tensor."""
 
     def __init__(self, store: str, *, run: str, step: int | None = None,
-                 key_file: str | os.PathLike[str] | None = None, run_key: bytes | None = None):
+                 key_file: str | os.PathLike[str] | None = None, run_key: bytes | None = None,
+                 endpoint_url: str | None = None):
         super().__init__()
-        self._stored = _Stored(store, run, _keys(key_file, run_key), DEFAULT_OPTIONS)
+        self._stored = _Stored(store, endpoint_url, run, _keys(key_file, run_key),
+                               DEFAULT_OPTIONS)
         self.run, self.step = run, step
         self._manifest: Manifest | None = None
         self._paths: dict[MetadataIndex, str] = {}
@@ -262,14 +270,15 @@ class StorageReader(_DcpReader):
                               *args: Any, **kwargs: Any) -> None:
         data: _LoadData = metadata.storage_data
         self._paths = data.paths
-        if self._manifest is None or self._manifest.step != data.step:
-            self._open(data.step)  # every rank loads the step the coordinator chose
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans
+        # DCP reads the metadata on every rank: with step=None a save committed meanwhile
+        # could give ranks different steps, so each rank checks the coordinator's.
+        assert self._manifest is not None
+        return [replace(plan, storage_data=self._manifest.step) for plan in plans]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Every read item a contiguous run of its stored shard's bytes (a whole shard, or
@@ -277,30 +286,15 @@ class StorageReader(_DcpReader):
         decoded straight into the tensor DCP resolves for it, all of them in one pass over
         the packs; any other item reads its whole stored shard and copies its part."""
         assert self._manifest is not None
+        if plan.storage_data != self._manifest.step:
+            raise ValueError(f"run '{self.run}': rank 0 loads step {plan.storage_data}, "
+                             f"this rank step {self._manifest.step} (a checkpoint was "
+                             "committed during the load); load with step=N")
         stored = {t.path: t for t in self._manifest.tensors}
-        direct: list[tuple[ReadItem, torch.Tensor]] = []
-        fills: list[Fill] = []
-        apart: dict[str, list[tuple[ReadItem, torch.Tensor | None]]] = defaultdict(list)
-        for read_item in plan.items:
-            entry = stored[self._paths[read_item.storage_index]]
-            if read_item.type == LoadItemType.BYTE_IO:
-                apart[entry.path].append((read_item, None))
-                continue
-            target = planner.resolve_tensor(read_item).detach()
-            if tuple(target.shape) != tuple(read_item.lengths):
-                raise ValueError(f"{entry.path}: the planner resolved a tensor of shape "
-                                 f"{list(target.shape)} for {list(read_item.lengths)}")
-            span = _byte_span(entry.shape, read_item.storage_offsets, read_item.lengths,
-                              DTYPE_SIZES[entry.dtype])
-            memory = _memory_of(target, entry.dtype)
-            if span is None or memory is None:
-                apart[entry.path].append((read_item, target))
-                continue
-            fills.append(Fill(entry.path, span, memory))
-            direct.append((read_item, target))
+        direct, apart = _sort_reads(plan.items, self._paths, stored, planner)
         with StoredReader(self._stored.repository, self._manifest) as reader:
-            reader.fill(fills)
-            for read_item, target in direct:
+            reader.fill([fill for fill, _read_item, _target in direct])
+            for _fill, read_item, target in direct:
                 planner.commit_tensor(read_item, target)
             for path, items in apart.items():
                 _load_from_whole(reader, stored[path], items, planner)
@@ -365,6 +359,35 @@ def _dcp_metadata(layout: Layout, step: int) -> Metadata:
                     version=layout.dcp_version)
 
 
+_Apart = dict[str, list[tuple[ReadItem, torch.Tensor | None]]]  # stored path -> its items
+
+
+def _sort_reads(items: list[ReadItem], paths: dict[MetadataIndex, str],
+                stored: dict[str, TensorEntry], planner: LoadPlanner
+                ) -> tuple[list[tuple[Fill, ReadItem, torch.Tensor]], _Apart]:
+    """The read items decoded straight into their resolved tensors, each with its fill,
+    and the rest by stored tensor: bytes items (no tensor) and tensors to copy into."""
+    direct: list[tuple[Fill, ReadItem, torch.Tensor]] = []
+    apart: _Apart = defaultdict(list)
+    for read_item in items:
+        entry = stored[paths[read_item.storage_index]]
+        if read_item.type == LoadItemType.BYTE_IO:
+            apart[entry.path].append((read_item, None))
+            continue
+        target = planner.resolve_tensor(read_item).detach()
+        if tuple(target.shape) != tuple(read_item.lengths):
+            raise ValueError(f"{entry.path}: the planner resolved a tensor of shape "
+                             f"{list(target.shape)} for {list(read_item.lengths)}")
+        span = _byte_span(entry.shape, read_item.storage_offsets, read_item.lengths,
+                          DTYPE_SIZES[entry.dtype])
+        memory = _memory_of(target, entry.dtype)
+        if span is None or memory is None:
+            apart[entry.path].append((read_item, target))
+        else:
+            direct.append((Fill(entry.path, span, memory), read_item, target))
+    return direct, apart
+
+
 def _byte_span(shape: tuple[int, ...], offsets: Sequence[int], lengths: Sequence[int],
                element_size: int) -> int | None:
     """Where the box at `offsets` of `lengths` starts in the row-major bytes of a tensor
@@ -393,8 +416,8 @@ def _memory_of(tensor: torch.Tensor, dtype: str) -> memoryview | None:
 
 
 def _load_from_whole(reader: StoredReader, entry: TensorEntry,
-                     items: list[tuple[ReadItem, torch.Tensor | None]],
-                     planner: LoadPlanner) -> None:
+                     items: list[tuple[ReadItem, torch.Tensor | None]], planner: LoadPlanner
+                     ) -> None:
     """Read items served from their whole stored shard: bytes items, boxes that are no
     contiguous run of it (a load resharded along another dimension), and targets of
     another dtype or layout, which `copy_` converts."""
