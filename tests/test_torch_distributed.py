@@ -59,6 +59,12 @@ class Ranks:
     def launch(self, world: int, worker: Callable, *args) -> None:
         self.launch_with(world, worker, args)
 
+    def hand_over(self, path: Path) -> None:
+        """What the test wrote under `path`, made the ranks' owner's."""
+        if self.owner is not None:
+            for item in [path, *path.rglob("*")]:
+                os.chown(item, self.owner, self.owner)
+
 
 def launch_here(world: int, worker: Callable, args: tuple) -> None:
     try:
@@ -240,6 +246,7 @@ def test_a_stop_a_release_or_a_fence_reaches_every_rank_at_the_same_step(ranks, 
     lease) caused it; and every rank holds the run key rank 0 got."""
     store, key_file, repository = site
     repository.create_run_key(RUN)
+    ranks.hand_over(Path(store.removeprefix("file://")))
     out = ranks.subdirectory("verdicts")
     ranks.launch(4, ranked_steps, store, key_file, [s for s, _ in SCENARIOS], str(out))
     seen = reports(out)
