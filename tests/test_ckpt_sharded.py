@@ -33,7 +33,7 @@ from slurm_geo.ckpt.replicate import copy_checkpoint
 from slurm_geo.ckpt.reseal import reseal
 from slurm_geo.ckpt.runkey import unwrap_run_key
 from slurm_geo.ckpt.seal import Kind
-from slurm_geo.ckpt.sharded import commit_sharded, read_stored, write_shards
+from slurm_geo.ckpt.sharded import commit_sharded, write_shards
 from slurm_geo.policy.retention import RetentionPolicy
 from slurm_geo.sync.worker import Outcome
 
@@ -74,9 +74,8 @@ def save_on_two_ranks(repository: Repository, step: int, parent: int | None = No
 
 
 def stored(repository: Repository, step: int) -> dict[str, bytes]:
-    manifest = repository.manifest(RUN, step)
-    return {t.path: bytes(t.data) for t in read_stored(repository, manifest,
-                                                       {t.path for t in manifest.tensors})}
+    return {t.path: bytes(t.data)
+            for t in repository.read_tensors(repository.manifest(RUN, step))}
 
 
 def expected(step: int, zeros: bool = False) -> dict[str, bytes]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.lease.munge import (
+    UNAUTHORIZED,
     BadCredential,
     Decoded,
     FakeMunge,
@@ -132,3 +133,12 @@ def test_the_real_munge_and_unmunge_round_trip_once():
     assert replay.value.status == 17
     with pytest.raises(BadCredential):
         munge.decode(credential[:20] + "A" + credential[21:])
+
+
+def test_a_credential_restricted_to_a_uid_opens_for_that_uid_only():
+    munged = FakeMunge(2001)
+    for_alice = munged.encode("ab" * 32, restrict_uid=2001)
+    with pytest.raises(BadCredential) as refused:
+        munged.as_uid(2002).decode(for_alice)
+    assert refused.value.status == UNAUTHORIZED
+    assert munged.as_uid(2001).decode(for_alice).payload == "ab" * 32

@@ -10,8 +10,8 @@ that keeps gc off their packs until the commit (slurm_geo.torch.distributed does
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 from slurm_geo.ckpt.errors import CorruptObject, ImmutableCheckpoint
@@ -65,14 +65,6 @@ def commit_sharded(repository: Repository, run: str, entries: Sequence[TensorEnt
         raise ValueError(f"checkpoint '{name}' would not read back: {exc.detail}") from None
     repository.commit(manifest, before_commit)
     return manifest
-
-
-def read_stored(repository: Repository, manifest: Manifest,
-                paths: Collection[str]) -> Iterator[Tensor]:
-    """The manifest's stored tensors named in `paths`, in manifest order, every chunk
-    verified: what one rank of a load needs, and nothing else."""
-    wanted = tuple(t for t in manifest.tensors if t.path in paths)
-    return repository.read_tensors(replace(manifest, tensors=wanted))
 
 
 @dataclass(frozen=True)

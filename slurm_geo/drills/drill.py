@@ -162,7 +162,7 @@ def reference_weights(settings: DrillSettings) -> str:
     """The weights hash of the same training run, uninterrupted, in this process (on as
     many ranks, in processes of this host)."""
     if settings.ranks > 1:
-        return sharded.reference_weights(settings)
+        return final_line(sharded.reference_output(settings))[1] or ""
     import torch
 
     from slurm_geo.ckpt import LocalDirStore, Repository

@@ -54,6 +54,7 @@ from slurm_geo.federation.model import (
     token_digest,
 )
 from slurm_geo.federation.owners import owner_environment
+from slurm_geo.federation.probes import nodes_up
 from slurm_geo.federation.registration import learn_environment
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, fitted, resubmission
 from slurm_geo.federation.tls import ca_pem
@@ -251,7 +252,7 @@ class Mover:
     def _nodes_up(self, cluster: str) -> int | None:
         """Nodes of `cluster` that can take a job now; None when it does not say."""
         try:
-            return sum(1 for node in self.wiring.clients[cluster].nodes() if node.available)
+            return nodes_up(self.wiring.clients[cluster])
         except SlurmError:
             return None
 

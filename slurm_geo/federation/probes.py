@@ -40,6 +40,11 @@ def track_health(previous: Health | None, cluster: str, error: str | None, now: 
                   previous.last_ok, error)
 
 
+def nodes_up(client: SlurmClient) -> int:
+    """Nodes of the cluster that can take a job now or soon."""
+    return sum(1 for node in client.nodes() if node.available)
+
+
 class HealthProbes:
     """Pings every controller at once; a probe unanswered within the probe clients'
     timeout failed. Runs on its own thread beside the daemon loop."""
@@ -65,8 +70,7 @@ class HealthProbes:
     def _probe(self, client: SlurmClient) -> str | None:
         try:
             client.ping()
-            self.nodes_available[client.cluster] = sum(
-                1 for node in client.nodes() if node.available)
+            self.nodes_available[client.cluster] = nodes_up(client)
         except TokenRejected as exc:
             # The cluster answered: an expired or revoked token is the operator's to mend,
             # said once, never an outage (which would move every job away from it).

@@ -64,10 +64,9 @@ from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.ckpt.sharded import Fill, StoredReader, commit_sharded, write_shards
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, WriteOptions
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.torch.state import TORCH_DTYPE_NAMES, tensor_bytes
+from slurm_geo.torch.state import TORCH_DTYPE_NAMES, TORCH_DTYPES, tensor_bytes
 
 DCP_VERSION = "1.0.0"  # what DCP's own FileSystemWriter records (CURRENT_DCP_VERSION)
-_TORCH_DTYPES = {name: dtype for dtype, name in TORCH_DTYPE_NAMES.items()}
 
 
 class NotSharded(SlurmGeoError):
@@ -347,7 +346,7 @@ def _dcp_metadata(layout: Layout, step: int) -> Metadata:
             paths[MetadataIndex(item.fqn)] = item.tensor
             continue
         assert item.dtype is not None
-        properties = TensorProperties(dtype=_TORCH_DTYPES[item.dtype],
+        properties = TensorProperties(dtype=TORCH_DTYPES[item.dtype],
                                       requires_grad=item.requires_grad)
         chunks = [ChunkStorageMetadata(torch.Size(s.offsets), torch.Size(s.sizes))
                   for s in item.shards]
@@ -429,7 +428,7 @@ def _load_from_whole(reader: StoredReader, entry: TensorEntry,
         if target is None:
             planner.load_bytes(read_item, io.BytesIO(data))
             continue
-        source = whole.view(_TORCH_DTYPES[entry.dtype]).reshape(entry.shape)
+        source = whole.view(TORCH_DTYPES[entry.dtype]).reshape(entry.shape)
         target.copy_(narrow_tensor_by_index(source, read_item.storage_offsets,
                                             read_item.lengths))
         planner.commit_tensor(read_item, target)

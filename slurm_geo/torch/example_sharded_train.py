@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,7 +44,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from slurm_geo.ckpt import LocalDirStore, Repository, load_master_key
+from slurm_geo.ckpt import Repository, load_master_key
+from slurm_geo.ckpt.open_store import open_store_or_named
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.lease.client import Fenced
 from slurm_geo.torch.distributed import StorageReader, StorageWriter
@@ -126,9 +128,8 @@ class Storage:
     def resume(self, state: dict[str, Any]) -> int | None:
         if self.ranked is not None:
             return self.ranked.resume(state)
-        path = self.args.store.removeprefix("file://")
-        steps = Repository(LocalDirStore(path), load_master_key(self.args.key_file)
-                           ).steps(self.run)
+        steps = Repository(open_store_or_named(self.args.store),
+                           load_master_key(Path(self.args.key_file))).steps(self.run)
         if not steps:
             return None
         dcp.load(state, storage_reader=StorageReader(self.args.store, run=self.run,
@@ -211,7 +212,7 @@ def _trace(path: str, ranked: RankedRun | None, step: int) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="run id")
-    parser.add_argument("--store", help="store URL (file:///DIR) without --federated")
+    parser.add_argument("--store", help="store URL or configured name, without --federated")
     parser.add_argument("--key-file", help="site master key file, without --federated")
     parser.add_argument("--federated", action="store_true",
                         help="rank 0 holds the lease; store and key come with it")

@@ -40,7 +40,7 @@ TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {
     for name in DTYPE_SIZES
     if isinstance(dtype := getattr(torch, name, None), torch.dtype)
 }
-_TORCH_DTYPES = {name: dtype for dtype, name in TORCH_DTYPE_NAMES.items()}
+TORCH_DTYPES = {name: dtype for dtype, name in TORCH_DTYPE_NAMES.items()}
 
 try:
     import numpy
@@ -134,12 +134,12 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
 
 def tensor_from_bytes(dtype: str, shape: tuple[int, ...], data: Any) -> torch.Tensor:
     """A new, writable CPU tensor holding `data` (copied) as `dtype` and `shape`."""
-    if dtype not in _TORCH_DTYPES:
+    if dtype not in TORCH_DTYPES:
         raise StateFormatError(f"dtype {dtype!r} has no torch equivalent here")
     raw = bytearray(data)
     if not raw:
-        return torch.empty(shape, dtype=_TORCH_DTYPES[dtype])
-    return torch.frombuffer(raw, dtype=torch.uint8).view(_TORCH_DTYPES[dtype]).reshape(shape)
+        return torch.empty(shape, dtype=TORCH_DTYPES[dtype])
+    return torch.frombuffer(raw, dtype=torch.uint8).view(TORCH_DTYPES[dtype]).reshape(shape)
 
 
 def _snapshot(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
@@ -275,7 +275,7 @@ class _Decoder:
         simple: dict[str, Callable[[Any], Any]] = {
             "float": lambda v: float(v),
             "bytes": base64.b64decode,
-            "dtype": lambda v: _TORCH_DTYPES[v],
+            "dtype": lambda v: TORCH_DTYPES[v],
             "device": torch.device,
             "npscalar": lambda v: numpy.dtype(node["dtype"]).type(self.decode(v)),
         }
