@@ -14,7 +14,8 @@ WINDOW_S = 3.0  # RTO target: window + 15 s = 18 s
 
 
 def report(rto_s: float | None = 9.0, steps_lost: int | None = 20, identical: bool = True,
-           audit_ok: bool = True, ran_as: dict[str, int] | None = None) -> DrillReport:
+           audit_ok: bool = True, ran_as: dict[str, int] | None = None,
+           predicted_s: float | None = 0.0, actual_s: float | None = 0.1) -> DrillReport:
     last_step_home = 100
     resume = None if steps_lost is None else last_step_home - steps_lost
     running = None if rto_s is None else KILLED_AT + rto_s
@@ -26,8 +27,8 @@ def report(rto_s: float | None = 9.0, steps_lost: int | None = 20, identical: bo
         last_step_home=last_step_home, offsite_step_at_kill=80, resume_step=resume,
         steps_lost=steps_lost, final_step=240, final_weights="a" * 64,
         reference_weights="a" * 64 if identical else "b" * 64, bit_identical=identical,
-        replicated_bytes=1, replication_seconds=0.1, predicted_transfer_s=0.1,
-        actual_transfer_s=0.1, legs=[], stale_incarnation="onprem:1 cancelled: fenced",
+        replicated_bytes=1, replication_seconds=0.1, predicted_transfer_s=predicted_s,
+        actual_transfer_s=actual_s, legs=[], stale_incarnation="onprem:1 cancelled: fenced",
         audit_ok=audit_ok, owner="alice", owner_uid=2001,
         ran_as={"onprem:1": 2001, "rented:1": 2001} if ran_as is None else ran_as)
 
@@ -45,6 +46,16 @@ def report(rto_s: float | None = 9.0, steps_lost: int | None = 20, identical: bo
     ({"audit_ok": False}, False, 0),
     ({"ran_as": {"onprem:1": 2001, "rented:1": 0}}, False, 1),  # the moved one as root
     ({"ran_as": {"onprem:1": 2001}}, False, 1),                  # the moved one never said
+    # The RTO target makes room for the transfer the bandwidth model predicted.
+    ({"rto_s": 40.0, "predicted_s": 22.0, "actual_s": 21.0}, True, 0),
+    ({"rto_s": 40.1, "predicted_s": 22.0, "actual_s": 21.0}, False, 1),
+    # The prediction is judged within 25 % of a transfer of 2 s or more.
+    ({"predicted_s": 25.0, "actual_s": 20.0}, True, 0),
+    ({"predicted_s": 15.0, "actual_s": 20.0}, True, 0),
+    ({"predicted_s": 25.1, "actual_s": 20.0}, False, 1),
+    ({"predicted_s": 14.9, "actual_s": 20.0}, False, 1),
+    ({"predicted_s": None, "actual_s": 20.0}, False, 1),          # the model knew no rate
+    ({"predicted_s": 0.5, "actual_s": 1.9}, True, 0),             # too short to judge
 ])
 def test_drill_passes_only_when_every_target_holds(figures, passed, missed):
     drill = report(**figures)

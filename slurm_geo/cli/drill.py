@@ -12,12 +12,17 @@ import click
 @click.option("--sandbox-dir", type=click.Path(path_type=Path), default=None,
               help="Sandbox directory (default: $SLURM_GEO_SANDBOX_DIR or "
                    "/var/lib/slurm-geo/sandbox).")
-@click.option("--steps", type=click.IntRange(10), default=400, show_default=True,
-              help="Training steps of the drill job.")
-@click.option("--ckpt-every", type=click.IntRange(1), default=40, show_default=True,
-              help="Checkpoint interval in steps.")
-@click.option("--step-delay", type=click.FloatRange(0), default=0.05, show_default=True,
-              help="Seconds per step (stands in for GPU time).")
+@click.option("--state-mb", type=click.FloatRange(0.01), default=512, show_default=True,
+              help="Size of the job's checkpoints (weights and AdamW moments) in MiB. The "
+                   "job is paced so that checkpoint-sync keeps up over the sandbox's link: "
+                   "large states train fewer, longer steps.")
+@click.option("--steps", type=click.IntRange(10), default=None,
+              help="Training steps of the drill job [default: 400, 60 above 16 MiB].")
+@click.option("--ckpt-every", type=click.IntRange(1), default=None,
+              help="Checkpoint interval in steps [default: 40, 10 above 16 MiB].")
+@click.option("--step-delay", type=click.FloatRange(0), default=None,
+              help="Seconds per step, standing in for GPU time [default: 0.05 s, or what "
+                   "keeps checkpoints 1.5 times slower than the link carries them].")
 @click.option("--ranks", type=click.IntRange(1), default=1, show_default=True,
               help="Ranks of the drill job: more than 1 runs a sharded job (FSDP2, DCP) "
                    "under srun, 2 ranks per node.")
@@ -28,24 +33,26 @@ import click
               help="Where the report, job output and timeline.png go (default: "
                    "<sandbox>/drills).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def drill(sandbox_dir: Path | None, steps: int, ckpt_every: int, step_delay: float,
-          ranks: int, reshard: bool, out: Path | None, as_json: bool) -> None:
+def drill(sandbox_dir: Path | None, state_mb: float, steps: int | None,
+          ckpt_every: int | None, step_delay: float | None, ranks: int, reshard: bool,
+          out: Path | None, as_json: bool) -> None:
     """Lose the home cluster on purpose: submit a real training job to onprem, kill onprem's
     controller and nodes once two checkpoints are verified off-site, and let the
     federation daemon move the job to rented. Prints the DR report (detection, RTO, steps
     lost, bytes, predicted vs actual transfer, cost per leg) and checks that the final
     weights are bit-identical to an uninterrupted run (resharded: that the job loaded
     exactly the weights saved). Exits 0 when every target holds."""
-    from slurm_geo.drills.drill import DrillSettings, run_drill
+    from slurm_geo.drills.drill import run_drill
     from slurm_geo.drills.report import render_report
+    from slurm_geo.drills.settings import sized
     from slurm_geo.sandbox import Sandbox, root_from_env
 
     sandbox = Sandbox(root_from_env(sandbox_dir))
     if reshard and ranks < 4:
         raise click.UsageError("--reshard needs --ranks 4 or more (2 ranks per node, and "
                                "one node fewer after the move)")
-    settings = DrillSettings(steps=steps, ckpt_every=ckpt_every, step_delay_s=step_delay,
-                             ranks=ranks, reshard=reshard)
+    settings = sized(state_mb, sandbox.layout.wan_mbit, ranks=ranks, reshard=reshard,
+                     steps=steps, ckpt_every=ckpt_every, step_delay_s=step_delay)
     progress = (lambda _msg: None) if as_json else \
         (lambda msg: click.echo(f"drill: {msg}", err=True))
     report = run_drill(sandbox, settings, out or sandbox.layout.root / "drills", progress)

@@ -143,8 +143,8 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         steps_lost=None if resume_step is None else max(home_steps, default=0) - resume_step,
         final_step=final_step, final_weights=final_weights, reference_weights=reference,
         bit_identical=final_weights == reference,
-        **(replication := _replication(site, run, resume_step)),
-        predicted_transfer_s=_predicted(site, replication["replicated_bytes"]),
+        **_replication(site, run, resume_step),
+        link_mbit=settings.link_mbit,
         legs=_legs(site, clients, [(home, job_id), (target, new_job)]),
         stale_incarnation=stale.what if stale else "not seen within 60 s",
         audit_ok=AuditLog(site.federation.audit_path, readonly=True).verify().ok,
@@ -361,32 +361,44 @@ def final_line(output: str) -> tuple[int | None, str | None]:
 
 
 def _replication(site: SiteConfig, run: str, resume_step: int | None) -> dict[str, Any]:
-    """Bytes checkpoint-sync moved off-site for the run, and how long the checkpoint the
-    job resumed from took to copy."""
+    """Bytes checkpoint-sync moved off-site for the run; each checkpoint's copy, actual
+    and predicted by the daemon's bandwidth model (as it stands after the drill), and its
+    lag (committed at home to verified off-site); and the same for the resume's."""
     if site.sync is None:
-        return {"replicated_bytes": 0, "replication_seconds": 0.0, "actual_transfer_s": None}
+        return {"replicated_bytes": 0, "replication_seconds": 0.0, "replications": [],
+                "predicted_transfer_s": None, "actual_transfer_s": None}
     state = SyncStateReader(site.sync.state)  # it verified checkpoints: it must be there
-    total, actual = state.copied(run), None
-    if resume_step is not None:
-        resumed = state.copied(run, resume_step)
-        if resumed.started_at is not None and resumed.finished_at is not None:
-            actual = resumed.finished_at - resumed.started_at
+    model = _bandwidth_model(site)
+    source, destination = site.sync.roots[0], site.sync.destination
+    lags = {r.step: r.lag_s for r in state.replicas(run)}
+    replications = []
+    for step, lag in sorted(lags.items()):
+        copy = state.copied(run, step)
+        actual = None if copy.started_at is None or copy.finished_at is None \
+            else round(copy.finished_at - copy.started_at, 3)
+        predicted = model.predict_seconds(source, destination, copy.bytes)
+        replications.append({
+            "step": step, "bytes": copy.bytes, "actual_s": actual,
+            "predicted_s": None if predicted is None else round(predicted, 3),
+            "lag_s": None if lag is None else round(lag, 3)})
+    resumed = next((r for r in replications if r["step"] == resume_step), None)
+    total = state.copied(run)
     return {"replicated_bytes": total.bytes, "replication_seconds": total.seconds,
-            "actual_transfer_s": actual}
+            "replications": replications,
+            "predicted_transfer_s": None if resumed is None else resumed["predicted_s"],
+            "actual_transfer_s": None if resumed is None else resumed["actual_s"]}
 
 
-def _predicted(site: SiteConfig, nbytes: int) -> float | None:
-    """What the daemon's bandwidth model predicts for moving the run's bytes off-site."""
+def _bandwidth_model(site: SiteConfig):
     from slurm_geo.federation.bandwidth import BandwidthModel
     from slurm_geo.federation.state import FederationState
 
-    assert site.federation is not None and site.sync is not None
+    assert site.federation is not None
     state = FederationState(site.federation.state, readonly=True)
     try:
-        model = BandwidthModel.restore(state.bandwidth_snapshot())
+        return BandwidthModel.restore(state.bandwidth_snapshot())
     finally:
         state.close()
-    return model.predict_seconds(site.sync.roots[0], site.sync.destination, nbytes)
 
 
 def _legs(site: SiteConfig, clients: dict[str, SlurmClient],
