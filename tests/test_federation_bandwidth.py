@@ -7,13 +7,21 @@ import pytest
 from slurm_geo.federation.bandwidth import BandwidthModel, Throughput
 
 GB = 10**9
+MIB = 2**20
 
 # (id, observations (nbytes, seconds), expected bits/s, expected overhead_s)
 CASES = [
     ("first-sample-as-is", [(GB, 8.0)], 1e9, 0.0),
-    ("ewma-alpha-0.3", [(GB, 8.0), (GB, 4.0)], 0.3 * 2e9 + 0.7 * 1e9, 0.0),
+    # Weighted by bytes: evidence 1 GB, then 0.7 + 1 = 1.7 GB, then 0.7 * 1.7 + 1 GB.
+    ("second-weighs-1-of-1.7", [(GB, 8.0), (GB, 4.0)], 1e9 + 1e9 / 1.7, 0.0),
     ("three-samples", [(GB, 8.0), (GB, 4.0), (GB, 16.0)],
-     0.3 * 0.5e9 + 0.7 * (0.3 * 2e9 + 0.7 * 1e9), 0.0),
+     (two := 1e9 + 1e9 / 1.7) + (0.5e9 - two) / (0.7 * 1.7 + 1), 0.0),
+    # A 4 MiB probe's rate gives way to a checkpoint's hundred times its size.
+    ("probe-then-checkpoint", [(4 * MIB, 0.01), (400 * MIB, 8 * 400 * MIB / 1.6e9)],
+     (probe := 8 * 4 * MIB / 0.01) + (1.6e9 - probe) * 400 / (0.7 * 4 + 400), 0.0),
+    # and a checkpoint's rate is barely moved by a probe after it.
+    ("checkpoint-then-probe", [(400 * MIB, 8 * 400 * MIB / 1.6e9), (4 * MIB, 0.01)],
+     1.6e9 + (8 * 4 * MIB / 0.01 - 1.6e9) * 4 / (0.7 * 400 + 4), 0.0),
     ("tiny-first-is-all-overhead", [(1000, 0.2), (GB, 8.0)], 8e9 / 7.8, 0.2),
     ("tiny-after-rate-subtracts-moving-time", [(GB, 8.0), (1000, 0.1)], 1e9,
      0.1 - 8000 / 1e9),
@@ -49,6 +57,29 @@ def test_predict_seconds():
     assert model.predict_seconds("pfs", "pfs", 50 * GB) == 0.0     # same store
     assert model.predict_seconds("pfs", "offsite", 0) == 0.0       # nothing to move
     assert model.predict_seconds("offsite", "pfs", GB) is None     # directions differ
+
+
+def test_samples_of_one_size_settle_at_weight_alpha():
+    """After many samples of one size the newest weighs alpha, as a plain average's."""
+    model = BandwidthModel(alpha=0.3)
+    for _ in range(60):
+        model.observe("a", "b", GB, 8.0)                    # 1 Gbit/s
+    model.observe("a", "b", GB, 4.0)                        # 2 Gbit/s
+    estimate = model.estimate("a", "b")
+    assert estimate is not None and estimate.bits_per_s == pytest.approx(1.3e9)
+
+
+def test_a_snapshot_without_evidence_weighs_as_one_small_sample():
+    """Rows persisted before the bytes weighting: their rate gives way at once to a
+    transfer of real size."""
+    model = BandwidthModel()
+    model.observe("a", "b", GB, 8.0)
+    row = model.snapshot()[0]
+    del row["evidence_bytes"]
+    again = BandwidthModel.restore([row])
+    again.observe("a", "b", GB, 4.0)
+    estimate = again.estimate("a", "b")
+    assert estimate is not None and estimate.bits_per_s == pytest.approx(2e9, rel=1e-3)
 
 
 def test_samples_and_alpha():
@@ -99,6 +130,7 @@ def test_snapshot_and_restore_round_trip():
 @pytest.mark.parametrize("change, message", [
     ({"bits_per_s": 0.0}, "bits_per_s must be > 0"),
     ({"overhead_s": -1.0}, "overhead_s must be >= 0"),
+    ({"evidence_bytes": -1.0}, "evidence_bytes must be >= 0"),
     ({"samples": None}, None),
 ])
 def test_restore_rejects_bad_rows(change, message):
