@@ -294,19 +294,20 @@ def plan_up(topo: Topology, observed: Observed, mbit: int) -> list[list[str]]:
     what is missing; a link with one end missing is deleted and made again."""
     check_wan_mbit(mbit)
     plan = [["ip", "netns", "add", ns] for ns in topo.namespaces if ns not in observed.namespaces]
+    fresh: set[str] = set()  # interfaces made now: no qdisc, no filter on them yet
     for link in topo.links:
         present = [end for end in link.ends if observed.has(end)]
         if len(present) == 2:
             continue
         plan += [ip_cmd(end.namespace, "link", "del", end.ifname) for end in present]
         plan.append(create_link(link))
+        fresh |= {end.ifname for end in link.ends}
     for site in Site:
         plan += site_setup(topo, site)
     for link in topo.links:
         for end in link.ends:
             plan += address_and_up(end)
     plan += routes(topo)
-    fresh = {end.ifname for link in topo.links for end in link.ends if not observed.has(end)}
     for end in topo.wan.ends:
         kept = end.ifname not in fresh
         plan += shaping_commands(end, mbit, kept and end.ifname in observed.htb_roots)
