@@ -129,10 +129,13 @@ def test_up_from_nothing_creates_everything_in_order():
     assert plan[:4] == [
         "ip netns add sg1a2b-home",
         "ip netns add sg1a2b-remote",
-        "ip link add sg1a2b-lan-l type veth peer name sg1a2b-lan-h netns sg1a2b-home",
-        "ip link add sg1a2b-wan-h netns sg1a2b-home type veth peer name sg1a2b-wan-r "
-        "netns sg1a2b-remote",
+        "ip link add sg1a2b-lan-l address 02:00:0a:4d:07:05 type veth peer name sg1a2b-lan-h "
+        "netns sg1a2b-home address 02:00:0a:4d:07:06",
+        "ip link add sg1a2b-wan-h netns sg1a2b-home address 02:00:0a:4d:07:09 type veth "
+        "peer name sg1a2b-wan-r netns sg1a2b-remote address 02:00:0a:4d:07:0a",
     ]
+    assert ("ip -n sg1a2b-remote neigh replace 10.77.7.9 lladdr 02:00:0a:4d:07:09 "
+            "dev sg1a2b-wan-r nud permanent") in plan
     htb = "tc -n sg1a2b-home qdisc replace dev sg1a2b-wan-h root handle 1: htb default 10"
     rate = ("tc -n sg1a2b-remote class replace dev sg1a2b-wan-r parent 1: classid 1:10 htb "
             "rate 200mbit ceil 200mbit burst 50000 cburst 50000 quantum 60000")

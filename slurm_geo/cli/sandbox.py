@@ -151,8 +151,13 @@ def exec_(root: Path | None, site: str, command: tuple[str, ...]) -> None:
     from slurm_geo.sandbox.layout import SandboxLayout
     from slurm_geo.sandbox.sites import Site
 
+    argv = list(command)
+    if argv[:1] == ["--"]:  # click keeps the `--` once SITE has ended its options
+        argv = argv[1:]
+    if not argv:
+        raise click.UsageError("name the command to run: sandbox exec SITE -- COMMAND...")
     topo = netns.sandbox_topology(SandboxLayout(root_from_env(root)))
-    netns.exec_replacing_this_process(topo, Site(site), list(command))
+    netns.exec_replacing_this_process(topo, Site(site), argv)
 
 
 def _record_json(record) -> dict:

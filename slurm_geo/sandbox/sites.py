@@ -37,6 +37,8 @@ place (established connections keep their packets). A cut adds one u32 filter se
 packet of both ends to 1:99: a silent partition (timeouts, as a real one), while the rate
 stays configured, so a heal (deleting the filter) restores it exactly. This kernel has
 neither netem nor matchall/gact nor iptables, hence a drop class instead of a drop action.
+No ARP crosses the WAN (each end has its peer as a permanent neighbour, fixed MACs), as
+none crosses a routed WAN: a cut drops IP only, and a heal is complete at once.
 """
 
 from __future__ import annotations
@@ -82,6 +84,11 @@ class End:
     namespace: str | None
     ifname: str
     address: ipaddress.IPv4Interface
+
+    @property
+    def mac(self) -> str:
+        """Locally administered, from the address: fixed, so a peer can know it."""
+        return ":".join(f"{octet:02x}" for octet in (2, 0, *self.address.ip.packed))
 
 
 @dataclass(frozen=True)
@@ -184,8 +191,9 @@ def _sysctl(namespace: str, setting: str) -> list[str]:
 
 def create_link(link: Link) -> list[str]:
     """Both ends made straight in their namespaces: neither ever exists in the wrong one."""
-    return ["ip", "link", "add", link.a.ifname, *_netns_arg(link.a), "type", "veth",
-            "peer", "name", link.b.ifname, *_netns_arg(link.b)]
+    return ["ip", "link", "add", link.a.ifname, *_netns_arg(link.a), "address", link.a.mac,
+            "type", "veth", "peer", "name", link.b.ifname, *_netns_arg(link.b),
+            "address", link.b.mac]
 
 
 def _netns_arg(end: End) -> list[str]:
@@ -193,8 +201,19 @@ def _netns_arg(end: End) -> list[str]:
 
 
 def address_and_up(end: End) -> list[list[str]]:
-    return [ip_cmd(end.namespace, "addr", "replace", str(end.address), "dev", end.ifname),
+    return [ip_cmd(end.namespace, "link", "set", end.ifname, "address", end.mac),
+            ip_cmd(end.namespace, "addr", "replace", str(end.address), "dev", end.ifname),
             ip_cmd(end.namespace, "link", "set", end.ifname, "up")]
+
+
+def wan_neighbours(topo: Topology) -> list[list[str]]:
+    """Each WAN end knows its peer's MAC for good, so no ARP crosses the WAN, as none
+    crosses a routed one: a cut drops only IP, and a heal is whole at once (with ARP,
+    the neighbour entries failed during a cut and the first connection after took 1 s)."""
+    wan = topo.wan
+    return [ip_cmd(near.namespace, "neigh", "replace", str(far.address.ip), "lladdr", far.mac,
+                   "dev", near.ifname, "nud", "permanent")
+            for near, far in ((wan.a, wan.b), (wan.b, wan.a))]
 
 
 def routes(topo: Topology) -> list[list[str]]:
@@ -307,7 +326,7 @@ def plan_up(topo: Topology, observed: Observed, mbit: int) -> list[list[str]]:
     for link in topo.links:
         for end in link.ends:
             plan += address_and_up(end)
-    plan += routes(topo)
+    plan += wan_neighbours(topo) + routes(topo)
     for end in topo.wan.ends:
         kept = end.ifname not in fresh
         plan += shaping_commands(end, mbit, kept and end.ifname in observed.htb_roots)
