@@ -94,6 +94,72 @@ def demo(root: Path | None, as_json: bool) -> None:
     sys.exit(0 if all_completed(records) else 1)
 
 
+@sandbox.command()
+@dir_option
+@click.option("--mbit", type=click.IntRange(1, 10_000), default=None,
+              help="Set the WAN's rate, both directions, keeping connections (remembered).")
+@click.option("--cut", is_flag=True, help="Partition home and remote: the WAN drops all.")
+@click.option("--heal", is_flag=True, help="End a --cut; the rate is as it was.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def wan(root: Path | None, mbit: int | None, cut: bool, heal: bool, as_json: bool) -> None:
+    """Show or change the shaped link between the sandbox's sites, home and remote."""
+    from slurm_geo.sandbox import netns
+    from slurm_geo.sandbox.layout import SandboxLayout
+
+    if cut and heal:
+        raise click.UsageError("--cut and --heal exclude each other")
+    layout = SandboxLayout(root_from_env(root))
+    topo = netns.sandbox_topology(layout)
+    if mbit is not None:
+        netns.set_wan_rate(topo, mbit)
+        netns.remember_wan_mbit(layout, mbit)
+    if cut:
+        netns.cut_wan(topo)
+    if heal:
+        netns.heal_wan(topo)
+    state = netns.wan_state(topo)
+    if as_json:
+        click.echo(json.dumps(_wan_json(topo, state, netns.remembered_wan_mbit(layout)),
+                              indent=2))
+    else:
+        click.echo(state.describe())
+
+
+def _wan_json(topo, state, configured_mbit: int) -> dict:
+    from slurm_geo.sandbox.sites import Site
+
+    return {
+        "mbit": state.mbit,
+        "cut": state.cut,
+        "configured_mbit": configured_mbit,
+        "ends": [asdict(end) for end in state.ends],
+        "sites": {site.value: {"namespace": topo.namespace(site),
+                               "address": str(topo.site_address(site))} for site in Site},
+        "login_address": str(topo.login_address),
+        "block": str(topo.block),
+    }
+
+
+@sandbox.command(name="exec", context_settings={"ignore_unknown_options": True,
+                                                "allow_interspersed_args": False})
+@dir_option
+@click.argument("site", type=click.Choice(["home", "remote"]))
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(root: Path | None, site: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND inside SITE's network namespace: sandbox exec remote -- curl ..."""
+    from slurm_geo.sandbox import netns
+    from slurm_geo.sandbox.layout import SandboxLayout
+    from slurm_geo.sandbox.sites import Site
+
+    argv = list(command)
+    if argv[:1] == ["--"]:  # click keeps the `--` once SITE has ended its options
+        argv = argv[1:]
+    if not argv:
+        raise click.UsageError("name the command to run: sandbox exec SITE -- COMMAND...")
+    topo = netns.sandbox_topology(SandboxLayout(root_from_env(root)))
+    netns.exec_replacing_this_process(topo, Site(site), argv)
+
+
 def _record_json(record) -> dict:
     row = asdict(record)
     row["state"] = record.state.value

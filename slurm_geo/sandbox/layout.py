@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,6 +191,27 @@ class SandboxLayout:
     @property
     def state_file(self) -> Path:
         return self.root / "sandbox.json"
+
+    @property
+    def sites_file(self) -> Path:
+        """The WAN rate the sites were last given (`up --wan-mbit`, `wan --mbit`); apart
+        from sandbox.json, which `up` rewrites whole."""
+        return self.root / "sites.json"
+
+    @property
+    def _root_digest(self) -> str:
+        return hashlib.sha256(os.path.abspath(self.root).encode()).hexdigest()
+
+    @property
+    def network_prefix(self) -> str:
+        """Names of this sandbox's namespaces and links (sandbox.sites): `sg` and 4 hex
+        digits of its directory, so two sandboxes of one machine never share one."""
+        return f"sg{self._root_digest[:4]}-"
+
+    @property
+    def network_block_index(self) -> int:
+        """B of the sandbox's addresses, 10.77.B.0/24 (1-254, from its directory)."""
+        return 1 + int(self._root_digest[4:12], 16) % 254
 
 
 def root_from_env(explicit: Path | None = None) -> Path:

@@ -1,0 +1,285 @@
+"""sandbox.netns for real: namespaces, links, shaping, cut and heal in this kernel, as root.
+
+Each test makes its own topology (prefix `sgt<pid>-`, block 10.77.0.0/24 or 10.77.255.0/24,
+which no sandbox uses) and removes it, with every process it started in it. Rates are only
+bounded from above: a loaded machine can make a transfer slower, never faster than the
+shaping lets it (the +-15 % figure is bench/wan_link.py's).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from slurm_geo.errors import SandboxError
+from slurm_geo.sandbox import netns, sites, throughput
+from slurm_geo.sandbox.layout import SandboxLayout
+from slurm_geo.sandbox.sites import Site
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                reason="network namespaces need root and iproute2")
+
+PEER = str(Path(__file__).with_name("site_peer.py"))
+PORT = 5701
+ALLOWANCE = 1.15
+
+
+def free_block(prefix: str) -> int:
+    routes = subprocess.run(["ip", "-j", "route", "show"], capture_output=True, text=True,
+                            check=True).stdout
+    for block in (0, 255):
+        if not sites.conflicting_routes(sites.topology(prefix, block), routes):
+            return block
+    pytest.skip("10.77.0.0/24 and 10.77.255.0/24 are both in use (other test runs?)")
+
+
+def kill_everything_in(topo) -> None:
+    """The processes in our namespaces: only this test starts any there."""
+    for namespace in topo.namespaces:
+        listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
+                                text=True, check=False).stdout.split()
+        for pid in listed:
+            os.kill(int(pid), signal.SIGKILL)
+
+
+@pytest.fixture
+def topo():
+    prefix = f"sgt{os.getpid()}-"
+    made = sites.topology(prefix, free_block(prefix))
+    yield made
+    kill_everything_in(made)
+    netns.remove(made)
+    assert not leftovers(made)
+
+
+@pytest.fixture
+def up(topo):
+    netns.create(topo, 200)
+    return topo
+
+
+def leftovers(topo) -> list[str]:
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                           check=True).stdout
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True,
+                           check=True).stdout
+    routes = subprocess.run(["ip", "route", "show", str(topo.block)], capture_output=True,
+                            text=True, check=True).stdout
+    return [line for line in (names + links + routes).splitlines() if topo.prefix in line
+            or str(topo.block) in line]
+
+
+@pytest.fixture
+def listen(up):
+    """Start an echo server in a site; each is stopped (by its pid) at the test's end."""
+    servers: list[subprocess.Popen] = []
+
+    def start(site: Site, address: str = "0.0.0.0") -> None:
+        server = subprocess.Popen(sites.exec_argv(up, site, [sys.executable, PEER, "listen",
+                                                             address, str(PORT)]),
+                                  stdout=subprocess.PIPE, text=True)
+        servers.append(server)
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+
+    yield start
+    for server in servers:
+        server.kill()
+        server.wait()
+
+
+def reaches(topo, site: Site | None, address) -> bool:
+    """From `site`'s namespace (None: the login host's), does an echo to address work?"""
+    argv = [sys.executable, PEER, "probe", str(address), str(PORT)]
+    if site is not None:
+        argv = sites.exec_argv(topo, site, argv)
+    return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode == 0
+
+
+def test_home_is_reached_from_remote_over_the_wan_and_by_the_login_host(up, listen):
+    listen(Site.HOME)
+    home, remote = up.site_address(Site.HOME), up.site_address(Site.REMOTE)
+    assert reaches(up, Site.REMOTE, home)
+    assert reaches(up, None, home)                       # users' sbatch to home's controller
+    assert not reaches(up, Site.REMOTE, up.login_address)  # the login host relays nothing
+    route = netns.exec_in(up, Site.REMOTE, ["ip", "route", "get", str(home)], check=True)
+    assert f"dev {up.wan.b.ifname} src {remote}" in route.stdout
+    # remote has no interface but the WAN: no other way to home exists
+    links = netns.exec_in(up, Site.REMOTE, ["ip", "-br", "link"], check=True).stdout
+    assert sorted(line.split()[0].split("@")[0] for line in links.splitlines()) == [
+        "lo", up.wan.b.ifname]
+    listen(Site.REMOTE, str(remote))
+    assert reaches(up, None, remote)                     # the REST API, through home
+
+
+def test_a_cut_partitions_home_and_remote_and_a_heal_restores_the_rate(up, listen):
+    listen(Site.HOME)
+    listen(Site.REMOTE)
+    home, remote = up.site_address(Site.HOME), up.site_address(Site.REMOTE)
+    netns.set_wan_rate(up, 150)
+    netns.cut_wan(up)
+    netns.cut_wan(up)                                    # cutting twice changes nothing
+    state = netns.wan_state(up)
+    assert state.cut and all(end.cut for end in state.ends) and state.mbit == 150
+    for address in (home, up.lan.b.address.ip, up.login_address):
+        assert not reaches(up, Site.REMOTE, address)
+    assert not reaches(up, Site.HOME, remote)
+    assert not reaches(up, None, remote)                 # the login host is at home
+    assert reaches(up, None, home)                       # ... and home's LAN is not cut
+    netns.heal_wan(up)
+    netns.heal_wan(up)
+    state = netns.wan_state(up)
+    assert not state.cut and state.mbit == 150
+    assert reaches(up, Site.REMOTE, home) and reaches(up, None, remote)
+
+
+def test_an_established_connection_outlives_a_cut_and_its_heal(up, listen):
+    listen(Site.HOME)
+    client = subprocess.Popen(
+        sites.exec_argv(up, Site.REMOTE, [sys.executable, PEER, "hold",
+                                          str(up.site_address(Site.HOME)), str(PORT)]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert client.stdin and client.stdout and client.stdout.readline().strip() == "connected"
+    netns.cut_wan(up)
+    client.stdin.write("during the cut\n")
+    client.stdin.flush()
+    drops = eventually_dropped(up)
+    netns.heal_wan(up)
+    assert client.stdout.readline().strip() == "during the cut"   # retransmitted after heal
+    assert drops > 0
+    client.stdin.close()
+    assert client.wait(timeout=10) == 0
+
+
+def eventually_dropped(topo) -> int:
+    """Packets the drop class of remote's WAN end has dropped, once it has."""
+    from tests.helpers import eventually
+
+    def dropped() -> int:
+        end = topo.wan.b
+        shown = netns.exec_in(topo, Site.REMOTE, ["tc", "-s", "qdisc", "show", "dev",
+                                                  end.ifname, "parent", sites.DROP_CLASS],
+                              check=True).stdout
+        return int(shown.split("dropped ")[1].split(",")[0])
+
+    return eventually(dropped, lambda n: n > 0, timeout_s=10, interval_s=0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sender, receiver", [(Site.HOME, Site.REMOTE),
+                                              (Site.REMOTE, Site.HOME)])
+def test_bulk_tcp_between_the_sites_is_no_faster_than_the_wan(up, sender, receiver):
+    result = throughput.measure(up, sender, receiver, 50_000_000, PORT)
+    assert result.nbytes == 50_000_000
+    assert result.mbit <= 200 * ALLOWANCE
+
+
+@pytest.mark.slow
+def test_a_rate_change_keeps_a_running_transfer_and_takes_effect(up):
+    results: list[throughput.Measurement] = []
+    transfer = threading.Thread(target=lambda: results.append(
+        throughput.measure(up, Site.HOME, Site.REMOTE, 30_000_000, PORT)))
+    transfer.start()
+    threading.Event().wait(0.5)
+    netns.set_wan_rate(up, 50)
+    transfer.join(timeout=120)
+    assert results and results[0].nbytes == 30_000_000  # the connection was not dropped
+    assert netns.wan_state(up).mbit == 50
+    after = throughput.measure(up, Site.REMOTE, Site.HOME, 8_000_000, PORT + 1)
+    assert after.mbit <= 50 * ALLOWANCE
+
+
+def test_up_again_repairs_and_heals(up, listen):
+    netns.cut_wan(up)
+    netns.exec_in(up, Site.REMOTE, ["ip", "link", "del", up.wan.b.ifname], check=True)
+    with pytest.raises(SandboxError, match=f"incomplete .*{up.wan.a.ifname}.*sandbox up"):
+        netns.wan_state(up)      # the peer of a deleted veth dies with it
+    netns.create(up, 300)
+    netns.create(up, 300)
+    state = netns.wan_state(up)
+    assert (state.mbit, state.cut) == (300, False)
+    listen(Site.HOME)
+    assert reaches(up, Site.REMOTE, up.site_address(Site.HOME))
+
+
+def test_remove_refuses_while_a_process_runs_inside_then_leaves_nothing(up):
+    sleeper = subprocess.Popen(sites.exec_argv(up, Site.HOME, ["sleep", "60"]))
+    try:
+        with pytest.raises(SandboxError, match=f"processes {sleeper.pid} still run"):
+            netns.remove(up)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    netns.remove(up)
+    assert not leftovers(up)
+    netns.remove(up)             # removing nothing is fine
+
+
+def test_an_absent_topology_says_so_in_one_line(topo):
+    for operation in (netns.wan_state, netns.cut_wan, netns.heal_wan,
+                      lambda t: netns.set_wan_rate(t, 10)):
+        with pytest.raises(SandboxError) as caught:
+            operation(topo)
+        assert str(caught.value) == netns.NOT_UP
+
+
+def test_the_address_block_of_someone_else_is_refused(topo):
+    other = sites.topology(f"sgu{os.getpid()}-", topo.block.network_address.packed[2])
+    netns.create(other, 100)
+    try:
+        with pytest.raises(SandboxError, match=f"{topo.block} are already routed here"):
+            netns.create(topo, 100)
+    finally:
+        netns.remove(other)
+
+
+# --- the CLI on a sandbox directory's own sites ---------------------------------------------
+
+
+def slurm_geo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slurm_geo", "sandbox", *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_sandbox_wan_and_exec_act_on_the_sandboxs_sites(tmp_path):
+    layout = SandboxLayout(tmp_path / "sandbox")
+    assert slurm_geo("wan", "--dir", str(layout.root)).stderr.strip() == (
+        f"slurm-geo: error: {netns.NOT_UP}")
+    topo = netns.up_sites(layout, 120)
+    try:
+        import json
+
+        shown = slurm_geo("wan", "--dir", str(layout.root), "--json")
+        row = json.loads(shown.stdout)
+        assert (row["mbit"], row["cut"], row["configured_mbit"]) == (120, False, 120)
+        assert row["sites"]["home"]["namespace"] == topo.namespace(Site.HOME)
+        changed = slurm_geo("wan", "--dir", str(layout.root), "--mbit", "80", "--cut")
+        assert changed.stdout.strip() == (
+            "WAN home <-> remote: 80 Mbit/s, CUT (home and remote are partitioned)")
+        assert netns.remembered_wan_mbit(layout) == 80
+        assert "80 Mbit/s, up" in slurm_geo("wan", "--dir", str(layout.root), "--heal").stdout
+        both = slurm_geo("wan", "--dir", str(layout.root), "--cut", "--heal")
+        assert both.returncode == 2 and "exclude each other" in both.stderr
+        inside = slurm_geo("exec", "--dir", str(layout.root), "remote", "--", "ip", "-br",
+                           "addr", "show", "lo")
+        assert f"{topo.site_address(Site.REMOTE)}/32" in inside.stdout
+        status = slurm_geo("exec", "--dir", str(layout.root), "home", "--", "sh", "-c",
+                           "exit 7")
+        assert status.returncode == 7
+        netns.up_sites(layout)                               # the remembered rate
+        assert netns.wan_state(topo).mbit == 80
+    finally:
+        netns.down_sites(layout)
+    assert not leftovers(topo)
+
+
+def test_a_listener_on_127_0_0_1_inside_a_site_is_that_sites_alone(up, listen):
+    listen(Site.HOME, "127.0.0.1")
+    assert reaches(up, Site.HOME, "127.0.0.1")
+    assert not reaches(up, Site.REMOTE, "127.0.0.1")  # remote's own loopback
