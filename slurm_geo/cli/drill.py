@@ -46,12 +46,13 @@ def drill(sandbox_dir: Path | None, state_mb: float, steps: int | None,
     from slurm_geo.drills.report import render_report
     from slurm_geo.drills.settings import sized
     from slurm_geo.sandbox import Sandbox, root_from_env
+    from slurm_geo.sandbox.netns import remembered_wan_mbit
 
     sandbox = Sandbox(root_from_env(sandbox_dir))
     if reshard and ranks < 4:
         raise click.UsageError("--reshard needs --ranks 4 or more (2 ranks per node, and "
                                "one node fewer after the move)")
-    settings = sized(state_mb, sandbox.layout.wan_mbit, ranks=ranks, reshard=reshard,
+    settings = sized(state_mb, remembered_wan_mbit(sandbox.layout), ranks=ranks, reshard=reshard,
                      steps=steps, ckpt_every=ckpt_every, step_delay_s=step_delay)
     progress = (lambda _msg: None) if as_json else \
         (lambda msg: click.echo(f"drill: {msg}", err=True))

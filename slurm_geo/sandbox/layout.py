@@ -12,7 +12,6 @@ SITE_PYTHON_DIR = Path("/var/lib/slurm-geo/site-python")
 ROOT_ENV = "SLURM_GEO_SANDBOX_DIR"
 DEFAULT_PORT_BASE = 16800
 S3_BUCKET = "slurm-geo"
-DEFAULT_WAN_MBIT = 200.0  # the home <-> remote link's rate (10^6 bit/s)
 REST_USER = "root"
 # slurmrestd refuses to run as root or as SlurmUser; this account exists on every Debian.
 RESTD_OS_USER = "nobody"
@@ -75,7 +74,6 @@ class ClusterLayout:
 class SandboxLayout:
     root: Path
     port_base: int = DEFAULT_PORT_BASE
-    wan_mbit: float = DEFAULT_WAN_MBIT
 
     @property
     def onprem(self) -> ClusterLayout:
