@@ -20,6 +20,8 @@ import pytest
 from slurm_geo.ckpt import Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.retry import is_permanent
 from slurm_geo.ckpt.s3store import MIB, S3Store, S3Unavailable, make_s3_client
+from slurm_geo.errors import SandboxError
+from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX, SandboxLayout
 from slurm_geo.sandbox.processes import port_is_open, wait_until
 from slurm_geo.sandbox.seaweed import (
@@ -28,6 +30,7 @@ from slurm_geo.sandbox.seaweed import (
     bucket_policy,
     ensure_bucket,
     ensure_credentials,
+    prepare_sandbox_files,
     s3_config,
 )
 
@@ -96,6 +99,27 @@ def test_credentials_are_made_once_and_kept_private(tmp_path):
     first = ensure_credentials(path, "daemons")
     assert ensure_credentials(path, "daemons") == first
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_sandbox_makes_its_keys_once_and_hands_the_daemons_theirs(tmp_path):
+    sandbox = Sandbox(tmp_path / "box")
+    with pytest.raises(SandboxError, match="run `slurm-geo sandbox up`"):
+        sandbox.env_lines("onprem")
+    layout = sandbox.layout
+    prepare_sandbox_files(layout)
+    made = {path: path.read_text() for path in (layout.s3_daemon_credentials,
+                                               layout.offsite_job_credentials,
+                                               layout.s3_identities)}
+    prepare_sandbox_files(layout)
+    assert {path: path.read_text() for path in made} == made
+    assert all(path.stat().st_mode & 0o777 == 0o600 for path in made)
+    assert layout.s3_dir.stat().st_mode & 0o777 == 0o700 and layout.s3_data_dir.is_dir()
+    daemons = S3Credentials.parse(made[layout.s3_daemon_credentials], "daemons")
+    job = S3Credentials.parse(made[layout.offsite_job_credentials], "job")
+    assert made[layout.s3_identities] == s3_config(daemons, {S3_BUCKET: job})
+    assert f"export AWS_SECRET_ACCESS_KEY={daemons.secret_access_key}" in sandbox.env_lines(
+        "onprem")
+    assert job.secret_access_key != daemons.secret_access_key
 
 
 # --- a real server ----------------------------------------------------------------------------

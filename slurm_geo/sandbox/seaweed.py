@@ -29,6 +29,7 @@ from pathlib import Path
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.errors import SandboxError
 from slurm_geo.federation.credentials import parse_credentials
+from slurm_geo.sandbox.layout import S3_BUCKET, SandboxLayout
 
 WEED_PROGRAM = "weed"
 DAEMONS_IDENTITY = "daemons"
@@ -76,6 +77,11 @@ class SeaweedServer:
     # gRPC port is its HTTP port + 10000): s3 gRPC, master HTTP and gRPC, volume HTTP and
     # gRPC, filer HTTP and gRPC.
     internal_ports: tuple[int, int, int, int, int, int, int]
+
+    @classmethod
+    def of_sandbox(cls, layout: SandboxLayout) -> SeaweedServer:
+        return cls(layout.s3_data_dir, layout.s3_identities, layout.s3_port,
+                   layout.s3_internal_ports)
 
     @property
     def endpoint(self) -> str:
@@ -138,6 +144,18 @@ def bucket_policy(bucket: str, store_prefix: str) -> str:
         "Action": ["s3:DeleteObject"],
         "NotResource": [f"arn:aws:s3:::{bucket}/{prefix}{LOCKS_PREFIX}*"],
     }]}, sort_keys=True)
+
+
+def prepare_sandbox_files(layout: SandboxLayout) -> None:
+    """The sandbox server's keys (made at the first `up`, 0600), the identities holding
+    them (0600) and its data directory."""
+    layout.s3_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    layout.s3_data_dir.mkdir(exist_ok=True)
+    daemons = ensure_credentials(layout.s3_daemon_credentials, "daemons")
+    # What jobs the federation daemon moves to rented get (the offsite store's
+    # job_credentials): the server holds them to the bucket, and to no deletes but locks.
+    job = ensure_credentials(layout.offsite_job_credentials, "job")
+    write_if_changed(layout.s3_identities, s3_config(daemons, {S3_BUCKET: job}), 0o600)
 
 
 def ensure_credentials(path: Path, name: str) -> S3Credentials:
