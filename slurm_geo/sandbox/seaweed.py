@@ -95,6 +95,9 @@ class SeaweedServer:
             f"-master.port={master}", f"-master.port.grpc={master_grpc}",
             f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
             f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
+            # The filer's HTTP API takes no key: any local user could read and delete every
+            # object through it. The S3 gateway needs only its gRPC.
+            "-filer.disableHttp",
             "-s3", f"-s3.port={self.s3_port}", f"-s3.port.grpc={s3_grpc}",
             f"-s3.config={self.identities}",
             "-s3.port.iceberg=0", "-s3.port.lance=0",  # no listeners beyond S3
