@@ -1,9 +1,9 @@
 """The sandbox's S3 endpoint: a SeaweedFS server (`weed server -s3`) with real identities.
 
-moto, which this replaced, took any key and forgot every object at `sandbox down`.
 SeaweedFS checks each request's signature against the identities of its `-s3.config` file,
 enforces what each may do, and keeps its objects in its data directory, which `down` leaves
-alone (only `down --purge` removes it).
+alone (only `down --purge` removes it): the sandbox's jobs meet the refusals a real site's
+store gives, and its objects outlive a restart.
 
 What an identity may do, in SeaweedFS 4.x (each point is checked in tests/test_seaweed.py):
 * Its actions are Read, Write, List, Tagging and Admin, for every bucket or, as
