@@ -35,15 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from slurm_geo.ckpt import LocalDirStore, Repository, create_master_key_file  # noqa: E402
-from slurm_geo.sandbox import root_from_env  # noqa: E402
+from slurm_geo.sandbox import Sandbox, root_from_env  # noqa: E402
 from slurm_geo.sandbox.layout import S3_BUCKET, SandboxLayout  # noqa: E402
 from slurm_geo.sandbox.processes import port_is_open  # noqa: E402
 from slurm_geo.sync.reader import SyncStateReader  # noqa: E402
 from slurm_geo.sync.state import Replica, Status  # noqa: E402
 from slurm_geo.torch import Checkpointer  # noqa: E402
 
-AWS = {"AWS_ACCESS_KEY_ID": "sandbox", "AWS_SECRET_ACCESS_KEY": "sandbox",
-       "AWS_DEFAULT_REGION": "us-east-1"}
 HIDDEN, LAYERS, BATCH = 512, 4, 256
 
 
@@ -99,13 +97,13 @@ poll_interval_s = 2
     return config
 
 
-def start_daemon(config: Path, log: Path) -> subprocess.Popen:
+def start_daemon(config: Path, log: Path, s3_env: dict[str, str]) -> subprocess.Popen:
     program = Path(sys.executable).parent / "slurm-geo-checkpoint-sync"
     argv = [str(program)] if program.exists() else [
         sys.executable, str(ROOT / "daemons" / "checkpoint_sync.py")]
     with open(log, "ab") as out:
         proc = subprocess.Popen([*argv, "--config", str(config)], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, **AWS})
+                                stderr=subprocess.STDOUT, env={**os.environ, **s3_env})
     deadline = time.monotonic() + 30
     while "event=started" not in log.read_text():
         if time.monotonic() > deadline or proc.poll() is not None:
@@ -197,7 +195,7 @@ def run(work: Path, layout: SandboxLayout, args: argparse.Namespace) -> dict:
     training = Training(work, key.read_bytes(), args.ckpt_every)
     state = work / "state.db"
     training.phase("off", 50, 10**9)  # warm-up, no checkpoint
-    daemon = start_daemon(config, work / "daemon.log")
+    daemon = start_daemon(config, work / "daemon.log", Sandbox(layout.root).s3_env())
     try:
         training.phase("on", args.lag_steps)  # lag: the daemon runs throughout, as on a site
         wait_all_verified(state, training.replicated)

@@ -108,11 +108,18 @@ def s3_endpoint(sandbox: Sandbox) -> str:
 
 
 @pytest.fixture(scope="session")
-def s3_client(s3_endpoint):
+def s3_env(sandbox: Sandbox) -> dict[str, str]:
+    """The daemons' key to the sandbox's S3 server (it may do anything), as variables."""
+    return sandbox.s3_env()
+
+
+@pytest.fixture(scope="session")
+def s3_client(s3_endpoint, s3_env):
     from slurm_geo.ckpt.s3store import make_s3_client
 
-    return make_s3_client(s3_endpoint, "us-east-1", access_key_id="sandbox",
-                          secret_access_key="sandbox", connect_timeout_s=2, read_timeout_s=10)
+    return make_s3_client(s3_endpoint, "us-east-1", access_key_id=s3_env["AWS_ACCESS_KEY_ID"],
+                          secret_access_key=s3_env["AWS_SECRET_ACCESS_KEY"],
+                          connect_timeout_s=2, read_timeout_s=10)
 
 
 @pytest.fixture

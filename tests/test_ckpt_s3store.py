@@ -1,4 +1,4 @@
-"""S3Store against the sandbox's real S3 endpoint (moto's server), RetryingStore against
+"""S3Store against the sandbox's real S3 endpoint (SeaweedFS), RetryingStore against
 fakes, and open_store's URL forms. The conformance suite is in test_ckpt_store.py."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from slurm_geo.ckpt.store import LocalDirStore
 from slurm_geo.errors import ConfigError
 from slurm_geo.sandbox.layout import S3_BUCKET
 
-PART = 5 * MIB  # the smallest part S3 (and moto) accept
+PART = 5 * MIB  # the smallest part S3 accepts
 sandbox_only = pytest.mark.sandbox
 
 
@@ -200,10 +200,9 @@ def test_an_unreachable_endpoint_fails_once_within_its_timeout(endpoint):
 
 
 @pytest.fixture
-def sandbox_env(monkeypatch, s3_endpoint):
+def sandbox_env(monkeypatch, s3_endpoint, s3_env):
     """The variables `slurm-geo sandbox env` exports: boto3 finds endpoint and credentials."""
-    for variable, value in {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "sandbox",
-                            "AWS_SECRET_ACCESS_KEY": "sandbox"}.items():
+    for variable, value in {"AWS_ENDPOINT_URL": s3_endpoint, **s3_env}.items():
         monkeypatch.setenv(variable, value)
 
 

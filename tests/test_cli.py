@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "boto3", "botocore", "requests", "slurm_geo.slurm", "moto")
+HEAVY = ("torch", "boto3", "botocore", "requests", "slurm_geo.slurm")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -126,9 +126,7 @@ def test_gc_after_nothing_was_deleted_keeps_everything(key_file, local_run):
 
 @pytest.mark.sandbox
 def test_push_to_the_sandbox_object_store_by_config_name(sandbox, key_file, local_run):
-    run_env = {"SLURM_GEO_CONFIG": str(sandbox.layout.site_config),
-               "AWS_ACCESS_KEY_ID": "sandbox", "AWS_SECRET_ACCESS_KEY": "sandbox",
-               "AWS_DEFAULT_REGION": "us-east-1"}
+    run_env = {"SLURM_GEO_CONFIG": str(sandbox.layout.site_config), **sandbox.s3_env()}
     run = f"cli-{uuid.uuid4().hex[:8]}"
     src = Repository(LocalDirStore(local_run), load_master_key(key_file))
     src.write_checkpoint(run, weights(1), b"", Metadata(5, 5, 0, None, "t", "onprem", "1"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -70,6 +71,26 @@ def test_hook_wrapper_quotes_what_it_runs():
     assert shlex.split(last) == ["exec", "/opt/my python/bin/python3",
                                  "/src/it's here/prolog.py", "$@"]
     assert "SLURM_GEO_CONFIG=/srv/box/slurm-geo.toml" in text
+    assert "AWS_ACCESS_KEY_ID" not in text  # no key unless one is given
+
+
+def test_a_hook_wrapper_given_an_s3_key_file_loads_it_before_running(tmp_path):
+    """Root's hooks get the daemons' key from its 0600 file, never written into the
+    world-readable wrapper; a missing file stops the hook before it runs."""
+    key = tmp_path / "it's the key.env"
+    key.write_text("AWS_ACCESS_KEY_ID=daemons-1\nAWS_SECRET_ACCESS_KEY=s3cret\n")
+    show = tmp_path / "show.py"
+    show.write_text("import os\nprint(os.environ['AWS_ACCESS_KEY_ID'], "
+                    "os.environ['AWS_SECRET_ACCESS_KEY'])\n")
+    wrapper = tmp_path / "wrapper"
+    wrapper.write_text(render.hook_wrapper(LAYOUT, LAYOUT.onprem, sys.executable, show, key))
+    wrapper.chmod(0o755)
+    assert "s3cret" not in wrapper.read_text()
+    ran = subprocess.run([str(wrapper)], capture_output=True, text=True, timeout=30)
+    assert ran.stdout.split() == ["daemons-1", "s3cret"]
+    key.unlink()
+    ran = subprocess.run([str(wrapper)], capture_output=True, text=True, timeout=30)
+    assert ran.returncode != 0 and ran.stdout == ""
 
 
 @pytest.mark.parametrize(("old", "new", "restart"), [

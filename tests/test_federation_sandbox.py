@@ -28,7 +28,7 @@ from slurm_geo.billing.ingest import federation_transfers
 from slurm_geo.drills import drill
 from slurm_geo.federation.audit import AuditLog
 from slurm_geo.sandbox import Sandbox
-from slurm_geo.sandbox.lifecycle import JOB_ACCESS_KEY
+from slurm_geo.sandbox.seaweed import S3Credentials
 from slurm_geo.sandbox.users import ALICE, BOB
 from tests.conftest import user_dir
 from tests.helpers import incarnation_environment
@@ -206,7 +206,10 @@ def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbo
     # the daemon's own S3 key.
     moved_env = drill.wait_for(lambda: incarnation_environment(logical, generation=1), deadline,
                                "the moved job's processes")
-    assert moved_env["AWS_ACCESS_KEY_ID"] == JOB_ACCESS_KEY, moved_env.get("AWS_ACCESS_KEY_ID")
+    job_key = S3Credentials.parse(fed_sandbox.layout.offsite_job_credentials.read_text(), "job")
+    assert moved_env["AWS_ACCESS_KEY_ID"] == job_key.access_key_id, moved_env.get(
+        "AWS_ACCESS_KEY_ID")
+    assert moved_env["AWS_ACCESS_KEY_ID"] != fed_sandbox.s3_env()["AWS_ACCESS_KEY_ID"]
     fed_sandbox.up(progress=lambda _m: None)  # home is back
     planned = drill.wait_for(
         lambda: next((e for e in audit.entries(logical_job=logical)

