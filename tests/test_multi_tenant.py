@@ -30,6 +30,7 @@ from slurm_geo.federation.audit import AuditLog
 from slurm_geo.federation.state import FederationState
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.render import federation_port, federation_url
+from slurm_geo.sandbox.sites import Site
 from slurm_geo.sandbox.users import ALICE, BOB, SandboxUser, job_environment, run_as
 from slurm_geo.slurm import CliSlurmClient, JobState
 
@@ -255,11 +256,11 @@ def test_bob_cannot_obtain_alices_run_key_or_fence_her_job(sandbox, site, alice,
 
 def test_the_service_survives_300_stalled_connections_and_still_answers_leases(
         sandbox, site, alice):
-    port = federation_port(sandbox.layout)
+    port, home_address = federation_port(sandbox.layout), sandbox.layout.address(Site.HOME)
     stalled = []
     try:
         for _ in range(300):
-            stalled.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            stalled.append(socket.create_connection((home_address, port), timeout=5))
         trained = steps_trained(alice)
         # alice's trainer renews through them all and goes on training (a trainer stops
         # within 60 % of the lease TTL without a granted renewal).

@@ -16,6 +16,7 @@ from slurm_geo.cli import main
 from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.processes import Daemon, has_marker
+from slurm_geo.sandbox.sites import Site
 from tests.helpers import eventually
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -61,9 +62,13 @@ def test_up_twice_status_env_and_down_leave_nothing(throwaway):
     assert down.returncode == 0, down.stderr
     assert marked(throwaway) == []
     assert not any(row["up"] for row in status(throwaway, expect_rc=1))
-    for port in (PORT_BASE + 10, PORT_BASE + 25, PORT_BASE + 30, PORT_BASE + 40):
+    layout = Sandbox(throwaway).layout
+    home, remote = layout.address(Site.HOME), layout.address(Site.REMOTE)
+    for host, port in ((home, PORT_BASE + 10), (remote, PORT_BASE + 25),
+                       ("127.0.0.1", PORT_BASE + 30), (remote, PORT_BASE + 40)):
         with socket.socket() as sock:
-            assert sock.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"
+            sock.settimeout(2)
+            assert sock.connect_ex((host, port)) != 0, f"{host}:{port} still open"
 
 
 def test_down_also_ends_what_the_daemons_spawned(throwaway):
@@ -88,7 +93,7 @@ def status(root: Path, expect_rc: int = 0) -> list[dict]:
 def test_busy_port_is_one_clear_line(tmp_path):
     with socket.socket() as squatter:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", 18840))
+        squatter.bind(("127.0.0.1", 18830))  # MariaDB's, in the machine's namespace
         squatter.listen()
         root = Path("/var/tmp") / f"slurm-geo-busy-{os.getpid()}"
         try:
@@ -98,7 +103,7 @@ def test_busy_port_is_one_clear_line(tmp_path):
 
     assert result.returncode == 4
     assert result.stderr.count("\n") == 1
-    assert "port 18840" in result.stderr and "in use" in result.stderr
+    assert "port 18830" in result.stderr and "in use" in result.stderr
     assert "Traceback" not in result.stderr
 
 

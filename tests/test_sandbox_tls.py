@@ -14,6 +14,7 @@ from slurm_geo.federation.tls import ca_pem, server_context
 from slurm_geo.sandbox.certs import ensure_site_tls
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.render import site_config
+from slurm_geo.sandbox.sites import Site
 
 NOW = datetime(2030, 1, 2, tzinfo=UTC)
 
@@ -49,7 +50,7 @@ def test_the_sandbox_config_serves_https_with_its_ca(tmp_path):
     layout = SandboxLayout(tmp_path / "box", 20000)
     config = parse_config(tomllib.loads(site_config(layout))).federation
     assert config is not None
-    assert config.url == "https://127.0.0.1:20050"
+    assert config.url == f"https://{layout.address(Site.HOME)}:20050"
     assert (config.tls_cert, config.tls_key, config.ca_file) == (
         layout.federation_cert, layout.federation_key, layout.ca_cert)
     ensure_site_tls(layout)

@@ -18,6 +18,7 @@ from slurm_geo.ckpt.s3store import S3Store
 from slurm_geo.config.model import load_config
 from slurm_geo.sandbox.layout import S3_BUCKET
 from slurm_geo.sandbox.render import sync_metrics_port
+from slurm_geo.sandbox.sites import Site
 from slurm_geo.sync.daemon import Daemon
 from slurm_geo.sync.metrics import Live, SyncCollector
 from slurm_geo.sync.runtime import load_runtime
@@ -266,7 +267,8 @@ def test_a_corrupted_replica_is_flagged_never_offered_and_repaired_by_retry(
 @pytest.mark.sandbox
 def test_the_sandbox_runs_checkpoint_sync_from_pfs_to_offsite(sandbox, aws_env):
     [row] = [r for r in sandbox.status() if r.name == "checkpoint-sync"]
-    assert row.up and row.endpoint == f"127.0.0.1:{sync_metrics_port(sandbox.layout)}"
+    home = sandbox.layout.address(Site.HOME)
+    assert row.up and row.endpoint == f"{home}:{sync_metrics_port(sandbox.layout)}"
     site = load_config(sandbox.layout.site_config)
     assert site.sync is not None
     key = load_master_key(sandbox.layout.master_key)

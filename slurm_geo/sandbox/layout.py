@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_geo.sandbox.sites import Site, Topology, topology
+
 DEFAULT_ROOT = Path("/var/lib/slurm-geo/sandbox")
 SITE_PYTHON_DIR = Path("/var/lib/slurm-geo/site-python")
 ROOT_ENV = "SLURM_GEO_SANDBOX_DIR"
@@ -21,13 +23,19 @@ RESTD_OS_GROUP = "nogroup"
 
 @dataclass(frozen=True)
 class ClusterLayout:
+    """One cluster of the sandbox, in its site: its daemons run in the site's network
+    namespace and listen on the site's address."""
+
     name: str
     region: str
     root: Path
+    site: Site
+    namespace: str
+    address: str
     ctld_port: int
     dbd_port: int
     node_ports: tuple[int, ...]
-    rest_port: int | None = None
+    rest_port: int | None = None  # the TLS relay in front of slurmrestd: what users reach
 
     @property
     def etc(self) -> Path:
@@ -63,8 +71,22 @@ class ClusterLayout:
         return tuple(f"{self.name}-n{i}" for i in range(1, len(self.node_ports) + 1))
 
     @property
+    def restd_socket(self) -> Path:
+        """slurmrestd's own plain-http listener, a unix socket: the TLS relay's upstream,
+        on no network at all."""
+        return self.root / "restd" / "slurmrestd.socket"
+
+    @property
     def rest_url(self) -> str:
-        return f"http://127.0.0.1:{self.rest_port}" if self.rest_port else ""
+        return f"https://{self.address}:{self.rest_port}" if self.rest_port else ""
+
+    @property
+    def rest_cert(self) -> Path:
+        return self.etc / "rest-relay.pem"
+
+    @property
+    def rest_key(self) -> Path:
+        return self.etc / "rest-relay.key"
 
     @property
     def uses_rest(self) -> bool:
@@ -77,17 +99,31 @@ class SandboxLayout:
     port_base: int = DEFAULT_PORT_BASE
 
     @property
+    def topology(self) -> Topology:
+        """The sandbox's sites and links (sandbox.sites), named and numbered from its
+        directory."""
+        return topology(self.network_prefix, self.network_block_index)
+
+    def address(self, site: Site) -> str:
+        return str(self.topology.site_address(site))
+
+    def namespace(self, site: Site) -> str:
+        return self.topology.namespace(site)
+
+    @property
     def onprem(self) -> ClusterLayout:
-        b = self.port_base
+        b, home = self.port_base, Site.HOME
         return ClusterLayout(
-            "onprem", "home", self.root / "onprem", b + 10, b + 11, (b + 12, b + 13)
+            "onprem", "home", self.root / "onprem", home, self.namespace(home),
+            self.address(home), b + 10, b + 11, (b + 12, b + 13)
         )
 
     @property
     def rented(self) -> ClusterLayout:
-        b = self.port_base
+        b, remote = self.port_base, Site.REMOTE
         return ClusterLayout(
-            "rented", "remote", self.root / "rented", b + 20, b + 21, (b + 22, b + 23), b + 25
+            "rented", "remote", self.root / "rented", remote, self.namespace(remote),
+            self.address(remote), b + 20, b + 21, (b + 22, b + 23), b + 25
         )
 
     @property
@@ -107,7 +143,8 @@ class SandboxLayout:
 
     @property
     def s3_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.s3_port}"
+        """The offsite store's S3 endpoint, at the remote site."""
+        return f"http://{self.address(Site.REMOTE)}:{self.s3_port}"
 
     @property
     def s3_internal_ports(self) -> tuple[int, int, int, int, int, int, int]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import certs, geo, render, seaweed, users
+from slurm_geo.sandbox import certs, geo, netns, render, seaweed, users
 from slurm_geo.sandbox.layout import (
     DEFAULT_PORT_BASE,
     REST_USER,
@@ -35,6 +35,7 @@ from slurm_geo.sandbox.layout import (
     SandboxLayout,
 )
 from slurm_geo.sandbox.processes import Daemon, ProcessTable, port_is_open, wait_until
+from slurm_geo.sandbox.sites import Site
 from slurm_geo.slurm import admin
 from slurm_geo.slurm.errors import SlurmError
 
@@ -68,12 +69,15 @@ class Sandbox:
 
     # --- public operations -------------------------------------------------------------
 
-    def up(self, progress=print) -> None:
+    def up(self, progress=print, wan_mbit: int | None = None) -> None:
+        """Bring every site and daemon up; `wan_mbit` sets the WAN's rate (else the one
+        the sites remember, else 200 Mbit/s)."""
         _require_root()
         _install_missing_packages(progress)
         _require_weed()
         _require_sync_program()
         version = admin.installed_slurm_version()
+        netns.up_sites(self.layout, wan_mbit)  # before any daemon: they run in the sites
         to_reconfigure = self._prepare_files(version, progress)
         made = users.ensure_accounts(self.layout)
         if made:
@@ -106,6 +110,7 @@ class Sandbox:
     def down(self, purge: bool = False) -> None:
         stages = [[d.name for d in stage] for stage in self._stages(None)]
         self.processes.stop_all(reversed(stages))
+        netns.down_sites(self.layout)
         if purge:
             shutil.rmtree(self.layout.root, ignore_errors=True)
 
@@ -171,11 +176,14 @@ class Sandbox:
             Daemon(
                 "s3",
                 seaweed.SeaweedServer.of_sandbox(layout).argv(_program(seaweed.WEED_PROGRAM)),
-                port=layout.s3_port,
-                extra_ports=layout.s3_internal_ports,
+                port=layout.s3_port, extra_ports=layout.s3_internal_ports,
+                namespace=layout.namespace(Site.REMOTE), host=layout.address(Site.REMOTE),
             ),
         ]
-        dbds = [self._slurm_daemon(c, "slurmdbd", ["slurmdbd", "-D"], c.dbd_port)
+        # MariaDB stands for each site's own database server: both slurmdbds reach it by
+        # its unix socket, which no network namespace hides (StorageHost=localhost).
+        dbds = [self._slurm_daemon(c, "slurmdbd", ["slurmdbd", "-D"], c.dbd_port,
+                                   {"MYSQL_UNIX_PORT": str(layout.mariadb_socket)})
                 for c in layout.clusters]
         ctlds = [self._slurm_daemon(c, "slurmctld", ["slurmctld", "-D", "-i"], c.ctld_port)
                  for c in layout.clusters]
@@ -184,22 +192,37 @@ class Sandbox:
             for c in layout.clusters
             for node, port in zip(c.node_names, c.node_ports, strict=True)
         ]
-        rented = layout.rented
+        # `down` and `status` only name the daemons: before the first `up` there is no key.
+        s3_env = self.s3_env() if layout.s3_daemon_credentials.exists() else {}
+        return [infra, dbds, ctlds,
+                [*nodes, *self._rest_daemons(version), self._sync_daemon(s3_env)],
+                [self._federation_daemon(s3_env)]]
+
+    def _rest_daemons(self, version: tuple[int, int] | None) -> list[Daemon]:
+        """slurmrestd on a unix socket of the remote site, and the TLS relay in front of
+        it at the site's address: a JWT never crosses the WAN in clear."""
+        rented = self.layout.rented
         restd_argv = ["slurmrestd", "-a", "rest_auth/jwt"]
         restd_argv += render.restd_plugins(version) if version else []
-        restd_argv.append(f"127.0.0.1:{rented.rest_port}")
+        restd_argv.append(f"unix:{rented.restd_socket}")
         restd = Daemon(
             f"{rented.name}-slurmrestd",
             restd_argv,
             env={"SLURM_CONF": str(rented.slurm_conf), "SLURM_JWT": "daemon"},
             user=RESTD_OS_USER,
             group=RESTD_OS_GROUP,
-            port=rented.rest_port,
+            ready_path=rented.restd_socket,
+            namespace=rented.namespace,
         )
-        # `down` and `status` only name the daemons: before the first `up` there is no key.
-        s3_env = self.s3_env() if layout.s3_daemon_credentials.exists() else {}
-        return [infra, dbds, ctlds, [*nodes, restd, self._sync_daemon(s3_env)],
-                [self._federation_daemon(s3_env)]]
+        relay = Daemon(
+            f"{rented.name}-rest-tls",
+            [sys.executable, "-m", "slurm_geo.sandbox.tls_relay",
+             "--listen", f"{rented.address}:{rented.rest_port}",
+             "--to", f"unix:{rented.restd_socket}",
+             "--cert", str(rented.rest_cert), "--key", str(rented.rest_key)],
+            port=rented.rest_port, namespace=rented.namespace, host=rented.address,
+        )
+        return [restd, relay]
 
     def _sync_daemon(self, s3_env: dict[str, str]) -> Daemon:
         """checkpoint-sync, run as its systemd unit runs it, replicating pfs to offsite."""
@@ -208,7 +231,8 @@ class Sandbox:
             "checkpoint-sync",
             render.sync_argv(_sync_program(), layout.site_config),
             env=s3_env,
-            port=render.sync_metrics_port(layout),
+            port=render.sync_metrics_port(layout), namespace=layout.namespace(Site.HOME),
+            host=layout.address(Site.HOME),
         )
 
     def _federation_daemon(self, s3_env: dict[str, str]) -> Daemon:
@@ -219,14 +243,17 @@ class Sandbox:
             "federation",
             [_program(render.FEDERATION_PROGRAM), "--config", str(layout.site_config)],
             env=s3_env,
-            port=render.federation_port(layout),
+            port=render.federation_port(layout), namespace=layout.namespace(Site.HOME),
+            host=layout.address(Site.HOME),
         )
 
     @staticmethod
-    def _slurm_daemon(cluster: ClusterLayout, name: str, argv: list[str], port: int) -> Daemon:
+    def _slurm_daemon(cluster: ClusterLayout, name: str, argv: list[str], port: int,
+                      env: dict[str, str] | None = None) -> Daemon:
+        """A Slurm daemon of `cluster`, in its site."""
         name = name if name.startswith(f"{cluster.name}-") else f"{cluster.name}-{name}"
-        return Daemon(name, argv, {"SLURM_CONF": str(cluster.slurm_conf)},
-                      port=port)
+        return Daemon(name, argv, {"SLURM_CONF": str(cluster.slurm_conf), **(env or {})},
+                      port=port, namespace=cluster.namespace, host=cluster.address)
 
     def _start_stage(self, daemons: list[Daemon], progress) -> None:
         for daemon in daemons:
@@ -275,7 +302,8 @@ class Sandbox:
         for daemon in daemons:
             if daemon.port is None or self.processes.running_pid(daemon.name) is not None:
                 continue
-            busy = [port for port in (daemon.port, *daemon.extra_ports) if port_is_open(port)]
+            busy = [port for port in (daemon.port, *daemon.extra_ports)
+                    if port_is_open(port, daemon.host)]
             if busy:
                 raise SandboxError(
                     f"port {busy[0]} (for {daemon.name}) is in use by another process; "
@@ -339,11 +367,12 @@ class Sandbox:
 
     def _create_databases(self) -> None:
         password = self.layout.db_password_file.read_text().strip()
-        statements = [f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'"]
+        # slurmdbd comes by the unix socket: as 'slurm'@'localhost'.
+        statements = [f"CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '{password}'"]
         for cluster in self.layout.clusters:
             statements += [
                 f"CREATE DATABASE IF NOT EXISTS {cluster.database}",
-                f"GRANT ALL ON {cluster.database}.* TO 'slurm'@'127.0.0.1'",
+                f"GRANT ALL ON {cluster.database}.* TO 'slurm'@'localhost'",
             ]
         _run_checked(["mariadb", "--no-defaults", f"--socket={self.layout.mariadb_socket}",
                       "-u", "root", "-e", "; ".join(statements)], "creating Slurm's databases")
@@ -365,12 +394,12 @@ class Sandbox:
 def _is_ready(daemon: Daemon) -> bool:
     if daemon.ready_path is not None:
         return daemon.ready_path.exists()
-    return daemon.port is None or port_is_open(daemon.port)
+    return daemon.port is None or port_is_open(daemon.port, daemon.host)
 
 
 def _endpoint(daemon: Daemon) -> str:
     if daemon.port is not None:
-        return f"127.0.0.1:{daemon.port}"
+        return f"{daemon.host}:{daemon.port}"
     return str(daemon.ready_path or "")
 
 

@@ -23,7 +23,9 @@ MARKER_ENV = "SLURM_GEO_SANDBOX"
 
 @dataclass(frozen=True)
 class Daemon:
-    """A long-running process of the sandbox and how to tell it is ready."""
+    """A long-running process of the sandbox and how to tell it is ready: the port it
+    answers on at `host`, from the machine's namespace, or a path it creates. With a
+    `namespace` it runs in that network namespace (a site's)."""
 
     name: str
     argv: list[str]
@@ -33,6 +35,20 @@ class Daemon:
     port: int | None = None
     ready_path: Path | None = None
     extra_ports: tuple[int, ...] = ()  # others it listens on, checked free before it starts
+    namespace: str | None = None
+    host: str = "127.0.0.1"
+
+    @property
+    def command(self) -> list[str]:
+        """What is run: `ip netns exec` joins the namespace (as root: it needs the
+        privilege) and execs, then `setpriv` drops to the daemon's user; each execs the
+        next, so the pid the pid file records is the daemon's."""
+        if self.namespace is None:
+            return self.argv
+        drop = [] if self.user is None else \
+            ["setpriv", "--reuid", self.user, "--regid", self.group or self.user,
+             "--clear-groups"]
+        return ["ip", "netns", "exec", self.namespace, *drop, *self.argv]
 
 
 class ProcessTable:
@@ -60,18 +76,21 @@ class ProcessTable:
     def start(self, daemon: Daemon) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if daemon.ready_path is not None:
+            daemon.ready_path.unlink(missing_ok=True)  # a last run's must not read as ready
         env = {**os.environ, **daemon.env, MARKER_ENV: str(self.root)}
+        in_site = daemon.namespace is not None  # its command drops privileges itself
         with open(self.log_file(daemon.name), "ab") as log:
             proc = subprocess.Popen(
-                daemon.argv,
+                daemon.command,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                user=daemon.user,
-                group=daemon.group,
-                extra_groups=[] if daemon.user else None,
+                user=None if in_site else daemon.user,
+                group=None if in_site else daemon.group,
+                extra_groups=[] if daemon.user and not in_site else None,
                 cwd=self.root,
             )
         self.pid_file(daemon.name).write_text(f"{proc.pid}\n")

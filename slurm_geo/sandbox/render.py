@@ -13,6 +13,7 @@ from slurm_geo.sandbox.layout import (
     ClusterLayout,
     SandboxLayout,
 )
+from slurm_geo.sandbox.sites import Site
 from slurm_geo.sandbox.users import SANDBOX_USERS
 
 # Prices the sandbox advertises so cost-aware code has something realistic to weigh.
@@ -28,9 +29,9 @@ SYNC_METRICS_PORT_OFFSET = 45  # checkpoint-sync's Prometheus endpoint: port bas
 SYNC_PROGRAM = "slurm-geo-checkpoint-sync"
 FEDERATION_PORT_OFFSET = 50  # the federation daemon's lease/key service and /metrics
 FEDERATION_PROGRAM = "slurm-geo-federation"
-# Quick detection in the sandbox: an outage after 3 missed 1-s probes; a 4-s lease. Every
-# job of both clusters reaches the daemon from 127.0.0.1, so refusals are audited each
-# second (not each minute): one job's refusal must not hide another's.
+# Quick detection in the sandbox: an outage after 3 missed 1-s probes; a 4-s lease. The
+# jobs of each cluster reach the daemon from one address (home's own, the WAN's end), so
+# refusals are audited each second (not each minute): one job's must not hide another's.
 SANDBOX_FEDERATION = {"probe_interval_s": 1, "outage_after": 3, "lease_ttl_s": 4,
                       "margin_s": 30, "failback_stable_s": 10,
                       "refusal_audit_interval_s": 1}
@@ -68,8 +69,9 @@ def federation_port(layout: SandboxLayout) -> int:
 
 
 def federation_url(layout: SandboxLayout) -> str:
-    """Where the sandbox's jobs reach the daemon: https, with the sandbox's site CA."""
-    return f"https://127.0.0.1:{federation_port(layout)}"
+    """Where the sandbox's jobs reach the daemon, at home: https, with the sandbox's site
+    CA. Jobs moved to rented reach it across the WAN."""
+    return f"https://{layout.address(Site.HOME)}:{federation_port(layout)}"
 
 
 def federation_dir(layout: SandboxLayout) -> Path:
@@ -86,7 +88,7 @@ def slurm_conf(layout: SandboxLayout, cluster: ClusterLayout, hostname: str) -> 
     state = cluster.root / "state"
     lines = [
         f"ClusterName={cluster.name}",
-        f"SlurmctldHost={hostname}(127.0.0.1)",
+        f"SlurmctldHost={hostname}({cluster.address})",
         f"SlurmctldPort={cluster.ctld_port}",
         f"SlurmdPort={cluster.node_ports[0]}",
         "SlurmUser=root",
@@ -120,7 +122,7 @@ def slurm_conf(layout: SandboxLayout, cluster: ClusterLayout, hostname: str) -> 
         "KillWait=5",
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/slurmdbd",
-        "AccountingStorageHost=127.0.0.1",
+        f"AccountingStorageHost={cluster.address}",
         f"AccountingStoragePort={cluster.dbd_port}",
         # Clients reach slurmdbd through this munge socket, not through AuthInfo.
         f"AccountingStoragePass={layout.munge_socket}",
@@ -133,7 +135,7 @@ def slurm_conf(layout: SandboxLayout, cluster: ClusterLayout, hostname: str) -> 
     lines += geo_slurm_conf_lines(cluster)
     for name, port in zip(cluster.node_names, cluster.node_ports, strict=True):
         lines.append(
-            f"NodeName={name} NodeHostname={hostname} NodeAddr=127.0.0.1 Port={port} "
+            f"NodeName={name} NodeHostname={hostname} NodeAddr={cluster.address} Port={port} "
             f"CPUs={CPUS_PER_NODE} RealMemory={MEMORY_MB_PER_NODE} State=UNKNOWN"
         )
     lines.append(
@@ -208,14 +210,15 @@ def slurmdbd_conf(layout: SandboxLayout, cluster: ClusterLayout, db_password: st
         "AuthType=auth/munge",
         f"AuthInfo=socket={layout.munge_socket}",
         "DbdHost=localhost",
-        "DbdAddr=127.0.0.1",
+        f"DbdAddr={cluster.address}",
         f"DbdPort={cluster.dbd_port}",
         "SlurmUser=root",
         f"PidFile={cluster.root}/run/slurmdbd.pid",
         f"LogFile={cluster.root}/log/slurmdbd.log",
         "StorageType=accounting_storage/mysql",
-        "StorageHost=127.0.0.1",
-        f"StoragePort={layout.mariadb_port}",
+        # The unix socket (MYSQL_UNIX_PORT in slurmdbd's environment): MariaDB serves
+        # both sites from the machine's namespace, where no site's network reaches.
+        "StorageHost=localhost",
         "StorageUser=slurm",
         f"StoragePass={db_password}",
         f"StorageLoc={cluster.database}",
@@ -262,6 +265,7 @@ def site_config(layout: SandboxLayout) -> str:
         f'rest_url = {_q(rented.rest_url)}',
         f'rest_user = {_q(REST_USER)}',
         f'token_file = {_q(rented.token_file)}',
+        f'ca_file = {_q(layout.ca_cert)}',  # the TLS relay's certificate is the site CA's
         "timeout_s = 10",
         'store = "offsite"',
         _prices_table(rented.name),
@@ -288,6 +292,7 @@ def site_config(layout: SandboxLayout) -> str:
         'destination = "offsite"',
         f"state = {_q(sync_state_path(layout))}",
         f"key_file = {_q(layout.master_key)}",
+        f"metrics_address = {_q(layout.address(Site.HOME))}",
         f"metrics_port = {sync_metrics_port(layout)}",
         "poll_interval_s = 2",
         'cpu_policy = "batch"  # it shares the host with the test suite: lag matters more',
@@ -313,6 +318,7 @@ def site_config(layout: SandboxLayout) -> str:
         f"state = {_q(federation_dir(layout) / 'federation.db')}",
         f"audit_path = {_q(federation_dir(layout) / 'audit.db')}",
         f"key_file = {_q(layout.master_key)}",
+        f"listen_address = {_q(layout.address(Site.HOME))}",
         f"listen_port = {federation_port(layout)}",
         f"public_url = {_q(federation_url(layout))}",
         f"tls_cert = {_q(layout.federation_cert)}",

@@ -30,6 +30,7 @@ from slurm_geo.atomic import write_if_changed
 from slurm_geo.errors import SandboxError
 from slurm_geo.federation.credentials import parse_credentials
 from slurm_geo.sandbox.layout import S3_BUCKET, SandboxLayout
+from slurm_geo.sandbox.sites import Site
 
 WEED_PROGRAM = "weed"
 DAEMONS_IDENTITY = "daemons"
@@ -77,15 +78,18 @@ class SeaweedServer:
     # gRPC port is its HTTP port + 10000): s3 gRPC, master HTTP and gRPC, volume HTTP and
     # gRPC, filer HTTP and gRPC.
     internal_ports: tuple[int, int, int, int, int, int, int]
+    # Where the S3 gateway listens; the rest, which checks no key, only on the loopback of
+    # the namespace it runs in (in the sandbox, the remote site's).
+    s3_address: str = "127.0.0.1"
 
     @classmethod
     def of_sandbox(cls, layout: SandboxLayout) -> SeaweedServer:
         return cls(layout.s3_data_dir, layout.s3_identities, layout.s3_port,
-                   layout.s3_internal_ports)
+                   layout.s3_internal_ports, layout.address(Site.REMOTE))
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.s3_port}"
+        return f"http://{self.s3_address}:{self.s3_port}"
 
     def argv(self, program: str) -> list[str]:
         s3_grpc, master, master_grpc, volume, volume_grpc, filer, filer_grpc = self.internal_ports
@@ -98,7 +102,8 @@ class SeaweedServer:
             # The filer's HTTP API takes no key: any local user could read and delete every
             # object through it. The S3 gateway needs only its gRPC.
             "-filer.disableHttp",
-            "-s3", f"-s3.port={self.s3_port}", f"-s3.port.grpc={s3_grpc}",
+            "-s3", f"-s3.ip.bind={self.s3_address}", f"-s3.port={self.s3_port}",
+            f"-s3.port.grpc={s3_grpc}",
             f"-s3.config={self.identities}",
             "-s3.port.iceberg=0", "-s3.port.lance=0",  # no listeners beyond S3
             # Else the daemons' admin key creates any bucket it writes to, and a misspelt
