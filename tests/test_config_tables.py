@@ -127,6 +127,19 @@ def test_users_map_only_rest_clusters_and_only_user_names():
     assert "missing token_file" in missing
 
 
+def test_ca_file_names_the_ca_of_an_https_slurmrestd_only():
+    site = parse_config(with_key(("clusters", "rented"), "ca_file", "/etc/slurm-geo/ca.pem"))
+    assert site.cluster("rented").ca_file == Path("/etc/slurm-geo/ca.pem")
+    assert parse_config(SITE).cluster("rented").ca_file is None  # the system's CAs
+    relative = refusal(with_key(("clusters", "rented"), "ca_file", "ca.pem"))
+    assert "[clusters.rented]: ca_file must be an absolute path" in relative
+    cli = refusal(with_key(("clusters", "onprem"), "ca_file", "/etc/slurm-geo/ca.pem"))
+    assert "[clusters.onprem]: ca_file is for slurmrestd behind TLS" in cli
+    loopback = with_key(("clusters", "rented"), "ca_file", "/etc/slurm-geo/ca.pem")
+    loopback["clusters"]["rented"]["rest_url"] = "http://127.0.0.1:6820"
+    assert "remove it or write https://" in refusal(loopback)
+
+
 @pytest.mark.parametrize("at, where, settings", TABLES, ids=IDS)
 def test_each_table_refuses_unknown_keys(at, where, settings):
     message = refusal(with_key(at, "colour", "red"))

@@ -321,3 +321,23 @@ def test_a_rejected_token_is_a_token_problem_said_once_never_an_outage(site, mon
     said = [k for k in site.kinds() if "refused the daemon's token" in k]
     assert said == ["decision: cluster rented refused the daemon's token"]
     assert not any(k.startswith("outage") for k in site.kinds())
+
+
+def test_an_untrusted_certificate_is_said_once_never_an_outage(site, monkeypatch):
+    """A slurmrestd certificate the daemon does not trust (no ca_file for a site CA, a
+    wrong rest_url) is a configuration to mend, like a refused token: moving every job
+    away from the cluster would not mend it."""
+    from slurm_geo.federation.model import ClusterStatus
+    from slurm_geo.slurm import CertificateRejected
+
+    def untrusted():
+        raise CertificateRejected("rented", "https://10.77.2.2:6820",
+                                  "certificate verify failed: self-signed certificate",
+                                  "set ca_file")
+    monkeypatch.setattr(site.rented, "ping", untrusted)
+    site.tick(rounds=5)
+    assert site.state.health()["rented"].status is ClusterStatus.UP
+    said = [k for k in site.kinds() if "slurmrestd certificate" in k]
+    assert said == ["decision: the daemon does not trust cluster rented's slurmrestd "
+                    "certificate"]
+    assert not any(k.startswith("outage") for k in site.kinds())

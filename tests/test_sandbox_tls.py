@@ -1,5 +1,6 @@
-"""The sandbox's site CA and the federation daemon's certificate, made at `up` without
-running anything else, and the site config that serves https with them."""
+"""The sandbox's site CA, the federation daemon's certificate and the slurmrestd relay's,
+made at `up` without running anything else, and the site config that serves https with
+them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from cryptography import x509
 
 from slurm_geo.config.model import parse_config
 from slurm_geo.federation.tls import ca_pem, server_context
-from slurm_geo.sandbox.certs import ensure_site_tls
+from slurm_geo.sandbox.certs import ensure_rest_tls, ensure_site_tls, subject_alt_names
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.render import site_config
 from slurm_geo.sandbox.sites import Site
@@ -57,3 +58,48 @@ def test_the_sandbox_config_serves_https_with_its_ca(tmp_path):
     assert config.tls_cert is not None and config.tls_key is not None
     server_context(config.tls_cert, config.tls_key)  # what the daemon loads at start
     assert config.ca_file is not None and ca_pem(config.ca_file)
+
+
+def test_a_new_host_list_reissues_the_daemons_certificate_under_the_same_ca(tmp_path):
+    layout = SandboxLayout(tmp_path / "box", 20000)
+    ensure_site_tls(layout, NOW)
+    ca, first = layout.ca_cert.read_bytes(), layout.federation_cert.read_bytes()
+    hosts = ("127.0.0.1", "localhost", "10.77.1.2")
+    assert ensure_site_tls(layout, NOW, hosts=hosts)  # the daemon now serves the home site
+    assert layout.ca_cert.read_bytes() == ca and layout.federation_cert.read_bytes() != first
+    assert subject_alt_names(layout.federation_cert.read_bytes()) == [
+        "127.0.0.1", "10.77.1.2", "localhost"]
+    again = layout.federation_cert.read_bytes()
+    assert not ensure_site_tls(layout, NOW, hosts=("10.77.1.2", "LOCALHOST", "127.0.0.1"))
+    assert layout.federation_cert.read_bytes() == again  # the same names in another order
+    assert ensure_site_tls(layout, NOW)  # and back to the default
+    assert subject_alt_names(layout.federation_cert.read_bytes()) == ["127.0.0.1", "localhost"]
+
+
+def test_the_relays_certificate_names_the_remote_site_and_chains_to_the_site_ca(tmp_path):
+    layout = SandboxLayout(tmp_path / "box", 20000)
+    ensure_site_tls(layout, NOW)
+    ca = layout.ca_cert.read_bytes()
+    assert ensure_rest_tls(layout, ["10.77.2.2"], NOW)
+    assert not ensure_rest_tls(layout, ["10.77.2.2"], NOW)
+    assert layout.ca_cert.read_bytes() == ca
+    assert oct(layout.rest_key.stat().st_mode & 0o777) == "0o600"
+    assert oct(layout.rest_cert.stat().st_mode & 0o777) == "0o644"
+    cert = x509.load_pem_x509_certificate(layout.rest_cert.read_bytes())
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
+    assert subject_alt_names(layout.rest_cert.read_bytes()) == ["10.77.2.2"]
+    server_context(layout.rest_cert, layout.rest_key)  # a key that matches the certificate
+
+
+def test_a_certificate_left_by_another_ca_or_without_its_key_is_issued_again(tmp_path):
+    layout = SandboxLayout(tmp_path / "box", 20000)
+    ensure_rest_tls(layout, ["10.77.2.2"], NOW)  # the CA is made with it when missing
+    first = layout.rest_cert.read_bytes()
+    layout.ca_cert.unlink()  # a lost CA: a new one, and nothing the old one signed is kept
+    assert ensure_site_tls(layout, NOW) and ensure_rest_tls(layout, ["10.77.2.2"], NOW)
+    cert = x509.load_pem_x509_certificate(layout.rest_cert.read_bytes())
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(layout.ca_cert.read_bytes()))
+    assert layout.rest_cert.read_bytes() != first
+    layout.rest_key.write_bytes(layout.federation_key.read_bytes())  # a crash between the two
+    assert ensure_rest_tls(layout, ["10.77.2.2"], NOW)
+    server_context(layout.rest_cert, layout.rest_key)

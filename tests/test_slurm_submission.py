@@ -139,8 +139,8 @@ class StubSession:
         path = url.split("/v0.0.38/", 1)[1]
         return self.answers.get((method, path), Answer(404, {"errors": [{"error": "no"}]}))
 
-    def get(self, url: str, headers: dict[str, str], timeout: float) -> Answer:
-        return self.request("GET", url, headers, timeout)
+    def get(self, url: str, headers: dict[str, str], timeout: float, **kwargs: Any) -> Answer:
+        return self.request("GET", url, headers, timeout, **kwargs)
 
 
 def token(tmp_path: Path, name: str, mode: int = 0o600) -> Path:

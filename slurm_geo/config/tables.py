@@ -133,7 +133,8 @@ class ClusterConfig:
     """One Slurm cluster and how slurm-geo reaches it.
 
     `access = "cli"` runs Slurm's commands with `slurm_conf`; `access = "rest"` talks to
-    slurmrestd at `rest_url` with the JWT in `token_file`, as across the internet, and
+    slurmrestd at `rest_url` with the JWT in `token_file`, as across the internet (over TLS
+    verified against `ca_file` or the system's CAs), and
     submits each home user's jobs as the account `users` maps them to (a user it maps to
     none cannot run there).
     """
@@ -146,6 +147,7 @@ class ClusterConfig:
     rest_url: str = ""
     rest_user: str = ""
     token_file: Path | None = None
+    ca_file: Path | None = None  # None: the system's CAs
     timeout_s: float = DEFAULT_TIMEOUT_S
     prices: Prices = field(default_factory=Prices)
     store: str = ""  # the [stores] name jobs on this cluster write checkpoints to
@@ -171,6 +173,9 @@ CLUSTER_SETTINGS = (
             "cluster, for everything but submissions (access rest)."),
     Setting("token_file", path, None, "The file holding rest_user's JWT, mode 0600 (access "
             "rest)."),
+    Setting("ca_file", path, None, "The CA bundle (PEM) that signs slurmrestd's TLS "
+            "certificate, when it is not in the system store (access rest, https rest_url); "
+            "checked when slurm-geo connects."),
     Setting("timeout_s", seconds, ClusterConfig.timeout_s,
             "A Slurm command or REST call still unanswered after this long fails."),
     Setting("prices", _prices, Prices(), "[clusters.NAME.prices]: what the cluster charges.",
@@ -206,6 +211,9 @@ def parse_cluster(name: str, table: Any, where: str) -> ClusterConfig:
                 raise ConfigError(f"{where}: missing {key} (access 'rest' needs rest_url, "
                                   "rest_user and token_file)")
         values["rest_url"] = values["rest_url"].rstrip("/")
+    if "ca_file" in values and not values.get("rest_url", "").startswith("https://"):
+        raise ConfigError(f"{where}: ca_file is for slurmrestd behind TLS (access 'rest' with "
+                          "an https:// rest_url); remove it or write https://")
     return ClusterConfig(name=name, **values)
 
 

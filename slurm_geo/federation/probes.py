@@ -15,7 +15,7 @@ from slurm_geo.daemon.events import event
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.model import ClusterStatus, Health
 from slurm_geo.federation.wiring import Wiring
-from slurm_geo.slurm import SlurmClient, SlurmError, TokenRejected
+from slurm_geo.slurm import CertificateRejected, SlurmClient, SlurmError, TokenRejected
 from slurm_geo.sync.reader import SyncStateReader, SyncStateUnreadable
 
 log = logging.getLogger("slurm_geo.federation")
@@ -74,15 +74,25 @@ class HealthProbes:
         except TokenRejected as exc:
             # The cluster answered: an expired or revoked token is the operator's to mend,
             # said once, never an outage (which would move every job away from it).
-            self.nodes_available.pop(client.cluster, None)
-            self.wiring.say_once(("token-rejected", client.cluster, str(exc)), "decision",
-                                 None, f"cluster {client.cluster} refused the daemon's token",
-                                 str(exc), cluster=client.cluster)
-            event(log, "token_rejected", logging.ERROR, cluster=client.cluster, error=exc)
+            self._say_misconfigured("token_rejected", client.cluster, exc,
+                                    f"cluster {client.cluster} refused the daemon's token")
+        except CertificateRejected as exc:
+            # Something answered at rest_url with a certificate the daemon does not trust:
+            # a ca_file or rest_url to mend, as above, not an outage.
+            self._say_misconfigured("certificate_rejected", client.cluster, exc,
+                                    f"the daemon does not trust cluster {client.cluster}'s "
+                                    "slurmrestd certificate")
         except SlurmError as exc:
             self.nodes_available.pop(client.cluster, None)
             return str(exc)
         return None
+
+    def _say_misconfigured(self, kind: str, cluster: str, exc: SlurmError,
+                           headline: str) -> None:
+        self.nodes_available.pop(cluster, None)
+        self.wiring.say_once((kind, cluster, str(exc)), "decision", None, headline, str(exc),
+                             cluster=cluster)
+        event(log, kind, logging.ERROR, cluster=cluster, error=exc)
 
     def _record(self, previous: Health | None, cluster: str, error: str | None,
                 now: float) -> Health:

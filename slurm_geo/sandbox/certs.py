@@ -1,12 +1,16 @@
-"""The sandbox's site CA and the federation daemon's certificate, made once at `up`.
+"""The sandbox's site CA and the certificates it issues, made at `up` and kept after.
 
-A site gives the daemon a certificate from a CA its jobs trust (docs/install.md); the
-sandbox plays that CA. `make_ca` and `issue_server` are pure over their inputs (the clock
-is passed in) and return PEM; `ensure_site_tls` writes what is missing: the CA's key and
-certificate, then the daemon's, for 127.0.0.1 and localhost. Keys are written 0600 (never
-readable by others, not even while being written), certificates 0644 (jobs of any user
-read the CA). An existing CA is kept, so jobs holding its certificate keep trusting the
-daemon across `up`s.
+A site gives the federation daemon a certificate from a CA its jobs trust, and puts
+slurmrestd behind a TLS reverse proxy whose certificate its clients trust through
+[clusters.NAME] ca_file (docs/install.md); the sandbox plays that CA, and its
+`tls_relay` that proxy. `make_ca` and `issue_server` are pure over their inputs (the
+clock is passed in) and return PEM. `ensure_site_tls` writes the CA's key and certificate
+and the daemon's, `ensure_rest_tls` the relay's, each for the hosts it is given: a
+certificate is issued again only when it is missing, names other hosts, does not chain to
+the CA, or does not match its key (a crash between writing the two). Keys are written
+0600 (never readable by others, not even while being written), certificates 0644 (jobs of
+any user read the CA). An existing CA is kept, so jobs holding its certificate keep
+trusting the daemon across `up`s.
 
 EC P-256 keys and SHA-256 signatures; the extensions are those Python's strict X.509
 checks (VERIFY_X509_STRICT, the default from 3.13) ask for: a critical basicConstraints
@@ -22,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -31,7 +36,8 @@ from slurm_geo.sandbox.layout import SandboxLayout
 
 CA_DAYS = 3650
 SERVER_DAYS = 3650  # a sandbox lives as long as its directory; delete tls/ to renew
-SERVER_HOSTS = ("127.0.0.1", "localhost")
+SERVER_HOSTS = ("127.0.0.1", "localhost")  # the daemon's default: jobs on this host only
+SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 Write = Callable[[Path, bytes, int], object]
 
 
@@ -90,24 +96,75 @@ def issue_server(ca: Issued, hosts: Sequence[str], now: datetime,
 
 
 def ensure_site_tls(layout: SandboxLayout, now: datetime | None = None,
-                    write: Write = write_if_changed) -> bool:
-    """Make the site CA and the daemon's certificate where they are missing; True when
-    something was written. A new CA gets a new server certificate with it."""
+                    write: Write = write_if_changed, *,
+                    hosts: Sequence[str] = SERVER_HOSTS) -> bool:
+    """Make the site CA where it is missing, and the federation daemon's certificate for
+    `hosts` (IP addresses or DNS names) where it is missing or no longer fits; True when
+    something was written."""
     now = now or datetime.now(UTC)
+    ca, made_ca = _site_ca(layout, now, write)
+    made_server = _ensure_server(ca, layout.federation_cert, layout.federation_key, hosts,
+                                 now, write)
+    return made_ca or made_server
+
+
+def ensure_rest_tls(layout: SandboxLayout, hosts: Sequence[str],
+                    now: datetime | None = None, write: Write = write_if_changed) -> bool:
+    """Make the certificate of the TLS relay in front of slurmrestd, for `hosts` (the
+    addresses clients put in rest_url), where it is missing or no longer fits, and the
+    site CA with it if need be; True when something was written."""
+    now = now or datetime.now(UTC)
+    ca, made_ca = _site_ca(layout, now, write)
+    return _ensure_server(ca, layout.rest_cert, layout.rest_key, hosts, now, write) or made_ca
+
+
+def subject_alt_names(cert_pem: bytes) -> list[str]:
+    """The IP addresses and DNS names a certificate is for, as text."""
+    names = x509.load_pem_x509_certificate(cert_pem).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    return ([str(ip) for ip in names.get_values_for_type(x509.IPAddress)]
+            + names.get_values_for_type(x509.DNSName))
+
+
+def _site_ca(layout: SandboxLayout, now: datetime, write: Write) -> tuple[Issued, bool]:
     layout.tls_dir.mkdir(mode=0o755, parents=True, exist_ok=True)  # jobs of any user read it
-    made_ca = not (layout.ca_cert.exists() and layout.ca_key.exists())
-    if made_ca:
-        ca = make_ca("slurm-geo sandbox site CA", now)
-        write(layout.ca_key, ca.key_pem, 0o600)
-        write(layout.ca_cert, ca.cert_pem, 0o644)
-    else:
-        ca = Issued(layout.ca_key.read_bytes(), layout.ca_cert.read_bytes())
-    if not made_ca and layout.federation_cert.exists() and layout.federation_key.exists():
+    if layout.ca_cert.exists() and layout.ca_key.exists():
+        return Issued(layout.ca_key.read_bytes(), layout.ca_cert.read_bytes()), False
+    ca = make_ca("slurm-geo sandbox site CA", now)
+    write(layout.ca_key, ca.key_pem, 0o600)
+    write(layout.ca_cert, ca.cert_pem, 0o644)
+    return ca, True
+
+
+def _ensure_server(ca: Issued, cert: Path, key: Path, hosts: Sequence[str], now: datetime,
+                   write: Write) -> bool:
+    if cert.exists() and key.exists() and _fits(ca, key.read_bytes(), cert.read_bytes(),
+                                                 hosts):
         return False
-    server = issue_server(ca, SERVER_HOSTS, now)
-    write(layout.federation_key, server.key_pem, 0o600)
-    write(layout.federation_cert, server.cert_pem, 0o644)
+    server = issue_server(ca, hosts, now)
+    write(key, server.key_pem, 0o600)
+    write(cert, server.cert_pem, 0o644)
     return True
+
+
+def _fits(ca: Issued, key_pem: bytes, cert_pem: bytes, hosts: Sequence[str]) -> bool:
+    """Whether a certificate names exactly `hosts`, was issued by `ca`, and matches its key."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca.cert_pem))
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        names = subject_alt_names(cert_pem)
+    except (ValueError, TypeError, InvalidSignature, x509.ExtensionNotFound):
+        return False  # unreadable, another CA's, or without names: issue it again
+    same_key = key.public_key().public_bytes(*SPKI) == cert.public_key().public_bytes(*SPKI)
+    return same_key and {_canonical(n) for n in names} == {_canonical(h) for h in hosts}
+
+
+def _canonical(host: str) -> str:
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.lower()
 
 
 def _valid(builder: x509.CertificateBuilder, now: datetime, days: int

@@ -227,7 +227,7 @@ class SandboxLayout:
 
     @property
     def tls_dir(self) -> Path:
-        """The sandbox's site CA and the federation daemon's certificate (sandbox.certs)."""
+        """The sandbox's site CA and the certificates it issues (sandbox.certs)."""
         return self.root / "tls"
 
     @property
@@ -245,6 +245,15 @@ class SandboxLayout:
     @property
     def federation_key(self) -> Path:
         return self.tls_dir / "federation.key"
+
+    @property
+    def rest_cert(self) -> Path:
+        """The certificate the TLS relay in front of rented's slurmrestd presents."""
+        return self.tls_dir / "slurmrestd.pem"
+
+    @property
+    def rest_key(self) -> Path:
+        return self.tls_dir / "slurmrestd.key"
 
     @property
     def site_config(self) -> Path:

@@ -4,6 +4,7 @@ from slurm_geo.config.model import ClusterConfig
 from slurm_geo.slurm.cli_backend import CliSlurmClient
 from slurm_geo.slurm.client import SlurmClient
 from slurm_geo.slurm.errors import (
+    CertificateRejected,
     ControllerUnreachable,
     JobNotFound,
     SlurmCommandError,
@@ -31,14 +32,15 @@ def connect(cluster: ClusterConfig) -> SlurmClient:
         accounts = {user: RestLogin(remote.account, remote.token_file)
                     for user, remote in cluster.users.items()}
         return RestSlurmClient(cluster.name, cluster.rest_url, cluster.rest_user,
-                               cluster.token_file, cluster.timeout_s, accounts)
+                               cluster.token_file, cluster.timeout_s, accounts,
+                               ca_file=cluster.ca_file)
     assert cluster.slurm_conf is not None
     return CliSlurmClient(cluster.name, cluster.slurm_conf, cluster.timeout_s)
 
 
 __all__ = [
-    "AccountingRecord", "CliSlurmClient", "ControllerUnreachable", "JobInfo", "JobNotFound",
-    "JobSpec", "JobState", "MalformedAccountingRow", "NodeInfo", "Owner", "RestLogin",
-    "RestSlurmClient", "SlurmClient", "SlurmCommandError", "SlurmError", "SlurmRejected",
-    "SlurmdbdUnreachable", "TokenRejected", "connect",
+    "AccountingRecord", "CertificateRejected", "CliSlurmClient", "ControllerUnreachable",
+    "JobInfo", "JobNotFound", "JobSpec", "JobState", "MalformedAccountingRow", "NodeInfo",
+    "Owner", "RestLogin", "RestSlurmClient", "SlurmClient", "SlurmCommandError", "SlurmError",
+    "SlurmRejected", "SlurmdbdUnreachable", "TokenRejected", "connect",
 ]

@@ -73,6 +73,17 @@ class TokenRejected(SlurmRejected):
                          f"'{user}'): {detail}; {fix}")
 
 
+class CertificateRejected(SlurmRejected):
+    """slurm-geo refused slurmrestd's TLS certificate (signed by a CA it does not trust, or
+    not for the host in rest_url), or the TLS handshake failed. Something answered at that
+    address: a configuration to mend (ca_file, rest_url), never an outage; nothing is known
+    of the cluster behind it until it is mended."""
+
+    def __init__(self, cluster: str, url: str, detail: str, fix: str):
+        self.url = url
+        super().__init__(cluster, f"TLS with slurmrestd at {url}", f"{detail}; {fix}")
+
+
 class SlurmCommandError(SlurmError):
     """A Slurm command could not be run, or printed what we cannot read."""
 

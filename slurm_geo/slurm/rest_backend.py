@@ -16,6 +16,13 @@ dbv0.0.38/jobs.c, _dump_jobs). Read as records, that is an empty window, and bil
 move its watermark past jobs it never saw; so any error but "nothing found" raises.
 "Failed connecting to slurmdbd" (7000) is what it says both when slurmdbd is down and when
 slurmdbd refused the JWT; a ping with the same token tells the two apart.
+
+slurmrestd speaks no TLS; a site puts it behind a reverse proxy that does, and rest_url
+is https:// unless it is loopback. Its certificate is checked against `ca_file` (the
+site's CA) or the system's CAs. A certificate refused, or a handshake that fails, is a
+CertificateRejected naming the cluster, the URL and the fix: like a refused token, a
+configuration to mend, never read as the cluster being down (requests raises SSLError as
+a ConnectionError, so it is caught before the outages).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import requests
 from slurm_geo.slurm import parse
 from slurm_geo.slurm.client import WINDOW_SLACK, SlurmClient, job_from_records, overlaps
 from slurm_geo.slurm.errors import (
+    CertificateRejected,
     ControllerUnreachable,
     JobNotFound,
     SlurmdbdUnreachable,
@@ -52,6 +60,7 @@ from slurm_geo.slurm.models import (
     NodeInfo,
     Owner,
 )
+from slurm_geo.slurm.rest_tls import certificate_fix, certificate_problem, check_ca_file
 
 # OpenAPI versions whose shapes `parse` reads, newest first. 0.0.38: Slurm 22.05;
 # 0.0.39: 23.02; 0.0.40+: 23.11 and later.
@@ -196,13 +205,19 @@ def estimate_start(
 
 class RestSlurmClient(SlurmClient):
     def __init__(self, cluster: str, url: str, user: str, token_file: Path, timeout_s: float,
-                 accounts: Mapping[str, RestLogin] | None = None):
+                 accounts: Mapping[str, RestLogin] | None = None, *,
+                 ca_file: Path | None = None):
+        if ca_file is not None:
+            check_ca_file(cluster, ca_file)
         self.cluster = cluster
         self.url = url.rstrip("/")
         self.user = user
         self.token_file = token_file
         self.timeout_s = timeout_s
         self.accounts = dict(accounts or {})
+        self.ca_file = ca_file
+        # Given with each request: a Session's own `verify` loses to REQUESTS_CA_BUNDLE.
+        self._verify: str | bool = str(ca_file) if ca_file is not None else True
         self._http = requests.Session()
         self._version: str | None = None
 
@@ -390,7 +405,8 @@ class RestSlurmClient(SlurmClient):
             return False
         try:
             response = self._http.get(self._url("slurm", "ping"),
-                                      headers=self._headers(self.login), timeout=remaining)
+                                      headers=self._headers(self.login), timeout=remaining,
+                                      verify=self._verify)
         except (requests.ConnectionError, requests.Timeout):
             return False
         return parse.ping_is_up_json(_decode(response))
@@ -413,7 +429,12 @@ class RestSlurmClient(SlurmClient):
         headers = self._headers(login)
         try:
             return self._http.request(method, url, headers=headers, timeout=self.timeout_s,
-                                      **kwargs)
+                                      verify=self._verify, **kwargs)
+        except requests.exceptions.SSLError as exc:  # before ConnectionError, its base
+            problem = certificate_problem(exc)
+            raise CertificateRejected(self.cluster, self.url, problem,
+                                      certificate_fix(self.cluster, problem, self.ca_file)
+                                      ) from None
         except (requests.ConnectionError, requests.Timeout,
                 requests.exceptions.ChunkedEncodingError) as exc:  # the last: cut off
             raise ControllerUnreachable(self.cluster, f"slurmrestd at {self.url}: "
