@@ -80,7 +80,9 @@ def test_the_server_listens_on_the_declared_ports_only_and_keeps_the_disk_small(
     assert sorted(ports) == [16840, 16841, 16842, 16843, 16844, 16846, 16847, 16848]
     assert (flags["s3.port.iceberg"], flags["s3.port.lance"]) == ("0", "0")
     assert flags["dir"] == "/srv/box/s3/offsite" and flags["s3.config"].startswith("/srv/box/s3/")
-    assert flags["master.volumePreallocate"] == "false" and int(flags["volume.max"]) <= 32
+    assert flags["master.volumePreallocate"] == "false" and int(flags["volume.max"]) <= 160
+    # Only the S3 gateway on the site's address; what checks no key on loopback alone.
+    assert (flags["ip.bind"], flags["s3.ip.bind"]) == ("127.0.0.1", server.s3_address)
     others = {layout.mariadb_port, layout.port_base + 45, layout.port_base + 50}
     for cluster in layout.clusters:
         others |= {cluster.ctld_port, cluster.dbd_port, *cluster.node_ports, cluster.rest_port}

@@ -29,11 +29,17 @@ def sandbox() -> None:
 @dir_option
 @click.option("--port-base", type=click.IntRange(1024, 65000), default=None,
               help="First of the sandbox's ports (default 16800; fixed at first `up`).")
-def up(root: Path | None, port_base: int | None) -> None:
-    """Start munge, MariaDB, both clusters, slurmrestd and the S3 endpoint (idempotent)."""
+@click.option("--wan-mbit", type=click.IntRange(1, 10_000), default=None,
+              help="Rate of the WAN between the sites, Mbit/s [default: the rate last set, "
+                   "else 200].")
+def up(root: Path | None, port_base: int | None, wan_mbit: int | None) -> None:
+    """Make the sites (home and remote network namespaces joined by a shaped WAN) and
+    start munge, MariaDB, both clusters, slurmrestd behind TLS, the S3 server and the
+    slurm-geo daemons, each in its site (idempotent)."""
     from slurm_geo.sandbox.lifecycle import Sandbox
 
-    Sandbox(root_from_env(root), port_base).up(progress=lambda msg: click.echo(msg, err=True))
+    Sandbox(root_from_env(root), port_base).up(progress=lambda msg: click.echo(msg, err=True),
+                                               wan_mbit=wan_mbit)
 
 
 @sandbox.command()

@@ -80,13 +80,6 @@ class ClusterLayout:
     def rest_url(self) -> str:
         return f"https://{self.address}:{self.rest_port}" if self.rest_port else ""
 
-    @property
-    def rest_cert(self) -> Path:
-        return self.etc / "rest-relay.pem"
-
-    @property
-    def rest_key(self) -> Path:
-        return self.etc / "rest-relay.key"
 
     @property
     def uses_rest(self) -> bool:

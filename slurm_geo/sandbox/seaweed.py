@@ -38,9 +38,11 @@ DAEMONS_IDENTITY = "daemons"
 DEFAULT_ACCOUNT = "000000000000"
 LOCKS_PREFIX = "locks/"  # slurm_geo.ckpt.names.lock_name: what a job deletes
 # Volumes are files of at most this size, grown as written (no preallocation). A bucket
-# takes 7 at its first write and the filer's own log some more, so 32 give a few GB.
+# takes 7 at its first write and the filer's own log some more; 160 give about 20 GB,
+# room for drills of 512 MiB checkpoints and the 1 GB replication benchmark, and take no
+# disk until written.
 VOLUME_SIZE_LIMIT_MB = 128
-MAX_VOLUMES = 32
+MAX_VOLUMES = 160
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,9 +36,17 @@ CLOSE_TIMEOUT_S = 2.0  # for the buffered bytes and TLS's close_notify to go out
 class Endpoint:
     host: str
     port: int
+    unix_path: str | None = None  # `unix:PATH`: a unix socket (slurmrestd's, in the sandbox)
 
     def __str__(self) -> str:
+        if self.unix_path is not None:
+            return f"unix:{self.unix_path}"
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def connect(self) -> Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+        if self.unix_path is not None:
+            return asyncio.open_unix_connection(self.unix_path)
+        return asyncio.open_connection(self.host, self.port)
 
 
 def endpoint(text: str) -> Endpoint:
@@ -48,6 +56,16 @@ def endpoint(text: str) -> Endpoint:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not ADDR:PORT (e.g. 127.0.0.1:6820)")
     return Endpoint(host, int(port))
+
+
+def upstream(text: str) -> Endpoint:
+    """--to: ADDR:PORT, or unix:PATH (an absolute path)."""
+    if text.startswith("unix:"):
+        path = text.removeprefix("unix:")
+        if not path.startswith("/"):
+            raise argparse.ArgumentTypeError(f"{text!r}: a unix socket is unix:/ABSOLUTE/PATH")
+        return Endpoint("", 0, path)
+    return endpoint(text)
 
 
 def server_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -105,7 +123,7 @@ class Relay:
             return
         try:
             server_in, server_out = await asyncio.wait_for(
-                asyncio.open_connection(self.upstream.host, self.upstream.port),
+                self.upstream.connect(),
                 CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             say(f"{peer}: cannot reach {self.upstream}: {_reason(exc)}")
@@ -180,8 +198,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     "the sandbox's stand-in for the reverse proxy in front of slurmrestd.")
     parser.add_argument("--listen", type=endpoint, required=True, metavar="ADDR:PORT",
                         help="where clients connect with TLS")
-    parser.add_argument("--to", type=endpoint, required=True, metavar="HOST:PORT",
-                        help="the plain-TCP server behind (slurmrestd)")
+    parser.add_argument("--to", type=upstream, required=True, metavar="HOST:PORT",
+                        help="the plain-TCP server behind (slurmrestd), or unix:PATH for "
+                        "one on a unix socket")
     parser.add_argument("--cert", type=Path, required=True, metavar="CERT.pem",
                         help="the certificate chain the relay presents (PEM)")
     parser.add_argument("--key", type=Path, required=True, metavar="KEY.pem",

@@ -1,0 +1,125 @@
+"""The sandbox's daemons, stage by stage, and the site each runs in: pure, from the layout.
+
+Each stage waits for the one before (munge, MariaDB and the S3 server; the slurmdbds;
+the slurmctlds; the slurmds, slurmrestd behind its TLS relay and checkpoint-sync; the
+federation daemon). A daemon of a site runs in its network namespace and listens on its
+address (sandbox.sites); munged and MariaDB stay in the machine's namespace, reached by
+their unix sockets, which no network namespace hides.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from slurm_geo.sandbox import render, seaweed
+from slurm_geo.sandbox.layout import (
+    RESTD_OS_GROUP,
+    RESTD_OS_USER,
+    ClusterLayout,
+    SandboxLayout,
+)
+from slurm_geo.sandbox.processes import Daemon
+from slurm_geo.sandbox.sites import Site
+
+
+def daemons_by_stage(layout: SandboxLayout, version: tuple[int, int] | None,
+                     s3_env: dict[str, str]) -> list[list[Daemon]]:
+    """Every daemon, in start order; `version` the installed Slurm's (None: only named,
+    for `down` and `status`), `s3_env` the daemons' key to the S3 server."""
+    infra = [_munged(layout), _mariadb(layout), _s3(layout)]
+    # MariaDB stands for each site's own database server: both slurmdbds reach it by
+    # its unix socket (StorageHost=localhost in slurmdbd.conf).
+    dbds = [_slurm_daemon(c, "slurmdbd", ["slurmdbd", "-D"], c.dbd_port,
+                          {"MYSQL_UNIX_PORT": str(layout.mariadb_socket)})
+            for c in layout.clusters]
+    ctlds = [_slurm_daemon(c, "slurmctld", ["slurmctld", "-D", "-i"], c.ctld_port)
+             for c in layout.clusters]
+    nodes = [_slurm_daemon(c, node, ["slurmd", "-D", "-N", node], port)
+             for c in layout.clusters
+             for node, port in zip(c.node_names, c.node_ports, strict=True)]
+    return [infra, dbds, ctlds,
+            [*nodes, *_rest_daemons(layout, version), _sync_daemon(layout, s3_env)],
+            [_federation_daemon(layout, s3_env)]]
+
+
+def program(name: str) -> str:
+    """The installed console script, next to this Python's executable if it is there."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    return shutil.which(name) or name
+
+
+def _munged(layout: SandboxLayout) -> Daemon:
+    munge = layout.munge_dir
+    return Daemon("munged",
+                  ["munged", "--foreground", f"--socket={layout.munge_socket}",
+                   f"--key-file={munge / 'munge.key'}", f"--pid-file={munge / 'munged.pid'}",
+                   f"--log-file={munge / 'munged.log'}", f"--seed-file={munge / 'munged.seed'}"],
+                  ready_path=layout.munge_socket)
+
+
+def _mariadb(layout: SandboxLayout) -> Daemon:
+    db = layout.mariadb_dir
+    return Daemon("mariadb",
+                  ["mariadbd", "--no-defaults", f"--datadir={db / 'data'}",
+                   f"--socket={layout.mariadb_socket}", f"--port={layout.mariadb_port}",
+                   "--bind-address=127.0.0.1", "--skip-name-resolve", "--user=root",
+                   f"--pid-file={db / 'mariadbd.pid'}", f"--log-error={db / 'error.log'}",
+                   "--innodb-buffer-pool-size=64M", "--innodb-lock-wait-timeout=900"],
+                  port=layout.mariadb_port)
+
+
+def _s3(layout: SandboxLayout) -> Daemon:
+    """The offsite store's S3 server, at the remote site."""
+    return Daemon("s3",
+                  seaweed.SeaweedServer.of_sandbox(layout).argv(program(seaweed.WEED_PROGRAM)),
+                  port=layout.s3_port, extra_ports=layout.s3_internal_ports,
+                  namespace=layout.namespace(Site.REMOTE), host=layout.address(Site.REMOTE))
+
+
+def _slurm_daemon(cluster: ClusterLayout, name: str, argv: list[str], port: int,
+                  env: dict[str, str] | None = None) -> Daemon:
+    """A Slurm daemon of `cluster`, in its site."""
+    name = name if name.startswith(f"{cluster.name}-") else f"{cluster.name}-{name}"
+    return Daemon(name, argv, {"SLURM_CONF": str(cluster.slurm_conf), **(env or {})},
+                  port=port, namespace=cluster.namespace, host=cluster.address)
+
+
+def _rest_daemons(layout: SandboxLayout, version: tuple[int, int] | None) -> list[Daemon]:
+    """slurmrestd on a unix socket of its site, and the TLS relay in front of it at the
+    site's address: a JWT never crosses the WAN in clear. The relay runs as root, who
+    alone reads its key."""
+    rented = layout.rented
+    restd_argv = ["slurmrestd", "-a", "rest_auth/jwt"]
+    restd_argv += render.restd_plugins(version) if version else []
+    restd_argv.append(f"unix:{rented.restd_socket}")
+    restd = Daemon(f"{rented.name}-slurmrestd", restd_argv,
+                   env={"SLURM_CONF": str(rented.slurm_conf), "SLURM_JWT": "daemon"},
+                   user=RESTD_OS_USER, group=RESTD_OS_GROUP, ready_path=rented.restd_socket,
+                   namespace=rented.namespace)
+    relay = Daemon(f"{rented.name}-rest-tls",
+                   [sys.executable, "-m", "slurm_geo.sandbox.tls_relay",
+                    "--listen", f"{rented.address}:{rented.rest_port}",
+                    "--to", f"unix:{rented.restd_socket}",
+                    "--cert", str(layout.rest_cert), "--key", str(layout.rest_key)],
+                   port=rented.rest_port, namespace=rented.namespace, host=rented.address)
+    return [restd, relay]
+
+
+def _sync_daemon(layout: SandboxLayout, s3_env: dict[str, str]) -> Daemon:
+    """checkpoint-sync at home, run as its systemd unit runs it: pfs to offsite."""
+    return Daemon("checkpoint-sync", render.sync_argv(program(render.SYNC_PROGRAM),
+                                                      layout.site_config),
+                  env=s3_env, port=render.sync_metrics_port(layout),
+                  namespace=layout.namespace(Site.HOME), host=layout.address(Site.HOME))
+
+
+def _federation_daemon(layout: SandboxLayout, s3_env: dict[str, str]) -> Daemon:
+    """The federation daemon at home, run as its systemd unit runs it."""
+    return Daemon("federation",
+                  [program(render.FEDERATION_PROGRAM), "--config", str(layout.site_config)],
+                  env=s3_env, port=render.federation_port(layout),
+                  namespace=layout.namespace(Site.HOME), host=layout.address(Site.HOME))
