@@ -11,6 +11,7 @@ from slurm_geo.config import Prices, load_config, parse_config
 from slurm_geo.errors import ConfigError
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.render import site_config
+from slurm_geo.sandbox.sites import Site
 
 GOOD = {
     "site": {"home_cluster": "onprem"},
@@ -93,9 +94,12 @@ def test_sandbox_config_is_a_valid_site_config():
     assert site.home_cluster == "onprem"
     assert site.cluster("onprem").slurm_conf == layout.onprem.slurm_conf
     assert site.cluster("rented").access == "rest"
-    assert site.cluster("rented").rest_url == "http://127.0.0.1:20025"
+    remote = layout.address(Site.REMOTE)
+    # slurmrestd behind TLS at the remote site, trusted through the sandbox's site CA.
+    assert site.cluster("rented").rest_url == f"https://{remote}:20025"
+    assert site.cluster("rented").ca_file == layout.ca_cert
     assert site.cluster("rented").prices.gpu_hour > site.cluster("onprem").prices.gpu_hour
-    assert site.stores["offsite"].endpoint_url == "http://127.0.0.1:20040"
+    assert site.stores["offsite"].endpoint_url == f"http://{remote}:20040"
 
 
 def test_the_federation_settings_table_in_the_docs_is_current():

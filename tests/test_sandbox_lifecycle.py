@@ -12,9 +12,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from slurm_geo.ckpt.s3store import S3Store, make_s3_client
 from slurm_geo.cli import main
 from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox import Sandbox
+from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX
 from slurm_geo.sandbox.processes import Daemon, has_marker
 from slurm_geo.sandbox.sites import Site
 from tests.helpers import eventually
@@ -27,6 +29,12 @@ PORT_BASE = 17800
 def slurm_geo(*args: str):
     return subprocess.run([sys.executable, "-m", "slurm_geo", *args], capture_output=True,
                           text=True, timeout=300, check=False)
+
+
+def succeeded(*args: str) -> bool:
+    result = slurm_geo(*args)
+    assert result.returncode == 0, result.stderr
+    return True
 
 
 def marked(root: Path) -> list[int]:
@@ -64,11 +72,17 @@ def test_up_twice_status_env_and_down_leave_nothing(throwaway):
     assert not any(row["up"] for row in status(throwaway, expect_rc=1))
     layout = Sandbox(throwaway).layout
     home, remote = layout.address(Site.HOME), layout.address(Site.REMOTE)
+    # The sites are gone, and with them every daemon's address: nothing answers there,
+    # and nothing addressed there leaves the machine (the range's blackhole route).
     for host, port in ((home, PORT_BASE + 10), (remote, PORT_BASE + 25),
                        ("127.0.0.1", PORT_BASE + 30), (remote, PORT_BASE + 40)):
         with socket.socket() as sock:
             sock.settimeout(2)
             assert sock.connect_ex((host, port)) != 0, f"{host}:{port} still open"
+    route = subprocess.run(["ip", "route", "get", home], capture_output=True, text=True,
+                           check=False)
+    assert route.returncode != 0 or "blackhole" in route.stdout or "unreachable" in \
+        route.stdout, route.stdout
 
 
 def test_down_also_ends_what_the_daemons_spawned(throwaway):
@@ -82,6 +96,25 @@ def test_down_also_ends_what_the_daemons_spawned(throwaway):
     assert slurm_geo("sandbox", "down", "--dir", str(throwaway)).returncode == 0
 
     assert marked(throwaway) == []
+
+
+def test_an_object_written_before_down_is_there_after_up_and_down_leaves_no_site(throwaway):
+    assert succeeded("sandbox", "up", "--dir", str(throwaway))
+    box = Sandbox(throwaway)
+    offsite = S3Store(S3_BUCKET, S3_PREFIX, make_s3_client(
+        box.layout.s3_endpoint, "us-east-1", access_key_id=box.s3_env()["AWS_ACCESS_KEY_ID"],
+        secret_access_key=box.s3_env()["AWS_SECRET_ACCESS_KEY"]))
+    offsite.put("keys/kept", b"written before down")
+
+    assert succeeded("sandbox", "down", "--dir", str(throwaway))
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                check=True).stdout
+    assert box.layout.network_prefix not in namespaces
+    assert succeeded("sandbox", "up", "--dir", str(throwaway))
+
+    assert offsite.get("keys/kept") == b"written before down"
+    offsite.delete("keys/kept")
+    assert succeeded("sandbox", "down", "--dir", str(throwaway))
 
 
 def status(root: Path, expect_rc: int = 0) -> list[dict]:

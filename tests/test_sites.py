@@ -101,6 +101,14 @@ def test_routes_give_no_namespace_a_default_route_and_keep_to_the_block():
         assert ipaddress.ip_network(destination).subnet_of(TOPO.block)
 
 
+def test_the_sandbox_range_is_a_blackhole_on_the_login_host_and_no_clash():
+    """A site that is down is unreachable, not reached through the default route."""
+    assert sites.range_blackhole() == ["ip", "route", "replace", "blackhole", "10.77.0.0/16"]
+    assert sites.range_blackhole() in sites.plan_up(TOPO, sites.Observed(), 200)
+    kept = '[{"type":"blackhole","dst":"10.77.0.0/16","flags":[]}]'
+    assert sites.conflicting_routes(TOPO, kept) == []
+
+
 def test_the_login_host_routes_only_through_home_and_remote_only_over_the_wan():
     by_namespace = {(argv[2] if argv[1] == "-n" else None): argv for argv in sites.routes(TOPO)}
     login, home, remote = (by_namespace[None], by_namespace["sg1a2b-home"],

@@ -8,6 +8,7 @@ import random
 import time
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -149,7 +150,9 @@ def test_kill_9_at_random_points_always_ends_verified_and_byte_identical(
 @pytest.mark.sandbox
 def test_an_unreachable_store_grows_the_queue_loses_nothing_and_catches_up(
         tmp_path, s3_endpoint, s3_env, s3_client, s3_prefix):
-    proxy = TcpProxy(int(s3_endpoint.rsplit(":", 1)[1]))
+    endpoint = urlsplit(s3_endpoint)
+    assert endpoint.hostname is not None and endpoint.port is not None
+    proxy = TcpProxy(endpoint.port, target_host=endpoint.hostname)
     proxy.up()
     (tmp_path / "root").mkdir()
     key_file, key = master_key(tmp_path)

@@ -169,11 +169,13 @@ def free_port() -> int:
 
 
 class TcpProxy:
-    """127.0.0.1:port -> target port. `down()` refuses new connections and cuts open ones
+    """127.0.0.1:port -> target host and port. `down()` refuses new connections and cuts open ones
     (an unreachable store); `up()` serves again on the same port."""
 
-    def __init__(self, target_port: int, port: int | None = None):
+    def __init__(self, target_port: int, port: int | None = None,
+                 target_host: str = "127.0.0.1"):
         self.target_port = target_port
+        self.target_host = target_host
         self.port = port or free_port()
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
@@ -192,10 +194,10 @@ class TcpProxy:
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def down(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
         with self._lock:
+            listener, self._listener = self._listener, None
+            if listener is not None:
+                listener.close()
             for sock in self._open:
                 _quietly(lambda s=sock: s.shutdown(socket.SHUT_RDWR))
                 _quietly(sock.close)
@@ -208,11 +210,15 @@ class TcpProxy:
             except OSError:
                 return  # closed by down()
             try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+                upstream = socket.create_connection((self.target_host, self.target_port))
             except OSError:
                 client.close()
                 continue
             with self._lock:
+                if self._listener is not listener:  # accepted just before down(): cut it
+                    client.close()
+                    upstream.close()
+                    return
                 self._open.update((client, upstream))
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()

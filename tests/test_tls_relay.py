@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from slurm_geo.sandbox.certs import Issued, issue_server, make_ca
+from tests.helpers import eventually
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -159,8 +160,18 @@ def test_connections_beyond_the_limit_are_closed_at_accept(tmp_path, backend):
     ca_file, cert, key = write_tls(tmp_path, ["127.0.0.1"])
     port, process = start_relay(cert, key, backend, "--max-connections", "1")
     context = ssl.create_default_context(cafile=str(ca_file))
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as first, \
-            context.wrap_socket(first, server_hostname="127.0.0.1"):
+
+    def connected() -> ssl.SSLSocket | None:
+        """A TLS connection, once the relay has let go of start_relay's readiness probe
+        (it counts as open until the relay sees it closed)."""
+        plain = socket.create_connection(("127.0.0.1", port), timeout=5)
+        try:
+            return context.wrap_socket(plain, server_hostname="127.0.0.1")
+        except ConnectionResetError:
+            plain.close()
+            return None
+
+    with eventually(connected, lambda tls: tls is not None, 10):
         with socket.create_connection(("127.0.0.1", port), timeout=5) as second:
             with pytest.raises(OSError):
                 context.wrap_socket(second, server_hostname="127.0.0.1")

@@ -38,7 +38,8 @@ from slurm_geo.sandbox.sites import Site
 from slurm_geo.slurm import admin
 from slurm_geo.slurm.errors import SlurmError
 
-DEBIAN_PACKAGES = ("slurm-wlm", "slurmdbd", "slurmrestd", "munge", "mariadb-server")
+DEBIAN_PACKAGES = ("slurm-wlm", "slurmdbd", "slurmrestd", "munge", "mariadb-server", "iproute2",
+                   "util-linux")
 REQUIRED_COMMANDS = {
     "munged": "munge",
     "mariadbd": "mariadb-server",
@@ -48,6 +49,10 @@ REQUIRED_COMMANDS = {
     "slurmdbd": "slurmdbd",
     "slurmrestd": "slurmrestd",
     "sacctmgr": "slurm-wlm",
+    "ip": "iproute2",  # the sites' namespaces and links
+    "tc": "iproute2",  # the WAN's shaping
+    "nsenter": "util-linux",  # a daemon into its site
+    "setpriv": "util-linux",  # and down to its user there
 }
 TOKEN_LIFESPAN_S = 30 * 24 * 3600
 STAGE_TIMEOUT_S = 45

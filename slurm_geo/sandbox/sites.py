@@ -237,6 +237,13 @@ def routes(topo: Topology) -> list[list[str]]:
     ]
 
 
+def range_blackhole() -> list[str]:
+    """The login host sends the whole sandbox range nowhere but to the sites' blocks, each
+    routed more specifically: without it, a probe of a site that is down would follow the
+    default route off the machine. `down` keeps it: it drops only what no sandbox routes."""
+    return ip_cmd(None, "route", "replace", "blackhole", str(NETWORK_RANGE))
+
+
 def site_setup(topo: Topology, site: Site) -> list[list[str]]:
     namespace = topo.namespace(site)
     forward = "1" if site is Site.HOME else "0"  # home is the login host's gateway
@@ -329,7 +336,7 @@ def plan_up(topo: Topology, observed: Observed, mbit: int) -> list[list[str]]:
     for link in topo.links:
         for end in link.ends:
             plan += address_and_up(end)
-    plan += wan_neighbours(topo) + routes(topo)
+    plan += [range_blackhole(), *wan_neighbours(topo), *routes(topo)]
     for end in topo.wan.ends:
         kept = end.ifname not in fresh
         plan += shaping_commands(end, mbit, kept and end.ifname in observed.htb_roots)
@@ -465,7 +472,7 @@ def conflicting_routes(topo: Topology, route_json: str) -> list[str]:
     clashes = []
     for row in _json_rows(route_json):
         dst = row.get("dst", "")
-        if dst in ("default", "") or row.get("dev") in ours:
+        if dst in ("default", "") or row.get("dev") in ours or _is_range_blackhole(row):
             continue
         try:
             network = ipaddress.ip_network(dst, strict=False)
@@ -474,6 +481,11 @@ def conflicting_routes(topo: Topology, route_json: str) -> list[str]:
         if network.version == 4 and network.overlaps(topo.block):
             clashes.append(f"{dst} dev {row.get('dev')}")
     return clashes
+
+
+def _is_range_blackhole(row: dict) -> bool:
+    """The route every sandbox's `up` keeps for NETWORK_RANGE (routes), no clash."""
+    return row.get("type") == "blackhole" and row.get("dst") == str(NETWORK_RANGE)
 
 
 def all_ifnames(topo: Topology) -> Iterable[str]:
