@@ -30,7 +30,15 @@ from slurm_geo.ckpt import (
 )
 from slurm_geo.ckpt.open_store import ACCEPTED_FORMS, open_store
 from slurm_geo.ckpt.retry import RetryingStore, is_permanent
-from slurm_geo.ckpt.s3store import MIB, S3Store, S3Unavailable, classify_s3_error, make_s3_client
+from slurm_geo.ckpt.s3store import (
+    DEFAULT_MULTIPART_THRESHOLD,
+    DEFAULT_PART_SIZE,
+    MIB,
+    S3Store,
+    S3Unavailable,
+    classify_s3_error,
+    make_s3_client,
+)
 from slurm_geo.ckpt.store import LocalDirStore
 from slurm_geo.errors import ConfigError
 from slurm_geo.sandbox.layout import S3_BUCKET
@@ -121,10 +129,10 @@ def test_a_put_cut_by_a_crash_resumes_with_the_missing_parts(s3_client, s3_prefi
 def test_small_objects_take_one_put_and_large_ones_multipart(s3_client, s3_store):
     with api_calls(s3_client, "PutObject") as puts, \
             api_calls(s3_client, "UploadPart") as parts:
-        s3_store.put("small", b"x" * MIB)
-        s3_store.put("large", b"y" * (16 * MIB + 1))  # the default threshold and part size
-    assert (len(puts), len(parts)) == (1, 3)
-    assert s3_store.get("large") == b"y" * (16 * MIB + 1)
+        s3_store.put("small", b"x" * (DEFAULT_MULTIPART_THRESHOLD - 1))
+        s3_store.put("large", b"y" * DEFAULT_MULTIPART_THRESHOLD)  # in default 8 MiB parts
+    assert (len(puts), len(parts)) == (1, DEFAULT_MULTIPART_THRESHOLD // DEFAULT_PART_SIZE)
+    assert s3_store.get("large") == b"y" * DEFAULT_MULTIPART_THRESHOLD
 
 
 def test_parts_below_the_s3_minimum_are_refused():

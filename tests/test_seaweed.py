@@ -34,6 +34,7 @@ from slurm_geo.sandbox.seaweed import (
     prepare_sandbox_files,
     s3_config,
 )
+from tests.helpers import eventually
 
 DAEMONS = S3Credentials("daemons-0123", "d" * 64)
 JOB = S3Credentials("job-4567", "j" * 64)
@@ -198,6 +199,15 @@ def store(weed: RunningServer, credentials: S3Credentials, prefix: str,
     return S3Store(bucket, prefix, weed.client(credentials), **options)
 
 
+def read_or_none(store: S3Store, name: str) -> bytes | None:
+    try:
+        return store.get(name)
+    except S3Unavailable as exc:
+        if is_permanent(exc):
+            raise
+        return None
+
+
 def refused(call) -> S3Unavailable:
     with pytest.raises(S3Unavailable) as info:
         call()
@@ -352,5 +362,8 @@ def test_objects_and_the_policy_survive_a_kill_and_a_start_on_the_same_directory
     weed.kill()
     weed.start(create_buckets=False)  # nor sets the policy again
     job = store(weed, JOB, prefix)
-    assert job.get("packs/ab/cd") == b"kept"
+    # Its S3 port opens before its volume server has reported the volumes to the master:
+    # until then a read is a 500 (retryable; RetryingStore's job in slurm-geo).
+    assert eventually(lambda: read_or_none(job, "packs/ab/cd"), lambda data: data is not None,
+                      30) == b"kept"
     refused(lambda: job.delete("packs/ab/cd"))

@@ -31,7 +31,10 @@ from slurm_geo.ckpt.store import Bytes
 
 MIB = 1024 * 1024
 DEFAULT_PART_SIZE = 8 * MIB
-DEFAULT_MULTIPART_THRESHOLD = 16 * MIB
+# Packs are 16-64 MiB: one PUT each. A multipart upload of a 16 MiB pack took five
+# requests (list unfinished uploads, create, two parts, complete); one checkpoint-sync
+# copy of 1 GiB over a 200 Mbit/s WAN ran at 0.79 of the link that way, 0.88 with one.
+DEFAULT_MULTIPART_THRESHOLD = 64 * MIB
 MIN_PART_SIZE = 5 * MIB  # S3 refuses smaller parts (but the last) when completing
 MAX_PARTS = 10_000
 
