@@ -14,11 +14,25 @@ CASES = [
     ("first-sample-as-is", [(GB, 8.0)], 1e9, 0.0),
     # Weighted by bytes: evidence 1 GB, then 0.7 + 1 = 1.7 GB, then 0.7 * 1.7 + 1 GB.
     ("second-weighs-1-of-1.7", [(GB, 8.0), (GB, 4.0)], 1e9 + 1e9 / 1.7, 0.0),
-    ("three-samples", [(GB, 8.0), (GB, 4.0), (GB, 16.0)],
-     (two := 1e9 + 1e9 / 1.7) + (0.5e9 - two) / (0.7 * 1.7 + 1), 0.0),
-    # A 4 MiB probe's rate gives way to a checkpoint's hundred times its size.
-    ("probe-then-checkpoint", [(4 * MIB, 0.01), (400 * MIB, 8 * 400 * MIB / 1.6e9)],
-     (probe := 8 * 4 * MIB / 0.01) + (1.6e9 - probe) * 400 / (0.7 * 4 + 400), 0.0),
+    ("three-samples", [(GB, 8.0), (GB, 4.0), (GB, 10.0)],
+     (two := 1e9 + 1e9 / 1.7) + (0.8e9 - two) / (0.7 * 1.7 + 1), 0.0),
+    # A 4 MiB probe's rate gives way to a checkpoint's hundred times its size,
+    ("probe-then-checkpoint", [(4 * MIB, 0.02), (400 * MIB, 8 * 400 * MIB / 1.6e9)],
+     (probe := 8 * 4 * MIB / 0.02) + (1.6e9 - probe) * 400 / (0.7 * 4 + 400), 0.0),
+    # and to one at under half its rate entirely: the checkpoint's says what the link is.
+    ("probe-then-a-much-slower-checkpoint", [(4 * MIB, 0.01),
+                                              (400 * MIB, 8 * 400 * MIB / 1.6e9)],
+     1.6e9, 0.0),
+    # A checkpoint at a quarter of the rate: the link changed, the estimate starts over.
+    ("a-changed-link-starts-over", [(400 * MIB, 8 * 400 * MIB / 1.6e9),
+                                    (400 * MIB, 8 * 400 * MIB / 0.4e9)], 0.4e9, 0.0),
+    # At half the rate, or from a probe at a quarter, it is weighed as any sample.
+    ("half-the-rate-is-weighed", [(400 * MIB, 8 * 400 * MIB / 1.6e9),
+                                  (400 * MIB, 8 * 400 * MIB / 0.8e9)],
+     1.6e9 - 0.8e9 / 1.7, 0.0),
+    ("a-slow-probe-starts-nothing", [(400 * MIB, 8 * 400 * MIB / 1.6e9),
+                                     (4 * MIB, 8 * 4 * MIB / 0.4e9)],
+     1.6e9 - 1.2e9 * 4 / (0.7 * 400 + 4), 0.0),
     # and a checkpoint's rate is barely moved by a probe after it.
     ("checkpoint-then-probe", [(400 * MIB, 8 * 400 * MIB / 1.6e9), (4 * MIB, 0.01)],
      1.6e9 + (8 * 4 * MIB / 0.01 - 1.6e9) * 4 / (0.7 * 400 + 4), 0.0),
