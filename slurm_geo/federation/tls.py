@@ -16,8 +16,7 @@ import stat
 from pathlib import Path
 
 from slurm_geo.errors import ConfigError
-
-PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
+from slurm_geo.pem import read_ca_pem
 
 
 def server_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -36,18 +35,7 @@ def server_context(cert: Path, key: Path) -> ssl.SSLContext:
 
 def ca_pem(path: Path) -> str:
     """The PEM text of the CA certificate(s) in `path`, checked to load as trust anchors."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"[federation] ca_file {path}: cannot read it ({_why(exc)})") from None
-    try:
-        if PEM_CERTIFICATE not in text:
-            raise ValueError("no PEM certificate in it")
-        ssl.create_default_context(cadata=text)
-    except (ssl.SSLError, ValueError) as exc:
-        raise ConfigError(f"[federation] ca_file {path}: not a PEM CA certificate "
-                          f"({_why(exc)})") from None
-    return text
+    return read_ca_pem(path, f"[federation] ca_file {path}")
 
 
 def _check_private(key: Path) -> None:

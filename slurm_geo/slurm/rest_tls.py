@@ -12,9 +12,8 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from slurm_geo.errors import ConfigError
+from slurm_geo.pem import read_ca_pem
 
-PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
 # OpenSSL's verify messages for a chain that ends at no CA this client trusts.
 UNTRUSTED_ISSUER = ("self-signed", "self signed", "unable to get local issuer",
                     "unable to get issuer", "unable to verify the first certificate")
@@ -23,20 +22,9 @@ UNTRUSTED_ISSUER = ("self-signed", "self signed", "unable to get local issuer",
 def check_ca_file(cluster: str, ca_file: Path) -> None:
     """Refuse a ca_file that cannot be read or holds no PEM certificate, with one line: at
     connect, so a bad one stops a command or the daemon's start, not a call much later."""
-    where = f"[clusters.{cluster}] ca_file {ca_file}"
-    try:
-        text = ca_file.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise ConfigError(f"{where}: cannot read it ({reason}); give the PEM file of the CA "
-                          "that signs slurmrestd's certificate, readable by this user") from None
-    try:
-        if PEM_CERTIFICATE not in text:
-            raise ValueError("no PEM certificate in it")
-        ssl.create_default_context(cadata=text)
-    except (ssl.SSLError, ValueError) as exc:
-        raise ConfigError(f"{where}: not a PEM CA certificate ({exc}); give the PEM file of "
-                          "the CA that signs slurmrestd's certificate") from None
+    read_ca_pem(ca_file, f"[clusters.{cluster}] ca_file {ca_file}",
+                "give the PEM file of the CA that signs slurmrestd's certificate, readable by "
+                "this user")
 
 
 def certificate_problem(exc: BaseException) -> str:
