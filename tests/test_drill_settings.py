@@ -61,10 +61,11 @@ def test_a_large_state_is_paced_slower_than_the_link_carries_it(state_mb, link_m
     interval_s = settings.ckpt_every * settings.step_delay_s
 
     assert (settings.steps, settings.ckpt_every) == (60, 10)  # six checkpoints
-    assert interval_s >= 1.5 * transfer_s(state_mb, link_mbit) * 0.999
+    # checkpoint-sync copies each and reads it back to verify: two crossings
+    assert interval_s >= 1.5 * 2 * transfer_s(state_mb, link_mbit) * 0.999
     # Time for the whole run at that pace, the resume included.
     assert settings.timeout_s > settings.steps * settings.step_delay_s + \
-        2 * transfer_s(state_mb, link_mbit)
+        4 * transfer_s(state_mb, link_mbit)
 
 
 def test_512_mib_cross_200_mbit_in_about_21_seconds():

@@ -11,10 +11,13 @@ MIB = 1024 * 1024
 BYTES_PER_PARAMETER = 3 * 4
 # The trainers' fixed widths (slurm_geo.torch.example_train, example_sharded_train).
 FEATURES, OUTPUTS = 16, 4
-# Checkpoints come at least this much slower than one crosses the link: checkpoint-sync
-# keeps up with the job (so the newest one at a kill is at most one interval behind, the
-# drill's RPO target) with room for verification and the machine's noise.
+# Checkpoints come at least this much slower than checkpoint-sync handles one, which is
+# two crossings of the link: the copy, then the verification that reads it all back. So
+# checkpoint-sync keeps up with the job (the newest checkpoint at a kill is at most one
+# interval behind, the drill's RPO target), with room for the machine's noise. Paced for
+# one crossing, a 50 Mbit/s drill fell behind by a checkpoint every 10 intervals.
 INTERVAL_OVER_TRANSFER = 1.5
+CROSSINGS_PER_CHECKPOINT = 2
 # Past this size a drill trains fewer, longer steps: ten checkpoints of 512 MB would be
 # 5 GB written and replicated for a figure that two or three checkpoints already give.
 LARGE_STATE_MB = 16.0
@@ -63,8 +66,9 @@ def sized(state_mb: float, link_mbit: float, *, ranks: int = 1, reshard: bool = 
           steps: int | None = None, ckpt_every: int | None = None,
           step_delay_s: float | None = None) -> DrillSettings:
     """A drill whose checkpoints are about `state_mb` MiB, paced for a `link_mbit` link:
-    checkpoints come INTERVAL_OVER_TRANSFER times slower than one crosses it, and the
-    drill may take as long as its checkpoints need. Explicit steps, interval or delay win.
+    checkpoints come INTERVAL_OVER_TRANSFER times slower than checkpoint-sync copies and
+    verifies one, and the drill may take as long as its checkpoints need. Explicit steps,
+    interval or delay win.
     """
     if state_mb <= 0 or link_mbit <= 0:
         raise ValueError("state_mb and link_mbit must be positive")
@@ -74,11 +78,12 @@ def sized(state_mb: float, link_mbit: float, *, ranks: int = 1, reshard: bool = 
     total = steps or (6 * every if large else base.steps)
     one = transfer_s(state_mb, link_mbit)
     delay = step_delay_s if step_delay_s is not None else \
-        max(base.step_delay_s, INTERVAL_OVER_TRANSFER * one / every)
+        max(base.step_delay_s, INTERVAL_OVER_TRANSFER * CROSSINGS_PER_CHECKPOINT * one / every)
     # Until the kill, the verified checkpoints and one more interval; after it, the rest
     # of the steps and the resume; each interval at least one transfer long.
     intervals = total / every + 2
-    timeout = base.timeout_s + intervals * max(one, delay * every) * 1.5
+    timeout = base.timeout_s + intervals * max(CROSSINGS_PER_CHECKPOINT * one,
+                                               delay * every) * 1.5
     return DrillSettings(steps=total, ckpt_every=every, step_delay_s=round(delay, 3),
                          timeout_s=round(timeout), hidden=hidden_for(state_mb, ranks),
                          ranks=ranks, reshard=reshard, state_mb=state_mb,
