@@ -56,6 +56,7 @@ REQUIRED_COMMANDS = {
 }
 TOKEN_LIFESPAN_S = 30 * 24 * 3600
 STAGE_TIMEOUT_S = 45
+S3_STOP_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,12 @@ class Sandbox:
 
     def down(self, purge: bool = False) -> None:
         names = [[d.name for d in stage] for stage in self._stages(None)]
-        self.processes.stop_all(reversed(names))
+        for group in reversed(names[1:]):
+            self.processes.stop_together(group)
+        # SeaweedFS spends 15 s stopping on SIGTERM (its filer drains its gRPC), past the
+        # grace; what it acknowledged is on disk already (tests/test_seaweed.py kills it).
+        self.processes.stop_together(["s3"], grace_s=S3_STOP_GRACE_S)
+        self.processes.stop_all([[name for name in names[0] if name != "s3"]])
         netns.down_sites(self.layout)
         if purge:
             shutil.rmtree(self.layout.root, ignore_errors=True)
