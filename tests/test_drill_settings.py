@@ -6,12 +6,25 @@ from __future__ import annotations
 import pytest
 
 from slurm_geo.drills.settings import (
+    BYTES_PER_PARAMETER,
+    FEATURES,
+    MIB,
+    OUTPUTS,
     DrillSettings,
-    checkpoint_mb,
     hidden_for,
     sized,
     transfer_s,
 )
+
+
+def checkpoint_mb(hidden: int, ranks: int = 1) -> float:
+    """The inverse of `hidden_for`, by the trainers' shapes: the checkpoint size of a
+    trainer this wide."""
+    if ranks == 1:
+        parameters = (FEATURES + 1 + OUTPUTS) * hidden + OUTPUTS
+    else:
+        parameters = hidden * hidden + (FEATURES + 1 + 1 + OUTPUTS) * hidden + OUTPUTS
+    return parameters * BYTES_PER_PARAMETER / MIB
 
 
 @pytest.mark.parametrize("state_mb, ranks", [

@@ -48,15 +48,6 @@ def hidden_for(state_mb: float, ranks: int = 1) -> int:
     return max(1, round((-linear + math.sqrt(linear ** 2 + 4 * parameters)) / 2))
 
 
-def checkpoint_mb(hidden: int, ranks: int = 1) -> float:
-    """The inverse of `hidden_for`: the checkpoint size of a trainer this wide."""
-    if ranks == 1:
-        parameters = (FEATURES + 1 + OUTPUTS) * hidden + OUTPUTS
-    else:
-        parameters = hidden * hidden + (FEATURES + 1 + 1 + OUTPUTS) * hidden + OUTPUTS
-    return parameters * BYTES_PER_PARAMETER / MIB
-
-
 def transfer_s(state_mb: float, link_mbit: float) -> float:
     """Seconds one checkpoint of `state_mb` MiB takes at `link_mbit` (10^6 bit/s)."""
     return state_mb * MIB * 8 / (link_mbit * 1e6)

@@ -121,8 +121,8 @@ class Sandbox:
             self.processes.stop_together(group)
         # SeaweedFS spends 15 s stopping on SIGTERM (its filer drains its gRPC), past the
         # grace; what it acknowledged is on disk already (tests/test_seaweed.py kills it).
-        self.processes.stop_together(["s3"], grace_s=S3_STOP_GRACE_S)
-        self.processes.stop_all([[name for name in names[0] if name != "s3"]])
+        self.processes.stop_together([stages.S3_DAEMON], grace_s=S3_STOP_GRACE_S)
+        self.processes.stop_all([[name for name in names[0] if name != stages.S3_DAEMON]])
         netns.down_sites(self.layout)
         if purge:
             shutil.rmtree(self.layout.root, ignore_errors=True)

@@ -23,6 +23,8 @@ from slurm_geo.sandbox.layout import (
 from slurm_geo.sandbox.processes import Daemon
 from slurm_geo.sandbox.sites import Site
 
+S3_DAEMON = "s3"
+
 
 def daemons_by_stage(layout: SandboxLayout, version: tuple[int, int] | None,
                      s3_env: dict[str, str]) -> list[list[Daemon]]:
@@ -74,7 +76,7 @@ def _mariadb(layout: SandboxLayout) -> Daemon:
 
 def _s3(layout: SandboxLayout) -> Daemon:
     """The offsite store's S3 server, at the remote site."""
-    return Daemon("s3",
+    return Daemon(S3_DAEMON,
                   seaweed.SeaweedServer.of_sandbox(layout).argv(program(seaweed.WEED_PROGRAM)),
                   port=layout.s3_port, extra_ports=layout.s3_internal_ports,
                   namespace=layout.namespace(Site.REMOTE), host=layout.address(Site.REMOTE))
