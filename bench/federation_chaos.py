@@ -15,8 +15,17 @@ pieces) and applies one fault:
 - kill-transfer  the same, the moment checkpoint-sync's state DB shows a checkpoint of the
                  run being copied off-site (status uploading or replicated), and
                  checkpoint-sync with it (it runs at the home site): the copy is cut off;
-- partition      SIGSTOP every onprem process (the same set), wait until the daemon has
-                 moved the job and the new incarnation trains, then SIGCONT (it heals).
+- freeze-home    SIGSTOP every onprem process (the same set), wait until the daemon has
+                 moved the job and the new incarnation trains, then SIGCONT (it thaws);
+- cut-wan        cut the WAN link between the sites (`sandbox wan --cut`: home and rented
+                 cannot reach each other; the daemon, at home, loses rented and its store)
+                 while the job trains at home, for CUT_WAN_S, then heal it: nothing may
+                 move, and the job finishes at home;
+- partition-rented  kill onprem as kill-random; once the job trains on rented, bring onprem
+                 back and cut the WAN: the rented incarnation can no longer renew its lease
+                 and the daemon cannot reach it; the daemon brings the job home from the
+                 newest checkpoint it verified; then heal: the rented incarnation must find
+                 itself fenced.
 
 Then onprem is brought back (`sandbox up`), the job runs to its end wherever the daemon
 put it, and the trial is checked:
@@ -61,7 +70,7 @@ from slurm_geo.drills import drill  # noqa: E402
 from slurm_geo.federation.audit import AuditLog, Entry  # noqa: E402
 from slurm_geo.federation.model import answering  # noqa: E402
 from slurm_geo.federation.state import FederationState  # noqa: E402
-from slurm_geo.sandbox import Sandbox  # noqa: E402
+from slurm_geo.sandbox import Sandbox, netns  # noqa: E402
 from slurm_geo.sandbox.users import ALICE  # noqa: E402
 from slurm_geo.slurm import SlurmClient, SlurmError, connect  # noqa: E402
 from slurm_geo.sync.reader import SyncStateReader  # noqa: E402
@@ -69,11 +78,15 @@ from slurm_geo.sync.state import Replica, Status  # noqa: E402
 
 SANDBOX_DIR = Path("/var/tmp/sg-chaos")
 PORT_BASE = 23800
-KINDS = ("kill-random", "kill-boundary", "kill-transfer", "partition")
+KINDS = ("kill-random", "kill-boundary", "kill-transfer", "freeze-home", "cut-wan",
+         "partition-rented")
 SETTINGS = drill.DrillSettings(steps=320, ckpt_every=40, step_delay_s=0.05, hidden=32768,
                                timeout_s=240.0)
 TRAINING_AFTER_MOVE_S = 2.0  # a partition heals while the new incarnation trains
+# Longer than the daemon's detection window (3 probes, 1 s apart): it sees rented out.
+CUT_WAN_S = 8.0
 EXIT_FENCED = 33
+_STALE = ("freeze-home", "partition-rented")  # kinds whose hit incarnation lives on, stale
 
 
 @dataclass(frozen=True)
@@ -106,14 +119,16 @@ class Trial:
     unverified: list[str] = field(default_factory=list)  # (b) violations
     not_started: list[str] = field(default_factory=list)  # submitted, never trained
     not_as_owner: list[str] = field(default_factory=list)  # incarnations not run as alice
+    moved_during_cut: list[dict[str, Any]] = field(default_factory=list)  # cut-wan: moves
     finished: str | None = None                          # the daemon's "finished" entry
-    stale: dict[str, Any] = field(default_factory=dict)  # the home incarnation's end
+    stale: dict[str, Any] = field(default_factory=dict)  # how the hit incarnation ended
     error: str | None = None
     seconds: float = 0.0
 
     @property
     def violates(self) -> bool:
-        return bool(self.overlap or self.unverified or self.not_as_owner)
+        return bool(self.overlap or self.unverified or self.not_as_owner
+                    or self.moved_during_cut)
 
 
 def plan_faults(trials: int, rng: random.Random, settings: drill.DrillSettings) -> list[Fault]:
@@ -153,6 +168,7 @@ class Chaos:
         self.clients: dict[str, SlurmClient] = {
             name: connect(cluster) for name, cluster in self.site.clusters.items()}
         self.audit = AuditLog(self.site.federation.audit_path, readonly=True)
+        self.wan = netns.sandbox_topology(sandbox.layout)
 
     def run(self, index: int, fault: Fault) -> Trial:
         trial = Trial(index, fault)
@@ -173,12 +189,15 @@ class Chaos:
         finally:
             if frozen:
                 drill.signal_pids(frozen, signal.SIGCONT)
+            if netns.wan_state(self.wan).cut:
+                netns.heal_wan(self.wan)
             if trial.error is not None:
                 self._clean_up(trial)
             trial.seconds = round(time.time() - started, 1)
         return trial
 
     def _inject(self, trial: Trial, job: drill.Training, deadline: float) -> set[int]:
+        """Apply the fault; the pids it froze (freeze-home), for _recover to thaw."""
         fault = trial.fault
         if fault.kind == "kill-transfer":
             trial.transfer_status = drill.wait_for(
@@ -187,16 +206,20 @@ class Chaos:
         else:
             drill.wait_for(lambda: self._reached(job, fault.step), deadline,
                            f"{job.run} to reach step {fault.step}")
+        frozen: set[int] = set()
+        if fault.kind == "partition-rented":
+            self._move_to_rented(job, deadline)
         trial.fault_at = time.time()
-        if fault.kind == "partition":
+        if fault.kind == "freeze-home":
             frozen = drill.cluster_pids(self.sandbox, self.home)
             drill.signal_pids(frozen, signal.SIGSTOP)
+        elif fault.kind in ("cut-wan", "partition-rented"):
+            netns.cut_wan(self.wan)
         else:
             if fault.kind == "kill-transfer":
                 sync = self.sandbox.processes.running_pid("checkpoint-sync")
                 drill.signal_pids(set() if sync is None else {sync}, signal.SIGKILL)
             drill.kill_cluster(self.sandbox, self.home)
-            frozen = set()
         lines = drill.trace_lines(job.trace)
         trial.fault_step = lines[-1].step if lines else 0
         trial.offsite_at_fault = max(drill.verified_offsite(self.site, job.run), default=None)
@@ -204,20 +227,40 @@ class Chaos:
             trial.transfer_status = f"{trial.transfer_status} -> {self._replica_status(job.run)}"
         return frozen
 
+    def _move_to_rented(self, job: drill.Training, deadline: float) -> None:
+        """partition-rented's setting: onprem lost, the job training on rented, onprem back."""
+        lost_at = time.time()
+        drill.kill_cluster(self.sandbox, self.home)
+        drill.wait_for(lambda: self._entry("lease", job.logical_job, self.target, lost_at),
+                       deadline, f"{job.logical_job} to train on {self.target}")
+        time.sleep(TRAINING_AFTER_MOVE_S)
+        self._wait_home_up(deadline)
+
     def _recover(self, trial: Trial, job: drill.Training, frozen: set[int],
                  deadline: float) -> None:
-        logical, after = job.logical_job, trial.fault_at
-        if frozen:
+        logical, after, kind = job.logical_job, trial.fault_at, trial.fault.kind
+        if kind == "freeze-home":
             drill.wait_for(lambda: self._entry("lease", logical, self.target, after),
                            deadline, f"{logical} to train on {self.target}")
             time.sleep(TRAINING_AFTER_MOVE_S)
             drill.signal_pids(frozen, signal.SIGCONT)
+        elif kind == "cut-wan":
+            time.sleep(CUT_WAN_S)
+            netns.heal_wan(self.wan)
+        elif kind == "partition-rented":
+            drill.wait_for(lambda: self._entry("lease", logical, self.home, after),
+                           deadline, f"{logical} to train on {self.home} again")
+            time.sleep(TRAINING_AFTER_MOVE_S)
+            netns.heal_wan(self.wan)
+        if kind in ("freeze-home", "cut-wan", "partition-rented"):
             trial.healed_at = time.time()
         drill.wait_for(lambda: self._entry("finished", logical, None, after), deadline,
                        f"{logical} to finish")
         self.sandbox.up(progress=lambda _msg: None)
-        drill.wait_or_none(lambda: self._entry("fence", logical, self.home, after),
-                           time.time() + 60)
+        stale_on = self.target if kind == "partition-rented" else self.home
+        if kind != "cut-wan":
+            drill.wait_or_none(lambda: self._entry("fence", logical, stale_on, after),
+                               time.time() + 60)
 
     # --- checks ---------------------------------------------------------------------------
 
@@ -235,7 +278,7 @@ class Chaos:
         trial.rto_s = _since(lease, trial.fault_at)
         trial.rto_target_s = self.site.federation.detection_window_s + 15.0
         trial.overlap = overlaps(lines)
-        if lease is not None:
+        if lease is not None and hit.incarnation.startswith(f"{self.home}:"):
             trial.overlap += self._stale_commits(job, hit, lease.unix_time)
         trial.unverified = unverified_resumes(entries, job.work)
         trial.not_started = failed_resumes(entries, job.work)
@@ -258,18 +301,20 @@ class Chaos:
         _, trial.final_weights = drill.final_line(output)
         trial.bit_identical = trial.final_weights == self.reference
         trial.stale = self._stale_end(job, entries, hit)
+        if trial.fault.kind == "cut-wan":
+            trial.moved_during_cut = [m for m in trial.moves if m["after_fault"]]
 
     def _stale_end(self, job: drill.Training, entries: list[Entry],
                    hit: drill.TraceLine) -> dict[str, Any]:
         """How the incarnation the fault hit ended: the daemon's fence entry, its output,
         sacct."""
-        job_id = int(hit.incarnation.split(":")[1])
+        cluster, job_id = hit.incarnation.split(":")[0], int(hit.incarnation.split(":")[1])
         fence = next((e for e in entries if e.kind == "fence"
-                      and e.detail.get("cluster") == self.home
+                      and e.detail.get("cluster") == cluster
                       and e.detail.get("generation") == hit.generation), None)
-        output = drill.job_output(job.work, job_id, self.home)
+        output = drill.job_output(job.work, job_id, cluster)
         try:
-            records = self.clients[self.home].accounting([job_id])
+            records = self.clients[cluster].accounting([job_id])
         except SlurmError:
             records = []
         return {"fence": None if fence is None else fence.what,
@@ -462,18 +507,20 @@ def summary(trials: list[Trial], settings: drill.DrillSettings) -> dict[str, Any
         "steps_lost_within_interval": sum(n <= settings.ckpt_every for n in lost),
         "faults": dict(Counter(t.fault.kind for t in trials)),
         "killed_during_transfer": sum(t.transfer_status is not None for t in trials),
-        "partition_stale_trainer_fenced": sum(bool(t.stale.get("output_says_fenced"))
-                                              for t in trials if t.fault.kind == "partition"),
-        "partition_stale_exit_33_in_sacct": sum(
+        "violations_moved_during_wan_cut": sum(bool(t.moved_during_cut) for t in trials),
+        "partitioned_stale_trainer_fenced": sum(bool(t.stale.get("output_says_fenced"))
+                                                for t in trials if t.fault.kind in _STALE),
+        "partitioned_stale_exit_33_in_sacct": sum(
             any(r.get("exit_code") == EXIT_FENCED for r in t.stale.get("sacct", []))
-            for t in trials if t.fault.kind == "partition"),
+            for t in trials if t.fault.kind in _STALE),
+        "partitioned_trials": sum(t.fault.kind in _STALE for t in trials),
         "stale_cancelled": sum(bool(t.stale.get("fence")) for t in trials),
     }
 
 
 def table(trials: list[Trial]) -> str:
     rows = ["| # | fault | at step | detection s | RTO s | resume | lost | bit-identical "
-            "| (a) | (b) | home incarnation | s |",
+            "| (a) | (b) | hit incarnation | s |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in trials:
         resume = ",".join(str(m["resume_step"]) for m in t.moves) or "-"
@@ -523,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trial {index}/{len(faults)} {fault.kind}@{fault.step}: rto {trial.rto_s} "
               f"lost {trial.steps_lost} identical {trial.bit_identical} "
               f"(a) {len(trial.overlap)} (b) {len(trial.unverified)} "
-              f"not as alice {len(trial.not_as_owner)} {trial.seconds} s"
+              f"not as alice {len(trial.not_as_owner)} "
+              f"moved during cut {len(trial.moved_during_cut)} {trial.seconds} s"
               + (f" ERROR {trial.error}" if trial.error else ""), file=sys.stderr)
     result = {"seed": seed, "settings": asdict(SETTINGS), "reference_weights": reference,
               "summary": summary(trials, SETTINGS),
