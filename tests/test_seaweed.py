@@ -13,7 +13,8 @@ import requests
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.retry import is_permanent
-from slurm_geo.ckpt.s3store import MIB, S3Store, S3Unavailable
+from slurm_geo.ckpt.s3store import S3Store, S3Unavailable
+from slurm_geo.ckpt.transfer_plan import MIB, TransferPlan
 from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX, SandboxLayout
@@ -36,6 +37,7 @@ from tests.seaweed_server import (
 )
 
 PART = 5 * MIB
+PART_PLAN = TransferPlan(part_size=PART, multipart_threshold=PART)
 
 
 # --- rendering, no I/O ------------------------------------------------------------------------
@@ -197,7 +199,7 @@ def test_a_job_key_is_refused_on_delete_but_of_its_push_locks(weed, name):
 def test_a_moved_job_writes_and_reads_a_checkpoint_with_its_key(weed):
     """Writing takes a push lock and deletes it (docs/format.md §8.1): the one delete a job
     key may do."""
-    job = store(weed, JOB, S3_PREFIX, multipart_threshold=PART, part_size=PART)
+    job = store(weed, JOB, S3_PREFIX, plan=PART_PLAN)
     run = f"run-{random.getrandbits(64):016x}"
     master, rng = random.Random(7).randbytes(32), random.Random(8)
     tensors = [Tensor(f"layer{i}.w", "uint8", (3 * MIB,), rng.randbytes(3 * MIB))
@@ -250,7 +252,7 @@ def test_a_wrong_secret_and_a_missing_bucket_are_permanent_failures(weed, prefix
 @pytest.mark.parametrize("change, uploaded", [(None, [3, 4]), ("all", [1, 2, 3, 4])])
 def test_a_multipart_put_cut_by_a_crash_resumes_with_a_job_key(weed, prefix, change, uploaded):
     """Resuming lists the unfinished upload and its parts; a fresh start aborts it."""
-    job = store(weed, JOB, prefix, part_size=PART, multipart_threshold=PART)
+    job = store(weed, JOB, prefix, plan=PART_PLAN)
     client = job._client
     first = random.Random(1).randbytes(3 * PART + 1000)
     sent: list[int] = []
