@@ -1,6 +1,6 @@
 """Transfers `streams` at once: an S3 multipart upload's parts against a real S3 server of
-the module's own (the `weed` fixture), and a checkpoint copy's packs. docs/stores.md,
-docs/checkpoint-sync.md."""
+the module's own (the `weed` fixture), a checkpoint copy's packs, and checkpoint-sync's
+attempt recording what its copy's threads put. docs/stores.md, docs/checkpoint-sync.md."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from slurm_geo.ckpt.retry import is_permanent
 from slurm_geo.ckpt.s3store import S3Store, S3Unavailable
 from slurm_geo.ckpt.transfer_plan import MIB, TransferPlan
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX
-from slurm_geo.sync.worker import Guard, Interrupted
+from slurm_geo.sync.state import StateDB, Status
+from slurm_geo.sync.worker import Attempt, Guard, Interrupted, Limits, Outcome, Route
 from tests.seaweed_server import DAEMONS, needs_weed
 
 PART = 5 * MIB
@@ -258,6 +259,26 @@ def test_a_stop_during_a_parallel_copy_ends_it_before_the_next_object(tmp_path):
         copy_checkpoint(home, home_store, destination, RUN, STEP, streams=4)
     assert not away_store.exists(manifest_name(RUN, STEP))
     assert len(recording.moments("start", "packs/")) <= 2 + 4  # those already under way
+
+
+def test_an_attempt_with_four_streams_records_every_pack_its_threads_put(tmp_path):
+    home_store, _, packs = saved_run(tmp_path)
+    away_store = away(tmp_path)
+    recording = RecordingStore(away_store, together=4)
+    state = StateDB(tmp_path / "sync.db")
+    (replica_id,) = state.add([{"root": "pfs", "run": RUN, "step": STEP,
+                                "destination": "offsite", "sequence": 0,
+                                "status": Status.PENDING.value}], now=0.0)
+    state.move(replica_id, Status.PENDING, Status.UPLOADING, 0.0)
+    route = Route("pfs", home_store, "home", "offsite", recording, "eu", streams=4)
+    attempt = Attempt(state, KEY, route, Guard(threading.Event(), 1e18), TokenBucket(0),
+                      Limits(max_attempts=3))
+    assert attempt.run(state.replica(replica_id)).outcome is Outcome.VERIFIED
+    transfers = state.transfers(replica_id)
+    assert sorted(t["object"] for t in transfers if t["kind"] == "packs") == sorted(packs)
+    assert {t["kind"] for t in transfers} == {"keys", "packs", "manifests", "latest", "verify"}
+    replica = state.replica(replica_id)
+    assert replica.bytes == sum(t["bytes"] for t in transfers if t["kind"] != "verify")
 
 
 # --- pacing, with the packs' threads paying at once ----------------------------------------
