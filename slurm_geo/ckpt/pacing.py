@@ -19,7 +19,9 @@ class TokenBucket:
     """At most `rate` bytes a second on average (0: no cap), with one second of burst.
 
     Each object is paid for before it moves; a payment beyond the tokens available waits
-    until the debt is repaid, so the average holds over any stretch of objects.
+    until the debt is repaid, so the average holds over any stretch of objects. Threads
+    paying at once (a copy's packs in parallel) queue up: each one's payment is counted
+    under the lock, and it waits outside it until the debts before its own are repaid.
     """
 
     def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic):
@@ -71,13 +73,17 @@ class PacedStore:
     """`inner` with a bandwidth cap, a stop/timeout check before every operation, and a
     callback for each object put (for checkpoint-sync's transfers table). A
     StoreUnavailable passing through is tagged with `side` (e.g. "root" or "destination"):
-    which store is out. Built by slurm_geo.ckpt.open_store.paced."""
+    which store is out. Built by slurm_geo.ckpt.open_store.paced.
+
+    Several threads may use it at once (a copy's packs go in parallel): the bucket and the
+    byte count are locked, and `on_put` is called in the thread that put the object."""
 
     def __init__(self, inner: Store, guard: Guard, side: str, bucket: TokenBucket | None = None,
                  on_put: Moved | None = None, clock: Callable[[], float] = time.time):
         self.inner = inner
         self.side = side
         self.bytes_read = 0
+        self._counting = threading.Lock()
         self._guard = guard
         self._bucket = bucket
         self._on_put = on_put
@@ -95,7 +101,8 @@ class PacedStore:
 
     def get(self, name: str) -> bytes:
         data = self._call(lambda: self.inner.get(name))
-        self.bytes_read += len(data)
+        with self._counting:
+            self.bytes_read += len(data)
         if self._bucket is not None:
             self._bucket.take(len(data), self._guard.sleep)
         return data

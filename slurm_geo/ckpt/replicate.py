@@ -4,16 +4,22 @@ The order of docs/format.md §8 holds at the destination: the run's key, then th
 destination lacks, then the manifest (the commit point), then the latest pointer (only if
 it moves forward). A copy cut anywhere leaves the destination's previous checkpoint
 intact; a repeated copy uploads only what is still missing.
+
+The packs may go `streams` at once (slurm_geo.ckpt.transfer_plan: enough to fill a link
+with latency); the manifest still waits for every one of them, and a failed pack stops
+the packs not yet started and is raised before the manifest is touched.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from slurm_geo.ckpt.fence import FenceLookup, check_admitted, read_fence
 from slurm_geo.ckpt.manifest import with_bases
 from slurm_geo.ckpt.names import key_name, manifest_name, pack_name
+from slurm_geo.ckpt.parallel import run_all
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.store import Store
 
@@ -29,27 +35,30 @@ class CopyReport:
 
 def copy_checkpoint(source: Repository, source_store: Store, destination: Store, run: str,
                     step: int, on_pack: Callable[[int, int], None] = lambda _i, _n: None,
-                    fence: FenceLookup = read_fence) -> CopyReport:
-    """Copy `run@step`; `on_pack(done, total)` is called after each pack is handled.
-    `fence` reads the destination's fence (by default the store's own, strictly)."""
+                    fence: FenceLookup = read_fence, streams: int = 1) -> CopyReport:
+    """Copy `run@step`, up to `streams` packs at once; `on_pack(done, total)` is called in
+    the calling thread after each pack is handled. `fence` reads the destination's fence
+    (by default the store's own, strictly). With `streams` above 1 the stores are used from
+    several threads at once."""
     manifest = source.manifest(run, step)  # opens and validates: never copy a bad manifest
     packs = sorted({pack_name(r.pack) for r in with_bases(manifest.refs())})
-    copied = present = moved = 0
     if not destination.exists(key_name(run)):
         _copy(source_store, destination, key_name(run))
-    for done, name in enumerate(packs, 1):
-        if destination.exists(name):
-            present += 1
-        else:
-            moved += _copy(source_store, destination, name)
-            copied += 1
-        on_pack(done, len(packs))
+    done = itertools.count(1)
+    moved = run_all(lambda name: _copy_if_missing(source_store, destination, name), packs,
+                    streams, on_done=lambda _name, _moved: on_pack(next(done), len(packs)))
+    copied = [size for size in moved if size is not None]
     # Checked last, right before the commit point: a fence set during the copy still holds.
     check_admitted(Repository(destination, source.master_key), manifest, fence)
     _copy(source_store, destination, manifest_name(run, step))
     if _destination_latest(source, destination, run) < step:
         _copy_latest_naming(source, destination, run, step)
-    return CopyReport(run, step, copied, present, moved)
+    return CopyReport(run, step, len(copied), len(packs) - len(copied), sum(copied))
+
+
+def _copy_if_missing(source: Store, destination: Store, name: str) -> int | None:
+    """The bytes copied; None when the destination has the object already."""
+    return None if destination.exists(name) else _copy(source, destination, name)
 
 
 def _copy(source: Store, destination: Store, name: str) -> int:

@@ -1,16 +1,18 @@
 """Checkpoint objects in an S3 bucket (or an S3-compatible store) under a key prefix.
 
-Every object is one key, `<prefix>/<name>`. Small objects go up in one PUT, which S3 makes
-visible all at once; large ones (packs) by multipart upload, which also appears all at
-once on completion, and which a later put() of the same object resumes after a crash
-(docs/stores.md). The client is passed in and never retries by itself: retrying is
-`RetryingStore`'s job, so that one policy covers every store.
+Every object is one key, `<prefix>/<name>`. Small objects (packs among them) go up in one
+PUT, which S3 makes visible all at once; large ones by multipart upload, its parts sent a
+few at once (the store's TransferPlan), which also appears all at once on completion, and
+which a later put() of the same object resumes after a crash (docs/stores.md). The client
+is passed in and never retries by itself: retrying is `RetryingStore`'s job, so that one
+policy covers every store. boto3 clients are thread-safe, so the parts share it.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,16 +29,9 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from slurm_geo.ckpt.errors import CkptError, ObjectMissing, StoreUnavailable
 from slurm_geo.ckpt.names import check_object_name
+from slurm_geo.ckpt.parallel import run_all
 from slurm_geo.ckpt.store import Bytes
-
-MIB = 1024 * 1024
-DEFAULT_PART_SIZE = 8 * MIB
-# Packs are 16-64 MiB: one PUT each. A multipart upload of a 16 MiB pack took five
-# requests (list unfinished uploads, create, two parts, complete); one checkpoint-sync
-# copy of 1 GiB over a 200 Mbit/s WAN ran at 0.79 of the link that way, 0.88 with one.
-DEFAULT_MULTIPART_THRESHOLD = 64 * MIB
-MIN_PART_SIZE = 5 * MIB  # S3 refuses smaller parts (but the last) when completing
-MAX_PARTS = 10_000
+from slurm_geo.ckpt.transfer_plan import DEFAULT_PLAN, MAX_STREAMS, TransferPlan
 
 _Part = tuple[int, str]  # (size, MD5 hex or ETag) of one part of a multipart upload
 
@@ -78,18 +73,21 @@ class S3Unavailable(StoreUnavailable):
 
 def make_s3_client(endpoint_url: str | None = None, region_name: str | None = None, *,
                    access_key_id: str | None = None, secret_access_key: str | None = None,
-                   connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0) -> Any:
+                   connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0,
+                   max_connections: int = 2 * MAX_STREAMS) -> Any:
     """A boto3 S3 client that fails fast and lets `RetryingStore` retry.
 
     Arguments left None come from boto3's own resolution: AWS_ENDPOINT_URL(_S3),
     AWS_DEFAULT_REGION/AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE and
-    ~/.aws, then instance roles.
+    ~/.aws, then instance roles. `max_connections` bounds the connections kept open for
+    reuse: a copy's packs and a multipart upload's parts go up at once, each on its own.
     """
     import boto3  # only S3 users pay for importing it
 
     options: dict[str, Any] = {
         "connect_timeout": connect_timeout_s, "read_timeout": read_timeout_s,
         "retries": {"total_max_attempts": 1},  # one attempt: no retries under our own
+        "max_pool_connections": max_connections,
     }
     # Since botocore 1.36 clients add CRC checksums that many S3-compatible stores reject;
     # we send Content-MD5 ourselves, and the checkpoint format verifies all bytes read.
@@ -107,18 +105,16 @@ class S3Store:
     """The Store interface over one bucket and key prefix; see docs/stores.md."""
 
     def __init__(self, bucket: str, prefix: str, client: Any, *,
-                 part_size: int = DEFAULT_PART_SIZE,
-                 multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
-                 list_page_size: int = 1000):
-        if part_size < MIN_PART_SIZE:
-            raise ValueError(f"S3 parts are at least {MIN_PART_SIZE} bytes, not {part_size}")
+                 plan: TransferPlan = DEFAULT_PLAN, list_page_size: int = 1000):
         prefix = prefix.strip("/")
         self.bucket = bucket
         self.prefix = check_object_name(prefix) + "/" if prefix else ""
+        self.plan = plan
         self._client = client
-        self._part_size = part_size
-        self._threshold = multipart_threshold
         self._page_size = list_page_size
+        # Parts in flight, whichever put they belong to: several copies' multipart puts at
+        # once still send at most `streams` parts together.
+        self._part_slots = threading.BoundedSemaphore(plan.streams)
 
     def __repr__(self) -> str:
         return f"S3Store({self.bucket!r}, {self.prefix!r})"
@@ -127,7 +123,8 @@ class S3Store:
         key = self._key(name)
         view = memoryview(data).cast("B")
         with self._errors_for(name):
-            if len(view) < self._threshold or not view:  # S3 has no zero-part uploads
+            # S3 has no zero-part uploads
+            if len(view) < self.plan.multipart_threshold or not view:
                 body = bytes(view)  # boto3 takes bytes or files, not memoryviews
                 self._client.put_object(Bucket=self.bucket, Key=key, Body=body,
                                         ContentMD5=_content_md5(body))
@@ -172,24 +169,28 @@ class S3Store:
         return self.prefix + check_object_name(name)
 
     def _put_multipart(self, key: str, view: memoryview) -> None:
-        """Upload the parts the store lacks, into an earlier unfinished upload if one fits."""
-        size = max(self._part_size, -(-len(view) // MAX_PARTS))
+        """Upload the parts the store lacks, into an earlier unfinished upload if one fits,
+        `plan.streams` at once; the first part that fails stops the rest and is raised."""
+        size = self.plan.part_size_for(len(view))
         parts = {n: view[start:start + size]
                  for n, start in enumerate(range(0, len(view), size), start=1)}
         wanted = {n: (len(p), hashlib.md5(p, usedforsecurity=False).hexdigest())
                   for n, p in parts.items()}
         upload_id, stored = self._resumable_upload(key, wanted)
-        etags = []
-        for number, part in parts.items():
-            etag = stored.get(number)
-            if etag is None:
-                body = bytes(part)
-                etag = self._client.upload_part(
-                    Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                    Body=body, ContentMD5=_content_md5(body))["ETag"]
-            etags.append({"PartNumber": number, "ETag": etag})
+        missing = [n for n in parts if n not in stored]
+        sent = run_all(lambda n: self._upload_part(key, upload_id, n, parts[n]), missing,
+                       self.plan.streams)
+        etags = {**stored, **dict(zip(missing, sent, strict=True))}
         self._client.complete_multipart_upload(
-            Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": etags})
+            Bucket=self.bucket, Key=key, UploadId=upload_id,
+            MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etags[n]} for n in parts]})
+
+    def _upload_part(self, key: str, upload_id: str, number: int, part: memoryview) -> str:
+        with self._part_slots:
+            body = bytes(part)  # boto3 takes bytes or files, not memoryviews
+            return self._client.upload_part(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                Body=body, ContentMD5=_content_md5(body))["ETag"]
 
     def _resumable_upload(self, key: str, wanted: dict[int, _Part]) -> tuple[str, dict[int, str]]:
         """The unfinished upload of `key` holding most of the `wanted` parts, and the ETags

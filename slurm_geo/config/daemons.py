@@ -46,6 +46,7 @@ class SyncConfig:
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 9851
     bandwidth_mb_s: float = 0.0
+    wan_rtt_ms: float = 20.0
     poll_interval_s: float = 10.0
     nice: int = 10
     cpu_policy: str = "idle"
@@ -72,6 +73,13 @@ SYNC_SETTINGS = (
     Setting("bandwidth_mb_s", number(0, unit="MB/s", note="(0: no cap)"),
             SyncConfig.bandwidth_mb_s, "Cap on bytes sent to and read back from the "
             "destination, in MB/s (10^6 bytes); 0: no cap."),
+    # 20 ms: a round trip between regions of one continent. Guessing high costs a few idle
+    # streams; guessing low leaves a fast link half empty.
+    Setting("wan_rtt_ms", number(0, 10_000, unit="milliseconds"), SyncConfig.wan_rtt_ms,
+            "Round trip to the destination in milliseconds (as ping measures it). With "
+            "bandwidth_mb_s it sets how many packs go up at once: enough TCP streams to keep "
+            "bandwidth_mb_s times the round trip in flight (see Parallel uploads); without a "
+            "cap, one."),
     Setting("poll_interval_s", seconds, SyncConfig.poll_interval_s,
             "Seconds between scans of the roots."),
     Setting("nice", whole(0, 19), SyncConfig.nice, "CPU niceness the daemon gives itself "

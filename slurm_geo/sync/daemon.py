@@ -43,7 +43,7 @@ log = logging.getLogger("slurm_geo.sync")
 EXIT_OK = 0
 EXIT_BEHIND = 1        # --once: some replica is not verified
 EXIT_STUCK = 70        # an attempt outlived its timeout; systemd restarts us
-STOP_GRACE_S = 60.0    # SIGTERM waits this long for the object in flight
+STOP_GRACE_S = 60.0    # SIGTERM waits this long for the objects in flight
 
 
 class Daemon:

@@ -75,7 +75,8 @@ class InFlight:
                         sync.retry_max_s)
         route = Route(replica.root, runtime.root_store(replica.root),
                       runtime.region_of(replica.root), runtime.destination,
-                      runtime.destination_store, runtime.destination_region)
+                      runtime.destination_store, runtime.destination_region,
+                      runtime.transfer_plan.streams)
         deadline = self._monotonic() + sync.attempt_timeout_s
         guard = Guard(self._stop, deadline, self._monotonic)
 

@@ -18,6 +18,7 @@ from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.keys import load_master_key
 from slurm_geo.ckpt.open_store import open_store as default_open_store
 from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.transfer_plan import DEFAULT_PLAN, TransferPlan, plan_transfers
 from slurm_geo.config.model import SiteConfig, SyncConfig, load_config
 from slurm_geo.config.paths import master_key_path
 from slurm_geo.errors import ConfigError
@@ -46,6 +47,7 @@ class Runtime:
     registry_path: Path | None = None
     destination_url: str = ""
     store_urls: dict[str, str] = field(default_factory=dict)  # [stores] name -> url
+    transfer_plan: TransferPlan = DEFAULT_PLAN  # of the link to the destination
     _roots: dict[str, Store] = field(default_factory=dict, repr=False)
     _job_roots: set[str] = field(default_factory=set, repr=False)
 
@@ -86,8 +88,10 @@ def runtime_from_site(site: SiteConfig, env: Mapping[str, str] = os.environ,
     sync = site.sync
     master_key = load_master_key(master_key_path(sync.key_file, env))
     target = site.stores[sync.destination]
+    plan = link_plan(sync)
     try:
-        destination_store = open_store(target.url, endpoint_url=target.endpoint_url or None)
+        destination_store = open_store(target.url, endpoint_url=target.endpoint_url or None,
+                                       plan=plan)
     except CkptError as exc:
         raise ConfigError(f"{site.source} [sync]: destination '{sync.destination}' cannot "
                           f"be opened: {exc}") from None
@@ -108,4 +112,11 @@ def runtime_from_site(site: SiteConfig, env: Mapping[str, str] = os.environ,
                    home_region=home.region if home is not None else "",
                    geo_policy=site.policy, registry_path=site.registry_path,
                    destination_url=target.url,
-                   store_urls={name: store.url for name, store in site.stores.items()})
+                   store_urls={name: store.url for name, store in site.stores.items()},
+                   transfer_plan=plan)
+
+
+def link_plan(sync: SyncConfig) -> TransferPlan:
+    """Streams and part sizes for the link to the destination: its rate is the cap (what
+    checkpoint-sync may take of it; none: unknown), its round trip `wan_rtt_ms`."""
+    return plan_transfers(sync.bandwidth_mb_s * 1e6 or None, sync.wan_rtt_ms / 1000)

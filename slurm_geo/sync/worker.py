@@ -8,7 +8,9 @@ kill at any point leaves the state one step behind the truth, never ahead of it.
 
 Stores are wrapped by `slurm_geo.ckpt.open_store.paced`: a token bucket caps the bytes
 sent to (and read back from) the destination, and before every object the attempt's
-`Guard` checks whether it must stop (SIGTERM) or has run out of time.
+`Guard` checks whether it must stop (SIGTERM) or has run out of time. The copy puts up to
+`Route.streams` packs at once, from threads of its own: what they put is queued and
+written to the state database by the attempt's thread, whose connection it is.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, StoreUnavailable
 from slurm_geo.ckpt.names import manifest_name, promoted_name
@@ -69,7 +71,8 @@ class Guard:
 
 @dataclass(frozen=True)
 class Route:
-    """Where a replica's checkpoint comes from and goes to."""
+    """Where a replica's checkpoint comes from and goes to, and how many packs go at once
+    (the link's TransferPlan)."""
 
     root: str
     root_store: Store
@@ -77,6 +80,7 @@ class Route:
     destination: str
     destination_store: Store
     destination_region: str
+    streams: int = 1
 
 
 @dataclass(frozen=True)
@@ -119,10 +123,18 @@ class Attempt:
         self._destination = paced(route.destination_store, "destination", bucket, guard=guard,
                                   on_put=self._record, clock=clock)
         self._replica: Replica | None = None
+        self._unwritten: list[dict[str, Any]] = []  # transfers put, not yet in the state
+        self._unwritten_lock = threading.Lock()
 
     def run(self, replica: Replica) -> Result:
         """Copy (when UPLOADING) and verify (always) `replica`; never raises."""
         self._replica = replica
+        try:
+            return self._run(replica)
+        finally:
+            self._write_transfers()
+
+    def _run(self, replica: Replica) -> Result:
         try:
             if replica.status is Status.UPLOADING:
                 self._copy(replica)
@@ -146,8 +158,12 @@ class Attempt:
 
     def _copy(self, replica: Replica) -> None:
         source = Repository(self._source, self._key)
-        report = copy_checkpoint(source, self._source, self._destination, replica.run,
-                                 replica.step)
+        try:
+            report = copy_checkpoint(source, self._source, self._destination, replica.run,
+                                     replica.step, on_pack=lambda _d, _n: self._write_transfers(),
+                                     streams=self._route.streams)
+        finally:
+            self._write_transfers()  # what was put before a failure was sent all the same
         now = self._clock()
         moved = self._state.transferred_bytes(replica.id)
         self._state.move(replica.id, Status.UPLOADING, Status.REPLICATED, now,
@@ -270,14 +286,22 @@ class Attempt:
     # --- transfers ----------------------------------------------------------------------
 
     def _record(self, name: str, size: int, started: float, finished: float) -> None:
-        assert self._replica is not None
+        """Called in the thread that put the object: queued for `_write_transfers`."""
         route = self._route
-        self._state.record_transfer(self._replica, {
-            "object": name, "kind": name.split("/", 1)[0], "bytes": size,
-            "source": route.root, "destination": route.destination,
-            "source_region": route.root_region,
-            "destination_region": route.destination_region,
-            "started_at": started, "finished_at": finished})
+        row = {"object": name, "kind": name.split("/", 1)[0], "bytes": size,
+               "source": route.root, "destination": route.destination,
+               "source_region": route.root_region,
+               "destination_region": route.destination_region,
+               "started_at": started, "finished_at": finished}
+        with self._unwritten_lock:
+            self._unwritten.append(row)
+
+    def _write_transfers(self) -> None:
+        assert self._replica is not None
+        with self._unwritten_lock:
+            rows, self._unwritten = self._unwritten, []
+        for row in rows:
+            self._state.record_transfer(self._replica, row)
 
     def _record_read(self, started: float) -> None:
         """Verification reads the replica back: traffic out of the destination's region."""
