@@ -10,8 +10,8 @@ key, etcd itself refuses the old leader's writes.
 Timing (`next_step`, pure, on the replica's monotonic clock): the leader renews its lease
 every third of the TTL and steps down once a whole TTL has passed since the last renewal
 etcd answered was sent (etcd may have let the lease go from then on); a follower
-campaigns every third of the TTL. With the default 5 s a follower leads at most about
-TTL + TTL/3 = 6.7 s after the leader stopped renewing.
+campaigns every third of the TTL. With `[federation] leader_ttl_s`'s default 5 s a
+follower leads at most about TTL + TTL/3 = 6.7 s after the leader stopped renewing.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from slurm_geo.federation.etcd.kv import EtcdKV, Found, Request, created_at, rea
 from slurm_geo.federation.etcd.layout import Layout
 from slurm_geo.federation.model import NotLeader, Replica, StateUnavailable
 
-DEFAULT_TTL_S = 5
 RENEWALS_PER_TTL = 3
 
 
@@ -71,7 +70,7 @@ class Leadership:
     lease."""
 
     def __init__(self, kv: EtcdKV, layout: Layout, me: Replica, *,
-                 ttl_s: int = DEFAULT_TTL_S, clock: Callable[[], float] = time.monotonic):
+                 ttl_s: int, clock: Callable[[], float] = time.monotonic):
         self.kv, self.key, self.me = kv, layout.leader, me
         self.ttl_s = ttl_s
         self._clock = clock
