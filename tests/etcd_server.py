@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,11 +130,12 @@ def fresh_prefix() -> str:
 
 
 def open_replica(endpoints: list[str], prefix: str, name: str, *, ttl_s: int = 60,
-                 site: str = "onprem") -> EtcdFederationState:
+                 site: str = "onprem", master_key: bytes = MASTER_KEY,
+                 clock: Callable[[], float] = time.monotonic) -> EtcdFederationState:
     """A federation daemon's state on etcd, as a fresh process opens it (nothing on disk):
     the endpoints, the prefix and the master key. It leads only once it campaigns."""
-    kv = EtcdKV(endpoints, federation_state_key(MASTER_KEY))
+    kv = EtcdKV(endpoints, federation_state_key(master_key))
     layout = Layout(prefix)
     leadership = Leadership(kv, layout, Replica(name, site, f"https://{name}.example:9852"),
-                            ttl_s=ttl_s)
+                            ttl_s=ttl_s, clock=clock)
     return EtcdFederationState(kv, layout, leadership)
