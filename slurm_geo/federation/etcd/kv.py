@@ -63,6 +63,25 @@ class Found:
 
 
 @dataclass(frozen=True)
+class Sealed:
+    """A key as etcd holds it, its value not opened yet."""
+
+    key: str
+    sealed: bytes
+    mod_revision: int
+    create_revision: int
+
+
+class SealBroken(FederationStateError):
+    """A value that does not open under the state key: altered, moved from another key,
+    or sealed under another site's master key."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"the federation state in etcd: {reason}")
+        self.key = key
+
+
+@dataclass(frozen=True)
 class Outcome:
     """A transaction's outcome; `reads`: the ranges of the branch etcd took, opened."""
 
@@ -89,17 +108,32 @@ class EtcdKV:
     # --- reads ---------------------------------------------------------------------------
 
     def get(self, key: str) -> Found | None:
-        found = self.range(key, prefix=False)
+        found = [self.open(item) for item in self._range(key, None)]
         return found[0] if found else None
 
-    def range(self, key: str, *, prefix: bool = True) -> list[Found]:
-        """Every key under `key` (itself only with prefix=False), in key order."""
+    def range(self, prefix: str, *, start: str | None = None) -> list[Found]:
+        """Every key under `prefix` (from `start` on, when given), in key order."""
+        return [self.open(item) for item in self.range_sealed(prefix, start=start)]
+
+    def range_sealed(self, prefix: str, *, start: str | None = None) -> list[Sealed]:
+        """The same, not opened yet: for a reader that reports a value that does not open
+        and goes on (`slurm-geo audit verify`)."""
+        return self._range(start or prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
+
+    def _range(self, key: str, end: str | None) -> list[Sealed]:
         request: Request = {"key": _b64(key)}
-        if prefix:
-            request["range_end"] = _b64(key[:-1] + chr(ord(key[-1]) + 1))
+        if end is not None:
+            request["range_end"] = _b64(end)
         reply = self._call(lambda c: c.post(c.get_url("/kv/range"), json=request),
                            replayable=True)
-        return self._opened(reply.get("kvs", []))
+        return _sealed(reply.get("kvs", []))
+
+    def open(self, item: Sealed) -> Found:
+        try:
+            value = open_sealed(self._state_key, Kind.FEDERATION_STATE, item.sealed, item.key)
+        except CkptError as exc:
+            raise SealBroken(item.key, str(exc)) from None
+        return Found(item.key, value, item.mod_revision, item.create_revision)
 
     # --- transactions --------------------------------------------------------------------
 
@@ -116,7 +150,7 @@ class EtcdKV:
                failure: list[Request]) -> Outcome:
         txn = {"compare": compares, "success": success, "failure": failure}
         reply = self._call(lambda c: c.transaction(txn), replayable=False)
-        reads = [self._opened(r["response_range"].get("kvs", []))
+        reads = [[self.open(item) for item in _sealed(r["response_range"].get("kvs", []))]
                  for r in reply.get("responses", []) if "response_range" in r]
         # The gateway leaves out false and zero (proto3 JSON).
         return Outcome(bool(reply.get("succeeded", False)),
@@ -147,18 +181,6 @@ class EtcdKV:
 
     # --- plumbing ------------------------------------------------------------------------
 
-    def _opened(self, kvs: list[dict[str, Any]]) -> list[Found]:
-        found = []
-        for kv in kvs:
-            key = base64.b64decode(kv["key"]).decode("ascii")
-            sealed = base64.b64decode(kv.get("value", ""))
-            try:
-                value = open_sealed(self._state_key, Kind.FEDERATION_STATE, sealed, key)
-            except CkptError as exc:
-                raise FederationStateError(f"the federation state in etcd: {exc}") from None
-            found.append(Found(key, value, int(kv["mod_revision"]), int(kv["create_revision"])))
-        return found
-
     def _call(self, request: Callable[[etcd3gw.Etcd3Client], T], *, replayable: bool) -> T:
         failures = []
         for offset in range(len(self._clients)):
@@ -180,6 +202,12 @@ class EtcdKV:
             self._current = index
             return result
         raise StateUnavailable("no endpoint answers; " + "; ".join(failures))
+
+
+def _sealed(kvs: list[dict[str, Any]]) -> list[Sealed]:
+    return [Sealed(base64.b64decode(kv["key"]).decode("ascii"),
+                   base64.b64decode(kv.get("value", "")), int(kv["mod_revision"]),
+                   int(kv["create_revision"])) for kv in kvs]
 
 
 def created_at(key: str, revision: int) -> Request:
