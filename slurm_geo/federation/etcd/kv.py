@@ -6,9 +6,11 @@ rented site stores nothing it can read, and a value copied under another key fai
 open. Keys are ASCII (federation.etcd.layout quotes every name in them).
 
 A request that never reached a member (connection refused, connect timeout) goes to the
-next endpoint, and so does a read that failed any other way. A transaction whose
-connection broke after it was sent may have been applied: it is not sent again, and
-StateUnavailable says its outcome is unknown (the next read shows it).
+next endpoint, and so does a read, a lease grant or a keepalive that timed out or found
+the member unavailable (503: no quorum). A transaction whose connection broke after it
+was sent may have been applied: it is not sent again, and StateUnavailable says its
+outcome is unknown (the next read shows it). etcd's refusal (an unknown lease, a bad
+request) is EtcdRefused, whatever the request.
 """
 
 from __future__ import annotations
