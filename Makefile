@@ -1,6 +1,6 @@
 # Everything runs as root on Debian 12 (Slurm 22.05) or Debian 13 (Slurm 24.11).
 PYTHON ?= python3
-DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic lua5.1 python3-venv iproute2 util-linux
+DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic lua5.1 python3-venv iproute2 util-linux etcd-server etcd-client
 SLURM_GEO = $(PYTHON) -m slurm_geo
 
 .PHONY: install drill demo test test-quick lint bench spank

@@ -17,6 +17,7 @@ from slurm_geo.sandbox import Sandbox, root_from_env
 from slurm_geo.sandbox.layout import S3_BUCKET
 from slurm_geo.sandbox.users import ALICE, SandboxUser
 from slurm_geo.slurm import CliSlurmClient, SlurmClient, SlurmError, connect
+from tests.etcd_server import EtcdMember, start_cluster, stop_cluster
 
 
 @pytest.fixture(scope="session")
@@ -159,3 +160,23 @@ def weed(tmp_path_factory):
         yield running
     finally:
         running.kill()
+
+
+# --- real etcd ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory) -> Iterator[EtcdMember]:
+    """One etcd member for the whole session; each test takes a prefix of its own."""
+    members = start_cluster(tmp_path_factory.mktemp("etcd"), 1)
+    yield members[0]
+    stop_cluster(members)
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path) -> Iterator[list[EtcdMember]]:
+    """Three members on loopback, for a test that loses one (about 2 s to start)."""
+    root = tmp_path / "etcd"
+    root.mkdir()
+    members = start_cluster(root, 3)
+    yield members
+    stop_cluster(members)

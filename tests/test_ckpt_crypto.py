@@ -30,6 +30,7 @@ from slurm_geo.ckpt.keys import (
     RunKeys,
     chunk_id,
     create_master_key_file,
+    federation_state_key,
     fence_key,
     fingerprint,
     load_master_key,
@@ -62,6 +63,14 @@ SEALED_MARKER = (
     "bcb579050d5e35e7f5bc2b92b7d5809e137c4e8e7983d0b001bc5e74c89fe47b3666d3538321cd21cb83a38c"
     "ae2a603fcf88232bbe16a9b7c9c7bfb8b98544b098650a76dae5794da0113cc51e13af1d7a7cbd"
 )
+STATE_KEY = "1210d4051945fee62eeb8c8ed2161a5c3cb5db22f44666a9887d7cf0e4fb41e1"
+FINGERPRINT_STATE = "050f16e03134dacf"
+STATE_NAME = "/slurm-geo/federation/secrets/j/0000000001"
+STATE_PAYLOAD = b'{"secret":"ab"}'
+SEALED_STATE = (
+    "5347454f5345414c0106050f16e03134dacfa0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
+    "018cc3c7c082c7fdc02a0b560ee67234d70f96071dc10997c38742890ceffd"
+)
 HELLO_BLOB = "000500000068656c6c6f"
 PACK = (
     "5347454f5041434b03a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
@@ -89,6 +98,8 @@ def test_key_derivations_match_the_vectors():
     assert promotion_key(MASTER).hex() == PROMOTION_KEY
     assert fingerprint(bytes.fromhex(FENCE_KEY)).hex() == FINGERPRINT_FENCE
     assert fingerprint(bytes.fromhex(PROMOTION_KEY)).hex() == FINGERPRINT_PROMOTION
+    assert federation_state_key(MASTER).hex() == STATE_KEY
+    assert fingerprint(bytes.fromhex(STATE_KEY)).hex() == FINGERPRINT_STATE
 
 
 def test_the_promotion_marker_matches_its_vector():
@@ -96,6 +107,17 @@ def test_the_promotion_marker_matches_its_vector():
     assert seal(key, Kind.PROMOTED, SALT, MARKER_PAYLOAD, MARKER_NAME).hex() == SEALED_MARKER
     assert open_sealed(key, Kind.PROMOTED, bytes.fromhex(SEALED_MARKER),
                        MARKER_NAME) == MARKER_PAYLOAD
+
+
+def test_a_federation_state_value_matches_its_vector():
+    key = federation_state_key(MASTER)
+    assert seal(key, Kind.FEDERATION_STATE, SALT, STATE_PAYLOAD, STATE_NAME).hex() \
+        == SEALED_STATE
+    assert open_sealed(key, Kind.FEDERATION_STATE, bytes.fromhex(SEALED_STATE),
+                       STATE_NAME) == STATE_PAYLOAD
+    with pytest.raises(CorruptObject):  # the same value under another etcd key
+        open_sealed(key, Kind.FEDERATION_STATE, bytes.fromhex(SEALED_STATE),
+                    STATE_NAME.replace("/j/", "/k/"))
 
 
 def test_sealed_key_and_pack_match_the_vectors():
@@ -140,6 +162,14 @@ def test_an_independent_reader_opens_the_vectors():
     marker_key = hkdf(promotion, marker[18:34], b"slurm-geo/v1/seal")
     assert AESGCM(marker_key).decrypt(bytes(12), marker[34:],
                                       marker[:34] + MARKER_NAME.encode()) == MARKER_PAYLOAD
+
+    state = hkdf(MASTER, None, b"slurm-geo/v1/federation-state")
+    assert state.hex() == STATE_KEY
+    value = bytes.fromhex(SEALED_STATE)
+    assert value[8:10] == bytes([1, 6])
+    value_key = hkdf(state, value[18:34], b"slurm-geo/v1/seal")
+    assert AESGCM(value_key).decrypt(bytes(12), value[34:],
+                                     value[:34] + STATE_NAME.encode()) == STATE_PAYLOAD
 
     for version, pack_hex, pack_id in ((3, PACK, PACK_ID), (1, PACK_V1, PACK_V1_ID)):
         pack = bytes.fromhex(pack_hex)

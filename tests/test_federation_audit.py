@@ -1,4 +1,6 @@
-"""The audit log: appends chain, verify finds every kind of tampering at the right seq."""
+"""The audit log: appends chain, verify finds every kind of tampering at the right seq.
+The chain itself is tested on SQLite and on etcd (the `open_log` fixture); tampering with
+SQLite's file here, with etcd's keys in test_federation_etcd.py."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import hashlib
 import json
 import multiprocessing
 import sqlite3
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,8 @@ from slurm_geo.federation.audit import (
     entry_hash,
     utc_iso,
 )
+from slurm_geo.federation.etcd.audit import EtcdAuditLog
+from tests.etcd_server import EtcdMember, fresh_prefix, open_replica
 
 T0 = 1_795_975_200.0  # 2026-11-29T18:00:00Z
 
@@ -31,12 +36,36 @@ class Clock:
         return self.now
 
 
-def filled(path: Path, n: int = 6) -> AuditLog:
-    log = AuditLog(path, clock=Clock())
+Log = AuditLog | EtcdAuditLog
+
+
+@pytest.fixture(params=["sqlite", "etcd"])
+def open_log(request: pytest.FixtureRequest, tmp_path: Path
+             ) -> Iterator[Callable[[Callable[[], float]], Log]]:
+    """`open_log(clock)`: the one log of the test, on SQLite or on etcd (its leader)."""
+    if request.param == "sqlite":
+        yield lambda clock: AuditLog(tmp_path / "a.db", clock=clock)
+        return
+    etcd: EtcdMember = request.getfixturevalue("etcd")
+    replica = open_replica([etcd.client_url], fresh_prefix(), "onprem-a")
+    assert replica.leadership.campaign()
+    yield lambda clock: EtcdAuditLog(replica.kv, replica.layout, replica.leadership,
+                                     clock=clock)
+    replica.leadership.resign()
+    replica.close()
+
+
+def fill(log: Log, n: int = 6) -> Log:
     for i in range(1, n + 1):
         log.append("decision", f"onprem:{i % 2}", f"move to rented #{i}", "onprem is down",
                    checkpoint={"run": "llm", "step": 100 * i}, clusters=["onprem", "rented"],
                    bytes=i * 10**9)
+    return log
+
+
+def filled(path: Path, n: int = 6) -> AuditLog:
+    log = AuditLog(path, clock=Clock())
+    fill(log, n)
     return log
 
 
@@ -50,8 +79,8 @@ def attack(path: Path, *statements: tuple[str, tuple]) -> None:
     db.close()
 
 
-def test_appends_chain_from_genesis_and_verify(tmp_path):
-    log = filled(tmp_path / "audit.db", 3)
+def test_appends_chain_from_genesis_and_verify(open_log):
+    log = fill(open_log(Clock()), 3)
     first, second, third = log.entries()
     assert (first.seq, first.prev_hash, first.time) == (1, GENESIS, "2026-11-29T18:00:01.500000Z")
     assert second.prev_hash == first.hash and third.prev_hash == second.hash
@@ -64,8 +93,8 @@ def test_appends_chain_from_genesis_and_verify(tmp_path):
                             "clusters": ["onprem", "rented"]}
 
 
-def test_entries_are_selected_by_job_kind_and_sequence(tmp_path):
-    log = filled(tmp_path / "audit.db", 4)
+def test_entries_are_selected_by_job_kind_and_sequence(open_log):
+    log = fill(open_log(Clock()), 4)
     log.append("transfer", "onprem:1", "copied", "a move")
     assert [e.seq for e in log.entries(kind="transfer")] == [5]
     assert [e.seq for e in log.entries(kind="decision", logical_job="onprem:1")] == [1, 3]
@@ -73,8 +102,8 @@ def test_entries_are_selected_by_job_kind_and_sequence(tmp_path):
     assert log.entries(kind="requeue") == []
 
 
-def test_the_hash_is_sha256_of_the_canonical_fields(tmp_path):
-    entry = AuditLog(tmp_path / "a.db", clock=lambda: T0).append(
+def test_the_hash_is_sha256_of_the_canonical_fields(open_log):
+    entry = open_log(lambda: T0).append(
         "transfer", None, "copied", "replication", b=2, a=1.5)
     text = ('{"detail":{"a":1.5,"b":2},"kind":"transfer","logical_job":null,'
             '"prev_hash":"' + GENESIS + '","seq":1,"time":"2026-11-29T18:00:00.000000Z",'
@@ -84,8 +113,8 @@ def test_the_hash_is_sha256_of_the_canonical_fields(tmp_path):
                                     "replication", {"a": 1.5, "b": 2}, GENESIS)
 
 
-def test_an_empty_log_verifies(tmp_path):
-    log = AuditLog(tmp_path / "a.db")
+def test_an_empty_log_verifies(open_log):
+    log = open_log(Clock())
     assert log.head() == (0, GENESIS)
     assert log.verify().ok and log.verify().entries == 0
     assert log.verify(expected_head=(0, GENESIS)).ok
@@ -219,8 +248,8 @@ HOSTILE = ["'; DROP TABLE audit; --", 'job "quoted"', "new\nline", "tab\tand \\ 
 
 
 @pytest.mark.parametrize("name", HOSTILE)
-def test_names_are_stored_verbatim(tmp_path, name):
-    log = AuditLog(tmp_path / "a.db")
+def test_names_are_stored_verbatim(open_log, name):
+    log = open_log(Clock())
     log.append(name, name, name, name, **{name: name})
     (entry,) = log.entries(logical_job=name)
     assert (entry.kind, entry.logical_job, entry.what, entry.why) == (name,) * 4
@@ -228,15 +257,15 @@ def test_names_are_stored_verbatim(tmp_path, name):
     assert log.verify().ok
 
 
-def test_entries_filter_by_job_and_seq(tmp_path):
-    log = filled(tmp_path / "a.db")
+def test_entries_filter_by_job_and_seq(open_log):
+    log = fill(open_log(Clock()))
     assert [e.seq for e in log.entries(logical_job="onprem:1")] == [1, 3, 5]
     assert [e.seq for e in log.entries(since_seq=4)] == [5, 6]
     assert [e.seq for e in log.entries("onprem:0", since_seq=2)] == [4, 6]
 
 
-def test_detail_must_be_json(tmp_path):
-    log = AuditLog(tmp_path / "a.db")
+def test_detail_must_be_json(open_log):
+    log = open_log(Clock())
     with pytest.raises(TypeError):
         log.append("decision", None, "x", "y", when=object())
     with pytest.raises(ValueError):

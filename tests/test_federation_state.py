@@ -1,6 +1,7 @@
-"""The federation state against a real SQLite file: the lifecycle's transitions table,
-the compare-and-set writes, the schema (version 2, private file) and the migration of a
-version-1 database."""
+"""The federation state against a real SQLite file and a real etcd: the lifecycle's
+transitions table and the compare-and-set writes on both backends (the `state` fixture);
+on SQLite, the schema (version 4, private file) and the migrations from versions 1 to 3.
+What only etcd has (leadership, sealing, a member lost) is in test_federation_etcd.py."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from slurm_geo.federation.etcd.state import EtcdFederationState
 from slurm_geo.federation.model import (
     TRANSITIONS,
     ClusterStatus,
@@ -32,6 +34,7 @@ from slurm_geo.federation.model import (
 )
 from slurm_geo.federation.state import SCHEMA_VERSION, FederationState
 from slurm_geo.slurm.models import Owner
+from tests.etcd_server import EtcdMember, fresh_prefix, open_replica
 
 NOW = 1_800_000_000.0
 NAME = "onprem-7"
@@ -57,27 +60,48 @@ def path(tmp_path: Path) -> Path:
     return tmp_path / "federation" / "state.db"
 
 
+State = FederationState | EtcdFederationState
+
+
 @pytest.fixture
-def state(path: Path) -> Iterator[FederationState]:
+def sqlite_state(path: Path) -> Iterator[FederationState]:
     db = FederationState(path)
     yield db
     db.close()
 
 
-def dump(state: FederationState) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table: what "nothing was written" compares."""
+@pytest.fixture(params=["sqlite", "etcd"])
+def state(request: pytest.FixtureRequest, path: Path) -> Iterator[State]:
+    """Each test of the public interface, on SQLite and on etcd (the leading replica)."""
+    if request.param == "sqlite":
+        yield request.getfixturevalue("sqlite_state")
+        return
+    etcd: EtcdMember = request.getfixturevalue("etcd")
+    replica = open_replica([etcd.client_url], fresh_prefix(), "onprem-a")
+    assert replica.leadership.campaign()
+    yield replica
+    replica.leadership.resign()
+    replica.close()
+
+
+def dump(state: State) -> dict[str, Any]:
+    """Every row of every table, or every key under the prefix with its revision: what
+    "nothing was written" compares."""
+    if isinstance(state, EtcdFederationState):
+        return {f.key: (f.value, f.mod_revision)
+                for f in state.kv.range(state.layout.prefix + "/")}
     tables = [r[0] for r in state.db.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
     return {t: sorted(tuple(r) for r in state.db.execute(f"SELECT * FROM {t}"))
             for t in tables}
 
 
-def owner(state: FederationState, token: str) -> tuple[str, int] | None:
+def owner(state: State, token: str) -> tuple[str, int] | None:
     found = state.identities.token_owner(token)
     return None if found is None else (found.logical_job, found.generation)
 
 
-def added(state: FederationState, **overrides: Any) -> LogicalJob:
+def added(state: State, **overrides: Any) -> LogicalJob:
     j = job(**overrides)
     assert state.add_job(j)
     return j
@@ -104,7 +128,7 @@ def test_the_table_names_every_status_and_final_ones_lead_only_to_a_resubmission
 
 @pytest.mark.parametrize("pair", ALLOWED, ids=pair_id)
 def test_an_allowed_transition_is_written_and_clears_a_planned_move(
-        state: FederationState, pair: tuple[JobStatus, JobStatus]) -> None:
+        state: State, pair: tuple[JobStatus, JobStatus]) -> None:
     current, wanted = pair
     added(state, status=current)
     if current in (JobStatus.RUNNING, JobStatus.MOVING):
@@ -119,7 +143,7 @@ def test_an_allowed_transition_is_written_and_clears_a_planned_move(
 
 @pytest.mark.parametrize("pair", REFUSED, ids=pair_id)
 def test_a_refused_transition_raises_and_writes_nothing(
-        state: FederationState, pair: tuple[JobStatus, JobStatus]) -> None:
+        state: State, pair: tuple[JobStatus, JobStatus]) -> None:
     current, wanted = pair
     added(state, status=current)
     before = dump(state)
@@ -134,7 +158,7 @@ def test_a_refused_transition_raises_and_writes_nothing(
     pytest.param(pair, actual, id=f"{pair_id(pair)} on a {actual.value} job")
     for pair in ALLOWED for actual in JobStatus if actual is not pair[0]])
 def test_a_transition_from_a_status_the_job_is_not_in_is_stale(
-        state: FederationState, pair: tuple[JobStatus, JobStatus], actual: JobStatus) -> None:
+        state: State, pair: tuple[JobStatus, JobStatus], actual: JobStatus) -> None:
     added(state, status=actual)
     before = dump(state)
     with pytest.raises(StaleJob, match=f"no longer {pair[0].value}"):
@@ -142,7 +166,7 @@ def test_a_transition_from_a_status_the_job_is_not_in_is_stale(
     assert dump(state) == before
 
 
-def test_an_unknown_job_is_named(state: FederationState) -> None:
+def test_an_unknown_job_is_named(state: State) -> None:
     with pytest.raises(UnknownLogicalJob, match="nobody"):
         state.move_status("nobody", JobStatus.RUNNING, JobStatus.FAILED, NOW)
     with pytest.raises(UnknownLogicalJob, match="nobody"):
@@ -185,7 +209,7 @@ def test_of_two_writers_that_saw_the_same_generation_exactly_one_moves_it(
         state.close()
 
 
-def test_a_cancel_after_the_daemon_moved_the_job_on_is_stale(state: FederationState) -> None:
+def test_a_cancel_after_the_daemon_moved_the_job_on_is_stale(state: State) -> None:
     """Two writers saw RUNNING; the daemon's move wins, the person's cancel is refused."""
     added(state)
     state.move_status(NAME, JobStatus.RUNNING, JobStatus.MOVING, NOW)
@@ -197,7 +221,7 @@ def test_a_cancel_after_the_daemon_moved_the_job_on_is_stale(state: FederationSt
 # --- begin_generation ------------------------------------------------------------------------
 
 def test_begin_generation_makes_the_next_generation_current_and_moving(
-        state: FederationState) -> None:
+        state: State) -> None:
     added(state)
     state.plan_move(NAME, 0, CLOUD, 100, NOW - 20)
     state.await_approval(NAME, CLOUD, NOW - 10)
@@ -211,7 +235,7 @@ def test_begin_generation_makes_the_next_generation_current_and_moving(
         (0, HOME, 7, None, NOW - 3600, None, None), (1, CLOUD, None, 100, NOW, None, None)]
 
 
-def test_begin_generation_deletes_every_token_of_the_job(state: FederationState) -> None:
+def test_begin_generation_deletes_every_token_of_the_job(state: State) -> None:
     added(state)
     state.begin_generation(NAME, 0, CLOUD, 100, NOW)
     state.submitted(NAME, 1, 70, token_digest("secret-1"), NOW)
@@ -233,7 +257,7 @@ def test_begin_generation_deletes_every_token_of_the_job(state: FederationState)
                  id="home again clears it even when a reason is given"),
 ])
 def test_begin_generation_records_why_the_job_is_away_from_home(
-        state: FederationState, previous: LeftHome | None, to: str, given: LeftHome | None,
+        state: State, previous: LeftHome | None, to: str, given: LeftHome | None,
         after: LeftHome | None) -> None:
     added(state)
     if previous is not None:
@@ -244,7 +268,7 @@ def test_begin_generation_records_why_the_job_is_away_from_home(
     assert moved.left_home is after
 
 
-def test_begin_generation_counts_recoveries_only_when_told(state: FederationState) -> None:
+def test_begin_generation_counts_recoveries_only_when_told(state: State) -> None:
     added(state)
     first = state.begin_generation(NAME, 0, CLOUD, None, NOW, recovery=True)
     state.submitted(NAME, 1, 70, token_digest("a"), NOW)
@@ -256,7 +280,7 @@ def test_begin_generation_counts_recoveries_only_when_told(state: FederationStat
 
 
 def test_begin_generation_at_a_generation_that_is_gone_is_stale(
-        state: FederationState) -> None:
+        state: State) -> None:
     added(state)
     before = dump(state)
     with pytest.raises(StaleJob, match="no longer at generation 3"):
@@ -269,7 +293,7 @@ def test_begin_generation_at_a_generation_that_is_gone_is_stale(
     pytest.param(lease(renewed_at=NOW - TTL_S), id="renewed exactly one TTL ago"),
 ])
 def test_begin_generation_under_a_live_lease_is_stale_and_writes_nothing(
-        state: FederationState, held: Lease) -> None:
+        state: State, held: Lease) -> None:
     added(state)
     state.put_lease(held, True)
     before = dump(state)
@@ -284,7 +308,7 @@ def test_begin_generation_under_a_live_lease_is_stale_and_writes_nothing(
     pytest.param(lease(renewed_at=NOW - 1, released=True), id="a released lease"),
 ])
 def test_begin_generation_without_a_live_lease_goes_ahead(
-        state: FederationState, held: Lease | None) -> None:
+        state: State, held: Lease | None) -> None:
     added(state)
     if held is not None:
         state.put_lease(held, True)
@@ -293,7 +317,7 @@ def test_begin_generation_without_a_live_lease_goes_ahead(
 
 
 def test_a_live_lease_of_an_older_generation_does_not_stop_a_move(
-        state: FederationState) -> None:
+        state: State) -> None:
     added(state)
     state.begin_generation(NAME, 0, CLOUD, None, NOW - 10)
     state.submitted(NAME, 1, 70, token_digest("t"), NOW - 9)
@@ -302,13 +326,13 @@ def test_a_live_lease_of_an_older_generation_does_not_stop_a_move(
     assert moved.generation == 2
 
 
-def test_without_a_ttl_a_live_lease_is_the_callers_business(state: FederationState) -> None:
+def test_without_a_ttl_a_live_lease_is_the_callers_business(state: State) -> None:
     added(state)
     state.put_lease(lease(renewed_at=NOW - 1), True)
     assert state.begin_generation(NAME, 0, CLOUD, None, NOW).generation == 1
 
 
-def test_begin_generation_resubmits_a_failed_job(state: FederationState) -> None:
+def test_begin_generation_resubmits_a_failed_job(state: State) -> None:
     added(state, status=JobStatus.FAILED)
     assert state.begin_generation(NAME, 0, HOME, 100, NOW).status is JobStatus.MOVING
 
@@ -316,7 +340,7 @@ def test_begin_generation_resubmits_a_failed_job(state: FederationState) -> None
 @pytest.mark.parametrize("status", [JobStatus.MOVING, JobStatus.COMPLETED,
                                     JobStatus.CANCELLED], ids=lambda s: s.value)
 def test_begin_generation_from_a_status_that_cannot_move_writes_nothing(
-        state: FederationState, status: JobStatus) -> None:
+        state: State, status: JobStatus) -> None:
     added(state, status=status)
     before = dump(state)
     with pytest.raises(IllegalTransition):
@@ -324,14 +348,14 @@ def test_begin_generation_from_a_status_that_cannot_move_writes_nothing(
     assert dump(state) == before
 
 
-def test_begin_generation_of_an_unknown_job(state: FederationState) -> None:
+def test_begin_generation_of_an_unknown_job(state: State) -> None:
     with pytest.raises(UnknownLogicalJob):
         state.begin_generation("nobody", 0, CLOUD, None, NOW)
 
 
 # --- submitted, plan_move, add_job, name_run ---------------------------------------------------
 
-def test_submitted_records_the_slurm_job_and_its_token(state: FederationState) -> None:
+def test_submitted_records_the_slurm_job_and_its_token(state: State) -> None:
     added(state)
     state.begin_generation(NAME, 0, CLOUD, 100, NOW - 5)
     running = state.submitted(NAME, 1, 70, token_digest("secret"), NOW)
@@ -341,7 +365,7 @@ def test_submitted_records_the_slurm_job_and_its_token(state: FederationState) -
     assert state.find_job(CLOUD, 70) == running
 
 
-def test_submitted_after_a_cancel_is_stale_and_writes_nothing(state: FederationState) -> None:
+def test_submitted_after_a_cancel_is_stale_and_writes_nothing(state: State) -> None:
     added(state)
     state.begin_generation(NAME, 0, CLOUD, 100, NOW - 5)
     state.move_status(NAME, JobStatus.MOVING, JobStatus.CANCELLED, NOW - 1)
@@ -353,7 +377,7 @@ def test_submitted_after_a_cancel_is_stale_and_writes_nothing(state: FederationS
 
 
 @pytest.mark.parametrize("generation", [0, 2], ids=["an older generation", "a later one"])
-def test_submitted_for_another_generation_is_stale(state: FederationState,
+def test_submitted_for_another_generation_is_stale(state: State,
                                                    generation: int) -> None:
     added(state)
     state.begin_generation(NAME, 0, CLOUD, 100, NOW - 5)
@@ -362,7 +386,7 @@ def test_submitted_for_another_generation_is_stale(state: FederationState,
     assert state.job(NAME).status is JobStatus.MOVING
 
 
-def test_submitted_twice_is_stale(state: FederationState) -> None:
+def test_submitted_twice_is_stale(state: State) -> None:
     added(state)
     state.begin_generation(NAME, 0, CLOUD, 100, NOW - 5)
     state.submitted(NAME, 1, 70, token_digest("first"), NOW - 1)
@@ -373,7 +397,7 @@ def test_submitted_twice_is_stale(state: FederationState) -> None:
 
 @pytest.mark.parametrize("status", [JobStatus.RUNNING, JobStatus.MOVING],
                          ids=lambda s: s.value)
-def test_plan_move_at_the_current_generation(state: FederationState,
+def test_plan_move_at_the_current_generation(state: State,
                                              status: JobStatus) -> None:
     added(state, status=status)
     state.await_approval(NAME, CLOUD, NOW - 1)
@@ -382,7 +406,7 @@ def test_plan_move_at_the_current_generation(state: FederationState,
             planned.updated_at) == (CLOUD, 300, None, NOW)
 
 
-def test_plan_move_at_an_older_generation_is_stale(state: FederationState) -> None:
+def test_plan_move_at_an_older_generation_is_stale(state: State) -> None:
     added(state)
     state.begin_generation(NAME, 0, CLOUD, None, NOW - 5)
     before = dump(state)
@@ -393,7 +417,7 @@ def test_plan_move_at_an_older_generation_is_stale(state: FederationState) -> No
 
 @pytest.mark.parametrize("status", [JobStatus.COMPLETED, JobStatus.FAILED,
                                     JobStatus.CANCELLED], ids=lambda s: s.value)
-def test_plan_move_of_a_final_job_is_stale(state: FederationState, status: JobStatus) -> None:
+def test_plan_move_of_a_final_job_is_stale(state: State, status: JobStatus) -> None:
     added(state, status=status)
     before = dump(state)
     with pytest.raises(StaleJob):
@@ -401,13 +425,13 @@ def test_plan_move_of_a_final_job_is_stale(state: FederationState, status: JobSt
     assert dump(state) == before
 
 
-def test_plan_move_of_an_unknown_job_writes_nothing(state: FederationState) -> None:
+def test_plan_move_of_an_unknown_job_writes_nothing(state: State) -> None:
     with pytest.raises(FederationStateError):
         state.plan_move("nobody", 0, CLOUD, None, NOW)
     assert state.jobs() == []
 
 
-def test_add_job_registers_once(state: FederationState) -> None:
+def test_add_job_registers_once(state: State) -> None:
     first = job()
     assert state.add_job(first) is True
     assert state.add_job(replace(first, run="another", cluster=CLOUD)) is False
@@ -435,14 +459,14 @@ def test_the_owner_and_their_environment_are_stored_with_the_job(path: Path) -> 
         reader.close()
 
 
-def test_the_script_and_json_columns_survive_hostile_text(state: FederationState) -> None:
+def test_the_script_and_json_columns_survive_hostile_text(state: State) -> None:
     hostile = job(script="#!/bin/bash\n'; echo foo\n\"$(rm -rf /)\"\n",
                   spec={"name": "a b\n'c'"}, directives={"--geo-clusters": "x,y"})
     state.add_job(hostile)
     assert state.job(NAME) == hostile
 
 
-def test_name_run_fills_only_an_empty_run(state: FederationState) -> None:
+def test_name_run_fills_only_an_empty_run(state: State) -> None:
     added(state, run="")
     named = state.name_run(NAME, "run-a", NOW)
     assert (named.run, named.updated_at) == ("run-a", NOW)
@@ -451,12 +475,12 @@ def test_name_run_fills_only_an_empty_run(state: FederationState) -> None:
     assert [j.logical_job for j in state.find_by_run("run-a")] == [NAME]
 
 
-def test_name_run_never_renames_a_named_run(state: FederationState) -> None:
+def test_name_run_never_renames_a_named_run(state: State) -> None:
     added(state)
     assert state.name_run(NAME, "forged", NOW).run == "run-7"
 
 
-def test_the_daemon_row_holds_its_watermarks(state: FederationState) -> None:
+def test_the_daemon_row_holds_its_watermarks(state: State) -> None:
     assert (state.bandwidth_probe_at(), state.sync_transfer_id()) == (0.0, 0)
     state.put_bandwidth_probe_at(99.25)
     state.put_sync_transfer_id(7)
@@ -481,11 +505,11 @@ def tables(path: Path) -> set[str]:
         db.close()
 
 
-def test_a_fresh_database_is_schema_version_4_in_wal_mode(state: FederationState,
+def test_a_fresh_database_is_schema_version_4_in_wal_mode(sqlite_state: FederationState,
                                                            path: Path) -> None:
     assert SCHEMA_VERSION == 4
     assert user_version(path) == 4
-    assert state.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert sqlite_state.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert tables(path) == {"jobs", "incarnations", "leases", "tokens", "health",
                             "bandwidth", "daemon", "incarnation_secrets"}
 
@@ -892,7 +916,7 @@ def test_a_version_3_database_keeps_its_owners_and_gains_secrets_and_token_use(
 
 
 def test_a_token_releases_the_key_once_per_restart_of_its_incarnation(
-        state: FederationState) -> None:
+        state: State) -> None:
     added(state)
     state.begin_generation(NAME, 0, CLOUD, 100, NOW)
     state.submitted(NAME, 1, 70, token_digest("tok"), NOW)
@@ -904,7 +928,7 @@ def test_a_token_releases_the_key_once_per_restart_of_its_incarnation(
 
 
 def test_an_ended_incarnation_loses_its_token_and_keeps_its_secret(
-        state: FederationState) -> None:
+        state: State) -> None:
     added(state, owner=Owner("alice", 2001, 2100))
     assert state.job(NAME).owner == Owner("alice", 2001, 2100)
     state.begin_generation(NAME, 0, CLOUD, 100, NOW)

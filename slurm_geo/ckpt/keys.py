@@ -27,6 +27,8 @@ INFO_SEAL = b"slurm-geo/v1/seal"
 # daemons hold and no job does (a job holds its run's data key): docs/format.md §4, §8.4.
 INFO_FENCE = b"slurm-geo/v1/fence"
 INFO_PROMOTION = b"slurm-geo/v1/promotion"
+# The federation state's values in etcd, where the rented site's member must read nothing.
+INFO_FEDERATION_STATE = b"slurm-geo/v1/federation-state"
 _FINGERPRINT_MESSAGE = b"slurm-geo/v1/fingerprint"
 
 RandomBytes = Callable[[int], bytes]
@@ -44,6 +46,11 @@ def fence_key(master_key: bytes) -> bytes:
 def promotion_key(master_key: bytes) -> bytes:
     """`P`: seals every promotion marker of the site."""
     return derive_key(master_key, None, INFO_PROMOTION)
+
+
+def federation_state_key(master_key: bytes) -> bytes:
+    """`S`: seals every value the federation daemon keeps in etcd (the etcd key binds it)."""
+    return derive_key(master_key, None, INFO_FEDERATION_STATE)
 
 
 def fingerprint(key: bytes) -> bytes:

@@ -1,5 +1,5 @@
 """Sealed objects (docs/format.md §5): wrapped data keys, manifests, latest pointers,
-promotion markers and fences.
+promotion markers, fences, and the federation state's values in etcd.
 
 Each object gets its own key, derived from a fresh salt, so the fixed all-zero nonce is
 used once per key. The header and the object name are associated data: a sealed object
@@ -34,11 +34,12 @@ class Kind(IntEnum):
     LATEST = 3
     PROMOTED = 4
     FENCE = 5
+    FEDERATION_STATE = 6
 
 
 # The version each kind is written in; a reader accepts that one only.
 VERSION_OF_KIND = {Kind.DATA_KEY: 1, Kind.MANIFEST: 1, Kind.LATEST: 1, Kind.PROMOTED: 2,
-                   Kind.FENCE: 2}
+                   Kind.FENCE: 2, Kind.FEDERATION_STATE: 1}
 _VERSIONS = frozenset(VERSION_OF_KIND.values())
 _LEGACY = {
     Kind.PROMOTED: ("promotion marker", "if it was promoted before the upgrade, run "

@@ -152,6 +152,9 @@ class FederationConfig:
     failback: bool = True
     failback_stable_s: float = 120.0
     munge_socket: Path | None = None
+    # A follower leads within TTL + TTL/3 (6.7 s) of the leader's last renewal: the
+    # ~10 s a site's loss may cost the federation before another site's daemon acts.
+    leader_ttl_s: int = 5
 
     @property
     def url(self) -> str:
@@ -210,6 +213,10 @@ FEDERATION_SETTINGS = (
             "who they are to the daemon with `munge`, the daemon checks with `unmunge`. "
             "Default: the socket the home cluster's slurm.conf names (AuthInfo=socket=), "
             "else munge's own."),
+    Setting("leader_ttl_s", whole(2, 60), FederationConfig.leader_ttl_s,
+            "With the state replicated on etcd: the lease of the leader key, in whole "
+            "seconds. The leader renews it every third of this and stops acting once it "
+            "could not renew for this long; a follower campaigns every third of it."),
 )
 
 

@@ -219,7 +219,8 @@ class AuditLog:
             sql += " AND kind = ?"
             args.append(kind)
         try:
-            return [_entry(row) for row in self._db.execute(sql + " ORDER BY seq", args)]
+            rows = self._db.execute(sql + " ORDER BY seq", args)
+            return [entry_from_row(row) for row in rows]
         except ValueError as exc:
             raise AuditError(f"audit log {self.path}: an entry's {exc}; run `slurm-geo "
                              "audit verify`") from None
@@ -228,7 +229,7 @@ class AuditLog:
 
     def verify(self, expected_head: tuple[int, str] | None = None) -> VerifyReport:
         """Recompute the chain; see the module docstring for what it can and cannot show."""
-        checker = _ChainChecker(expected_head)
+        checker = ChainChecker(expected_head)
         try:
             for row in self._db.execute(f"SELECT {_COLUMNS} FROM audit ORDER BY seq"):
                 checker.feed(row)
@@ -237,7 +238,7 @@ class AuditLog:
         return checker.report()
 
 
-def _entry(row: Mapping[str, Any]) -> Entry:
+def entry_from_row(row: Mapping[str, Any]) -> Entry:
     try:
         detail = json.loads(row["detail"])
     except (TypeError, json.JSONDecodeError):
@@ -246,9 +247,10 @@ def _entry(row: Mapping[str, Any]) -> Entry:
                  row["why"], detail, row["prev_hash"], row["hash"])
 
 
-class _ChainChecker:
+class ChainChecker:
     """Feeds on rows in seq order; remembers the first problem and the expected head's
-    hash as stored, if the log reaches it."""
+    hash as stored, if the log reaches it. The log in etcd (federation.etcd.audit) feeds
+    it too."""
 
     def __init__(self, expected_head: tuple[int, str] | None) -> None:
         self.expected = expected_head
@@ -265,14 +267,28 @@ class _ChainChecker:
         if self.expected is not None and row["seq"] == self.expected[0]:
             self.at_expected = row["hash"]
 
+    def unreadable(self, seq: int, problem: str) -> None:
+        """Entry `seq` is there but cannot be read (a value that does not open)."""
+        self.count += 1
+        if self.bad is None:
+            self.bad = self._gap(seq) or (seq, f"entry {seq} {problem}")
+        self.last = (seq, "")
+
+    def _gap(self, seq: int) -> tuple[int, str] | None:
+        prev_seq = self.last[0]
+        if seq == prev_seq + 1:
+            return None
+        return prev_seq + 1, (f"entry {prev_seq + 1} is missing (the next is {seq}): "
+                              "entries were deleted")
+
     def _problem(self, row: Mapping[str, Any]) -> tuple[int, str] | None:
         prev_seq, prev_hash = self.last
         seq = row["seq"]
-        if seq != prev_seq + 1:
-            return prev_seq + 1, (f"entry {prev_seq + 1} is missing (the next is {seq}): "
-                                  "entries were deleted")
+        gap = self._gap(seq)
+        if gap is not None:
+            return gap
         try:
-            entry = _entry(row)
+            entry = entry_from_row(row)
             canonical = canonical_json(entry.detail) == row["detail"]
         except ValueError as exc:
             return seq, f"entry {seq}: {exc}"

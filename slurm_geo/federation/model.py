@@ -109,6 +109,37 @@ class StaleJob(FederationStateError):
         super().__init__(f"logical job {logical_job} is no longer {expected}")
 
 
+@dataclass(frozen=True)
+class Replica:
+    """One federation daemon of a replicated state: what a follower tells a caller to
+    redirect to when this one leads."""
+
+    name: str
+    site: str
+    url: str
+
+
+class NotLeader(FederationStateError):
+    """A write by a replica that does not lead (a follower, or a leader deposed since):
+    nothing was written. `leader` is who leads now, when anyone does."""
+
+    exit_code = 46
+
+    def __init__(self, writer: str, leader: Replica | None):
+        self.leader = leader
+        where = (f"{leader.name} at site {leader.site} ({leader.url}) leads"
+                 if leader is not None else "no replica leads right now")
+        super().__init__(f"{writer} does not lead the federation state, so it wrote "
+                         f"nothing: {where}; send the change there")
+
+
+class StateUnavailable(FederationStateError):
+    """etcd did not answer (no member reachable, or a write whose outcome is unknown)."""
+
+    def __init__(self, detail: str):
+        super().__init__(f"the federation state in etcd is unavailable: {detail}")
+
+
 def check_transition(logical_job: str, current: JobStatus, wanted: JobStatus) -> None:
     if wanted not in TRANSITIONS[current]:
         raise IllegalTransition(logical_job, current, wanted)

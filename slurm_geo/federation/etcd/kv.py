@@ -1,0 +1,265 @@
+"""etcd behind its endpoints, every value sealed.
+
+etcd3gw speaks etcd's grpc-gateway (JSON over HTTP). Every value is sealed (docs/format.md
+§5, kind 6) under the state key `S` with the etcd key as its name: the member at the
+rented site stores nothing it can read, and a value copied under another key fails to
+open. Keys are ASCII (federation.etcd.layout quotes every name in them).
+
+A request that never reached a member (connection refused, connect timeout) goes to the
+next endpoint, and so does a read, a lease grant or a keepalive that timed out or found
+the member unavailable (503: no quorum). A transaction whose connection broke after it
+was sent may have been applied: it is not sent again, and StateUnavailable says its
+outcome is unknown (the next read shows it). etcd's refusal (an unknown lease, a bad
+request) is EtcdRefused, whatever the request.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import etcd3gw
+import requests
+import urllib3
+from etcd3gw import exceptions as etcd_errors
+
+from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.keys import SALT_SIZE, RandomBytes
+from slurm_geo.ckpt.seal import Kind, open_sealed, seal
+from slurm_geo.federation.model import FederationStateError, StateUnavailable
+
+T = TypeVar("T")
+
+# etcd 3.4 serves the gateway at /v3/ (and /v3beta/); naming it saves etcd3gw's discovery
+# request to /version on every new client.
+API_PATH = "/v3/"
+# Per socket operation, not per request: under the leader's keepalive interval (a third of
+# its 5 s lease), so a member that stopped answering leaves time to try the next one.
+TIMEOUT_S = 1.5
+
+Request = dict[str, Any]
+GRPC_NOT_FOUND = 5
+
+
+class EtcdRefused(StateUnavailable):
+    """etcd answered, and said no; `code` is its gRPC status code."""
+
+    def __init__(self, detail: str, code: int | None):
+        super().__init__(detail)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Found:
+    """A key as etcd holds it, its value opened."""
+
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A key as etcd holds it, its value not opened yet."""
+
+    key: str
+    sealed: bytes
+    mod_revision: int
+    create_revision: int
+
+
+class SealBroken(FederationStateError):
+    """A value that does not open under the state key: altered, moved from another key,
+    or sealed under another site's master key."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"the federation state in etcd: {reason}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A transaction's outcome; `reads`: the ranges of the branch etcd took, opened."""
+
+    succeeded: bool
+    revision: int
+    reads: list[list[Found]]
+
+
+class EtcdKV:
+    def __init__(self, endpoints: Sequence[str], state_key: bytes, *,
+                 timeout_s: float = TIMEOUT_S, random_bytes: RandomBytes = os.urandom):
+        if not endpoints:
+            raise ValueError("etcd: give at least one endpoint (http://host:port)")
+        self.endpoints = tuple(endpoints)
+        self._clients = [_client(url, timeout_s) for url in self.endpoints]
+        self._current = 0
+        self._state_key = state_key
+        self._random_bytes = random_bytes
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.session.close()
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def get(self, key: str) -> Found | None:
+        found = [self.open(item) for item in self._range(key, None)]
+        return found[0] if found else None
+
+    def range(self, prefix: str, *, start: str | None = None) -> list[Found]:
+        """Every key under `prefix` (from `start` on, when given), in key order."""
+        return [self.open(item) for item in self.range_sealed(prefix, start=start)]
+
+    def range_sealed(self, prefix: str, *, start: str | None = None) -> list[Sealed]:
+        """The same, not opened yet: for a reader that reports a value that does not open
+        and goes on (`slurm-geo audit verify`)."""
+        return self._range(start or prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
+
+    def _range(self, key: str, end: str | None) -> list[Sealed]:
+        request: Request = {"key": _b64(key)}
+        if end is not None:
+            request["range_end"] = _b64(end)
+        reply = self._call(lambda c: c.post(c.get_url("/kv/range"), json=request),
+                           replayable=True)
+        return _sealed(reply.get("kvs", []))
+
+    def open(self, item: Sealed) -> Found:
+        try:
+            value = open_sealed(self._state_key, Kind.FEDERATION_STATE, item.sealed, item.key)
+        except CkptError as exc:
+            raise SealBroken(item.key, str(exc)) from None
+        return Found(item.key, value, item.mod_revision, item.create_revision)
+
+    # --- transactions --------------------------------------------------------------------
+
+    def put(self, key: str, value: bytes, lease: int = 0) -> Request:
+        """A put of `value`, sealed under `key`, for `commit`."""
+        sealed = seal(self._state_key, Kind.FEDERATION_STATE, self._random_bytes(SALT_SIZE),
+                      value, key)
+        put: Request = {"key": _b64(key), "value": base64.b64encode(sealed).decode()}
+        if lease:
+            put["lease"] = lease
+        return {"request_put": put}
+
+    def commit(self, compares: list[Request], success: list[Request],
+               failure: list[Request]) -> Outcome:
+        txn = {"compare": compares, "success": success, "failure": failure}
+        reply = self._call(lambda c: c.transaction(txn), replayable=False)
+        reads = [[self.open(item) for item in _sealed(r["response_range"].get("kvs", []))]
+                 for r in reply.get("responses", []) if "response_range" in r]
+        # The gateway leaves out false and zero (proto3 JSON).
+        return Outcome(bool(reply.get("succeeded", False)),
+                       int(reply["header"]["revision"]), reads)
+
+    # --- leases --------------------------------------------------------------------------
+
+    def grant(self, ttl_s: int) -> int:
+        # Sent again after a broken connection, the first grant runs out unused.
+        reply = self._call(lambda c: c.post(c.get_url("/lease/grant"),
+                                            json={"TTL": ttl_s, "ID": 0}), replayable=True)
+        return int(reply["ID"])
+
+    def keepalive(self, lease: int) -> int:
+        """The lease's TTL from now; 0 when etcd no longer has it."""
+        reply = self._call(lambda c: c.post(c.get_url("/lease/keepalive"), json={"ID": lease}),
+                           replayable=True)
+        return max(0, int(reply["result"].get("TTL", 0)))
+
+    def revoke(self, lease: int) -> None:
+        """Drop the lease and every key bound to it; one etcd no longer has is gone too."""
+        try:
+            self._call(lambda c: c.post(c.get_url("/kv/lease/revoke"), json={"ID": lease}),
+                       replayable=True)
+        except EtcdRefused as exc:
+            if exc.code != GRPC_NOT_FOUND:
+                raise
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _call(self, request: Callable[[etcd3gw.Etcd3Client], T], *, replayable: bool) -> T:
+        failures = []
+        for offset in range(len(self._clients)):
+            index = (self._current + offset) % len(self._clients)
+            url = self.endpoints[index]
+            try:
+                result = request(self._clients[index])
+            except (etcd_errors.ConnectionFailedError,
+                    etcd_errors.ConnectionTimeoutError) as exc:
+                if not (replayable or _never_sent(exc)):
+                    raise StateUnavailable(
+                        f"{url} stopped answering a write ({_reason(exc)}); it may or may not "
+                        "have been applied: read again to see") from None
+                failures.append(f"{url}: {_reason(exc)}")
+                continue
+            except etcd_errors.Etcd3Exception as exc:
+                raise EtcdRefused(f"{url} refused the request: {_reason(exc)}",
+                                  _grpc_code(exc)) from None
+            self._current = index
+            return result
+        raise StateUnavailable("no endpoint answers; " + "; ".join(failures))
+
+
+def _sealed(kvs: list[dict[str, Any]]) -> list[Sealed]:
+    return [Sealed(base64.b64decode(kv["key"]).decode("ascii"),
+                   base64.b64decode(kv.get("value", "")), int(kv["mod_revision"]),
+                   int(kv["create_revision"])) for kv in kvs]
+
+
+def created_at(key: str, revision: int) -> Request:
+    """A compare: `key`'s create_revision is `revision` (0: there is no such key)."""
+    return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": revision}
+
+
+def modified_at(key: str, revision: int) -> Request:
+    """A compare: `key` was last written at `revision` (0: there is no such key)."""
+    return {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": revision}
+
+
+def delete(key: str) -> Request:
+    return {"request_delete_range": {"key": _b64(key)}}
+
+
+def read(key: str) -> Request:
+    return {"request_range": {"key": _b64(key)}}
+
+
+def _client(url: str, timeout_s: float) -> etcd3gw.Etcd3Client:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+        raise ValueError(f"etcd endpoint {url!r}: expected http://host:port or https://...")
+    return etcd3gw.Etcd3Client(host=parts.hostname, port=parts.port, protocol=parts.scheme,
+                               timeout=timeout_s, api_path=API_PATH)
+
+
+def _b64(key: str) -> str:
+    return base64.b64encode(key.encode("ascii")).decode()
+
+
+def _never_sent(exc: etcd_errors.Etcd3Exception) -> bool:
+    """etcd3gw raised `exc` from requests' error: was no byte of the request sent?"""
+    cause = exc.__context__
+    if isinstance(cause, requests.exceptions.ConnectTimeout):
+        return True
+    if isinstance(cause, requests.exceptions.ConnectionError) and cause.args:
+        return isinstance(getattr(cause.args[0], "reason", None),
+                          urllib3.exceptions.NewConnectionError)
+    return False
+
+
+def _grpc_code(exc: etcd_errors.Etcd3Exception) -> int | None:
+    try:
+        code = json.loads(exc.detail_text or "")["code"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return code if isinstance(code, int) else None
+
+
+def _reason(exc: etcd_errors.Etcd3Exception) -> str:
+    return str(exc.detail_text or exc.__context__ or type(exc).__name__).strip()

@@ -1,0 +1,141 @@
+"""Real etcd members for the tests: each its own data directory and loopback ports,
+started and stopped by pid (never by name), healthy before a test gets it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+
+from slurm_geo.ckpt.keys import federation_state_key
+from slurm_geo.federation.etcd.kv import EtcdKV
+from slurm_geo.federation.etcd.layout import Layout
+from slurm_geo.federation.etcd.leadership import Leadership
+from slurm_geo.federation.etcd.state import EtcdFederationState
+from slurm_geo.federation.model import Replica
+
+ETCD = Path("/usr/bin/etcd")
+# Elections in a quarter of etcd's default time: loopback answers in microseconds.
+TIMING = ("--heartbeat-interval", "50", "--election-timeout", "500")
+HEALTHY_WITHIN_S = 20.0
+
+
+def require_etcd() -> None:
+    if not ETCD.exists():
+        pytest.skip("etcd is not installed: apt-get install etcd-server etcd-client")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class EtcdMember:
+    name: str
+    root: Path
+    client_port: int = field(default_factory=free_port)
+    peer_port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / self.name
+
+    def start(self, initial_cluster: str) -> None:
+        log = open(self.root / f"{self.name}.log", "ab")  # noqa: SIM115 (the process keeps it)
+        self.process = subprocess.Popen(
+            [str(ETCD), "--name", self.name, "--data-dir", str(self.data_dir),
+             "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
+             "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
+             "--initial-cluster", initial_cluster, "--initial-cluster-state", "new",
+             "--initial-cluster-token", f"slurm-geo-tests-{os.getpid()}", *TIMING],
+            stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def healthy(self) -> bool:
+        try:
+            reply = requests.get(self.client_url + "/health", timeout=1)
+        except requests.RequestException:
+            return False
+        return reply.ok and reply.json().get("health") == "true"
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """SIGKILL: the member is lost as a crashed machine is."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.kill(self.process.pid, sig)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+def start_cluster(root: Path, size: int) -> list[EtcdMember]:
+    """`size` members on loopback, healthy (a leader elected), or fail with their logs."""
+    require_etcd()
+    members = [EtcdMember(f"m{i}", root) for i in range(size)]
+    initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
+    for member in members:
+        member.start(initial)
+    deadline = time.monotonic() + HEALTHY_WITHIN_S
+    while not all(m.healthy() for m in members):
+        if time.monotonic() > deadline or any(m.process and m.process.poll() is not None
+                                              for m in members):
+            logs = {m.name: (root / f"{m.name}.log").read_text()[-2000:] for m in members}
+            stop_cluster(members)
+            raise RuntimeError(f"etcd did not become healthy in {HEALTHY_WITHIN_S:g} s: {logs}")
+        time.sleep(0.05)
+    return members
+
+
+def stop_cluster(members: list[EtcdMember]) -> None:
+    for member in members:
+        member.stop()
+
+
+def data_bytes(member: EtcdMember) -> bytes:
+    """Every byte of the member's data directory (its WAL and its bbolt database)."""
+    return b"".join(path.read_bytes() for path in sorted(member.data_dir.rglob("*"))
+                    if path.is_file())
+
+
+# --- slurm-geo replicas on these members ----------------------------------------------------
+
+MASTER_KEY = bytes(range(32))
+
+
+def fresh_prefix() -> str:
+    """A prefix of its own for one test on a shared member."""
+    return f"/slurm-geo-tests/{uuid.uuid4().hex}"
+
+
+def open_replica(endpoints: list[str], prefix: str, name: str, *, ttl_s: int = 60,
+                 site: str = "onprem", master_key: bytes = MASTER_KEY,
+                 clock: Callable[[], float] = time.monotonic) -> EtcdFederationState:
+    """A federation daemon's state on etcd, as a fresh process opens it (nothing on disk):
+    the endpoints, the prefix and the master key. It leads only once it campaigns."""
+    kv = EtcdKV(endpoints, federation_state_key(master_key))
+    layout = Layout(prefix)
+    leadership = Leadership(kv, layout, Replica(name, site, f"https://{name}.example:9852"),
+                            ttl_s=ttl_s, clock=clock)
+    return EtcdFederationState(kv, layout, leadership)
