@@ -371,6 +371,20 @@ def test_a_key_file_is_written_private_and_atomically_in_its_oldest_readable_for
     assert sorted(p.name for p in tmp_path.iterdir()) == ["master.key"]
 
 
+def test_a_key_file_rewritten_keeps_its_owner_and_its_symbolic_link(tmp_path):
+    real = tmp_path / "secure" / "master.key"
+    real.parent.mkdir()
+    real.write_bytes(MASTER)
+    real.chmod(0o600)
+    link = tmp_path / "master.key"
+    link.symlink_to(real)
+    owner = (os.getuid(), os.getgid()) if os.geteuid() else (12345, 23456)
+    os.chown(real, *owner)
+    write_key_file(link, KeyFile(DATA_KEY, MASTER, ("home",)))
+    assert link.is_symlink() and load_master_key(link).current == DATA_KEY
+    assert (real.stat().st_uid, real.stat().st_gid) == owner  # the daemons' account reads it
+
+
 def test_a_version_1_key_file_still_loads(tmp_path):
     path = tmp_path / "master.key"
     path.write_bytes(MASTER)

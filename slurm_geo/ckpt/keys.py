@@ -179,9 +179,20 @@ def create_master_key_file(path: Path, random_bytes: RandomBytes = os.urandom) -
 
 
 def write_key_file(path: Path, key_file: KeyFile) -> None:
-    """Replace the key file atomically (a crash leaves the old one or the new one), 0600."""
+    """Replace the key file atomically (a crash leaves the old one or the new one), 0600
+    and owned as the file it replaces, so that the daemons' account still reads it; a
+    symbolic link is followed, and its target replaced."""
+    target = path.resolve()
     try:
-        write_if_changed(path, key_file.to_bytes(), mode=0o600)
+        info = target.stat()
+    except FileNotFoundError:
+        owner = None
+    except OSError as exc:
+        raise KeyFileError(str(path), f"cannot read it ({exc.strerror})") from None
+    else:
+        owner = (info.st_uid, info.st_gid)
+    try:
+        write_if_changed(target, key_file.to_bytes(), mode=0o600, owner=owner)
     except OSError as exc:
         raise KeyFileError(str(path), f"cannot write it ({exc.strerror})") from None
 
