@@ -1,7 +1,8 @@
-"""Rotating the master key (docs/format.md §8.5): every run's wrapped key, fence and
-promotion marker is sealed again under a new key in every store, the run keys (so packs,
-manifests and running jobs) stay as they were, and a rotation cut anywhere leaves every
-object readable through the key file and finishes when run again."""
+"""Rotating the master key (docs/format.md §8.5): a first run writes the key ring and
+seals nothing; the second seals every run's wrapped key, fence and promotion marker again
+under the new key in every store. Run keys (so packs, manifests and running jobs) stay as
+they were, and a rotation cut anywhere leaves every object readable through the key file
+and finishes when run again."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from test_ckpt_fence import KEY, OPTIONS, fence, legacy_seal, save
 
 from slurm_geo.ckpt import LocalDirStore, Repository
@@ -35,13 +37,17 @@ from slurm_geo.ckpt.keys import (
 )
 from slurm_geo.ckpt.rotate import (
     MAX_PASSES,
+    Outcome,
     RotationRefused,
+    RotationReport,
     Verdict,
     judge,
     rotate_master_key,
 )
 from slurm_geo.ckpt.runkey import RunKeyRepository, unwrap_run_key
 from slurm_geo.ckpt.seal import Kind, seal
+from slurm_geo.cli import ckpt as cli_ckpt
+from slurm_geo.cli import cli
 
 RUNS = ("run", "run-b", "run-c")
 OTHER_KEY = bytes(range(64, 96))
@@ -123,6 +129,21 @@ def assert_everything_opens(store, master_keys) -> None:
         assert repository.is_promoted(run, 10) is (run in RUNS[:2])
 
 
+def rotate_fully(stores, key_file: Path) -> RotationReport:
+    """Both runs, as an operator makes them with the copy to the control site between."""
+    assert rotate_master_key(stores, key_file).outcome is Outcome.RING_WRITTEN
+    return rotate_master_key(stores, key_file)
+
+
+def rotate_until_complete(stores, key_file: Path) -> RotationReport:
+    """The command run again until the key file holds the new key alone."""
+    for _ in range(2):
+        report = rotate_master_key(stores, key_file)
+        if report.outcome is Outcome.COMPLETE:
+            return report
+    raise AssertionError(f"not complete after two runs: {report}")
+
+
 @pytest.fixture
 def home(tmp_path) -> LocalDirStore:
     return site_store(tmp_path / "home")
@@ -133,11 +154,23 @@ def key_file(tmp_path) -> Path:
     return key_file_of(tmp_path)
 
 
+def test_the_first_run_writes_the_key_ring_and_seals_nothing(home, key_file):
+    before = snapshot(home)
+    report = rotate_master_key({"home": home}, key_file)
+    assert report.outcome is Outcome.RING_WRITTEN and len(report.stores[0].rewrapped) == 8
+    ring = load_master_key(key_file)
+    assert ring.previous == KEY and ring.rotating == ("home",)
+    assert report.key == fingerprint(ring.current).hex()
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert snapshot(home) == before
+    assert_everything_opens(home, ring)
+
+
 def test_a_rotation_seals_every_run_key_fence_and_marker_again_and_nothing_else(
         home, key_file):
     before = snapshot(home)
-    report = rotate_master_key({"home": home}, key_file)
-    assert report.complete and not report.resumed and report.refused == 0
+    report = rotate_fully({"home": home}, key_file)
+    assert report.outcome is Outcome.COMPLETE and report.refused == 0
     new = load_master_key(key_file)
     assert new.previous is None and new.current != KEY
     assert key_file.read_bytes() == new.current and key_file.stat().st_mode & 0o777 == 0o600
@@ -161,7 +194,7 @@ def test_a_rotation_seals_every_run_key_fence_and_marker_again_and_nothing_else(
 
 def test_a_running_jobs_run_key_still_reads_and_writes(home, key_file):
     job = RunKeyRepository(home, "run", unwrap_run_key(home, KEY, "run"))
-    rotate_master_key({"home": home}, key_file)
+    rotate_fully({"home": home}, key_file)
     assert job.read_checkpoint("run", 20).manifest.step == 20
     save(job, "run", 30, "onprem")
     daemon = Repository(home, load_master_key(key_file), OPTIONS)
@@ -170,8 +203,8 @@ def test_a_running_jobs_run_key_still_reads_and_writes(home, key_file):
 
 def test_two_stores_are_rotated_together(tmp_path, home, key_file):
     offsite = site_store(tmp_path / "offsite")
-    report = rotate_master_key({"home": home, "s3-offsite": offsite}, key_file)
-    assert report.complete
+    report = rotate_fully({"home": home, "s3-offsite": offsite}, key_file)
+    assert report.outcome is Outcome.COMPLETE
     assert [(s.store, len(s.rewrapped)) for s in report.stores] == [("home", 8),
                                                                     ("s3-offsite", 8)]
     for store in (home, offsite):
@@ -181,17 +214,16 @@ def test_two_stores_are_rotated_together(tmp_path, home, key_file):
 def test_a_rotation_killed_at_any_request_leaves_every_object_open_and_a_rerun_finishes_it(
         tmp_path):
     counted = DyingStore(site_store(tmp_path / "count"), 10**6)
-    rotate_master_key({"home": counted}, key_file_of(tmp_path / "count"))
+    rotate_fully({"home": counted}, key_file_of(tmp_path / "count"))
     requests = 10**6 - counted.lives
     for lives in range(requests):
         home = site_store(tmp_path / f"home-{lives}")
         key_file = key_file_of(tmp_path / f"home-{lives}")
         with pytest.raises(Killed):
-            rotate_master_key({"home": DyingStore(home, lives)}, key_file)
+            rotate_until_complete({"home": DyingStore(home, lives)}, key_file)
         held = load_master_key(key_file)
         assert_everything_opens(home, held)  # through the ring, or the old key before it
-        report = rotate_master_key({"home": home}, key_file)
-        assert report.complete and report.resumed is (held.previous is not None)
+        rotate_until_complete({"home": home}, key_file)
         final = load_master_key(key_file)
         if held.previous is not None:
             assert final.current == held.current  # the same rotation, not another
@@ -210,8 +242,9 @@ def test_a_store_down_mid_rotation_leaves_the_ring_and_says_to_run_again(tmp_pat
             self.puts_left -= 1
             self._store.put(name, data)
 
+    rotate_master_key({"home": home}, key_file)
     report = rotate_master_key({"home": FailingPuts(home, 10**6)}, key_file)
-    assert not report.complete and "connection reset" in report.unfinished
+    assert report.outcome is Outcome.UNFINISHED and "connection reset" in report.unfinished
     assert "connection reset" in report.stores[0].unfinished
     ring = load_master_key(key_file)
     assert ring.previous == KEY and ring.rotating == ("home",)
@@ -230,18 +263,17 @@ def test_a_copy_made_under_the_old_key_during_the_rotation_is_sealed_again(tmp_p
     offsite = site_store(tmp_path / "offsite")
 
     class CopiedInto(DyingStore):
-        copied = False
+        listings = 0  # of fences/ while the key file holds the ring: the survey's, then
 
         def list(self, prefix):
-            rotating = load_master_key(key_file).previous is not None
-            if prefix == "fences/" and rotating and not self.copied:
-                self.copied = True  # after this pass has listed keys/
-                self._store.put("keys/run-late", old_run_key("run-late"))
+            if prefix == "fences/" and load_master_key(key_file).previous is not None:
+                self.listings += 1
+                if self.listings == 2:  # the first pass has just sealed keys/ again
+                    self._store.put("keys/run-late", old_run_key("run-late"))
             return self._store.list(prefix)
 
-    report = rotate_master_key({"home": CopiedInto(home, 10**6), "offsite": offsite},
-                               key_file)
-    assert report.complete
+    report = rotate_fully({"home": CopiedInto(home, 10**6), "offsite": offsite}, key_file)
+    assert report.outcome is Outcome.COMPLETE
     assert "keys/run-late" in report.stores[0].rewrapped
     assert unwrap_run_key(home, load_master_key(key_file), "run-late") == bytes(range(32))
 
@@ -253,8 +285,9 @@ def test_a_writer_that_keeps_the_old_key_leaves_the_rotation_unfinished(home, ke
                 self._store.put("keys/stale", old_run_key("stale"))
             return self._store.list(prefix)
 
-    report = rotate_master_key({"home": StaleWriter(home, 10**6)}, key_file)
-    assert not report.complete and f"after {MAX_PASSES} passes" in report.unfinished
+    report = rotate_fully({"home": StaleWriter(home, 10**6)}, key_file)
+    assert report.outcome is Outcome.UNFINISHED
+    assert f"after {MAX_PASSES} passes" in report.unfinished
     assert load_master_key(key_file).previous == KEY  # the old key stays in the ring
 
 
@@ -264,7 +297,7 @@ def test_a_fence_set_during_the_rotation_is_not_put_back(home, key_file):
     newer = Fence("run", 2, "onprem", 20, "2026-11-29T13:00:00+00:00")
 
     class FenceMoves(DyingStore):
-        moved = False
+        reads = 0  # of the fence while the key file holds the ring: the survey's, then
 
         def put(self, name, data):
             assert name != "fences/run", "the fence was put back"
@@ -273,14 +306,15 @@ def test_a_fence_set_during_the_rotation_is_not_put_back(home, key_file):
         def get(self, name):
             data = self._store.get(name)
             ring = load_master_key(key_file)
-            if name == "fences/run" and ring.previous is not None and not self.moved:
-                self.moved = True
-                write_fence(Repository(self._store, ring), newer)
+            if name == "fences/run" and ring.previous is not None:
+                self.reads += 1
+                if self.reads == 2:  # the pass has read it under the old key
+                    write_fence(Repository(self._store, ring), newer)
             return data
 
     moving = FenceMoves(home, 10**6)
-    report = rotate_master_key({"home": moving}, key_file)
-    assert moving.moved and report.complete
+    report = rotate_fully({"home": moving}, key_file)
+    assert moving.reads > 2 and report.outcome is Outcome.COMPLETE
     assert "fences/run" in report.stores[0].current
     assert read_fence(Repository(home, load_master_key(key_file)), "run") == newer
 
@@ -289,17 +323,18 @@ def test_a_dry_run_writes_nothing(tmp_path, home, key_file):
     offsite = site_store(tmp_path / "offsite")
     before = snapshot(home), snapshot(offsite), key_file.read_bytes()
     report = rotate_master_key({"home": home, "offsite": offsite}, key_file, dry_run=True)
-    assert report.dry_run and not report.complete and report.key is None
+    assert report.outcome is Outcome.DRY_RUN and report.key is None
     assert [len(s.rewrapped) for s in report.stores] == [8, 8]
     assert (snapshot(home), snapshot(offsite), key_file.read_bytes()) == before
 
 
 def test_a_dry_run_of_a_rotation_in_progress_names_its_key_and_what_is_left(home, key_file):
+    rotate_master_key({"home": home}, key_file)
     with pytest.raises(Killed):
         rotate_master_key({"home": DyingStore(home, 20)}, key_file)
     ring = load_master_key(key_file)
     report = rotate_master_key({"home": home}, key_file, dry_run=True)
-    assert report.resumed and report.key == fingerprint(ring.current).hex()
+    assert report.outcome is Outcome.DRY_RUN and report.key == fingerprint(ring.current).hex()
     (store_report,) = report.stores
     assert store_report.current and store_report.rewrapped  # some done, some left
     assert load_master_key(key_file) == ring
@@ -322,13 +357,12 @@ def test_the_wrong_key_file_is_refused_before_anything_changes(tmp_path, home):
 
 def test_a_rotation_in_progress_is_finished_naming_all_its_stores(tmp_path, home, key_file):
     offsite = site_store(tmp_path / "offsite")
-    with pytest.raises(Killed):
-        rotate_master_key({"home": DyingStore(home, 30), "offsite": offsite}, key_file)
+    rotate_master_key({"home": home, "offsite": offsite}, key_file)
     with pytest.raises(RotationRefused, match="missing: offsite"):
         rotate_master_key({"home": home}, key_file)
     third = site_store(tmp_path / "third")
-    assert rotate_master_key({"home": home, "offsite": offsite, "third": third},
-                             key_file).complete
+    report = rotate_master_key({"home": home, "offsite": offsite, "third": third}, key_file)
+    assert report.outcome is Outcome.COMPLETE
     for store in (home, offsite, third):
         assert_everything_opens(store, load_master_key(key_file))
 
@@ -340,14 +374,16 @@ def test_one_rotation_at_a_time(home, key_file):
                 rotate_master_key({"home": home}, key_file)
             return self._store.list(prefix)
 
-    assert rotate_master_key({"home": SecondRotation(home, 10**6)}, key_file).complete
+    report = rotate_master_key({"home": SecondRotation(home, 10**6)}, key_file)
+    assert report.outcome is Outcome.RING_WRITTEN
 
 
 def test_objects_that_open_under_neither_key_are_refused_and_left(home, key_file):
     forged = seal(OTHER_KEY, Kind.FENCE, SALT, b"{}", "fences/forged")
     home.put("fences/forged", forged)
-    report = rotate_master_key({"home": home}, key_file)
-    assert report.complete and list(report.stores[0].refused) == ["fences/forged"]
+    report = rotate_fully({"home": home}, key_file)
+    assert report.outcome is Outcome.COMPLETE
+    assert list(report.stores[0].refused) == ["fences/forged"]
     assert "sealed with key" in report.stores[0].refused["fences/forged"]
     assert home.get("fences/forged") == forged
 
@@ -355,13 +391,14 @@ def test_objects_that_open_under_neither_key_are_refused_and_left(home, key_file
 def test_a_daemon_following_the_key_file_keeps_working_through_a_rotation(home, key_file):
     followed = LiveKeyFile(key_file)
     daemon = Repository(home, followed, OPTIONS)
-    with pytest.raises(Killed):
-        rotate_master_key({"home": DyingStore(home, 25)}, key_file)
+    rotate_master_key({"home": home}, key_file)
     ring = load_master_key(key_file)
     assert followed.keys() == ring.keys()
-    assert_everything_opens(home, followed)
     save(daemon, "run-new", 10, "onprem")  # a new run's key, sealed under the new key
     assert home.get("keys/run-new")[10:18] == fingerprint(ring.current)
+    with pytest.raises(Killed):
+        rotate_master_key({"home": DyingStore(home, 25)}, key_file)
+    assert_everything_opens(home, followed)
     rotate_master_key({"home": home}, key_file)
     assert followed.keys() == (ring.current,)
     assert Repository(home, followed, OPTIONS).latest("run-new") == 10
@@ -409,21 +446,24 @@ def test_the_command_rotates_two_stores_one_named_in_the_config(tmp_path, home, 
     assert dry.returncode == 0, dry.stderr
     assert "dry run: would seal 16 object(s) again under a new key" in dry.stdout
     assert key_file.read_bytes() == KEY
+    started = slurm_geo(*args, env=env)  # the first run: the table, and what to do next
+    assert started.returncode == 0, started.stderr
+    lines = started.stdout.splitlines()
+    assert lines[0].split() == ["STORE", "TO_RESEAL", "CURRENT", "REFUSED"]
+    assert lines[2].split() == ["offsite", "8", "0", "0"]
+    assert "Copy it to the control site (docs/runbook.md), then run this command again" \
+        in lines[3]
+    assert load_master_key(key_file).previous == KEY
     done = slurm_geo(*args, "--json", env=env)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["complete"] and summary["previous"] == fingerprint(KEY).hex()
+    assert summary["outcome"] == "complete" and summary["previous"] == fingerprint(KEY).hex()
     assert [(s["store"], len(s["rewrapped"]), s["current"], s["refused"])
             for s in summary["stores"]] == [(f"file://{tmp_path / 'home'}", 8, [], {}),
                                             ("offsite", 8, [], {})]
+    assert summary["key"] == fingerprint(load_master_key(key_file).current).hex()
     for store in (home, offsite):
         assert_everything_opens(store, load_master_key(key_file))
-    again = slurm_geo(*args, env=env)  # a new rotation: the table, and the line after it
-    assert again.returncode == 0, again.stderr
-    lines = again.stdout.splitlines()
-    assert lines[0].split() == ["STORE", "REWRAPPED", "CURRENT", "REFUSED"]
-    assert lines[2].split() == ["offsite", "8", "0", "0"]
-    assert lines[3].startswith(f"rotated the master key {summary['key']} -> ")
 
 
 @pytest.mark.parametrize("mistake, code, message", [
@@ -457,12 +497,32 @@ def test_a_mistake_is_one_line_and_changes_nothing(tmp_path, home, key_file, mis
 def test_the_command_exits_1_naming_a_refused_object_and_an_unfinished_rotation(
         home, key_file):
     home.put("fences/forged", seal(OTHER_KEY, Kind.FENCE, SALT, b"{}", "fences/forged"))
-    result = slurm_geo("keys", "rotate", "--store", f"file://{home.root}", "--key-file",
-                       str(key_file))
+    rotate = ["keys", "rotate", "--store", f"file://{home.root}", "--key-file", str(key_file)]
+    assert slurm_geo(*rotate).returncode == 1  # the ring is written; the refusal is said
+    result = slurm_geo(*rotate)
     assert result.returncode == 1
     assert f"slurm-geo: refused fences/forged in file://{home.root}:" in result.stderr
+    assert "rotated the master key" in result.stdout
     write_key_file(key_file, KeyFile(KEY, OTHER_KEY, ("elsewhere",)))
-    result = slurm_geo("keys", "rotate", "--store", f"file://{home.root}", "--key-file",
-                       str(key_file))
+    result = slurm_geo(*rotate)
     assert result.returncode == 32
     assert "the rotation in progress re-seals elsewhere" in result.stderr
+
+
+def test_the_command_says_an_unfinished_rotation_on_one_line_and_exits_1(
+        monkeypatch, home, key_file):
+    class PutsRefused(DyingStore):
+        def put(self, name, data):
+            raise StoreUnavailable(name, "Read-only file system")
+
+    rotate_master_key({"home": home}, key_file)
+    monkeypatch.setattr(cli_ckpt, "_open", lambda _spec: PutsRefused(home, 10**6))
+    result = CliRunner().invoke(cli, ["keys", "rotate", "--store", "home", "--key-file",
+                                      str(key_file)])
+    assert result.exit_code == 1, result.output
+    (said,) = result.stderr.splitlines()
+    assert said.startswith("slurm-geo: rotation to ") and "Read-only file system" in said
+    assert said.endswith("run the same command again to finish")
+    assert result.stdout.splitlines()[0].split() == ["STORE", "REWRAPPED", "CURRENT",
+                                                     "REFUSED", "UNFINISHED"]
+    assert load_master_key(key_file).previous == KEY

@@ -7,10 +7,12 @@ master key itself), fences (under F) and promotion markers (under P).
 
 The key file carries the rotation; each step is durable before the next begins:
 
-    one key O --(1)--> ring: N, then O, and the stores --(2)--> all under N --(3)--> N alone
+    one key O --(1) first run--> ring: N, then O, and the stores
+              --copied to the control site; (2), (3) second run--> N alone
 
-(1) A new key N goes into the file, with O and the stores, before anything is sealed
-under N. (2) Passes over every store seal again what opens under O, until one pass finds
+(1) A new key N goes into the file, with O and the stores, and the run stops: N must be
+at both trusted sites before a store holds anything sealed under it alone. (2) The next
+run passes over every store, sealing again what opens under O, until one pass finds
 nothing left: a copy between stores, or a process that read the key file before (1), may
 have written under O meanwhile. (3) The file holds N alone. While it holds the ring, every
 reader opens objects under either key, and every writer seals under N (the daemons follow
@@ -169,18 +171,22 @@ class StoreReport:
         self.refused = {name: str(error) for name, error in sorted(one_pass.refused.items())}
 
 
+class Outcome(Enum):
+    """What a run of `keys rotate` leaves the key file holding."""
+
+    DRY_RUN = "dry-run"            # as it was: nothing written anywhere
+    RING_WRITTEN = "ring-written"  # the new key and the old; nothing sealed again yet
+    COMPLETE = "complete"          # every store under the new key; the file holds it alone
+    UNFINISHED = "unfinished"      # still the ring: run again to finish
+
+
 @dataclass
 class RotationReport:
+    outcome: Outcome
     key: str | None  # fingerprint of the new key; None for a dry run before a rotation
     previous: str
-    stores: list[StoreReport]
-    dry_run: bool = False
-    resumed: bool = False  # this run finished a rotation an earlier one began
+    stores: list[StoreReport]  # before a pass (dry run, ring written): what it would do
     unfinished: str | None = None  # why the key file still holds the previous key
-
-    @property
-    def complete(self) -> bool:
-        return not self.dry_run and self.unfinished is None
 
     @property
     def refused(self) -> int:
@@ -189,27 +195,32 @@ class RotationReport:
 
 def rotate_master_key(stores: Mapping[str, Store], key_file: Path, dry_run: bool = False,
                       random_bytes: RandomBytes = os.urandom) -> RotationReport:
-    """Rotate the master key of `key_file` over `stores` (named as the operator named
-    them), or finish the rotation the file says is in progress."""
+    """The next step of rotating the master key of `key_file` over `stores` (named as the
+    operator named them): start a rotation by writing the ring, or finish the one the
+    file holds."""
     with _rotation_lock(key_file):
         held = load_master_key(key_file)
         ring = _ring_for(held, stores, key_file, random_bytes)
-        resumed = held.previous is not None
         surveyed = {name: rewrap_store(store, ring, dry_run=True)
                     for name, store in stores.items()}
         _check_key_file_opens(surveyed, key_file)
+        planned = [_report_of(name, one) for name, one in surveyed.items()]
+        new, previous = _fingerprint_hex(ring.current), _fingerprint_hex(ring.previous)
         if dry_run:
-            return RotationReport(_fingerprint_hex(ring.current) if resumed else None,
-                                  _fingerprint_hex(ring.previous),
-                                  [_report_of(name, one) for name, one in surveyed.items()],
-                                  dry_run=True, resumed=resumed)
+            return RotationReport(Outcome.DRY_RUN, None if held.previous is None else new,
+                                  previous, planned)
+        if held.previous is None:
+            # (1), and no more: the new key must be at the other trusted site before a
+            # store holds anything sealed under it only, or losing this site loses both.
+            write_key_file(key_file, ring)
+            return RotationReport(Outcome.RING_WRITTEN, new, previous, planned)
         if ring != held:
-            write_key_file(key_file, ring)  # (1): before anything is sealed under N
+            write_key_file(key_file, ring)  # stores added to the rotation in progress
         reports, unfinished = _rewrap_until_done(stores, ring, random_bytes)
-        if unfinished is None:
-            write_key_file(key_file, KeyFile(ring.current))  # (3)
-        return RotationReport(_fingerprint_hex(ring.current), _fingerprint_hex(ring.previous),
-                              reports, resumed=resumed, unfinished=unfinished)
+        if unfinished is not None:
+            return RotationReport(Outcome.UNFINISHED, new, previous, reports, unfinished)
+        write_key_file(key_file, KeyFile(ring.current))  # (3)
+        return RotationReport(Outcome.COMPLETE, new, previous, reports)
 
 
 def _ring_for(held: KeyFile, stores: Mapping[str, Store], key_file: Path,

@@ -55,51 +55,59 @@ def keys_init(path: Path) -> None:
 @json_option
 def keys_rotate(store_specs: tuple[str, ...], dry_run: bool, key_file: Path,
                 as_json: bool) -> None:
-    """Replace the master key: seal every run's wrapped key, fence and promotion marker
-    again under a new one, in every store named (docs/runbook.md).
+    """Replace the master key, in two runs (docs/runbook.md): the first writes a key ring
+    (the new key and the old) into the key file and re-seals nothing; copy it to the
+    control site, then run the same command again: it seals every run's wrapped key,
+    fence and promotion marker again under the new key, then leaves it alone in the file.
 
     Run keys do not change: no checkpoint is rewritten and running jobs go on. Cut short,
-    it leaves the key file holding both keys, which every reader uses; run it again with
-    the same stores to finish that rotation. Exit 1 when an object was refused or the
-    rotation did not finish.
+    the key file still holds both keys, which every reader uses; run it again with the
+    same stores. Exit 1 when an object was refused or the rotation did not finish.
     """
-    from slurm_geo.ckpt.rotate import rotate_master_key
+    from slurm_geo.ckpt.rotate import Outcome, rotate_master_key
 
     stores = {spec: _open(spec) for spec in dict.fromkeys(store_specs)}
     report = rotate_master_key(stores, key_file, dry_run=dry_run)
     if as_json:
-        click.echo(json.dumps({"key_file": str(key_file), "dry_run": report.dry_run,
-                               "complete": report.complete, "resumed": report.resumed,
+        click.echo(json.dumps({"key_file": str(key_file), "outcome": report.outcome.value,
                                "key": report.key, "previous": report.previous,
                                "unfinished": report.unfinished,
                                "stores": [asdict(s) for s in report.stores]}, indent=2))
     else:
         _print_rotation(report, key_file)
-    finished = report.dry_run or report.complete
-    sys.exit(0 if finished and not report.refused else 1)
+    sys.exit(1 if report.outcome is Outcome.UNFINISHED or report.refused else 0)
 
 
 def _print_rotation(report, key_file: Path) -> None:
+    from slurm_geo.ckpt.rotate import Outcome
+
     rows = [{"store": s.store, "rewrapped": len(s.rewrapped), "current": len(s.current),
              "refused": len(s.refused), "unfinished": s.unfinished or ""}
             for s in report.stores]
     columns = ["store", "rewrapped", "current", "refused"]
+    if report.outcome in (Outcome.DRY_RUN, Outcome.RING_WRITTEN):
+        rows = [{**row, "to_reseal": row["rewrapped"]} for row in rows]
+        columns[1] = "to_reseal"
     click.echo(_table(rows, columns + (["unfinished"] if report.unfinished else [])))
     for store in report.stores:
         for name, why in store.refused.items():
             click.echo(f"slurm-geo: refused {name} in {store.store}: {why}", err=True)
-    rewrapped = sum(len(s.rewrapped) for s in report.stores)
-    if report.dry_run:
-        click.echo(f"dry run: would seal {rewrapped} object(s) again under "
-                   f"{report.key or 'a new key'} (now {report.previous}); nothing written")
-    elif report.complete:
-        click.echo(f"rotated the master key {report.previous} -> {report.key}: "
-                   f"{rewrapped} object(s) sealed again; {key_file} holds the new key only. "
-                   "Copy it to the control site (docs/runbook.md)")
-    else:
-        click.echo(f"slurm-geo: rotation to {report.key} not finished: {report.unfinished}; "
-                   f"{key_file} holds both keys, which every reader uses: run the same "
-                   "command again to finish", err=True)
+    count = sum(len(s.rewrapped) for s in report.stores)
+    click.echo({
+        Outcome.DRY_RUN: f"dry run: would seal {count} object(s) again under "
+                         f"{report.key or 'a new key'} (now {report.previous}); nothing "
+                         "written",
+        Outcome.RING_WRITTEN: f"{key_file} holds the new key {report.key} and the old one "
+                              f"{report.previous}; nothing is sealed again yet. Copy it to "
+                              "the control site (docs/runbook.md), then run this command "
+                              "again",
+        Outcome.COMPLETE: f"rotated the master key {report.previous} -> {report.key}: "
+                          f"{count} object(s) sealed again; {key_file} holds the new key "
+                          "only. Copy it to the control site (docs/runbook.md)",
+        Outcome.UNFINISHED: f"slurm-geo: rotation to {report.key} not finished: "
+                            f"{report.unfinished}; {key_file} holds both keys, which every "
+                            "reader uses: run the same command again to finish",
+    }[report.outcome], err=report.outcome is Outcome.UNFINISHED)
 
 
 @click.group()
