@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import struct
+from pathlib import Path
 
 import blake3
 import pytest
@@ -358,6 +359,8 @@ def test_the_key_ring_vector_reads_by_the_spec_and_by_the_implementation(tmp_pat
     loaded = load_master_key(path)
     assert loaded == KeyFile(DATA_KEY, MASTER, ("home", "s3://ckpt/runs"))
     assert loaded.keys() == (DATA_KEY, MASTER) and loaded.to_bytes() == KEY_RING
+    format_md = Path(__file__).resolve().parent.parent / "docs" / "format.md"
+    assert KEY_RING.decode().rstrip("\n") in format_md.read_text()  # as §10 shows it
 
 
 def test_a_key_file_is_written_private_and_atomically_in_its_oldest_readable_form(tmp_path):
