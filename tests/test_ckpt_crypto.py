@@ -30,6 +30,7 @@ from slurm_geo.ckpt.errors import (
 )
 from slurm_geo.ckpt.keys import (
     KeyFile,
+    LiveKeyFile,
     RunKeys,
     chunk_id,
     create_master_key_file,
@@ -386,6 +387,22 @@ def test_a_key_file_rewritten_keeps_its_owner_and_its_symbolic_link(tmp_path):
     write_key_file(link, KeyFile(DATA_KEY, MASTER, ("home",)))
     assert link.is_symlink() and load_master_key(link).current == DATA_KEY
     assert (real.stat().st_uid, real.stat().st_gid) == owner  # the daemons' account reads it
+
+
+def test_a_followed_key_file_is_read_again_when_replaced_and_checked_again_when_chmodded(
+        tmp_path):
+    path = tmp_path / "master.key"
+    write_key_file(path, KeyFile(MASTER))
+    followed = LiveKeyFile(path)
+    assert followed.keys() == (MASTER,)
+    write_key_file(path, KeyFile(DATA_KEY, MASTER, ("home",)))
+    assert followed.keys() == (DATA_KEY, MASTER)
+    path.chmod(0o644)
+    with pytest.raises(KeyFileError, match="chmod 600"):
+        followed.keys()
+    path.unlink()
+    with pytest.raises(KeyFileError, match="cannot read"):
+        followed.keys()
 
 
 def test_a_version_1_key_file_still_loads(tmp_path):

@@ -202,7 +202,9 @@ def load_master_key(path: Path) -> KeyFile:
     return _read_key_file(path)[0]
 
 
-_Signature = tuple[int, int, int, int]  # device, inode, mtime (ns), size
+# Device, inode, size, and the change and modification times (ns): replacing the file
+# changes the inode, and a chmod the change time, after which the mode is checked again.
+_Signature = tuple[int, int, int, int, int]
 
 
 def _read_key_file(path: Path) -> tuple[KeyFile, _Signature]:
@@ -220,7 +222,7 @@ def _read_key_file(path: Path) -> tuple[KeyFile, _Signature]:
 
 
 def _signature(info: os.stat_result) -> _Signature:
-    return info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size
+    return info.st_dev, info.st_ino, info.st_size, info.st_ctime_ns, info.st_mtime_ns
 
 
 class LiveKeyFile:
