@@ -55,10 +55,12 @@ def keys_init(path: Path) -> None:
 @json_option
 def keys_rotate(store_specs: tuple[str, ...], dry_run: bool, key_file: Path,
                 as_json: bool) -> None:
-    """Replace the master key, in two runs (docs/runbook.md): the first writes a key ring
-    (the new key and the old) into the key file and re-seals nothing; copy it to the
-    control site, then run the same command again: it seals every run's wrapped key,
-    fence and promotion marker again under the new key, then leaves it alone in the file.
+    """Replace the master key, in two runs (docs/runbook.md).
+
+    The first writes a key ring (the new key and the old) into the key file and re-seals
+    nothing; copy it to the control site, then run the same command again: it seals every
+    run's wrapped key, fence and promotion marker again under the new key, then leaves it
+    alone in the file.
 
     Run keys do not change: no checkpoint is rewritten and running jobs go on. Cut short,
     the key file still holds both keys, which every reader uses; run it again with the
