@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import stat
 import struct
+from pathlib import Path
 
 import blake3
 import pytest
@@ -27,6 +29,8 @@ from slurm_geo.ckpt.errors import (
     WrongKey,
 )
 from slurm_geo.ckpt.keys import (
+    KeyFile,
+    LiveKeyFile,
     RunKeys,
     chunk_id,
     create_master_key_file,
@@ -35,9 +39,10 @@ from slurm_geo.ckpt.keys import (
     fingerprint,
     load_master_key,
     promotion_key,
+    write_key_file,
 )
 from slurm_geo.ckpt.pack import Entry, PackReader, PackWriter, check_pack_id
-from slurm_geo.ckpt.seal import Kind, open_legacy, open_sealed, seal
+from slurm_geo.ckpt.seal import Kind, open_legacy, open_sealed, open_with_ring, seal
 
 MASTER = bytes(range(32))
 DATA_KEY = bytes(range(32, 64))
@@ -335,10 +340,10 @@ def test_master_key_file_is_created_private_and_loads(tmp_path):
     path = tmp_path / "master.key"
     key = create_master_key_file(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert load_master_key(path) == key and len(key) == 32
+    assert load_master_key(path).keys() == (key,) and len(key) == 32
     with pytest.raises(KeyFileError, match="already exists"):
         create_master_key_file(path)
-    assert load_master_key(path) == key
+    assert load_master_key(path).keys() == (key,)
 
 
 @pytest.mark.parametrize(
@@ -359,6 +364,115 @@ def test_bad_master_key_files_are_refused(tmp_path, content, mode, message):
     with pytest.raises(KeyFileError, match=message) as info:
         load_master_key(path)
     assert info.value.name == str(path)
+
+
+# A rotation from M to the new key N = bytes 32 to 63 over two stores (format.md §4.1, §10).
+KEY_RING = (
+    b'{"version": 2, "keys": ["202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f",'
+    b' "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"],'
+    b' "rotating": ["home", "s3://ckpt/runs"]}\n'
+)
+FENCE_KEY_OF_N = "fa77ce7a7451c9f555db053d3f673517ffcfe51a585168689e3b6e52236209b3"
+FINGERPRINT_FENCE_OF_N = "3faa3bbfaa907eb4"
+
+
+def test_the_key_ring_vector_reads_by_the_spec_and_by_the_implementation(tmp_path):
+    ring = json.loads(KEY_RING)  # the spec: a JSON object, the sealing key first
+    new, old = (bytes.fromhex(k) for k in ring["keys"])
+    assert (ring["version"], old, new, ring["rotating"]) == (
+        2, MASTER, DATA_KEY, ["home", "s3://ckpt/runs"])
+    assert fingerprint(new).hex() == FINGERPRINT_DATA  # N is the D of the vectors above
+    assert fence_key(new).hex() == FENCE_KEY_OF_N
+    assert fingerprint(fence_key(new)).hex() == FINGERPRINT_FENCE_OF_N
+    path = tmp_path / "master.key"
+    path.write_bytes(KEY_RING)
+    path.chmod(0o600)
+    loaded = load_master_key(path)
+    assert loaded == KeyFile(DATA_KEY, MASTER, ("home", "s3://ckpt/runs"))
+    assert loaded.keys() == (DATA_KEY, MASTER) and loaded.to_bytes() == KEY_RING
+    format_md = Path(__file__).resolve().parent.parent / "docs" / "format.md"
+    assert KEY_RING.decode().rstrip("\n") in format_md.read_text()  # as §10 shows it
+
+
+def test_a_key_file_is_written_private_and_atomically_in_its_oldest_readable_form(tmp_path):
+    path = tmp_path / "master.key"
+    write_key_file(path, KeyFile(DATA_KEY, MASTER, ("home",)))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_master_key(path).keys() == (DATA_KEY, MASTER)
+    write_key_file(path, KeyFile(DATA_KEY))
+    assert path.read_bytes() == DATA_KEY  # version 1: every release reads it
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["master.key"]
+
+
+def test_a_key_file_rewritten_keeps_its_owner_and_its_symbolic_link(tmp_path):
+    real = tmp_path / "secure" / "master.key"
+    real.parent.mkdir()
+    real.write_bytes(MASTER)
+    real.chmod(0o600)
+    link = tmp_path / "master.key"
+    link.symlink_to(real)
+    owner = (os.getuid(), os.getgid()) if os.geteuid() else (12345, 23456)
+    os.chown(real, *owner)
+    write_key_file(link, KeyFile(DATA_KEY, MASTER, ("home",)))
+    assert link.is_symlink() and load_master_key(link).current == DATA_KEY
+    assert (real.stat().st_uid, real.stat().st_gid) == owner  # the daemons' account reads it
+
+
+def test_a_followed_key_file_is_read_again_when_replaced_and_checked_again_when_chmodded(
+        tmp_path):
+    path = tmp_path / "master.key"
+    write_key_file(path, KeyFile(MASTER))
+    followed = LiveKeyFile(path)
+    assert followed.keys() == (MASTER,)
+    write_key_file(path, KeyFile(DATA_KEY, MASTER, ("home",)))
+    assert followed.keys() == (DATA_KEY, MASTER)
+    path.chmod(0o644)
+    with pytest.raises(KeyFileError, match="chmod 600"):
+        followed.keys()
+    path.unlink()
+    with pytest.raises(KeyFileError, match="cannot read"):
+        followed.keys()
+
+
+def test_a_version_1_key_file_still_loads(tmp_path):
+    path = tmp_path / "master.key"
+    path.write_bytes(MASTER)
+    path.chmod(0o400)
+    assert load_master_key(path) == KeyFile(MASTER)
+
+
+def ring(**changes) -> bytes:
+    fields = {"version": 2, "keys": [DATA_KEY.hex(), MASTER.hex()], "rotating": ["home"]}
+    return json.dumps({**fields, **changes}).encode()
+
+
+@pytest.mark.parametrize("content, message", [
+    (ring(version=3), "key ring of version 3; this slurm-geo reads version 2: upgrade"),
+    (ring(keys=[DATA_KEY.hex()]), "not a valid key ring"),
+    (ring(keys=[DATA_KEY.hex(), DATA_KEY.hex()]), "replaces a key by another one"),
+    (ring(keys=[DATA_KEY.hex(), "zz" * 32]), "not a valid key ring"),
+    (ring(keys=[DATA_KEY.hex(), MASTER.hex()[:-2]]), "64 hex digits"),
+    (ring(rotating=[]), "names its previous key and its stores"),
+    (ring(rotating=[""]), "not a valid key ring"),
+    (ring(extra=1), "unknown members"),
+    (b"[1, 2, 3]" + bytes(40), "neither a 32-byte master key nor a key ring"),
+    (b'"' + b"x" * 40 + b'"', "neither a 32-byte master key nor a key ring"),
+    (b"\xff" * 40, "neither a 32-byte master key nor a key ring"),
+])
+def test_bad_key_rings_are_refused(tmp_path, content, message):
+    path = tmp_path / "master.key"
+    path.write_bytes(content)
+    path.chmod(0o600)
+    with pytest.raises(KeyFileError, match=message):
+        load_master_key(path)
+
+
+def test_a_ring_opens_an_object_under_the_key_its_header_names():
+    sealed = seal(MASTER, Kind.DATA_KEY, SALT, DATA_KEY, "keys/r")
+    assert open_with_ring((DATA_KEY, MASTER), Kind.DATA_KEY, sealed, "keys/r") == DATA_KEY
+    with pytest.raises(WrongKey, match=f"not with the key given \\({FINGERPRINT_DATA}\\)"):
+        open_with_ring((DATA_KEY,), Kind.DATA_KEY, sealed, "keys/r")
 
 
 PATCH_BASE = b"0123456789abcdef" * 4

@@ -327,7 +327,7 @@ def test_a_damaged_delta_base_is_named_when_its_delta_is_read(store, repo):
                                      metadata(2), parent=1, delta=True)
     assert manifest.tensors[0].chunks[0].depth == 1
     flip_bit(base_pack, 100)
-    fresh = Repository(store, repo.master_key, OPTIONS)
+    fresh = Repository(store, repo.master_keys, OPTIONS)
     with pytest.raises(CorruptObject) as info:
         fresh.read_checkpoint(RUN, 2)
     assert info.value.name == base_pack.relative_to(store.root).as_posix()

@@ -62,7 +62,7 @@ def test_once_replicates_verifies_and_restores_byte_identical(setup):
 
     assert statuses(tmp_path / "state.db") == {("run-a", s): "verified" for s in saved}
     for step, tensors in saved.items():
-        checkpoint = restore(tmp_path / "offsite", trainer.repository.master_key, "run-a", step)
+        checkpoint = restore(tmp_path / "offsite", trainer.repository.master_keys, "run-a", step)
         assert [bytes(t.data) for t in checkpoint.tensors] == tensors
     kinds = {r["kind"] for r in rows(tmp_path / "state.db", "SELECT kind FROM transfers")}
     assert kinds == {"keys", "packs", "manifests", "latest", "verify"}
@@ -102,7 +102,7 @@ def test_sighup_reloads_the_config_and_keeps_the_old_one_if_the_new_is_broken(se
     trainer.save()
     other_root = tmp_path / "root-b"
     other_root.mkdir()
-    other = Trainer(other_root, trainer.repository.master_key, "run-b", seed=1)
+    other = Trainer(other_root, trainer.repository.master_keys, "run-b", seed=1)
     other.train(2)
     other.save()
     proc = start_daemon(config, log=tmp_path / "log")

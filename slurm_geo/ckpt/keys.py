@@ -1,19 +1,24 @@
-"""Key material (docs/format.md §4): the site master key file and per-run derived keys."""
+"""Key material (docs/format.md §4): the site master key file, the key ring a rotation
+leaves in it meanwhile, and per-run derived keys."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import blake3
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.errors import KeyFileError
 
 KEY_SIZE = 32
@@ -85,6 +90,84 @@ class RunKeys:
         object.__setattr__(self, "fingerprint", fingerprint(self.data_key))
 
 
+# --- the master key file (docs/format.md §4.1) -------------------------------------------
+
+KEY_RING_VERSION = 2
+_MAX_KEY_FILE_SIZE = 64 * 1024  # a key ring is a few hundred bytes; anything larger is not one
+
+
+class MasterKeys(Protocol):
+    """Where a repository takes the site master key from: a key file read once, or one
+    followed as a rotation rewrites it (`LiveKeyFile`)."""
+
+    def keys(self) -> tuple[bytes, ...]:
+        """The key that seals, then the one a rotation in progress replaces (if any)."""
+        ...
+
+
+@dataclass(frozen=True)
+class KeyFile:
+    """What a master key file holds: the site master key and, while a rotation is in
+    progress, the key it replaces and the stores that rotation re-seals."""
+
+    current: bytes = field(repr=False)
+    previous: bytes | None = field(default=None, repr=False)
+    rotating: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in (self.current, self.previous):
+            if key is not None and len(key) != KEY_SIZE:
+                raise ValueError(f"a master key is {KEY_SIZE} bytes, not {len(key)}")
+        if self.current == self.previous:
+            raise ValueError("a rotation replaces a key by another one")
+        if (self.previous is None) != (not self.rotating):
+            raise ValueError("a rotation in progress names its previous key and its stores")
+
+    def keys(self) -> tuple[bytes, ...]:
+        return (self.current,) if self.previous is None else (self.current, self.previous)
+
+    def to_bytes(self) -> bytes:
+        """Version 1 (the 32 bytes, which every release reads) unless a rotation is in
+        progress; then version 2, the key ring."""
+        if self.previous is None:
+            return self.current
+        ring = {"version": KEY_RING_VERSION, "keys": [self.current.hex(), self.previous.hex()],
+                "rotating": list(self.rotating)}
+        return (json.dumps(ring) + "\n").encode()
+
+
+def parse_key_file(data: bytes, name: str) -> KeyFile:
+    """The key file `name` holding `data`: 32 raw bytes (version 1) or a key ring (2)."""
+    if len(data) == KEY_SIZE:
+        return KeyFile(data)
+    not_a_key_file = KeyFileError(name, f"holds {len(data)} bytes, neither a {KEY_SIZE}-byte "
+                                  "master key nor a key ring (docs/format.md §4.1)")
+    try:
+        ring = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise not_a_key_file from None
+    if not isinstance(ring, dict) or "version" not in ring:
+        raise not_a_key_file
+    if ring["version"] != KEY_RING_VERSION:
+        raise KeyFileError(name, f"is a key ring of version {ring['version']!r}; this "
+                           f"slurm-geo reads version {KEY_RING_VERSION}: upgrade slurm-geo")
+    try:
+        current, previous = (_key_of_hex(k) for k in ring["keys"])
+        rotating = tuple(ring["rotating"])
+        if set(ring) != {"version", "keys", "rotating"} or not all(
+                isinstance(s, str) and s for s in rotating):
+            raise ValueError("unknown members, or a store that is not a name")
+        return KeyFile(current, previous, rotating)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise KeyFileError(name, f"is not a valid key ring ({exc})") from None
+
+
+def _key_of_hex(text: object) -> bytes:
+    if not isinstance(text, str) or len(text) != 2 * KEY_SIZE:
+        raise ValueError(f"a key is {2 * KEY_SIZE} hex digits")
+    return bytes.fromhex(text)
+
+
 def create_master_key_file(path: Path, random_bytes: RandomBytes = os.urandom) -> bytes:
     """Write a new 0600 master key file; refuse to overwrite one (that would orphan runs)."""
     key = random_bytes(KEY_SIZE)
@@ -102,17 +185,74 @@ def create_master_key_file(path: Path, random_bytes: RandomBytes = os.urandom) -
     return key
 
 
-def load_master_key(path: Path) -> bytes:
+def write_key_file(path: Path, key_file: KeyFile) -> None:
+    """Replace the key file atomically (a crash leaves the old one or the new one), 0600
+    and owned as the file it replaces, so that the daemons' account still reads it; a
+    symbolic link is followed, and its target replaced."""
+    target = path.resolve()
+    try:
+        info = target.stat()
+    except FileNotFoundError:
+        owner = None
+    except OSError as exc:
+        raise KeyFileError(str(path), f"cannot read it ({exc.strerror})") from None
+    else:
+        owner = (info.st_uid, info.st_gid)
+    try:
+        write_if_changed(target, key_file.to_bytes(), mode=0o600, owner=owner)
+    except OSError as exc:
+        raise KeyFileError(str(path), f"cannot write it ({exc.strerror})") from None
+
+
+def load_master_key(path: Path) -> KeyFile:
+    """The master key file at `path` as it is now; refused if group or others may use it."""
+    return _read_key_file(path)[0]
+
+
+# Device, inode, size, and the change and modification times (ns): replacing the file
+# changes the inode, and a chmod the change time, after which the mode is checked again.
+_Signature = tuple[int, int, int, int, int]
+
+
+def _read_key_file(path: Path) -> tuple[KeyFile, _Signature]:
     try:
         with open(path, "rb") as handle:
             info = os.fstat(handle.fileno())
-            key = handle.read(KEY_SIZE + 1)
+            data = handle.read(_MAX_KEY_FILE_SIZE + 1)
     except OSError as exc:
         raise KeyFileError(str(path), f"cannot read it ({exc.strerror})") from None
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyFileError(
             str(path), f"mode {stat.S_IMODE(info.st_mode):04o} lets others in; chmod 600 it"
         )
-    if len(key) != KEY_SIZE:
-        raise KeyFileError(str(path), f"holds {info.st_size} bytes, a master key is {KEY_SIZE}")
-    return key
+    return parse_key_file(data, str(path)), _signature(info)
+
+
+def _signature(info: os.stat_result) -> _Signature:
+    return info.st_dev, info.st_ino, info.st_size, info.st_ctime_ns, info.st_mtime_ns
+
+
+class LiveKeyFile:
+    """The key file at `path`, read again whenever it has been replaced: a rotation
+    rewrites it (docs/format.md §8.5), and a daemon follows without a restart. Each use
+    costs a stat; a file that no longer reads is an error, never the keys held before."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        self._held, self._seen = _read_key_file(path)
+
+    def keys(self) -> tuple[bytes, ...]:
+        with self._lock:
+            try:
+                now = _signature(os.stat(self.path))
+            except OSError as exc:
+                raise KeyFileError(str(self.path), f"cannot read it ({exc.strerror})") from None
+            if now != self._seen:
+                self._held, self._seen = _read_key_file(self.path)
+            return self._held.keys()
+
+
+def as_master_keys(key: bytes | MasterKeys) -> MasterKeys:
+    """A bare 32-byte key as the one-key file that holds it."""
+    return KeyFile(key) if isinstance(key, bytes) else key

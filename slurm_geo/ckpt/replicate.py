@@ -49,7 +49,7 @@ def copy_checkpoint(source: Repository, source_store: Store, destination: Store,
                     streams, on_done=lambda _name, _moved: on_pack(next(done), len(packs)))
     copied = [size for size in moved if size is not None]
     # Checked last, right before the commit point: a fence set during the copy still holds.
-    check_admitted(Repository(destination, source.master_key), manifest, fence)
+    check_admitted(Repository(destination, source.master_keys), manifest, fence)
     _copy(source_store, destination, manifest_name(run, step))
     if _destination_latest(source, destination, run) < step:
         _copy_latest_naming(source, destination, run, step)
@@ -69,9 +69,9 @@ def _copy(source: Store, destination: Store, name: str) -> int:
 
 def _destination_latest(source: Repository, destination: Store, run: str) -> int:
     """The step the destination's pointer names; -1 when it has none."""
-    step = Repository(destination, source.master_key).pointer(run)
+    step = Repository(destination, source.master_keys).pointer(run)
     return -1 if step is None else step
 
 
 def _copy_latest_naming(source: Repository, destination: Store, run: str, step: int) -> None:
-    Repository(destination, source.master_key).point_latest(run, step)
+    Repository(destination, source.master_keys).point_latest(run, step)

@@ -18,8 +18,10 @@ from slurm_geo.ckpt.errors import CkptError, CorruptObject, ImmutableCheckpoint,
 from slurm_geo.ckpt.keys import (
     KEY_SIZE,
     SALT_SIZE,
+    MasterKeys,
     RandomBytes,
     RunKeys,
+    as_master_keys,
     fence_key,
     promotion_key,
 )
@@ -58,7 +60,7 @@ from slurm_geo.ckpt.reader import (
     prefetched,
     worker_pool,
 )
-from slurm_geo.ckpt.seal import Kind, open_sealed, seal
+from slurm_geo.ckpt.seal import Kind, open_sealed, open_with_ring, seal
 from slurm_geo.ckpt.store import Bytes, Store
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, ChunkWriter, WriteOptions
 
@@ -80,14 +82,14 @@ class Checkpoint:
 
 
 class Repository:
-    """The checkpoints of every run in one store, sealed under one site master key."""
+    """The checkpoints of every run in one store, sealed under one site master key (or,
+    during a rotation, under it or the key it replaces: docs/format.md §8.5)."""
 
-    def __init__(self, store: Store, master_key: bytes, options: WriteOptions = DEFAULT_OPTIONS,
-                 random_bytes: RandomBytes = os.urandom, clock: Clock = lambda: datetime.now(UTC)):
-        if len(master_key) != KEY_SIZE:
-            raise ValueError(f"a master key is {KEY_SIZE} bytes")
+    def __init__(self, store: Store, master_key: bytes | MasterKeys,
+                 options: WriteOptions = DEFAULT_OPTIONS, random_bytes: RandomBytes = os.urandom,
+                 clock: Clock = lambda: datetime.now(UTC)):
         self._store = store
-        self.master_key = master_key
+        self.master_keys = as_master_keys(master_key)
         self._options = options
         self._random_bytes = random_bytes
         self._clock = clock
@@ -253,7 +255,7 @@ class Repository:
         The marker is sealed under the promotion key (§8.1): the master key's holders only."""
         self.manifest(run, step)  # only a valid checkpoint can be promoted
         body = json.dumps({"run": run, "step": step, "promoted_at": self._clock().isoformat()})
-        self._put_sealed(self._promotion_key(), Kind.PROMOTED, promoted_name(run, step),
+        self._put_sealed(self._promotion_keys()[0], Kind.PROMOTED, promoted_name(run, step),
                          body.encode())
 
     def is_promoted(self, run: str, step: int) -> bool:
@@ -265,13 +267,13 @@ class Repository:
             sealed = self._store.get(name)
         except ObjectMissing:
             return False
-        payload = open_sealed(self._promotion_key(), Kind.PROMOTED, sealed, name)
+        payload = open_with_ring(self._promotion_keys(), Kind.PROMOTED, sealed, name)
         check_promotion(payload, name, run, step)
         return True
 
     def put_fence(self, run: str, payload: bytes) -> None:
         """Write the run's fence (§8.3); slurm_geo.ckpt.fence decides what it says."""
-        self._put_sealed(self._fence_key(), Kind.FENCE, fence_name(run), payload)
+        self._put_sealed(self._fence_keys()[0], Kind.FENCE, fence_name(run), payload)
 
     def fence_payload(self, run: str) -> bytes | None:
         """The opened payload of the run's fence, or None when the run is not fenced."""
@@ -280,7 +282,7 @@ class Repository:
             sealed = self._store.get(name)
         except ObjectMissing:
             return None
-        return open_sealed(self._fence_key(), Kind.FENCE, sealed, name)
+        return open_with_ring(self._fence_keys(), Kind.FENCE, sealed, name)
 
     def delete_checkpoint(self, run: str, step: int) -> None:
         """Drop a checkpoint's manifest; its packs go at the next gc unless shared."""
@@ -345,11 +347,13 @@ class Repository:
                 data += chunk
             return data
 
-    def _fence_key(self) -> bytes:
-        return fence_key(self.master_key)
+    # Each of these is the key that seals first, then the one a rotation replaces (§8.5).
 
-    def _promotion_key(self) -> bytes:
-        return promotion_key(self.master_key)
+    def _fence_keys(self) -> tuple[bytes, ...]:
+        return tuple(map(fence_key, self.master_keys.keys()))
+
+    def _promotion_keys(self) -> tuple[bytes, ...]:
+        return tuple(map(promotion_key, self.master_keys.keys()))
 
     def _keys(self, run: str, create: bool = False) -> RunKeys:
         if run not in self._run_keys:
@@ -364,9 +368,9 @@ class Repository:
             if not create:
                 raise
             data_key = self._random_bytes(KEY_SIZE)
-            self._put_sealed(self.master_key, Kind.DATA_KEY, name, data_key)
+            self._put_sealed(self.master_keys.keys()[0], Kind.DATA_KEY, name, data_key)
             return RunKeys(data_key)
-        data_key = open_sealed(self.master_key, Kind.DATA_KEY, sealed, name)
+        data_key = open_with_ring(self.master_keys.keys(), Kind.DATA_KEY, sealed, name)
         if len(data_key) != KEY_SIZE:
             raise CorruptObject(name, f"holds a {len(data_key)}-byte key")
         return RunKeys(data_key)

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 
 from slurm_geo.ckpt.errors import CkptError, LegacyObject, UnsafeObjectName
-from slurm_geo.ckpt.keys import SALT_SIZE, RandomBytes, promotion_key
+from slurm_geo.ckpt.keys import SALT_SIZE, MasterKeys, RandomBytes, promotion_key
 from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
 from slurm_geo.ckpt.repository import Repository, check_promotion
 from slurm_geo.ckpt.runkey import unwrap_run_key
@@ -31,9 +31,10 @@ class ResealReport:
     old_fences: list[str] = field(default_factory=list)  # version 1 fences, left alone
 
 
-def reseal(store: Store, master_key: bytes, dry_run: bool = False,
+def reseal(store: Store, master_key: bytes | MasterKeys, dry_run: bool = False,
            random_bytes: RandomBytes = os.urandom) -> ResealReport:
     repository = Repository(store, master_key)
+    sealing_key = promotion_key(repository.master_keys.keys()[0])
     report = ResealReport()
     for name in sorted(store.list("promoted/")):
         checkpoint = _checkpoint_of(name)
@@ -50,23 +51,23 @@ def reseal(store: Store, master_key: bytes, dry_run: bool = False,
             report.refused[name] = str(exc)
             continue
         try:
-            payload = _legacy_payload(store, repository, master_key, name, *checkpoint)
+            payload = _legacy_payload(store, repository, name, *checkpoint)
         except CkptError as exc:
             report.refused[name] = str(exc)
             continue
         if not dry_run:
             salt = random_bytes(SALT_SIZE)
-            store.put(name, seal(promotion_key(master_key), Kind.PROMOTED, salt, payload, name))
+            store.put(name, seal(sealing_key, Kind.PROMOTED, salt, payload, name))
         report.resealed.append(name)
     report.old_fences = [n for n in sorted(store.list("fences/")) if _is_legacy_fence(
         repository, n)]
     return report
 
 
-def _legacy_payload(store: Store, repository: Repository, master_key: bytes, name: str,
-                    run: str, step: int) -> bytes:
+def _legacy_payload(store: Store, repository: Repository, name: str, run: str,
+                    step: int) -> bytes:
     """The marker's payload, read under the old rule and checked; raises what is wrong."""
-    data_key = unwrap_run_key(store, master_key, run)
+    data_key = unwrap_run_key(store, repository.master_keys, run)
     payload = open_legacy(data_key, Kind.PROMOTED, store.get(name), name)
     check_promotion(payload, name, run, step)
     repository.manifest(run, step)  # a marker of a checkpoint that opens, only

@@ -11,11 +11,10 @@ only refrains from overwriting a step that has a marker (it cannot tell a real o
 
 from __future__ import annotations
 
-from slurm_geo.ckpt.errors import CkptError, ObjectMissing
-from slurm_geo.ckpt.keys import KEY_SIZE, RunKeys
+from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.keys import KEY_SIZE, MasterKeys, RunKeys
 from slurm_geo.ckpt.names import fence_name, key_name, promoted_name
 from slurm_geo.ckpt.repository import Repository
-from slurm_geo.ckpt.seal import Kind, open_sealed
 from slurm_geo.ckpt.store import Store
 
 
@@ -48,10 +47,10 @@ class RunKeyRepository(Repository):
     def _load_keys(self, run: str, create: bool) -> RunKeys:
         raise NoRunKey(run, self._run)
 
-    def _fence_key(self) -> bytes:
+    def _fence_keys(self) -> tuple[bytes, ...]:
         raise NoControlKey(fence_name(self._run))
 
-    def _promotion_key(self) -> bytes:
+    def _promotion_keys(self) -> tuple[bytes, ...]:
         raise NoControlKey(f"promoted/{self._run}/")
 
     def is_promoted(self, run: str, step: int) -> bool:
@@ -60,14 +59,9 @@ class RunKeyRepository(Repository):
         return self._store.exists(promoted_name(run, step))
 
 
-def unwrap_run_key(store: Store, master_key: bytes, run: str, create: bool = False) -> bytes:
+def unwrap_run_key(store: Store, master_key: bytes | MasterKeys, run: str,
+                   create: bool = False) -> bytes:
     """The run's data key, opened from `keys/<run>` with the master key (§4); with
     `create`, a run that has no key in `store` yet gets one (its first checkpoint will be
     written there by a job that holds only this key)."""
-    name = key_name(run)
-    try:
-        return open_sealed(master_key, Kind.DATA_KEY, store.get(name), name)
-    except ObjectMissing:
-        if not create:
-            raise
-    return Repository(store, master_key)._keys(run, create=True).data_key
+    return Repository(store, master_key)._keys(run, create=create).data_key

@@ -13,6 +13,7 @@ was sealed under the run's data key, which every job of the run holds; it is ref
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from enum import IntEnum
 
 from cryptography.exceptions import InvalidTag
@@ -58,6 +59,22 @@ def seal(key: bytes, kind: Kind, salt: bytes, payload: bytes, name: str) -> byte
 def open_sealed(key: bytes, kind: Kind, sealed: bytes, name: str) -> bytes:
     """The payload of `sealed`, read from object `name`; checks in the order of §5."""
     return _open(key, kind, sealed, name, VERSION_OF_KIND[kind])
+
+
+def open_with_ring(keys: Sequence[bytes], kind: Kind, sealed: bytes, name: str) -> bytes:
+    """`open_sealed` under the one of `keys` whose fingerprint the header names: during a
+    rotation (§8.5) an object may be sealed under the new key or the one it replaces.
+    Under the first key when none matches, so that the error names that one."""
+    found = sealing_fingerprint(sealed)
+    key = next((k for k in keys if fingerprint(k) == found), keys[0])
+    return open_sealed(key, kind, sealed, name)
+
+
+def sealing_fingerprint(sealed: bytes) -> bytes | None:
+    """The fingerprint of the key `sealed` names as its sealing key; None without a header."""
+    if len(sealed) < HEADER_SIZE or not sealed.startswith(MAGIC):
+        return None
+    return bytes(_HEADER.unpack_from(sealed)[3])
 
 
 def open_legacy(key: bytes, kind: Kind, sealed: bytes, name: str) -> bytes:

@@ -36,7 +36,7 @@ SUBCOMMANDS = {
     "billing": ("slurm_geo.cli.billing", "billing", "Chargeback: ingest, reports, invoices."),
     "ckpt": ("slurm_geo.cli.ckpt", "ckpt",
              "Push, pull, list, verify, promote and garbage-collect checkpoints."),
-    "keys": ("slurm_geo.cli.ckpt", "keys", "Create the site master key."),
+    "keys": ("slurm_geo.cli.ckpt", "keys", "Create the site master key; rotate it."),
     "policy": ("slurm_geo.cli.policy", "policy",
                "Check --geo-* directives; export the policy for job_submit.lua."),
     "sync": ("slurm_geo.cli.sync", "sync",

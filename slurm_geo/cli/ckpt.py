@@ -29,7 +29,7 @@ def store_option(flag: str, help_text: str):
 
 @click.group()
 def keys() -> None:
-    """Create the site master key that wraps every run's data key."""
+    """Create and rotate the site master key that wraps every run's data key."""
 
 
 @keys.command("init")
@@ -43,6 +43,73 @@ def keys_init(path: Path) -> None:
                           "sealed under the old one. Choose another path.")
     create_master_key_file(path)
     click.echo(f"created master key {path} (keep it on-prem; back it up offline)")
+
+
+@keys.command("rotate")
+@click.option("--store", "store_specs", multiple=True, required=True, metavar="STORE",
+              help="A store to re-seal: file:///PATH, s3://BUCKET/PREFIX, or a store name "
+                   "from the slurm-geo config. Repeat it for every store of the site.")
+@click.option("--dry-run", is_flag=True,
+              help="Report what would be sealed again; write nothing, the key file included.")
+@key_file_option
+@json_option
+def keys_rotate(store_specs: tuple[str, ...], dry_run: bool, key_file: Path,
+                as_json: bool) -> None:
+    """Replace the master key, in two runs (docs/runbook.md).
+
+    The first writes a key ring (the new key and the old) into the key file and re-seals
+    nothing; copy it to the control site, then run the same command again: it seals every
+    run's wrapped key, fence and promotion marker again under the new key, then leaves it
+    alone in the file.
+
+    Run keys do not change: no checkpoint is rewritten and running jobs go on. Cut short,
+    the key file still holds both keys, which every reader uses; run it again with the
+    same stores. Exit 1 when an object was refused or the rotation did not finish.
+    """
+    from slurm_geo.ckpt.rotate import Outcome, rotate_master_key
+
+    stores = {spec: _open(spec) for spec in dict.fromkeys(store_specs)}
+    report = rotate_master_key(stores, key_file, dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps({"key_file": str(key_file), "outcome": report.outcome.value,
+                               "key": report.key, "previous": report.previous,
+                               "unfinished": report.unfinished,
+                               "stores": [asdict(s) for s in report.stores]}, indent=2))
+    else:
+        _print_rotation(report, key_file)
+    sys.exit(1 if report.outcome is Outcome.UNFINISHED or report.refused else 0)
+
+
+def _print_rotation(report, key_file: Path) -> None:
+    from slurm_geo.ckpt.rotate import Outcome
+
+    rows = [{"store": s.store, "rewrapped": len(s.rewrapped), "current": len(s.current),
+             "refused": len(s.refused), "unfinished": s.unfinished or ""}
+            for s in report.stores]
+    columns = ["store", "rewrapped", "current", "refused"]
+    if report.outcome in (Outcome.DRY_RUN, Outcome.RING_WRITTEN):
+        rows = [{**row, "to_reseal": row["rewrapped"]} for row in rows]
+        columns[1] = "to_reseal"
+    click.echo(_table(rows, columns + (["unfinished"] if report.unfinished else [])))
+    for store in report.stores:
+        for name, why in store.refused.items():
+            click.echo(f"slurm-geo: refused {name} in {store.store}: {why}", err=True)
+    count = sum(len(s.rewrapped) for s in report.stores)
+    click.echo({
+        Outcome.DRY_RUN: f"dry run: would seal {count} object(s) again under "
+                         f"{report.key or 'a new key'} (now {report.previous}); nothing "
+                         "written",
+        Outcome.RING_WRITTEN: f"{key_file} holds the new key {report.key} and the old one "
+                              f"{report.previous}; nothing is sealed again yet. Copy it to "
+                              "the control site (docs/runbook.md), then run this command "
+                              "again",
+        Outcome.COMPLETE: f"rotated the master key {report.previous} -> {report.key}: "
+                          f"{count} object(s) sealed again; {key_file} holds the new key "
+                          "only. Copy it to the control site (docs/runbook.md)",
+        Outcome.UNFINISHED: f"slurm-geo: rotation to {report.key} not finished: "
+                            f"{report.unfinished}; {key_file} holds both keys, which every "
+                            "reader uses: run the same command again to finish",
+    }[report.outcome], err=report.outcome is Outcome.UNFINISHED)
 
 
 @click.group()
@@ -65,11 +132,11 @@ def push(path: Path, store_url: str, run: str | None, step: int | None, key_file
     torch.save file of a state dict."""
     from slurm_geo.ckpt import LocalDirStore, Repository, load_master_key
 
-    master_key = load_master_key(key_file)
+    master_keys = load_master_key(key_file)
     destination = _open(store_url)
     if path.is_dir():
         source_store = LocalDirStore(path)
-        source = Repository(source_store, master_key)
+        source = Repository(source_store, master_keys)
         run = run or _only_run(source, path)
         step = step if step is not None else _latest(source, run, str(path))
         report = _copy_with_progress(source, source_store, destination, run, step)
@@ -78,7 +145,7 @@ def push(path: Path, store_url: str, run: str | None, step: int | None, key_file
     else:
         if run is None or step is None:
             raise ConfigError(f"{path} is a torch.save file: give --run RUN --step N")
-        result = _push_torch_file(path, Repository(destination, master_key), run, step)
+        result = _push_torch_file(path, Repository(destination, master_keys), run, step)
     _report(result, as_json, "pushed {run}@{step}")
 
 
@@ -100,9 +167,9 @@ def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool)
     """
     from slurm_geo.ckpt import LocalDirStore, Repository, load_master_key
 
-    master_key = load_master_key(key_file)
+    master_keys = load_master_key(key_file)
     source_store = _open(store_url)
-    source = Repository(source_store, master_key)
+    source = Repository(source_store, master_keys)
     run, step = _parse_target(target, source, store_url)
     if source.manifest(run, step).sharded is not None:
         result = _pull_multi_rank(store_url, key_file, run, step, path)
@@ -112,7 +179,7 @@ def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool)
         path.mkdir(parents=True, exist_ok=True)
         local = LocalDirStore(path)
         report = _copy_with_progress(source, source_store, local, run, step)
-        _fail_on_faults(Repository(local, master_key).verify(run, step), f"{run}@{step}")
+        _fail_on_faults(Repository(local, master_keys).verify(run, step), f"{run}@{step}")
         result = {"run": run, "step": step, "to": str(path), "bytes": report.bytes_copied}
     _report(result, as_json, "pulled {run}@{step} to {to}", to=str(path))
 
@@ -262,9 +329,9 @@ def prune(run: str, store_url: str, offsite_url: str | None, keep_local: int | N
     overrides = {"keep_local": keep_local, "replicate_every": replicate_every,
                  "remote_days": remote_days}
     policy = replace(policy, **{k: v for k, v in overrides.items() if v is not None})
-    master_key = load_master_key(key_file)
-    local = Repository(_open(store_url), master_key)
-    remote = Repository(_open(offsite_url), master_key) if offsite_url else None
+    master_keys = load_master_key(key_file)
+    local = Repository(_open(store_url), master_keys)
+    remote = Repository(_open(offsite_url), master_keys) if offsite_url else None
     report = prune_run(run, local, remote, policy, datetime.now(UTC), dry_run=dry_run)
     verb = "would delete" if dry_run else "deleted"
     _report({**asdict(report), "dry_run": dry_run}, as_json,

@@ -267,7 +267,7 @@ class Federation:
     def _checkpoint_bytes(self, job: LogicalJob, store_name: str) -> int:
         """Stored size of the run's newest checkpoint: what a move must carry (0 if none)."""
         try:
-            repository = Repository(self.wiring.stores[store_name], self.wiring.master_key)
+            repository = Repository(self.wiring.stores[store_name], self.wiring.master_keys)
             steps = repository.steps(job.run)
             if not steps:
                 return 0

@@ -147,7 +147,7 @@ class LeaseService:
                                "run), then for the key"})
         store = w.stores[w.store_of(job.cluster)]
         try:
-            data_key = unwrap_run_key(store, w.master_key, job.run, create=True)
+            data_key = unwrap_run_key(store, w.master_keys, job.run, create=True)
         except CkptError as exc:
             return Reply(503, {"reason": str(exc)})
         if request.token and not w.state.identities.use_token(request.token, request.restart):

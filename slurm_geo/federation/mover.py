@@ -118,7 +118,7 @@ class Mover:
         if moved.run:  # a job that never trained has no checkpoint to protect yet
             target_store = w.store_of(moved.cluster)
             self._ensure_run_key(moved, target_store)
-            repository = Repository(w.stores[target_store], w.master_key)
+            repository = Repository(w.stores[target_store], w.master_keys)
             set_fence(repository, Fence(moved.run, moved.generation, moved.cluster,
                                         moved.resume_step, _utc(w.clock())))
             self._drop_unadmitted(moved, repository, target_store)
@@ -160,7 +160,7 @@ class Mover:
                 or not w.stores[store_name].exists(key_name(job.run)):
             return  # nothing of the run is there to fence
         fence = Fence(job.run, job.generation, job.cluster, job.resume_step, _utc(w.clock()))
-        set_fence(Repository(w.stores[store_name], w.master_key), fence)
+        set_fence(Repository(w.stores[store_name], w.master_keys), fence)
 
     def _ensure_run_key(self, job: LogicalJob, store_name: str) -> None:
         """The run keeps one data key everywhere: a store without it gets the sealed key
@@ -179,12 +179,12 @@ class Mover:
                 return
             except CkptError:
                 continue
-        unwrap_run_key(target, self.wiring.master_key, job.run, create=True)
+        unwrap_run_key(target, self.wiring.master_keys, job.run, create=True)
 
     def _carry_newest(self, job: LogicalJob, source_store: str, target_store: str) -> None:
         w = self.wiring
         source, target = w.paced_stores[source_store], w.paced_stores[target_store]
-        repository = Repository(source, w.master_key)
+        repository = Repository(source, w.master_keys)
         steps = repository.steps(job.run)
         if not steps:
             return
@@ -229,7 +229,7 @@ class Mover:
         None when the run has no such checkpoint there; False (and audited) when
         checkpoints exist but none verifies."""
         w = self.wiring
-        repository = Repository(w.paced_stores[store_name], w.master_key)
+        repository = Repository(w.paced_stores[store_name], w.master_keys)
         stale = set(unadmitted_steps(repository, job.run, daemon_lookup(known_fence(job))))
         steps = [s for s in repository.steps(job.run) if s not in stale]
         if not steps:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from slurm_geo.ckpt import load_master_key
+from slurm_geo.ckpt.keys import LiveKeyFile
 from slurm_geo.ckpt.open_store import open_store, paced
 from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.ckpt.store import Store
@@ -64,7 +64,7 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
     config = federation_config(site)
     if daemon:
         check_files_read_at_use(site)
-    master_key = load_master_key(master_key_path(config.key_file, env))
+    master_keys = LiveKeyFile(master_key_path(config.key_file, env))
     clients = {name: slurm_client(cluster, config) for name, cluster in site.clusters.items()}
     probe_timeout = min(config.probe_interval_s, 5.0)
     probes = {name: connect(replace(cluster, timeout_s=min(cluster.timeout_s, probe_timeout)))
@@ -79,7 +79,7 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
     if daemon:
         state.refresh_leases(clock())
     bandwidth = BandwidthModel.restore(state.bandwidth_snapshot())
-    wiring = Wiring(site, config, master_key, clients, stores, paced_stores, state,
+    wiring = Wiring(site, config, master_keys, clients, stores, paced_stores, state,
                     AuditLog(config.audit_path, clock=clock), clock,
                     RegistryReader(site.registry_path, missing_ok=True))
     return Federation(wiring, probes, bandwidth)

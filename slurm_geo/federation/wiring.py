@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_geo.ckpt.keys import MasterKeys
 from slurm_geo.ckpt.store import Store
 from slurm_geo.config.model import FederationConfig, SiteConfig
 from slurm_geo.federation.audit import AuditLog
@@ -21,7 +22,7 @@ from slurm_geo.slurm import SlurmClient
 class Wiring:
     site: SiteConfig
     config: FederationConfig
-    master_key: bytes
+    master_keys: MasterKeys  # the key file, followed as a rotation rewrites it
     clients: dict[str, SlurmClient]
     stores: dict[str, Store]          # for small objects: keys, fences, manifests
     paced_stores: dict[str, Store]    # for bulk copies and probes: the bandwidth cap applies

@@ -44,6 +44,7 @@ from slurm_geo.ckpt.store import LocalDirStore, Store
 from slurm_geo.hooks.context import JobContext
 
 if TYPE_CHECKING:
+    from slurm_geo.ckpt.keys import MasterKeys
     from slurm_geo.sync.jobdirs import Protection
 
 log = logging.getLogger("slurm_geo.hooks")
@@ -67,7 +68,7 @@ class Staged:
 class Staging:
     """How the prolog reaches checkpoints: the master key, and a replica if there is one."""
 
-    key: bytes | None
+    key: MasterKeys | None
     replica: Store | None = None
 
 

@@ -81,7 +81,7 @@ class InFlight:
         guard = Guard(self._stop, deadline, self._monotonic)
 
         def attempt(state: StateDB) -> Attempt:
-            return Attempt(state, runtime.master_key, route, guard, self._bucket, limits,
+            return Attempt(state, runtime.master_keys, route, guard, self._bucket, limits,
                            self._clock)
 
         thread = threading.Thread(target=self._work, name=f"sync-{replica.run}-{replica.step}",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_geo.ckpt.errors import CkptError
-from slurm_geo.ckpt.keys import load_master_key
+from slurm_geo.ckpt.keys import LiveKeyFile, MasterKeys
 from slurm_geo.ckpt.open_store import open_store as default_open_store
 from slurm_geo.ckpt.store import Store
 from slurm_geo.ckpt.transfer_plan import DEFAULT_PLAN, TransferPlan, plan_transfers
@@ -34,7 +34,7 @@ class Runtime:
 
     sync: SyncConfig
     policy: RetentionPolicy
-    master_key: bytes = field(repr=False)
+    master_keys: MasterKeys = field(repr=False)  # followed as a rotation rewrites it
     destination: str
     destination_store: Store
     destination_region: str
@@ -86,7 +86,7 @@ def runtime_from_site(site: SiteConfig, env: Mapping[str, str] = os.environ,
                           "least roots = [...] and destination = \"...\" (see "
                           "docs/checkpoint-sync.md)")
     sync = site.sync
-    master_key = load_master_key(master_key_path(sync.key_file, env))
+    master_keys = LiveKeyFile(master_key_path(sync.key_file, env))
     target = site.stores[sync.destination]
     plan = link_plan(sync)
     try:
@@ -105,7 +105,7 @@ def runtime_from_site(site: SiteConfig, env: Mapping[str, str] = os.environ,
         else:
             urls[root] = (root, None)
             regions[root] = home.region if home is not None else ""
-    return Runtime(sync=sync, policy=site.retention, master_key=master_key,
+    return Runtime(sync=sync, policy=site.retention, master_keys=master_keys,
                    destination=sync.destination, destination_store=destination_store,
                    destination_region=target.region, root_urls=urls, root_regions=regions,
                    open_store=open_store, home_cluster=site.home_cluster,

@@ -26,6 +26,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, StoreUnavailable
+from slurm_geo.ckpt.keys import MasterKeys
 from slurm_geo.ckpt.names import manifest_name, promoted_name
 from slurm_geo.ckpt.open_store import paced
 from slurm_geo.ckpt.pacing import TokenBucket
@@ -111,10 +112,10 @@ class Result:
 class Attempt:
     """One attempt on one replica, in the calling thread, writing through `state`."""
 
-    def __init__(self, state: StateDB, master_key: bytes, route: Route, guard: Guard,
+    def __init__(self, state: StateDB, master_keys: MasterKeys, route: Route, guard: Guard,
                  bucket: TokenBucket, limits: Limits, clock: Callable[[], float] = time.time):
         self._state = state
-        self._key = master_key
+        self._keys = master_keys
         self._route = route
         self._guard = guard
         self._limits = limits
@@ -157,7 +158,7 @@ class Attempt:
     # --- copy and verify ----------------------------------------------------------------
 
     def _copy(self, replica: Replica) -> None:
-        source = Repository(self._source, self._key)
+        source = Repository(self._source, self._keys)
         try:
             report = copy_checkpoint(source, self._source, self._destination, replica.run,
                                      replica.step, on_pack=lambda _d, _n: self._write_transfers(),
@@ -175,7 +176,7 @@ class Attempt:
     def _verify(self, replica: Replica) -> Result:
         started = self._clock()
         self._destination.bytes_read = 0
-        replica_repo = Repository(self._destination, self._key)
+        replica_repo = Repository(self._destination, self._keys)
         faults = replica_repo.verify(replica.run, replica.step)
         for fault in faults:
             if isinstance(fault, StoreUnavailable):
@@ -200,7 +201,7 @@ class Attempt:
         once it opens under the promotion key and names the checkpoint (a marker that is
         there but does not open fails the attempt, naming it)."""
         name = promoted_name(replica.run, replica.step)
-        if not Repository(self._source, self._key).is_promoted(replica.run, replica.step):
+        if not Repository(self._source, self._keys).is_promoted(replica.run, replica.step):
             return
         sealed = self._source.get(name)
         # A marker already there may be a version 1 one or a job's: the good one replaces it.
