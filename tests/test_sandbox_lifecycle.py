@@ -58,10 +58,18 @@ def throwaway():
     Sandbox(root).down(purge=True)
 
 
-def test_up_twice_status_env_and_down_leave_nothing(throwaway):
+def test_up_twice_env_down_and_up_again(throwaway):
+    """One throw-away sandbox through its whole life (each `up` costs ~15 s): a second `up`
+    restarts nothing; `down` ends what the daemons spawned too, removes the sites and
+    leaves nothing listening or routed; the S3 server's objects survive to the next `up`."""
     first = slurm_geo("sandbox", "up", "--dir", str(throwaway), "--port-base", str(PORT_BASE))
     assert first.returncode == 0, first.stderr
     pids = {row["name"]: row["pid"] for row in status(throwaway)}
+    box = Sandbox(throwaway)
+    offsite = S3Store(S3_BUCKET, S3_PREFIX, make_s3_client(
+        box.layout.s3_endpoint, "us-east-1", access_key_id=box.s3_env()["AWS_ACCESS_KEY_ID"],
+        secret_access_key=box.s3_env()["AWS_SECRET_ACCESS_KEY"]))
+    offsite.put("keys/kept", b"written before down")
 
     again = slurm_geo("sandbox", "up", "--dir", str(throwaway))
     assert again.returncode == 0, again.stderr
@@ -70,17 +78,23 @@ def test_up_twice_status_env_and_down_leave_nothing(throwaway):
     assert {row["name"]: row["pid"] for row in rows} == pids
     assert all(row["up"] for row in rows)
 
-    env = slurm_geo("sandbox", "env", "--dir", str(throwaway), "onprem")
-    shell = f'{env.stdout}\nsinfo --noheader --format=%D --partition=batch'
-    nodes = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=30)
+    env = slurm_geo("sandbox", "env", "--dir", str(throwaway), "onprem").stdout
+    nodes = subprocess.run(["bash", "-c", f"{env}\nsinfo --noheader --format=%D "
+                            "--partition=batch"], capture_output=True, text=True, timeout=30)
     assert nodes.stdout.strip() == "2"
+    daemons = set(marked(throwaway))
+    subprocess.run(["bash", "-c", f"{env}\nsbatch --wrap 'sleep 600'"], check=True,
+                   capture_output=True, timeout=30)
+    eventually(lambda: set(marked(throwaway)) - daemons, bool)  # slurmstepd is up
 
     down = slurm_geo("sandbox", "down", "--dir", str(throwaway))
     assert down.returncode == 0, down.stderr
     assert marked(throwaway) == []
     assert not any(row["up"] for row in status(throwaway, expect_rc=1))
-    layout = Sandbox(throwaway).layout
-    home, remote = layout.address(Site.HOME), layout.address(Site.REMOTE)
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                check=True).stdout
+    assert box.layout.network_prefix not in namespaces
+    home, remote = box.layout.address(Site.HOME), box.layout.address(Site.REMOTE)
     # The sites are gone, and with them every daemon's address: nothing answers there,
     # and nothing addressed there leaves the machine (the range's blackhole route).
     for host, port in ((home, PORT_BASE + 10), (remote, PORT_BASE + 25),
@@ -93,34 +107,7 @@ def test_up_twice_status_env_and_down_leave_nothing(throwaway):
     assert route.returncode != 0 or "blackhole" in route.stdout or "unreachable" in \
         route.stdout, route.stdout
 
-
-def test_down_also_ends_what_the_daemons_spawned(throwaway):
-    assert slurm_geo("sandbox", "up", "--dir", str(throwaway)).returncode == 0
-    daemons = set(marked(throwaway))
-    env = slurm_geo("sandbox", "env", "--dir", str(throwaway), "onprem").stdout
-    subprocess.run(["bash", "-c", f"{env}\nsbatch --wrap 'sleep 600'"], check=True,
-                   capture_output=True, timeout=30)
-    eventually(lambda: set(marked(throwaway)) - daemons, bool)  # slurmstepd is up
-
-    assert slurm_geo("sandbox", "down", "--dir", str(throwaway)).returncode == 0
-
-    assert marked(throwaway) == []
-
-
-def test_an_object_written_before_down_is_there_after_up_and_down_leaves_no_site(throwaway):
     assert succeeded("sandbox", "up", "--dir", str(throwaway))
-    box = Sandbox(throwaway)
-    offsite = S3Store(S3_BUCKET, S3_PREFIX, make_s3_client(
-        box.layout.s3_endpoint, "us-east-1", access_key_id=box.s3_env()["AWS_ACCESS_KEY_ID"],
-        secret_access_key=box.s3_env()["AWS_SECRET_ACCESS_KEY"]))
-    offsite.put("keys/kept", b"written before down")
-
-    assert succeeded("sandbox", "down", "--dir", str(throwaway))
-    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                                check=True).stdout
-    assert box.layout.network_prefix not in namespaces
-    assert succeeded("sandbox", "up", "--dir", str(throwaway))
-
     # Right after a start the S3 server may answer 500 until its volumes are registered.
     assert eventually(lambda: read_or_none(offsite, "keys/kept"), bool, 30) == \
         b"written before down"

@@ -88,8 +88,9 @@ def test_a_checkpoint_written_during_training_becomes_verified_at_the_remote_sto
 @pytest.mark.slow
 def test_kill_9_at_random_points_always_ends_verified_and_byte_identical(
         tmp_path, s3_endpoint, s3_env, s3_client, s3_prefix):
-    """20 runs: start, kill -9 after a random delay, restart, check. Packs are multipart
-    (one ≥ 16 MiB pack in 8 MiB parts) so kills land inside part uploads too."""
+    """12 runs: start, kill -9 after a random delay, restart, check. A pack is one PUT (they
+    are under the 64 MiB multipart threshold); a multipart upload cut off and resumed is
+    tests/test_parallel_uploads.py's."""
     (tmp_path / "root").mkdir()
     key_file, key = master_key(tmp_path)
     trainer = Trainer(tmp_path / "root", key, "killed", shape=(2048, 2560))  # 21 MB
@@ -99,7 +100,7 @@ def test_kill_9_at_random_points_always_ends_verified_and_byte_identical(
     trainer.step += 1
     expected[trainer.save()] = [bytes(t.data) for t in trainer.tensors()]
     packs = [p.stat().st_size for p in (tmp_path / "root" / "packs").glob("*/*")]
-    assert max(packs) >= 16 * MIB  # S3Store puts it as a multipart upload
+    assert max(packs) >= 16 * MIB  # a copy long enough for kills to land inside
 
     def configured(i: int) -> tuple[Path, Path, str]:
         prefix = f"{s3_prefix}/kill{i}"
@@ -116,16 +117,13 @@ def test_kill_9_at_random_points_always_ends_verified_and_byte_identical(
     delete_prefix(s3_client, prefix)
     chance = random.Random(20261129)
     at_kill: Counter[str] = Counter()
-    mid_part_upload = 0
-    for i in range(1, 21):
+    for i in range(1, 13):
         config, state, prefix = configured(i)
         proc = start_daemon(config, log=tmp_path / f"log{i}", env=s3_env)
         time.sleep(chance.uniform(0.6, window))   # ~0.6 s is the interpreter starting
         proc.kill()
         proc.wait()
         seen = statuses(state)
-        uploads = s3_client.list_multipart_uploads(Bucket=S3_BUCKET, Prefix=prefix + "/")
-        mid_part_upload += bool(uploads.get("Uploads"))
         at_kill[",".join(seen.get(("killed", s), "-") for s in sorted(expected))] += 1
         replica_store = S3Store(S3_BUCKET, prefix, s3_client)
         for (run, step), status in seen.items():   # never verified unless it is
@@ -142,7 +140,7 @@ def test_kill_9_at_random_points_always_ends_verified_and_byte_identical(
             assert tensors_of(remote.read_checkpoint("killed", step)) == tensors
         delete_prefix(s3_client, prefix)
     print(f"\nkill -9 points (status of steps {sorted(expected)} at the kill): "
-          f"{dict(at_kill)}; {mid_part_upload} inside a multipart upload; "
+          f"{dict(at_kill)}; "
           f"window {window:.1f} s; total {time.monotonic() - began:.0f} s")
     assert any("uploading" in k or "replicated" in k for k in at_kill), at_kill
 
