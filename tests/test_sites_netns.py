@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import netns, site_readings, sites, throughput
+from slurm_geo.sandbox import etcd_members, netns, site_readings, sites, stages, throughput
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.sites import Site, WanLink
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="network namespaces need root and iproute2")
@@ -218,8 +219,6 @@ def test_an_established_connection_outlives_a_cut_and_its_heal(up, listen):
 
 def eventually_dropped(topo) -> int:
     """Packets the drop class of remote's WAN end has dropped, once it has."""
-    from tests.helpers import eventually
-
     def dropped() -> int:
         end = topo.wan.b
         shown = netns.exec_in(topo, Site.REMOTE, ["tc", "-s", "qdisc", "show", "dev",
@@ -359,3 +358,61 @@ def test_a_listener_on_127_0_0_1_inside_a_site_is_that_sites_alone(up, listen):
     listen(Site.HOME, "127.0.0.1")
     assert reaches(up, Site.HOME, "127.0.0.1")
     assert not reaches(up, Site.REMOTE, "127.0.0.1")  # remote's own loopback
+
+
+# --- etcd: a member per site, as the sandbox runs them ----------------------------------------
+
+
+@pytest.fixture
+def etcd_in_sites(up, tmp_path):
+    """The sandbox's three etcd members (its command lines, its data directories' modes)
+    in our sites, on the test block's addresses; stopped by their pids."""
+    if shutil.which("etcd") is None or shutil.which("etcdctl") is None:
+        pytest.skip("etcd is not installed: apt-get install etcd-server etcd-client")
+    cluster = etcd_members.cluster_in(up, 2379, 2380, tmp_path / "etcd")
+    (tmp_path / "etcd").mkdir(mode=0o700)
+    members: list[subprocess.Popen] = []
+    for member, daemon in zip(cluster.members, stages.etcd_daemons(cluster), strict=True):
+        member.data_dir.mkdir(mode=0o700)
+        with open(tmp_path / f"{daemon.name}.log", "wb") as log:
+            members.append(subprocess.Popen(daemon.command, env={**os.environ, **daemon.env},
+                                            stdout=log, stderr=subprocess.STDOUT))
+    try:
+        eventually(lambda: [etcd_members.is_healthy(m.health_url) for m in cluster.members],
+                   all, timeout_s=20, interval_s=0.2)
+        yield cluster
+    finally:
+        for process in members:          # one at a time, as `sandbox down` stops them
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def etcdctl(topo, site: Site, member, *args: str) -> subprocess.CompletedProcess[str]:
+    """etcdctl inside `site`, asking `member` (from where the login host may not reach)."""
+    return netns.exec_in(topo, site, ["etcdctl", "--endpoints", member.client_url,
+                                      "--command-timeout=2s", *args], timeout=20)
+
+
+def test_three_etcd_members_keep_a_quorum_while_home_is_isolated(up, etcd_in_sites):
+    home, control, remote = (etcd_in_sites.member(site) for site in
+                             (Site.HOME, Site.CONTROL, Site.REMOTE))
+    assert etcdctl(up, Site.CONTROL, control, "put", "before", "1").returncode == 0
+    netns.isolate_site(up, Site.HOME)
+    # control and remote are a quorum of two (electing a leader again if home's was it)
+    eventually(lambda: etcdctl(up, Site.CONTROL, control, "put", "during", "2").returncode,
+               lambda status: status == 0, timeout_s=20, interval_s=0.2)
+    read = etcdctl(up, Site.REMOTE, remote, "get", "during", "--print-value-only")
+    assert read.stdout.strip() == "2"
+    # home alone is no quorum: it serves no (linearizable) read, and says it is unhealthy
+    assert etcdctl(up, Site.HOME, home, "get", "before").returncode != 0
+    eventually(lambda: etcd_members.is_healthy(home.health_url), lambda ok: not ok,
+               timeout_s=10, interval_s=0.2)
+    netns.heal_all(up)
+    eventually(lambda: etcd_members.is_healthy(home.health_url), bool, timeout_s=20,
+               interval_s=0.2)
+    caught_up = etcdctl(up, Site.HOME, home, "get", "during", "--print-value-only")
+    assert caught_up.stdout.strip() == "2"
