@@ -76,8 +76,8 @@ class Sandbox:
     # --- public operations -------------------------------------------------------------
 
     def up(self, progress=print, wan_mbit: int | None = None) -> None:
-        """Bring every site and daemon up; `wan_mbit` sets the WAN's rate (else the one
-        the sites remember, else 200 Mbit/s)."""
+        """Bring every site and daemon up; `wan_mbit` sets every WAN link's rate (else
+        each link's the sites remember, else 200 Mbit/s)."""
         _require_root()
         _install_missing_packages(progress)
         _require_weed()
