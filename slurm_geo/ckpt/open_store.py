@@ -36,9 +36,10 @@ class Patience:
 PATIENT = Patience()  # jobs, checkpoint-sync, commands: their put is worth the wait
 # The federation daemon decides each round and tries again the next: a store behind a cut
 # link must cost it a few seconds once (2 attempts x 2 s), then nothing for three rounds,
-# not five 5 s connect timeouts a call. 15 s of silence is still far more than an S3
-# server takes to answer a request it has all of.
-DECIDING = Patience(attempts=2, connect_timeout_s=2.0, read_timeout_s=15.0,
+# not five 5 s connect timeouts a call. The read timeout bounds a request sent on a kept
+# connection into a cut link; 5 s of silence is still far more than an S3 server takes to
+# answer a request it has all of (a send blocks only until the socket has room).
+DECIDING = Patience(attempts=2, connect_timeout_s=2.0, read_timeout_s=5.0,
                     skip_after_failure_s=3.0)
 
 # S3's rules for bucket names (lowercase, 3-63 characters), minus the rarer exceptions.
