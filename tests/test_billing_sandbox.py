@@ -15,7 +15,7 @@ from slurm_geo.billing.config import billing_config
 from slurm_geo.billing.db import BillingDB
 from slurm_geo.billing.periods import Period
 from slurm_geo.sandbox.users import ALICE
-from slurm_geo.slurm import JobSpec, JobState, connect
+from slurm_geo.slurm import CliSlurmClient, JobSpec, JobState, connect
 from slurm_geo.slurm.parse import tres_text
 from tests.helpers import eventually
 
@@ -45,11 +45,18 @@ def sacct_seconds(sandbox, cluster: str, period: Period) -> tuple[int, int]:
     return cpu, gpu
 
 
-@pytest.fixture
-def workload(site, sandbox, provider_admin, shared_dir):
+@pytest.fixture(scope="module")
+def workload(site, sandbox):
     """On each cluster: a short job with a cost center and a hostile name, and a job
     requeued once (onprem: `scontrol requeue`; rented: its provider's admin does it, as on
-    preemption). Returns (period covering them, {cluster: (short id, requeued id)})."""
+    preemption). Returns (period covering them, {cluster: (short id, requeued id)}).
+    Shared by the module's tests (each ingests into a database of its own): the jobs
+    take ~25 s of Slurm's time to run, requeue and settle."""
+    from conftest import user_dir
+
+    shared_dir = user_dir(sandbox, ALICE, "billing-workload")
+    rented_admin = CliSlurmClient("rented", sandbox.layout.cluster("rented").slurm_conf,
+                                  timeout_s=10)
     began = int(time.time()) - 1
     clients = {name: connect(site.cluster(name)) for name in CLUSTERS}
     jobs = {}
@@ -67,7 +74,7 @@ def workload(site, sandbox, provider_admin, shared_dir):
         requeued = jobs[name][1]
         eventually(lambda c=client, j=requeued: c.job(j), lambda j: j.state is JobState.RUNNING)
         time.sleep(2)
-        (provider_admin(name) if name == "rented" else client).requeue(requeued)
+        (rented_admin if name == "rented" else client).requeue(requeued)
     for name, client in clients.items():
         requeued = jobs[name][1]
         eventually(lambda c=client, j=requeued: c.job(j),
