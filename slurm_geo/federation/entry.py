@@ -40,10 +40,11 @@ log = logging.getLogger("slurm_geo.federation")
 
 # [federation] settings bound or opened once, at the start: the lease service's socket,
 # its TLS and refusal audit, the MUNGE socket, the state and audit databases, the master
-# key, the leader key's lease. A reload keeps their old values.
+# key, the leader key's lease, etcd and the replicas. A reload keeps their old values.
 RESTART_SETTINGS = ("listen_address", "listen_port", "tls_cert", "tls_key",
                     "refusal_audit_interval_s", "munge_socket", "state", "audit_path",
-                    "key_file", "leader_ttl_s")
+                    "key_file", "leader_ttl_s", "etcd_endpoints", "etcd_prefix",
+                    "etcd_ca_file", "etcd_cert", "etcd_key", "replica", "replicas")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
