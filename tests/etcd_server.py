@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from slurm_geo.ckpt.keys import federation_state_key
+from slurm_geo.ckpt.keys import KeyFile
 from slurm_geo.federation.etcd.kv import EtcdKV
 from slurm_geo.federation.etcd.layout import Layout
 from slurm_geo.federation.etcd.leadership import Leadership
@@ -134,7 +134,7 @@ def open_replica(endpoints: list[str], prefix: str, name: str, *, ttl_s: int = 6
                  clock: Callable[[], float] = time.monotonic) -> EtcdFederationState:
     """A federation daemon's state on etcd, as a fresh process opens it (nothing on disk):
     the endpoints, the prefix and the master key. It leads only once it campaigns."""
-    kv = EtcdKV(endpoints, federation_state_key(master_key))
+    kv = EtcdKV(endpoints, KeyFile(master_key))
     layout = Layout(prefix)
     leadership = Leadership(kv, layout, Replica(name, site, f"https://{name}.example:9852"),
                             ttl_s=ttl_s, clock=clock)

@@ -88,6 +88,11 @@ class Leadership:
         with self._lock:
             return self._leading()
 
+    def current_term(self) -> int | None:
+        """The term this replica leads in now; None while it does not lead."""
+        with self._lock:
+            return self.term if self._leading() else None
+
     def _leading(self) -> bool:
         return self._standing.leading and next_step(
             self._standing, self._clock(), self.ttl_s) is not Step.STEP_DOWN

@@ -24,7 +24,12 @@ from slurm_geo.federation.etcd.identities import EtcdIdentities, change_job, for
 from slurm_geo.federation.etcd.kv import EtcdKV
 from slurm_geo.federation.etcd.layout import Layout
 from slurm_geo.federation.etcd.leadership import Leadership
-from slurm_geo.federation.etcd.transaction import MAX_TXN_OPS, Transaction, write
+from slurm_geo.federation.etcd.transaction import (
+    MAX_TXN_OPS,
+    Transaction,
+    confirm_leading,
+    write,
+)
 from slurm_geo.federation.model import (
     Health,
     Incarnation,
@@ -50,6 +55,10 @@ class EtcdFederationState:
 
     def close(self) -> None:
         self.kv.close()
+
+    def confirm_leading(self) -> None:
+        """NotLeader unless etcd confirms now that this replica leads."""
+        confirm_leading(self.kv, self.leadership)
 
     def _record(self, key: str) -> dict[str, Any] | None:
         found = self.kv.get(key)

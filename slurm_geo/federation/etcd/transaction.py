@@ -61,6 +61,15 @@ class Transaction:
         self.writes[key] = None
 
 
+def confirm_leading(kv: EtcdKV, leadership: Leadership) -> None:
+    """NotLeader unless etcd says, now, that the leader key is still this replica's: a
+    transaction of the leadership guard alone, before an act etcd cannot guard (a fence
+    in a store, a Slurm submission, a run key handed out)."""
+    outcome = kv.commit([leadership.guard()], [], [leadership.read_leader()])
+    if not outcome.succeeded:
+        leadership.check_refusal(outcome.reads[0])
+
+
 def write(kv: EtcdKV, leadership: Leadership, attempt: Callable[[Transaction], T]) -> T:
     """Run `attempt` until etcd takes what it wrote (or it writes nothing): its result.
     Whatever `attempt` raises (StaleJob...) leaves etcd as it was."""
