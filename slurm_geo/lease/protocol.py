@@ -26,6 +26,7 @@ SUPPORTED_VERSIONS = (2,)
 LEASE_PATH = "/v1/lease"
 KEY_PATH = "/v1/key"
 METRICS_PATH = "/metrics"
+LEADER_PATH = "/v1/leader"  # GET, on every replica: whether it leads, who does
 MAX_BODY_BYTES = 64 * 1024
 # A trainer trains only while its last granted renewal is younger than this share of the
 # lease's TTL; the daemon moves a job only once a whole TTL passed without one. The gap is
