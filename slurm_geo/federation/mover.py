@@ -276,7 +276,8 @@ class Mover:
         w.state.identities.put_secret(job.logical_job, job.generation, secret)
         incoming = Incoming(job.logical_job, job.generation, job.run, job.resume_step,
                             w.config.url, token, store.url, store.endpoint_url,
-                            federation_ca=ca, lease_secret=secret)
+                            federation_ca=ca, lease_secret=secret,
+                            federation_urls=w.config.job_urls)
         if not job.owner_env and learn_environment(w, job):  # slurmdbd may have it now
             job = replace(job, owner_env=w.state.job(job.logical_job).owner_env)
         if not job.owner_env:

@@ -39,6 +39,9 @@ ENV_GENERATION = "SLURM_GEO_GENERATION"
 ENV_RESUME_STEP = "SLURM_GEO_RESUME_STEP"
 ENV_RUN = "SLURM_GEO_RUN"
 ENV_FEDERATION_URL = "SLURM_GEO_FEDERATION_URL"
+# Every replica's URL, comma-separated, when the daemon has replicas: a job follows the
+# leader among them (slurm_geo.lease.replicas).
+ENV_FEDERATION_URLS = "SLURM_GEO_FEDERATION_URLS"
 # The PEM text of the CA the daemon's https certificate is verified against; absent: the
 # system's CAs.
 ENV_FEDERATION_CA = "SLURM_GEO_FEDERATION_CA"
