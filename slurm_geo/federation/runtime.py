@@ -81,14 +81,19 @@ def open_federation_state(config: FederationConfig, master_keys: MasterKeys, *,
     if not config.replicated:
         return OpenedState(FederationState(config.state, readonly=readonly),
                            AuditLog(config.audit_path, clock=clock, readonly=readonly), None)
-    kv = EtcdKV(config.etcd_endpoints, master_keys,
-                tls=EtcdTLS(config.etcd_ca_file, config.etcd_cert, config.etcd_key))
+    kv = open_kv(config, master_keys)
     layout, me = Layout(config.etcd_prefix), config.this_replica
     leadership = Leadership(kv, layout, Replica(me.name, me.site, me.url),
                             ttl_s=config.leader_ttl_s)
     return OpenedState(EtcdFederationState(kv, layout, leadership),
                        EtcdAuditLog(kv, layout, leadership, clock=clock, replica=me.name),
                        leadership)
+
+
+def open_kv(config: FederationConfig, master_keys: MasterKeys) -> EtcdKV:
+    """etcd at `config`'s endpoints, its values sealed under `master_keys`."""
+    return EtcdKV(config.etcd_endpoints, master_keys,
+                  tls=EtcdTLS(config.etcd_ca_file, config.etcd_cert, config.etcd_key))
 
 
 def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
