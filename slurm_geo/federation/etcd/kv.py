@@ -131,6 +131,10 @@ class EtcdKV:
         found = [self.open(item) for item in self._range(key, None)]
         return found[0] if found else None
 
+    def get_sealed(self, key: str) -> Sealed | None:
+        found = self._range(key, None)
+        return found[0] if found else None
+
     def range(self, prefix: str, *, start: str | None = None) -> list[Found]:
         """Every key under `prefix` (from `start` on, when given), in key order."""
         return [self.open(item) for item in self.range_sealed(prefix, start=start)]
