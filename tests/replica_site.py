@@ -126,10 +126,14 @@ class ReplicatedSite(Site):
             daemon.close()
 
     def config_file(self, name: str) -> Path:
-        """Replica `name`'s config as a TOML file, for the commands."""
-        raw = {**self.raw, "federation": {**self.raw["federation"], "replica": name,
-                                          "listen_port": self.ports[name],
-                                          "key_file": str(self.tmp / "master.key")}}
+        """Replica `name`'s config as a TOML file, for the commands. Its clusters are the
+        fakes' names, which no Slurm command reaches: it gives up on them in a second."""
+        clusters = {cluster: {**table, "timeout_s": 1}
+                    for cluster, table in self.raw["clusters"].items()}
+        raw = {**self.raw, "clusters": clusters,
+               "federation": {**self.raw["federation"], "replica": name,
+                              "listen_port": self.ports[name],
+                              "key_file": str(self.tmp / "master.key")}}
         path = self.tmp / f"{name}.toml"
         path.write_text(toml(raw))
         return path

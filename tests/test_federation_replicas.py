@@ -302,3 +302,30 @@ def test_federation_status_shows_the_replicas_the_leader_and_etcd(site, etcd):
     assert table.exit_code == 0, table.output
     assert "leader: home-a at site home" in table.output
     assert "RAFT INDEX" in table.output
+
+
+def test_a_persons_commands_read_and_write_the_state_in_etcd_whoever_leads(site):
+    """`slurm-geo status`, `cancel` and `audit verify` at a replica's host: the command
+    leads nothing, and its writes hold by their own compare-and-set, as beside SQLite."""
+    home_leads(site)
+    job_id = site.home_job_training()
+    key_file = site.tmp / "master.key"
+    key_file.write_bytes(KEY)
+    os.chmod(key_file, 0o600)
+    config = str(site.config_file("control-b"))
+    runner = CliRunner(env={"SLURM_GEO_CONFIG": config})
+    listed = runner.invoke(cli, ["status", "--json", "--config", config])
+    assert listed.exit_code == 0, listed.output
+    assert [v["logical_job"] for v in json.loads(listed.output)] == [f"onprem-{job_id}"]
+    cancelled = runner.invoke(cli, ["cancel", f"onprem-{job_id}", "--config", config])
+    assert cancelled.exit_code == 0, cancelled.output
+    assert site.job().status is JobStatus.CANCELLED
+    assert site.lease("onprem", job_id)["verdict"] == "fenced"
+    verified = runner.invoke(cli, ["audit", "verify", "--json"])
+    assert verified.exit_code == 0, verified.output
+    report = json.loads(verified.output)
+    assert report["ok"] and report["db"] == f"etcd {site.prefix}"
+    entries = site.federation.audit.entries()
+    cancel = next(e for e in entries if e.kind == "cancel")
+    assert "replica" not in cancel.detail  # a person's, which says who
+    assert entries[0].detail["replica"] == "home-a"

@@ -104,7 +104,7 @@ def _open_log(db_path: Path | None) -> tuple[str, Audit]:
 
     keys = load_master_key(master_key_path(config.key_file, os.environ))
     where = f"etcd {config.etcd_prefix}"
-    return where, open_federation_state(config, keys, readonly=True).audit
+    return where, open_federation_state(config, keys, daemon=False, readonly=True).audit
 
 
 def _parse_head(text: str) -> tuple[int, str]:

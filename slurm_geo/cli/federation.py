@@ -89,7 +89,7 @@ def _open_state(site: SiteConfig) -> State | None:
     if not config.replicated:
         return FederationState(config.state, readonly=True) if config.state.exists() else None
     keys = load_master_key(master_key_path(config.key_file, os.environ))
-    return open_federation_state(config, keys, readonly=True).state
+    return open_federation_state(config, keys, daemon=False, readonly=True).state
 
 
 def _view(state: State, job: LogicalJob, display: Display,

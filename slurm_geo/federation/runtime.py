@@ -30,7 +30,7 @@ from slurm_geo.federation.credentials import read_job_credentials
 from slurm_geo.federation.etcd.audit import EtcdAuditLog
 from slurm_geo.federation.etcd.kv import EtcdKV, EtcdTLS
 from slurm_geo.federation.etcd.layout import Layout
-from slurm_geo.federation.etcd.leadership import Leadership
+from slurm_geo.federation.etcd.leadership import Bystander, Leadership
 from slurm_geo.federation.etcd.state import EtcdFederationState
 from slurm_geo.federation.model import Replica
 from slurm_geo.federation.state import FederationState
@@ -69,22 +69,27 @@ def slurm_client(cluster: ClusterConfig, config: FederationConfig) -> SlurmClien
 class OpenedState:
     state: State
     audit: Audit
-    leadership: Leadership | None  # None: a daemon alone on SQLite, which always leads
+    leadership: Leadership | None  # None: a daemon alone, or a command: they always act
 
 
 def open_federation_state(config: FederationConfig, master_keys: MasterKeys, *,
-                          clock: Callable[[], float] = time.time,
+                          clock: Callable[[], float] = time.time, daemon: bool = True,
                           readonly: bool = False) -> OpenedState:
     """The state and audit log `config` names: SQLite files for a daemon alone (`readonly`
-    for commands that only look); else etcd, as replica `config.replica`, whose
-    Leadership leads only once it campaigns."""
+    for commands that only look); else etcd. There the daemon is replica `config.replica`,
+    whose Leadership leads only once it campaigns; a command (not `daemon`) leads nothing
+    and writes as a person's command does (leadership.Bystander)."""
     if not config.replicated:
         return OpenedState(FederationState(config.state, readonly=readonly),
                            AuditLog(config.audit_path, clock=clock, readonly=readonly), None)
     kv = open_kv(config, master_keys)
     layout, me = Layout(config.etcd_prefix), config.this_replica
-    leadership = Leadership(kv, layout, Replica(me.name, me.site, me.url),
-                            ttl_s=config.leader_ttl_s)
+    replica = Replica(me.name, me.site, me.url)
+    if not daemon:
+        writer = Bystander(layout, replica)  # its audit entries say who ran it
+        return OpenedState(EtcdFederationState(kv, layout, writer),
+                           EtcdAuditLog(kv, layout, writer, clock=clock), None)
+    leadership = Leadership(kv, layout, replica, ttl_s=config.leader_ttl_s)
     return OpenedState(EtcdFederationState(kv, layout, leadership),
                        EtcdAuditLog(kv, layout, leadership, clock=clock, replica=me.name),
                        leadership)
@@ -115,7 +120,7 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
     bucket = TokenBucket(site.sync.bandwidth_mb_s * 1e6) if site.sync is not None else None
     paced_stores: dict[str, Store] = {name: paced(store, name, bucket)
                                       for name, store in stores.items()}
-    opened = open_federation_state(config, master_keys, clock=clock)
+    opened = open_federation_state(config, master_keys, clock=clock, daemon=daemon)
     if daemon and opened.leadership is None:
         # A replica does this each time it begins to lead (Federation.begin_term).
         opened.state.refresh_leases(clock())

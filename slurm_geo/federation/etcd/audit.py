@@ -33,13 +33,13 @@ from slurm_geo.federation.audit import (
 )
 from slurm_geo.federation.etcd.kv import EtcdKV, SealBroken
 from slurm_geo.federation.etcd.layout import Layout
-from slurm_geo.federation.etcd.leadership import Leadership
+from slurm_geo.federation.etcd.leadership import WriteGuard
 from slurm_geo.federation.etcd.records import loads
 from slurm_geo.federation.etcd.transaction import Transaction, write
 
 
 class EtcdAuditLog:
-    def __init__(self, kv: EtcdKV, layout: Layout, leadership: Leadership, *,
+    def __init__(self, kv: EtcdKV, layout: Layout, leadership: WriteGuard, *,
                  clock: Callable[[], float] = time.time, replica: str | None = None):
         """`replica`: the name each entry's detail gives its writer (a daemon's own)."""
         self.kv, self.layout, self.leadership = kv, layout, leadership

@@ -23,7 +23,7 @@ from slurm_geo.federation.etcd import records
 from slurm_geo.federation.etcd.identities import EtcdIdentities, change_job, forget_tokens
 from slurm_geo.federation.etcd.kv import EtcdKV
 from slurm_geo.federation.etcd.layout import Layout
-from slurm_geo.federation.etcd.leadership import Leadership
+from slurm_geo.federation.etcd.leadership import WriteGuard
 from slurm_geo.federation.etcd.transaction import (
     MAX_TXN_OPS,
     Transaction,
@@ -49,7 +49,7 @@ class EtcdFederationState:
     """All reads and writes of the replicated state; writes need `leadership` to lead.
     Thread-safe, as the SQLite state is: the lease service and the daemon loop share it."""
 
-    def __init__(self, kv: EtcdKV, layout: Layout, leadership: Leadership):
+    def __init__(self, kv: EtcdKV, layout: Layout, leadership: WriteGuard):
         self.kv, self.layout, self.leadership = kv, layout, leadership
         self.identities = EtcdIdentities(kv, layout, leadership)
 
