@@ -24,7 +24,7 @@ from slurm_geo.ckpt.names import fence_name
 from slurm_geo.cli import cli
 from slurm_geo.federation.entry import run_round
 from slurm_geo.federation.model import JobStatus, LogicalJob, token_digest
-from slurm_geo.lease.client import FederatedRun, Placement
+from slurm_geo.lease.client import ELECTION_WAIT_S, FederatedRun, Placement
 from slurm_geo.lease.protocol import (
     ENV_FEDERATION_URL,
     ENV_FEDERATION_URLS,
@@ -329,3 +329,27 @@ def test_a_persons_commands_read_and_write_the_state_in_etcd_whoever_leads(site)
     cancel = next(e for e in entries if e.kind == "cancel")
     assert "replica" not in cancel.detail  # a person's, which says who
     assert entries[0].detail["replica"] == "home-a"
+
+
+def test_a_trainers_renewal_waits_out_the_election_and_is_granted_by_the_new_leader(site):
+    home, control = site.daemons["home-a"], site.daemons["control-b"]
+    stop_home, home_thread = keep_leadership(site, "home-a")
+    eventually(home.leadership.is_leader, bool, timeout_s=LEADER_TTL_S, interval_s=0.02)
+    stop_control, control_thread = keep_leadership(site, "control-b")
+    try:
+        moved_to_rented(site)
+        run = incarnation(site, home.url, control.url)
+        run.acquire(give_up_after_s=10)
+        stop_home.set()
+        home_thread.join()
+        home.leadership.resign()  # home-a's daemon stops: it gives the lead up
+        resigned = time.monotonic()
+        reply = run._ask(release=False, election_wait_s=ELECTION_WAIT_S)
+        print(f"\na renewal after the leader resigned was granted by control-b "
+              f"{time.monotonic() - resigned:.2f} s later")
+        assert reply is not None and reply.verdict.value == "grant"
+        assert run._asking == 1 and run.may_train() and run.fenced_reason is None
+        run.release(None)
+    finally:
+        stop_control.set()
+        control_thread.join()

@@ -200,10 +200,13 @@ class FederatedRun:
         self._ask(release=True)
 
     def _renew_loop(self) -> None:
+        # The renewal thread may wait out an election: the trainer goes on meanwhile, and
+        # the grant comes as soon as a replica leads, not a third of the TTL later.
         while not self._stop.wait(max(0.2, self._ttl_s / 3)) and self.fenced_reason is None:
-            self._ask(release=False)
+            self._ask(release=False, election_wait_s=ELECTION_WAIT_S)
 
-    def _ask(self, release: bool) -> protocol.LeaseReply | None:
+    def _ask(self, release: bool, election_wait_s: float = 0.0
+             ) -> protocol.LeaseReply | None:
         placement = self.placement
         with self._lock:
             last_step = self._last_step
@@ -211,7 +214,7 @@ class FederatedRun:
         request = protocol.LeaseRequest(placement.run, placement.cluster, placement.job_id,
                                         placement.restart, placement.generation, last_step,
                                         release)
-        status, body = self._call(protocol.LEASE_PATH, request.to_json())
+        status, body = self._call(protocol.LEASE_PATH, request.to_json(), election_wait_s)
         reply = _lease_reply(status, body)
         with self._lock:
             if reply is not None and reply.verdict is protocol.Verdict.FENCED:
