@@ -53,6 +53,10 @@ RESTART_SETTINGS = ("listen_address", "listen_port", "tls_cert", "tls_key",
                     "etcd_ca_file", "etcd_cert", "etcd_key", "replica", "replicas")
 
 
+# Longest a campaign or a keepalive takes: etcd's timeout per endpoint, three endpoints.
+RESIGN_WAIT_S = 10.0
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=PROGRAM, description="Watch the clusters, move geo jobs away from a dead "
@@ -90,11 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return getattr(exc, "exit_code", 1)
     wakeup, stop_threads = Wakeup(), threading.Event()
     leadership = federation.wiring.leadership
+    campaigner = None if leadership is None else threading.Thread(
+        target=leadership.run, args=(stop_threads,), name="federation-leadership",
+        daemon=True)
     try:
         with wakeup.signals_installed():
-            if leadership is not None:
-                threading.Thread(target=leadership.run, args=(stop_threads,),
-                                 name="federation-leadership", daemon=True).start()
+            if campaigner is not None:
+                campaigner.start()
             threading.Thread(target=probe_forever, args=(federation, stop_threads),
                              name="federation-probes", daemon=True).start()
             return run_loop(federation, wakeup, Notifier(os.environ),
@@ -102,7 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                             reopen_logs=lambda: configure_logging(os.environ, level))
     finally:
         stop_threads.set()
-        if leadership is not None:
+        if leadership is not None and campaigner is not None:
+            # Its last campaign done first: one after the resignation would lead again.
+            campaigner.join(RESIGN_WAIT_S)
             resign(leadership)
         server.shutdown()
         server.server_close()
