@@ -270,7 +270,8 @@ class Chaos:
         lines = drill.trace_lines(job.trace)
         hit = [line for line in lines if line.time <= trial.fault_at][-1]  # who the fault hit
         after = [e for e in entries if e.unix_time >= trial.fault_at]
-        outage = self._entry("outage", None, self.home, trial.fault_at)
+        # partition-rented's cut hides rented (where the job then is), not home
+        outage = self._entry("outage", None, hit.incarnation.split(":")[0], trial.fault_at)
         lease = next((e for e in after if e.kind == "lease"
                       and int(e.detail.get("generation", 0)) > hit.generation), None)
         trial.hit = f"generation {hit.generation} on {hit.incarnation}"

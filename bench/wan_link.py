@@ -14,7 +14,7 @@ import argparse
 import os
 import subprocess
 
-from slurm_geo.sandbox import netns, sites, throughput
+from slurm_geo.sandbox import netns, site_readings, sites, throughput
 from slurm_geo.sandbox.sites import Site
 
 PORT = 5801
@@ -26,7 +26,7 @@ def free_topology() -> sites.Topology:
                             check=True).stdout
     for block in (0, 255):
         topo = sites.topology(prefix, block)
-        if not sites.conflicting_routes(topo, routes):
+        if not site_readings.conflicting_routes(topo, routes):
             return topo
     raise SystemExit("10.77.0.0/24 and 10.77.255.0/24 are both in use; try again later")
 

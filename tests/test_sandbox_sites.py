@@ -36,6 +36,7 @@ def reaches(sandbox, site: Site, host: str, port: int) -> bool:
     ("federation", Site.HOME), ("checkpoint-sync", Site.HOME),
     ("rented-slurmctld", Site.REMOTE), ("rented-n2", Site.REMOTE),
     ("rented-slurmrestd", Site.REMOTE), ("rented-rest-tls", Site.REMOTE), ("s3", Site.REMOTE),
+    ("etcd-home", Site.HOME), ("etcd-control", Site.CONTROL), ("etcd-remote", Site.REMOTE),
 ])
 def test_each_daemon_runs_in_its_site(sandbox, daemon, site):
     pid = sandbox.processes.running_pid(daemon)

@@ -1,4 +1,5 @@
-"""sandbox.netns for real: namespaces, links, shaping, cut and heal in this kernel, as root.
+"""sandbox.netns for real: namespaces, the triangle of links, shaping, cuts and heals of a
+link or of a site in this kernel, as root.
 
 Each test makes its own topology (prefix `sgt<pid>-`, block 10.77.0.0/24 or 10.77.255.0/24,
 which no sandbox uses) and removes it, with every process it started in it. Rates are only
@@ -8,6 +9,8 @@ shaping lets it (the +-15 % figure is bench/wan_link.py's).
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import shutil
 import signal
@@ -19,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import netns, sites, throughput
+from slurm_geo.sandbox import etcd_members, netns, site_readings, sites, stages, throughput
 from slurm_geo.sandbox.layout import SandboxLayout
-from slurm_geo.sandbox.sites import Site
+from slurm_geo.sandbox.sites import Site, WanLink
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="network namespaces need root and iproute2")
@@ -35,7 +39,7 @@ def free_block(prefix: str) -> int:
     routes = subprocess.run(["ip", "-j", "route", "show"], capture_output=True, text=True,
                             check=True).stdout
     for block in (0, 255):
-        if not sites.conflicting_routes(sites.topology(prefix, block), routes):
+        if not site_readings.conflicting_routes(sites.topology(prefix, block), routes):
             return block
     pytest.skip("10.77.0.0/24 and 10.77.255.0/24 are both in use (other test runs?)")
 
@@ -110,12 +114,65 @@ def test_home_is_reached_from_remote_over_the_wan_and_by_the_login_host(up, list
     assert not reaches(up, Site.REMOTE, up.login_address)  # the login host relays nothing
     route = netns.exec_in(up, Site.REMOTE, ["ip", "route", "get", str(home)], check=True)
     assert f"dev {up.wan.b.ifname} src {remote}" in route.stdout
-    # remote has no interface but the WAN: no other way to home exists
+    # remote has no interface but its two WAN links' ends
     links = netns.exec_in(up, Site.REMOTE, ["ip", "-br", "link"], check=True).stdout
-    assert sorted(line.split()[0].split("@")[0] for line in links.splitlines()) == [
-        "lo", up.wan.b.ifname]
+    assert sorted(line.split()[0].split("@")[0] for line in links.splitlines()) == sorted([
+        "lo", up.wan.b.ifname, up.end_at(WanLink.CONTROL_REMOTE, Site.REMOTE).ifname])
     listen(Site.REMOTE, str(remote))
     assert reaches(up, None, remote)                     # the REST API, through home
+
+
+def test_control_reaches_home_and_remote_each_over_its_direct_link(up, listen):
+    listen(Site.HOME)
+    listen(Site.REMOTE)
+    control = up.site_address(Site.CONTROL)
+    for other, link in ((Site.HOME, WanLink.HOME_CONTROL),
+                        (Site.REMOTE, WanLink.CONTROL_REMOTE)):
+        assert reaches(up, Site.CONTROL, up.site_address(other))
+        route = netns.exec_in(up, Site.CONTROL, ["ip", "route", "get",
+                                                 str(up.site_address(other))], check=True)
+        assert f"dev {up.end_at(link, Site.CONTROL).ifname} src {control}" in route.stdout
+    listen(Site.CONTROL, str(control))
+    assert reaches(up, Site.HOME, control) and reaches(up, Site.REMOTE, control)
+    assert reaches(up, None, control)      # an admin at home, through home's gateway
+    assert not reaches(up, Site.REMOTE, up.end_at(WanLink.HOME_CONTROL, Site.CONTROL).address.ip)
+
+
+def test_isolating_home_leaves_control_and_remote_talking_and_heal_all_restores(up, listen):
+    for site in Site:
+        listen(site)
+    address = {site: up.site_address(site) for site in Site}
+    netns.isolate_site(up, Site.HOME)
+    netns.isolate_site(up, Site.HOME)                    # isolating twice changes nothing
+    assert reaches(up, Site.CONTROL, address[Site.REMOTE])
+    assert reaches(up, Site.REMOTE, address[Site.CONTROL])
+    for site in (Site.CONTROL, Site.REMOTE):
+        assert not reaches(up, site, address[Site.HOME])
+        assert not reaches(up, Site.HOME, address[site])
+        assert not reaches(up, None, address[site])     # the login host is at home
+    assert reaches(up, None, address[Site.HOME])         # ... and home's LAN is not cut
+    states = netns.wan_states(up)
+    assert [state.cut for state in states] == [True, True, False]
+    assert site_readings.isolated_sites(states) == [Site.HOME]
+    netns.heal_all(up)
+    netns.heal_all(up)
+    assert not any(state.cut for state in netns.wan_states(up))
+    for one, other in itertools.permutations(Site, 2):
+        assert reaches(up, one, address[other]), f"{one.value} -> {other.value}"
+
+
+def test_a_rate_or_a_cut_on_one_link_leaves_the_others_as_they_were(up):
+    netns.set_wan_rate(up, 10, WanLink.HOME_CONTROL)
+    assert {state.link: state.mbit for state in netns.wan_states(up)} == {
+        WanLink.HOME_REMOTE: 200, WanLink.HOME_CONTROL: 10, WanLink.CONTROL_REMOTE: 200}
+    netns.cut_wan(up, [WanLink.CONTROL_REMOTE])
+    assert [state.cut for state in netns.wan_states(up)] == [False, False, True]
+    netns.heal_wan(up, [WanLink.CONTROL_REMOTE])
+    # The rate is in force on its link alone: 2 MB take 1.6 s at 10 Mbit/s, 0.08 s at 200
+    # (the bound for the other link is 17 times below its rate, which load cannot reach).
+    slow = throughput.measure(up, Site.CONTROL, Site.HOME, 2_000_000, PORT)
+    fast = throughput.measure(up, Site.CONTROL, Site.REMOTE, 2_000_000, PORT + 1)
+    assert slow.mbit <= 10 * ALLOWANCE < fast.mbit
 
 
 def test_a_cut_partitions_home_and_remote_and_a_heal_restores_the_rate(up, listen):
@@ -132,6 +189,9 @@ def test_a_cut_partitions_home_and_remote_and_a_heal_restores_the_rate(up, liste
     assert not reaches(up, Site.HOME, remote)
     assert not reaches(up, None, remote)                 # the login host is at home
     assert reaches(up, None, home)                       # ... and home's LAN is not cut
+    listen(Site.CONTROL)                                 # no detour through control:
+    control = up.site_address(Site.CONTROL)              # both still reach it
+    assert reaches(up, Site.HOME, control) and reaches(up, Site.REMOTE, control)
     netns.heal_wan(up)
     netns.heal_wan(up)
     state = netns.wan_state(up)
@@ -159,8 +219,6 @@ def test_an_established_connection_outlives_a_cut_and_its_heal(up, listen):
 
 def eventually_dropped(topo) -> int:
     """Packets the drop class of remote's WAN end has dropped, once it has."""
-    from tests.helpers import eventually
-
     def dropped() -> int:
         end = topo.wan.b
         shown = netns.exec_in(topo, Site.REMOTE, ["tc", "-s", "qdisc", "show", "dev",
@@ -253,27 +311,44 @@ def test_sandbox_wan_and_exec_act_on_the_sandboxs_sites(tmp_path):
         f"slurm-geo: error: {netns.NOT_UP}")
     topo = netns.up_sites(layout, 120)
     try:
-        import json
-
-        shown = slurm_geo("wan", "--dir", str(layout.root), "--json")
-        row = json.loads(shown.stdout)
+        root = str(layout.root)
+        row = json.loads(slurm_geo("wan", "--dir", root, "--json").stdout)
         assert (row["mbit"], row["cut"], row["configured_mbit"]) == (120, False, 120)
-        assert row["sites"]["home"]["namespace"] == topo.namespace(Site.HOME)
-        changed = slurm_geo("wan", "--dir", str(layout.root), "--mbit", "80", "--cut")
-        assert changed.stdout.strip() == (
-            "WAN home <-> remote: 80 Mbit/s, CUT (home and remote are partitioned)")
+        assert row["sites"]["control"]["namespace"] == topo.namespace(Site.CONTROL)
+        assert [link["link"] for link in row["links"]] == [link.value for link in WanLink]
+        changed = slurm_geo("wan", "--dir", root, "--mbit", "80", "--cut")
+        assert changed.stdout.splitlines() == [         # --mbit and --cut: home-remote
+            "WAN home <-> remote: 80 Mbit/s, CUT (home and remote are partitioned)",
+            "WAN home <-> control: 120 Mbit/s, up",
+            "WAN control <-> remote: 120 Mbit/s, up"]
         assert netns.remembered_wan_mbit(layout) == 80
-        assert "80 Mbit/s, up" in slurm_geo("wan", "--dir", str(layout.root), "--heal").stdout
-        both = slurm_geo("wan", "--dir", str(layout.root), "--cut", "--heal")
-        assert both.returncode == 2 and "exclude each other" in both.stderr
-        inside = slurm_geo("exec", "--dir", str(layout.root), "remote", "--", "ip", "-br",
+        assert "remote: 80 Mbit/s, up" in slurm_geo("wan", "--dir", root, "--heal").stdout
+        other = slurm_geo("wan", "--dir", root, "--link", "home-control", "--mbit", "30",
+                          "--cut")
+        assert "WAN home <-> control: 30 Mbit/s, CUT" in other.stdout
+        assert "WAN home <-> remote: 80 Mbit/s, up" in other.stdout
+        isolated = json.loads(slurm_geo("wan", "--dir", root, "--isolate", "home",
+                                        "--json").stdout)
+        assert isolated["isolated"] == ["home"]
+        assert [link["cut"] for link in isolated["links"]] == [True, True, False]
+        assert [link["configured_mbit"] for link in isolated["links"]] == [80, 30, 120]
+        assert "home is isolated" in slurm_geo("wan", "--dir", root).stdout
+        healed = slurm_geo("wan", "--dir", root, "--heal-all").stdout
+        assert "CUT" not in healed and "isolated" not in healed
+        for clash in (["--cut", "--heal"], ["--isolate", "home", "--heal-all"],
+                      ["--cut", "--isolate", "remote"]):
+            refused = slurm_geo("wan", "--dir", root, *clash)
+            assert refused.returncode == 2 and "exclude each other" in refused.stderr
+        inside = slurm_geo("exec", "--dir", root, "remote", "--", "ip", "-br",
                            "addr", "show", "lo")
         assert f"{topo.site_address(Site.REMOTE)}/32" in inside.stdout
-        status = slurm_geo("exec", "--dir", str(layout.root), "home", "--", "sh", "-c",
-                           "exit 7")
+        inside = slurm_geo("exec", "--dir", root, "control", "--", "ip", "-br",
+                           "addr", "show", "lo")
+        assert f"{topo.site_address(Site.CONTROL)}/32" in inside.stdout
+        status = slurm_geo("exec", "--dir", root, "home", "--", "sh", "-c", "exit 7")
         assert status.returncode == 7
-        netns.up_sites(layout)                               # the remembered rate
-        assert netns.wan_state(topo).mbit == 80
+        netns.up_sites(layout)                               # the remembered rates
+        assert [state.mbit for state in netns.wan_states(topo)] == [80, 30, 120]
     finally:
         netns.down_sites(layout)
     assert not leftovers(topo)
@@ -283,3 +358,61 @@ def test_a_listener_on_127_0_0_1_inside_a_site_is_that_sites_alone(up, listen):
     listen(Site.HOME, "127.0.0.1")
     assert reaches(up, Site.HOME, "127.0.0.1")
     assert not reaches(up, Site.REMOTE, "127.0.0.1")  # remote's own loopback
+
+
+# --- etcd: a member per site, as the sandbox runs them ----------------------------------------
+
+
+@pytest.fixture
+def etcd_in_sites(up, tmp_path):
+    """The sandbox's three etcd members (its command lines, its data directories' modes)
+    in our sites, on the test block's addresses; stopped by their pids."""
+    if shutil.which("etcd") is None or shutil.which("etcdctl") is None:
+        pytest.skip("etcd is not installed: apt-get install etcd-server etcd-client")
+    cluster = etcd_members.cluster_in(up, 2379, 2380, tmp_path / "etcd")
+    (tmp_path / "etcd").mkdir(mode=0o700)
+    members: list[subprocess.Popen] = []
+    for member, daemon in zip(cluster.members, stages.etcd_daemons(cluster), strict=True):
+        member.data_dir.mkdir(mode=0o700)
+        with open(tmp_path / f"{daemon.name}.log", "wb") as log:
+            members.append(subprocess.Popen(daemon.command, env={**os.environ, **daemon.env},
+                                            stdout=log, stderr=subprocess.STDOUT))
+    try:
+        eventually(lambda: [etcd_members.is_healthy(m.health_url) for m in cluster.members],
+                   all, timeout_s=20, interval_s=0.2)
+        yield cluster
+    finally:
+        for process in members:          # one at a time, as `sandbox down` stops them
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def etcdctl(topo, site: Site, member, *args: str) -> subprocess.CompletedProcess[str]:
+    """etcdctl inside `site`, asking `member` (from where the login host may not reach)."""
+    return netns.exec_in(topo, site, ["etcdctl", "--endpoints", member.client_url,
+                                      "--command-timeout=2s", *args], timeout=20)
+
+
+def test_three_etcd_members_keep_a_quorum_while_home_is_isolated(up, etcd_in_sites):
+    home, control, remote = (etcd_in_sites.member(site) for site in
+                             (Site.HOME, Site.CONTROL, Site.REMOTE))
+    assert etcdctl(up, Site.CONTROL, control, "put", "before", "1").returncode == 0
+    netns.isolate_site(up, Site.HOME)
+    # control and remote are a quorum of two (electing a leader again if home's was it)
+    eventually(lambda: etcdctl(up, Site.CONTROL, control, "put", "during", "2").returncode,
+               lambda status: status == 0, timeout_s=20, interval_s=0.2)
+    read = etcdctl(up, Site.REMOTE, remote, "get", "during", "--print-value-only")
+    assert read.stdout.strip() == "2"
+    # home alone is no quorum: it serves no (linearizable) read, and says it is unhealthy
+    assert etcdctl(up, Site.HOME, home, "get", "before").returncode != 0
+    eventually(lambda: etcd_members.is_healthy(home.health_url), lambda ok: not ok,
+               timeout_s=10, interval_s=0.2)
+    netns.heal_all(up)
+    eventually(lambda: etcd_members.is_healthy(home.health_url), bool, timeout_s=20,
+               interval_s=0.2)
+    caught_up = etcdctl(up, Site.HOME, home, "get", "during", "--print-value-only")
+    assert caught_up.stdout.strip() == "2"

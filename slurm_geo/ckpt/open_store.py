@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_geo.ckpt.breaker import BreakerStore
 from slurm_geo.ckpt.errors import UnsafeObjectName
 from slurm_geo.ckpt.names import check_object_name
 from slurm_geo.ckpt.pacing import Guard, Moved, PacedStore, TokenBucket, Unguarded
@@ -18,12 +20,34 @@ from slurm_geo.errors import ConfigError
 
 ACCEPTED_FORMS = "file:///absolute/path or s3://bucket[/prefix]"
 
+
+@dataclass(frozen=True)
+class Patience:
+    """How long a caller waits out a failing store: attempts of each S3 operation
+    (RetryingStore), the S3 client's timeouts, and for how long after a failure every call
+    fails at once instead (BreakerStore; 0: never)."""
+
+    attempts: int = 5
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    skip_after_failure_s: float = 0.0
+
+
+PATIENT = Patience()  # jobs, checkpoint-sync, commands: their put is worth the wait
+# The federation daemon decides each round and tries again the next: a store behind a cut
+# link must cost it a few seconds once (2 attempts x 2 s), then nothing for three rounds,
+# not five 5 s connect timeouts a call. The read timeout bounds a request sent on a kept
+# connection into a cut link; 5 s of silence is still far more than an S3 server takes to
+# answer a request it has all of (a send blocks only until the socket has room).
+DECIDING = Patience(attempts=2, connect_timeout_s=2.0, read_timeout_s=5.0,
+                    skip_after_failure_s=3.0)
+
 # S3's rules for bucket names (lowercase, 3-63 characters), minus the rarer exceptions.
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 def open_store(url: str, endpoint_url: str | None = None, region_name: str | None = None,
-               *, plan: TransferPlan = DEFAULT_PLAN) -> Store:
+               *, plan: TransferPlan = DEFAULT_PLAN, patience: Patience = PATIENT) -> Store:
     """The store `url` names, ready to use.
 
     `file:///path` is a `LocalDirStore` on that directory (the path is taken literally, not
@@ -31,17 +55,24 @@ def open_store(url: str, endpoint_url: str | None = None, region_name: str | Non
     `endpoint_url` and `region_name` (an AWS region, not a slurm-geo region), when empty,
     come from boto3's resolution: AWS_ENDPOINT_URL, AWS_DEFAULT_REGION, and so on, as do
     the credentials; `plan` (slurm_geo.ckpt.transfer_plan) sizes its multipart uploads to
-    the link. A URL of any other form raises `ConfigError` naming it.
+    the link, and `patience` says how long a failing one is waited for. A URL of any other
+    form raises `ConfigError` naming it.
     """
     scheme, separator, rest = url.partition("://")
+    store: Store
     if scheme == "file" and separator:
         if not rest.startswith("/"):
             raise _bad_url(url, "names no absolute path (a file URL has three slashes)")
-        return LocalDirStore(Path(rest))
-    if scheme == "s3" and separator:
+        store = LocalDirStore(Path(rest))
+    elif scheme == "s3" and separator:
         bucket, prefix = _parse_s3(url, rest)
-        return _open_s3(url, bucket, prefix, endpoint_url or None, region_name or None, plan)
-    raise _bad_url(url, "has an unknown scheme")
+        store = _open_s3(url, bucket, prefix, endpoint_url or None, region_name or None, plan,
+                         patience)
+    else:
+        raise _bad_url(url, "has an unknown scheme")
+    if patience.skip_after_failure_s:
+        return BreakerStore(store, url, patience.skip_after_failure_s)
+    return store
 
 
 def open_store_or_named(spec: str) -> Store:
@@ -68,19 +99,22 @@ def paced(store: Store, side: str, bucket: TokenBucket | None = None, *,
 
 
 def _open_s3(url: str, bucket: str, prefix: str, endpoint_url: str | None,
-             region_name: str | None, plan: TransferPlan) -> Store:
+             region_name: str | None, plan: TransferPlan, patience: Patience) -> Store:
     # Imported here: botocore adds ~0.15 s (boto3 ~0.3 s) to the start of every command.
     try:
         from slurm_geo.ckpt.s3store import S3Store, make_s3_client
 
-        client = make_s3_client(endpoint_url, region_name)
+        client = make_s3_client(endpoint_url, region_name,
+                                connect_timeout_s=patience.connect_timeout_s,
+                                read_timeout_s=patience.read_timeout_s)
     except ImportError as exc:
         raise ConfigError(f"store URL {url!r} needs boto3 ({exc}); install it with: "
                           "pip install boto3") from None
     except ValueError as exc:  # botocore's word for a malformed endpoint URL or region
         raise ConfigError(f"store URL {url!r}: {exc}; check the endpoint URL "
                           f"({endpoint_url!r}) and the AWS region ({region_name!r})") from None
-    return RetryingStore(S3Store(bucket, prefix, client, plan=plan))
+    return RetryingStore(S3Store(bucket, prefix, client, plan=plan),
+                         attempts=patience.attempts)
 
 
 def _parse_s3(url: str, rest: str) -> tuple[str, str]:

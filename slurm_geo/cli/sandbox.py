@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from slurm_geo.sandbox.layout import ROOT_ENV, root_from_env
+from slurm_geo.sandbox.sites import Site, WanLink
 
 dir_option = click.option(
     "--dir",
@@ -30,12 +31,12 @@ def sandbox() -> None:
 @click.option("--port-base", type=click.IntRange(1024, 65000), default=None,
               help="First of the sandbox's ports (default 16800; fixed at first `up`).")
 @click.option("--wan-mbit", type=click.IntRange(1, 10_000), default=None,
-              help="Rate of the WAN between the sites, Mbit/s [default: the rate last set, "
-                   "else 200].")
+              help="Rate of every WAN link between the sites, Mbit/s [default: each "
+                   "link's rate last set, else 200].")
 def up(root: Path | None, port_base: int | None, wan_mbit: int | None) -> None:
-    """Make the sites (home and remote network namespaces joined by a shaped WAN) and
-    start munge, MariaDB, both clusters, slurmrestd behind TLS, the S3 server and the
-    slurm-geo daemons, each in its site (idempotent)."""
+    """Make the sites (home, remote and control network namespaces joined by shaped WAN
+    links) and start munge, MariaDB, the etcd members, both clusters, slurmrestd behind
+    TLS, the S3 server and the slurm-geo daemons, each in its site (idempotent)."""
     from slurm_geo.sandbox.lifecycle import Sandbox
 
     Sandbox(root_from_env(root), port_base).up(progress=lambda msg: click.echo(msg, err=True),
@@ -100,45 +101,78 @@ def demo(root: Path | None, as_json: bool) -> None:
     sys.exit(0 if all_completed(records) else 1)
 
 
+LINK_NAMES = [link.value for link in WanLink]
+SITE_NAMES = [site.value for site in Site]
+
+
 @sandbox.command()
 @dir_option
+@click.option("--link", "link_name", type=click.Choice(LINK_NAMES), default="home-remote",
+              show_default=True, help="The link --mbit, --cut and --heal act on.")
 @click.option("--mbit", type=click.IntRange(1, 10_000), default=None,
-              help="Set the WAN's rate, both directions, keeping connections (remembered).")
-@click.option("--cut", is_flag=True, help="Partition home and remote: the WAN drops all.")
-@click.option("--heal", is_flag=True, help="End a --cut; the rate is as it was.")
+              help="Set the link's rate, both directions, keeping connections (remembered).")
+@click.option("--cut", is_flag=True, help="Partition the link's two sites: it drops all.")
+@click.option("--heal", is_flag=True, help="End a --cut of the link; the rate is as it was.")
+@click.option("--isolate", type=click.Choice(SITE_NAMES), default=None,
+              help="Cut both links of a site: it reaches neither other site.")
+@click.option("--heal-all", is_flag=True, help="Heal every link.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def wan(root: Path | None, mbit: int | None, cut: bool, heal: bool, as_json: bool) -> None:
-    """Show or change the shaped link between the sandbox's sites, home and remote."""
+def wan(root: Path | None, link_name: str, mbit: int | None, cut: bool, heal: bool,
+        isolate: str | None, heal_all: bool, as_json: bool) -> None:
+    """Show or change the shaped links between the sandbox's sites (home-remote unless
+    --link names another); one line per link."""
     from slurm_geo.sandbox import netns
     from slurm_geo.sandbox.layout import SandboxLayout
 
-    if cut and heal:
-        raise click.UsageError("--cut and --heal exclude each other")
+    changes = [name for name, given in (("--cut", cut), ("--heal", heal),
+                                        ("--isolate", isolate), ("--heal-all", heal_all))
+               if given]
+    if len(changes) > 1:
+        raise click.UsageError(f"{' and '.join(changes)} exclude each other")
     layout = SandboxLayout(root_from_env(root))
     topo = netns.sandbox_topology(layout)
+    which = WanLink(link_name)
     if mbit is not None:
-        netns.set_wan_rate(topo, mbit)
-        netns.remember_wan_mbit(layout, mbit)
+        netns.set_wan_rate(topo, mbit, which)
+        netns.remember_link_rate(layout, which, mbit)
     if cut:
-        netns.cut_wan(topo)
+        netns.cut_wan(topo, [which])
     if heal:
-        netns.heal_wan(topo)
-    state = netns.wan_state(topo)
+        netns.heal_wan(topo, [which])
+    if isolate:
+        netns.isolate_site(topo, Site(isolate))
+    if heal_all:
+        netns.heal_all(topo)
+    states = netns.wan_states(topo)
     if as_json:
-        click.echo(json.dumps(_wan_json(topo, state, netns.remembered_wan_mbit(layout)),
+        click.echo(json.dumps(_wan_json(topo, states, netns.remembered_link_rates(layout)),
                               indent=2))
     else:
-        click.echo(state.describe())
+        click.echo(_wan_lines(states))
 
 
-def _wan_json(topo, state, configured_mbit: int) -> dict:
-    from slurm_geo.sandbox.sites import Site
+def _wan_lines(states) -> str:
+    from slurm_geo.sandbox.site_readings import isolated_sites
 
+    lines = [state.describe() for state in states]
+    lines += [f"{site.value} is isolated: every link of it is cut"
+              for site in isolated_sites(states)]
+    return "\n".join(lines)
+
+
+def _wan_json(topo, states, configured) -> dict:
+    """home-remote's at the top, as the two-site sandbox printed it, and every link's."""
+    from slurm_geo.sandbox.site_readings import isolated_sites
+
+    links = [{"link": state.link.value, "sites": [site.value for site in state.link.sites],
+              "mbit": state.mbit, "cut": state.cut,
+              "configured_mbit": configured[state.link],
+              "ends": [asdict(end) for end in state.ends]} for state in states]
+    home_remote = next(row for row in links if row["link"] == WanLink.HOME_REMOTE.value)
     return {
-        "mbit": state.mbit,
-        "cut": state.cut,
-        "configured_mbit": configured_mbit,
-        "ends": [asdict(end) for end in state.ends],
+        **{key: home_remote[key] for key in ("mbit", "cut", "configured_mbit", "ends")},
+        "links": links,
+        "isolated": [site.value for site in isolated_sites(states)],
         "sites": {site.value: {"namespace": topo.namespace(site),
                                "address": str(topo.site_address(site))} for site in Site},
         "login_address": str(topo.login_address),
@@ -149,13 +183,12 @@ def _wan_json(topo, state, configured_mbit: int) -> dict:
 @sandbox.command(name="exec", context_settings={"ignore_unknown_options": True,
                                                 "allow_interspersed_args": False})
 @dir_option
-@click.argument("site", type=click.Choice(["home", "remote"]))
+@click.argument("site", type=click.Choice(SITE_NAMES))
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(root: Path | None, site: str, command: tuple[str, ...]) -> None:
     """Run COMMAND inside SITE's network namespace: sandbox exec remote -- curl ..."""
     from slurm_geo.sandbox import netns
     from slurm_geo.sandbox.layout import SandboxLayout
-    from slurm_geo.sandbox.sites import Site
 
     argv = list(command)
     if argv[:1] == ["--"]:  # click keeps the `--` once SITE has ended its options

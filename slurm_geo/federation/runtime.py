@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slurm_geo.ckpt.keys import LiveKeyFile, MasterKeys
-from slurm_geo.ckpt.open_store import open_store, paced
+from slurm_geo.ckpt.open_store import DECIDING, open_store, paced
 from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.ckpt.store import Store
 from slurm_geo.config.model import (
@@ -114,7 +114,8 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
     probe_timeout = min(config.probe_interval_s, 5.0)
     probes = {name: connect(replace(cluster, timeout_s=min(cluster.timeout_s, probe_timeout)))
               for name, cluster in site.clusters.items()}
-    stores = {name: open_store(store.url, endpoint_url=store.endpoint_url or None)
+    stores = {name: open_store(store.url, endpoint_url=store.endpoint_url or None,
+                               patience=DECIDING)
               for name, store in site.stores.items()}
     # The cap checkpoint-sync keeps to holds for the daemon's own copies and probes too.
     bucket = TokenBucket(site.sync.bandwidth_mb_s * 1e6) if site.sync is not None else None

@@ -1,4 +1,13 @@
-"""Where everything of a sandbox lives and which ports it uses: pure data, no I/O."""
+"""Where everything of a sandbox lives and which ports it uses: pure data, no I/O.
+
+Ports, as offsets from the port base (each daemon on its site's address):
+    10-13  onprem: slurmctld, slurmdbd, its two slurmd           (home)
+    20-25  rented: slurmctld, slurmdbd, two slurmd; 25 its TLS relay  (remote)
+    30     MariaDB                                                (login host, 127.0.0.1)
+    40-48  the S3 server (40) and its own ports; 45 checkpoint-sync's metrics (home)
+    50     the federation daemon                                  (home)
+    60-61  each site's etcd member: clients, peers (the same at each site's address)
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_geo.sandbox.etcd_members import EtcdCluster, cluster_in
 from slurm_geo.sandbox.sites import Site, Topology, topology
 
 DEFAULT_ROOT = Path("/var/lib/slurm-geo/sandbox")
@@ -164,6 +174,32 @@ class SandboxLayout:
     def s3_daemon_credentials(self) -> Path:
         """The daemons' key to the S3 server (an env file, 0600): full access."""
         return self.s3_dir / "daemons.env"
+
+    @property
+    def etcd_client_port(self) -> int:
+        return self.port_base + 60
+
+    @property
+    def etcd_peer_port(self) -> int:
+        return self.port_base + 61
+
+    @property
+    def etcd_dir(self) -> Path:
+        """The members' data, one directory (0700) per site: `etcd/remote` is the rented
+        provider's disk and holds sealed values only. `down` keeps them."""
+        return self.root / "etcd"
+
+    @property
+    def etcd_cluster(self) -> EtcdCluster:
+        """The etcd members, one per site (sandbox.etcd_members)."""
+        return cluster_in(self.topology, self.etcd_client_port, self.etcd_peer_port,
+                          self.etcd_dir)
+
+    @property
+    def etcd_endpoints(self) -> tuple[str, ...]:
+        """The members' client URLs (home, control, remote): what a federation replica
+        names to reach the state; `sandbox status --json` shows each."""
+        return self.etcd_cluster.endpoints
 
     @property
     def munge_dir(self) -> Path:

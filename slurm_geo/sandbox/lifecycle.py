@@ -22,7 +22,7 @@ from pathlib import Path
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import certs, geo, netns, render, seaweed, stages, users
+from slurm_geo.sandbox import certs, etcd_members, geo, netns, render, seaweed, stages, users
 from slurm_geo.sandbox.layout import (
     DEFAULT_PORT_BASE,
     REST_USER,
@@ -39,7 +39,7 @@ from slurm_geo.slurm import admin
 from slurm_geo.slurm.errors import SlurmError
 
 DEBIAN_PACKAGES = ("slurm-wlm", "slurmdbd", "slurmrestd", "munge", "mariadb-server", "iproute2",
-                   "util-linux")
+                   "util-linux", "etcd-server", "etcd-client")
 REQUIRED_COMMANDS = {
     "munged": "munge",
     "mariadbd": "mariadb-server",
@@ -53,6 +53,7 @@ REQUIRED_COMMANDS = {
     "tc": "iproute2",  # the WAN's shaping
     "nsenter": "util-linux",  # a daemon into its site
     "setpriv": "util-linux",  # and down to its user there
+    "etcd": "etcd-server",  # a member at each site
 }
 TOKEN_LIFESPAN_S = 30 * 24 * 3600
 STAGE_TIMEOUT_S = 45
@@ -75,8 +76,8 @@ class Sandbox:
     # --- public operations -------------------------------------------------------------
 
     def up(self, progress=print, wan_mbit: int | None = None) -> None:
-        """Bring every site and daemon up; `wan_mbit` sets the WAN's rate (else the one
-        the sites remember, else 200 Mbit/s)."""
+        """Bring every site and daemon up; `wan_mbit` sets every WAN link's rate (else
+        each link's the sites remember, else 200 Mbit/s)."""
         _require_root()
         _install_missing_packages(progress)
         _require_weed()
@@ -122,7 +123,14 @@ class Sandbox:
         # SeaweedFS spends 15 s stopping on SIGTERM (its filer drains its gRPC), past the
         # grace; what it acknowledged is on disk already (tests/test_seaweed.py kills it).
         self.processes.stop_together([stages.S3_DAEMON], grace_s=S3_STOP_GRACE_S)
-        self.processes.stop_all([[name for name in names[0] if name != stages.S3_DAEMON]])
+        # etcd members one at a time: the leader hands its leadership to a member still
+        # running and is gone in 0.1 s; stopped together, it waited 7 s (its request
+        # timeout) on a member that was stopping as well.
+        etcd = [name for name in names[0] if name.startswith(stages.ETCD_DAEMON_PREFIX)]
+        for name in etcd:
+            self.processes.stop(name)
+        self.processes.stop_all([[name for name in names[0]
+                                  if name != stages.S3_DAEMON and name not in etcd]])
         netns.down_sites(self.layout)
         if purge:
             shutil.rmtree(self.layout.root, ignore_errors=True)
@@ -240,6 +248,9 @@ class Sandbox:
         if not layout.master_key.exists():
             create_master_key_file(layout.master_key)
         seaweed.prepare_sandbox_files(layout)
+        layout.etcd_dir.mkdir(mode=0o700, exist_ok=True)
+        for member in layout.etcd_cluster.members:  # etcd warns of a data dir others read
+            member.data_dir.mkdir(mode=0o700, exist_ok=True)
         layout.munge_dir.mkdir(exist_ok=True)
         layout.munge_dir.chmod(0o755)  # munged insists clients can reach its socket
         _write_secret(layout.munge_dir / "munge.key", lambda: secrets.token_bytes(1024))
@@ -312,10 +323,14 @@ class Sandbox:
 def _is_ready(daemon: Daemon) -> bool:
     if daemon.ready_path is not None:
         return daemon.ready_path.exists()
+    if daemon.health_url is not None:
+        return etcd_members.is_healthy(daemon.health_url)
     return daemon.port is None or port_is_open(daemon.port, daemon.host)
 
 
 def _endpoint(daemon: Daemon) -> str:
+    if daemon.url is not None:
+        return daemon.url
     if daemon.port is not None:
         return f"{daemon.host}:{daemon.port}"
     return str(daemon.ready_path or "")

@@ -24,8 +24,10 @@ MARKER_ENV = "SLURM_GEO_SANDBOX"
 @dataclass(frozen=True)
 class Daemon:
     """A long-running process of the sandbox and how to tell it is ready: the port it
-    answers on at `host`, from the machine's namespace, or a path it creates. With a
-    `namespace` it runs in that network namespace (a site's)."""
+    answers on at `host`, from the machine's namespace, a path it creates, or its
+    `health_url` answering etcd's healthy (`{"health": "true"}`). With a `namespace` it
+    runs in that network namespace (a site's). `url`, if any, is what clients name it
+    by, which `status` shows."""
 
     name: str
     argv: list[str]
@@ -37,6 +39,8 @@ class Daemon:
     extra_ports: tuple[int, ...] = ()  # others it listens on, checked free before it starts
     namespace: str | None = None
     host: str = "127.0.0.1"
+    health_url: str | None = None
+    url: str | None = None
 
     @property
     def command(self) -> list[str]:

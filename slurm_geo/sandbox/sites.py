@@ -1,52 +1,83 @@
-"""The sandbox's two sites as network namespaces joined by shaped links: pure, no I/O.
+r"""The sandbox's three sites as network namespaces joined by shaped links: pure, no I/O.
 
 This module describes the topology and returns the exact `ip`/`tc` argv lists that create,
 shape, cut, heal and remove it; `slurm_geo.sandbox.netns` runs them and reads the live
-state back. Everything here is a function of its arguments, tested without a kernel.
+state back (`site_readings` parses it). Everything here is a function of its arguments,
+tested without a kernel.
 
     login host (the machine's own namespace: admins, users, sbatch, curl)
-      |  <prefix>lan-l  10.77.B.5/30      LAN: not shaped, never cut
-      |  <prefix>lan-h  10.77.B.6/30      (the login host is at home)
-    +-+------------------------------+        +------------------------------------+
-    | <prefix>home                   |  WAN   | <prefix>remote                     |
-    | site address 10.77.B.1 (lo)    |========| site address 10.77.B.2 (lo)        |
-    | onprem's slurmctld, slurmd,    | shaped | rented's slurmctld, slurmd,        |
-    | the pfs store, home's S3       |  (htb) | slurmrestd, the offsite S3         |
-    | forwards LAN <-> WAN (gateway) |        | forwards nothing                   |
-    +--------------------------------+        +------------------------------------+
-      <prefix>wan-h 10.77.B.9/30  <---veth--->  <prefix>wan-r 10.77.B.10/30
+      |  <prefix>lan-l  .5/30      LAN: not shaped, never cut
+      |  <prefix>lan-h  .6/30      (the login host is at home)
+    +-+---------------------------+   home-remote    +-------------------------------+
+    | <prefix>home                |==================| <prefix>remote                |
+    | site address 10.77.B.1 (lo) | wan-h .9/30      | site address 10.77.B.2 (lo)   |
+    | onprem's slurmctld, slurmd, |     wan-r .10/30 | rented's slurmctld, slurmd,   |
+    | the pfs store, an etcd      |                  | slurmrestd, the offsite S3,   |
+    | member; forwards for the    |                  | an etcd member (sealed state  |
+    | login host (its gateway)    |                  | only); forwards nothing       |
+    +-------------+---------------+                  +---------------+---------------+
+                  \  home-control                  control-remote  /
+      hc-h .13/30  \                                              /  cr-r .18/30
+                    \  hc-c .14/30                   cr-c .17/30  /
+                    +-------------------------------------------+
+                    | <prefix>control    site address 10.77.B.3 |
+                    | a trusted room of the organisation (a DR  |
+                    | room, a VM in another region): no GPUs, a |
+                    | federation replica, the master key, an    |
+                    | etcd member; forwards nothing             |
+                    +-------------------------------------------+
+
+    10.77.B.0/24   .1 .2 .3 site addresses (/32 on lo: home, remote, control)
+                   .4/30  LAN            login host .5, home .6
+                   .8/30  home-remote    home .9 (wan-h), remote .10 (wan-r)
+                   .12/30 home-control   home .13 (hc-h), control .14 (hc-c)
+                   .16/30 control-remote control .17 (cr-c), remote .18 (cr-r)
 
 Why this shape:
-- The login host is at home: it reaches home over the LAN and remote only *through home's
-  gateway and the WAN*, so what it sends to rented's REST API shares the WAN's rate and
-  is partitioned by a cut, as a home admin's traffic to a provider would be.
+- A triangle of WAN links, each pair of sites its own veth: losing home (its processes
+  killed, its links cut) leaves control and remote talking over theirs, so the etcd
+  members there keep a quorum and the control replica can take over.
+- Each pair of sites talks over its direct link only: a site routes each other site's
+  address over the link between them, from its own address, and nothing through the
+  third site (no site but home forwards, and no site routes another's address via
+  home). A cut link partitions its two sites from each other even while both still reach
+  the third: a partition, not a detour.
+- The login host is at home: it reaches home over the LAN, and remote and control only
+  *through home's gateway* and the link from home, as an admin at home reaches a
+  provider or the DR room. So what it sends to rented's REST API shares home-remote's
+  rate and is partitioned by its cut; and once home is isolated the login host reaches
+  neither control nor remote (`sandbox exec control -- ...` still runs commands there).
+  Control and remote route the LAN's /30 over their link to home, for the replies.
 - No transit through the login host: the machine's namespace has a link to home only,
-  so nothing it forwards (whatever its ip_forward says) can carry remote's traffic to
-  home; home and remote reach each other only over the WAN veth.
+  so nothing it forwards (whatever its ip_forward says) can carry a site's traffic to
+  another; the sites reach each other only over their WAN veths.
 - Each site's services bind to its site address, a /32 on the site's `lo`, reachable
   from everywhere the routes allow; 127.0.0.1 stays private to the site.
 - Every address lies in one /24 per sandbox (10.77.B.0/24, B from the sandbox's
   directory), inside 10.77.0.0/16; no namespace has a default route, so nothing is routed
-  off the machine.
+  off the machine. Each site's route for the whole /24 is a blackhole (its own links and
+  the routes above are more specific): `replace` puts it in place of the route an older,
+  two-site sandbox gave remote (the /24 over the WAN, which would carry remote's traffic
+  to control's other addresses through home), and what no route names is dropped.
 
-Shaping: each WAN end has an htb root (`1:`) with one class `1:10` at the WAN rate (the
+Shaping: each WAN end has an htb root (`1:`) with one class `1:10` at its link's rate (the
 default class: all traffic, ARP included) whose leaf is a byte-limited fifo, and a class
 `1:99` whose leaf is a fifo of limit 0 (drops everything). Egress of both ends is shaped,
-so both directions get the rate. A rate change replaces class 1:10 and its fifo's limit in
-place (established connections keep their packets). A cut adds one u32 filter sending every
-packet of both ends to 1:99: a silent partition (timeouts, as a real one), while the rate
-stays configured, so a heal (deleting the filter) restores it exactly. This kernel has
-neither netem nor matchall/gact nor iptables, hence a drop class instead of a drop action.
-No ARP crosses the WAN (each end has its peer as a permanent neighbour, fixed MACs), as
-none crosses a routed WAN: a cut drops IP only, and a heal is complete at once.
+so both directions get the rate; each link has its own rate. A rate change replaces class
+1:10 and its fifo's limit in place (established connections keep their packets). A cut
+adds one u32 filter sending every packet of both ends of a link to 1:99: a silent
+partition (timeouts, as a real one), while the rate stays configured, so a heal (deleting
+the filter) restores it exactly. Isolating a site cuts each of its two links. This kernel
+has neither netem nor matchall/gact nor iptables, hence a drop class instead of a drop
+action. No ARP crosses a WAN link (each end has its peer as a permanent neighbour, fixed
+MACs), as none crosses a routed WAN: a cut drops IP only, and a heal is complete at once.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -76,8 +107,49 @@ MIN_QUEUE_BYTES = 256 * 1024
 
 
 class Site(Enum):
+    """In the order of their site addresses (.1, .2, .3)."""
+
     HOME = "home"
     REMOTE = "remote"
+    CONTROL = "control"
+
+
+SITE_HOST = {Site.HOME: 1, Site.REMOTE: 2, Site.CONTROL: 3}  # the site address's last octet
+
+
+class WanLink(Enum):
+    """The shaped links of the triangle, each named by its two sites."""
+
+    HOME_REMOTE = "home-remote"
+    HOME_CONTROL = "home-control"
+    CONTROL_REMOTE = "control-remote"
+
+    @property
+    def sites(self) -> tuple[Site, Site]:
+        first, second = self.value.split("-")
+        return (Site(first), Site(second))
+
+    def joins(self, site: Site) -> bool:
+        return site in self.sites
+
+
+def links_of(site: Site) -> tuple[WanLink, ...]:
+    """The two links `site` has: what isolating it cuts."""
+    return tuple(link for link in WanLink if link.joins(site))
+
+
+def link_between(one: Site, other: Site) -> WanLink:
+    return next(link for link in WanLink if set(link.sites) == {one, other})
+
+
+# Each link's /30 (its base in the block; .0 and .4 are the site addresses' and the LAN's)
+# and its ends' interface suffixes. home-remote keeps the names of the two-site sandbox's
+# only WAN (wan-h, wan-r); the others are the link's initials and the end's site's.
+_WAN_LINKS = {
+    WanLink.HOME_REMOTE: (8, "wan-h", "wan-r"),
+    WanLink.HOME_CONTROL: (12, "hc-h", "hc-c"),
+    WanLink.CONTROL_REMOTE: (16, "cr-c", "cr-r"),
+}
 
 
 @dataclass(frozen=True)
@@ -117,11 +189,11 @@ class Topology:
         return f"{self.prefix}{site.value}"
 
     def site_address(self, site: Site) -> ipaddress.IPv4Address:
-        return self.block[1] if site is Site.HOME else self.block[2]
+        return self.block[SITE_HOST[site]]
 
     @property
-    def namespaces(self) -> tuple[str, str]:
-        return (self.namespace(Site.HOME), self.namespace(Site.REMOTE))
+    def namespaces(self) -> tuple[str, ...]:
+        return tuple(self.namespace(site) for site in Site)
 
     @property
     def lan(self) -> Link:
@@ -131,17 +203,31 @@ class Topology:
                     End(self.namespace(Site.HOME), f"{self.prefix}lan-h", self._p2p(4, 2)),
                     shaped=False)
 
-    @property
-    def wan(self) -> Link:
-        """Home to remote, the only path between the sites: shaped, and what a cut cuts."""
-        return Link("wan",
-                    End(self.namespace(Site.HOME), f"{self.prefix}wan-h", self._p2p(8, 1)),
-                    End(self.namespace(Site.REMOTE), f"{self.prefix}wan-r", self._p2p(8, 2)),
+    def wan_link(self, which: WanLink) -> Link:
+        """A shaped link between two sites: end `a` at the first site of its name."""
+        base, a_suffix, b_suffix = _WAN_LINKS[which]
+        a_site, b_site = which.sites
+        return Link(which.value,
+                    End(self.namespace(a_site), f"{self.prefix}{a_suffix}", self._p2p(base, 1)),
+                    End(self.namespace(b_site), f"{self.prefix}{b_suffix}", self._p2p(base, 2)),
                     shaped=True)
 
     @property
-    def links(self) -> tuple[Link, Link]:
-        return (self.lan, self.wan)
+    def wan(self) -> Link:
+        """Home to remote: what `sandbox wan --mbit/--cut/--heal` act on by default."""
+        return self.wan_link(WanLink.HOME_REMOTE)
+
+    @property
+    def wan_links(self) -> tuple[Link, ...]:
+        return tuple(self.wan_link(which) for which in WanLink)
+
+    @property
+    def links(self) -> tuple[Link, ...]:
+        return (self.lan, *self.wan_links)
+
+    def end_at(self, which: WanLink, site: Site) -> End:
+        link = self.wan_link(which)
+        return link.a if site is which.sites[0] else link.b
 
     @property
     def login_address(self) -> ipaddress.IPv4Address:
@@ -170,6 +256,16 @@ def check_wan_mbit(mbit: int) -> int:
         raise SandboxError(f"WAN rate {mbit} Mbit/s is outside 1-{MAX_WAN_MBIT}; "
                            "pass --mbit with a value in that range")
     return mbit
+
+
+def link_rates(rates: int | Mapping[WanLink, int]) -> dict[WanLink, int]:
+    """Each link's rate, checked: one rate for all, or one per link (all of them)."""
+    if isinstance(rates, int):
+        return {link: check_wan_mbit(rates) for link in WanLink}
+    missing = [link.value for link in WanLink if link not in rates]
+    if missing:
+        raise SandboxError(f"no rate given for link(s) {', '.join(missing)}")
+    return {link: check_wan_mbit(rates[link]) for link in WanLink}
 
 
 # --- commands ------------------------------------------------------------------------
@@ -210,31 +306,40 @@ def address_and_up(end: End) -> list[list[str]]:
 
 
 def wan_neighbours(topo: Topology) -> list[list[str]]:
-    """Each WAN end knows its peer's MAC for good, so no ARP crosses the WAN, as none
+    """Each WAN end knows its peer's MAC for good, so no ARP crosses a WAN link, as none
     crosses a routed one: a cut drops only IP, and a heal is whole at once (with ARP,
     the neighbour entries failed during a cut and the first connection after took 1 s)."""
-    wan = topo.wan
     return [ip_cmd(near.namespace, "neigh", "replace", str(far.address.ip), "lladdr", far.mac,
                    "dev", near.ifname, "nud", "permanent")
-            for near, far in ((wan.a, wan.b), (wan.b, wan.a))]
+            for link in topo.wan_links for near, far in ((link.a, link.b), (link.b, link.a))]
 
 
 def routes(topo: Topology) -> list[list[str]]:
-    """Each namespace routes the sandbox's block and nothing else (no default route)."""
-    home, remote, lan, wan = Site.HOME, Site.REMOTE, topo.lan, topo.wan
-    return [
-        # the login host: the whole block through home's gateway
-        ip_cmd(None, "route", "replace", str(topo.block), "via", str(lan.b.address.ip),
-            "dev", lan.a.ifname),
-        # home: remote's site address over the WAN, from home's own
-        ip_cmd(topo.namespace(home), "route", "replace", f"{topo.site_address(remote)}/32",
-            "via", str(wan.b.address.ip), "dev", wan.a.ifname,
-            "src", str(topo.site_address(home))),
-        # remote: everything of the block (home, the login host) over the WAN
-        ip_cmd(topo.namespace(remote), "route", "replace", str(topo.block),
-            "via", str(wan.a.address.ip), "dev", wan.b.ifname,
-            "src", str(topo.site_address(remote))),
-    ]
+    """Each namespace routes parts of the sandbox's block and nothing else (no default
+    route): the login host all of it through home; each site the block to a blackhole,
+    each other site's address over the link between them (from its own), and the LAN
+    over its link to home (home has it on the LAN)."""
+    lan = topo.lan
+    plan = [ip_cmd(None, "route", "replace", str(topo.block), "via", str(lan.b.address.ip),
+                   "dev", lan.a.ifname)]
+    for site in Site:
+        namespace = topo.namespace(site)
+        plan.append(ip_cmd(namespace, "route", "replace", "blackhole", str(topo.block)))
+        for other in Site:
+            if other is not site:
+                plan.append(_route_over(topo, site, other, f"{topo.site_address(other)}/32"))
+        if site is not Site.HOME:
+            plan.append(_route_over(topo, site, Site.HOME, str(lan.a.address.network)))
+    return plan
+
+
+def _route_over(topo: Topology, site: Site, toward: Site, destination: str) -> list[str]:
+    """`destination` from `site` over its link to `toward`, from `site`'s own address."""
+    which = link_between(site, toward)
+    near, far = topo.end_at(which, site), topo.end_at(which, toward)
+    return ip_cmd(topo.namespace(site), "route", "replace", destination,
+                  "via", str(far.address.ip), "dev", near.ifname,
+                  "src", str(topo.site_address(site)))
 
 
 def range_blackhole() -> list[str]:
@@ -316,12 +421,14 @@ class Observed:
         return (end.namespace, end.ifname) in self.interfaces
 
 
-def plan_up(topo: Topology, observed: Observed, mbit: int) -> list[list[str]]:
-    """Commands taking whatever is there to the whole topology at `mbit`, healed.
+def plan_up(topo: Topology, observed: Observed,
+            rates: int | Mapping[WanLink, int]) -> list[list[str]]:
+    """Commands taking whatever is there to the whole topology at `rates` (one for every
+    link, or each link's), healed.
 
     Every command is idempotent (`replace`, `set ... up`) except creations, made only for
     what is missing; a link with one end missing is deleted and made again."""
-    check_wan_mbit(mbit)
+    mbit = link_rates(rates)
     plan = [["ip", "netns", "add", ns] for ns in topo.namespaces if ns not in observed.namespaces]
     fresh: set[str] = set()  # interfaces made now: no qdisc, no filter on them yet
     for link in topo.links:
@@ -337,11 +444,12 @@ def plan_up(topo: Topology, observed: Observed, mbit: int) -> list[list[str]]:
         for end in link.ends:
             plan += address_and_up(end)
     plan += [range_blackhole(), *wan_neighbours(topo), *routes(topo)]
-    for end in topo.wan.ends:
-        kept = end.ifname not in fresh
-        plan += shaping_commands(end, mbit, kept and end.ifname in observed.htb_roots)
-        if kept and end.ifname in observed.cut_ends:
-            plan.append(heal_command(end))
+    for which in WanLink:
+        for end in topo.wan_link(which).ends:
+            kept = end.ifname not in fresh
+            plan += shaping_commands(end, mbit[which], kept and end.ifname in observed.htb_roots)
+            if kept and end.ifname in observed.cut_ends:
+                plan.append(heal_command(end))
     return plan
 
 
@@ -354,17 +462,18 @@ def plan_down(topo: Topology, observed: Observed) -> list[list[str]]:
                    if ns in observed.namespaces]
 
 
-def plan_rate(topo: Topology, mbit: int) -> list[list[str]]:
+def plan_rate(topo: Topology, which: WanLink, mbit: int) -> list[list[str]]:
     check_wan_mbit(mbit)
-    return [cmd for end in topo.wan.ends for cmd in rate_commands(end, mbit)]
+    return [cmd for end in topo.wan_link(which).ends for cmd in rate_commands(end, mbit)]
 
 
-def plan_cut(topo: Topology) -> list[list[str]]:
-    return [cut_command(end) for end in topo.wan.ends]
+def plan_cut(topo: Topology, links: Iterable[WanLink]) -> list[list[str]]:
+    return [cut_command(end) for which in links for end in topo.wan_link(which).ends]
 
 
-def plan_heal(topo: Topology, observed: Observed) -> list[list[str]]:
-    return [heal_command(end) for end in topo.wan.ends if end.ifname in observed.cut_ends]
+def plan_heal(topo: Topology, observed: Observed, links: Iterable[WanLink]) -> list[list[str]]:
+    return [heal_command(end) for which in links for end in topo.wan_link(which).ends
+            if end.ifname in observed.cut_ends]
 
 
 def is_up(topo: Topology, observed: Observed) -> bool:
@@ -372,120 +481,11 @@ def is_up(topo: Topology, observed: Observed) -> bool:
         observed.has(end) for link in topo.links for end in link.ends)
 
 
-# --- parsing what `ip -j` and `tc` print -------------------------------------------------
-
-
-def parse_netns_names(ip_json: str) -> frozenset[str]:
-    """`ip -j netns list` (empty output when there is none)."""
-    return frozenset(row["name"] for row in _json_rows(ip_json))
-
-
-def parse_link_names(ip_json: str) -> frozenset[str]:
-    """`ip -j link show`."""
-    return frozenset(row["ifname"] for row in _json_rows(ip_json))
-
-
-def parse_has_htb_root(tc_json: str) -> bool:
-    """`tc -j qdisc show dev X`: is our htb (handle 1:) the root qdisc?"""
-    return any(row.get("root") and row.get("kind") == "htb" and row.get("handle") == HTB_ROOT
-               for row in _json_rows(tc_json))
-
-
-def parse_is_cut(tc_json: str) -> bool:
-    """`tc -j filter show dev X`: does a filter send traffic to the drop class?"""
-    return any((row.get("options") or {}).get("flowid") == DROP_CLASS
-               for row in _json_rows(tc_json))
-
-
-_RATE = re.compile(r"\brate (\d+(?:\.\d+)?)([KMG]?)bit\b")
-_UNIT_MBIT = {"": 1e-6, "K": 1e-3, "M": 1.0, "G": 1e3}
-
-
-def parse_class_mbit(tc_text: str, classid: str = RATE_CLASS) -> float | None:
-    """`tc class show dev X` (its htb lines have no JSON form in iproute2 6.1): the rate
-    of `classid` in Mbit/s, None when the class is missing."""
-    for line in tc_text.splitlines():
-        words = line.split()
-        if len(words) > 2 and words[:2] == ["class", "htb"] and words[2] == classid:
-            match = _RATE.search(line)
-            return float(match.group(1)) * _UNIT_MBIT[match.group(2)] if match else None
-    return None
-
-
-def _json_rows(text: str) -> list[dict]:
-    text = text.strip()
-    return json.loads(text) if text else []
-
-
-@dataclass(frozen=True)
-class EndState:
-    ifname: str
-    namespace: str
-    mbit: float | None
-    cut: bool
-
-
-@dataclass(frozen=True)
-class WanState:
-    """The WAN as the kernel has it: each end's rate and cut."""
-
-    home: EndState
-    remote: EndState
-
-    @property
-    def ends(self) -> tuple[EndState, EndState]:
-        return (self.home, self.remote)
-
-    @property
-    def mbit(self) -> float | None:
-        """The rate when both ends agree (they always do unless someone used tc by hand)."""
-        rates = {end.mbit for end in self.ends}
-        return rates.pop() if len(rates) == 1 else None
-
-    @property
-    def cut(self) -> bool:
-        return any(end.cut for end in self.ends)
-
-    def describe(self) -> str:
-        rate = f"{self.mbit:g} Mbit/s" if self.mbit is not None else (
-            "rates differ: " + ", ".join(f"{e.ifname} {e.mbit}" for e in self.ends))
-        if all(end.cut for end in self.ends):
-            state = "CUT (home and remote are partitioned)"
-        elif self.cut:
-            state = "HALF CUT (" + ", ".join(e.ifname for e in self.ends if e.cut) + " drops)"
-        else:
-            state = "up"
-        return f"WAN home <-> remote: {rate}, {state}"
-
-
 def missing_parts(topo: Topology, observed: Observed) -> list[str]:
     """What is missing, for a one-line error."""
     names = [ns for ns in topo.namespaces if ns not in observed.namespaces]
     names += [end.ifname for link in topo.links for end in link.ends if not observed.has(end)]
     return names
-
-
-def conflicting_routes(topo: Topology, route_json: str) -> list[str]:
-    """Routes of the machine's namespace into our block through a device not ours (from
-    `ip -j route show`): another sandbox or network already uses the block."""
-    ours = {topo.lan.a.ifname}
-    clashes = []
-    for row in _json_rows(route_json):
-        dst = row.get("dst", "")
-        if dst in ("default", "") or row.get("dev") in ours or _is_range_blackhole(row):
-            continue
-        try:
-            network = ipaddress.ip_network(dst, strict=False)
-        except ValueError:
-            continue
-        if network.version == 4 and network.overlaps(topo.block):
-            clashes.append(f"{dst} dev {row.get('dev')}")
-    return clashes
-
-
-def _is_range_blackhole(row: dict) -> bool:
-    """The route every sandbox's `up` keeps for NETWORK_RANGE (routes), no clash."""
-    return row.get("type") == "blackhole" and row.get("dst") == str(NETWORK_RANGE)
 
 
 def all_ifnames(topo: Topology) -> Iterable[str]:

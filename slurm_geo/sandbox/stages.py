@@ -1,19 +1,21 @@
 """The sandbox's daemons, stage by stage, and the site each runs in: pure, from the layout.
 
-Each stage waits for the one before (munge, MariaDB and the S3 server; the slurmdbds;
-the slurmctlds; the slurmds, slurmrestd behind its TLS relay and checkpoint-sync; the
-federation daemon). A daemon of a site runs in its network namespace and listens on its
-address (sandbox.sites); munged and MariaDB stay in the machine's namespace, reached by
-their unix sockets, which no network namespace hides.
+Each stage waits for the one before (munge, MariaDB, the S3 server and the etcd members;
+the slurmdbds; the slurmctlds; the slurmds, slurmrestd behind its TLS relay and
+checkpoint-sync; the federation daemon). A daemon of a site runs in its network namespace
+and listens on its address (sandbox.sites); munged and MariaDB stay in the machine's
+namespace, reached by their unix sockets, which no network namespace hides.
 """
 
 from __future__ import annotations
 
+import platform
 import shutil
 import sys
 from pathlib import Path
 
-from slurm_geo.sandbox import render, seaweed
+from slurm_geo.sandbox import etcd_members, render, seaweed
+from slurm_geo.sandbox.etcd_members import EtcdCluster
 from slurm_geo.sandbox.layout import (
     RESTD_OS_GROUP,
     RESTD_OS_USER,
@@ -24,13 +26,15 @@ from slurm_geo.sandbox.processes import Daemon
 from slurm_geo.sandbox.sites import Site
 
 S3_DAEMON = "s3"
+ETCD_DAEMON_PREFIX = "etcd-"  # and the member's site: etcd-home, etcd-control, etcd-remote
 
 
 def daemons_by_stage(layout: SandboxLayout, version: tuple[int, int] | None,
                      s3_env: dict[str, str]) -> list[list[Daemon]]:
     """Every daemon, in start order; `version` the installed Slurm's (None: only named,
     for `down` and `status`), `s3_env` the daemons' key to the S3 server."""
-    infra = [_munged(layout), _mariadb(layout), _s3(layout)]
+    infra = [_munged(layout), _mariadb(layout), _s3(layout),
+             *etcd_daemons(layout.etcd_cluster)]
     # MariaDB stands for each site's own database server: both slurmdbds reach it by
     # its unix socket (StorageHost=localhost in slurmdbd.conf).
     dbds = [_slurm_daemon(c, "slurmdbd", ["slurmdbd", "-D"], c.dbd_port,
@@ -80,6 +84,18 @@ def _s3(layout: SandboxLayout) -> Daemon:
                   seaweed.SeaweedServer.of_sandbox(layout).argv(program(seaweed.WEED_PROGRAM)),
                   port=layout.s3_port, extra_ports=layout.s3_internal_ports,
                   namespace=layout.namespace(Site.REMOTE), host=layout.address(Site.REMOTE))
+
+
+def etcd_daemons(cluster: EtcdCluster) -> list[Daemon]:
+    """A member in each site, `etcd-<site>`: up once its /health says it serves with a
+    quorum, so the stage waits for two of them to elect a leader."""
+    program_path = program(etcd_members.ETCD_PROGRAM)
+    env = etcd_members.unsupported_arch_env(platform.machine())
+    return [Daemon(f"{ETCD_DAEMON_PREFIX}{member.name}", cluster.argv(member, program_path), env,
+                   port=member.client_port, extra_ports=(member.peer_port,),
+                   namespace=member.namespace, host=member.address,
+                   health_url=member.health_url, url=member.client_url)
+            for member in cluster.members]
 
 
 def _slurm_daemon(cluster: ClusterLayout, name: str, argv: list[str], port: int,

@@ -1,0 +1,133 @@
+"""The sandbox's etcd cluster: one member per site (home, control, remote), each in its
+site's namespace on its site address. What the federation replicas keep their state in
+(docs/federation.md, "Replicated state on etcd"); pure but for `is_healthy`.
+
+Three members so that losing any one site leaves a quorum of two: isolating home leaves
+control's and remote's, which still reach each other over control-remote. The remote
+member is the rented provider's disk: it holds only sealed values and key names (the
+state is sealed under a key of the master key, which never goes there), in a data
+directory of its own (`etcd/remote`), apart from the trusted sites' (`etcd/home`,
+`etcd/control`). Members talk plain http on the sandbox's private links.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_geo.sandbox.sites import Site, Topology
+
+ETCD_PROGRAM = "etcd"
+MEMBER_SITES = (Site.HOME, Site.CONTROL, Site.REMOTE)  # the trusted sites first
+HEALTH_TIMEOUT_S = 2.0  # etcd gives its own verdict within 1 s
+# Every write is a new revision (a lease renewal each second is one); etcd keeps every
+# revision until compacted, and once its database reaches its 2 GiB quota it refuses all
+# writes. Keeping the last 10,000 bounds it; 3.4 compacts every five minutes in this mode.
+COMPACTION = ("--auto-compaction-mode", "revision", "--auto-compaction-retention", "10000")
+# etcd 3.4 starts only on amd64 and ppc64le unless ETCD_UNSUPPORTED_ARCH names the
+# architecture it runs on (Go's name for it); arm64 is one of those it refuses.
+_SUPPORTED_GOARCH = ("amd64", "ppc64le")
+_GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64",
+           "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64", "armv7l": "arm",
+           "i686": "386", "i386": "386"}
+
+
+@dataclass(frozen=True)
+class EtcdMember:
+    """One member: its site's namespace and address, its ports there, its data."""
+
+    site: Site
+    namespace: str
+    address: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+
+    @property
+    def name(self) -> str:
+        """The member's name in the cluster: its site's."""
+        return self.site.value
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.address}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.address}:{self.peer_port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"{self.client_url}/health"
+
+
+@dataclass(frozen=True)
+class EtcdCluster:
+    """The members and the token that keeps them from joining another sandbox's."""
+
+    token: str
+    members: tuple[EtcdMember, ...]
+
+    @property
+    def initial_cluster(self) -> str:
+        return ",".join(f"{member.name}={member.peer_url}" for member in self.members)
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """Every member's client URL, the trusted sites' first: what a replica names."""
+        return tuple(member.client_url for member in self.members)
+
+    def member(self, site: Site) -> EtcdMember:
+        return next(member for member in self.members if member.site is site)
+
+    def argv(self, member: EtcdMember, program: str = ETCD_PROGRAM) -> list[str]:
+        """`member`'s command line. The initial-cluster flags count only at its first
+        start; after that its data directory says who the members are."""
+        return [program, "--name", member.name, "--data-dir", str(member.data_dir),
+                "--listen-client-urls", member.client_url,
+                "--advertise-client-urls", member.client_url,
+                "--listen-peer-urls", member.peer_url,
+                "--initial-advertise-peer-urls", member.peer_url,
+                "--initial-cluster", self.initial_cluster, "--initial-cluster-state", "new",
+                "--initial-cluster-token", self.token, *COMPACTION,
+                "--logger", "zap", "--log-outputs", "stderr"]
+
+
+def cluster_in(topo: Topology, client_port: int, peer_port: int,
+               data_root: Path) -> EtcdCluster:
+    """A member at each site of `topo`, on the same ports at each site's own address,
+    its data in `data_root`/<site>."""
+    return EtcdCluster(f"slurm-geo-{topo.prefix.rstrip('-')}", tuple(
+        EtcdMember(site, topo.namespace(site), str(topo.site_address(site)), client_port,
+                   peer_port, data_root / site.value) for site in MEMBER_SITES))
+
+
+def unsupported_arch_env(machine: str) -> dict[str, str]:
+    """What etcd needs in its environment to start on `machine` (platform.machine())."""
+    goarch = _GOARCH.get(machine, machine)
+    return {} if goarch in _SUPPORTED_GOARCH else {"ETCD_UNSUPPORTED_ARCH": goarch}
+
+
+def parse_health(body: str) -> bool:
+    """etcd's GET /health: `{"health":"true"}` once the member sees a leader and a
+    quorum read through it succeeded; anything else (or not JSON) is not healthy."""
+    try:
+        reply = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(reply, dict) and reply.get("health") == "true"
+
+
+def is_healthy(health_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
+    """GET a member's /health from this namespace: it serves, with a quorum behind it."""
+    # Imported here: urllib.request takes 40 ms, and `slurm-geo --help` imports this
+    # module (through the sandbox's layout).
+    import http.client
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(health_url, timeout=timeout_s) as reply:
+            return parse_health(reply.read().decode(errors="replace"))
+    except (OSError, http.client.HTTPException, ValueError):  # URLError is an OSError
+        return False
