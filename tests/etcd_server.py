@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from slurm_geo.ckpt.keys import federation_state_key
+from slurm_geo.ckpt.keys import KeyFile, MasterKeys
 from slurm_geo.federation.etcd.kv import EtcdKV
 from slurm_geo.federation.etcd.layout import Layout
 from slurm_geo.federation.etcd.leadership import Leadership
@@ -131,10 +131,12 @@ def fresh_prefix() -> str:
 
 def open_replica(endpoints: list[str], prefix: str, name: str, *, ttl_s: int = 60,
                  site: str = "onprem", master_key: bytes = MASTER_KEY,
+                 master_keys: MasterKeys | None = None,
                  clock: Callable[[], float] = time.monotonic) -> EtcdFederationState:
     """A federation daemon's state on etcd, as a fresh process opens it (nothing on disk):
-    the endpoints, the prefix and the master key. It leads only once it campaigns."""
-    kv = EtcdKV(endpoints, federation_state_key(master_key))
+    the endpoints, the prefix and the master key (`master_keys`: a key file followed).
+    It leads only once it campaigns."""
+    kv = EtcdKV(endpoints, KeyFile(master_key) if master_keys is None else master_keys)
     layout = Layout(prefix)
     leadership = Leadership(kv, layout, Replica(name, site, f"https://{name}.example:9852"),
                             ttl_s=ttl_s, clock=clock)

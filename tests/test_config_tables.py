@@ -13,8 +13,10 @@ import pytest
 from slurm_geo.config import DEFAULT_KEY_FILE, KEY_FILE_ENV, master_key_path, parse_config
 from slurm_geo.config.daemons import (
     FEDERATION_SETTINGS,
+    REPLICA_SETTINGS,
     SYNC_SETTINGS,
     FederationConfig,
+    ReplicaConfig,
     SyncConfig,
 )
 from slurm_geo.config.settings import Setting, moment, number, whole
@@ -194,6 +196,7 @@ DECLARED = [
     (PriceEntry, PRICE_ENTRY_SETTINGS, {"source"}),
     (SyncConfig, SYNC_SETTINGS, set()),
     (FederationConfig, FEDERATION_SETTINGS, set()),
+    (ReplicaConfig, REPLICA_SETTINGS, set()),
 ]
 
 

@@ -97,7 +97,7 @@ class Site:
     def __post_init__(self) -> None:
         for name in ("pfs", "away"):
             (self.tmp / name).mkdir()
-        self.config = parse_config({
+        self.raw = {
             "site": {"home_cluster": "onprem"},
             "clusters": {
                 "onprem": {"region": "home", "access": "cli", "slurm_conf": "/x",
@@ -108,10 +108,9 @@ class Site:
             "stores": {"pfs": {"url": f"file://{self.tmp / 'pfs'}", "region": "home"},
                        "away": {"url": f"file://{self.tmp / 'away'}", "region": "eu"}},
             "policy": {"max_restarts": 2},
-            "federation": {"state": str(self.tmp / "fed.db"),
-                           "audit_path": str(self.tmp / "audit.db"), "lease_ttl_s": TTL,
-                           "outage_after": 2, "failback_stable_s": 5, "margin_s": 60},
-        })
+            "federation": self.federation_table(),
+        }
+        self.config = parse_config(self.raw)
         self.stores = {"pfs": LocalDirStore(self.tmp / "pfs"),
                        "away": LocalDirStore(self.tmp / "away")}
         self.onprem = FakeSlurm("onprem", clock=self.clock)
@@ -120,6 +119,10 @@ class Site:
         self.submitted_directives: dict[int, dict[str, str]] = {}
         self.munged = FakeMunge()
         self.restart()
+
+    def federation_table(self) -> dict:
+        return {"state": str(self.tmp / "fed.db"), "audit_path": str(self.tmp / "audit.db"),
+                "lease_ttl_s": TTL, "outage_after": 2, "failback_stable_s": 5, "margin_s": 60}
 
     def restart(self) -> None:
         assert self.config.federation is not None

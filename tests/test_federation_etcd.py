@@ -15,7 +15,7 @@ from typing import Any
 import etcd3gw
 import pytest
 
-from slurm_geo.ckpt.keys import federation_state_key
+from slurm_geo.ckpt.keys import KeyFile
 from slurm_geo.federation.etcd.kv import EtcdKV
 from slurm_geo.federation.etcd.layout import Layout
 from slurm_geo.federation.etcd.leadership import Standing, Step, next_step
@@ -381,7 +381,7 @@ def test_of_eight_threads_of_the_leader_that_saw_one_generation_exactly_one_move
         two, etcd: EtcdMember) -> None:
     onprem, _ = two
     onprem.add_job(job())
-    writers = [EtcdFederationState(EtcdKV([etcd.client_url], federation_state_key(MASTER_KEY)),
+    writers = [EtcdFederationState(EtcdKV([etcd.client_url], KeyFile(MASTER_KEY)),
                                    onprem.layout, onprem.leadership) for _ in range(8)]
     outcomes: list[str] = []
     start = threading.Barrier(len(writers))

@@ -22,7 +22,7 @@ from slurm_geo.federation.httpserver import (
     request_length,
 )
 from slurm_geo.federation.refusals import Refusal, RefusalAudit, clip
-from slurm_geo.lease.client import _post
+from slurm_geo.lease.client import post as post_signed
 from slurm_geo.lease.protocol import LEASE_PATH, KeyRequest, LeaseRequest
 
 
@@ -33,9 +33,9 @@ def address(site: LeaseSite) -> tuple[str, int]:
 def lease_in_time(site: LeaseSite) -> float:
     """Seconds the current generation's lease request took to be granted."""
     started = time.monotonic()
-    status, body = _post(site.url + LEASE_PATH, *site.signed(
+    answer = post_signed(site.url + LEASE_PATH, *site.signed(
         LEASE_PATH, LeaseRequest("run-a", "rented", 77, 0, 1, None).to_json()))
-    assert (status, body.get("verdict")) == (200, "grant"), body
+    assert (answer.status, answer.body.get("verdict")) == (200, "grant"), answer.body
     return time.monotonic() - started
 
 
@@ -234,9 +234,9 @@ def test_a_flood_of_bad_requests_from_one_source_is_one_audit_entry(tmp_path):
 def test_a_stale_incarnation_refused_a_lease_is_audited_with_its_job(tmp_path):
     site = start(tmp_path)
     try:
-        status, _ = _post(site.url + LEASE_PATH, *site.signed(
+        answer = post_signed(site.url + LEASE_PATH, *site.signed(
             LEASE_PATH, LeaseRequest("run-a", "onprem", 5, 0, 0, None).to_json(), 0))
-        assert status == 409
+        assert answer.status == 409
         (entry,) = site.entries("fence")
         assert entry.logical_job == "onprem-5"
         assert entry.what == "refused a lease to onprem:5 generation 0"

@@ -18,7 +18,7 @@ from slurm_geo.errors import ConfigError
 from slurm_geo.federation import entry
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
 from slurm_geo.federation.tls import ca_pem, server_context
-from slurm_geo.lease.client import FederatedRun, FederationUnreachable, _post, tls_context
+from slurm_geo.lease.client import FederatedRun, FederationUnreachable, post, tls_context
 from slurm_geo.lease.protocol import (
     ENV_FEDERATION_CA,
     ENV_FEDERATION_URL,
@@ -65,9 +65,9 @@ def test_a_job_trusting_the_site_ca_gets_its_lease_over_https(https_site, site_c
 
 def test_a_job_trusting_another_ca_refuses_the_daemon(https_site):
     other = make_ca("someone else's CA", datetime.now(UTC))
-    status, body = _post(https_site.url + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE),
-                         tls_context(other.cert_pem.decode()))
-    assert status is None and "CERTIFICATE_VERIFY_FAILED" in body["reason"]
+    answer = post(https_site.url + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE),
+                  tls_context(other.cert_pem.decode()))
+    assert answer.status is None and "CERTIFICATE_VERIFY_FAILED" in answer.body["reason"]
     run = FederatedRun(https_site.placement(ca=other.cert_pem.decode()))
     with pytest.raises(FederationUnreachable):
         run.acquire(give_up_after_s=0.5)
@@ -76,10 +76,10 @@ def test_a_job_trusting_another_ca_refuses_the_daemon(https_site):
 
 def test_plain_http_to_the_tls_port_gets_nothing_and_the_service_goes_on(https_site, site_ca):
     plain = https_site.url.replace("https://", "http://")
-    status, body = _post(plain + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE))
-    assert status is None, body
-    assert _post(https_site.url + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE),
-                 tls_context(site_ca.cert_pem.decode()))[0] == 200
+    answer = post(plain + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE))
+    assert answer.status is None, answer.body
+    assert post(https_site.url + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE),
+                tls_context(site_ca.cert_pem.decode())).status == 200
 
 
 def test_a_tls_client_that_never_finishes_its_handshake_holds_no_worker(https_site, site_ca):
@@ -88,8 +88,8 @@ def test_a_tls_client_that_never_finishes_its_handshake_holds_no_worker(https_si
     try:
         for sock in stalled:
             sock.sendall(b"\x16\x03\x01")  # the first bytes of a ClientHello, then nothing
-        assert _post(https_site.url + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE),
-                     tls_context(site_ca.cert_pem.decode()))[0] == 200
+        assert post(https_site.url + LEASE_PATH, *https_site.signed(LEASE_PATH, LEASE),
+                    tls_context(site_ca.cert_pem.decode())).status == 200
     finally:
         for sock in stalled:
             sock.close()

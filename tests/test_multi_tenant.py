@@ -46,7 +46,7 @@ SETTINGS = drill.DrillSettings(steps=6000, ckpt_every=40, step_delay_s=0.05)
 SEND = r'''
 import json, sys
 from pathlib import Path
-from slurm_geo.lease.client import _post, tls_context
+from slurm_geo.lease.client import post, tls_context
 from slurm_geo.lease.munge import MungeCommands
 from slurm_geo.lease.signing import MungeSigner, SecretSigner, secret_bytes
 
@@ -64,8 +64,8 @@ for request in args["requests"]:
                                                  secret_bytes(request["secret"]))}
         made = signer[request["signer"]]
         headers = {} if made is None else made().headers("POST", request["path"], data)
-    status, body = _post(args["url"] + request["path"], data, headers, tls)
-    answers.append({"name": request["name"], "status": status, "body": body,
+    answer = post(args["url"] + request["path"], data, headers, tls)
+    answers.append({"name": request["name"], "status": answer.status, "body": answer.body,
                     "data": data.decode(), "headers": headers})
 print(json.dumps(answers))
 '''

@@ -3,7 +3,9 @@ one or under a key derived from it sealed again under the new (docs/format.md §
 
 Run data keys do not change, so no pack, manifest or latest pointer is rewritten, and a
 job holding its run's key notices nothing. What is sealed again: `keys/<run>` (under the
-master key itself), fences (under F) and promotion markers (under P).
+master key itself), fences (under F) and promotion markers (under P) in every store named,
+and whatever else is named as a `Resealable` (the federation state's values in etcd,
+under S: slurm_geo.federation.etcd.reseal).
 
 The key file carries the rotation; each step is durable before the next begins:
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 from slurm_geo.ckpt.errors import CkptError, KeyFileError, ObjectMissing, WrongKey
 from slurm_geo.ckpt.keys import (
@@ -155,6 +158,25 @@ def _rewrap(store: Store, name: str, kind: Kind, new: bytes, previous: bytes, dr
         name, f"'{name}' changed under the rotation {CHANGED_TRIES} times; run it again"))
 
 
+class Resealable(Protocol):
+    """Objects sealed under the master key or a key derived from it: one pass over them
+    seals again under `ring.current` what opens under `ring.previous`, or (`dry_run`)
+    only says which. A failure to reach them is a CkptError."""
+
+    def reseal(self, ring: KeyFile, dry_run: bool, random_bytes: RandomBytes) -> StorePass:
+        ...
+
+
+@dataclass(frozen=True)
+class StoreObjects:
+    """A store's wrapped keys, fences and promotion markers, as a rotation reseals them."""
+
+    store: Store
+
+    def reseal(self, ring: KeyFile, dry_run: bool, random_bytes: RandomBytes) -> StorePass:
+        return rewrap_store(self.store, ring, dry_run=dry_run, random_bytes=random_bytes)
+
+
 @dataclass
 class StoreReport:
     store: str
@@ -194,15 +216,19 @@ class RotationReport:
 
 
 def rotate_master_key(stores: Mapping[str, Store], key_file: Path, dry_run: bool = False,
-                      random_bytes: RandomBytes = os.urandom) -> RotationReport:
+                      random_bytes: RandomBytes = os.urandom, *,
+                      also: Mapping[str, Resealable] | None = None) -> RotationReport:
     """The next step of rotating the master key of `key_file` over `stores` (named as the
-    operator named them): start a rotation by writing the ring, or finish the one the
-    file holds."""
+    operator named them) and what `also` names: start a rotation by writing the ring, or
+    finish the one the file holds."""
+    targets: dict[str, Resealable] = {name: StoreObjects(store)
+                                      for name, store in stores.items()}
+    targets.update(also or {})
     with _rotation_lock(key_file):
         held = load_master_key(key_file)
-        ring = _ring_for(held, stores, key_file, random_bytes)
-        surveyed = {name: rewrap_store(store, ring, dry_run=True)
-                    for name, store in stores.items()}
+        ring = _ring_for(held, targets, key_file, random_bytes)
+        surveyed = {name: target.reseal(ring, True, random_bytes)
+                    for name, target in targets.items()}
         _check_key_file_opens(surveyed, key_file)
         planned = [_report_of(name, one) for name, one in surveyed.items()]
         new, previous = _fingerprint_hex(ring.current), _fingerprint_hex(ring.previous)
@@ -216,14 +242,14 @@ def rotate_master_key(stores: Mapping[str, Store], key_file: Path, dry_run: bool
             return RotationReport(Outcome.RING_WRITTEN, new, previous, planned)
         if ring != held:
             write_key_file(key_file, ring)  # stores added to the rotation in progress
-        reports, unfinished = _rewrap_until_done(stores, ring, random_bytes)
+        reports, unfinished = _rewrap_until_done(targets, ring, random_bytes)
         if unfinished is not None:
             return RotationReport(Outcome.UNFINISHED, new, previous, reports, unfinished)
         write_key_file(key_file, KeyFile(ring.current))  # (3)
         return RotationReport(Outcome.COMPLETE, new, previous, reports)
 
 
-def _ring_for(held: KeyFile, stores: Mapping[str, Store], key_file: Path,
+def _ring_for(held: KeyFile, stores: Mapping[str, Resealable], key_file: Path,
               random_bytes: RandomBytes) -> KeyFile:
     """The ring this run works with: a new one, or the one in progress (with any further
     stores named added, so that a later run must name them too)."""
@@ -238,14 +264,14 @@ def _ring_for(held: KeyFile, stores: Mapping[str, Store], key_file: Path,
     return KeyFile(held.current, held.previous, held.rotating + more)
 
 
-def _rewrap_until_done(stores: Mapping[str, Store], ring: KeyFile, random_bytes: RandomBytes
-                       ) -> tuple[list[StoreReport], str | None]:
+def _rewrap_until_done(stores: Mapping[str, Resealable], ring: KeyFile,
+                       random_bytes: RandomBytes) -> tuple[list[StoreReport], str | None]:
     reports = {name: StoreReport(name) for name in stores}
     for _ in range(MAX_PASSES):
         rewrapped = False
         for name, store in stores.items():
             try:
-                one_pass = rewrap_store(store, ring, random_bytes=random_bytes)
+                one_pass = store.reseal(ring, False, random_bytes)
             except CkptError as exc:
                 reports[name].unfinished = str(exc)
                 continue

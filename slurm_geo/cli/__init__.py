@@ -28,6 +28,8 @@ SUBCOMMANDS = {
                  "Resubmit a failed logical job from its newest verified checkpoint."),
     "logs": ("slurm_geo.cli.federation", "logs",
              "A logical job's output, incarnation by incarnation."),
+    "federation": ("slurm_geo.cli.federation", "federation",
+                   "The daemon's replicas: who leads; etcd's members and their lag."),
     "drill": ("slurm_geo.cli.drill", "drill",
               "Fail the home cluster in the sandbox; report RTO, RPO, bytes and cost."),
     "audit": ("slurm_geo.cli.audit", "audit",

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from slurm_geo.errors import ConfigError
 
+if TYPE_CHECKING:
+    from slurm_geo.federation.wiring import Audit
+
 db_option = click.option(
     "--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="The audit database (default: [federation] audit_path of the slurm-geo config).")
+    help="The audit database (default: [federation] audit_path of the slurm-geo config, or "
+         "the log in etcd with etcd_endpoints).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 _COLUMNS = ("seq", "time", "kind", "logical_job", "what", "why")
@@ -34,11 +39,11 @@ def audit() -> None:
 @json_option
 def verify(db_path: Path | None, expect_head: str | None, as_json: bool) -> None:
     """Recompute every hash and link; exit 51 naming the first bad entry."""
-    from slurm_geo.federation.audit import AuditChainBroken, AuditLog
+    from slurm_geo.federation.audit import AuditChainBroken
 
     expected = _parse_head(expect_head) if expect_head else None
-    path = db_path or audit_path_from_config()
-    with AuditLog(path, readonly=True) as log:
+    path, log = _open_log(db_path)
+    with log:
         report = log.verify(expected_head=expected)
     if as_json:
         click.echo(json.dumps({"db": str(path), "ok": report.ok, "entries": report.entries,
@@ -65,9 +70,7 @@ def verify(db_path: Path | None, expect_head: str | None, as_json: bool) -> None
 def show(db_path: Path | None, logical_job: str | None, since_seq: int,
          as_json: bool) -> None:
     """The entries, oldest first (`audit verify` checks them)."""
-    from slurm_geo.federation.audit import AuditLog
-
-    with AuditLog(db_path or audit_path_from_config(), readonly=True) as log:
+    with _open_log(db_path)[1] as log:
         entries = log.entries(logical_job=logical_job, since_seq=since_seq)
     if as_json:
         click.echo(json.dumps([e.to_json() for e in entries], indent=2))
@@ -77,19 +80,31 @@ def show(db_path: Path | None, logical_job: str | None, since_seq: int,
         click.echo(_table([e.to_json() for e in entries]))
 
 
-def audit_path_from_config() -> Path:
-    """[federation] audit_path of the slurm-geo config; ConfigError saying to pass --db."""
+def _open_log(db_path: Path | None) -> tuple[str, Audit]:
+    """The log `--db` names, else the config's: where it is, and the log, read-only."""
+    from slurm_geo.federation.audit import AuditLog
+
+    if db_path is not None:
+        return str(db_path), AuditLog(db_path, readonly=True)
     from slurm_geo.config.model import load_config
+    from slurm_geo.config.paths import master_key_path
+    from slurm_geo.federation.runtime import open_federation_state
 
     try:
         site = load_config()
     except ConfigError as exc:
         raise ConfigError(f"{exc}; or give --db PATH") from None
-    path = getattr(getattr(site, "federation", None), "audit_path", None)
-    if path is None:
+    config = site.federation
+    if config is None:
         raise ConfigError(f"{site.source} has no [federation] table with audit_path; "
                           "give --db PATH")
-    return Path(path)
+    if not config.replicated:
+        return str(config.audit_path), AuditLog(config.audit_path, readonly=True)
+    from slurm_geo.ckpt.keys import load_master_key
+
+    keys = load_master_key(master_key_path(config.key_file, os.environ))
+    where = f"etcd {config.etcd_prefix}"
+    return where, open_federation_state(config, keys, daemon=False, readonly=True).audit
 
 
 def _parse_head(text: str) -> tuple[int, str]:

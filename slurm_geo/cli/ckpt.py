@@ -8,11 +8,15 @@ import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurm_geo.config.paths import DEFAULT_KEY_FILE, KEY_FILE_ENV, master_key_path
 from slurm_geo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from slurm_geo.federation.etcd.reseal import SealedState
 
 key_file_option = click.option(
     "--key-file", type=click.Path(path_type=Path), default=None,
@@ -51,10 +55,15 @@ def keys_init(path: Path) -> None:
                    "from the slurm-geo config. Repeat it for every store of the site.")
 @click.option("--dry-run", is_flag=True,
               help="Report what would be sealed again; write nothing, the key file included.")
+@click.option("--federation-state", "federation_state", is_flag=True,
+              help="Also re-seal the federation state in etcd ([federation] etcd_endpoints "
+                   "of the config), named federation-state in the report.")
+@click.option("--config", type=click.Path(path_type=Path), default=None,
+              help="Site config (default: $SLURM_GEO_CONFIG or /etc/slurm-geo/config.toml).")
 @key_file_option
 @json_option
-def keys_rotate(store_specs: tuple[str, ...], dry_run: bool, key_file: Path,
-                as_json: bool) -> None:
+def keys_rotate(store_specs: tuple[str, ...], dry_run: bool, federation_state: bool,
+                config: Path | None, key_file: Path, as_json: bool) -> None:
     """Replace the master key, in two runs (docs/runbook.md).
 
     The first writes a key ring (the new key and the old) into the key file and re-seals
@@ -69,7 +78,12 @@ def keys_rotate(store_specs: tuple[str, ...], dry_run: bool, key_file: Path,
     from slurm_geo.ckpt.rotate import Outcome, rotate_master_key
 
     stores = {spec: _open(spec) for spec in dict.fromkeys(store_specs)}
-    report = rotate_master_key(stores, key_file, dry_run=dry_run)
+    also = _federation_state(config, key_file) if federation_state else {}
+    try:
+        report = rotate_master_key(stores, key_file, dry_run=dry_run, also=also)
+    finally:
+        for sealed in also.values():
+            sealed.kv.close()
     if as_json:
         click.echo(json.dumps({"key_file": str(key_file), "outcome": report.outcome.value,
                                "key": report.key, "previous": report.previous,
@@ -78,6 +92,24 @@ def keys_rotate(store_specs: tuple[str, ...], dry_run: bool, key_file: Path,
     else:
         _print_rotation(report, key_file)
     sys.exit(1 if report.outcome is Outcome.UNFINISHED or report.refused else 0)
+
+
+def _federation_state(config: Path | None, key_file: Path) -> dict[str, SealedState]:
+    """The federation state in etcd the config names, as the rotation re-seals it."""
+    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.config.model import load_config
+    from slurm_geo.federation.etcd.layout import Layout
+    from slurm_geo.federation.etcd.reseal import NAME, SealedState
+    from slurm_geo.federation.runtime import federation_config, open_kv
+
+    site = load_config(config)
+    fed = federation_config(site)
+    if not fed.replicated:
+        raise ConfigError(f"{site.source}: [federation] has no etcd_endpoints; its SQLite "
+                          "state holds nothing sealed under the master key: drop "
+                          "--federation-state")
+    return {NAME: SealedState(open_kv(fed, load_master_key(key_file)),
+                              Layout(fed.etcd_prefix))}
 
 
 def _print_rotation(report, key_file: Path) -> None:

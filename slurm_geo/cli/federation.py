@@ -1,6 +1,7 @@
 """`slurm-geo plan`, `status`, `approve`, `cancel`, `resubmit` and `logs`: a logical job
 across clusters. JOB is a logical job id (onprem-1234), CLUSTER:JOBID of any of its
-incarnations, a bare Slurm job id, or its run name."""
+incarnations, a bare Slurm job id, or its run name. `slurm-geo federation status`: the
+daemon's replicas and etcd's members."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from slurm_geo.config.model import SiteConfig
     from slurm_geo.federation.model import LogicalJob
     from slurm_geo.federation.operations import Display
-    from slurm_geo.federation.state import FederationState
+    from slurm_geo.federation.wiring import State
     from slurm_geo.slurm import JobInfo
 
 CONFIG_HELP = "Site config (default: $SLURM_GEO_CONFIG or /etc/slurm-geo/config.toml)."
@@ -75,15 +76,23 @@ def status(job: str | None, config: Path | None, as_json: bool) -> None:
         click.echo(_render_list(views) if job is None else _render(views[0]))
 
 
-def _open_state(site: SiteConfig) -> FederationState | None:
-    from slurm_geo.federation.runtime import federation_config
+def _open_state(site: SiteConfig) -> State | None:
+    """The state, read-only; None before the daemon alone on SQLite ever started."""
+    import os
+
+    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.config.paths import master_key_path
+    from slurm_geo.federation.runtime import federation_config, open_federation_state
     from slurm_geo.federation.state import FederationState
 
-    path = federation_config(site).state
-    return FederationState(path, readonly=True) if path.exists() else None
+    config = federation_config(site)
+    if not config.replicated:
+        return FederationState(config.state, readonly=True) if config.state.exists() else None
+    keys = load_master_key(master_key_path(config.key_file, os.environ))
+    return open_federation_state(config, keys, daemon=False, readonly=True).state
 
 
-def _view(state: FederationState, job: LogicalJob, display: Display,
+def _view(state: State, job: LogicalJob, display: Display,
           slurm: JobInfo | None) -> dict[str, Any]:
     lease = state.lease(job.logical_job)
     return {
@@ -272,3 +281,36 @@ def logs(job: str, follow: bool, config: Path | None) -> None:
         output.follow()
     else:
         output.print_all()
+
+
+@click.group("federation")
+def federation() -> None:
+    """The federation daemon's replicas and the etcd members their state is in."""
+
+
+@federation.command("status")
+@click.option("--config", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def federation_status(config: Path | None, as_json: bool) -> None:
+    """Every replica (does it answer GET /v1/leader, does it lead), who leads as etcd
+    says, and each etcd member's health, raft index and lag behind the furthest member.
+    A daemon alone on SQLite shows itself. Read-only."""
+    import os
+    import ssl
+
+    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.config.model import load_config
+    from slurm_geo.config.paths import master_key_path
+    from slurm_geo.federation.replication import render, replication_status
+    from slurm_geo.federation.runtime import federation_config, open_kv
+
+    fed = federation_config(load_config(config))
+    tls = ssl.create_default_context(cafile=None if fed.ca_file is None else str(fed.ca_file))
+    kv = open_kv(fed, load_master_key(master_key_path(fed.key_file, os.environ))) \
+        if fed.replicated else None
+    try:
+        found = replication_status(fed, kv, tls)
+    finally:
+        if kv is not None:
+            kv.close()
+    click.echo(json.dumps(found.to_json(), indent=2) if as_json else render(found))

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from slurm_geo.config.settings import (
     Setting,
@@ -24,11 +25,14 @@ from slurm_geo.config.settings import (
     seconds,
     secure_url,
     shown,
+    site_name,
+    tables,
     text,
     whole,
 )
 from slurm_geo.config.tables import KEY_FILE_HELP, ClusterConfig, StoreConfig
 from slurm_geo.errors import ConfigError
+from slurm_geo.federation.etcd.layout import DEFAULT_PREFIX, Layout
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,26 @@ def _check_sync_stores(config: SyncConfig, stores: Mapping[str, StoreConfig],
 
 
 @dataclass(frozen=True)
+class ReplicaConfig:
+    """One [[federation.replicas]] entry: a federation daemon sharing the state in etcd."""
+
+    name: str
+    site: str
+    url: str  # its public_url: where jobs and the other replicas reach its service
+
+
+REPLICA_SETTINGS = (
+    Setting("name", site_name, None, "The replica's name (`replica` at that replica).",
+            required=True),
+    Setting("site", site_name, None, "The trusted site it runs at (home, control).",
+            required=True),
+    Setting("url", secure_url("write https:// (the replica's public_url)"), None,
+            "Its public_url: where jobs on every cluster reach its lease and key service.",
+            required=True),
+)
+
+
+@dataclass(frozen=True)
 class FederationConfig:
     """The [federation] table: how the federation daemon watches clusters and moves jobs."""
 
@@ -155,10 +179,17 @@ class FederationConfig:
     # A follower leads within TTL + TTL/3 (6.7 s) of the leader's last renewal: the
     # ~10 s a site's loss may cost the federation before another site's daemon acts.
     leader_ttl_s: int = 5
+    etcd_endpoints: tuple[str, ...] = ()
+    etcd_prefix: str = DEFAULT_PREFIX
+    etcd_ca_file: Path | None = None
+    etcd_cert: Path | None = None
+    etcd_key: Path | None = None
+    replica: str = ""
+    replicas: tuple[ReplicaConfig, ...] = ()
 
     @property
     def url(self) -> str:
-        """Where jobs reach the daemon's lease and key service."""
+        """Where jobs reach this daemon's lease and key service."""
         if self.public_url:
             return self.public_url
         scheme = "https" if self.tls_cert is not None else "http"
@@ -167,15 +198,55 @@ class FederationConfig:
         return f"{scheme}://{host}:{self.listen_port}"
 
     @property
+    def replicated(self) -> bool:
+        """The state is in etcd, shared by the replicas of [[federation.replicas]]."""
+        return bool(self.etcd_endpoints)
+
+    @property
+    def job_urls(self) -> tuple[str, ...]:
+        """Every URL a job may send its requests to: each replica's, this one's first."""
+        others = tuple(r.url for r in self.replicas if r.url != self.url)
+        return (self.url, *others)
+
+    @property
+    def this_replica(self) -> ReplicaConfig:
+        """This daemon as [[federation.replicas]] names it (one alone on SQLite: itself)."""
+        for replica in self.replicas:
+            if replica.name == self.replica:
+                return replica
+        return ReplicaConfig(self.replica, "", self.url)
+
+    @property
     def detection_window_s(self) -> float:
         return self.probe_interval_s * self.outage_after
 
 
+def etcd_urls(value: Any, where: str) -> tuple[str, ...]:
+    """Distinct http(s)://host:port URLs, plain http only to a loopback host: a member
+    that answers for another could make two replicas lead."""
+    endpoints = names(what="etcd client URLs", each="a member")(value, where)
+    member = secure_url("write https:// and give etcd_ca_file")
+    for endpoint in endpoints:
+        member(endpoint, where)
+        parts = urlsplit(endpoint)
+        if parts.port is None or parts.path not in ("", "/") or parts.query:
+            raise ConfigError(f"{where} must be URLs of the form https://host:port (no path), "
+                              f"got {shown(endpoint)}")
+    return endpoints
+
+
+def etcd_prefix(value: Any, where: str) -> str:
+    try:
+        return Layout(text(value, where)).prefix
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 FEDERATION_SETTINGS = (
     Setting("state", path, FederationConfig.state, "The daemon's SQLite state (logical jobs, "
-            "incarnations, leases, cluster health, bandwidth)."),
+            "incarnations, leases, cluster health, bandwidth); not with etcd_endpoints."),
     Setting("audit_path", path, FederationConfig.audit_path,
-            "The append-only, hash-chained audit log (SQLite)."),
+            "The append-only, hash-chained audit log (SQLite); not with etcd_endpoints."),
     Setting("key_file", path, None, KEY_FILE_HELP),
     Setting("listen_address", text, FederationConfig.listen_address,
             "Address of the lease/key service and the Prometheus /metrics endpoint."),
@@ -217,7 +288,26 @@ FEDERATION_SETTINGS = (
             "With the state replicated on etcd: the lease of the leader key, in whole "
             "seconds. The leader renews it every third of this and stops acting once it "
             "could not renew for this long; a follower campaigns every third of it."),
+    Setting("etcd_endpoints", etcd_urls, None, "The client URLs of the etcd members "
+            "(https://host:2379, one per site): the state and the audit log are then in "
+            "etcd, shared by [[federation.replicas]], and state and audit_path are not "
+            "given. Empty: this daemon alone, on SQLite."),
+    Setting("etcd_prefix", etcd_prefix, FederationConfig.etcd_prefix,
+            "Where in etcd the state is: every key of it starts with this."),
+    Setting("etcd_ca_file", path, None, "The CA certificate (PEM) the etcd members' https "
+            "is verified against. Default: the system's CAs."),
+    Setting("etcd_cert", path, None, "A client certificate (PEM) for etcd members that "
+            "ask for one (--client-cert-auth); with etcd_key."),
+    Setting("etcd_key", path, None, "The private key of etcd_cert (PEM)."),
+    Setting("replica", site_name, None, "With etcd_endpoints: which of "
+            "[[federation.replicas]] this daemon is."),
+    Setting("replicas", tables, (), "[[federation.replicas]]: every replica of the "
+            "federation daemon (name, site, url); jobs get every url and follow the leader."),
 )
+
+# Settings that belong to one backend of the state only.
+SQLITE_ONLY = ("state", "audit_path")
+ETCD_ONLY = ("etcd_prefix", "etcd_ca_file", "etcd_cert", "etcd_key", "replica", "replicas")
 
 
 def parse_federation(table: Any, clusters: Mapping[str, ClusterConfig], home: str,
@@ -229,14 +319,64 @@ def parse_federation(table: Any, clusters: Mapping[str, ClusterConfig], home: st
     if missing:
         raise ConfigError(f"{where}: cluster(s) {', '.join(missing)} have no store = \"NAME\"; "
                           "the daemon must know where each cluster's jobs keep checkpoints")
+    values["replicas"] = tuple(
+        ReplicaConfig(**read_settings(row, REPLICA_SETTINGS, f"{where} replicas[{i}]"))
+        for i, row in enumerate(values.get("replicas", ())))
+    if values.get("etcd_endpoints"):
+        values["public_url"] = _replica_url(values, where)
+    else:
+        _check_alone(values, where)
     config = FederationConfig(**values)
     _check_transport(config, where)
     return config
 
 
+def _check_alone(values: Mapping[str, Any], where: str) -> None:
+    given = [name for name in ETCD_ONLY if values.get(name)]
+    if given:
+        raise ConfigError(f"{where}: {given[0]} is for a state shared in etcd, and there are "
+                          "no etcd_endpoints; give etcd_endpoints, or remove it")
+
+
+def _replica_url(values: Mapping[str, Any], where: str) -> str:
+    """This replica's public_url, checked against [[federation.replicas]]: each replica
+    once, each URL once, this one among them."""
+    given = [name for name in SQLITE_ONLY if name in values]
+    if given:
+        raise ConfigError(f"{where}: {given[0]} is the SQLite {given[0].replace('_', ' ')}; "
+                          "with etcd_endpoints the state and the audit log are in etcd: "
+                          f"remove {given[0]}")
+    replicas: tuple[ReplicaConfig, ...] = values["replicas"]
+    if not replicas:
+        raise ConfigError(f"{where}: etcd_endpoints needs [[federation.replicas]] to name "
+                          "every replica (name, site, url): jobs follow the leader among them")
+    for what in ("name", "url"):
+        seen = [getattr(r, what) for r in replicas]
+        twice = next((v for v in seen if seen.count(v) > 1), None)
+        if twice is not None:
+            raise ConfigError(f"{where}: [[federation.replicas]] names {what} {shown(twice)} "
+                              f"twice; each replica has a {what} of its own")
+    names_given = ", ".join(r.name for r in replicas)
+    if "replica" not in values:
+        raise ConfigError(f"{where}: etcd_endpoints needs replica = \"NAME\": which of "
+                          f"[[federation.replicas]] ({names_given}) this daemon is")
+    me = next((r for r in replicas if r.name == values["replica"]), None)
+    if me is None:
+        raise ConfigError(f"{where}: replica {shown(values['replica'])} is not one of "
+                          f"[[federation.replicas]] ({names_given})")
+    if values.get("public_url", me.url) != me.url:
+        raise ConfigError(f"{where}: public_url {values['public_url']} is not the url of "
+                          f"replica {me.name} in [[federation.replicas]] ({me.url}); give "
+                          "one of them, or the same")
+    return me.url
+
+
 def _check_transport(config: FederationConfig, where: str) -> None:
     """TLS settings that go together, and a URL jobs reach the service by that is https
     unless it stays on the machine."""
+    if (config.etcd_cert is None) != (config.etcd_key is None):
+        raise ConfigError(f"{where}: etcd_cert and etcd_key go together (the client "
+                          "certificate and its private key, PEM); give both or neither")
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError(f"{where}: tls_cert and tls_key go together (the certificate chain "
                           "and its private key, PEM); give both or neither")

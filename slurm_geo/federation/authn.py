@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from slurm_geo.federation.etcd.identities import EtcdIdentities
 from slurm_geo.federation.identities import Identities
 from slurm_geo.lease.munge import REPLAYED, BadCredential, Munge, MungeUnavailable
 from slurm_geo.lease.signing import (
@@ -52,12 +53,17 @@ class Authenticator:
     """`clock`: the daemon's wall clock (signatures carry wall-clock timestamps); the
     nonces it remembers start empty, so what was signed before it was made is refused."""
 
-    def __init__(self, identities: Identities, munge: Munge, clock: Callable[[], float],
-                 window_s: float = SIGNATURE_WINDOW_S):
+    def __init__(self, identities: Identities | EtcdIdentities, munge: Munge,
+                 clock: Callable[[], float], window_s: float = SIGNATURE_WINDOW_S):
         self.identities, self.munge, self.clock = identities, munge, clock
         self.window_s = window_s
+        self.refuse_signed_before(clock())
+
+    def refuse_signed_before(self, now: float) -> None:
+        """Forget every nonce and refuse what was signed before `now`: at a start, and when
+        a replica begins to lead (the nonces of before were checked by another)."""
         # Timestamps are whole seconds: one signed in the second the daemon started passes.
-        self.nonces = NonceCache(window_s, not_before=math.floor(clock()))
+        self.nonces = NonceCache(self.window_s, not_before=math.floor(now))
 
     def authenticate(self, credentials: Credentials) -> Caller:
         if credentials.munge and credentials.signed:

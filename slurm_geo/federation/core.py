@@ -31,6 +31,8 @@ from slurm_geo.federation.model import (
     Lease,
     LeftHome,
     LogicalJob,
+    NotLeader,
+    Replica,
     answering,
 )
 from slurm_geo.federation.mover import Mover
@@ -67,24 +69,62 @@ class Federation:
         self.site, self.config, self.state = wiring.site, wiring.config, wiring.state
         self.audit, self.clients, self.clock = wiring.audit, wiring.clients, wiring.clock
         self.home = wiring.home
-        self.bandwidth = bandwidth
-        generation_lock = threading.Lock()
         if authenticator is None:
             socket = munge_socket(self.config.munge_socket,
                                   self.site.cluster(self.home).slurm_conf)
             authenticator = Authenticator(wiring.state.identities, MungeCommands(socket),
                                           wiring.clock)
-        self.leases = LeaseService(wiring, generation_lock, authenticator)
-        self.mover = Mover(wiring, generation_lock, bandwidth)
-        self.refencer = Refencer(wiring)
-        self.health = HealthProbes(wiring, probes)
-        self.bandwidth_probes = BandwidthProbes(wiring, bandwidth)
+        self.authenticator = authenticator
+        self._probes = probes
+        self._generation_lock = threading.Lock()
+        self._assemble(bandwidth)
         self._rules = rules_for(wiring.site)
         self._settings = Settings(self.home, self.config.lease_ttl_s, self.config.margin_s,
                                   self.config.failback, self.config.failback_stable_s,
                                   self.site.policy.max_restarts)
+        # The term this Federation acts in: a daemon alone always leads (term 0); a
+        # replica has none until it leads.
+        self.term: int | None = 0 if wiring.leadership is None else None
+
+    def _assemble(self, bandwidth: BandwidthModel) -> None:
+        """The parts, each with nothing in memory yet but `bandwidth`."""
+        self.bandwidth = bandwidth
+        self.leases = LeaseService(self.wiring, self._generation_lock, self.authenticator)
+        self.mover = Mover(self.wiring, self._generation_lock, bandwidth)
+        self.refencer = Refencer(self.wiring)
+        self.health = HealthProbes(self.wiring, self._probes)
+        self.bandwidth_probes = BandwidthProbes(self.wiring, bandwidth)
         # Per job away from home: what its failback was last planned for (see reconcile).
         self._failback_planned: dict[str, tuple[int | None, float]] = {}
+
+    # --- leadership -------------------------------------------------------------------------
+
+    def leading_term(self) -> int | None:
+        """The term this daemon leads in now (0 for one alone on SQLite); None while it
+        follows another replica."""
+        leadership = self.wiring.leadership
+        return 0 if leadership is None else leadership.current_term()
+
+    def begin_term(self, term: int) -> None:
+        """This replica leads from now on, in `term`. Another replica decided meanwhile,
+        so what this one held in memory is forgotten and read again, as at a start: every
+        live lease counts as renewed now (jobs could not renew while nobody led), the
+        bandwidth model is the state's, signatures made before now are refused (another
+        replica saw their nonces), and what was said once is said again."""
+        now = self.clock()
+        self.state.refresh_leases(now)
+        self.authenticator.refuse_signed_before(now)
+        self.wiring.forget_announcements()
+        self._assemble(BandwidthModel.restore(self.state.bandwidth_snapshot()))
+        self.term = term
+
+    def leader(self) -> Replica | None:
+        """Who leads, as the state says now: this daemon, when it is alone."""
+        leadership = self.wiring.leadership
+        if leadership is None:
+            me = self.config.this_replica
+            return Replica(me.name, me.site, me.url)
+        return leadership.leader()
 
     def reload(self, site: SiteConfig) -> None:
         """Take a re-read config (SIGHUP) from the next round and the next lease on: the
@@ -121,6 +161,8 @@ class Federation:
         for job in self.state.jobs():
             try:
                 self.reconcile_job(job, health)
+            except NotLeader:
+                raise  # another replica leads: this one decides nothing more
             # ConfigError: a store's job_credentials file went bad after the start; the
             # move is finished in a later round, once it is mended.
             except (SlurmError, CkptError, ConfigError, FederationStateError) as exc:
@@ -147,17 +189,9 @@ class Federation:
                       and answering(health, i.cluster))
         info = None
         if job.status is JobStatus.RUNNING and answering(health, job.cluster):
-            info = self._slurm_job(job)
+            info = _slurm_job(self.clients, job)
         return Snapshot(job, self.state.lease(job.logical_job), info, health, self.clock(),
                         stale, failback_planned_for=self._failback_planned.get(job.logical_job))
-
-    def _slurm_job(self, job: LogicalJob) -> JobInfo | None:
-        if job.job_id is None:
-            return None
-        try:
-            return self.clients[job.cluster].job(job.job_id)
-        except JobNotFound:
-            return None
 
     def _apply(self, job: LogicalJob, snap: Snapshot, step: Step,
                health: dict[str, Health]) -> None:
@@ -255,7 +289,7 @@ class Federation:
             logical_job=job.logical_job, home=self.home, current=job.cluster,
             nodes=options.nodes, cpus=options.nodes * options.cpus_per_task,
             gpus=options.gpus, remaining_s=60.0 * (options.time_limit_minutes or 60),
-            checkpoint_bytes=self._checkpoint_bytes(job, source_store),
+            checkpoint_bytes=_checkpoint_bytes(self.wiring, job, source_store),
             checkpoint_store=source_store, directives=options.directives())
         views = [self._view(name, health, options, job,
                             current_wait if name == job.cluster else None)
@@ -263,18 +297,6 @@ class Federation:
         regions = {name: store.region for name, store in self.site.stores.items()}
         return plan(needs, views, self._rules, self.bandwidth.predict_seconds,
                     store_regions=regions, margin_s=self.config.margin_s)
-
-    def _checkpoint_bytes(self, job: LogicalJob, store_name: str) -> int:
-        """Stored size of the run's newest checkpoint: what a move must carry (0 if none)."""
-        try:
-            repository = Repository(self.wiring.stores[store_name], self.wiring.master_keys)
-            steps = repository.steps(job.run)
-            if not steps:
-                return 0
-            manifest = repository.manifest(job.run, steps[-1])
-        except CkptError:
-            return 0
-        return sum({ref.id: ref.length for ref in with_bases(manifest.refs())}.values())
 
     def _view(self, name: str, health: dict[str, Health], options: ScriptOptions,
               job: LogicalJob, known_wait: float | None) -> ClusterView:
@@ -326,6 +348,28 @@ class Federation:
         self.audit.append("approval", logical_job, f"move to {target} approved",
                           f"approved by {who}", cluster=target, after_step=after)
         return job
+
+
+def _checkpoint_bytes(wiring: Wiring, job: LogicalJob, store_name: str) -> int:
+    """Stored size of the run's newest checkpoint: what a move must carry (0 if none)."""
+    try:
+        repository = Repository(wiring.stores[store_name], wiring.master_keys)
+        steps = repository.steps(job.run)
+        if not steps:
+            return 0
+        manifest = repository.manifest(job.run, steps[-1])
+    except CkptError:
+        return 0
+    return sum({ref.id: ref.length for ref in with_bases(manifest.refs())}.values())
+
+
+def _slurm_job(clients: dict[str, SlurmClient], job: LogicalJob) -> JobInfo | None:
+    if job.job_id is None:
+        return None
+    try:
+        return clients[job.cluster].job(job.job_id)
+    except JobNotFound:
+        return None
 
 
 def _current_step(job: LogicalJob, lease: Lease | None) -> int | None:

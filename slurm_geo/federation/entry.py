@@ -7,6 +7,10 @@ or `handle_hup` (reopen the logs, re-read the config). READY is sent once the le
 service listens, WATCHDOG on every turn, STOPPING on the way out. Health probes keep their
 own rhythm on a thread beside the loop.
 
+A replica of a federation on etcd also keeps its leadership on a thread of its own
+(campaign, keepalive every third of leader_ttl_s, step down), and its rounds and probes
+run only while it leads; on SIGTERM it resigns, so that the other replica leads at once.
+
 The systemd unit (systemd/slurm-geo-federation.service), the sandbox and
 daemons/federation.py all run this `main`.
 """
@@ -27,12 +31,14 @@ from typing import TYPE_CHECKING
 
 from slurm_geo.daemon.events import event
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.federation.model import NotLeader, StateUnavailable
 
 if TYPE_CHECKING:
     from slurm_geo.config.model import SiteConfig, StoreConfig
     from slurm_geo.daemon.notify import Notifier
     from slurm_geo.daemon.process import Wakeup
     from slurm_geo.federation.core import Federation
+    from slurm_geo.federation.etcd.leadership import Leadership
     from slurm_geo.federation.service import Metrics
 
 PROGRAM = "slurm-geo-federation"
@@ -40,10 +46,15 @@ log = logging.getLogger("slurm_geo.federation")
 
 # [federation] settings bound or opened once, at the start: the lease service's socket,
 # its TLS and refusal audit, the MUNGE socket, the state and audit databases, the master
-# key, the leader key's lease. A reload keeps their old values.
+# key, the leader key's lease, etcd and the replicas. A reload keeps their old values.
 RESTART_SETTINGS = ("listen_address", "listen_port", "tls_cert", "tls_key",
                     "refusal_audit_interval_s", "munge_socket", "state", "audit_path",
-                    "key_file", "leader_ttl_s")
+                    "key_file", "leader_ttl_s", "etcd_endpoints", "etcd_prefix",
+                    "etcd_ca_file", "etcd_cert", "etcd_key", "replica", "replicas")
+
+
+# Longest a campaign or a keepalive takes: etcd's timeout per endpoint, three endpoints.
+RESIGN_WAIT_S = 10.0
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -81,16 +92,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SlurmGeoError, OSError) as exc:
         print(f"{PROGRAM}: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
-    wakeup, stop_probes = Wakeup(), threading.Event()
+    wakeup, stop_threads = Wakeup(), threading.Event()
+    leadership = federation.wiring.leadership
+    campaigner = None if leadership is None else threading.Thread(
+        target=leadership.run, args=(stop_threads,), name="federation-leadership",
+        daemon=True)
     try:
         with wakeup.signals_installed():
-            threading.Thread(target=probe_forever, args=(federation, stop_probes),
+            if campaigner is not None:
+                campaigner.start()
+            threading.Thread(target=probe_forever, args=(federation, stop_threads),
                              name="federation-probes", daemon=True).start()
             return run_loop(federation, wakeup, Notifier(os.environ),
                             lambda: load_config(args.config), metrics=metrics,
                             reopen_logs=lambda: configure_logging(os.environ, level))
     finally:
-        stop_probes.set()
+        stop_threads.set()
+        if leadership is not None and campaigner is not None:
+            # Its last campaign done first: one after the resignation would lead again.
+            campaigner.join(RESIGN_WAIT_S)
+            resign(leadership)
         server.shutdown()
         server.server_close()
         wakeup.close()
@@ -131,13 +152,49 @@ def run_loop(federation: Federation, signals: Wakeup, notifier: Notifier,
 
 
 def run_round(federation: Federation, metrics: Metrics | None) -> None:
-    """One round over every logical job, on the health the probe thread recorded."""
+    """One round over every logical job, on the health the probe thread recorded, while
+    this daemon leads; the first round of a term begins it (Federation.begin_term). A
+    write refused because another replica leads ends the round, said once: from then on
+    this replica follows, silently."""
+    term = federation.leading_term()
+    if metrics is not None:
+        metrics.leading.set(term is not None)
+    if term is None:
+        if federation.term is not None:
+            event(log, "following", term=federation.term, leader=_leader_name(federation))
+            federation.term = None
+        return
     try:
+        if term != federation.term:
+            federation.begin_term(term)
+            event(log, "leading", term=term)
         federation.tick(federation.state.health())
         if metrics is not None:
             metrics.observe(federation)
+    except NotLeader as exc:
+        event(log, "not_leader", logging.WARNING, term=term, error=exc)
+        federation.term = None
+    except StateUnavailable as exc:
+        event(log, "state_unavailable", logging.WARNING, error=exc)
     except Exception:  # a bug must cost one round, not the daemon
         log.exception("event=tick_crashed")
+
+
+def _leader_name(federation: Federation) -> str:
+    try:
+        leader = federation.leader()
+    except StateUnavailable:
+        return "unknown"
+    return "none" if leader is None else leader.name
+
+
+def resign(leadership: Leadership) -> None:
+    """Give the leader key up on the way out: the other replica need not wait a TTL."""
+    try:
+        leadership.resign()
+    except StateUnavailable as exc:
+        event(log, "resign_failed", logging.WARNING, error=exc,
+              reason="the leader key goes when its lease runs out")
 
 
 def _wait_s(until_next_round: float, notifier: Notifier) -> float:
@@ -157,7 +214,10 @@ def probe_forever(federation: Federation, stop: threading.Event) -> None:
     while not stop.is_set():
         started = time.monotonic()
         try:
-            federation.probe_all()
+            if federation.leading_term() is not None:  # a follower's writes are refused
+                federation.probe_all()
+        except (NotLeader, StateUnavailable):
+            pass  # the round says so, once
         except Exception:  # a bug must cost one probe, not the daemon
             log.exception("event=probe_crashed")
         stop.wait(max(0.0, federation.config.probe_interval_s - (time.monotonic() - started)))

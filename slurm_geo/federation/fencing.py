@@ -104,6 +104,7 @@ class Refencer:
         stored = trusted_fence(repository, job.run)
         if stored is not None and stored.generation >= fence.generation:
             return
+        self.wiring.state.confirm_leading()
         set_fence(repository, fence)
         self.wiring.audit.append(
             "fence", job.logical_job,

@@ -16,7 +16,7 @@ either changes nothing.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_geo.ckpt.errors import CkptError
@@ -41,6 +41,7 @@ class Reply:
     # What the audit says of a refusal that names a real job (the HTTP side audits every
     # refusal, at most once per source address per interval: federation.refusals).
     refusal: Refusal | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # Location, Retry-After
 
 
 class LeaseService:
@@ -152,6 +153,7 @@ class LeaseService:
             return Reply(503, {"reason": str(exc)})
         if request.token and not w.state.identities.use_token(request.token, request.restart):
             raise Forbidden("this token has released the key already")
+        w.state.confirm_leading()  # a key goes out only while etcd says this replica leads
         w.say_once(("key", job.logical_job, str(job.generation), str(request.restart)), "key",
                    job.logical_job, f"released run {job.run}'s data key to generation "
                    f"{job.generation} on {job.cluster}:{job.job_id}",

@@ -115,6 +115,7 @@ class Mover:
         """Fence the target store, then submit: the part of a move that is repeated, from
         the top, when the daemon died half-way through it (the job's status is moving)."""
         w = self.wiring
+        w.state.confirm_leading()  # a fence is no etcd write: a deposed leader sets none
         if moved.run:  # a job that never trained has no checkpoint to protect yet
             target_store = w.store_of(moved.cluster)
             self._ensure_run_key(moved, target_store)
@@ -132,6 +133,7 @@ class Mover:
         """Cancel older incarnations still known to Slurm (their clusters answer)."""
         w = self.wiring
         for incarnation in stale:
+            w.state.confirm_leading()
             cluster = incarnation.cluster
             reason = "ended"
             if incarnation.job_id is not None:
@@ -274,7 +276,8 @@ class Mover:
         w.state.identities.put_secret(job.logical_job, job.generation, secret)
         incoming = Incoming(job.logical_job, job.generation, job.run, job.resume_step,
                             w.config.url, token, store.url, store.endpoint_url,
-                            federation_ca=ca, lease_secret=secret)
+                            federation_ca=ca, lease_secret=secret,
+                            federation_urls=w.config.job_urls)
         if not job.owner_env and learn_environment(w, job):  # slurmdbd may have it now
             job = replace(job, owner_env=w.state.job(job.logical_job).owner_env)
         if not job.owner_env:
@@ -299,6 +302,7 @@ class Mover:
                                                         same_account=cluster.access == "cli"),
                             store_env=job_environment(store, os.environ))
         try:
+            w.state.confirm_leading()  # etcd cannot refuse a submission: ask it first
             job_id = w.clients[job.cluster].submit(spec)
         except SlurmError as exc:
             w.say_once(("submit-failed", job.logical_job, str(job.generation), str(exc)),

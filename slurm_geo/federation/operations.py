@@ -26,7 +26,7 @@ from slurm_geo.federation.model import (
     UnknownLogicalJob,
     answering,
 )
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.wiring import State
 from slurm_geo.slurm import JobInfo, SlurmClient, SlurmError
 from slurm_geo.slurm.errors import JobNotFound
 
@@ -56,7 +56,7 @@ class ResubmitFailed(FederationStateError):
 # --- naming a job ---------------------------------------------------------------------------
 
 
-def resolve(state: FederationState, ref: str) -> LogicalJob:
+def resolve(state: State, ref: str) -> LogicalJob:
     """The logical job `ref` names: its logical job id, `CLUSTER:JOBID` of any of its
     incarnations, a bare Slurm job id of any incarnation (refused when incarnations of
     different logical jobs on different clusters share it), or its run name."""
@@ -193,7 +193,7 @@ def cancel(federation: Federation, job: LogicalJob, who: str) -> CancelReport:
     return CancelReport(job, who, outcomes)
 
 
-def _mark_cancelled(state: FederationState, logical_job: str,
+def _mark_cancelled(state: State, logical_job: str,
                     clock: Callable[[], float]) -> tuple[LogicalJob, bool]:
     """(the job, now cancelled; whether it was already and only its open incarnations
     are retried). A compare-and-set from running or moving, read again if the daemon
@@ -214,7 +214,7 @@ def _mark_cancelled(state: FederationState, logical_job: str,
                         "try again")
 
 
-def _open_in_slurm(state: FederationState, logical_job: str) -> bool:
+def _open_in_slurm(state: State, logical_job: str) -> bool:
     return any(i.ended_at is None and i.job_id is not None
                for i in state.incarnations(logical_job))
 

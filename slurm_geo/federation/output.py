@@ -22,7 +22,7 @@ from slurm_geo.federation.resubmit import (
     ScriptOptions,
     resubmitted_name,
 )
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.wiring import State
 
 SLURM_DEFAULT_OUTPUT = "slurm-%j.out"
 READ_CHUNK = 1 << 16
@@ -111,7 +111,7 @@ class JobOutput:
     header line. `users`: the user each cluster's resubmissions run as, where known
     (%u); the home job's user is not recorded."""
 
-    def __init__(self, state: FederationState, logical_job: str, write: Callable[[str], None],
+    def __init__(self, state: State, logical_job: str, write: Callable[[str], None],
                  users: Mapping[str, str] | None = None):
         self.state, self.logical_job, self.write = state, logical_job, write
         self.users = dict(users or {})

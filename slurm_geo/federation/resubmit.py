@@ -21,6 +21,7 @@ from typing import Any
 from slurm_geo.lease.protocol import (
     ENV_FEDERATION_CA,
     ENV_FEDERATION_URL,
+    ENV_FEDERATION_URLS,
     ENV_GENERATION,
     ENV_KEY_TOKEN,
     ENV_LEASE_SECRET,
@@ -190,6 +191,7 @@ class Incoming:
     store_endpoint: str = ""
     federation_ca: str = ""  # PEM of the CA the daemon's certificate verifies against
     lease_secret: str = ""  # signs the incarnation's lease requests
+    federation_urls: tuple[str, ...] = ()  # every replica's, the leader's first
 
 
 def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
@@ -216,6 +218,8 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
     }
     if incoming.federation_ca:
         env[ENV_FEDERATION_CA] = incoming.federation_ca
+    if len(incoming.federation_urls) > 1:  # replicas: the job follows their leader
+        env[ENV_FEDERATION_URLS] = ",".join(incoming.federation_urls)
     partition = options.partition if options.partition in partitions else None
     return JobSpec(
         script=script,

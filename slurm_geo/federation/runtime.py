@@ -1,14 +1,17 @@
-"""Build a Federation from the site config: clients, stores, key, state, audit log."""
+"""Build a Federation from the site config: clients, stores, key, state, audit log.
+
+The state and audit log are SQLite files for a daemon alone, or etcd for a replica among
+several (`open_federation_state`); a replica's Leadership says when it may act."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from slurm_geo.ckpt.keys import LiveKeyFile
+from slurm_geo.ckpt.keys import LiveKeyFile, MasterKeys
 from slurm_geo.ckpt.open_store import DECIDING, open_store, paced
 from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.ckpt.store import Store
@@ -24,9 +27,15 @@ from slurm_geo.federation.audit import AuditLog
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.core import Federation
 from slurm_geo.federation.credentials import read_job_credentials
+from slurm_geo.federation.etcd.audit import EtcdAuditLog
+from slurm_geo.federation.etcd.kv import EtcdKV, EtcdTLS
+from slurm_geo.federation.etcd.layout import Layout
+from slurm_geo.federation.etcd.leadership import Bystander, Leadership
+from slurm_geo.federation.etcd.state import EtcdFederationState
+from slurm_geo.federation.model import Replica
 from slurm_geo.federation.state import FederationState
 from slurm_geo.federation.tls import ca_pem
-from slurm_geo.federation.wiring import Wiring
+from slurm_geo.federation.wiring import Audit, State, Wiring
 from slurm_geo.registry import RegistryReader
 from slurm_geo.slurm import SlurmClient, connect
 
@@ -56,6 +65,42 @@ def slurm_client(cluster: ClusterConfig, config: FederationConfig) -> SlurmClien
     return connect(replace(cluster, timeout_s=min(cluster.timeout_s, call_timeout)))
 
 
+@dataclass(frozen=True)
+class OpenedState:
+    state: State
+    audit: Audit
+    leadership: Leadership | None  # None: a daemon alone, or a command: they always act
+
+
+def open_federation_state(config: FederationConfig, master_keys: MasterKeys, *,
+                          clock: Callable[[], float] = time.time, daemon: bool = True,
+                          readonly: bool = False) -> OpenedState:
+    """The state and audit log `config` names: SQLite files for a daemon alone (`readonly`
+    for commands that only look); else etcd. There the daemon is replica `config.replica`,
+    whose Leadership leads only once it campaigns; a command (not `daemon`) leads nothing
+    and writes as a person's command does (leadership.Bystander)."""
+    if not config.replicated:
+        return OpenedState(FederationState(config.state, readonly=readonly),
+                           AuditLog(config.audit_path, clock=clock, readonly=readonly), None)
+    kv = open_kv(config, master_keys)
+    layout, me = Layout(config.etcd_prefix), config.this_replica
+    replica = Replica(me.name, me.site, me.url)
+    if not daemon:
+        writer = Bystander(layout, replica)  # its audit entries say who ran it
+        return OpenedState(EtcdFederationState(kv, layout, writer),
+                           EtcdAuditLog(kv, layout, writer, clock=clock), None)
+    leadership = Leadership(kv, layout, replica, ttl_s=config.leader_ttl_s)
+    return OpenedState(EtcdFederationState(kv, layout, leadership),
+                       EtcdAuditLog(kv, layout, leadership, clock=clock, replica=me.name),
+                       leadership)
+
+
+def open_kv(config: FederationConfig, master_keys: MasterKeys) -> EtcdKV:
+    """etcd at `config`'s endpoints, its values sealed under `master_keys`."""
+    return EtcdKV(config.etcd_endpoints, master_keys,
+                  tls=EtcdTLS(config.etcd_ca_file, config.etcd_cert, config.etcd_key))
+
+
 def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
           daemon: bool = True, clock: Callable[[], float] = time.time) -> Federation:
     """The Federation the config describes; `daemon=False` for commands that only look.
@@ -76,11 +121,12 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
     bucket = TokenBucket(site.sync.bandwidth_mb_s * 1e6) if site.sync is not None else None
     paced_stores: dict[str, Store] = {name: paced(store, name, bucket)
                                       for name, store in stores.items()}
-    state = FederationState(config.state)
-    if daemon:
-        state.refresh_leases(clock())
-    bandwidth = BandwidthModel.restore(state.bandwidth_snapshot())
-    wiring = Wiring(site, config, master_keys, clients, stores, paced_stores, state,
-                    AuditLog(config.audit_path, clock=clock), clock,
-                    RegistryReader(site.registry_path, missing_ok=True))
+    opened = open_federation_state(config, master_keys, clock=clock, daemon=daemon)
+    if daemon and opened.leadership is None:
+        # A replica does this each time it begins to lead (Federation.begin_term).
+        opened.state.refresh_leases(clock())
+    bandwidth = BandwidthModel.restore(opened.state.bandwidth_snapshot())
+    wiring = Wiring(site, config, master_keys, clients, stores, paced_stores, opened.state,
+                    opened.audit, clock, RegistryReader(site.registry_path, missing_ok=True),
+                    leadership=opened.leadership)
     return Federation(wiring, probes, bandwidth)

@@ -2,9 +2,12 @@
 
     POST /v1/lease   LeaseRequest -> 200 LeaseReply (grant | wait) | 409 (fenced)
     POST /v1/key     KeyRequest -> 200 KeyReply | 403 | 409 | 503
+    GET  /v1/leader  who this replica is, whether it leads, who does
     GET  /metrics    Prometheus text format
 Each POST's credential headers go with its raw body to the lease service, which answers
-401 or 403 to a request it does not authenticate (slurm_geo.lease.signing).
+401 or 403 to a request it does not authenticate (slurm_geo.lease.signing). A replica
+that does not lead answers every POST with the way to the leader (federation.followers),
+and so does one deposed while answering (NotLeader: nothing was granted).
 A body that is not a request of the protocol gets 400 with the reason; the bodies are
 slurm_geo.lease.protocol's, specified in docs/federation.md ("Lease protocol"). The server
 (federation.httpserver) bounds threads, waits and queues; refusals are audited at most
@@ -23,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.federation.core import Federation
+from slurm_geo.federation.followers import follower_reply, leader_status, retry_after_s
 from slurm_geo.federation.httpserver import (
     DEFAULT_LIMITS,
     BoundedHTTPServer,
@@ -30,10 +34,17 @@ from slurm_geo.federation.httpserver import (
     PrereadHandler,
 )
 from slurm_geo.federation.leaseservice import Reply
-from slurm_geo.federation.model import ClusterStatus, JobStatus
+from slurm_geo.federation.model import (
+    ClusterStatus,
+    FederationStateError,
+    JobStatus,
+    NotLeader,
+    Replica,
+)
 from slurm_geo.federation.refusals import REFUSED, Refusal, RefusalAudit
 from slurm_geo.lease.protocol import (
     KEY_PATH,
+    LEADER_PATH,
     LEASE_PATH,
     MAX_BODY_BYTES,
     METRICS_PATH,
@@ -63,6 +74,9 @@ class Metrics:
         self.last_tick = Gauge("slurm_geo_federation_last_tick_timestamp_seconds",
                                "When the daemon loop last finished a round",
                                registry=self.registry)
+        self.leading = Gauge("slurm_geo_federation_leader",
+                             "1 while this replica leads (a daemon alone always does)",
+                             registry=self.registry)
 
     def observe(self, federation: Federation) -> None:
         """Every gauge is set afresh each round: a status no job holds any more reads 0,
@@ -87,9 +101,13 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
     Every refusal is audited, at most once per source address per refusal interval."""
     refusals = RefusalAudit(federation.audit.append, federation.clock,
                             federation.config.refusal_audit_interval_s)
+    retry_s = retry_after_s(federation.config.leader_ttl_s)
 
     class Handler(PrereadHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if self.path == LEADER_PATH:
+                self._send(_leader_reply(federation))
+                return
             if self.path != METRICS_PATH:
                 self._send(Reply(404, {"reason": "not found"}))
                 return
@@ -102,6 +120,9 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
 
         def do_POST(self) -> None:  # noqa: N802
             try:
+                if self.path in (LEASE_PATH, KEY_PATH) and federation.leading_term() is None:
+                    self._send(follower_reply(federation.leader(), self.path, retry_s))
+                    return
                 body, raw = self._body()
                 credentials = Credentials.from_headers(self.headers, "POST", self.path, raw)
                 if self.path == LEASE_PATH:
@@ -110,6 +131,8 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
                     reply = federation.key(KeyRequest.from_json(body), credentials)
                 else:
                     reply = Reply(404, {"reason": "not found"})
+            except NotLeader as exc:  # deposed while answering: its write was refused
+                reply = follower_reply(exc.leader, self.path, retry_s)
             except (ProtocolError, ValueError, RecursionError) as exc:  # deep JSON: recursion
                 reply = Reply(400, {"reason": f"malformed request: {exc}"})
             except (SlurmError, SlurmGeoError) as exc:
@@ -132,6 +155,8 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
                                     reply.refusal)
             data = json.dumps(reply.body).encode()
             self.send_response(reply.status)
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -147,9 +172,12 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
 
         def _audit_refusal(self, status: int, reason: str, refusal: Refusal | None) -> None:
             path = getattr(self, "path", "") if self.command else ""
-            refusals.refused(self.client_address[0], status, path, refusal or Refusal(
-                REFUSED, None, f"refused {self.command or 'a request'} {path}".rstrip()
-                + f" ({status})", reason))
+            try:
+                refusals.refused(self.client_address[0], status, path, refusal or Refusal(
+                    REFUSED, None, f"refused {self.command or 'a request'} {path}".rstrip()
+                    + f" ({status})", reason))
+            except FederationStateError as exc:  # a follower writes no audit entry
+                log.debug("refusal not audited: %s", exc)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             log.debug("http %s", format % args)
@@ -157,3 +185,14 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
     server = BoundedHTTPServer(address, port, Handler, tls=tls, limits=limits)
     threading.Thread(target=server.serve_forever, name="federation-http", daemon=True).start()
     return server
+
+
+def _leader_reply(federation: Federation) -> Reply:
+    me = federation.config.this_replica
+    try:
+        leader = federation.leader()
+    except SlurmGeoError as exc:  # etcd does not answer: this replica cannot say
+        return Reply(503, {"reason": str(exc)})
+    return Reply(200, leader_status(Replica(me.name, me.site, me.url),
+                                    federation.leading_term(), leader,
+                                    federation.config.replicated))

@@ -109,6 +109,9 @@ class FederationState:
     def close(self) -> None:
         self.db.close()
 
+    def confirm_leading(self) -> None:
+        """Alone on its SQLite state, the daemon always leads (the etcd state asks etcd)."""
+
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock, immediate_transaction(self.db) as db:

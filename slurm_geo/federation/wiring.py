@@ -1,6 +1,9 @@
 """What every part of the federation daemon is built with: the site, its clients and
 stores, the state, the audit log and the clock. Assembled once (federation.runtime, or a
-test), passed in; no part reaches for a module singleton or the wall clock."""
+test), passed in; no part reaches for a module singleton or the wall clock.
+
+The state and the audit log are SQLite files for a daemon alone, or etcd for one replica
+among several (federation.etcd), whose `leadership` says whether it may act."""
 
 from __future__ import annotations
 
@@ -13,9 +16,16 @@ from slurm_geo.ckpt.keys import MasterKeys
 from slurm_geo.ckpt.store import Store
 from slurm_geo.config.model import FederationConfig, SiteConfig
 from slurm_geo.federation.audit import AuditLog
+from slurm_geo.federation.etcd.audit import EtcdAuditLog
+from slurm_geo.federation.etcd.leadership import Leadership
+from slurm_geo.federation.etcd.state import EtcdFederationState
 from slurm_geo.federation.state import FederationState
 from slurm_geo.registry import RegistryReader
 from slurm_geo.slurm import SlurmClient
+
+# The two backends of one interface (federation.state and federation.etcd.state).
+State = FederationState | EtcdFederationState
+Audit = AuditLog | EtcdAuditLog
 
 
 @dataclass
@@ -26,10 +36,11 @@ class Wiring:
     clients: dict[str, SlurmClient]
     stores: dict[str, Store]          # for small objects: keys, fences, manifests
     paced_stores: dict[str, Store]    # for bulk copies and probes: the bandwidth cap applies
-    state: FederationState
-    audit: AuditLog
+    state: State
+    audit: Audit
     clock: Callable[[], float] = time.time
     registry: RegistryReader | None = None  # the home controller's: validated directives
+    leadership: Leadership | None = None  # None: a daemon alone on SQLite, which leads
     _announced: set[tuple[str, ...]] = field(default_factory=set)
 
     @property
@@ -38,6 +49,10 @@ class Wiring:
 
     def store_of(self, cluster: str) -> str:
         return self.site.cluster(cluster).store
+
+    def forget_announcements(self) -> None:
+        """A new term of leadership says again what a restarted daemon would."""
+        self._announced.clear()
 
     def say_once(self, key: tuple[str, ...], kind: str, logical_job: str | None, what: str,
                  why: str, **detail: Any) -> None:

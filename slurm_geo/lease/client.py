@@ -21,6 +21,10 @@ and held in memory only (lease protocol 2: slurm_geo.lease.signing).
 The lease is renewed by a thread every third of its TTL; `may_train()` compares the last
 successful renewal with the job's own monotonic clock, so a process that was frozen (or
 cut off) knows its lease is stale the moment it runs again. See slurm_geo.federation.leases.
+
+With replicas of the daemon, each request goes to the one that led last; a redirect to the
+leader is followed (to a replica of the list only, the request signed afresh), and a
+replica that does not answer is passed over for the next (slurm_geo.lease.replicas).
 """
 
 from __future__ import annotations
@@ -46,12 +50,16 @@ from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.lease import protocol
 from slurm_geo.lease.munge import MungeCommands, MungeUnavailable, munge_socket
 from slurm_geo.lease.protocol import TRAINER_SHARE
+from slurm_geo.lease.replicas import Answer, Move, next_hop, parse_urls, retry_after
 from slurm_geo.lease.signing import MungeSigner, SecretSigner, secret_bytes
 
 log = logging.getLogger(__name__)
 
 EXIT_FENCED = 33  # this incarnation is stale: another one owns the run; nothing was saved
 REQUEST_TIMEOUT_S = 5.0
+# How long a key request waits for an election: a follower leads within leader_ttl_s and
+# a third of the old leader's last renewal (6.7 s at the default 5 s), with room to spare.
+ELECTION_WAIT_S = 20.0
 
 
 class Fenced(SlurmGeoError):
@@ -80,6 +88,12 @@ class Placement:
     lease_secret: str = ""  # empty on the home cluster: its requests carry MUNGE
     munge_socket: Path | None = None
     federation_ca: str = ""  # PEM of the CA the daemon's https is verified against; "": system
+    federation_urls: tuple[str, ...] = ()  # every replica's, when the daemon has replicas
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every URL the daemon may answer at: federation_url first, each once."""
+        return tuple(dict.fromkeys((self.federation_url, *self.federation_urls)))
 
     def __repr__(self) -> str:  # never the secret nor the token in a log or traceback
         return (f"Placement(run={self.run!r}, cluster={self.cluster!r}, "
@@ -113,6 +127,8 @@ class FederatedRun:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tls = tls_context(placement.federation_ca)
+        self._urls = placement.urls
+        self._asking = 0  # the replica that led last
 
     @classmethod
     def from_environment(cls, run: str, env: Mapping[str, str] = os.environ
@@ -135,7 +151,8 @@ class FederatedRun:
         return cls(Placement(run, cluster, job_id, restart, 0, None, config.url, store.url,
                              store.endpoint_url,
                              munge_socket=munge_socket(config.munge_socket, here.slurm_conf),
-                             federation_ca=_read_ca(config.ca_file)))
+                             federation_ca=_read_ca(config.ca_file),
+                             federation_urls=config.job_urls))
 
     # --- the lease ------------------------------------------------------------------------
 
@@ -183,10 +200,13 @@ class FederatedRun:
         self._ask(release=True)
 
     def _renew_loop(self) -> None:
+        # The renewal thread may wait out an election: the trainer goes on meanwhile, and
+        # the grant comes as soon as a replica leads, not a third of the TTL later.
         while not self._stop.wait(max(0.2, self._ttl_s / 3)) and self.fenced_reason is None:
-            self._ask(release=False)
+            self._ask(release=False, election_wait_s=ELECTION_WAIT_S)
 
-    def _ask(self, release: bool) -> protocol.LeaseReply | None:
+    def _ask(self, release: bool, election_wait_s: float = 0.0
+             ) -> protocol.LeaseReply | None:
         placement = self.placement
         with self._lock:
             last_step = self._last_step
@@ -194,7 +214,7 @@ class FederatedRun:
         request = protocol.LeaseRequest(placement.run, placement.cluster, placement.job_id,
                                         placement.restart, placement.generation, last_step,
                                         release)
-        status, body = self._call(protocol.LEASE_PATH, request.to_json())
+        status, body = self._call(protocol.LEASE_PATH, request.to_json(), election_wait_s)
         reply = _lease_reply(status, body)
         with self._lock:
             if reply is not None and reply.verdict is protocol.Verdict.FENCED:
@@ -212,14 +232,43 @@ class FederatedRun:
 
     # --- requests ---------------------------------------------------------------------------
 
-    def _call(self, path: str, body: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
-        """POST `body` to the daemon, signed: what it answered, or (None, reason)."""
+    def _call(self, path: str, body: dict[str, Any], election_wait_s: float = 0.0
+              ) -> tuple[int | None, dict[str, Any]]:
+        """POST `body` to the leading replica, signed afresh for each replica asked: what
+        it answered, or (None, reason) when none did. While nobody leads, wait up to
+        `election_wait_s` for a leader, then answer what the replica said."""
         data = json.dumps(body).encode()
-        try:
-            headers = self._signer.headers("POST", path, data)
-        except MungeUnavailable as exc:
-            return None, {"reason": str(exc)}
-        return _post(self.placement.federation_url + path, data, headers, self._tls)
+        deadline = self._clock() + election_wait_s
+        unanswered: list[str] = []
+        redirects = 0
+        while True:
+            try:
+                headers = self._signer.headers("POST", path, data)
+            except MungeUnavailable as exc:
+                return None, {"reason": str(exc)}
+            asked = self._asking
+            answer = post(self._urls[asked] + path, data, headers, self._tls)
+            hop = next_hop(self._urls, asked, path, answer)
+            if hop.move is Move.DONE:
+                return answer.status, answer.body
+            if hop.move is Move.REFUSE:
+                log.warning("%s", hop.reason)
+                return None, {"reason": hop.reason}
+            if hop.move is Move.NEXT:
+                unanswered.append(f"{self._urls[asked]}: {hop.reason}")
+                if len(unanswered) >= len(self._urls):
+                    return None, {"reason": "; ".join(unanswered)}
+            elif hop.move is Move.FOLLOW:
+                redirects += 1
+                if redirects > len(self._urls):
+                    return None, {"reason": "the replicas redirect to one another: none "
+                                  "says it leads"}
+            elif self._clock() + answer.retry_after_s > deadline:  # WAIT, for too long
+                return answer.status, answer.body
+            else:
+                time.sleep(answer.retry_after_s)
+                unanswered, redirects = [], 0
+            self._asking = hop.index
 
     # --- the store ------------------------------------------------------------------------
 
@@ -237,7 +286,11 @@ class FederatedRun:
         placement = self.placement
         request = protocol.KeyRequest(placement.cluster, placement.job_id, placement.restart,
                                       placement.generation, placement.key_token)
-        status, body = self._call(protocol.KEY_PATH, request.to_json())
+        status, body = self._call(protocol.KEY_PATH, request.to_json(),
+                                  election_wait_s=ELECTION_WAIT_S)
+        if status is None or (status == 503 and "leader" in body):
+            raise FederationUnreachable(f"no replica of the federation daemon released the "
+                                        f"run key: {body.get('reason')}")
         try:
             if status != 200:
                 raise ValueError(body.get("reason"))
@@ -260,12 +313,20 @@ def _submitted_placement(run: str, cluster: str, job_id: int, restart: int,
         run=env.get(protocol.ENV_RUN) or run, cluster=cluster, job_id=job_id,
         restart=restart, generation=int(env[protocol.ENV_GENERATION]),
         resume_step=int(resume) if resume else None,
-        federation_url=env[protocol.ENV_FEDERATION_URL], store_url=env[protocol.ENV_STORE],
+        federation_url=env[protocol.ENV_FEDERATION_URL],
+        federation_urls=_replica_urls(env), store_url=env[protocol.ENV_STORE],
         store_endpoint=env.get(protocol.ENV_STORE_ENDPOINT, ""),
         key_token=_take(env, protocol.ENV_KEY_TOKEN),
         logical_job=env[protocol.ENV_LOGICAL_JOB],
         lease_secret=_take(env, protocol.ENV_LEASE_SECRET),
         federation_ca=env.get(protocol.ENV_FEDERATION_CA, ""))
+
+
+def _replica_urls(env: Mapping[str, str]) -> tuple[str, ...]:
+    try:
+        return parse_urls(env.get(protocol.ENV_FEDERATION_URLS, ""))
+    except ValueError as exc:
+        raise ConfigError(f"{protocol.ENV_FEDERATION_URLS}: {exc}") from None
 
 
 def _take(env: Mapping[str, str], name: str) -> str:
@@ -305,21 +366,32 @@ def _read_ca(path: Path | None) -> str:
         raise ConfigError(f"[federation] ca_file {path}: cannot read it ({exc})") from None
 
 
-def _post(url: str, data: bytes, headers: Mapping[str, str],
-          tls: ssl.SSLContext | None = None) -> tuple[int | None, dict[str, Any]]:
-    """POST exactly `data` (the bytes the credential in `headers` covers) to the daemon;
-    (None, {"reason"}) when no reply came (no connection, a certificate that does not
-    verify, a reply that is not HTTP or not JSON)."""
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is the caller's to judge (slurm_geo.lease.replicas), never followed here."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def post(url: str, data: bytes, headers: Mapping[str, str],
+         tls: ssl.SSLContext | None = None) -> Answer:
+    """POST exactly `data` (the bytes the credential in `headers` covers) to one replica;
+    status None (and the reason) when no reply came: no connection, a certificate that
+    does not verify, a reply that is not HTTP or not JSON."""
     request = urllib.request.Request(url, data=data, method="POST",
                                      headers={"Content-Type": "application/json", **headers})
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls),
+                                         _NoRedirects)
     try:
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S,
-                                    context=tls) as response:
-            return response.status, json.loads(response.read())
+        with opener.open(request, timeout=REQUEST_TIMEOUT_S) as response:
+            return Answer(response.status, json.loads(response.read()))
     except urllib.error.HTTPError as exc:
         try:
-            return exc.code, json.loads(exc.read())
+            body = json.loads(exc.read())
         except ValueError:
-            return exc.code, {"reason": str(exc)}
+            body = {"reason": str(exc)}
+        return Answer(exc.code, body if isinstance(body, dict) else {"reason": str(exc)},
+                      exc.headers.get("Location", ""),
+                      retry_after(exc.headers.get("Retry-After")))
     except (OSError, ValueError, http.client.HTTPException) as exc:
-        return None, {"reason": str(exc) or type(exc).__name__}
+        return Answer(None, {"reason": str(exc) or type(exc).__name__})

@@ -26,6 +26,7 @@ SUPPORTED_VERSIONS = (2,)
 LEASE_PATH = "/v1/lease"
 KEY_PATH = "/v1/key"
 METRICS_PATH = "/metrics"
+LEADER_PATH = "/v1/leader"  # GET, on every replica: whether it leads, who does
 MAX_BODY_BYTES = 64 * 1024
 # A trainer trains only while its last granted renewal is younger than this share of the
 # lease's TTL; the daemon moves a job only once a whole TTL passed without one. The gap is
@@ -38,6 +39,9 @@ ENV_GENERATION = "SLURM_GEO_GENERATION"
 ENV_RESUME_STEP = "SLURM_GEO_RESUME_STEP"
 ENV_RUN = "SLURM_GEO_RUN"
 ENV_FEDERATION_URL = "SLURM_GEO_FEDERATION_URL"
+# Every replica's URL, comma-separated, when the daemon has replicas: a job follows the
+# leader among them (slurm_geo.lease.replicas).
+ENV_FEDERATION_URLS = "SLURM_GEO_FEDERATION_URLS"
 # The PEM text of the CA the daemon's https certificate is verified against; absent: the
 # system's CAs.
 ENV_FEDERATION_CA = "SLURM_GEO_FEDERATION_CA"

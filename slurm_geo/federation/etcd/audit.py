@@ -9,6 +9,9 @@ so the chain stays linear whichever site's daemon leads. Values are sealed: one 
 or moved from another key, does not open, and `verify` reports it at its seq; entries
 deleted are a gap, as in SQLite; a cut tail or a rewritten history shows only against a
 head kept elsewhere (`verify(expected_head=...)`), as there.
+
+A daemon's log names, in each entry's detail, the replica that wrote it (`replica`):
+whichever site's daemon led then. The SQLite log of a daemon alone has no such field.
 """
 
 from __future__ import annotations
@@ -30,16 +33,18 @@ from slurm_geo.federation.audit import (
 )
 from slurm_geo.federation.etcd.kv import EtcdKV, SealBroken
 from slurm_geo.federation.etcd.layout import Layout
-from slurm_geo.federation.etcd.leadership import Leadership
+from slurm_geo.federation.etcd.leadership import WriteGuard
 from slurm_geo.federation.etcd.records import loads
 from slurm_geo.federation.etcd.transaction import Transaction, write
 
 
 class EtcdAuditLog:
-    def __init__(self, kv: EtcdKV, layout: Layout, leadership: Leadership, *,
-                 clock: Callable[[], float] = time.time):
+    def __init__(self, kv: EtcdKV, layout: Layout, leadership: WriteGuard, *,
+                 clock: Callable[[], float] = time.time, replica: str | None = None):
+        """`replica`: the name each entry's detail gives its writer (a daemon's own)."""
         self.kv, self.layout, self.leadership = kv, layout, leadership
         self._clock = clock
+        self._replica = {} if replica is None else {"replica": replica}
 
     def close(self) -> None:
         self.kv.close()
@@ -56,7 +61,7 @@ class EtcdAuditLog:
         empty or `detail` is not JSON (NaN and infinities included)."""
         if not kind:
             raise ValueError("audit: kind must not be empty")
-        detail_text = canonical_json(detail)
+        detail_text = canonical_json({**self._replica, **detail})
         stored_detail = json.loads(detail_text)
 
         def attempt(tx: Transaction) -> Entry:

@@ -14,7 +14,7 @@ from dataclasses import replace
 from slurm_geo.federation.etcd import records
 from slurm_geo.federation.etcd.kv import EtcdKV
 from slurm_geo.federation.etcd.layout import Layout
-from slurm_geo.federation.etcd.leadership import Leadership
+from slurm_geo.federation.etcd.leadership import WriteGuard
 from slurm_geo.federation.etcd.transaction import Transaction, write
 from slurm_geo.federation.identities import TokenOwner
 from slurm_geo.federation.model import LogicalJob, StaleJob, token_digest
@@ -22,7 +22,7 @@ from slurm_geo.slurm.models import Owner
 
 
 class EtcdIdentities:
-    def __init__(self, kv: EtcdKV, layout: Layout, leadership: Leadership):
+    def __init__(self, kv: EtcdKV, layout: Layout, leadership: WriteGuard):
         self.kv, self.layout, self.leadership = kv, layout, leadership
 
     def put_secret(self, logical_job: str, generation: int, secret: str) -> None:
@@ -71,7 +71,7 @@ class EtcdIdentities:
             job, owner_env=environment) if not job.owner_env else None)
 
 
-def change_job(kv: EtcdKV, layout: Layout, leadership: Leadership, logical_job: str,
+def change_job(kv: EtcdKV, layout: Layout, leadership: WriteGuard, logical_job: str,
                change: Callable[[LogicalJob], LogicalJob | None], *,
                stale_unless: str | None = None) -> LogicalJob | None:
     """Write `change(job)` of the job as it is now (None: leave it as it is, as an SQL

@@ -3,7 +3,9 @@
 etcd3gw speaks etcd's grpc-gateway (JSON over HTTP). Every value is sealed (docs/format.md
 §5, kind 6) under the state key `S` with the etcd key as its name: the member at the
 rented site stores nothing it can read, and a value copied under another key fails to
-open. Keys are ASCII (federation.etcd.layout quotes every name in them).
+open. Keys are ASCII (federation.etcd.layout quotes every name in them). `S` is derived
+from the master key file, followed as a rotation rewrites it: values are sealed under the
+first key of the file, and open under the key of the file their header names.
 
 A request that never reached a member (connection refused, connect timeout) goes to the
 next endpoint, and so does a read, a lease grant or a keepalive that timed out or found
@@ -20,6 +22,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -29,8 +32,8 @@ import urllib3
 from etcd3gw import exceptions as etcd_errors
 
 from slurm_geo.ckpt.errors import CkptError
-from slurm_geo.ckpt.keys import SALT_SIZE, RandomBytes
-from slurm_geo.ckpt.seal import Kind, open_sealed, seal
+from slurm_geo.ckpt.keys import SALT_SIZE, MasterKeys, RandomBytes, federation_state_key
+from slurm_geo.ckpt.seal import Kind, open_with_ring, seal
 from slurm_geo.federation.model import FederationStateError, StateUnavailable
 
 T = TypeVar("T")
@@ -84,6 +87,16 @@ class SealBroken(FederationStateError):
 
 
 @dataclass(frozen=True)
+class EtcdTLS:
+    """How https to the members is verified (`ca_file`; None: the system's CAs) and, for
+    members that ask for one, the client certificate (`cert`, `key`)."""
+
+    ca_file: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+
+@dataclass(frozen=True)
 class Outcome:
     """A transaction's outcome; `reads`: the ranges of the branch etcd took, opened."""
 
@@ -93,15 +106,20 @@ class Outcome:
 
 
 class EtcdKV:
-    def __init__(self, endpoints: Sequence[str], state_key: bytes, *,
-                 timeout_s: float = TIMEOUT_S, random_bytes: RandomBytes = os.urandom):
+    def __init__(self, endpoints: Sequence[str], master_keys: MasterKeys, *,
+                 timeout_s: float = TIMEOUT_S, random_bytes: RandomBytes = os.urandom,
+                 tls: EtcdTLS = EtcdTLS()):
         if not endpoints:
             raise ValueError("etcd: give at least one endpoint (http://host:port)")
         self.endpoints = tuple(endpoints)
-        self._clients = [_client(url, timeout_s) for url in self.endpoints]
+        self._clients = [_client(url, timeout_s, tls) for url in self.endpoints]
         self._current = 0
-        self._state_key = state_key
+        self._master_keys = master_keys
         self._random_bytes = random_bytes
+
+    def state_keys(self) -> tuple[bytes, ...]:
+        """The state key of each key of the master key file: the first seals."""
+        return tuple(federation_state_key(key) for key in self._master_keys.keys())
 
     def close(self) -> None:
         for client in self._clients:
@@ -111,6 +129,10 @@ class EtcdKV:
 
     def get(self, key: str) -> Found | None:
         found = [self.open(item) for item in self._range(key, None)]
+        return found[0] if found else None
+
+    def get_sealed(self, key: str) -> Sealed | None:
+        found = self._range(key, None)
         return found[0] if found else None
 
     def range(self, prefix: str, *, start: str | None = None) -> list[Found]:
@@ -132,7 +154,8 @@ class EtcdKV:
 
     def open(self, item: Sealed) -> Found:
         try:
-            value = open_sealed(self._state_key, Kind.FEDERATION_STATE, item.sealed, item.key)
+            value = open_with_ring(self.state_keys(), Kind.FEDERATION_STATE, item.sealed,
+                                   item.key)
         except CkptError as exc:
             raise SealBroken(item.key, str(exc)) from None
         return Found(item.key, value, item.mod_revision, item.create_revision)
@@ -141,8 +164,8 @@ class EtcdKV:
 
     def put(self, key: str, value: bytes, lease: int = 0) -> Request:
         """A put of `value`, sealed under `key`, for `commit`."""
-        sealed = seal(self._state_key, Kind.FEDERATION_STATE, self._random_bytes(SALT_SIZE),
-                      value, key)
+        sealed = seal(self.state_keys()[0], Kind.FEDERATION_STATE,
+                      self._random_bytes(SALT_SIZE), value, key)
         put: Request = {"key": _b64(key), "value": base64.b64encode(sealed).decode()}
         if lease:
             put["lease"] = lease
@@ -157,6 +180,14 @@ class EtcdKV:
         # The gateway leaves out false and zero (proto3 JSON).
         return Outcome(bool(reply.get("succeeded", False)),
                        int(reply["header"]["revision"]), reads)
+
+    def replace_sealed(self, key: str, mod_revision: int, sealed: bytes) -> bool:
+        """Put `sealed` (sealed already: a rotation's) under `key` if nobody wrote it since
+        `mod_revision`, keeping the lease it is bound to; False if somebody did."""
+        put = {"key": _b64(key), "value": base64.b64encode(sealed).decode(),
+               "ignore_lease": True}
+        return self.commit([modified_at(key, mod_revision)], [{"request_put": put}],
+                           []).succeeded
 
     # --- leases --------------------------------------------------------------------------
 
@@ -180,6 +211,19 @@ class EtcdKV:
         except EtcdRefused as exc:
             if exc.code != GRPC_NOT_FOUND:
                 raise
+
+    # --- members ---------------------------------------------------------------------------
+
+    def ask_each_member(self, path: str) -> list[tuple[str, dict[str, Any] | str]]:
+        """POST {} to `path` (/maintenance/status) of every endpoint on its own: each
+        endpoint with its reply, or why none came."""
+        answers: list[tuple[str, dict[str, Any] | str]] = []
+        for url, client in zip(self.endpoints, self._clients, strict=True):
+            try:
+                answers.append((url, client.post(client.get_url(path), json={})))
+            except etcd_errors.Etcd3Exception as exc:
+                answers.append((url, _reason(exc)))
+        return answers
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -230,12 +274,15 @@ def read(key: str) -> Request:
     return {"request_range": {"key": _b64(key)}}
 
 
-def _client(url: str, timeout_s: float) -> etcd3gw.Etcd3Client:
+def _client(url: str, timeout_s: float, tls: EtcdTLS) -> etcd3gw.Etcd3Client:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
         raise ValueError(f"etcd endpoint {url!r}: expected http://host:port or https://...")
-    return etcd3gw.Etcd3Client(host=parts.hostname, port=parts.port, protocol=parts.scheme,
-                               timeout=timeout_s, api_path=API_PATH)
+    return etcd3gw.Etcd3Client(
+        host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=timeout_s,
+        api_path=API_PATH, ca_cert=None if tls.ca_file is None else str(tls.ca_file),
+        cert_cert=None if tls.cert is None else str(tls.cert),
+        cert_key=None if tls.key is None else str(tls.key))
 
 
 def _b64(key: str) -> str:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
+from typing import Protocol
 
 from slurm_geo.federation.etcd.kv import EtcdKV, Found, Request, created_at, read
 from slurm_geo.federation.etcd.layout import Layout
@@ -64,6 +65,20 @@ def replica_from_json(value: bytes) -> Replica:
     return Replica(str(fields["name"]), str(fields["site"]), str(fields["url"]))
 
 
+class WriteGuard(Protocol):
+    """What a write to the state in etcd carries besides its own compares
+    (federation.etcd.transaction): `guard`, the compare that it holds only while its
+    writer leads (None: a writer that leads nothing), and how a refusal is read."""
+
+    me: Replica
+
+    def guard(self) -> Request | None: ...
+
+    def read_leader(self) -> Request: ...
+
+    def check_refusal(self, leader_key: list[Found]) -> None: ...
+
+
 class Leadership:
     """This replica's campaign for the leader key. Thread-safe: the daemon's threads ask
     `is_leader` and `guard` while `run` (or the caller's own loop of `tick`) keeps the
@@ -87,6 +102,11 @@ class Leadership:
     def is_leader(self) -> bool:
         with self._lock:
             return self._leading()
+
+    def current_term(self) -> int | None:
+        """The term this replica leads in now; None while it does not lead."""
+        with self._lock:
+            return self.term if self._leading() else None
 
     def _leading(self) -> bool:
         return self._standing.leading and next_step(
@@ -191,3 +211,22 @@ class Leadership:
                 self._standing = Standing(tried_at=self._standing.tried_at)
                 self.lease = self.term = None
 
+
+class Bystander:
+    """A writer that leads nothing: a person's command (`slurm-geo cancel`, `approve`,
+    `resubmit`) on the state in etcd. Its writes hold by their own compare-and-set on
+    what they read, whoever leads, as the commands' writes to the SQLite state do beside
+    the daemon: a command and the leader that change one job make one change each, the
+    second decided again on the first."""
+
+    def __init__(self, layout: Layout, me: Replica):
+        self.key, self.me = layout.leader, me
+
+    def guard(self) -> Request | None:
+        return None
+
+    def read_leader(self) -> Request:
+        return read(self.key)
+
+    def check_refusal(self, leader_key: list[Found]) -> None:
+        """Something read changed meanwhile: the write is decided again on what is there."""

@@ -23,8 +23,13 @@ from slurm_geo.federation.etcd import records
 from slurm_geo.federation.etcd.identities import EtcdIdentities, change_job, forget_tokens
 from slurm_geo.federation.etcd.kv import EtcdKV
 from slurm_geo.federation.etcd.layout import Layout
-from slurm_geo.federation.etcd.leadership import Leadership
-from slurm_geo.federation.etcd.transaction import MAX_TXN_OPS, Transaction, write
+from slurm_geo.federation.etcd.leadership import WriteGuard
+from slurm_geo.federation.etcd.transaction import (
+    MAX_TXN_OPS,
+    Transaction,
+    confirm_leading,
+    write,
+)
 from slurm_geo.federation.model import (
     Health,
     Incarnation,
@@ -44,12 +49,16 @@ class EtcdFederationState:
     """All reads and writes of the replicated state; writes need `leadership` to lead.
     Thread-safe, as the SQLite state is: the lease service and the daemon loop share it."""
 
-    def __init__(self, kv: EtcdKV, layout: Layout, leadership: Leadership):
+    def __init__(self, kv: EtcdKV, layout: Layout, leadership: WriteGuard):
         self.kv, self.layout, self.leadership = kv, layout, leadership
         self.identities = EtcdIdentities(kv, layout, leadership)
 
     def close(self) -> None:
         self.kv.close()
+
+    def confirm_leading(self) -> None:
+        """NotLeader unless etcd confirms now that this replica leads."""
+        confirm_leading(self.kv, self.leadership)
 
     def _record(self, key: str) -> dict[str, Any] | None:
         found = self.kv.get(key)

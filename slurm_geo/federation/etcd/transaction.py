@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from slurm_geo.federation.etcd.kv import EtcdKV, delete, modified_at
-from slurm_geo.federation.etcd.leadership import Leadership
+from slurm_geo.federation.etcd.leadership import WriteGuard
 from slurm_geo.federation.etcd.records import Record, loads
 from slurm_geo.federation.model import StateUnavailable
 
@@ -61,11 +61,25 @@ class Transaction:
         self.writes[key] = None
 
 
-def write(kv: EtcdKV, leadership: Leadership, attempt: Callable[[Transaction], T]) -> T:
+def confirm_leading(kv: EtcdKV, leadership: WriteGuard) -> None:
+    """NotLeader unless etcd says, now, that the leader key is still this replica's: a
+    transaction of the leadership guard alone, before an act etcd cannot guard (a fence
+    in a store, a Slurm submission, a run key handed out). A bystander has nothing to
+    confirm."""
+    guard = leadership.guard()
+    if guard is None:
+        return
+    outcome = kv.commit([guard], [], [leadership.read_leader()])
+    if not outcome.succeeded:
+        leadership.check_refusal(outcome.reads[0])
+
+
+def write(kv: EtcdKV, leadership: WriteGuard, attempt: Callable[[Transaction], T]) -> T:
     """Run `attempt` until etcd takes what it wrote (or it writes nothing): its result.
     Whatever `attempt` raises (StaleJob...) leaves etcd as it was."""
     for _ in range(MAX_ATTEMPTS):
         guard = leadership.guard()  # NotLeader before anything is read for a write
+        guards = [] if guard is None else [guard]
         tx = Transaction(kv)
         result = attempt(tx)
         if not tx.writes:
@@ -73,7 +87,7 @@ def write(kv: EtcdKV, leadership: Leadership, attempt: Callable[[Transaction], T
         if len(tx.read_at) + 1 > MAX_TXN_OPS or len(tx.writes) > MAX_TXN_OPS:
             raise ValueError(f"one etcd transaction holds at most {MAX_TXN_OPS} operations")
         outcome = kv.commit(
-            [guard, *(modified_at(key, at) for key, at in tx.read_at.items())],
+            [*guards, *(modified_at(key, at) for key, at in tx.read_at.items())],
             [kv.put(key, value) if value is not None else delete(key)
              for key, value in tx.writes.items()],
             [leadership.read_leader()])
