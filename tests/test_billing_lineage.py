@@ -137,7 +137,7 @@ AUDIT = [
 def test_the_audit_log_names_runs_owners_and_every_leg():
     assert from_audit(AUDIT) == [
         FederatedJob("onprem-50", "drill-a", "alice", "ml-research", 100.0,
-                     (Leg("onprem", 50, 100.0), Leg("rented", 1, 500.0),
+                     (Leg("onprem", 50, 100.0, trained_since=110.0), Leg("rented", 1, 500.0),
                       Leg("onprem", 77, 900.0))),
         FederatedJob("onprem-60", "", "", "", 950.0, ()),
     ]

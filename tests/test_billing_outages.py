@@ -10,7 +10,7 @@ import pytest
 from slurm_geo.billing.db import JOB_COLUMNS
 from slurm_geo.billing.ingest import incarnation_row
 from slurm_geo.billing.lineage import LegOwner
-from slurm_geo.billing.outages import Outage, cut_short, outages_of
+from slurm_geo.billing.outages import Outage, cut_short, outages_of, start_known
 from slurm_geo.federation.audit import Entry
 from slurm_geo.slurm.models import AccountingRecord, JobState
 
@@ -31,6 +31,19 @@ LOST = Outage("onprem", declared_at=T0 + 41, last_ok=T0 + 38)
         "never started", "no outage", "the one while it ran"])
 def test_which_outage_cut_an_incarnation_short(cluster, start, end, outages, expected):
     assert cut_short(cluster, start, end, outages) == expected
+
+
+@pytest.mark.parametrize("start, trained_since, expected", [
+    (T0 + 600, T0 + 4, T0 + 4),   # Slurm lost the start: it says it began at the cancel
+    (T0, T0 + 4, T0),             # Slurm has the start: it stands
+    (T0 + 50, T0 + 45, T0 + 50),  # it first trained after the outage: Slurm's stands
+    (T0 + 600, None, T0 + 600),   # the daemon never saw it train
+    (None, T0 + 4, None),         # Slurm has no start at all: nothing to correct
+], ids=["recorded at the cancel", "recorded", "trained after", "never trained", "no start"])
+def test_a_start_slurm_recorded_only_after_the_loss_is_the_first_lease(start, trained_since,
+                                                                       expected):
+    assert start_known("onprem", start, trained_since, [LOST]) == expected
+    assert start_known("rented", start, trained_since, [LOST]) == start  # not its outage
 
 
 def entry(kind: str, unix_time: float, **detail) -> Entry:
@@ -66,8 +79,13 @@ LEGS = {("onprem", 50): LegOwner("onprem-50", "ml-research")}
     ({}, {}, {"end_ts": T0 + 600, "elapsed_s": 600, "estimated": False}),  # no geo job
     ({"end_time": datetime.fromtimestamp(T0 + 20, UTC), "elapsed_s": 20}, LEGS,
      {"end_ts": T0 + 20, "elapsed_s": 20, "estimated": False}),
+    # killed 10 s after it started, before slurmdbd stored the start: Slurm has the job
+    # starting and ending at the cancel, 0 s; the daemon's first lease says when it ran
+    ({"start_time": datetime.fromtimestamp(T0 + 600, UTC), "elapsed_s": 0},
+     {("onprem", 50): LegOwner("onprem-50", "ml-research", trained_since=T0 + 4)},
+     {"end_ts": T0 + 38, "elapsed_s": 34, "estimated": True}),
 ], ids=["closed at the cancel", "never closed", "not a leg of a logical job",
-        "ended before the loss"])
+        "ended before the loss", "start lost with the controller"])
 def test_a_leg_cut_short_by_its_clusters_loss_is_billed_to_its_last_answer(over, lineage,
                                                                           expected):
     row = dict(zip(JOB_COLUMNS, incarnation_row(killed_leg(**over), lineage, T0 + 900,

@@ -23,7 +23,7 @@ from typing import Any
 from slurm_geo.billing import attribution, costs, records
 from slurm_geo.billing.db import EGRESS_COLUMNS, EGRESS_KEY, JOB_COLUMNS, JOB_KEY, BillingDB
 from slurm_geo.billing.lineage import LegOwner, Owners, attribute
-from slurm_geo.billing.outages import Outage, cut_short, estimate_flag
+from slurm_geo.billing.outages import Outage, cut_short, estimate_flag, start_known
 from slurm_geo.billing.periods import Period, epoch, months_overlapping, next_watermark
 from slurm_geo.ckpt.names import manifest_name
 from slurm_geo.federation.audit import Entry
@@ -74,6 +74,8 @@ def incarnation_row(record: AccountingRecord, lineage: Lineage, as_of: int,
     if not record.settled:
         flags.append("accounting not settled")
     start, end, elapsed = _ts(record.start_time), _ts(record.end_time), record.elapsed_s
+    if leg:
+        start = start_known(record.cluster, start, leg.trained_since, outages)
     lost = cut_short(record.cluster, start, end, outages) if leg else None
     if lost is not None and start is not None:
         end = max(start, int(lost.last_ok))

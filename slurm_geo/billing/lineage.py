@@ -36,14 +36,17 @@ COST_CENTER = "geo-cost-center"
 # Audit entries in which the daemon names a Slurm job of its own making (never a
 # requester's claim: a refused request's entry may name any job).
 LEG_KINDS = ("register", "requeue", "resubmit")
+TRAINED = "lease"  # the daemon granted a leg its lease: the leg was running then
 
 
 class Leg(NamedTuple):
-    """One Slurm job of a logical job, and when it began (registered or submitted)."""
+    """One Slurm job of a logical job, when it began (registered or submitted), and when
+    the daemon first granted it a lease (None: never, or not known)."""
 
     cluster: str
     job_id: int
     since: float
+    trained_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class LegOwner(NamedTuple):
 
     logical_id: str
     cost_center: str  # the --geo-cost-center it was registered with; "" when none
+    trained_since: float | None = None  # its first lease, by the daemon's audit log
 
 
 @dataclass(frozen=True)
@@ -87,17 +91,22 @@ class _Draft:
     cost_center: str = ""
     since: float = 0.0
     legs: dict[tuple[str, int], float] = field(default_factory=dict)
+    trained: dict[tuple[str, int], float] = field(default_factory=dict)
 
     def leg(self, cluster: str, job_id: int, since: float) -> None:
         key = (cluster, job_id)
         self.legs[key] = min(self.legs.get(key, since), since)
+
+    def lease(self, cluster: str, job_id: int, when: float) -> None:
+        key = (cluster, job_id)
+        self.trained[key] = min(self.trained.get(key, when), when)
 
 
 def from_audit(entries: Iterable[Entry]) -> list[FederatedJob]:
     """Each logical job as the audit log tells it (entries oldest first)."""
     drafts: dict[str, _Draft] = {}
     for entry in entries:
-        if not entry.logical_job or entry.kind not in (*LEG_KINDS, "transfer"):
+        if not entry.logical_job or entry.kind not in (*LEG_KINDS, TRAINED, "transfer"):
             continue
         detail, when = entry.detail, entry.unix_time
         draft = drafts.setdefault(entry.logical_job, _Draft(since=when))
@@ -111,9 +120,12 @@ def from_audit(entries: Iterable[Entry]) -> list[FederatedJob]:
             draft.user = str(detail.get("owner") or draft.user)
             draft.since = min(draft.since, when)
         cluster, job_id = detail.get("cluster"), detail.get("job_id")
-        if entry.kind in LEG_KINDS and isinstance(cluster, str) and isinstance(job_id, int) \
+        if isinstance(cluster, str) and isinstance(job_id, int) \
                 and not isinstance(job_id, bool) and job_id > 0:
-            draft.leg(cluster, job_id, when)
+            if entry.kind in LEG_KINDS:
+                draft.leg(cluster, job_id, when)
+            elif entry.kind == TRAINED:
+                draft.lease(cluster, job_id, when)
     return [_freeze(name, draft) for name, draft in drafts.items()]
 
 
@@ -153,7 +165,8 @@ def merge(*sources: Iterable[FederatedJob]) -> list[FederatedJob]:
 
 
 def _freeze(logical_id: str, draft: _Draft) -> FederatedJob:
-    legs = sorted((Leg(c, j, t) for (c, j), t in draft.legs.items()), key=_since)
+    legs = sorted((Leg(c, j, t, draft.trained.get((c, j))) for (c, j), t in draft.legs.items()),
+                  key=_since)
     return FederatedJob(logical_id, draft.run, draft.user, draft.cost_center, draft.since,
                         tuple(legs))
 
@@ -211,8 +224,12 @@ class Owners:
                  for key, logical in self.registry_lineage.items()}
         for key, job in self.by_tag.items():
             found.setdefault(key, LegOwner(job.logical_id, job.cost_center))
-        for key, federated in self.by_leg.items():
-            found[key] = LegOwner(federated.logical_id, self.cost_center(federated))
+        for federated in self.federated:
+            for leg in federated.legs:
+                key = (leg.cluster, leg.job_id)
+                if self.by_leg.get(key) is federated:
+                    found[key] = LegOwner(federated.logical_id, self.cost_center(federated),
+                                          leg.trained_since)
         return found
 
 

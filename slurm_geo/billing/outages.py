@@ -51,6 +51,21 @@ def cut_short(cluster: str, start: int | None, end: int | None,
     return None
 
 
+def start_known(cluster: str, start: int | None, trained_since: float | None,
+                outages: Sequence[Outage]) -> int | None:
+    """Slurm's start of a leg; or, when Slurm has it starting only after an outage of its
+    cluster during which the daemon had already seen it training (its first lease), that
+    first lease. The controller and slurmdbd died before the start was stored, and the
+    controller, back, recorded the job starting when it was cancelled: start = end, 0 s
+    (seen in the sandbox's drill, killed 10 s after the start)."""
+    if trained_since is None or start is None:
+        return start
+    for outage in outages:
+        if outage.cluster == cluster and trained_since < outage.declared_at < start:
+            return int(trained_since)
+    return start
+
+
 def estimate_flag(outage: Outage) -> str:
     return (f"estimated: {outage.cluster} was lost (last answer "
             f"{datetime.fromtimestamp(outage.last_ok, UTC).isoformat(timespec='seconds')}); "

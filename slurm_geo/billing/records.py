@@ -35,7 +35,8 @@ def read_ownership(registry: Path | None, federation_state: Path | None,
                    federation_audit: Path | None) -> Ownership:
     """Every record of which logical job each Slurm job and run belongs to, and the
     outages that cut legs short: one read of the audit log for both."""
-    entries = audit_entries(federation_audit, (*lineage.LEG_KINDS, "transfer", "outage"))
+    entries = audit_entries(federation_audit, (*lineage.LEG_KINDS, lineage.TRAINED,
+                                               "transfer", "outage"))
     federated = lineage.merge(federated_from_state(federation_state),
                               lineage.from_audit(entries))
     links, jobs = read_registry(registry)
