@@ -7,6 +7,7 @@ and tests keep the two equal.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,9 @@ from slurm_geo.config.settings import (
 )
 from slurm_geo.config.tables import KEY_FILE_HELP, ClusterConfig, StoreConfig
 from slurm_geo.errors import ConfigError
-from slurm_geo.federation.etcd.layout import DEFAULT_PREFIX, Layout
+
+DEFAULT_ETCD_PREFIX = "/slurm-geo/federation"
+_ETCD_PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ class FederationConfig:
     # ~10 s a site's loss may cost the federation before another site's daemon acts.
     leader_ttl_s: int = 5
     etcd_endpoints: tuple[str, ...] = ()
-    etcd_prefix: str = DEFAULT_PREFIX
+    etcd_prefix: str = DEFAULT_ETCD_PREFIX
     etcd_ca_file: Path | None = None
     etcd_cert: Path | None = None
     etcd_key: Path | None = None
@@ -237,9 +240,18 @@ def etcd_urls(value: Any, where: str) -> tuple[str, ...]:
 
 def etcd_prefix(value: Any, where: str) -> str:
     try:
-        return Layout(text(value, where)).prefix
+        return check_etcd_prefix(text(value, where))
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def check_etcd_prefix(prefix: str) -> str:
+    """The prefix every federation key lives under in etcd (slurm_geo.federation.etcd.layout
+    checks its own with this too)."""
+    if not _ETCD_PREFIX.fullmatch(prefix):
+        raise ValueError(f"etcd prefix {prefix!r}: expected /name[/name...] of letters, "
+                         "digits and ._~- (no trailing slash)")
+    return prefix
 
 
 FEDERATION_SETTINGS = (

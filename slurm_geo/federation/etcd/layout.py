@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
-DEFAULT_PREFIX = "/slurm-geo/federation"
-_PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
+from slurm_geo.config.daemons import DEFAULT_ETCD_PREFIX, check_etcd_prefix
+
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
@@ -25,12 +25,10 @@ def component(name: str) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    prefix: str = DEFAULT_PREFIX
+    prefix: str = DEFAULT_ETCD_PREFIX
 
     def __post_init__(self) -> None:
-        if not _PREFIX.fullmatch(self.prefix):
-            raise ValueError(f"etcd prefix {self.prefix!r}: expected /name[/name...] of "
-                             "letters, digits and ._~- (no trailing slash)")
+        check_etcd_prefix(self.prefix)
 
     @property
     def leader(self) -> str:
