@@ -94,6 +94,10 @@ class Fault:
     kind: str
     step: int  # kill/freeze once the trainer reached this step (kill-transfer: checkpoint)
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:  # a renamed kind would otherwise run as a kill
+            raise ValueError(f"fault kind {self.kind!r}: expected one of {', '.join(KINDS)}")
+
 
 @dataclass
 class Trial:

@@ -6,7 +6,7 @@ that heals. Both kill or freeze onprem, so they run on a throw-away sandbox of t
   within the RTO target, loses at most one checkpoint interval, ends bit-identical to an
   uninterrupted run; the stale incarnation is cancelled when onprem is back; the audit
   chain verifies;
-- a partition: every onprem process SIGSTOPped until the daemon has moved the job and the
+- a freeze (the chaos bench's freeze-home): every onprem process SIGSTOPped until the daemon has moved the job and the
   new incarnation trains, then SIGCONTed; the thawed trainer is fenced (409, exit 33) and
   its Slurm job cancelled, the resume was from a verified checkpoint, and no two
   incarnations trained at once (bench/federation_chaos.py's trial and checks).
@@ -126,7 +126,7 @@ def partition_trial(fed_sandbox: Sandbox):
     chaos = chaos_module()
     runner = chaos.Chaos(fed_sandbox, SETTINGS, ROOT / "chaos",
                          drill.reference_weights(SETTINGS), say=lambda _m: None)
-    trial = runner.run(1, chaos.Fault("partition", 60))
+    trial = runner.run(1, chaos.Fault("freeze-home", 60))
     return chaos, runner, trial
 
 
