@@ -6,10 +6,11 @@ that heals. Both kill or freeze onprem, so they run on a throw-away sandbox of t
   within the RTO target, loses at most one checkpoint interval, ends bit-identical to an
   uninterrupted run; the stale incarnation is cancelled when onprem is back; the audit
   chain verifies;
-- a freeze (the chaos bench's freeze-home): every onprem process SIGSTOPped until the daemon has moved the job and the
-  new incarnation trains, then SIGCONTed; the thawed trainer is fenced (409, exit 33) and
-  its Slurm job cancelled, the resume was from a verified checkpoint, and no two
-  incarnations trained at once (bench/federation_chaos.py's trial and checks).
+- a freeze (the chaos bench's freeze-home): every onprem process SIGSTOPped until the
+  daemon has moved the job and the new incarnation trains, then SIGCONTed; the thawed
+  trainer is fenced (409, exit 33) and its Slurm job cancelled, the resume was from a
+  verified checkpoint, and no two incarnations trained at once (bench/federation_chaos.py's
+  trial and checks).
 """
 
 from __future__ import annotations
