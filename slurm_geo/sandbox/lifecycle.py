@@ -189,9 +189,11 @@ class Sandbox:
                 self._wait_ready(daemon)
             if not _is_ready(daemon):
                 log = self.processes.log_file(daemon.name)
+                what = ("exited before it answered"
+                        if self.processes.running_pid(daemon.name) is None
+                        else f"did not come up within {STAGE_TIMEOUT_S} s")
                 raise SandboxError(
-                    f"{daemon.name} did not come up within {STAGE_TIMEOUT_S} s"
-                    f"{', started twice' if restarted else ''}; "
+                    f"{daemon.name} {what}{', started twice' if restarted else ''}; "
                     f"its last output: {_tail(log)!r} (full log: {log})"
                 )
 

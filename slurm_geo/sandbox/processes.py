@@ -1,8 +1,11 @@
 """Start daemons detached, track them by pid file, and stop exactly what was started.
 
-A process belongs to a sandbox when its environment carries that sandbox's marker; that
-survives pid reuse and also covers what our daemons spawn (slurmstepd and job steps), so
-`stop_all` never has to look processes up by name.
+A pid file holds the daemon's pid and its start time, which together survive pid reuse
+and the execs of the daemon's command (nsenter, setpriv, the daemon). Everything our
+daemons spawn (slurmstepd and job steps) carries the sandbox's marker in its environment,
+so `stop_all` never has to look processes up by name. The marker alone cannot name a
+daemon: while a process execs, its /proc environ reads empty or as its parent's (seen
+about once in 3,000 reads), and a daemon just started read as one already dead.
 """
 
 from __future__ import annotations
@@ -73,10 +76,13 @@ class ProcessTable:
     def running_pid(self, name: str) -> int | None:
         """The pid of daemon `name` if it is alive and ours, else None."""
         try:
-            pid = int(self.pid_file(name).read_text().strip())
+            pid, *started = self.pid_file(name).read_text().split()
+            pid = int(pid)
         except (FileNotFoundError, ValueError):
             return None
-        return pid if self._is_ours(pid) else None
+        if not started:  # a pid file of an older slurm-geo, without the start time
+            return pid if self._is_ours(pid) else None
+        return pid if _alive_since(pid, float(started[0])) else None
 
     def start(self, daemon: Daemon) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -98,7 +104,9 @@ class ProcessTable:
                 extra_groups=[] if daemon.user and not in_site else None,
                 cwd=self.root,
             )
-        self.pid_file(daemon.name).write_text(f"{proc.pid}\n")
+        # Our child cannot be reaped before we wait for it, so its start time is there.
+        started = psutil.Process(proc.pid).create_time()
+        self.pid_file(daemon.name).write_text(f"{proc.pid} {started!r}\n")
         return proc.pid
 
     def stop(self, name: str, grace_s: float = 10.0) -> None:
@@ -141,6 +149,17 @@ def has_marker(pid: int, root: Path) -> bool:
     except OSError:
         return False
     return f"{MARKER_ENV}={root}".encode() in entries
+
+
+def _alive_since(pid: int, started: float) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        # Within a second: the kernel's boot time, which start times count from, is
+        # known to move by one now and then.
+        return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - started) < 1
+
+    except psutil.Error:
+        return False
 
 
 def _processes(pids: Iterable[int]) -> list[psutil.Process]:

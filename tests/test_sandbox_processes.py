@@ -1,0 +1,58 @@
+"""The sandbox's pid files name their daemon through its execs and never a stranger."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from slurm_geo.sandbox.processes import MARKER_ENV, Daemon, ProcessTable
+
+# Three execs, as a daemon in a site has (nsenter, setpriv, the daemon itself).
+EXEC_CHAIN = ["env", "sh", "-c", f"exec {sys.executable} -c 'import time; time.sleep(3)'"]
+
+
+def test_a_daemon_reads_as_running_from_its_start_through_its_execs(tmp_path):
+    table = ProcessTable(tmp_path)
+    missed = 0
+    for n in range(20):
+        name = f"chain-{n}"
+        table.start(Daemon(name, EXEC_CHAIN))
+        began = time.monotonic()
+        while time.monotonic() - began < 0.1:
+            missed += table.running_pid(name) is None
+        table.stop(name, grace_s=1)
+    assert missed == 0
+
+
+def test_a_pid_file_whose_pid_now_names_another_process_reads_as_stopped(tmp_path):
+    table = ProcessTable(tmp_path)
+    table.start(Daemon("old", EXEC_CHAIN))
+    pid = table.running_pid("old")
+    table.stop("old", grace_s=1)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"],
+                                env={MARKER_ENV: str(tmp_path)})
+    try:
+        table.run_dir.mkdir(exist_ok=True)
+        stale_start = psutil.Process(stranger.pid).create_time() - 60
+        table.pid_file("old").write_text(f"{stranger.pid} {stale_start!r}\n")
+        assert pid is not None
+        assert table.running_pid("old") is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_pid_file_without_a_start_time_is_still_honoured_by_the_marker(tmp_path):
+    table = ProcessTable(tmp_path)
+    table.start(Daemon("older", EXEC_CHAIN))
+    pid = table.running_pid("older")
+    time.sleep(0.2)  # past its execs
+    table.pid_file("older").write_text(f"{pid}\n")
+    try:
+        assert table.running_pid("older") == pid
+    finally:
+        table.stop("older", grace_s=1)
+    assert table.running_pid("older") is None
