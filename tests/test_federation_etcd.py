@@ -42,6 +42,9 @@ from tests.helpers import eventually
 from tests.test_federation_state import CLOUD, HOME, NAME, NOW, dump, job
 
 TTL_S = 5  # [federation] leader_ttl_s's default
+# Leadership changing hands on a real etcd: short, as the sandbox's replicas run it
+# (etcd's floor is 1.5 election timeouts, 1.5 s by default).
+LIVE_TTL_S = 2
 
 
 class Clock:
@@ -251,13 +254,13 @@ def run_leadership(replica: EtcdFederationState) -> tuple[threading.Event, threa
 @pytest.mark.parametrize("how", ["keepalives stop", "leader resigns"])
 def test_leadership_passes_to_the_other_site_and_never_to_two(
         etcd: EtcdMember, prefix: str, how: str) -> None:
-    onprem = open_replica([etcd.client_url], prefix, "onprem-a", ttl_s=TTL_S)
-    cloud = open_replica([etcd.client_url], prefix, "cloud-b", ttl_s=TTL_S, site="cloud")
+    onprem = open_replica([etcd.client_url], prefix, "onprem-a", ttl_s=LIVE_TTL_S)
+    cloud = open_replica([etcd.client_url], prefix, "cloud-b", ttl_s=LIVE_TTL_S, site="cloud")
     stop_onprem, onprem_thread = run_leadership(onprem)
-    eventually(onprem.leadership.is_leader, bool, timeout_s=TTL_S)
+    eventually(onprem.leadership.is_leader, bool, timeout_s=LIVE_TTL_S)
     stop_cloud, cloud_thread = run_leadership(cloud)
     try:
-        time.sleep(1.5 * TTL_S)  # renewals keep it: the follower's campaigns all lose
+        time.sleep(1.5 * LIVE_TTL_S)  # renewals keep it: the follower's campaigns all lose
         assert onprem.leadership.is_leader() and not cloud.leadership.is_leader()
         stop_onprem.set()
         onprem_thread.join()
@@ -273,9 +276,9 @@ def test_leadership_passes_to_the_other_site_and_never_to_two(
             if not old_leads and not onprem_down:
                 onprem_down.append(time.monotonic())
             return leads
-        eventually(cloud_leads, bool, timeout_s=3 * TTL_S, interval_s=0.02)
+        eventually(cloud_leads, bool, timeout_s=3 * LIVE_TTL_S, interval_s=0.02)
         took = time.monotonic() - stopped
-        print(f"\nleader failover ({how}, TTL {TTL_S} s): cloud-b leads {took:.2f} s after "
+        print(f"\nleader failover ({how}, TTL {LIVE_TTL_S} s): cloud-b leads {took:.2f} s after "
               f"onprem-a stopped renewing, {time.monotonic() - onprem_down[0]:.2f} s after "
               "onprem-a stopped acting as leader")
         assert not any(both)

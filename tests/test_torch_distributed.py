@@ -1,9 +1,12 @@
 """PyTorch Distributed Checkpoint into the slurm-geo store with real gloo process groups
 of up to 4 ranks (tests/dcp_ranks.py's workers): resharded loads, all-or-nothing saves,
-damage named, async saves, dedup across saves. Each test runs twice: in processes of this
-host (torch.multiprocessing), and on the sandbox as alice's Slurm job, 2 tasks per node
-launched by srun (4 ranks: both nodes); but for the two (`HERE_ONLY`) whose subject is what
-lies in the store, the same bytes whoever launched the ranks (~45 s of the suite saved)."""
+damage named, async saves, dedup across saves. Ranks run in processes of this host
+(torch.multiprocessing, "here") or on the sandbox as alice's Slurm job, 2 tasks per node
+launched by srun (4 ranks: both nodes). The resharded load runs both ways. The two whose
+subject is what lies in the store (`HERE_ONLY`: the same bytes whoever launched the ranks)
+run here; the five whose subject is what reaches every rank of a job (a killed rank, async
+commits, a stop, the verified step: `SRUN_ONLY`) run under srun, where a job's ranks are.
+Each pair run both ways cost the suite 15-30 s for nothing the other did not show."""
 
 from __future__ import annotations
 
@@ -117,6 +120,8 @@ def ranks(request, tmp_path: Path) -> Ranks:
 
 
 HERE_ONLY = pytest.mark.parametrize("ranks", ["here"], indirect=True)
+SRUN_ONLY = pytest.mark.parametrize(
+    "ranks", [pytest.param("srun", marks=pytest.mark.sandbox)], indirect=True)
 
 
 @pytest.fixture
@@ -158,6 +163,7 @@ def test_saved_on_4_ranks_it_loads_on_2_and_on_4_with_another_sharding(ranks, si
             assert seen[0]["local_shapes"]["layer.weight"] == [96, 40 // world]
 
 
+@SRUN_ONLY
 def test_a_save_interrupted_by_a_killed_rank_is_never_listed_and_the_previous_stays(
         ranks, site):
     store, key_file, repository = site
@@ -192,6 +198,7 @@ def test_a_flipped_bit_in_any_ranks_data_fails_the_load_naming_the_object(ranks,
     assert {f.name for f in repository.verify(RUN, 10)} == {pack}
 
 
+@SRUN_ONLY
 def test_async_save_returns_before_the_data_is_durable_and_commits_after(ranks, site):
     store, key_file, repository = site
     out = ranks.subdirectory("async")
@@ -205,6 +212,7 @@ def test_async_save_returns_before_the_data_is_durable_and_commits_after(ranks, 
                for r in loaded(ranks, 2, store, key_file, 30, 3, True).values())
 
 
+@SRUN_ONLY
 def test_async_save_through_dcps_checkpoint_process_commits_a_checkpoint_that_loads(
         ranks, site):
     store, key_file, repository = site
@@ -247,6 +255,7 @@ SCENARIOS = [  # (what happens, the verdicts every rank must see first)
 ]
 
 
+@SRUN_ONLY
 def test_a_stop_a_release_or_a_fence_reaches_every_rank_at_the_same_step(ranks, site):
     """The verdict of each step is the same on every rank, whichever rank (or rank 0's
     lease) caused it; and every rank holds the run key rank 0 got."""
@@ -264,6 +273,7 @@ def test_a_stop_a_release_or_a_fence_reaches_every_rank_at_the_same_step(ranks, 
         assert len({r["results"][index]["key"] for r in seen.values()}) == 1
 
 
+@SRUN_ONLY
 def test_every_rank_resumes_the_step_the_daemon_verified_not_the_newest(ranks, site):
     store, key_file, repository = site
     ranks.launch(4, save_twice, store, key_file, [10, 20])
