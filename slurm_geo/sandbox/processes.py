@@ -28,7 +28,7 @@ MARKER_ENV = "SLURM_GEO_SANDBOX"
 class Daemon:
     """A long-running process of the sandbox and how to tell it is ready: the port it
     answers on at `host`, from the machine's namespace, a path it creates, or its
-    `health_url` answering etcd's healthy (`{"health": "true"}`). With a `namespace` it
+    `health_check` saying so (etcd's: its /health says it serves). With a `namespace` it
     runs in that network namespace (a site's). `url`, if any, is what clients name it
     by, which `status` shows."""
 
@@ -42,7 +42,7 @@ class Daemon:
     extra_ports: tuple[int, ...] = ()  # others it listens on, checked free before it starts
     namespace: str | None = None
     host: str = "127.0.0.1"
-    health_url: str | None = None
+    health_check: Callable[[], bool] | None = None
     url: str | None = None
 
     @property
@@ -76,13 +76,13 @@ class ProcessTable:
     def running_pid(self, name: str) -> int | None:
         """The pid of daemon `name` if it is alive and ours, else None."""
         try:
-            pid, *started = self.pid_file(name).read_text().split()
-            pid = int(pid)
+            written, *rest = self.pid_file(name).read_text().split()
+            pid, started = int(written), [float(value) for value in rest[:1]]
         except (FileNotFoundError, ValueError):
             return None
         if not started:  # a pid file of an older slurm-geo, without the start time
             return pid if self._is_ours(pid) else None
-        return pid if _alive_since(pid, float(started[0])) else None
+        return pid if _alive_since(pid, started[0]) else None
 
     def start(self, daemon: Daemon) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
