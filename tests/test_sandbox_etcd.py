@@ -19,7 +19,13 @@ HOME, CONTROL, REMOTE = Site.HOME, Site.CONTROL, Site.REMOTE
 
 
 def flags(argv: list[str]) -> dict[str, str]:
-    return dict(zip(argv[1::2], argv[2::2], strict=True))
+    """--name value pairs; a flag without a value maps to ""."""
+    given, words = {}, argv[1:]
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            following = words[i + 1] if i + 1 < len(words) else "--"
+            given[word] = "" if following.startswith("--") else following
+    return given
 
 
 def test_a_member_per_site_on_its_site_address_and_the_layouts_ports():
@@ -28,7 +34,7 @@ def test_a_member_per_site_on_its_site_address_and_the_layouts_ports():
         assert member.namespace == LAYOUT.namespace(member.site)
         assert member.address == LAYOUT.address(member.site)
         assert (member.client_port, member.peer_port) == (20060, 20061)
-        assert member.client_url == f"http://{LAYOUT.address(member.site)}:20060"
+        assert member.client_url == f"https://{LAYOUT.address(member.site)}:20060"
     assert LAYOUT.etcd_endpoints == CLUSTER.endpoints == (
         CLUSTER.member(HOME).client_url, CLUSTER.member(CONTROL).client_url,
         CLUSTER.member(REMOTE).client_url)
@@ -63,14 +69,21 @@ def test_a_members_command_line_binds_its_site_address_and_names_all_three(site)
     assert given["--name"] == site.value
     assert given["--data-dir"] == f"/srv/box/etcd/{site.value}"
     assert given["--listen-client-urls"] == given["--advertise-client-urls"] == \
-        f"http://{address}:20060"
+        f"https://{address}:20060"
     assert given["--listen-peer-urls"] == given["--initial-advertise-peer-urls"] == \
-        f"http://{address}:20061"
+        f"https://{address}:20061"
     assert given["--initial-cluster"] == ",".join(
-        f"{s.value}=http://{LAYOUT.address(s)}:20061" for s in (HOME, CONTROL, REMOTE))
+        f"{s.value}=https://{LAYOUT.address(s)}:20061" for s in (HOME, CONTROL, REMOTE))
     assert given["--initial-cluster-state"] == "new"
     assert given["--initial-cluster-token"] == f"slurm-geo-{LAYOUT.network_prefix[:-1]}"
     assert given["--auto-compaction-mode"] == "revision"
+    # https both ways, with the site CA's certificate for its site, and no client or peer
+    # let in without one of the CA's
+    for prefix in ("", "peer-"):
+        assert given[f"--{prefix}cert-file"] == f"/srv/box/tls/etcd-{site.value}.pem"
+        assert given[f"--{prefix}key-file"] == f"/srv/box/tls/etcd-{site.value}.key"
+        assert given[f"--{prefix}trusted-ca-file"] == str(LAYOUT.ca_cert)
+        assert given[f"--{prefix}client-cert-auth"] == ""
 
 
 def test_two_sandboxes_clusters_never_share_a_token():
@@ -109,7 +122,7 @@ def test_the_stage_of_munge_mariadb_and_s3_starts_the_members_in_their_sites():
     for daemon, member in zip(members, CLUSTER.members, strict=True):
         assert (daemon.namespace, daemon.host) == (member.namespace, member.address)
         assert (daemon.port, daemon.extra_ports) == (20060, (20061,))   # both checked free
-        assert daemon.health_url == f"{member.client_url}/health"      # up: a quorum
+        assert daemon.health_check is not None                           # up: a quorum
         assert daemon.url == member.client_url
         assert daemon.command[:2] == ["nsenter", f"--net=/run/netns/{member.namespace}"]
         assert flags(daemon.argv)["--name"] == member.name

@@ -10,6 +10,7 @@ import pytest
 from slurm_geo.config.model import RemoteAccount, parse_config
 from slurm_geo.sandbox.layout import REST_USER, SandboxLayout
 from slurm_geo.sandbox.render import restd_plugins, site_config, slurm_conf, slurmdbd_conf
+from slurm_geo.sandbox.sites import Site
 
 LAYOUT = SandboxLayout(Path("/srv/box"), 20000)
 
@@ -90,3 +91,31 @@ def test_the_sandbox_bills_into_a_database_inside_its_own_root():
     other = SandboxLayout(Path("/srv/other"), 21000)
     assert billing_config(parse_config(tomllib.loads(site_config(other)))).database != \
         config.database
+
+
+def federation_of(layout: SandboxLayout, site: Site):
+    return parse_config(tomllib.loads(site_config(layout, site))).federation
+
+
+def test_a_sandbox_alone_on_sqlite_has_one_daemon_at_home_and_no_etcd():
+    assert LAYOUT.federation_sites == (Site.HOME,)
+    config = federation_of(LAYOUT, Site.HOME)
+    assert not config.replicated and config.replicas == ()
+    assert config.listen_address == LAYOUT.address(Site.HOME)
+
+
+def test_a_replicated_sandbox_has_replicas_at_home_and_control_on_the_three_sites_etcd():
+    layout = SandboxLayout(Path("/srv/box"), 20000, replicated=True)
+    assert layout.federation_sites == (Site.HOME, Site.CONTROL)
+    home, control = (federation_of(layout, site) for site in layout.federation_sites)
+    for config in (home, control):
+        assert config.etcd_endpoints == layout.etcd_endpoints and len(config.etcd_endpoints) == 3
+        assert [(r.name, r.site) for r in config.replicas] == [("home", "home"),
+                                                               ("control", "control")]
+    assert (home.replica, control.replica) == ("home", "control")
+    assert home.listen_address == layout.address(Site.HOME)
+    assert control.listen_address == layout.address(Site.CONTROL)
+    assert home.url != control.url and set(home.job_urls) == set(control.job_urls) == \
+        {home.url, control.url}
+    assert layout.federation_config(Site.HOME) == layout.site_config
+    assert layout.federation_config(Site.CONTROL) != layout.site_config

@@ -12,7 +12,12 @@ from cryptography import x509
 
 from slurm_geo.config.model import parse_config
 from slurm_geo.federation.tls import ca_pem, server_context
-from slurm_geo.sandbox.certs import ensure_rest_tls, ensure_site_tls, subject_alt_names
+from slurm_geo.sandbox.certs import (
+    ensure_etcd_tls,
+    ensure_rest_tls,
+    ensure_site_tls,
+    subject_alt_names,
+)
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.render import site_config
 from slurm_geo.sandbox.sites import Site
@@ -103,3 +108,29 @@ def test_a_certificate_left_by_another_ca_or_without_its_key_is_issued_again(tmp
     layout.rest_key.write_bytes(layout.federation_key.read_bytes())  # a crash between the two
     assert ensure_rest_tls(layout, ["10.77.2.2"], NOW)
     server_context(layout.rest_cert, layout.rest_key)
+
+
+def test_each_etcd_member_gets_a_certificate_for_its_site_and_its_clients_one_of_their_own(
+        tmp_path):
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    layout = SandboxLayout(tmp_path / "box", 20000)
+    assert ensure_etcd_tls(layout, NOW)
+    assert not ensure_etcd_tls(layout, NOW)  # a second `up` keeps them
+    files = layout.etcd_cluster.files
+    ca = x509.load_pem_x509_certificate(layout.ca_cert.read_bytes())
+
+    def usages(path):
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+        cert.verify_directly_issued_by(ca)
+        return set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+
+    for member in layout.etcd_cluster.members:
+        cert = files.member_cert(member.site)
+        assert subject_alt_names(cert.read_bytes()) == [member.address]
+        # a member is its peers' client as well as its clients' server
+        assert usages(cert) == {ExtendedKeyUsageOID.SERVER_AUTH,
+                                ExtendedKeyUsageOID.CLIENT_AUTH}
+        assert oct(files.member_key(member.site).stat().st_mode & 0o777) == "0o600"
+    assert usages(files.client_cert) == {ExtendedKeyUsageOID.CLIENT_AUTH}
+    assert oct(files.client_key.stat().st_mode & 0o777) == "0o600"

@@ -17,12 +17,13 @@ import signal
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import etcd_members, netns, site_readings, sites, stages, throughput
+from slurm_geo.sandbox import certs, etcd_members, netns, site_readings, sites, stages, throughput
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.sites import Site, WanLink
 from tests.helpers import eventually
@@ -369,7 +370,11 @@ def etcd_in_sites(up, tmp_path):
     in our sites, on the test block's addresses; stopped by their pids."""
     if shutil.which("etcd") is None or shutil.which("etcdctl") is None:
         pytest.skip("etcd is not installed: apt-get install etcd-server etcd-client")
-    cluster = etcd_members.cluster_in(up, 2379, 2380, tmp_path / "etcd")
+    ca = certs.make_ca("test site CA", datetime.now(UTC))
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem)
+    cluster = etcd_members.cluster_in(up, 2379, 2380, tmp_path / "etcd",
+                                      etcd_members.EtcdFiles(tmp_path / "ca.pem", tmp_path))
+    certs.ensure_etcd_certs(ca, cluster, datetime.now(UTC))
     (tmp_path / "etcd").mkdir(mode=0o700)
     members: list[subprocess.Popen] = []
     for member, daemon in zip(cluster.members, stages.etcd_daemons(cluster), strict=True):
@@ -378,7 +383,7 @@ def etcd_in_sites(up, tmp_path):
             members.append(subprocess.Popen(daemon.command, env={**os.environ, **daemon.env},
                                             stdout=log, stderr=subprocess.STDOUT))
     try:
-        eventually(lambda: [etcd_members.is_healthy(m.health_url) for m in cluster.members],
+        eventually(lambda: [cluster.is_healthy(m) for m in cluster.members],
                    all, timeout_s=20, interval_s=0.2)
         yield cluster
     finally:
@@ -391,28 +396,39 @@ def etcd_in_sites(up, tmp_path):
                 process.wait()
 
 
-def etcdctl(topo, site: Site, member, *args: str) -> subprocess.CompletedProcess[str]:
-    """etcdctl inside `site`, asking `member` (from where the login host may not reach)."""
+def etcdctl(topo, cluster, site: Site, member, *args: str) -> subprocess.CompletedProcess[str]:
+    """etcdctl inside `site`, asking `cluster`'s `member` (from where the login host may
+    not reach), with the client certificate the members ask for."""
     return netns.exec_in(topo, site, ["etcdctl", "--endpoints", member.client_url,
-                                      "--command-timeout=2s", *args], timeout=20)
+                                      *cluster.ctl_flags(), "--command-timeout=2s",
+                                      *args], timeout=20)
 
 
 def test_three_etcd_members_keep_a_quorum_while_home_is_isolated(up, etcd_in_sites):
     home, control, remote = (etcd_in_sites.member(site) for site in
                              (Site.HOME, Site.CONTROL, Site.REMOTE))
-    assert etcdctl(up, Site.CONTROL, control, "put", "before", "1").returncode == 0
+
+    def ctl(site, member, *args):
+        return etcdctl(up, etcd_in_sites, site, member, *args)
+
+    assert ctl(Site.CONTROL, control, "put", "before", "1").returncode == 0
+    files = etcd_in_sites.files
+    without_cert = netns.exec_in(up, Site.CONTROL, [
+        "etcdctl", "--endpoints", control.client_url, "--cacert", str(files.ca),
+        "--command-timeout=2s", "get", "before"], timeout=20)
+    assert without_cert.returncode != 0 and "1" not in without_cert.stdout
     netns.isolate_site(up, Site.HOME)
     # control and remote are a quorum of two (electing a leader again if home's was it)
-    eventually(lambda: etcdctl(up, Site.CONTROL, control, "put", "during", "2").returncode,
+    eventually(lambda: ctl(Site.CONTROL, control, "put", "during", "2").returncode,
                lambda status: status == 0, timeout_s=20, interval_s=0.2)
-    read = etcdctl(up, Site.REMOTE, remote, "get", "during", "--print-value-only")
+    read = ctl(Site.REMOTE, remote, "get", "during", "--print-value-only")
     assert read.stdout.strip() == "2"
     # home alone is no quorum: it serves no (linearizable) read, and says it is unhealthy
-    assert etcdctl(up, Site.HOME, home, "get", "before").returncode != 0
-    eventually(lambda: etcd_members.is_healthy(home.health_url), lambda ok: not ok,
+    assert ctl(Site.HOME, home, "get", "before").returncode != 0
+    eventually(lambda: etcd_in_sites.is_healthy(home), lambda ok: not ok,
                timeout_s=10, interval_s=0.2)
     netns.heal_all(up)
-    eventually(lambda: etcd_members.is_healthy(home.health_url), bool, timeout_s=20,
+    eventually(lambda: etcd_in_sites.is_healthy(home), bool, timeout_s=20,
                interval_s=0.2)
-    caught_up = etcdctl(up, Site.HOME, home, "get", "during", "--print-value-only")
+    caught_up = ctl(Site.HOME, home, "get", "during", "--print-value-only")
     assert caught_up.stdout.strip() == "2"

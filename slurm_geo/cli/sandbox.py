@@ -33,14 +33,19 @@ def sandbox() -> None:
 @click.option("--wan-mbit", type=click.IntRange(1, 10_000), default=None,
               help="Rate of every WAN link between the sites, Mbit/s [default: each "
                    "link's rate last set, else 200].")
-def up(root: Path | None, port_base: int | None, wan_mbit: int | None) -> None:
+@click.option("--replicated", is_flag=True, default=None,
+              help="Run federation replicas at home and at control, their state in the "
+                   "sites' etcd, as a site that must survive losing home does (fixed at "
+                   "first `up`).")
+def up(root: Path | None, port_base: int | None, wan_mbit: int | None,
+       replicated: bool | None) -> None:
     """Make the sites (home, remote and control network namespaces joined by shaped WAN
     links) and start munge, MariaDB, the etcd members, both clusters, slurmrestd behind
     TLS, the S3 server and the slurm-geo daemons, each in its site (idempotent)."""
     from slurm_geo.sandbox.lifecycle import Sandbox
 
-    Sandbox(root_from_env(root), port_base).up(progress=lambda msg: click.echo(msg, err=True),
-                                               wan_mbit=wan_mbit)
+    Sandbox(root_from_env(root), port_base, replicated).up(
+        progress=lambda msg: click.echo(msg, err=True), wan_mbit=wan_mbit)
 
 
 @sandbox.command()

@@ -5,7 +5,8 @@ slurmrestd behind a TLS reverse proxy whose certificate its clients trust throug
 [clusters.NAME] ca_file (docs/install.md); the sandbox plays that CA, and its
 `tls_relay` that proxy. `make_ca` and `issue_server` are pure over their inputs (the
 clock is passed in) and return PEM. `ensure_site_tls` writes the CA's key and certificate
-and the daemon's, `ensure_rest_tls` the relay's, each for the hosts it is given: a
+and the daemon's, `ensure_rest_tls` the relay's, `ensure_etcd_tls` the etcd members' and
+their clients', each for the hosts it is given: a
 certificate is issued again only when it is missing, names other hosts, does not chain to
 the CA, or does not match its key (a crash between writing the two). Keys are written
 0600 (never readable by others, not even while being written), certificates 0644 (jobs of
@@ -32,12 +33,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from slurm_geo.atomic import write_if_changed
+from slurm_geo.sandbox.etcd_members import EtcdCluster
 from slurm_geo.sandbox.layout import SandboxLayout
 
 CA_DAYS = 3650
 SERVER_DAYS = 3650  # a sandbox lives as long as its directory; delete tls/ to renew
 SERVER_HOSTS = ("127.0.0.1", "localhost")  # the daemon's default: jobs on this host only
 SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+MEMBER_USAGES = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
+ETCD_CLIENT_NAME = "slurm-geo-etcd-client"  # the name in the members' clients' certificate
 Write = Callable[[Path, bytes, int], object]
 
 
@@ -67,8 +71,11 @@ def make_ca(common_name: str, now: datetime, days: int = CA_DAYS) -> Issued:
 
 
 def issue_server(ca: Issued, hosts: Sequence[str], now: datetime,
-                 days: int = SERVER_DAYS) -> Issued:
-    """A server certificate for `hosts` (IP addresses or DNS names), signed by `ca`."""
+                 days: int = SERVER_DAYS,
+                 usages: Sequence[x509.ObjectIdentifier] = (ExtendedKeyUsageOID.SERVER_AUTH,)
+                 ) -> Issued:
+    """A certificate for `hosts` (IP addresses or DNS names), signed by `ca`, for the
+    extended key `usages` (a server's; an etcd member's is its peers' client too)."""
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise ValueError("the sandbox CA key is not an EC key")
@@ -85,8 +92,7 @@ def issue_server(ca: Issued, hosts: Sequence[str], now: datetime,
                            critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(usage, critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
-                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
                            critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
@@ -118,6 +124,31 @@ def ensure_rest_tls(layout: SandboxLayout, hosts: Sequence[str],
     return _ensure_server(ca, layout.rest_cert, layout.rest_key, hosts, now, write) or made_ca
 
 
+def ensure_etcd_tls(layout: SandboxLayout, now: datetime | None = None,
+                    write: Write = write_if_changed) -> bool:
+    """Make each etcd member's certificate (its site address; for its clients and its
+    peers) and the one clients present to the members, where missing or no longer
+    fitting; True when something was written."""
+    now = now or datetime.now(UTC)
+    ca, made_ca = _site_ca(layout, now, write)
+    return ensure_etcd_certs(ca, layout.etcd_cluster, now, write) or made_ca
+
+
+def ensure_etcd_certs(ca: Issued, cluster: EtcdCluster, now: datetime,
+                      write: Write = write_if_changed) -> bool:
+    """`cluster`'s members' and clients' certificates, issued by `ca`, into its files."""
+    files = cluster.files
+    if files is None:
+        raise ValueError("this etcd cluster is plain http: give it EtcdFiles")
+    made = False
+    for member in cluster.members:
+        made |= _ensure_server(ca, files.member_cert(member.site), files.member_key(member.site),
+                               [member.address], now, write, usages=MEMBER_USAGES)
+    made |= _ensure_server(ca, files.client_cert, files.client_key, [ETCD_CLIENT_NAME], now,
+                           write, usages=(ExtendedKeyUsageOID.CLIENT_AUTH,))
+    return made
+
+
 def subject_alt_names(cert_pem: bytes) -> list[str]:
     """The IP addresses and DNS names a certificate is for, as text."""
     names = x509.load_pem_x509_certificate(cert_pem).extensions.get_extension_for_class(
@@ -137,11 +168,12 @@ def _site_ca(layout: SandboxLayout, now: datetime, write: Write) -> tuple[Issued
 
 
 def _ensure_server(ca: Issued, cert: Path, key: Path, hosts: Sequence[str], now: datetime,
-                   write: Write) -> bool:
+                   write: Write, usages: Sequence[x509.ObjectIdentifier] = (
+                       ExtendedKeyUsageOID.SERVER_AUTH,)) -> bool:
     if cert.exists() and key.exists() and _fits(ca, key.read_bytes(), cert.read_bytes(),
                                                  hosts):
         return False
-    server = issue_server(ca, hosts, now)
+    server = issue_server(ca, hosts, now, usages=usages)
     write(key, server.key_pem, 0o600)
     write(cert, server.cert_pem, 0o644)
     return True

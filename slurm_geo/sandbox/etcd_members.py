@@ -7,7 +7,10 @@ control's and remote's, which still reach each other over control-remote. The re
 member is the rented provider's disk: it holds only sealed values and key names (the
 state is sealed under a key of the master key, which never goes there), in a data
 directory of its own (`etcd/remote`), apart from the trusted sites' (`etcd/home`,
-`etcd/control`). Members talk plain http on the sandbox's private links.
+`etcd/control`). With `EtcdFiles` (the sandbox always gives them) members speak https
+to clients and to each other, each with a certificate of the sandbox's site CA, and
+answer only clients that present one of the CA's certificates too (the replicas'): their
+traffic crosses the WAN links, and the state in it says what runs where.
 """
 
 from __future__ import annotations
@@ -34,6 +37,38 @@ _GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "ar
 
 
 @dataclass(frozen=True)
+class EtcdFiles:
+    """The certificates of a cluster on TLS, all of one CA (`ca`), in `directory`: a
+    member's for its site (for both its clients and its peers), and the one clients
+    present (the replicas', and the sandbox's own health checks)."""
+
+    ca: Path
+    directory: Path
+
+    def member_cert(self, site: Site) -> Path:
+        return self.directory / f"etcd-{site.value}.pem"
+
+    def member_key(self, site: Site) -> Path:
+        return self.directory / f"etcd-{site.value}.key"
+
+    @property
+    def client_cert(self) -> Path:
+        return self.directory / "etcd-client.pem"
+
+    @property
+    def client_key(self) -> Path:
+        return self.directory / "etcd-client.key"
+
+    def ssl_context(self):
+        """A client's TLS context: trusts the CA, presents the client certificate."""
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return context
+
+
+@dataclass(frozen=True)
 class EtcdMember:
     """One member: its site's namespace and address, its ports there, its data."""
 
@@ -43,6 +78,7 @@ class EtcdMember:
     client_port: int
     peer_port: int
     data_dir: Path
+    secure: bool = False  # https, its cluster's EtcdFiles
 
     @property
     def name(self) -> str:
@@ -51,11 +87,15 @@ class EtcdMember:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.address}:{self.client_port}"
+        return f"{self._scheme}://{self.address}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://{self.address}:{self.peer_port}"
+        return f"{self._scheme}://{self.address}:{self.peer_port}"
+
+    @property
+    def _scheme(self) -> str:
+        return "https" if self.secure else "http"
 
     @property
     def health_url(self) -> str:
@@ -68,6 +108,7 @@ class EtcdCluster:
 
     token: str
     members: tuple[EtcdMember, ...]
+    files: EtcdFiles | None = None  # None: plain http (a test's cluster)
 
     @property
     def initial_cluster(self) -> str:
@@ -91,16 +132,40 @@ class EtcdCluster:
                 "--initial-advertise-peer-urls", member.peer_url,
                 "--initial-cluster", self.initial_cluster, "--initial-cluster-state", "new",
                 "--initial-cluster-token", self.token, *COMPACTION,
+                *self._tls_flags(member),
                 "--logger", "zap", "--log-outputs", "stderr"]
 
+    def _tls_flags(self, member: EtcdMember) -> list[str]:
+        files = self.files
+        if files is None:
+            return []
+        cert, key, ca = (str(path) for path in (files.member_cert(member.site),
+                                                files.member_key(member.site), files.ca))
+        return ["--cert-file", cert, "--key-file", key, "--client-cert-auth",
+                "--trusted-ca-file", ca, "--peer-cert-file", cert, "--peer-key-file", key,
+                "--peer-client-cert-auth", "--peer-trusted-ca-file", ca]
 
-def cluster_in(topo: Topology, client_port: int, peer_port: int,
-               data_root: Path) -> EtcdCluster:
+    def ctl_flags(self) -> list[str]:
+        """What etcdctl needs to be let in: the CA and the client certificate."""
+        files = self.files
+        if files is None:
+            return []
+        return ["--cacert", str(files.ca), "--cert", str(files.client_cert),
+                "--key", str(files.client_key)]
+
+    def is_healthy(self, member: EtcdMember, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
+        return is_healthy(member.health_url, timeout_s,
+                          None if self.files is None else self.files.ssl_context())
+
+
+def cluster_in(topo: Topology, client_port: int, peer_port: int, data_root: Path,
+               files: EtcdFiles | None = None) -> EtcdCluster:
     """A member at each site of `topo`, on the same ports at each site's own address,
-    its data in `data_root`/<site>."""
+    its data in `data_root`/<site>; on TLS with `files`."""
     return EtcdCluster(f"slurm-geo-{topo.prefix.rstrip('-')}", tuple(
         EtcdMember(site, topo.namespace(site), str(topo.site_address(site)), client_port,
-                   peer_port, data_root / site.value) for site in MEMBER_SITES))
+                   peer_port, data_root / site.value, secure=files is not None)
+        for site in MEMBER_SITES), files)
 
 
 def unsupported_arch_env(machine: str) -> dict[str, str]:
@@ -119,15 +184,16 @@ def parse_health(body: str) -> bool:
     return isinstance(reply, dict) and reply.get("health") == "true"
 
 
-def is_healthy(health_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
-    """GET a member's /health from this namespace: it serves, with a quorum behind it."""
+def is_healthy(health_url: str, timeout_s: float = HEALTH_TIMEOUT_S, context=None) -> bool:
+    """GET a member's /health from this namespace: it serves, with a quorum behind it
+    (`context`: the TLS a member on https asks for)."""
     # Imported here: urllib.request takes 40 ms, and `slurm-geo --help` imports this
     # module (through the sandbox's layout).
     import http.client
     import urllib.request
 
     try:
-        with urllib.request.urlopen(health_url, timeout=timeout_s) as reply:
+        with urllib.request.urlopen(health_url, timeout=timeout_s, context=context) as reply:
             return parse_health(reply.read().decode(errors="replace"))
     except (OSError, http.client.HTTPException, ValueError):  # URLError is an OSError
         return False

@@ -5,7 +5,7 @@ Ports, as offsets from the port base (each daemon on its site's address):
     20-25  rented: slurmctld, slurmdbd, two slurmd; 25 its TLS relay  (remote)
     30     MariaDB                                                (login host, 127.0.0.1)
     40-48  the S3 server (40) and its own ports; 45 checkpoint-sync's metrics (home)
-    50     the federation daemon                                  (home)
+    50     the federation daemon                                  (home; replicated: and control)
     60-61  each site's etcd member: clients, peers (the same at each site's address)
 """
 
@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_geo.sandbox.etcd_members import EtcdCluster, cluster_in
+from slurm_geo.sandbox.etcd_members import EtcdCluster, EtcdFiles, cluster_in
 from slurm_geo.sandbox.sites import Site, Topology, topology
 
 DEFAULT_ROOT = Path("/var/lib/slurm-geo/sandbox")
@@ -96,10 +96,28 @@ class ClusterLayout:
         return self.rest_port is not None
 
 
+# A replicated sandbox's federation daemons: one per trusted site, sharing the state in
+# the sites' etcd (docs/federation.md, "Replicas"). The rented provider's site has none.
+REPLICA_NAMES = {Site.HOME: "home", Site.CONTROL: "control"}
+
+
 @dataclass(frozen=True)
 class SandboxLayout:
     root: Path
     port_base: int = DEFAULT_PORT_BASE
+    replicated: bool = False  # `up --replicated`: federation replicas at home and control
+
+    @property
+    def federation_sites(self) -> tuple[Site, ...]:
+        """Where a federation daemon runs: home, and control too when replicated."""
+        return tuple(REPLICA_NAMES) if self.replicated else (Site.HOME,)
+
+    def federation_config(self, site: Site) -> Path:
+        """The config file of the federation daemon at `site`: home's is the sandbox's
+        site config; control's differs in its [federation] replica and addresses."""
+        if site is Site.HOME:
+            return self.site_config
+        return self.root / f"slurm-geo-{REPLICA_NAMES[site]}.toml"
 
     @property
     def topology(self) -> Topology:
@@ -193,7 +211,7 @@ class SandboxLayout:
     def etcd_cluster(self) -> EtcdCluster:
         """The etcd members, one per site (sandbox.etcd_members)."""
         return cluster_in(self.topology, self.etcd_client_port, self.etcd_peer_port,
-                          self.etcd_dir)
+                          self.etcd_dir, EtcdFiles(self.ca_cert, self.tls_dir))
 
     @property
     def etcd_endpoints(self) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import certs, etcd_members, geo, netns, render, seaweed, stages, users
+from slurm_geo.sandbox import certs, geo, netns, render, seaweed, stages, users
 from slurm_geo.sandbox.layout import (
     DEFAULT_PORT_BASE,
     REST_USER,
@@ -69,8 +69,14 @@ class ComponentStatus:
 
 
 class Sandbox:
-    def __init__(self, root: Path, port_base: int | None = None):
-        self.layout = SandboxLayout(root, _remembered_port_base(root, port_base))
+    def __init__(self, root: Path, port_base: int | None = None,
+                 replicated: bool | None = None):
+        remembered = _remembered(root)
+        self.layout = SandboxLayout(
+            root, _as_remembered(root, "--port-base", port_base,
+                                 remembered.get("port_base"), DEFAULT_PORT_BASE),
+            _as_remembered(root, "--replicated", replicated, remembered.get("replicated"),
+                           False))
         self.processes = ProcessTable(root)
 
     # --- public operations -------------------------------------------------------------
@@ -92,13 +98,16 @@ class Sandbox:
         users.ensure_site_python(self.layout, progress)
         by_stage = self._stages(version)
         self._check_ports(daemon for stage in by_stage for daemon in stage)
-        home, remote = self.layout.address(Site.HOME), self.layout.address(Site.REMOTE)
+        remote = self.layout.address(Site.REMOTE)
         certs.ensure_rest_tls(self.layout, [remote])  # the relay's in front of slurmrestd
-        # The federation daemon's, for its https at home, where jobs of both sites reach it.
-        if certs.ensure_site_tls(self.layout, hosts=(*certs.SERVER_HOSTS, home)):
+        # The federation daemons', for their https at home (and control), where jobs of
+        # both sites reach them.
+        replicas = [self.layout.address(site) for site in self.layout.federation_sites]
+        if certs.ensure_site_tls(self.layout, hosts=(*certs.SERVER_HOSTS, *replicas)):
             progress(f"made the sandbox's site CA and the federation daemon's certificate "
                      f"in {self.layout.tls_dir}")
 
+        certs.ensure_etcd_tls(self.layout)
         self._start_stage(by_stage[0], progress)
         self._create_databases()
         self._start_stage(by_stage[1], progress)
@@ -245,7 +254,8 @@ class Sandbox:
         # slurmrestd runs unprivileged and must traverse to slurm.conf.
         layout.root.chmod(0o755)
         layout.state_file.write_text(json.dumps(
-            {"port_base": layout.port_base, "slurm_version": list(version)}) + "\n")
+            {"port_base": layout.port_base, "replicated": layout.replicated,
+             "slurm_version": list(version)}) + "\n")
         layout.pfs_dir.mkdir(exist_ok=True)
         if not layout.master_key.exists():
             create_master_key_file(layout.master_key)
@@ -283,7 +293,9 @@ class Sandbox:
                     self._stop_for_restart(cluster, progress)
             write_if_changed(cluster.slurmdbd_conf,
                         render.slurmdbd_conf(layout, cluster, password.decode().strip()), 0o600)
-        write_if_changed(layout.site_config, render.site_config(layout), 0o644)
+        for site in layout.federation_sites:  # home's is the site config
+            write_if_changed(layout.federation_config(site), render.site_config(layout, site),
+                             0o644)
         changed |= geo.install(layout, write_if_changed)
         return {name for name in changed if self.processes.running_pid(f"{name}-slurmctld")}
 
@@ -325,8 +337,8 @@ class Sandbox:
 def _is_ready(daemon: Daemon) -> bool:
     if daemon.ready_path is not None:
         return daemon.ready_path.exists()
-    if daemon.health_url is not None:
-        return etcd_members.is_healthy(daemon.health_url)
+    if daemon.health_check is not None:
+        return daemon.health_check()
     return daemon.port is None or port_is_open(daemon.port, daemon.host)
 
 
@@ -338,17 +350,26 @@ def _endpoint(daemon: Daemon) -> str:
     return str(daemon.ready_path or "")
 
 
-def _remembered_port_base(root: Path, requested: int | None) -> int:
+def _remembered(root: Path) -> dict:
+    """What the sandbox at `root` was created with (sandbox.json), {} before its `up`."""
     try:
-        stored = json.loads((root / "sandbox.json").read_text())["port_base"]
-    except (FileNotFoundError, KeyError, ValueError):
-        return requested or DEFAULT_PORT_BASE
+        stored = json.loads((root / "sandbox.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def _as_remembered(root: Path, option: str, requested, stored, default):
+    """A setting a sandbox keeps for its life: the one it was created with, else the one
+    asked for, else `default`; asking another of a sandbox that exists is refused."""
+    if stored is None:
+        return default if requested is None else requested
     if requested is not None and requested != stored:
-        raise SandboxError(
-            f"sandbox {root} was created with --port-base {stored}; "
-            f"take it down with --purge first, or use another --dir"
-        )
-    return int(stored)
+        created = f"with {option} {stored}" if not isinstance(stored, bool) else \
+            f"{'with' if stored else 'without'} {option}"
+        raise SandboxError(f"sandbox {root} was created {created}; "
+                           "take it down with --purge first, or use another --dir")
+    return stored
 
 
 def _require_root() -> None:

@@ -9,6 +9,7 @@ namespace, reached by their unix sockets, which no network namespace hides.
 
 from __future__ import annotations
 
+import functools
 import platform
 import shutil
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from slurm_geo.sandbox import etcd_members, render, seaweed
 from slurm_geo.sandbox.etcd_members import EtcdCluster
 from slurm_geo.sandbox.layout import (
+    REPLICA_NAMES,
     RESTD_OS_GROUP,
     RESTD_OS_USER,
     ClusterLayout,
@@ -47,7 +49,7 @@ def daemons_by_stage(layout: SandboxLayout, version: tuple[int, int] | None,
              for node, port in zip(c.node_names, c.node_ports, strict=True)]
     return [infra, dbds, ctlds,
             [*nodes, *_rest_daemons(layout, version), _sync_daemon(layout, s3_env)],
-            [_federation_daemon(layout, s3_env)]]
+            [_federation_daemon(layout, s3_env, site) for site in layout.federation_sites]]
 
 
 def program(name: str) -> str:
@@ -94,7 +96,8 @@ def etcd_daemons(cluster: EtcdCluster) -> list[Daemon]:
     return [Daemon(f"{ETCD_DAEMON_PREFIX}{member.name}", cluster.argv(member, program_path), env,
                    port=member.client_port, extra_ports=(member.peer_port,),
                    namespace=member.namespace, host=member.address,
-                   health_url=member.health_url, url=member.client_url)
+                   health_check=functools.partial(cluster.is_healthy, member),
+                   url=member.client_url)
             for member in cluster.members]
 
 
@@ -135,9 +138,15 @@ def _sync_daemon(layout: SandboxLayout, s3_env: dict[str, str]) -> Daemon:
                   namespace=layout.namespace(Site.HOME), host=layout.address(Site.HOME))
 
 
-def _federation_daemon(layout: SandboxLayout, s3_env: dict[str, str]) -> Daemon:
-    """The federation daemon at home, run as its systemd unit runs it."""
-    return Daemon("federation",
-                  [program(render.FEDERATION_PROGRAM), "--config", str(layout.site_config)],
+def federation_daemon_name(site: Site) -> str:
+    """`federation` at home (the only one unless replicated), `federation-control`."""
+    return "federation" if site is Site.HOME else f"federation-{REPLICA_NAMES[site]}"
+
+
+def _federation_daemon(layout: SandboxLayout, s3_env: dict[str, str], site: Site) -> Daemon:
+    """The federation daemon at `site`, run as its systemd unit runs it."""
+    return Daemon(federation_daemon_name(site),
+                  [program(render.FEDERATION_PROGRAM), "--config",
+                   str(layout.federation_config(site))],
                   env=s3_env, port=render.federation_port(layout),
-                  namespace=layout.namespace(Site.HOME), host=layout.address(Site.HOME))
+                  namespace=layout.namespace(site), host=layout.address(site))

@@ -278,11 +278,22 @@ def _client(url: str, timeout_s: float, tls: EtcdTLS) -> etcd3gw.Etcd3Client:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
         raise ValueError(f"etcd endpoint {url!r}: expected http://host:port or https://...")
-    return etcd3gw.Etcd3Client(
-        host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=timeout_s,
-        api_path=API_PATH, ca_cert=None if tls.ca_file is None else str(tls.ca_file),
-        cert_cert=None if tls.cert is None else str(tls.cert),
-        cert_key=None if tls.key is None else str(tls.key))
+    return etcd3gw.Etcd3Client(host=parts.hostname, port=parts.port, protocol=parts.scheme,
+                               timeout=timeout_s, api_path=API_PATH, session=_session(tls))
+
+
+def _session(tls: EtcdTLS) -> requests.Session:
+    """requests' session for the members, verifying with `tls` only. Not trusting the
+    environment: requests lets REQUESTS_CA_BUNDLE (set on many hosts, Debian's CA bundle)
+    override a session's own CA, and then no member of a site CA is trusted; nor is an
+    HTTPS_PROXY between a replica and its state wanted."""
+    session = requests.Session()
+    session.trust_env = False
+    if tls.ca_file is not None:
+        session.verify = str(tls.ca_file)
+    if tls.cert is not None and tls.key is not None:
+        session.cert = (str(tls.cert), str(tls.key))
+    return session
 
 
 def _b64(key: str) -> str:
