@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from slurm_geo.config.model import SiteConfig, load_config  # noqa: E402
-from slurm_geo.drills import drill  # noqa: E402
+from slurm_geo.drills import drill, losses  # noqa: E402
 from slurm_geo.federation.audit import AuditLog, Entry  # noqa: E402
 from slurm_geo.federation.model import answering  # noqa: E402
 from slurm_geo.federation.state import FederationState  # noqa: E402
@@ -192,7 +192,7 @@ class Chaos:
             trial.error = str(exc)
         finally:
             if frozen:
-                drill.signal_pids(frozen, signal.SIGCONT)
+                losses.signal_pids(frozen, signal.SIGCONT)
             if netns.wan_state(self.wan).cut:
                 netns.heal_wan(self.wan)
             if trial.error is not None:
@@ -216,13 +216,13 @@ class Chaos:
         trial.fault_at = time.time()
         if fault.kind == "freeze-home":
             frozen = drill.cluster_pids(self.sandbox, self.home)
-            drill.signal_pids(frozen, signal.SIGSTOP)
+            losses.signal_pids(frozen, signal.SIGSTOP)
         elif fault.kind in ("cut-wan", "partition-rented"):
             netns.cut_wan(self.wan)
         else:
             if fault.kind == "kill-transfer":
                 sync = self.sandbox.processes.running_pid("checkpoint-sync")
-                drill.signal_pids(set() if sync is None else {sync}, signal.SIGKILL)
+                losses.signal_pids(set() if sync is None else {sync}, signal.SIGKILL)
             drill.kill_cluster(self.sandbox, self.home)
         lines = drill.trace_lines(job.trace)
         trial.fault_step = lines[-1].step if lines else 0
@@ -247,7 +247,7 @@ class Chaos:
             drill.wait_for(lambda: self._entry("lease", logical, self.target, after),
                            deadline, f"{logical} to train on {self.target}")
             time.sleep(TRAINING_AFTER_MOVE_S)
-            drill.signal_pids(frozen, signal.SIGCONT)
+            losses.signal_pids(frozen, signal.SIGCONT)
         elif kind == "cut-wan":
             time.sleep(CUT_WAN_S)
             netns.heal_wan(self.wan)

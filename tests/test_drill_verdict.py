@@ -67,6 +67,52 @@ def test_drill_passes_only_when_every_target_holds(figures, passed, missed):
     assert drill.to_json()["passed"] is passed
 
 
+def site_lost(failover_s: float | None = 6.0, moved_by: str | None = "control",
+              kept: bool = True, rto_s: float = 20.0) -> DrillReport:
+    """A site loss: home's replica led and died with the site at the kill."""
+    lost = report(rto_s=rto_s)
+    lost.lose, lost.leader_before, lost.leader_after = "site", "home", "control"
+    lost.leader_lost_at = KILLED_AT
+    lost.failover_at = None if failover_s is None else KILLED_AT + failover_s
+    lost.offsite_kept = kept
+    lost.decisions = [
+        {"time": KILLED_AT + 8, "kind": "outage", "what": "cluster onprem declared out",
+         "replica": "control"},
+        {"time": KILLED_AT + 12, "kind": "requeue", "what": "generation 1 submitted",
+         "replica": moved_by}]
+    return lost
+
+
+@pytest.mark.parametrize("figures, passed, missed", [
+    ({}, True, 0),
+    ({"failover_s": 10.0}, True, 0),               # at the target is within it
+    ({"failover_s": 10.1}, False, 1),
+    ({"failover_s": None}, False, 2),              # nobody else led: nor room in the RTO
+    ({"moved_by": "home"}, False, 1),              # the dead leader's move, not the successor's
+    ({"kept": False}, False, 0),                   # a checkpoint verified before the loss gone
+    # The RTO target makes room for the failover: 3 + 6 + 0 + 15 s.
+    ({"rto_s": 24.0}, True, 0),
+    ({"rto_s": 24.1}, False, 1),
+])
+def test_a_site_loss_passes_only_with_a_timely_successor_that_moved_the_job(
+        figures, passed, missed):
+    lost = site_lost(**figures)
+
+    assert lost.passed is passed
+    text = render_report(lost)
+    assert text.count("MISSED") == missed
+    assert "home -> control" in text
+    assert "written by control  1 outage, 1 requeue" in text or figures.get("moved_by")
+    expected = figures.get("failover_s", 6.0)
+    assert lost.to_json()["failover_s"] == (None if expected is None
+                                            else pytest.approx(expected))
+
+
+def test_a_cluster_loss_alone_on_sqlite_says_nothing_of_leaders():
+    text = render_report(report())
+    assert "leader failover" not in text and "written by" not in text
+
+
 def test_report_says_what_was_off_site_at_the_kill():
     assert "last step home 100, off-site at kill 80, resumed at 80" in render_report(report())
 

@@ -1,4 +1,5 @@
-"""`slurm-geo drill`: fail the home cluster in the sandbox and report the recovery."""
+"""`slurm-geo drill`: fail the home cluster, site or leader in the sandbox and report the
+recovery."""
 
 from __future__ import annotations
 
@@ -32,16 +33,25 @@ import click
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Where the report, job output and timeline.png go (default: "
                    "<sandbox>/drills).")
+@click.option("--lose", type=click.Choice(["cluster", "site", "leader"]), default="cluster",
+              show_default=True,
+              help="What to take away: onprem's controller, nodes and job; the whole home "
+                   "site (its links cut, every process there killed: the home federation "
+                   "replica and etcd member too); or, after onprem, the leading replica in "
+                   "the middle of the move. site and leader need `sandbox up --replicated`.")
+@click.option("--return-after", "return_after", type=click.FloatRange(0), default=None,
+              help="Bring home back this many seconds after the loss (once the job trains "
+                   "elsewhere) [default: when the job has finished].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def drill(sandbox_dir: Path | None, state_mb: float, steps: int | None,
           ckpt_every: int | None, step_delay: float | None, ranks: int, reshard: bool,
-          out: Path | None, as_json: bool) -> None:
-    """Lose the home cluster on purpose: submit a real training job to onprem, kill onprem's
-    controller and nodes once two checkpoints are verified off-site, and let the
-    federation daemon move the job to rented. Prints the DR report (detection, RTO, steps
-    lost, bytes, predicted vs actual transfer, cost per leg) and checks that the final
-    weights are bit-identical to an uninterrupted run (resharded: that the job loaded
-    exactly the weights saved). Exits 0 when every target holds."""
+          out: Path | None, lose: str, return_after: float | None, as_json: bool) -> None:
+    """Lose the home cluster (or site, or leader) on purpose: submit a real training job
+    to onprem, strike once two checkpoints are verified off-site, and let the federation
+    move the job to rented. Prints the DR report (detection, leader failover, RTO, steps
+    lost, bytes, predicted vs actual transfer, who decided what, cost per leg) and checks
+    that the final weights are bit-identical to an uninterrupted run (resharded: that the
+    job loaded exactly the weights saved). Exits 0 when every target holds."""
     from slurm_geo.drills.drill import run_drill
     from slurm_geo.drills.report import render_report
     from slurm_geo.drills.settings import sized
@@ -53,7 +63,8 @@ def drill(sandbox_dir: Path | None, state_mb: float, steps: int | None,
         raise click.UsageError("--reshard needs --ranks 4 or more (2 ranks per node, and "
                                "one node fewer after the move)")
     settings = sized(state_mb, remembered_wan_mbit(sandbox.layout), ranks=ranks, reshard=reshard,
-                     steps=steps, ckpt_every=ckpt_every, step_delay_s=step_delay)
+                     steps=steps, ckpt_every=ckpt_every, step_delay_s=step_delay,
+                     lose=lose, return_after_s=return_after)
     progress = (lambda _msg: None) if as_json else \
         (lambda msg: click.echo(f"drill: {msg}", err=True))
     report = run_drill(sandbox, settings, out or sandbox.layout.root / "drills", progress)

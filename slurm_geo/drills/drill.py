@@ -1,12 +1,14 @@
-"""`slurm-geo drill`: lose the home cluster on purpose and measure the recovery.
+"""`slurm-geo drill`: lose the home cluster (or the whole home site, or the leading
+federation replica) on purpose and measure the recovery.
 
 In the sandbox: a real PyTorch job with geo directives is submitted to `onprem`; once at
-least two of its checkpoints are verified off-site, onprem's controller, its nodes and
-the job's processes are SIGKILLed (the sandbox's own pids, nothing else). The federation
-daemon detects the outage, plans, and requeues the job on `rented` through slurmrestd;
-the job resumes from the newest verified checkpoint and completes. Its final weights are
-compared with an uninterrupted reference run, and onprem is brought back, which lets the
-daemon fence the stale incarnation.
+least two of its checkpoints are verified off-site, the loss is struck (drills.losses:
+the sandbox's own pids, nothing else). The federation detects the outage, plans, and
+requeues the job on `rented` through slurmrestd; the job resumes from the newest
+verified checkpoint and completes. Its final weights are compared with an uninterrupted
+reference run, and home is brought back, which lets the leader fence the stale
+incarnation. A site or leader loss also times the leader's failover and names the
+replica that wrote each decision.
 """
 
 from __future__ import annotations
@@ -18,28 +20,33 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
-
-import psutil
+from typing import Any, Protocol
 
 from slurm_geo.config.model import SiteConfig, load_config
-from slurm_geo.drills import sharded
+from slurm_geo.drills import losses, sharded
 from slurm_geo.drills.picture import draw_timeline
 from slurm_geo.drills.report import DrillReport, Sample
 from slurm_geo.drills.settings import DrillSettings
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.federation.audit import AuditLog, Entry
-from slurm_geo.sandbox import Sandbox
+from slurm_geo.federation.audit import Entry
+from slurm_geo.sandbox import Sandbox, netns
 from slurm_geo.sandbox.layout import SandboxLayout
-from slurm_geo.sandbox.processes import has_marker
+from slurm_geo.sandbox.sites import Site
 from slurm_geo.sandbox.users import ALICE, SandboxUser, job_environment
 from slurm_geo.slurm import JobSpec, SlurmClient, SlurmError, connect
 from slurm_geo.sync.reader import SyncStateReader
 
 Progress = Callable[[str], None]
+
+
+class Audited(Protocol):
+    """An audit log to read: the SQLite one, or the replicas' in etcd."""
+
+    def entries(self, logical_job: str | None = None) -> list[Entry]: ...
 
 
 class DrillFailed(SlurmGeoError):
@@ -63,6 +70,12 @@ class Training:
 
 def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
               progress: Progress = print) -> DrillReport:
+    if settings.lose not in losses.LOSSES:
+        raise DrillFailed(f"--lose {settings.lose}: choose one of {', '.join(losses.LOSSES)}")
+    if settings.lose != "cluster" and not sandbox.layout.replicated:
+        raise DrillFailed(f"--lose {settings.lose} needs federation replicas at home and "
+                          f"control: slurm-geo sandbox down --purge, then slurm-geo sandbox "
+                          f"up --replicated")
     progress("bringing the sandbox up")
     sandbox.up(progress=lambda _msg: None)
     site = load_config(sandbox.layout.site_config)
@@ -81,6 +94,8 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
            target: str, settings: DrillSettings, out_dir: Path,
            progress: Progress) -> DrillReport:
     assert site.federation is not None
+    view = losses.FederationView(site)
+    wait_for(view.leader, time.time() + 60, "a federation replica to lead")
     job = submit_training(site, clients[home], settings, out_dir, sandbox.layout)
     run, work, trace, job_id, logical = job.run, job.work, job.trace, job.job_id, \
         job.logical_job
@@ -88,44 +103,73 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
     # Short timeouts: a dead controller must show as unreachable when it dies, not later.
     quick = {name: connect(replace(cluster, timeout_s=1.0))
              for name, cluster in site.clusters.items()}
+    # Losing home, the drill watches from control: the login host is at home.
+    watch = losses.InSite(sandbox, Site.CONTROL) if settings.lose == "site" else None
+    if watch is not None:
+        watch.enter()
     sampler = _Sampler(quick, home, job_id)
     sampler.start()
+    returned_at: float | None = None
     try:
         deadline = time.time() + settings.timeout_s
         enough = settings.verified_before_kill
         wait_for(lambda: len(verified_offsite(site, run)) >= enough, deadline,
                  f"{enough} checkpoints of {run} verified off-site")
         offsite = verified_offsite(site, run)
-        progress(f"{len(offsite)} checkpoints verified off-site; "
-                 f"killing {home}'s controller, nodes and job")
+        leader_before = view.leader()
+        progress(f"{len(offsite)} checkpoints verified off-site; {LOSS_SAYS[settings.lose]}")
         killed_at = time.time()
-        kill_cluster(sandbox, home)
-        audit = AuditLog(site.federation.audit_path, readonly=True)
-        detected = wait_for(lambda: audit_entry(audit, "outage", None, home, killed_at),
+        if settings.lose == "site":
+            losses.lose_site(sandbox, Site.HOME)
+        else:
+            kill_cluster(sandbox, home)
+        detected = wait_for(lambda: audit_entry(view, "outage", None, home, killed_at),
                             deadline, f"the daemon to declare {home} out")
         progress(f"outage of {home} detected after {detected.unix_time - killed_at:.1f} s")
-        moved = wait_for(lambda: audit_entry(audit, "requeue", logical, target, killed_at),
+        leader_lost_at = killed_at if settings.lose == "site" else None
+        if settings.lose == "leader":
+            wait_for(lambda: decision_entry(view, logical, killed_at), deadline,
+                     f"the leader to decide a move of {logical}")
+            leader_lost_at = time.time()
+            losses.kill_replica(sandbox, leader_before or "")
+            progress(f"killed the leading replica {leader_before} in the middle of the move")
+        failover_at, leader_after = None, leader_before
+        if leader_lost_at is not None:
+            leader_after = wait_for(lambda: view.leading_replica(besides=leader_before),
+                                    deadline, "another replica to lead")
+            failover_at = time.time()
+            progress(f"{leader_after} leads {failover_at - leader_lost_at:.1f} s after "
+                     f"{leader_before} was lost")
+        moved = wait_for(lambda: audit_entry(view, "requeue", logical, target, killed_at),
                          deadline, f"the daemon to requeue {logical} on {target}")
         new_job = int(moved.detail["job_id"])
         sampler.follow(target, new_job)
         progress(f"requeued on {target} as job {new_job}, resuming from step "
                  f"{moved.detail.get('resume_step')}")
-        training = wait_for(lambda: audit_entry(audit, "lease", logical, target, killed_at),
+        training = wait_for(lambda: audit_entry(view, "lease", logical, target, killed_at),
                             deadline, f"job {target}:{new_job} to start training")
-        finished = wait_for(lambda: audit_entry(audit, "finished", logical, target, killed_at),
-                         deadline, f"job {target}:{new_job} to finish")
-        progress(f"job finished on {target}: {finished.what}")
-        progress(f"bringing {home} back")
-        sandbox.up(progress=lambda _msg: None)
-        stale = wait_or_none(lambda: audit_entry(audit, "fence", logical, home, killed_at),
-                              time.time() + 60)
+        if settings.return_after_s is not None:
+            wait_or_none(lambda: False, killed_at + settings.return_after_s)
+            returned_at = _bring_home_back(sandbox, settings, watch, progress, home)
+        finished = wait_for(lambda: audit_entry(view, "finished", logical, None, killed_at),
+                            deadline, f"{logical} to finish")
+        progress(f"job finished: {finished.what}")
+        if returned_at is None:
+            returned_at = _bring_home_back(sandbox, settings, watch, progress, home)
+        stale = wait_or_none(lambda: audit_entry(view, "fence", logical, home, killed_at),
+                             time.time() + 60)
     finally:
         sampler.stop()
-    output = job_output(work, new_job, target)
+        if watch is not None:
+            watch.leave()
+    last = (finished.detail.get("cluster"), finished.detail.get("job_id"))
+    finished_on = (str(last[0]), int(last[1])) if None not in last else (target, new_job)
+    output = job_output(work, finished_on[1], finished_on[0])
     reference = (reference_weights(settings) if settings.ranks == 1 or not settings.reshard
                  else "")
     final_step, final_weights = final_line(output)
-    resumed, saved = sharded.resumed_and_saved(job_output(work, job_id, home), output)
+    resumed, saved = sharded.resumed_and_saved(job_output(work, job_id, home),
+                                               job_output(work, new_job, target))
     # The generation the kill hit: not always 0 (the daemon may have moved the job for its
     # queue and back before).
     lines = trace_lines(trace)
@@ -133,6 +177,9 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
                and line.incarnation.startswith(f"{home}:")), default=0)
     home_steps = [line.step for line in lines if line.generation == hit]
     resume_step = moved.detail.get("resume_step")
+    incarnations = [(home, job_id), (target, new_job)]
+    if finished_on not in incarnations:
+        incarnations.append(finished_on)
     report = DrillReport(
         run=run, logical_job=logical, home=home, target=target, settings=asdict(settings),
         killed_at=killed_at, detected_at=detected.unix_time, moved_at=moved.unix_time,
@@ -143,19 +190,41 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         steps_lost=None if resume_step is None else max(home_steps, default=0) - resume_step,
         final_step=final_step, final_weights=final_weights, reference_weights=reference,
         bit_identical=final_weights == reference,
-        **_replication(site, run, resume_step),
+        **_replication(site, view, run, resume_step),
         link_mbit=settings.link_mbit,
-        legs=_legs(site, clients, [(home, job_id), (target, new_job)]),
+        legs=_legs(site, clients, incarnations),
         stale_incarnation=stale.what if stale else "not seen within 60 s",
-        audit_ok=AuditLog(site.federation.audit_path, readonly=True).verify().ok,
+        audit_ok=view.verify_audit(),
         owner=ALICE.name, owner_uid=ALICE.uid, ran_as=incarnation_uids(work),
         ranks=settings.ranks, ranks_after_move=sharded.ranks_of(output) or settings.ranks,
         resumed_weights=resumed, saved_weights=saved,
         timeline=sampler.samples,
+        lose=settings.lose, leader_before=leader_before, leader_after=leader_after,
+        leader_lost_at=leader_lost_at, failover_at=failover_at, returned_at=returned_at,
+        decisions=decisions_by_replica(view, logical, home, killed_at),
+        offsite_kept=offsite_kept(sandbox, site, view, run, offsite),
     )
     report.picture = str(draw_timeline(report, work / "timeline.png"))
     (work / "report.json").write_text(json.dumps(report.to_json(), indent=2))
     return report
+
+
+LOSS_SAYS = {"cluster": "killing home's controller, nodes and job",
+             "site": "cutting the home site off and killing every process there",
+             "leader": "killing home's controller, nodes and job, then the leading replica "
+                       "mid-move"}
+
+
+def _bring_home_back(sandbox: Sandbox, settings: DrillSettings,
+                     watch: losses.InSite | None, progress: Progress, home: str) -> float:
+    """Home's links healed (a site loss) and everything killed started again, from the
+    login host; the drill goes on watching from there. When it came back."""
+    progress(f"bringing {home} back")
+    if watch is not None:
+        watch.leave()
+        netns.heal_all(sandbox.layout.topology)
+    sandbox.up(progress=lambda _msg: None)
+    return time.time()
 
 
 def reference_weights(settings: DrillSettings) -> str:
@@ -288,7 +357,7 @@ def kill_cluster(sandbox: Sandbox, cluster: str) -> set[int]:
     """SIGKILL the cluster's slurmctld, slurmds, slurmstepds and jobs: what losing the
     site does to them. Only processes this sandbox started, each by its pid."""
     victims = cluster_pids(sandbox, cluster)
-    signal_pids(victims, signal.SIGKILL)
+    losses.signal_pids(victims, signal.SIGKILL)
     return victims
 
 
@@ -297,38 +366,70 @@ def cluster_pids(sandbox: Sandbox, cluster: str) -> set[int]:
     jobs): processes this sandbox started, found by its pid files and markers."""
     names = [f"{cluster}-slurmctld", *(f"{cluster}-n{i}" for i in (1, 2))]
     pids = {pid for pid in map(sandbox.processes.running_pid, names) if pid is not None}
-    conf = f"SLURM_CONF={sandbox.layout.cluster(cluster).slurm_conf}".encode()
-    for proc in psutil.process_iter():
-        try:
-            environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if conf in environ and has_marker(proc.pid, sandbox.layout.root):
-            pids.add(proc.pid)
-    victims = set(pids)
-    for pid in pids:
-        try:
-            victims.update(child.pid for child in psutil.Process(pid).children(recursive=True))
-        except psutil.NoSuchProcess:
-            continue
-    return victims
+    return losses.with_descendants(pids | losses.cluster_processes(sandbox, cluster))
 
 
-def signal_pids(pids: set[int], signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            continue
-
-
-def audit_entry(audit: AuditLog, kind: str, logical: str | None, cluster: str,
-           after: float) -> Entry | None:
+def audit_entry(audit: Audited, kind: str, logical: str | None, cluster: str | None,
+                after: float) -> Entry | None:
+    """The first entry of `kind` (of `logical`'s, when given; about `cluster`, when
+    given) written at or after `after`."""
     for entry in audit.entries(logical_job=logical):
-        if entry.kind == kind and entry.detail.get("cluster") == cluster \
+        if entry.kind == kind and cluster in (None, entry.detail.get("cluster")) \
                 and entry.unix_time >= after:
             return entry
     return None
+
+
+def decision_entry(audit: Audited, logical: str, after: float) -> Entry | None:
+    """The leader's decision to move `logical` (or restart it elsewhere) after `after`."""
+    for entry in audit.entries(logical_job=logical):
+        if entry.kind == "decision" and entry.unix_time >= after and \
+                entry.what.startswith(("move to ", "restart on ")):
+            return entry
+    return None
+
+
+def decisions_by_replica(view: losses.FederationView, logical: str, home: str,
+                         after: float) -> list[dict[str, Any]]:
+    """What the federation decided and did about the loss, and which replica did each
+    (a daemon alone: no name)."""
+    return [{"time": entry.unix_time, "kind": entry.kind, "what": entry.what,
+             "replica": entry.detail.get("replica")}
+            for entry in view.entries()
+            if entry.unix_time >= after and (entry.logical_job == logical or (
+                entry.kind in ("outage", "recovered") and entry.detail.get("cluster") == home))]
+
+
+def offsite_kept(sandbox: Sandbox, site: SiteConfig, view: losses.FederationView, run: str,
+                 steps: list[int]) -> bool:
+    """Every checkpoint verified off-site before the loss is still there, and the newest
+    of them still verifies in full (read with the daemons' key to the store)."""
+    from slurm_geo.ckpt import Repository
+    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.ckpt.open_store import open_store
+
+    assert site.sync is not None
+    store_config = site.stores[site.sync.destination]
+    with _environment(sandbox.s3_env()):
+        store = open_store(store_config.url, endpoint_url=store_config.endpoint_url or None)
+        repository = Repository(store, load_master_key(sandbox.layout.master_key))
+        listed = set(repository.steps(run))
+        return set(steps) <= listed and not repository.verify(run, max(steps))
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """`values` in this process's environment (boto3 reads its keys there) for a block."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def wait_for(check: Callable[[], Any], deadline: float, what: str) -> Any:
@@ -360,15 +461,18 @@ def final_line(output: str) -> tuple[int | None, str | None]:
     return None, None
 
 
-def _replication(site: SiteConfig, run: str, resume_step: int | None) -> dict[str, Any]:
+def _replication(site: SiteConfig, view: losses.FederationView, run: str,
+                 resume_step: int | None) -> dict[str, Any]:
     """Bytes checkpoint-sync moved off-site for the run; each checkpoint's copy, actual
     and predicted by the daemon's bandwidth model (as it stands after the drill), and its
     lag (committed at home to verified off-site); and the same for the resume's."""
     if site.sync is None:
         return {"replicated_bytes": 0, "replication_seconds": 0.0, "replications": [],
                 "predicted_transfer_s": None, "actual_transfer_s": None}
+    from slurm_geo.federation.bandwidth import BandwidthModel
+
     state = SyncStateReader(site.sync.state)  # it verified checkpoints: it must be there
-    model = _bandwidth_model(site)
+    model = BandwidthModel.restore(view.bandwidth_snapshot())
     source, destination = site.sync.roots[0], site.sync.destination
     lags = {r.step: r.lag_s for r in state.replicas(run)}
     replications = []
@@ -387,18 +491,6 @@ def _replication(site: SiteConfig, run: str, resume_step: int | None) -> dict[st
             "replications": replications,
             "predicted_transfer_s": None if resumed is None else resumed["predicted_s"],
             "actual_transfer_s": None if resumed is None else resumed["actual_s"]}
-
-
-def _bandwidth_model(site: SiteConfig):
-    from slurm_geo.federation.bandwidth import BandwidthModel
-    from slurm_geo.federation.state import FederationState
-
-    assert site.federation is not None
-    state = FederationState(site.federation.state, readonly=True)
-    try:
-        return BandwidthModel.restore(state.bandwidth_snapshot())
-    finally:
-        state.close()
 
 
 def _legs(site: SiteConfig, clients: dict[str, SlurmClient],

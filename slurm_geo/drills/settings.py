@@ -35,6 +35,8 @@ class DrillSettings:
     reshard: bool = False  # with ranks: the target offers one node, the job resumes on fewer
     state_mb: float | None = None  # the checkpoint size the width was chosen for (sized)
     link_mbit: float | None = None  # the home -> remote rate the pace was chosen for
+    lose: str = "cluster"  # what is taken away: drills.losses.LOSSES
+    return_after_s: float | None = None  # home back this long after the loss; else at the end
 
 
 def hidden_for(state_mb: float, ranks: int = 1) -> int:
@@ -55,7 +57,8 @@ def transfer_s(state_mb: float, link_mbit: float) -> float:
 
 def sized(state_mb: float, link_mbit: float, *, ranks: int = 1, reshard: bool = False,
           steps: int | None = None, ckpt_every: int | None = None,
-          step_delay_s: float | None = None) -> DrillSettings:
+          step_delay_s: float | None = None, lose: str = "cluster",
+          return_after_s: float | None = None) -> DrillSettings:
     """A drill whose checkpoints are about `state_mb` MiB, paced for a `link_mbit` link:
     checkpoints come INTERVAL_OVER_TRANSFER times slower than checkpoint-sync copies and
     verifies one, and the drill may take as long as its checkpoints need. Explicit steps,
@@ -78,4 +81,4 @@ def sized(state_mb: float, link_mbit: float, *, ranks: int = 1, reshard: bool = 
     return DrillSettings(steps=total, ckpt_every=every, step_delay_s=round(delay, 3),
                          timeout_s=round(timeout), hidden=hidden_for(state_mb, ranks),
                          ranks=ranks, reshard=reshard, state_mb=state_mb,
-                         link_mbit=link_mbit)
+                         link_mbit=link_mbit, lose=lose, return_after_s=return_after_s)
