@@ -1,5 +1,6 @@
 """The drill's timeline as a PNG: each incarnation's Slurm state over time, with the kill,
-the detection, the requeue and the completion marked."""
+the detection, the requeue and the completion marked; with replicas, a row for the
+leader: which replica led when, and the gap while none did."""
 
 from __future__ import annotations
 
@@ -27,10 +28,15 @@ def draw_timeline(report: DrillReport, path: Path) -> Path:
             width = max(after.t - here.t, 0.5)
             axes.barh(index, width, left=here.t - start, height=0.5,
                       color=COLOURS.get(here.state, "#bdbdbd"), edgecolor="none")
+    if report.leader_lost_at is not None:
+        rows.append("leader")
+        _leader_row(axes, report, len(rows) - 1, start)
     marks = [("killed", report.killed_at, "#d32f2f"), ("detected", report.detected_at,
              "#ff9800"), ("requeued", report.moved_at, "#1976d2"),
              ("training again", report.running_elsewhere_at, "#4caf50"),
-             ("completed", report.completed_at, "#2e7d32")]
+             ("completed", report.completed_at, "#2e7d32"),
+             ("new leader", report.failover_at, "#6a1b9a"),
+             ("home back", report.returned_at, "#455a64")]
     for label, when, colour in marks:
         if when is not None:
             axes.axvline(when - start, color=colour, linestyle="--", linewidth=1)
@@ -52,3 +58,20 @@ def draw_timeline(report: DrillReport, path: Path) -> Path:
     figure.savefig(path)
     pyplot.close(figure)
     return path
+
+
+def _leader_row(axes, report: DrillReport, index: int, start: float) -> None:
+    """The replica that led before the loss, none (hatched) until another said it leads,
+    then that one, each span labelled with its name."""
+    assert report.leader_lost_at is not None
+    end = max([s.t for s in report.timeline] + [report.completed_at or report.leader_lost_at])
+    spans = [(start, report.leader_lost_at, report.leader_before, "#7e57c2", "")]
+    if report.failover_at is not None:
+        spans += [(report.leader_lost_at, report.failover_at, None, "white", "///"),
+                  (report.failover_at, end, report.leader_after, "#ab47bc", "")]
+    for begin, until, name, colour, hatch in spans:
+        axes.barh(index, max(until - begin, 0.5), left=begin - start, height=0.5,
+                  color=colour, hatch=hatch, edgecolor="#6a1b9a" if hatch else "none")
+        if name:
+            axes.text(begin - start + 0.5, index, name, fontsize=8, color="white",
+                      va="center")
