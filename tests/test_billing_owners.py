@@ -8,6 +8,7 @@ back on failback. Beside it: a job writing to its own directory, and a run nobod
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,13 +17,17 @@ from slurm_geo.billing import costs, invoice, service
 from slurm_geo.billing.config import BillingConfig, ClusterFacts, PriceEntry
 from slurm_geo.billing.db import BillingDB
 from slurm_geo.billing.periods import parse_period
+from slurm_geo.ckpt.keys import create_master_key_file, load_master_key
+from slurm_geo.config.daemons import FederationConfig, ReplicaConfig
 from slurm_geo.federation.audit import AuditLog
+from slurm_geo.federation.etcd.audit import EtcdAuditLog
 from slurm_geo.federation.model import FederationStateError, JobStatus, LogicalJob
 from slurm_geo.federation.state import FederationState
 from slurm_geo.registry import Registry
 from slurm_geo.slurm.models import AccountingRecord, JobState, Owner
 from slurm_geo.sync.jobdirs import SourceStatus
 from slurm_geo.sync.state import Source, StateDB
+from tests.etcd_server import fresh_prefix, open_replica
 
 CLUSTERS = {"onprem": ClusterFacts("onprem", "home", "onprem"),
             "rented": ClusterFacts("rented", "remote", "gpu-market")}
@@ -69,29 +74,33 @@ def write_registry(tmp_path, pfs):
 def write_federation(tmp_path, pfs):
     """What the daemon writes: the job registered at its first lease, moved to rented:1,
     a checkpoint copied back on failback (federation.registration, .mover)."""
-    directives = {"geo-ckpt-dir": str(pfs), "geo-cost-center": "ml-research",
-                  "geo-failover": "auto"}
     clock = [T0]
     state = FederationState(tmp_path / "federation.db")
+    with AuditLog(tmp_path / "audit.db", clock=lambda: clock[0]) as audit:
+        record_federation(state, audit, clock, pfs)
+    state.close()
+
+
+def record_federation(state, audit, clock: list[float], pfs) -> None:
+    directives = {"geo-ckpt-dir": str(pfs), "geo-cost-center": "ml-research",
+                  "geo-failover": "auto"}
     state.add_job(LogicalJob("onprem-50", "drill-a", "onprem", "#!/bin/bash\n", {}, directives,
                              0, "onprem", 50, None, JobStatus.RUNNING, created_at=T0,
                              updated_at=T0, owner=Owner("alice", 1000, 1000)))
-    with AuditLog(tmp_path / "audit.db", clock=lambda: clock[0]) as audit:
-        audit.append("register", "onprem-50", "registered onprem:50 (run drill-a) of alice",
-                     "first lease", cluster="onprem", job_id=50, run="drill-a",
-                     directives=directives, owner="alice", uid=1000, gid=1000)
-        clock[0] = MOVED
-        state.begin_generation("onprem-50", 0, "rented", 80, MOVED)
-        state.submitted("onprem-50", 1, 1, "0" * 64, MOVED)
-        audit.append("requeue", "onprem-50", "generation 1 submitted as rented:1",
-                     "resumes drill-a from step 80", cluster="rented", job_id=1, generation=1,
-                     run="drill-a", resume_step=80, store="offsite")
-        clock[0] = BACK
-        audit.append("transfer", "onprem-50", "copied drill-a@160 from offsite to pfs",
-                     "the job moves; its newest checkpoint goes with it", bytes=2 * GB,
-                     seconds=4.0, packs_copied=3, run="drill-a", step=160, source="offsite",
-                     destination="pfs", source_region="remote", destination_region="home")
-    state.close()
+    audit.append("register", "onprem-50", "registered onprem:50 (run drill-a) of alice",
+                 "first lease", cluster="onprem", job_id=50, run="drill-a",
+                 directives=directives, owner="alice", uid=1000, gid=1000)
+    clock[0] = MOVED
+    state.begin_generation("onprem-50", 0, "rented", 80, MOVED)
+    state.submitted("onprem-50", 1, 1, "0" * 64, MOVED)
+    audit.append("requeue", "onprem-50", "generation 1 submitted as rented:1",
+                 "resumes drill-a from step 80", cluster="rented", job_id=1, generation=1,
+                 run="drill-a", resume_step=80, store="offsite")
+    clock[0] = BACK
+    audit.append("transfer", "onprem-50", "copied drill-a@160 from offsite to pfs",
+                 "the job moves; its newest checkpoint goes with it", bytes=2 * GB,
+                 seconds=4.0, packs_copied=3, run="drill-a", step=160, source="offsite",
+                 destination="pfs", source_region="remote", destination_region="home")
 
 
 def write_sync(tmp_path):
@@ -138,6 +147,31 @@ def site(tmp_path):
                Accounting("rented", [record("rented", 1, MOVED + 60, 1.5,
                                             account="marketplace")])]
     return config, clients
+
+
+@pytest.fixture
+def replicated_site(site, etcd, tmp_path):
+    """The same records written by a replica of the daemon into etcd, sealed under the
+    site's master key, and billing configured to read them there ([federation]
+    etcd_endpoints: no SQLite state or audit log)."""
+    config, clients = site
+    key_file = tmp_path / "master.key"
+    create_master_key_file(key_file)
+    prefix = fresh_prefix()
+    state = open_replica([etcd.client_url], prefix, "home", site="home",
+                         master_keys=load_master_key(key_file))
+    assert state.leadership.campaign()
+    clock = [T0]
+    audit = EtcdAuditLog(state.kv, state.layout, state.leadership, clock=lambda: clock[0],
+                         replica="home")
+    record_federation(state, audit, clock, tmp_path / "pfs")
+    federation = FederationConfig(
+        key_file=key_file, etcd_endpoints=(etcd.client_url,), etcd_prefix=prefix,
+        replica="home", replicas=(ReplicaConfig("home", "home", "https://home.example:9852"),))
+    yield replace(config, database=tmp_path / "billing-etcd.db", federation_audit=None,
+                  federation_state=None, federation_etcd=federation), clients
+    state.leadership.resign()
+    state.close()
 
 
 def ingest_twice(config, clients):
@@ -199,6 +233,25 @@ def test_flags_and_invoices_are_per_job_not_per_object(site):
     assert [(li.owner.job, li.line.cluster, li.items) for li in bills["(none)"].lines] == [
         ("run:nobody", "onprem", 2 * OBJECTS), ("run:nobody", "rented", 2)]
     assert bills["ml-research"].total == round(result.groups["ml-research"].total_usd, 2)
+
+
+def test_replicas_records_in_etcd_bill_exactly_as_a_daemon_alones(site, replicated_site):
+    alone, replicated = ingest_twice(*site), ingest_twice(*replicated_site)
+    assert replicated["egress"] == alone["egress"] and replicated["jobs"] == alone["jobs"]
+    moved = replicated["jobs"][("rented", 1)]
+    assert (moved["logical_id"], moved["cost_center"]) == ("onprem-50", "ml-research")
+    assert any(r["kind"] == "move" for r in replicated["egress"])  # the daemon's own copy
+
+
+def test_etcd_not_answering_fails_ingest_and_bills_nothing_blind(replicated_site):
+    config, clients = replicated_site
+    gone = replace(config.federation_etcd, etcd_endpoints=("http://127.0.0.1:9",))
+    with BillingDB(config.database) as db:
+        result = service.run_ingest(db, replace(config, federation_etcd=gone), clients,
+                                    now=int(BACK) + 60)
+        assert db.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
+    assert result.exit_code == FederationStateError.exit_code
+    assert "ownership" in result.failures
 
 
 def test_a_damaged_federation_state_stops_ingest(site, tmp_path):

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_geo.config.daemons import FederationConfig
 from slurm_geo.config.model import SiteConfig
 from slurm_geo.config.tables import DEFAULT_BILLING_DATABASE as DEFAULT_DATABASE
 from slurm_geo.config.tables import PriceEntry
@@ -54,6 +55,8 @@ class BillingConfig:
     sync_state: Path | None = None       # checkpoint-sync's database: egress
     federation_audit: Path | None = None  # the federation daemon's audit log: its copies
     federation_state: Path | None = None  # its state: logical jobs, runs, incarnations
+    # Replicas of the daemon: both are in etcd, as this [federation] table says.
+    federation_etcd: FederationConfig | None = None
     registry: Path | None = None         # the controller's job registry: lineage
     budgets: Mapping[str, float] = field(default_factory=dict)
     job_budgets: Mapping[str, float] = field(default_factory=dict)  # [policy.budgets]
@@ -68,6 +71,7 @@ def billing_config(site: SiteConfig) -> BillingConfig:
     """The billing settings of a loaded site config: its [billing] table (read and checked
     by slurm_geo.config), with each cluster's own prices for clusters it gives none."""
     table = site.billing
+    alone = site.federation if site.federation and not site.federation.replicated else None
     clusters = {name: ClusterFacts(name, c.region, c.provider or name)
                 for name, c in site.clusters.items()}
     defaults = tuple(
@@ -79,8 +83,10 @@ def billing_config(site: SiteConfig) -> BillingConfig:
     return BillingConfig(
         database=table.database,
         sync_state=site.sync.state if site.sync else None,
-        federation_audit=site.federation.audit_path if site.federation else None,
-        federation_state=site.federation.state if site.federation else None,
+        federation_audit=alone.audit_path if alone else None,
+        federation_state=alone.state if alone else None,
+        federation_etcd=site.federation if site.federation and site.federation.replicated
+        else None,
         registry=site.registry_path,
         budgets=dict(table.budgets),
         job_budgets=dict(site.policy.budgets),

@@ -26,6 +26,7 @@ from slurm_geo.billing.lineage import LegOwner, Owners, attribute
 from slurm_geo.billing.outages import Outage, cut_short, estimate_flag, start_known
 from slurm_geo.billing.periods import Period, epoch, months_overlapping, next_watermark
 from slurm_geo.ckpt.names import manifest_name
+from slurm_geo.config.daemons import FederationConfig
 from slurm_geo.federation.audit import Entry
 from slurm_geo.slurm.models import AccountingRecord, MalformedAccountingRow
 from slurm_geo.sync.reader import SyncStateReader
@@ -259,14 +260,15 @@ def egress_row(transfer: Mapping[str, Any], owners: Owners,
 
 def ingest_egress(db: BillingDB, sync_state: Path | None, federation_audit: Path | None,
                   owners: Owners, prices: costs.PriceTable, since: int,
-                  until: int) -> int:
+                  until: int, federation_etcd: FederationConfig | None = None) -> int:
     """Checkpoint transfers finished in [since, until): checkpoint-sync's (when [sync] is
     configured: its state must be readable) and the federation daemon's copies when a job
-    moves (when its audit log exists), each charged through `owners`."""
+    moves (when its audit log exists; the replicas' in etcd with `federation_etcd`), each
+    charged through `owners`."""
     job_dirs = records.job_directories(sync_state)
+    copies = records.audit_entries(federation_audit, ("transfer",), federation_etcd)
     transfers = (_sync_transfers(sync_state, since, until)
-                 + federation_transfers(records.audit_entries(federation_audit, ("transfer",)),
-                                        since, until))
+                 + federation_transfers(copies, since, until))
     rows = [egress_row(t, owners, job_dirs) for t in transfers]
     _write_egress(db, rows, prices)
     db.set_watermark(EGRESS_SOURCE, until)

@@ -1,7 +1,7 @@
 """Who owns what, read from the other daemons' records for `billing ingest`. Thin I/O:
 each database through its owner's read API (`RegistryReader`, `FederationState` and
-`AuditLog` opened read-only, `SyncStateReader`); what follows from them is
-`billing.lineage`'s.
+`AuditLog` opened read-only, or the replicas' state in etcd, `SyncStateReader`); what
+follows from them is `billing.lineage`'s.
 
 A record that does not exist yet (no geo job started, no federation daemon run) is no
 records; one that exists and cannot be read stops ingest with its own error, rather than
@@ -11,10 +11,12 @@ bill without lineage: `RegistryUnreadable` (exit 42), `FederationStateError` (43
 
 from __future__ import annotations
 
+import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from slurm_geo.billing import lineage
 from slurm_geo.billing.attribution import RegistryJob
@@ -22,6 +24,10 @@ from slurm_geo.billing.outages import Outage, outages_of
 from slurm_geo.federation.audit import AuditError, AuditLog, Entry
 from slurm_geo.federation.model import FederationStateError
 from slurm_geo.federation.state import FederationState
+
+if TYPE_CHECKING:
+    from slurm_geo.config.daemons import FederationConfig
+    from slurm_geo.federation.runtime import OpenedState
 from slurm_geo.registry import RegistryReader
 from slurm_geo.sync.reader import SyncStateReader
 
@@ -32,12 +38,14 @@ class Ownership(NamedTuple):
 
 
 def read_ownership(registry: Path | None, federation_state: Path | None,
-                   federation_audit: Path | None) -> Ownership:
+                   federation_audit: Path | None,
+                   federation_etcd: FederationConfig | None = None) -> Ownership:
     """Every record of which logical job each Slurm job and run belongs to, and the
-    outages that cut legs short: one read of the audit log for both."""
+    outages that cut legs short: one read of the audit log for both. With
+    `federation_etcd` (replicas of the daemon), the state and the log are in etcd."""
     entries = audit_entries(federation_audit, (*lineage.LEG_KINDS, lineage.TRAINED,
-                                               "transfer", "outage"))
-    federated = lineage.merge(federated_from_state(federation_state),
+                                               "transfer", "outage"), federation_etcd)
+    federated = lineage.merge(federated_from_state(federation_state, federation_etcd),
                               lineage.from_audit(entries))
     links, jobs = read_registry(registry)
     return Ownership(lineage.Owners(federated, jobs, links), outages_of(entries))
@@ -57,8 +65,15 @@ def read_registry(path: Path | None) -> tuple[dict[tuple[str, int], str], list[R
     return links, jobs
 
 
-def federated_from_state(path: Path | None) -> list[lineage.FederatedJob]:
+def federated_from_state(path: Path | None, etcd: FederationConfig | None = None
+                         ) -> list[lineage.FederatedJob]:
     """The daemon's logical jobs and their incarnations, as its state holds them."""
+    if etcd is not None:
+        with replicated_records(etcd) as opened:
+            jobs = opened.state.jobs()
+            incarnations = {job.logical_job: opened.state.incarnations(job.logical_job)
+                            for job in jobs}
+        return lineage.from_state(jobs, incarnations)
     if path is None or not path.exists():
         return []
     try:
@@ -75,9 +90,14 @@ def federated_from_state(path: Path | None) -> list[lineage.FederatedJob]:
     return lineage.from_state(jobs, incarnations)
 
 
-def audit_entries(path: Path | None, kinds: Sequence[str]) -> list[Entry]:
+def audit_entries(path: Path | None, kinds: Sequence[str],
+                  etcd: FederationConfig | None = None) -> list[Entry]:
     """The audit log's entries of these kinds, oldest first; none before the daemon's first
-    start (no file)."""
+    start (no file). With `etcd`, the replicas' log there."""
+    if etcd is not None:
+        with replicated_records(etcd) as opened:
+            found = [entry for kind in kinds for entry in opened.audit.entries(kind=kind)]
+        return sorted(found, key=lambda entry: entry.seq)
     if path is None or not path.exists():
         return []
     with AuditLog(path, readonly=True) as audit:
@@ -86,6 +106,23 @@ def audit_entries(path: Path | None, kinds: Sequence[str]) -> list[Entry]:
         except sqlite3.Error as exc:
             raise AuditError(f"cannot read audit log {path}: {exc}") from None
     return sorted(found, key=lambda entry: entry.seq)
+
+
+@contextmanager
+def replicated_records(config: FederationConfig) -> Iterator[OpenedState]:
+    """The replicas' state and audit log in etcd, read as a person's command reads them:
+    with the master key (they are sealed under it), leading nothing. etcd not answering
+    is `StateUnavailable` (a FederationStateError): ingest fails, it does not bill blind."""
+    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.config.paths import master_key_path
+    from slurm_geo.federation.runtime import open_federation_state
+
+    keys = load_master_key(master_key_path(config.key_file, os.environ))
+    opened = open_federation_state(config, keys, daemon=False, readonly=True)
+    try:
+        yield opened
+    finally:
+        opened.audit.close()
 
 
 def job_directories(sync_state: Path | None) -> dict[str, tuple[str, ...]]:

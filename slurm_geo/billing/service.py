@@ -38,7 +38,6 @@ from slurm_geo.billing.sources import (
     covered_until,
 )
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.federation.audit import AuditLog
 from slurm_geo.slurm.models import MalformedAccountingRow
 from slurm_geo.sync.reader import SyncStateReader
 
@@ -86,7 +85,8 @@ def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[Any], now
         result.repriced = ingest.reprice_all(db, table)
     try:
         owners, outages = records.read_ownership(config.registry, config.federation_state,
-                                                 config.federation_audit)
+                                                 config.federation_audit,
+                                                 config.federation_etcd)
     except SlurmGeoError as exc:
         needs = ("not read: it needs the registry and the federation's records, and what "
                  "it bills without them would stay wrong")
@@ -150,7 +150,8 @@ def _ingest_egress(db: BillingDB, config: BillingConfig, window: _Window,
         0, (before or window.first) - EGRESS_OVERLAP_S)
     try:
         result.transfers = ingest.ingest_egress(db, config.sync_state, config.federation_audit,
-                                                owners, table, start, window.end)
+                                                owners, table, start, window.end,
+                                                federation_etcd=config.federation_etcd)
     except SlurmGeoError as exc:
         return sources.failed(EGRESS, exc, start, window.end, before)
     _cover(db, EGRESS, covered_until(window.until, window.now, EGRESS_SETTLE_S))
@@ -209,7 +210,8 @@ def run_check(db: BillingDB, config: BillingConfig, clients: Sequence[Any], peri
     result = CheckResult(period)
     try:  # what ingest bills by: a leg cut short by an outage is estimated on both sides
         owners, outages = records.read_ownership(config.registry, config.federation_state,
-                                                 config.federation_audit)
+                                                 config.federation_audit,
+                                                 config.federation_etcd)
         lineage = owners.lineage()
     except SlurmGeoError as exc:
         result.sources.append(sources.failed(OWNERSHIP, exc))
@@ -263,7 +265,8 @@ def _check_egress(db: BillingDB, config: BillingConfig, period: Period, now: int
     window = _compared(db, EGRESS, period, now, EGRESS_SETTLE_S)
     wanted = [(name, origin, read) for name, origin, read, path in (
         ("egress:checkpoint-sync", "checkpoint-sync", _sync_transfers, config.sync_state),
-        ("egress:federation", "the federation daemon", _daemon_copies, config.federation_audit),
+        ("egress:federation", "the federation daemon", _daemon_copies,
+         config.federation_audit or config.federation_etcd),
     ) if path is not None]
     if not wanted:
         return
@@ -293,11 +296,8 @@ def _sync_transfers(config: BillingConfig, window: Period) -> check.Transfers:
 
 def _daemon_copies(config: BillingConfig, window: Period) -> check.Transfers:
     """As ingest reads them: none while the daemon has written no audit log yet."""
-    path = config.federation_audit
-    if path is None or not path.exists():
-        return {}
-    with AuditLog(path, readonly=True) as audit:
-        entries = audit.entries(kind="transfer")
+    entries = records.audit_entries(config.federation_audit, ("transfer",),
+                                    config.federation_etcd)
     return {check.transfer_key(t): t["bytes"] or 0 for t in
             ingest.federation_transfers(entries, window.start, window.end)}
 
