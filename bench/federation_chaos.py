@@ -67,9 +67,8 @@ sys.path.insert(0, str(ROOT))
 
 from slurm_geo.config.model import SiteConfig, load_config  # noqa: E402
 from slurm_geo.drills import drill, losses  # noqa: E402
-from slurm_geo.federation.audit import AuditLog, Entry  # noqa: E402
+from slurm_geo.federation.audit import Entry  # noqa: E402
 from slurm_geo.federation.model import answering  # noqa: E402
-from slurm_geo.federation.state import FederationState  # noqa: E402
 from slurm_geo.sandbox import Sandbox, netns  # noqa: E402
 from slurm_geo.sandbox.users import ALICE  # noqa: E402
 from slurm_geo.slurm import SlurmClient, SlurmError, connect  # noqa: E402
@@ -171,7 +170,8 @@ class Chaos:
         self.target = drill._other_cluster(self.site)
         self.clients: dict[str, SlurmClient] = {
             name: connect(cluster) for name, cluster in self.site.clusters.items()}
-        self.audit = AuditLog(self.site.federation.audit_path, readonly=True)
+        self.view = losses.FederationView(self.site)  # SQLite, or the replicas' etcd
+        self.audit = self.view.audit
         self.wan = netns.sandbox_topology(sandbox.layout)
 
     def run(self, index: int, fault: Fault) -> Trial:
@@ -385,15 +385,8 @@ class Chaos:
 
     def _wait_home_up(self, deadline: float) -> None:
         """The daemon must see home answering before a trial starts there."""
-        assert self.site.federation is not None
-        path = self.site.federation.state
-
         def up() -> bool:
-            state = FederationState(path, readonly=True)
-            try:
-                return answering(state.health(), self.home)
-            finally:
-                state.close()
+            return answering(self.view.health(), self.home)
 
         def nodes_ready() -> bool:
             try:

@@ -87,13 +87,20 @@ class FederationView:
         return None
 
     def bandwidth_snapshot(self) -> Any:
+        return self._read(lambda state: state.bandwidth_snapshot())
+
+    def health(self) -> Any:
+        """Each cluster's health as the federation last recorded it."""
+        return self._read(lambda state: state.health())
+
+    def _read(self, what: Any) -> Any:
         if self.replicated:
-            return self._state.bandwidth_snapshot()
+            return what(self._state)
         from slurm_geo.federation.state import FederationState
 
         state = FederationState(self._config.state, readonly=True)
         try:
-            return state.bandwidth_snapshot()
+            return what(state)
         finally:
             state.close()
 
