@@ -68,13 +68,15 @@ def test_drill_passes_only_when_every_target_holds(figures, passed, missed):
 
 
 def site_lost(failover_s: float | None = 6.0, moved_by: str | None = "control",
-              kept: bool = True, rto_s: float = 20.0) -> DrillReport:
+              kept: bool = True, rto_s: float = 20.0,
+              secrets: tuple[str, ...] = ()) -> DrillReport:
     """A site loss: home's replica led and died with the site at the kill."""
     lost = report(rto_s=rto_s)
     lost.lose, lost.leader_before, lost.leader_after = "site", "home", "control"
     lost.leader_lost_at = KILLED_AT
     lost.failover_at = None if failover_s is None else KILLED_AT + failover_s
     lost.offsite_kept = kept
+    lost.provider_secrets = list(secrets)
     lost.decisions = [
         {"time": KILLED_AT + 8, "kind": "outage", "what": "cluster onprem declared out",
          "replica": "control"},
@@ -90,6 +92,7 @@ def site_lost(failover_s: float | None = 6.0, moved_by: str | None = "control",
     ({"failover_s": None}, False, 2),              # nobody else led: nor room in the RTO
     ({"moved_by": "home"}, False, 1),              # the dead leader's move, not the successor's
     ({"kept": False}, False, 0),                   # a checkpoint verified before the loss gone
+    ({"secrets": ("the master key in /box/etcd/remote/member/wal/0.wal",)}, False, 0),
     # The RTO target makes room for the failover: 3 + 6 + 0 + 15 s.
     ({"rto_s": 24.0}, True, 0),
     ({"rto_s": 24.1}, False, 1),

@@ -203,6 +203,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         leader_lost_at=leader_lost_at, failover_at=failover_at, returned_at=returned_at,
         decisions=decisions_by_replica(view, logical, home, killed_at),
         offsite_kept=offsite_kept(sandbox, site, view, run, offsite),
+        provider_secrets=provider_secrets(sandbox, site, run),
     )
     report.picture = str(draw_timeline(report, work / "timeline.png"))
     (work / "report.json").write_text(json.dumps(report.to_json(), indent=2))
@@ -415,6 +416,23 @@ def offsite_kept(sandbox: Sandbox, site: SiteConfig, view: losses.FederationView
         repository = Repository(store, load_master_key(sandbox.layout.master_key))
         listed = set(repository.steps(run))
         return set(steps) <= listed and not repository.verify(run, max(steps))
+
+
+def provider_secrets(sandbox: Sandbox, site: SiteConfig, run: str) -> list[str]:
+    """The master key or the run's key where the rented provider keeps data: remote's
+    etcd member and the S3 server there (each found says where; none is the target)."""
+    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.ckpt.open_store import open_store
+    from slurm_geo.ckpt.runkey import unwrap_run_key
+
+    assert site.sync is not None
+    master = load_master_key(sandbox.layout.master_key)
+    home_store = site.stores[site.cluster(site.home_cluster).store]
+    run_key = unwrap_run_key(open_store(home_store.url), master, run)
+    layout = sandbox.layout
+    return losses.secrets_found(
+        [layout.etcd_cluster.member(Site.REMOTE).data_dir, layout.s3_data_dir],
+        {"the master key": master.current, f"the run key of {run}": run_key})
 
 
 @contextmanager

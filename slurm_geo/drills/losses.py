@@ -19,7 +19,9 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -179,6 +181,31 @@ def _replica_names() -> dict[Site, str]:
     from slurm_geo.sandbox.layout import REPLICA_NAMES
 
     return REPLICA_NAMES
+
+
+def secrets_found(directories: Iterable[Path], secrets: Mapping[str, bytes],
+                  chunk: int = 1 << 22) -> list[str]:
+    """Which of `secrets` (a name -> its raw bytes) any file under `directories` holds,
+    raw, as hex or as base64: 'NAME in PATH' for each. What a site that must never hold a
+    secret (the rented provider's disks) is scanned with."""
+    import base64
+
+    forms = {name: (raw, raw.hex().encode(), base64.b64encode(raw),
+                    base64.urlsafe_b64encode(raw), base64.b64encode(raw).rstrip(b"="))
+             for name, raw in secrets.items()}
+    overlap = max((len(f) for group in forms.values() for f in group), default=0)
+    found = []
+    for directory in directories:
+        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+            with open(path, "rb") as data:
+                tail = b""
+                while block := data.read(chunk):
+                    window, tail = tail + block, (tail + block)[-overlap:]
+                    for name, group in forms.items():
+                        if any(form in window for form in group) and \
+                                f"{name} in {path}" not in found:
+                            found.append(f"{name} in {path}")
+    return found
 
 
 def signal_pids(pids: set[int], signum: int) -> None:

@@ -73,6 +73,9 @@ class DrillReport:
     # the replica that wrote it.
     decisions: list[dict[str, Any]] = field(default_factory=list)
     offsite_kept: bool = True          # every checkpoint verified off-site before it is kept
+    # The master key or the run's key found on the rented provider's disks (remote's etcd
+    # member, its S3 server): 'what in file' each. None is the only right answer.
+    provider_secrets: list[str] = field(default_factory=list)
 
     @property
     def failover_s(self) -> float | None:
@@ -159,7 +162,8 @@ class DrillReport:
     def passed(self) -> bool:
         return self.weights_ok and self.shape_ok and self.rto_met and self.steps_lost_met and \
             self.audit_ok and self.ran_as_owner and self.prediction_met and \
-            self.failover_met and self.offsite_kept and self.successor_moved
+            self.failover_met and self.offsite_kept and self.successor_moved and \
+            not self.provider_secrets
 
     @property
     def successor_moved(self) -> bool:
@@ -265,6 +269,9 @@ def render_report(report: DrillReport) -> str:
         *_leader_lines(report),
         f"  off-site at loss    {'kept' if report.offsite_kept else 'LOST':>10}   every "
         f"checkpoint verified off-site before the loss, the newest verified again",
+        f"  provider's disks    {'no secret' if not report.provider_secrets else 'SECRETS':>10}"
+        f"   remote's etcd member and S3 scanned for the master key and the run key"
+        + "".join(f"\n    {found}" for found in report.provider_secrets),
         f"  stale incarnation   {report.stale_incarnation}",
         f"  audit chain         {'verifies' if report.audit_ok else 'BROKEN'}",
         f"  ran as              {report.owner:>10}   uid {report.owner_uid} in "
