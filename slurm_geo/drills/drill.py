@@ -103,10 +103,9 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
     # Short timeouts: a dead controller must show as unreachable when it dies, not later.
     quick = {name: connect(replace(cluster, timeout_s=1.0))
              for name, cluster in site.clusters.items()}
-    # Losing home, the drill watches from control: the login host is at home.
+    # Losing home, the drill watches from control once home is cut off: the login host is
+    # at home, and reaches no other site then.
     watch = losses.InSite(sandbox, Site.CONTROL) if settings.lose == "site" else None
-    if watch is not None:
-        watch.enter()
     sampler = _Sampler(quick, home, job_id)
     sampler.start()
     returned_at: float | None = None
@@ -119,27 +118,36 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         leader_before = view.leader()
         progress(f"{len(offsite)} checkpoints verified off-site; {LOSS_SAYS[settings.lose]}")
         killed_at = time.time()
-        if settings.lose == "site":
+        if watch is not None:
             losses.lose_site(sandbox, Site.HOME)
+            watch.enter()
+            sampler.restart()  # its thread too: a new one, started from control
         else:
             kill_cluster(sandbox, home)
+        failover_at, leader_after, leader_lost_at = None, leader_before, None
+
+        def failover() -> None:
+            """Who leads next, and when: polled from the loss on (only a leader audits,
+            so the successor's failover comes before its first entry)."""
+            nonlocal failover_at, leader_after
+            leader_after = wait_for(lambda: view.leading_replica(besides=leader_before),
+                                    deadline, "another replica to lead")
+            failover_at = time.time()
+            progress(f"{leader_after} leads {failover_at - (leader_lost_at or 0):.1f} s "
+                     f"after {leader_before} was lost")
+        if settings.lose == "site":
+            leader_lost_at = killed_at
+            failover()
         detected = wait_for(lambda: audit_entry(view, "outage", None, home, killed_at),
                             deadline, f"the daemon to declare {home} out")
         progress(f"outage of {home} detected after {detected.unix_time - killed_at:.1f} s")
-        leader_lost_at = killed_at if settings.lose == "site" else None
         if settings.lose == "leader":
             wait_for(lambda: decision_entry(view, logical, killed_at), deadline,
                      f"the leader to decide a move of {logical}")
             leader_lost_at = time.time()
             losses.kill_replica(sandbox, leader_before or "")
             progress(f"killed the leading replica {leader_before} in the middle of the move")
-        failover_at, leader_after = None, leader_before
-        if leader_lost_at is not None:
-            leader_after = wait_for(lambda: view.leading_replica(besides=leader_before),
-                                    deadline, "another replica to lead")
-            failover_at = time.time()
-            progress(f"{leader_after} leads {failover_at - leader_lost_at:.1f} s after "
-                     f"{leader_before} was lost")
+            failover()
         moved = wait_for(lambda: audit_entry(view, "requeue", logical, target, killed_at),
                          deadline, f"the daemon to requeue {logical} on {target}")
         new_job = int(moved.detail["job_id"])
@@ -545,6 +553,13 @@ class _Sampler:
         self._thread = threading.Thread(target=self._loop, name="drill-sampler", daemon=True)
 
     def start(self) -> None:
+        self._thread.start()
+
+    def restart(self) -> None:
+        """Go on sampling from a new thread, in the network namespace of the caller's."""
+        self.stop()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="drill-sampler", daemon=True)
         self._thread.start()
 
     def follow(self, cluster: str, job_id: int) -> None:
