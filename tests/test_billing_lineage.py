@@ -155,6 +155,17 @@ def incarnation(name, generation, cluster, job_id, at):
     return Incarnation(name, generation, cluster, job_id, None, at, None, None, None)
 
 
+def test_a_legs_first_lease_survives_the_merge_whichever_record_is_earlier():
+    """The state records no lease; the audit log's first lease of a leg is kept even when
+    the state's record of that leg starts earlier (it billed a leg whose start Slurm lost
+    from the wrong moment, seen on a replicated sandbox's site-loss drill)."""
+    state = [FederatedJob("onprem-5", "r", "alice", "", 99.0, (Leg("onprem", 5, 99.0),))]
+    audit = [FederatedJob("onprem-5", "r", "", "", 100.0, (Leg("onprem", 5, 100.0, 101.5),))]
+    for sources in ((state, audit), (audit, state)):
+        [job] = merge(*sources)
+        assert job.legs == (Leg("onprem", 5, 99.0, 101.5),)
+
+
 def test_the_state_and_the_audit_log_merge_into_one_record_per_job():
     state = from_state(
         [logical_job("onprem-50", "drill-a", 100.0),

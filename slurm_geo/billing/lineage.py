@@ -156,12 +156,21 @@ def merge(*sources: Iterable[FederatedJob]) -> list[FederatedJob]:
             legs = {(leg.cluster, leg.job_id): leg for leg in job.legs}
             for leg in known.legs:
                 other = legs.get((leg.cluster, leg.job_id))
-                legs[(leg.cluster, leg.job_id)] = min(leg, other, key=_since) if other else leg
+                legs[(leg.cluster, leg.job_id)] = _one_leg(leg, other) if other else leg
             merged[job.logical_id] = replace(
                 known, run=known.run or job.run, user=known.user or job.user,
                 cost_center=known.cost_center or job.cost_center,
                 since=min(known.since, job.since), legs=tuple(sorted(legs.values(), key=_since)))
     return sorted(merged.values(), key=lambda j: (j.since, j.logical_id))
+
+
+def _one_leg(leg: Leg, other: Leg) -> Leg:
+    """Two sources' records of one leg: the earlier start, and the first lease whichever
+    knows it (the state records no lease: dropping the audit log's would bill a leg whose
+    start Slurm lost from the wrong moment)."""
+    first = min(leg, other, key=_since)
+    trained = [t for t in (leg.trained_since, other.trained_since) if t is not None]
+    return first._replace(trained_since=min(trained, default=None))
 
 
 def _freeze(logical_id: str, draft: _Draft) -> FederatedJob:
