@@ -96,6 +96,11 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
     assert site.federation is not None
     view = losses.FederationView(site)
     wait_for(view.leader, time.time() + 60, "a federation replica to lead")
+    if settings.lose == "site":  # the loss must take the leader with it
+        moved_from = losses.hand_lead_to(sandbox, view, Site.HOME, lambda check, what: wait_for(
+            check, time.time() + 60, what))
+        if moved_from is not None:
+            progress(f"{moved_from}'s replica led: restarted it, so that home's leads")
     job = submit_training(site, clients[home], settings, out_dir, sandbox.layout)
     run, work, trace, job_id, logical = job.run, job.work, job.trace, job.job_id, \
         job.logical_job

@@ -168,6 +168,22 @@ def lose_site(sandbox: Sandbox, site: Site) -> Struck:
     return Struck(frozenset(victims))
 
 
+def hand_lead_to(sandbox: Sandbox, view: FederationView, site: Site,
+                 wait: Any) -> str | None:
+    """Make `site`'s replica the leader, as an operator does by hand: restart the one
+    that leads (on SIGTERM it resigns, and the other leads at its next campaign). The
+    name of the replica that led before, when it was another; `wait(check, what)` waits."""
+    names = _replica_names()
+    leader = view.leader()
+    if leader is None or leader == names[site]:
+        return None
+    leading_site = next(s for s, n in names.items() if n == leader)
+    sandbox.processes.stop(stages.federation_daemon_name(leading_site))
+    wait(lambda: view.leader() == names[site], f"the {names[site]} replica to lead")
+    sandbox.up(progress=lambda _msg: None)  # the other back, following
+    return leader
+
+
 def kill_replica(sandbox: Sandbox, name: str) -> Struck:
     """SIGKILL the federation replica `name` (no resignation: its lease runs out)."""
     site = next(s for s, n in _replica_names().items() if n == name)
