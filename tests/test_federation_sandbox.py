@@ -1,11 +1,16 @@
-"""The federation daemon against real Slurm: losing the home cluster, and a partition of it
-that heals. Both kill or freeze onprem, so they run on a throw-away sandbox of their own
-(/var/tmp/sg-fedtest, port base 24800), never the suite's shared one.
+"""The federation daemon against real Slurm, as replicas at home and control on the sites'
+etcd (`sandbox up --replicated`): losing the home site, a partition of home that heals,
+failback and a hopeless queue. They kill, freeze or cut off home, so they run on a
+throw-away sandbox of their own (/var/tmp/sg-fedtest, port base 24800), never the suite's
+shared one.
 
-- the drill: onprem SIGKILLed after two checkpoints are off-site; the job resumes on rented
-  within the RTO target, loses at most one checkpoint interval, ends bit-identical to an
-  uninterrupted run; the stale incarnation is cancelled when onprem is back; the audit
-  chain verifies;
+- the drill, `--lose site`: home cut off and every process there SIGKILLed (onprem, the
+  job, checkpoint-sync, the home replica, home's etcd member) after two checkpoints are
+  off-site; control's replica leads, moves the job to rented, which resumes from the
+  newest checkpoint verified off-site, loses at most one checkpoint interval, ends
+  bit-identical to an uninterrupted run; when home is back the stale incarnation is
+  cancelled; the audit chain (both replicas' entries) verifies; nothing verified off-site
+  is lost; no key is on the rented provider's disks; billing reads it all from etcd;
 - a freeze (the chaos bench's freeze-home): every onprem process SIGSTOPped until the
   daemon has moved the job and the new incarnation trains, then SIGCONTed; the thawed
   trainer is fenced (409, exit 33) and its Slurm job cancelled, the resume was from a
@@ -20,14 +25,14 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from slurm_geo.billing.ingest import federation_transfers
-from slurm_geo.drills import drill
-from slurm_geo.federation.audit import AuditLog
+from slurm_geo.drills import drill, losses
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.seaweed import S3Credentials
 from slurm_geo.sandbox.users import ALICE, BOB
@@ -47,7 +52,7 @@ def fed_sandbox():
     if os.geteuid() != 0:
         pytest.fail("sandbox tests need root (they start munge, MariaDB and Slurm)")
     up = subprocess.run([sys.executable, "-m", "slurm_geo", "sandbox", "up", "--dir",
-                         str(ROOT), "--port-base", str(PORT_BASE)],
+                         str(ROOT), "--port-base", str(PORT_BASE), "--replicated"],
                         capture_output=True, text=True, timeout=300, check=False)
     assert up.returncode == 0, up.stderr
     box = Sandbox(ROOT)
@@ -67,7 +72,8 @@ def chaos_module() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def drill_report(fed_sandbox: Sandbox):
-    return drill.run_drill(fed_sandbox, SETTINGS, ROOT / "drills", progress=lambda _m: None)
+    return drill.run_drill(fed_sandbox, replace(SETTINGS, lose="site"), ROOT / "drills",
+                           progress=lambda _m: None)
 
 
 def test_drill_meets_its_targets(drill_report):
@@ -85,6 +91,13 @@ def test_drill_meets_its_targets(drill_report):
     assert "cancelled: fenced" in report.stale_incarnation or \
         report.stale_incarnation.endswith(" ended"), report.stale_incarnation
     assert report.audit_ok
+    # Home's replica led and died with the site; control's took over and made the move.
+    assert (report.leader_before, report.leader_after, report.moved_by) == (
+        "home", "control", "control"), report.decisions
+    assert report.failover_s is not None and report.failover_at < report.moved_at
+    assert {d["replica"] for d in report.decisions if d["kind"] == "outage"} == {"control"}
+    assert report.offsite_kept
+    assert report.provider_secrets == []
 
 
 def test_the_drill_is_billed_in_full_under_its_logical_job(fed_sandbox: Sandbox, drill_report,
@@ -143,7 +156,7 @@ def test_partition_thawed_trainer_is_fenced_and_cancelled(partition_trial):
     # Printed only by example_train's `except SlurmGeoError` on Fenced, which returns 33.
     assert "error: this incarnation is fenced" in stale_output, stale_output
     assert "final step" not in stale_output
-    audit = AuditLog(runner.site.federation.audit_path, readonly=True)
+    audit = runner.view
     refused = [e for e in audit.entries(logical_job=trial.logical_job) if e.kind == "fence"
                and e.what == f"refused a lease to onprem:{home_job} generation {generation}"]
     assert refused, "the daemon never answered the thawed trainer 409"
@@ -163,7 +176,7 @@ def test_partition_thawed_trainer_is_fenced_and_cancelled(partition_trial):
     assert trial.steps_lost is not None and trial.last_step_home is not None
     assert trial.steps_lost <= trial.last_step_home - (trial.offsite_at_fault or 0), trial
     assert trial.bit_identical
-    assert audit.verify().ok
+    assert audit.verify_audit()
 
 
 def test_partition_never_two_incarnations_training(partition_trial):
@@ -192,7 +205,7 @@ def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbo
     settings = drill.DrillSettings(steps=800, ckpt_every=40, step_delay_s=0.05)
     site, clients = _site_and_clients(fed_sandbox)
     assert site.federation is not None
-    audit = AuditLog(site.federation.audit_path, readonly=True)
+    audit = losses.FederationView(site)
     training = drill.submit_training(site, clients["onprem"], settings, ROOT / "failback",
                                      fed_sandbox.layout)
     logical = f"onprem-{training.job_id}"
@@ -258,7 +271,7 @@ def test_a_hopeless_home_queue_is_left_for_rented(fed_sandbox: Sandbox):
                                       working_dir=user_dir(fed_sandbox, BOB, "blockers")))
                 for _ in range(2)]
     try:
-        audit = AuditLog(site.federation.audit_path, readonly=True)
+        audit = losses.FederationView(site)
         training = drill.submit_training(site, onprem, settings, ROOT / "queue",
                                          fed_sandbox.layout)
         logical = f"onprem-{training.job_id}"
