@@ -171,7 +171,7 @@ class Chaos:
         self.clients: dict[str, SlurmClient] = {
             name: connect(cluster) for name, cluster in self.site.clusters.items()}
         self.view = losses.FederationView(self.site)  # SQLite, or the replicas' etcd
-        self.audit = self.view.audit
+        self.audit = self.view  # its entries ride out an etcd election
         self.wan = netns.sandbox_topology(sandbox.layout)
 
     def run(self, index: int, fault: Fault) -> Trial:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from slurm_geo.sandbox import Sandbox, netns, stages
 from slurm_geo.sandbox.sites import Site
 
 LOSSES = ("cluster", "site", "leader")
+ETCD_PATIENCE_S = 15.0  # an election after a member's loss takes about 1 s; a quorum back
 _CLONE_NEWNET = 0x40000000
 
 
@@ -56,7 +58,21 @@ class FederationView:
         self.audit, self._state, self._config = opened.audit, opened.state, config
 
     def entries(self, logical_job: str | None = None) -> list[Entry]:
-        return self.audit.entries(logical_job=logical_job)
+        """The audit log's entries (only `logical_job`'s, when given). etcd electing a
+        leader of its own, or a member cut off, is waited out for up to ETCD_PATIENCE_S:
+        the drill strikes exactly such losses."""
+        if not self.replicated:
+            return self.audit.entries(logical_job=logical_job)
+        from slurm_geo.federation.model import StateUnavailable
+
+        deadline = time.monotonic() + ETCD_PATIENCE_S
+        while True:
+            try:
+                return self.audit.entries(logical_job=logical_job)
+            except StateUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def leader(self) -> str | None:
         """The name of the replica that leads now, as etcd says (None: nobody; for a
