@@ -217,6 +217,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         decisions=decisions_by_replica(view, logical, home, killed_at),
         offsite_kept=offsite_kept(sandbox, site, view, run, offsite),
         provider_secrets=provider_secrets(sandbox, site, run),
+        cluster_sites={c.name: c.site.value for c in sandbox.layout.clusters},
     )
     report.picture = str(draw_timeline(report, work / "timeline.png"))
     (work / "report.json").write_text(json.dumps(report.to_json(), indent=2))

@@ -43,7 +43,7 @@ def draw_timeline(report: DrillReport, path: Path) -> Path:
             axes.text(when - start, len(rows) + 0.5, label, rotation=90, fontsize=8,
                       color=colour, va="top", ha="right")
     axes.set_ylim(-0.6, len(rows) + 0.6)
-    axes.set_yticks(range(len(rows)), rows)
+    axes.set_yticks(range(len(rows)), [_label(report, row) for row in rows])
     axes.set_xlabel("seconds since submission")
     rto = "n/a" if report.rto_s is None else f"{report.rto_s:.1f} s"
     axes.set_title(f"slurm-geo drill {report.run}: RTO {rto}, steps lost "
@@ -75,3 +75,9 @@ def _leader_row(axes, report: DrillReport, index: int, start: float) -> None:
         if name:
             axes.text(begin - start + 0.5, index, name, fontsize=8, color="white",
                       va="center")
+
+
+def _label(report: DrillReport, row: str) -> str:
+    """An incarnation's row names the site its cluster is at: 'onprem:1 @ home'."""
+    site = report.cluster_sites.get(row.split(":")[0])
+    return f"{row} @ {site}" if site else row

@@ -76,6 +76,7 @@ class DrillReport:
     # The master key or the run's key found on the rented provider's disks (remote's etcd
     # member, its S3 server): 'what in file' each. None is the only right answer.
     provider_secrets: list[str] = field(default_factory=list)
+    cluster_sites: dict[str, str] = field(default_factory=dict)  # the site each cluster is at
 
     @property
     def failover_s(self) -> float | None:
