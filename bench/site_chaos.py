@@ -8,8 +8,9 @@ at a random point:
 - lose-leader: onprem killed; once the leader has decided the move, the leading replica
   is SIGKILLed (no resignation): its successor must finish the move;
 - lose-site: the whole home site lost while checkpoint-sync copies a checkpoint off-site
-  (its links cut, every process there SIGKILLed, the home replica and etcd member too);
-  the trial watches from control until home is back;
+  (its links cut, every process there SIGKILLed, the home replica and etcd member too),
+  home's replica leading (the lead is handed to it first, as the drill does); the trial
+  watches from control until home is back;
 - partition-home: home cut off, nothing killed; healed once the job trains on rented:
   the home trainer, alive all along, must be fenced;
 - partition-control, partition-remote: that site cut off for longer than the detection
@@ -109,7 +110,9 @@ class SiteChaos(chaos.Chaos):
 
     def _inject(self, trial: chaos.Trial, job: drill.Training, deadline: float) -> set[int]:
         kind, step = trial.fault.kind, trial.fault.step
-        if kind == "lose-site":
+        if kind == "lose-site":  # as the drill does: the loss takes the leader with it
+            losses.hand_lead_to(self.sandbox, self.view, Site.HOME,
+                                lambda check, what: drill.wait_for(check, deadline, what))
             drill.wait_for(lambda: self._copying(job.run, step), deadline,
                            f"checkpoint-sync to copy {job.run}@{step} (or a later one)")
         else:
