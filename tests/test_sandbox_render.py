@@ -119,3 +119,24 @@ def test_a_replicated_sandbox_has_replicas_at_home_and_control_on_the_three_site
         {home.url, control.url}
     assert layout.federation_config(Site.HOME) == layout.site_config
     assert layout.federation_config(Site.CONTROL) != layout.site_config
+
+
+@pytest.mark.parametrize("created, asked, refused", [
+    ({"port_base": 20000}, {"replicated": True}, "created without --replicated"),
+    ({"port_base": 20000, "replicated": True}, {"replicated": False},
+     "created with --replicated"),
+    ({"port_base": 20000}, {"port_base": 21000}, "created with --port-base 20000"),
+])
+def test_a_sandbox_keeps_what_it_was_created_with(tmp_path, created, asked, refused):
+    import json
+
+    from slurm_geo.errors import SandboxError
+    from slurm_geo.sandbox.lifecycle import Sandbox
+
+    (tmp_path / "sandbox.json").write_text(json.dumps(created))
+    with pytest.raises(SandboxError, match=refused) as caught:
+        Sandbox(tmp_path, **asked)
+    assert "--purge" in str(caught.value) and "\n" not in str(caught.value)
+    kept = Sandbox(tmp_path)  # asking nothing: what it was created with
+    assert kept.layout.replicated is bool(created.get("replicated"))
+    assert kept.layout.port_base == 20000
