@@ -75,8 +75,9 @@ class Sandbox:
         self.layout = SandboxLayout(
             root, _as_remembered(root, "--port-base", port_base,
                                  remembered.get("port_base"), DEFAULT_PORT_BASE),
-            _as_remembered(root, "--replicated", replicated, remembered.get("replicated"),
-                           False))
+            # A sandbox made before `--replicated` existed was made without it.
+            _as_remembered(root, "--replicated", replicated,
+                           remembered.get("replicated", False if remembered else None), False))
         self.processes = ProcessTable(root)
 
     # --- public operations -------------------------------------------------------------
