@@ -21,7 +21,6 @@ import os
 import signal
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import psutil
 from slurm_geo.config.model import SiteConfig
 from slurm_geo.federation.audit import AuditLog, Entry
 from slurm_geo.sandbox import Sandbox, netns, stages
+from slurm_geo.sandbox.layout import REPLICA_NAMES
 from slurm_geo.sandbox.sites import Site
 
 LOSSES = ("cluster", "site", "leader")
@@ -126,14 +126,6 @@ class FederationView:
         return bool(self.audit.verify().ok)
 
 
-@dataclass(frozen=True)
-class Struck:
-    """What a loss took: the pids it killed, and the replica it killed (a leader loss)."""
-
-    pids: frozenset[int]
-    replica: str | None = None
-
-
 def site_pids(sandbox: Sandbox, site: Site) -> set[int]:
     """Every process of the sandbox running in `site`: its daemons (found by their pid
     files), the jobs and steps of the clusters there (by their SLURM_CONF), and all they
@@ -176,12 +168,12 @@ def with_descendants(pids: set[int]) -> set[int]:
     return found
 
 
-def lose_site(sandbox: Sandbox, site: Site) -> Struck:
-    """Cut `site` off, then SIGKILL every process of the sandbox in it."""
+def lose_site(sandbox: Sandbox, site: Site) -> set[int]:
+    """Cut `site` off, then SIGKILL every process of the sandbox in it; their pids."""
     netns.isolate_site(sandbox.layout.topology, site)
     victims = site_pids(sandbox, site)
     signal_pids(victims, signal.SIGKILL)
-    return Struck(frozenset(victims))
+    return victims
 
 
 def hand_lead_to(sandbox: Sandbox, view: FederationView, site: Site,
@@ -189,30 +181,23 @@ def hand_lead_to(sandbox: Sandbox, view: FederationView, site: Site,
     """Make `site`'s replica the leader, as an operator does by hand: restart the one
     that leads (on SIGTERM it resigns, and the other leads at its next campaign). The
     name of the replica that led before, when it was another; `wait(check, what)` waits."""
-    names = _replica_names()
-    leader = view.leader()
-    if leader is None or leader == names[site]:
+    wanted, leader = REPLICA_NAMES[site], view.leader()
+    if leader is None or leader == wanted:
         return None
-    leading_site = next(s for s, n in names.items() if n == leader)
+    leading_site = next(s for s, n in REPLICA_NAMES.items() if n == leader)
     sandbox.processes.stop(stages.federation_daemon_name(leading_site))
-    wait(lambda: view.leader() == names[site], f"the {names[site]} replica to lead")
+    wait(lambda: view.leader() == wanted, f"the {wanted} replica to lead")
     sandbox.up(progress=lambda _msg: None)  # the other back, following
     return leader
 
 
-def kill_replica(sandbox: Sandbox, name: str) -> Struck:
+def kill_replica(sandbox: Sandbox, name: str) -> set[int]:
     """SIGKILL the federation replica `name` (no resignation: its lease runs out)."""
-    site = next(s for s, n in _replica_names().items() if n == name)
+    site = next(s for s, n in REPLICA_NAMES.items() if n == name)
     pid = sandbox.processes.running_pid(stages.federation_daemon_name(site))
     victims = set() if pid is None else with_descendants({pid})
     signal_pids(victims, signal.SIGKILL)
-    return Struck(frozenset(victims), name)
-
-
-def _replica_names() -> dict[Site, str]:
-    from slurm_geo.sandbox.layout import REPLICA_NAMES
-
-    return REPLICA_NAMES
+    return victims
 
 
 def secrets_found(directories: Iterable[Path], secrets: Mapping[str, bytes],
