@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 
 
 class BillingError(SlurmGeoError):
     """Billing cannot do what was asked (bad period, no database, bad [billing] table)."""
 
-    exit_code = 50
+    exit_code: int = ExitCode.BILLING
 
 
 class BudgetExceeded(BillingError):
     """At least one cost center spent more than its budget in the period (for scripts)."""
 
-    exit_code = 51
+    exit_code = ExitCode.BUDGET_EXCEEDED
 
 
 class SourceUnreadable(BillingError):
@@ -23,7 +24,7 @@ class SourceUnreadable(BillingError):
     than one source at once. Its watermark stayed: the next run reads that window again.
     (A single unreadable database keeps its own code: 40, 42, 55.)"""
 
-    exit_code = 52
+    exit_code: int = ExitCode.BILLING_SOURCE
 
     def __init__(self, message: str, exit_code: int | None = None):
         super().__init__(message)
@@ -34,4 +35,4 @@ class SourceUnreadable(BillingError):
 class BillingDiffers(BillingError):
     """`billing check`: the billing database and what the sources account for disagree."""
 
-    exit_code = 53
+    exit_code = ExitCode.BILLING_DIFFERS

@@ -7,6 +7,7 @@ layer that fetched the bytes re-raises it as `CorruptObject` naming the object.
 from __future__ import annotations
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 
 
 class MalformedData(ValueError):
@@ -16,7 +17,7 @@ class MalformedData(ValueError):
 class CkptError(SlurmGeoError):
     """Base of every checkpoint-store error; `name` is the object concerned."""
 
-    exit_code = 20
+    exit_code = ExitCode.STORE
 
     def __init__(self, name: str, message: str):
         self.name = name
@@ -24,7 +25,7 @@ class CkptError(SlurmGeoError):
 
 
 class CorruptObject(CkptError):
-    exit_code = 21
+    exit_code = ExitCode.CORRUPT_OBJECT
 
     def __init__(self, name: str, detail: str):
         self.detail = detail
@@ -36,7 +37,7 @@ class CorruptObject(CkptError):
 
 
 class UnsupportedFormat(CkptError):
-    exit_code = 22
+    exit_code = ExitCode.UNSUPPORTED_FORMAT
 
     def __init__(self, name: str, version: object, readable: str = "1"):
         self.version = version
@@ -61,7 +62,7 @@ class LegacyObject(UnsupportedFormat):
 
 
 class WrongKey(CkptError):
-    exit_code = 23
+    exit_code = ExitCode.WRONG_KEY
 
     def __init__(self, name: str, expected: str, held: str):
         super().__init__(
@@ -72,14 +73,14 @@ class WrongKey(CkptError):
 
 
 class UnsafeObjectName(CkptError):
-    exit_code = 24
+    exit_code = ExitCode.UNSAFE_NAME
 
     def __init__(self, name: str, reason: str):
         super().__init__(name, f"object name {name!r} is refused: {reason}")
 
 
 class StoreUnavailable(CkptError):
-    exit_code = 25
+    exit_code = ExitCode.STORE_UNAVAILABLE
 
     def __init__(self, name: str, detail: str):
         super().__init__(
@@ -88,7 +89,7 @@ class StoreUnavailable(CkptError):
 
 
 class ObjectMissing(CkptError):
-    exit_code = 26
+    exit_code = ExitCode.OBJECT_MISSING
 
     def __init__(self, name: str):
         super().__init__(
@@ -99,7 +100,7 @@ class ObjectMissing(CkptError):
 
 
 class StepMismatch(CkptError):
-    exit_code = 27
+    exit_code = ExitCode.STEP_MISMATCH
 
     def __init__(self, name: str, global_step: int, optimizer_step: int):
         super().__init__(
@@ -110,7 +111,7 @@ class StepMismatch(CkptError):
 
 
 class KeyFileError(CkptError):
-    exit_code = 28
+    exit_code = ExitCode.KEY_FILE
 
     def __init__(self, name: str, detail: str):
         super().__init__(
@@ -121,7 +122,7 @@ class KeyFileError(CkptError):
 class ImmutableCheckpoint(CkptError):
     """Tier 3: a promoted checkpoint is never overwritten or deleted."""
 
-    exit_code = 29
+    exit_code = ExitCode.IMMUTABLE
 
     def __init__(self, name: str):
         super().__init__(
@@ -133,7 +134,7 @@ class ImmutableCheckpoint(CkptError):
 class StoreBusy(CkptError):
     """Garbage collection refused while a push may still be writing packs."""
 
-    exit_code = 30
+    exit_code = ExitCode.STORE_BUSY
 
     def __init__(self, name: str, since: str):
         super().__init__(

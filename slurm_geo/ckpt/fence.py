@@ -24,6 +24,7 @@ from slurm_geo.ckpt.errors import CkptError, CorruptObject
 from slurm_geo.ckpt.manifest import Manifest
 from slurm_geo.ckpt.names import fence_name, manifest_name
 from slurm_geo.ckpt.repository import Repository
+from slurm_geo.exitcodes import ExitCode
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Fence:
 class FencedCheckpoint(CkptError):
     """A checkpoint written by an incarnation the run has been moved away from."""
 
-    exit_code = 33
+    exit_code = ExitCode.FENCED
 
     def __init__(self, manifest: Manifest, fence: Fence):
         super().__init__(
@@ -55,7 +56,7 @@ class FencedCheckpoint(CkptError):
 
 
 class FenceRegression(CkptError):
-    exit_code = 33
+    exit_code = ExitCode.FENCED
 
     def __init__(self, run: str, current: int, wanted: int):
         super().__init__(fence_name(run), f"run {run} is fenced at generation {current}; "

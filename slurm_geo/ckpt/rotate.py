@@ -49,6 +49,7 @@ from slurm_geo.ckpt.keys import (
 )
 from slurm_geo.ckpt.seal import Kind, open_with_ring, seal, sealing_fingerprint
 from slurm_geo.ckpt.store import Store
+from slurm_geo.exitcodes import ExitCode
 
 # The first pass seals everything again; the next ones find what was sealed under the old
 # key meanwhile. Three passes that each find some mean a writer that does not follow the file.
@@ -72,7 +73,7 @@ SEALED_UNDER_MASTER: tuple[tuple[str, Kind, Callable[[bytes], bytes]], ...] = (
 class RotationRefused(CkptError):
     """A rotation that cannot start or go on as asked; nothing was changed."""
 
-    exit_code = 32
+    exit_code = ExitCode.ROTATION_REFUSED
 
     def __init__(self, key_file: Path, detail: str):
         super().__init__(str(key_file), f"cannot rotate the master key in '{key_file}': "

@@ -16,10 +16,11 @@ from slurm_geo.ckpt.keys import KEY_SIZE, MasterKeys, RunKeys
 from slurm_geo.ckpt.names import fence_name, key_name, promoted_name
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.store import Store
+from slurm_geo.exitcodes import ExitCode
 
 
 class NoRunKey(CkptError):
-    exit_code = 23
+    exit_code = ExitCode.WRONG_KEY
 
     def __init__(self, run: str, held: str):
         super().__init__(key_name(run), f"this job holds the data key of run '{held}' only, "
@@ -29,7 +30,7 @@ class NoRunKey(CkptError):
 class NoControlKey(CkptError):
     """Fences and promotion markers are the daemons': their keys come from the master key."""
 
-    exit_code = 23
+    exit_code = ExitCode.WRONG_KEY
 
     def __init__(self, name: str):
         super().__init__(name, f"'{name}' is sealed under a key derived from the site master "

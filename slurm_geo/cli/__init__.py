@@ -13,6 +13,7 @@ import click
 
 from slurm_geo import __version__
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 SUBCOMMANDS = {
@@ -73,7 +74,7 @@ def main() -> None:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
@@ -81,4 +82,4 @@ def main() -> None:
         click.echo(f"slurm-geo: error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)

@@ -32,6 +32,7 @@ from slurm_geo.drills.picture import draw_timeline
 from slurm_geo.drills.report import DrillReport, Sample
 from slurm_geo.drills.settings import DrillSettings
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 from slurm_geo.federation.audit import Entry
 from slurm_geo.sandbox import Sandbox, netns
 from slurm_geo.sandbox.layout import SandboxLayout
@@ -50,7 +51,7 @@ class Audited(Protocol):
 
 
 class DrillFailed(SlurmGeoError):
-    exit_code = 41
+    exit_code = ExitCode.DRILL_FAILED
 
 
 @dataclass(frozen=True)

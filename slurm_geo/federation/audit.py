@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 from slurm_geo.sqlite_tx import immediate_transaction, open_database
 
 GENESIS = "0" * 64
@@ -65,13 +66,13 @@ _COLUMNS = "seq, time, kind, logical_job, what, why, detail, prev_hash, hash"
 class AuditError(SlurmGeoError):
     """The audit log cannot be opened or read."""
 
-    exit_code = 55
+    exit_code = ExitCode.AUDIT
 
 
 class AuditChainBroken(AuditError):
     """`verify` found an altered, missing or reordered entry."""
 
-    exit_code = 56
+    exit_code = ExitCode.AUDIT_CHAIN_BROKEN
 
 
 @dataclass(frozen=True)

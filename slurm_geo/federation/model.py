@@ -34,6 +34,7 @@ from enum import Enum
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 from slurm_geo.slurm.models import Owner
 
 
@@ -74,11 +75,11 @@ class ClusterStatus(Enum):
 
 
 class FederationStateError(SlurmGeoError):
-    exit_code = 43
+    exit_code = ExitCode.FEDERATION_STATE
 
 
 class UnknownLogicalJob(FederationStateError):
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
     def __init__(self, name: str):
         super().__init__(f"no logical job '{name}' in the federation state; `slurm-geo status` "
@@ -123,7 +124,7 @@ class NotLeader(FederationStateError):
     """A write by a replica that does not lead (a follower, or a leader deposed since):
     nothing was written. `leader` is who leads now, when anyone does."""
 
-    exit_code = 46
+    exit_code = ExitCode.NOT_LEADER
 
     def __init__(self, writer: str, leader: Replica | None):
         self.leader = leader

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from slurm_geo.exitcodes import ExitCode
 from slurm_geo.federation.core import Federation
 from slurm_geo.federation.model import (
     ClusterStatus,
@@ -34,7 +35,7 @@ CAS_ATTEMPTS = 3  # a status read and its compare-and-set, tried again if the da
 
 
 class AmbiguousJobReference(FederationStateError):
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
     def __init__(self, ref: str, candidates: Iterable[str]):
         super().__init__(f"'{ref}' names more than one logical job: {', '.join(candidates)}; "
@@ -44,13 +45,13 @@ class AmbiguousJobReference(FederationStateError):
 class NotActionable(FederationStateError):
     """The job's status does not allow what was asked: nothing was done."""
 
-    exit_code = 44
+    exit_code = ExitCode.NOT_ACTIONABLE
 
 
 class ResubmitFailed(FederationStateError):
     """A resubmission was allowed but did not (yet) start a new incarnation."""
 
-    exit_code = 45
+    exit_code = ExitCode.RESUBMIT_FAILED
 
 
 # --- naming a job ---------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from slurm_geo.ckpt import Repository
 from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.errors import ConfigError, SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 from slurm_geo.lease import protocol
 from slurm_geo.lease.munge import MungeCommands, MungeUnavailable, munge_socket
 from slurm_geo.lease.protocol import TRAINER_SHARE
@@ -55,7 +56,6 @@ from slurm_geo.lease.signing import MungeSigner, SecretSigner, secret_bytes
 
 log = logging.getLogger(__name__)
 
-EXIT_FENCED = 33  # this incarnation is stale: another one owns the run; nothing was saved
 REQUEST_TIMEOUT_S = 5.0
 # How long a key request waits for an election: a follower leads within leader_ttl_s and
 # a third of the old leader's last renewal (6.7 s at the default 5 s), with room to spare.
@@ -63,11 +63,11 @@ ELECTION_WAIT_S = 20.0
 
 
 class Fenced(SlurmGeoError):
-    exit_code = EXIT_FENCED
+    exit_code = ExitCode.FENCED
 
 
 class FederationUnreachable(SlurmGeoError):
-    exit_code = 34
+    exit_code = ExitCode.LEASE_UNREACHABLE
 
 
 @dataclass(frozen=True)

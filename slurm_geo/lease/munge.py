@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 
 TIMEOUT_S = 5.0
 # unmunge's exit statuses (munge_err_t) that say munged could not be asked, not that the
@@ -44,7 +45,7 @@ class Decoded:
 class MungeUnavailable(SlurmGeoError):
     """munged cannot be asked now (no socket, a timeout, no munge installed)."""
 
-    exit_code = 34
+    exit_code = ExitCode.LEASE_UNREACHABLE
 
 
 class BadCredential(Exception):

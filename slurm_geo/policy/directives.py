@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 from slurm_geo.names import NAME_RULE, is_name
 
 DATA_CLASSES = ("public", "internal", "restricted")
@@ -30,13 +31,13 @@ JOB_PREFIX = "SLURM_GEO_"        # the job's environment; REST submissions
 class DirectiveError(SlurmGeoError):
     """A `--geo-*` directive is malformed, names something unknown, or lacks a partner."""
 
-    exit_code = 5
+    exit_code = ExitCode.DIRECTIVE
 
 
 class PolicyViolation(DirectiveError):
     """Well-formed directives the site's policy forbids (residency, data class, budget)."""
 
-    exit_code = 6
+    exit_code = ExitCode.POLICY_VIOLATION
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 from slurm_geo.sqlite_tx import immediate_transaction, reading
 
 BUSY_TIMEOUT_S = 30.0
@@ -64,7 +65,7 @@ class RegistryUnreadable(SlurmGeoError):
     """The registry exists but cannot be read: not openable, locked past the timeout,
     damaged, of another schema, or holding a row this slurm-geo cannot parse."""
 
-    exit_code = 42
+    exit_code = ExitCode.REGISTRY
 
     def __init__(self, path: Path, reason: str):
         self.path, self.reason = path, reason

@@ -5,16 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 
 
 class SlurmError(SlurmGeoError):
-    exit_code = 10
+    exit_code = ExitCode.SLURM
 
 
 class ControllerUnreachable(SlurmError):
     """The cluster's controller (or its slurmrestd) did not answer within the timeout."""
 
-    exit_code = 11
+    exit_code = ExitCode.SLURM_UNREACHABLE
 
     def __init__(self, cluster: str, detail: str, timeout_s: float):
         self.cluster = cluster
@@ -39,7 +40,7 @@ class SlurmdbdUnreachable(ControllerUnreachable):
 
 
 class JobNotFound(SlurmError):
-    exit_code = 12
+    exit_code = ExitCode.JOB_NOT_FOUND
 
     def __init__(self, cluster: str, job_id: int):
         self.cluster = cluster
@@ -50,7 +51,7 @@ class JobNotFound(SlurmError):
 class SlurmRejected(SlurmError):
     """Slurm answered, and said no (invalid request, permission, job in the wrong state)."""
 
-    exit_code = 13
+    exit_code = ExitCode.SLURM_REJECTED
 
     def __init__(self, cluster: str, action: str, detail: str):
         self.cluster = cluster
@@ -87,7 +88,7 @@ class CertificateRejected(SlurmRejected):
 class SlurmCommandError(SlurmError):
     """A Slurm command could not be run, or printed what we cannot read."""
 
-    exit_code = 14
+    exit_code = ExitCode.SLURM_COMMAND
 
     def __init__(self, command: str, detail: str):
         super().__init__(f"{command}: {detail}")

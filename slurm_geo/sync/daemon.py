@@ -29,6 +29,7 @@ from slurm_geo.daemon.events import event
 from slurm_geo.daemon.notify import Notifier
 from slurm_geo.daemon.process import Wakeup, apply_priority
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 from slurm_geo.sync.inflight import InFlight
 from slurm_geo.sync.metrics import Live, SyncCollector, serve_metrics
 from slurm_geo.sync.planner import lowest_steps, next_work, reconcile, retry_delay_s
@@ -42,7 +43,7 @@ log = logging.getLogger("slurm_geo.sync")
 
 EXIT_OK = 0
 EXIT_BEHIND = 1        # --once: some replica is not verified
-EXIT_STUCK = 70        # an attempt outlived its timeout; systemd restarts us
+EXIT_STUCK = ExitCode.DAEMON_STUCK  # an attempt outlived its timeout: systemd restarts
 STOP_GRACE_S = 60.0    # SIGTERM waits this long for the objects in flight
 
 

@@ -41,6 +41,7 @@ from typing import Any
 from sqlite_utils import Database
 
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 from slurm_geo.sqlite_tx import open_database
 from slurm_geo.sync.jobdirs import SourceStatus
 
@@ -104,7 +105,7 @@ class Source:
 class SyncError(SlurmGeoError):
     """The sync state database cannot be used as asked."""
 
-    exit_code = 40
+    exit_code = ExitCode.SYNC_STATE
 
 
 class IllegalTransition(SyncError):

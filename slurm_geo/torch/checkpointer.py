@@ -52,6 +52,7 @@ from slurm_geo.ckpt import (
 from slurm_geo.ckpt.manifest import check_metadata
 from slurm_geo.ckpt.names import key_name, manifest_name
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 from slurm_geo.torch.rng import capture_rng, restore_rng
 from slurm_geo.torch.state import StateFormatError, flatten_state, unflatten_state
 
@@ -69,7 +70,7 @@ class Stateful(Protocol):
 class NoValidCheckpoint(SlurmGeoError):
     """The run has checkpoints, and every one of them is damaged."""
 
-    exit_code = 31
+    exit_code = ExitCode.NO_VALID_CHECKPOINT
 
     def __init__(self, run: str, faults: list[tuple[int, Exception]]):
         self.faults = faults
@@ -82,7 +83,7 @@ class SavedThroughDcp(SlurmGeoError):
     """The checkpoint is a multi-rank one: Checkpointer cannot restore it, nor skip it as
     damaged (which would resume from an older one or from scratch)."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
     def __init__(self, run: str, step: int, ranks: int):
         super().__init__(f"checkpoint {run}@{step} was saved through PyTorch Distributed "

@@ -64,13 +64,14 @@ from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.ckpt.sharded import Fill, StoredReader, commit_sharded, write_shards
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, WriteOptions
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 from slurm_geo.torch.state import TORCH_DTYPE_NAMES, TORCH_DTYPES, tensor_bytes
 
 DCP_VERSION = "1.0.0"  # what DCP's own FileSystemWriter records (CURRENT_DCP_VERSION)
 
 
 class NotSharded(SlurmGeoError):
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
     def __init__(self, run: str, step: int):
         super().__init__(f"checkpoint {run}@{step} was saved by one process "

@@ -31,7 +31,9 @@ from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
-EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL: state saved, run again to continue
+from slurm_geo.exitcodes import ExitCode
+
+EXIT_REQUEUE = ExitCode.REQUEUE  # EX_TEMPFAIL: state saved, run again to continue
 
 log = logging.getLogger(__name__)
 

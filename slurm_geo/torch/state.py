@@ -32,6 +32,7 @@ import torch
 from slurm_geo.ckpt import Tensor
 from slurm_geo.ckpt.manifest import DTYPE_SIZES
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
 
 SKELETON_FORMAT = "slurm-geo-torch/1"
 
@@ -51,7 +52,7 @@ except ImportError:  # numpy is optional: states then hold no arrays
 class TorchFileError(SlurmGeoError):
     """A file given as a `torch.save` state dict that torch cannot load as one."""
 
-    exit_code = 3
+    exit_code = ExitCode.CONFIG
 
     def __init__(self, path: Path | str, detail: str):
         super().__init__(f"{path} is not a torch.save file of a state dict torch can load "
