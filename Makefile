@@ -17,9 +17,9 @@ install:  ## Debian and Python packages (only what is missing)
 	if [ -n "$$missing" ]; then \
 		echo "apt-get install $$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	fi; \
+	fi && \
 	if echo "$$missing" | grep -qx prometheus && [ -d /run/systemd/system ]; then \
-		systemctl disable --now prometheus prometheus-node-exporter 2>/dev/null || true; \
+		for unit in prometheus prometheus-node-exporter; do systemctl disable --now $$unit 2>/dev/null || true; done; \
 	fi
 	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[dev]' 'torch==2.13.0'
 	@$(MAKE) --no-print-directory spank
