@@ -3,6 +3,7 @@ affects, every pack read once however many checkpoints share it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -245,3 +246,17 @@ def test_the_command_says_ok_and_refuses_two_read_options(site, tmp_path, key_fi
     result = runner.invoke(cli, ["ckpt", "check", "--store", url, "--read-data",
                                  "--read-data-subset", "1/2", "--key-file", str(key_file)])
     assert isinstance(result.exception, ConfigError) and "not both" in str(result.exception)
+
+
+def test_a_chunk_that_is_not_the_one_its_manifest_names_is_found_only_by_reading(site):
+    store, repository = site
+    manifest = repository.manifest("alpha", 1)
+    first, second = manifest.tensors[0].chunks[:2]
+    wrong = dataclasses.replace(manifest.tensors[0], chunks=(
+        dataclasses.replace(first, id=second.id), *manifest.tensors[0].chunks[1:]))
+    repository.commit(dataclasses.replace(manifest, tensors=(wrong, *manifest.tensors[1:])),
+                      lambda: None)
+    assert check_store(store, KEY).ok  # every pack is there, whole
+    report = check_store(store, KEY, READ_ALL)
+    assert [d.object for d in report.damage] == [pack_name(first.pack)]
+    assert "alpha@1" in report.damage[0].checkpoints

@@ -53,15 +53,17 @@ def row(id, status=S.VERIFIED, *, verified_at=None, scrubbed_at=None):
 
 @pytest.mark.parametrize("rows, picked", [
     ([], None),
+    ([row(1, verified_at=60), row(2, verified_at=20, scrubbed_at=70)], None),  # too recent
+    ([row(1, verified_at=50), row(2, verified_at=60)], 1),       # only 1 is 50 s old
     ([row(1, S.PENDING), row(2, S.CORRUPTED), row(3, S.SKIPPED)], None),  # only verified
     ([row(1, verified_at=50), row(2, verified_at=10)], 2),       # read longest ago first
     ([row(1, verified_at=10, scrubbed_at=90), row(2, verified_at=40)], 2),  # scrubs count
     ([row(1, verified_at=90, scrubbed_at=10), row(2, verified_at=40)], 2),  # so do repairs
     ([row(2, verified_at=10), row(1, verified_at=10)], 1),       # ties: the oldest row
-    ([row(1, S.UPLOADING, verified_at=0), row(2, verified_at=99)], 2),
+    ([row(1, S.UPLOADING, verified_at=0), row(2, verified_at=55)], 2),
 ])
 def test_the_replica_read_longest_ago_is_scrubbed_next(rows, picked):
-    chosen = pick_scrub(rows)
+    chosen = pick_scrub(rows, now=100.0, interval_s=45.0)
     assert (chosen.id if chosen else None) == picked
 
 

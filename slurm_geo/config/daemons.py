@@ -63,6 +63,7 @@ class SyncConfig:
     retry_base_s: float = 30.0
     retry_max_s: float = 900.0
     scrub_gb_per_day: float = 100.0
+    scrub_interval_s: float = 86400.0
 
 
 SYNC_SETTINGS = (
@@ -110,6 +111,10 @@ SYNC_SETTINGS = (
             SyncConfig.scrub_gb_per_day, "Rate at which verified replicas are read back "
             "again to find damage, in GB (10^9 bytes) a day on average; each read counts "
             "against bandwidth_mb_s too (see Scrubbing). 0: never."),
+    # A small destination would otherwise be re-read over and over at the full rate.
+    Setting("scrub_interval_s", number(0, unit="seconds"), SyncConfig.scrub_interval_s,
+            "A replica is read back again at most this often (after its verification or "
+            "its last scrub)."),
 )
 
 

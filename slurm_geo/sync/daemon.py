@@ -283,9 +283,9 @@ class Daemon:
         if self._scrub_due is None or self._scrub_due > now or \
                 self._monotonic() < self._down_until:
             return
-        replica = pick_scrub(r for r in self._state.replicas(
+        replica = pick_scrub((r for r in self._state.replicas(
             "destination = ? AND status = ?", [runtime.destination, Status.VERIFIED.value])
-            if runtime.reads(r.root))  # its repair copies from there
+            if runtime.reads(r.root)), now, runtime.sync.scrub_interval_s)  # repairs read it
         if replica is None:
             self._scrub_due = None  # until the next scan looks again
             return

@@ -4,7 +4,8 @@ Bit rot in a replica nobody resumes from would otherwise stay unseen until the d
 needed. When no replication is due, checkpoint-sync re-reads one verified replica at a
 time (every chunk, as verification does), paced to `[sync] scrub_gb_per_day` on average:
 after a scrub that read B bytes the next waits B / rate. The replica re-read longest ago
-(or never, since its verification) goes first, so every one is re-read once per pass.
+(or never, since its verification) goes first, so every one is re-read once per pass,
+and none more often than `scrub_interval_s`.
 Pure functions; the daemon (slurm_geo.sync.daemon) and the attempt (slurm_geo.sync.worker)
 act on them.
 """
@@ -42,8 +43,10 @@ def last_checked(replica: Replica) -> float:
     return max(replica.scrubbed_at or 0.0, replica.verified_at or 0.0)
 
 
-def pick_scrub(replicas: Iterable[Replica]) -> Replica | None:
-    """The verified replica read longest ago (ties: the oldest row); None when none is."""
-    verified = [r for r in replicas if r.status is Status.VERIFIED]
-    return min(verified, key=lambda r: (last_checked(r), r.id), default=None)
+def pick_scrub(replicas: Iterable[Replica], now: float, interval_s: float) -> Replica | None:
+    """The verified replica read longest ago (ties: the oldest row), if that was at least
+    `interval_s` before `now`; None when there is no such replica."""
+    due = [r for r in replicas
+           if r.status is Status.VERIFIED and last_checked(r) + interval_s <= now]
+    return min(due, key=lambda r: (last_checked(r), r.id), default=None)
 
