@@ -138,18 +138,22 @@ class S3Store:
             return response["Body"].read()  # a cut stream raises inside this block
 
     def list(self, prefix: str) -> list[str]:
+        return sorted(self.sizes(prefix))
+
+    def sizes(self, prefix: str) -> dict[str, int]:
         directory = prefix.rpartition("/")[0]
         if directory:
             check_object_name(directory)  # as LocalDirStore: no '..' or absolute prefixes
         pages = self._client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=self.prefix + prefix,
             PaginationConfig={"PageSize": self._page_size})
-        names = []
+        found: dict[str, int] = {}
         with self._errors_for(prefix):
             for page in pages:
-                names += [o["Key"][len(self.prefix):] for o in page.get("Contents", ())]
+                found.update((o["Key"][len(self.prefix):], int(o["Size"]))
+                             for o in page.get("Contents", ()))
         # Keys written by other tools may not be object names; get() would refuse them.
-        return sorted(n for n in names if _is_object_name(n))
+        return {n: size for n, size in sorted(found.items()) if _is_object_name(n)}
 
     def delete(self, name: str) -> None:
         key = self._key(name)

@@ -34,9 +34,10 @@ from slurm_geo.sync.metrics import Live, SyncCollector, serve_metrics
 from slurm_geo.sync.planner import lowest_steps, next_work, reconcile, retry_delay_s
 from slurm_geo.sync.runtime import Runtime
 from slurm_geo.sync.scanner import RootScan
+from slurm_geo.sync.scrub import LastScrub, pick_scrub, scrub_due_at
 from slurm_geo.sync.sources import Sources
 from slurm_geo.sync.state import StaleStatus, StateDB, Status, SyncError
-from slurm_geo.sync.worker import Outcome
+from slurm_geo.sync.worker import Outcome, Result
 
 log = logging.getLogger("slurm_geo.sync")
 
@@ -44,6 +45,7 @@ EXIT_OK = 0
 EXIT_BEHIND = 1        # --once: some replica is not verified
 EXIT_STUCK = 70        # an attempt outlived its timeout; systemd restarts us
 STOP_GRACE_S = 60.0    # SIGTERM waits this long for the objects in flight
+SCRUB_MARK = "scrub_last"  # meta: when the last scrub started and the bytes it read
 
 
 class Daemon:
@@ -76,6 +78,10 @@ class Daemon:
         self._scans: list[RootScan] = []
         self._next_scan = 0.0
         self._next_due: float | None = None
+        self._last_scrub: LastScrub | None = None
+        self._scrub_due: float | None = None  # Unix seconds; None: nothing to scrub
+        self._scrub_retry_at = 0.0
+        self._scrub_started = 0.0
         self._down_until = 0.0
         self._outages = 0
         self._state: StateDB | None = None
@@ -102,6 +108,7 @@ class Daemon:
         for replica in self._state.recover_interrupted(self._clock(), sync.max_attempts):
             event(log, "recovered", logging.WARNING, run=replica.run, step=replica.step,
                   destination=replica.destination, reason="attempt cut short")
+        self._last_scrub = _parse_last_scrub(self._state.mark(SCRUB_MARK))
         if self._metrics_port:
             collector = SyncCollector(self.state_path, lambda: self.live, self._clock)
             try:
@@ -143,8 +150,10 @@ class Daemon:
             else:
                 if self._monotonic() >= self._next_scan:
                     self._scan()
-                if not self._inflight.busy and not self._dispatch() and once:
-                    return self._once_exit_code()
+                if not self._inflight.busy and not self._dispatch():
+                    if once:
+                        return self._once_exit_code()
+                    self._dispatch_scrub()
             self._wakeup.wait(self._timeout())
 
     # --- signals ----------------------------------------------------------------------
@@ -264,13 +273,35 @@ class Daemon:
             return True
         return False
 
+    def _dispatch_scrub(self) -> None:
+        """Start re-reading the verified replica read longest ago, if the rate allows."""
+        assert self._state is not None
+        runtime = self.runtime
+        due = scrub_due_at(runtime.sync.scrub_gb_per_day * 1e9, self._last_scrub)
+        self._scrub_due = None if due is None else max(due, self._scrub_retry_at)
+        now = self._clock()
+        if self._scrub_due is None or self._scrub_due > now or \
+                self._monotonic() < self._down_until:
+            return
+        replica = pick_scrub((r for r in self._state.replicas(
+            "destination = ? AND status = ?", [runtime.destination, Status.VERIFIED.value])
+            if runtime.reads(r.root)), now, runtime.sync.scrub_interval_s)  # repairs read it
+        if replica is None:
+            self._scrub_due = None  # until the next scan looks again
+            return
+        self._scrub_started = now
+        self._inflight.start(replica, runtime, scrub=True)
+
     # --- results ----------------------------------------------------------------------
 
     def _collect(self) -> None:
+        scrubbed = self._inflight.scrubbing
         finished = self._inflight.collect()
         if finished is None:
             return
         replica, result = finished
+        if scrubbed:
+            self._scrubbed(result)
         destination = self.runtime.destination
         if result.outcome is Outcome.OUTAGE and result.side == "destination":
             self._outages += 1
@@ -287,6 +318,14 @@ class Daemon:
         self._notifier.status(f"last: {replica.run}@{replica.step} "
                               f"{result.outcome.value}")
 
+    def _scrubbed(self, result: Result) -> None:
+        assert self._state is not None
+        if result.outcome is Outcome.RETRY:
+            self._scrub_retry_at = self._clock() + self.runtime.sync.retry_base_s
+        if result.outcome in (Outcome.SCRUBBED, Outcome.CORRUPTED):
+            self._last_scrub = LastScrub(self._scrub_started, result.bytes_read)
+            self._state.set_mark(SCRUB_MARK, f"{self._scrub_started} {result.bytes_read}")
+
     # --- waiting ----------------------------------------------------------------------
 
     def _timeout(self) -> float:
@@ -302,6 +341,8 @@ class Daemon:
         else:
             if self._next_due is not None:
                 candidates.append(self._next_due - self._clock())
+            if self._scrub_due is not None:
+                candidates.append(self._scrub_due - self._clock())
             if self._down_until > now:
                 candidates.append(self._down_until - now)
         return max(0.0, min(candidates))
@@ -314,4 +355,13 @@ class Daemon:
             [self.runtime.destination, Status.VERIFIED.value, Status.SKIPPED.value])
         stuck = [s for s in self._state.sources() if s.kind == "job" and s.status.is_problem]
         return EXIT_OK if not unsettled and not stuck else EXIT_BEHIND
+
+
+def _parse_last_scrub(mark: str | None) -> LastScrub | None:
+    """The scrub pacing kept across restarts: "<started_at> <bytes_read>"."""
+    try:
+        started, read = (mark or "").split()
+        return LastScrub(float(started), int(read))
+    except ValueError:
+        return None
 
