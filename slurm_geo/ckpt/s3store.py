@@ -94,11 +94,25 @@ def make_s3_client(endpoint_url: str | None = None, region_name: str | None = No
     for option in ("request_checksum_calculation", "response_checksum_validation"):
         if option in Config.OPTION_DEFAULTS:
             options[option] = "when_required"
-    return boto3.session.Session().client(
+    client = boto3.session.Session().client(
         "s3", endpoint_url=endpoint_url, region_name=region_name,
         aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key,
         config=Config(**options),
     )
+    client.meta.events.register_last("before-call.s3", _no_continue_for_empty_bodies)
+    return client
+
+
+def _no_continue_for_empty_bodies(params: dict[str, Any], **_kwargs: Any) -> None:
+    """botocore makes every PUT wait for "100 Continue"; with an empty body SeaweedFS's
+    answer leaves bytes on the connection that the next request on it reads as a timeout
+    (what botocore's BOTO_EXPERIMENTAL__NO_EMPTY_CONTINUE does, for this client only)."""
+    from botocore.utils import determine_content_length
+
+    body = params.get("body")
+    if "Expect" in params["headers"] and body is not None \
+            and determine_content_length(body) == 0:
+        del params["headers"]["Expect"]
 
 
 class S3Store:

@@ -36,7 +36,7 @@ from slurm_geo.sync.runtime import Runtime
 from slurm_geo.sync.scanner import RootScan
 from slurm_geo.sync.scrub import LastScrub, pick_scrub, scrub_due_at
 from slurm_geo.sync.sources import Sources
-from slurm_geo.sync.state import StaleStatus, StateDB, Status, SyncError
+from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status, SyncError
 from slurm_geo.sync.worker import Outcome, Result
 
 log = logging.getLogger("slurm_geo.sync")
@@ -78,10 +78,7 @@ class Daemon:
         self._scans: list[RootScan] = []
         self._next_scan = 0.0
         self._next_due: float | None = None
-        self._last_scrub: LastScrub | None = None
-        self._scrub_due: float | None = None  # Unix seconds; None: nothing to scrub
-        self._scrub_retry_at = 0.0
-        self._scrub_started = 0.0
+        self._scrub = ScrubTurns(clock)
         self._down_until = 0.0
         self._outages = 0
         self._state: StateDB | None = None
@@ -108,7 +105,7 @@ class Daemon:
         for replica in self._state.recover_interrupted(self._clock(), sync.max_attempts):
             event(log, "recovered", logging.WARNING, run=replica.run, step=replica.step,
                   destination=replica.destination, reason="attempt cut short")
-        self._last_scrub = _parse_last_scrub(self._state.mark(SCRUB_MARK))
+        self._scrub.resume(self._state)
         if self._metrics_port:
             collector = SyncCollector(self.state_path, lambda: self.live, self._clock)
             try:
@@ -274,23 +271,11 @@ class Daemon:
         return False
 
     def _dispatch_scrub(self) -> None:
-        """Start re-reading the verified replica read longest ago, if the rate allows."""
         assert self._state is not None
-        runtime = self.runtime
-        due = scrub_due_at(runtime.sync.scrub_gb_per_day * 1e9, self._last_scrub)
-        self._scrub_due = None if due is None else max(due, self._scrub_retry_at)
-        now = self._clock()
-        if self._scrub_due is None or self._scrub_due > now or \
-                self._monotonic() < self._down_until:
-            return
-        replica = pick_scrub((r for r in self._state.replicas(
-            "destination = ? AND status = ?", [runtime.destination, Status.VERIFIED.value])
-            if runtime.reads(r.root)), now, runtime.sync.scrub_interval_s)  # repairs read it
-        if replica is None:
-            self._scrub_due = None  # until the next scan looks again
-            return
-        self._scrub_started = now
-        self._inflight.start(replica, runtime, scrub=True)
+        replica = self._scrub.next_replica(self._state, self.runtime,
+                                           paused=self._monotonic() < self._down_until)
+        if replica is not None:
+            self._inflight.start(replica, self.runtime, scrub=True)
 
     # --- results ----------------------------------------------------------------------
 
@@ -301,7 +286,8 @@ class Daemon:
             return
         replica, result = finished
         if scrubbed:
-            self._scrubbed(result)
+            assert self._state is not None
+            self._scrub.finished(self._state, result, self.runtime.sync.retry_base_s)
         destination = self.runtime.destination
         if result.outcome is Outcome.OUTAGE and result.side == "destination":
             self._outages += 1
@@ -318,14 +304,6 @@ class Daemon:
         self._notifier.status(f"last: {replica.run}@{replica.step} "
                               f"{result.outcome.value}")
 
-    def _scrubbed(self, result: Result) -> None:
-        assert self._state is not None
-        if result.outcome is Outcome.RETRY:
-            self._scrub_retry_at = self._clock() + self.runtime.sync.retry_base_s
-        if result.outcome in (Outcome.SCRUBBED, Outcome.CORRUPTED):
-            self._last_scrub = LastScrub(self._scrub_started, result.bytes_read)
-            self._state.set_mark(SCRUB_MARK, f"{self._scrub_started} {result.bytes_read}")
-
     # --- waiting ----------------------------------------------------------------------
 
     def _timeout(self) -> float:
@@ -341,8 +319,8 @@ class Daemon:
         else:
             if self._next_due is not None:
                 candidates.append(self._next_due - self._clock())
-            if self._scrub_due is not None:
-                candidates.append(self._scrub_due - self._clock())
+            if self._scrub.due is not None:
+                candidates.append(self._scrub.due - self._clock())
             if self._down_until > now:
                 candidates.append(self._down_until - now)
         return max(0.0, min(candidates))
@@ -355,6 +333,44 @@ class Daemon:
             [self.runtime.destination, Status.VERIFIED.value, Status.SKIPPED.value])
         stuck = [s for s in self._state.sources() if s.kind == "job" and s.status.is_problem]
         return EXIT_OK if not unsettled and not stuck else EXIT_BEHIND
+
+
+class ScrubTurns:
+    """When the next scrub may start and which verified replica it re-reads: the one read
+    longest ago, at most `scrub_gb_per_day`. The pacing survives restarts as a state mark."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self._clock = clock
+        self._last: LastScrub | None = None
+        self.due: float | None = None  # Unix seconds; None: nothing to scrub
+        self._retry_at = 0.0
+        self._started = 0.0
+
+    def resume(self, state: StateDB) -> None:
+        self._last = _parse_last_scrub(state.mark(SCRUB_MARK))
+
+    def next_replica(self, state: StateDB, runtime: Runtime, paused: bool) -> Replica | None:
+        """The replica to scrub now, or None while the rate, an outage or a retry says wait."""
+        due = scrub_due_at(runtime.sync.scrub_gb_per_day * 1e9, self._last)
+        self.due = None if due is None else max(due, self._retry_at)
+        now = self._clock()
+        if self.due is None or self.due > now or paused:
+            return None
+        replica = pick_scrub((r for r in state.replicas(
+            "destination = ? AND status = ?", [runtime.destination, Status.VERIFIED.value])
+            if runtime.reads(r.root)), now, runtime.sync.scrub_interval_s)  # repairs read it
+        if replica is None:
+            self.due = None  # until the next scan looks again
+            return None
+        self._started = now
+        return replica
+
+    def finished(self, state: StateDB, result: Result, retry_base_s: float) -> None:
+        if result.outcome is Outcome.RETRY:
+            self._retry_at = self._clock() + retry_base_s
+        if result.outcome in (Outcome.SCRUBBED, Outcome.CORRUPTED):
+            self._last = LastScrub(self._started, result.bytes_read)
+            state.set_mark(SCRUB_MARK, f"{self._started} {result.bytes_read}")
 
 
 def _parse_last_scrub(mark: str | None) -> LastScrub | None:
