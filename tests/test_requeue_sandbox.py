@@ -213,8 +213,12 @@ def test_restarts_are_capped(sandbox, job_dir):
         assert states == [IncarnationState.REQUEUED] * (limit + 1)
         assert reason == f"requeued {limit + 1} times without planning it (node failures, " \
                          f"crashes; max_restarts = {limit})"
-        assert held.comment == f"geo: held: {reason}; fix the job, then ask an admin to " \
-                               "release it"  # where squeue -O Comment shows its owner
+        shown = run_as(ALICE, ["squeue", "--noheader", f"--jobs={job_id}", "--format=%r|%k"],
+                       env={**job_environment(sandbox.layout, ALICE),
+                            "SLURM_CONF": str(sandbox.layout.onprem.slurm_conf)},
+                       capture_output=True, text=True, timeout=30, check=True)
+        assert shown.stdout.strip() == f"JobHeldAdmin|geo: held: {reason}; fix the job, " \
+                                       "then ask an admin to release it"
     finally:
         client.cancel(job_id)
 
