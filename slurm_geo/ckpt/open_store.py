@@ -75,13 +75,14 @@ def open_store(url: str, endpoint_url: str | None = None, region_name: str | Non
     return store
 
 
-def open_store_or_named(spec: str) -> Store:
-    """The store `spec` names: a URL, or the name of a store in the site config."""
+def open_store_or_named(spec: str, config_path: Path | None = None) -> Store:
+    """The store `spec` names: a URL, or the name of a store in the site config (`config_path`,
+    else the default one)."""
     if "://" in spec:
         return open_store(spec)
     from slurm_geo.config import load_config
 
-    site = load_config()
+    site = load_config(config_path)
     if spec not in site.stores:
         known = ", ".join(sorted(site.stores)) or "none"
         raise ConfigError(f"store '{spec}' is neither a URL (file:///PATH, "

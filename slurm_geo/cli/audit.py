@@ -11,15 +11,21 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from slurm_geo.cli.options import chosen_config, config_option
 from slurm_geo.errors import ConfigError
 
 if TYPE_CHECKING:
     from slurm_geo.federation.wiring import Audit
 
-db_option = click.option(
+_db_flag = click.option(
     "--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
     help="The audit database (default: [federation] audit_path of the slurm-geo config, or "
          "the log in etcd with etcd_endpoints).")
+
+
+def db_option(command):
+    return _db_flag(config_option(command))
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 _COLUMNS = ("seq", "time", "kind", "logical_job", "what", "why")
@@ -38,7 +44,7 @@ def audit() -> None:
                    "cut off the end of the log.")
 @json_option
 def verify(db_path: Path | None, expect_head: str | None, as_json: bool) -> None:
-    """Recompute every hash and link; exit 51 naming the first bad entry."""
+    """Recompute every hash and link; exit 56 naming the first bad entry."""
     from slurm_geo.federation.audit import AuditChainBroken
 
     expected = _parse_head(expect_head) if expect_head else None
@@ -91,7 +97,7 @@ def _open_log(db_path: Path | None) -> tuple[str, Audit]:
     from slurm_geo.federation.runtime import open_federation_state
 
     try:
-        site = load_config()
+        site = load_config(chosen_config())
     except ConfigError as exc:
         raise ConfigError(f"{exc}; or give --db PATH") from None
     config = site.federation

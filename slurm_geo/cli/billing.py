@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from slurm_geo.cli.options import chosen_config, config_option
+
 db_option = click.option("--db", "db_path", type=click.Path(path_type=Path), default=None,
                          help="The billing database (default: [billing] database).")
 period_option = click.option("--period", "period_text", default=None,
@@ -58,6 +60,7 @@ alert_option = click.option(
               help="Then check this month's budgets, as `billing budgets` does.")
 @alert_option
 @db_option
+@config_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ingest(clusters: tuple[str, ...], since: str | None, until: str | None,
            check_budgets: bool, alert: bool, db_path: Path | None, as_json: bool) -> None:
@@ -93,6 +96,7 @@ def ingest(clusters: tuple[str, ...], since: str | None, until: str | None,
 @cluster_option
 @alert_option
 @db_option
+@config_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def check(period_text: str | None, clusters: tuple[str, ...], alert: bool,
           db_path: Path | None, as_json: bool) -> None:
@@ -202,9 +206,12 @@ def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
 @click.option("--by", type=click.Choice(["cost-center", "user", "cluster", "job"]),
               default="cost-center", show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
-              show_default=True)
+              show_default=True, help="--format json is the same as --json.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @db_option
-def report(period_text: str | None, by: str, fmt: str, db_path: Path | None) -> None:
+@config_option
+def report(period_text: str | None, by: str, fmt: str, as_json: bool,
+           db_path: Path | None) -> None:
     """Costs of a period; flags (unknown TRES, no price, no cost center) are listed."""
     from slurm_geo.billing import service
     from slurm_geo.billing.report import render
@@ -212,7 +219,7 @@ def report(period_text: str | None, by: str, fmt: str, db_path: Path | None) -> 
     period = _period(period_text)
     with opened(db_path or _config().database, readonly=True) as db:
         result = service.report(db, period, by)
-    click.echo(render(result, fmt))
+    click.echo(render(result, "json" if as_json else fmt))
 
 
 @billing.command()
@@ -222,8 +229,10 @@ def report(period_text: str | None, by: str, fmt: str, db_path: Path | None) -> 
 @click.option("--cost-center", "centers", multiple=True,
               help="Only this cost center (repeatable).")
 @db_option
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def invoices(period_text: str | None, out_dir: Path, centers: tuple[str, ...],
-             db_path: Path | None) -> None:
+             db_path: Path | None, as_json: bool) -> None:
     """One CSV and one HTML page (cost-by-cluster chart) per cost center."""
     from slurm_geo.atomic import write_if_changed
     from slurm_geo.billing import service
@@ -236,18 +245,28 @@ def invoices(period_text: str | None, out_dir: Path, centers: tuple[str, ...],
     with opened(db_path or _config().database, readonly=True) as db:
         found = make_invoices(service.period_lines(db, period, flags), period)
     out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
     for center, invoice in found.items():
         if centers and center not in centers:
             continue
         stem = file_stem(center, period)
         write_if_changed(out_dir / f"{stem}.csv", invoice_csv(invoice), 0o644)
         write_if_changed(out_dir / f"{stem}.html", invoice_html(invoice), 0o644)
+        written.append({"cost_center": center, "total_usd": round(invoice.total, 2),
+                        "unpriced_lines": invoice.unpriced,
+                        "csv": str(out_dir / f"{stem}.csv"),
+                        "html": str(out_dir / f"{stem}.html")})
+        if as_json:
+            continue
         click.echo(f"{center}: {invoice.total:.2f} USD -> {out_dir / stem}.csv, .html"
                    + (f" ({invoice.unpriced} line(s) without a price)"
                       if invoice.unpriced else ""))
     if flags:
         click.echo(f"{len(aggregate_flags(flags))} flag(s): see `slurm-geo billing report "
                    f"--period {period.label}`", err=True)
+    if as_json:
+        click.echo(json.dumps({"period": period.label, "invoices": written,
+                               "flags": len(aggregate_flags(flags))}, indent=2))
 
 
 @billing.command()
@@ -256,6 +275,7 @@ def invoices(period_text: str | None, out_dir: Path, centers: tuple[str, ...],
                                               "webhook_url).")
 @click.option("--no-webhook", is_flag=True, help="Do not POST, even if configured.")
 @db_option
+@config_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def budgets(period_text: str | None, webhook: str | None, no_webhook: bool,
             db_path: Path | None, as_json: bool) -> None:
@@ -302,7 +322,7 @@ def _load() -> tuple[Any, Any]:
     from slurm_geo.billing.config import billing_config
     from slurm_geo.config.model import load_config
 
-    site = load_config()
+    site = load_config(chosen_config())
     return site, billing_config(site)
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from slurm_geo.cli.options import chosen_config, config_option
 from slurm_geo.config.paths import DEFAULT_KEY_FILE, KEY_FILE_ENV, master_key_path
 from slurm_geo.errors import ConfigError
 
@@ -26,9 +27,11 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 
 def store_option(flag: str, help_text: str):
-    return click.option(flag, "store_url", required=True, metavar="STORE",
-                        help=f"{help_text}: file:///PATH, s3://BUCKET/PREFIX, or a store "
-                             "name from the slurm-geo config.")
+    """The store flag, and --config for a store named in the config."""
+    store = click.option(flag, "store_url", required=True, metavar="STORE",
+                         help=f"{help_text}: file:///PATH, s3://BUCKET/PREFIX, or a store "
+                              "name from the slurm-geo config.")
+    return lambda command: store(config_option(command))
 
 
 @click.group()
@@ -38,15 +41,19 @@ def keys() -> None:
 
 @keys.command("init")
 @click.argument("path", type=click.Path(path_type=Path))
-def keys_init(path: Path) -> None:
+@json_option
+def keys_init(path: Path, as_json: bool) -> None:
     """Create a new master key file at PATH (mode 0600; refuses to overwrite)."""
     from slurm_geo.ckpt import create_master_key_file
+    from slurm_geo.ckpt.keys import fingerprint
 
     if path.exists():
         raise ConfigError(f"{path} already exists; a new key would orphan every checkpoint "
                           "sealed under the old one. Choose another path.")
-    create_master_key_file(path)
-    click.echo(f"created master key {path} (keep it on-prem; back it up offline)")
+    key = create_master_key_file(path)
+    _report({"key_file": str(path), "fingerprint": fingerprint(key).hex()}, as_json,
+            "created master key {key_file} ({fingerprint}; keep it on-prem; back it up "
+            "offline)")
 
 
 @keys.command("rotate")
@@ -77,7 +84,7 @@ def keys_rotate(store_specs: tuple[str, ...], dry_run: bool, federation_state: b
     """
     from slurm_geo.ckpt.rotate import Outcome, rotate_master_key
 
-    stores = {spec: _open(spec) for spec in dict.fromkeys(store_specs)}
+    stores = {spec: _open(spec, config) for spec in dict.fromkeys(store_specs)}
     also = _federation_state(config, key_file) if federation_state else {}
     try:
         report = rotate_master_key(stores, key_file, dry_run=dry_run, also=also)
@@ -311,14 +318,15 @@ def check(store_url: str, read_data: bool, subset: str | None, key_file: Path,
 @click.argument("target", metavar="RUN@STEP")
 @store_option("--store", "Store holding the checkpoint")
 @key_file_option
-def promote(target: str, store_url: str, key_file: Path) -> None:
+@json_option
+def promote(target: str, store_url: str, key_file: Path, as_json: bool) -> None:
     """Make a checkpoint immutable (retention tier 3): never overwritten or collected."""
     from slurm_geo.ckpt import Repository, load_master_key
 
     repository = Repository(_open(store_url), load_master_key(key_file))
     run, step = _parse_target(target, repository, store_url)
     repository.promote(run, step)
-    click.echo(f"{run}@{step}: promoted")
+    _report({"run": run, "step": step, "promoted": True}, as_json, "{run}@{step}: promoted")
 
 
 @ckpt.command()
@@ -419,7 +427,7 @@ def _site_retention():
     """The config's [retention], or None when there is no config file."""
     from slurm_geo.config.model import config_path_from_env, load_config
 
-    path = config_path_from_env()
+    path = chosen_config() or config_path_from_env()
     return load_config(path).retention if path.exists() else None
 
 
@@ -434,10 +442,10 @@ def _promoted(repository, run: str, step: int) -> bool:
         return False
 
 
-def _open(url: str):
+def _open(url: str, config: Path | None = None):
     from slurm_geo.ckpt.open_store import open_store_or_named
 
-    return open_store_or_named(url)
+    return open_store_or_named(url, config or chosen_config())
 
 
 def _parse_target(target: str, repository, store_url: str) -> tuple[str, int]:

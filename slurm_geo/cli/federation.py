@@ -188,7 +188,8 @@ def _who() -> str:
 @click.argument("job")
 @click.argument("cluster")
 @click.option("--config", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)
-def approve(job: str, cluster: str, config: Path | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def approve(job: str, cluster: str, config: Path | None, as_json: bool) -> None:
     """Consent to moving logical job JOB to CLUSTER, for jobs without
     --geo-failover=auto. A job whose cluster is out, or that is still queued, moves as soon
     as the daemon's plan chooses CLUSTER; a running job moves at its next checkpoint."""
@@ -197,7 +198,12 @@ def approve(job: str, cluster: str, config: Path | None) -> None:
 
     federation = build(config, daemon=False)
     found = resolve(federation.state, job)
-    moved = federation.approve(found.logical_job, cluster, _who())
+    who = _who()
+    moved = federation.approve(found.logical_job, cluster, who)
+    if as_json:
+        click.echo(json.dumps({"logical_job": moved.logical_job, "cluster": cluster,
+                               "approved_by": who}, indent=2))
+        return
     click.echo(f"{moved.logical_job}: move to {cluster} approved; the federation daemon "
                "makes it when its plan chooses it")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import sys
 from pathlib import Path
 
@@ -44,14 +46,22 @@ def export_lua(config_path: Path | None, cluster: str, directory: Path) -> None:
 @policy.command(context_settings={"ignore_unknown_options": True})
 @config_option
 @click.option("--cluster", default=None, help="The cluster the job goes to (default: home).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {accepted, exit_code, reason} as JSON; the exit code is the same.")
 @click.argument("directives", nargs=-1, type=click.UNPROCESSED)
-def check(config_path: Path | None, cluster: str | None, directives: tuple[str, ...]) -> None:
+def check(config_path: Path | None, cluster: str | None, as_json: bool,
+          directives: tuple[str, ...]) -> None:
     """Check --geo-NAME=VALUE directives as sbatch would; exits 5 or 6 with the reason."""
     from slurm_geo.hooks.validator import run
 
     argv = [f"--config={config_path}"] if config_path else []
     argv += [f"--cluster={cluster}"] if cluster else []
-    code = run([*argv, *directives])
-    if code == 0:
-        click.echo("accepted")
+    said = io.StringIO()
+    code = run([*argv, *directives], out=said)
+    reason = said.getvalue().strip()
+    if as_json:
+        click.echo(json.dumps({"accepted": code == 0, "exit_code": code,
+                               "reason": reason or None}))
+    else:
+        click.echo(reason if code else "accepted")
     sys.exit(code)

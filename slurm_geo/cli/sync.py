@@ -14,6 +14,9 @@ state_option = click.option(
     "--state", "state_path", type=click.Path(path_type=Path), default=None,
     help="The state database (default: [sync] state of the slurm-geo config).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+config_option = click.option(
+    "--config", type=click.Path(path_type=Path), default=None,
+    help="Site config (default: $SLURM_GEO_CONFIG or /etc/slurm-geo/config.toml).")
 
 _COLUMNS = ["run", "destination", "newest", "verified", "pending", "uploading", "replicated",
             "failed", "corrupted", "skipped", "lag_s", "jobs", "error"]
@@ -27,13 +30,14 @@ def sync() -> None:
 
 @sync.command()
 @state_option
+@config_option
 @json_option
-def status(state_path: Path | None, as_json: bool) -> None:
+def status(state_path: Path | None, config: Path | None, as_json: bool) -> None:
     """Per run and destination: newest checkpoint, newest verified, counts, lag; and each
     registered job's checkpoint directory, with what checkpoint-sync sees there."""
     from slurm_geo.sync.state import StateDB
 
-    state = StateDB(_state_path(state_path), readonly=True)
+    state = StateDB(_state_path(state_path, config), readonly=True)
     try:
         replicas, sources = state.replicas(), state.sources()
     finally:
@@ -56,11 +60,14 @@ def status(state_path: Path | None, as_json: bool) -> None:
 @click.argument("run")
 @click.option("--destination", default=None, help="Only replicas at this destination.")
 @state_option
-def retry(run: str, destination: str | None, state_path: Path | None) -> None:
+@config_option
+@json_option
+def retry(run: str, destination: str | None, state_path: Path | None, config: Path | None,
+          as_json: bool) -> None:
     """Requeue RUN's failed and corrupted replicas with a fresh budget of attempts."""
     from slurm_geo.sync.state import StateDB, SyncError
 
-    state = StateDB(_state_path(state_path))
+    state = StateDB(_state_path(state_path, config))
     try:
         if not state.replicas("run = ?", [run]):
             raise SyncError(f"run '{run}' has no replicas in {state.path}; see "
@@ -68,6 +75,11 @@ def retry(run: str, destination: str | None, state_path: Path | None) -> None:
         requeued = state.requeue(run, destination, time.time())
     finally:
         state.close()
+    if as_json:
+        click.echo(json.dumps({"run": run, "destination": destination, "requeued": [
+            {"step": r.step, "destination": r.destination, "was": r.status.value}
+            for r in requeued]}, indent=2))
+        return
     if not requeued:
         click.echo(f"{run}: nothing failed or corrupted to requeue")
         return
@@ -159,13 +171,13 @@ def _summary(run: str, destination: str, rows: list[Any], now: float) -> dict[st
     }
 
 
-def _state_path(explicit: Path | None) -> Path:
+def _state_path(explicit: Path | None, config: Path | None) -> Path:
     if explicit is not None:
         return explicit
     from slurm_geo.config.model import load_config
     from slurm_geo.errors import ConfigError
 
-    site = load_config()
+    site = load_config(config)
     if site.sync is None:
         raise ConfigError(f"{site.source} has no [sync] table; give --state PATH")
     return site.sync.state
