@@ -516,9 +516,12 @@ def test_the_command_says_an_unfinished_rotation_on_one_line_and_exits_1(
             raise StoreUnavailable(name, "Read-only file system")
 
     rotate_master_key({"home": home}, key_file)
-    monkeypatch.setattr(cli_ckpt, "_open", lambda _spec: PutsRefused(home, 10**6))
+    monkeypatch.setattr(cli_ckpt, "_open",
+                        lambda _spec, _config=None: PutsRefused(home, 10**6))
     result = CliRunner().invoke(cli, ["keys", "rotate", "--store", "home", "--key-file",
                                       str(key_file)])
+    # an exception escaping the command also reads as exit 1: only sys.exit(1) counts
+    assert isinstance(result.exception, SystemExit), result.exception
     assert result.exit_code == 1, result.output
     (said,) = result.stderr.splitlines()
     assert said.startswith("slurm-geo: rotation to ") and "Read-only file system" in said
