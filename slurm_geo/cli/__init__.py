@@ -15,6 +15,8 @@ from slurm_geo import __version__
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 
+PROG = "slurm-geo"
+
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 SUBCOMMANDS = {
     "approve": ("slurm_geo.cli.federation", "approve",
@@ -64,7 +66,7 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup)
-@click.version_option(__version__, prog_name="slurm-geo")
+@click.version_option(__version__, prog_name=PROG)
 def cli() -> None:
     """slurm-geo: Slurm training jobs that survive the loss of their cluster."""
 
