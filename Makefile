@@ -3,7 +3,7 @@ PYTHON ?= python3
 DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic lua5.1 python3-venv iproute2 util-linux etcd-server etcd-client prometheus
 SLURM_GEO = $(PYTHON) -m slurm_geo
 
-.PHONY: install drill demo test test-quick lint bench spank
+.PHONY: install drill demo test test-quick lint check-cli bench spank
 
 # The SPANK plugin of the --geo-* options, built against the installed Slurm headers.
 SPANK_SO = spank/geo_directives.so
@@ -42,7 +42,12 @@ lint:
 	ruff check .
 	mypy slurm_geo
 
-test: install lint  ## the whole suite, against the real sandbox; the slowest 30 listed
+# The CI step of docs/cli.md's conventions: --help everywhere, --json on every command that
+# reports state, the docs' exit-code table equal to slurm_geo.exitcodes. Seconds, no sandbox.
+check-cli:  ## the CLI conventions of docs/cli.md
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_cli_conventions.py tests/test_exitcodes.py
+
+test: install lint check-cli  ## the whole suite, against the real sandbox; the slowest 30 listed
 	$(PYTHON) -m pytest -q --durations=30
 
 test-quick: lint  ## skips tests marked slow
