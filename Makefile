@@ -2,6 +2,8 @@
 PYTHON ?= python3
 DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic lua5.1 python3-venv iproute2 util-linux etcd-server etcd-client prometheus
 SLURM_GEO = $(PYTHON) -m slurm_geo
+# Where bash-completion looks; without the package installed there is nothing to add to.
+BASH_COMPLETIONS = /usr/share/bash-completion/completions
 
 .PHONY: install drill demo test test-quick lint check-cli bench spank
 
@@ -22,6 +24,9 @@ install:  ## Debian and Python packages (only what is missing)
 		for unit in prometheus prometheus-node-exporter; do systemctl disable --now $$unit 2>/dev/null || true; done; \
 	fi
 	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[dev]' 'torch==2.13.0'
+	@if [ -d $(BASH_COMPLETIONS) ]; then \
+		$(SLURM_GEO) completion bash > $(BASH_COMPLETIONS)/slurm-geo; \
+	fi
 	@$(MAKE) --no-print-directory spank
 
 spank: $(SPANK_SO)  ## the SPANK plugin (spank/geo_directives.so)

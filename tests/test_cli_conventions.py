@@ -18,6 +18,7 @@ LEAVES = {" ".join(path[1:]): command for path, command in TREE
 
 # Commands with no --json, each for its reason; every other command has one.
 WITHOUT_JSON = {
+    "completion": "prints a shell script to source, not state",
     "logs": "prints the job's own output as it wrote it; --follow streams it",
     "policy export-lua": "writes files for slurmctld and names them; nothing to parse",
     "sandbox up": "acts, with progress on stderr; `sandbox status --json` reports after",

@@ -16,6 +16,8 @@ from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 
 PROG = "slurm-geo"
+# Named, not derived from argv[0] as click would: `python3 -m slurm_geo` completes too.
+COMPLETE_VAR = "_SLURM_GEO_COMPLETE"
 
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 SUBCOMMANDS = {
@@ -46,6 +48,8 @@ SUBCOMMANDS = {
                "Check --geo-* directives; export the policy for job_submit.lua."),
     "sync": ("slurm_geo.cli.sync", "sync",
              "Replication state kept by checkpoint-sync; requeue failed replicas."),
+    "completion": ("slurm_geo.cli.completion", "completion",
+                   "Print the shell completion script for bash, zsh or fish."),
 }
 
 
@@ -73,7 +77,7 @@ def cli() -> None:
 
 def main() -> None:
     try:
-        cli.main(standalone_mode=False)
+        cli.main(complete_var=COMPLETE_VAR, standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(ExitCode.INTERRUPTED)
