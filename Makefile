@@ -4,8 +4,9 @@ DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server r
 SLURM_GEO = $(PYTHON) -m slurm_geo
 # Where bash-completion looks; without the package installed there is nothing to add to.
 BASH_COMPLETIONS = /usr/share/bash-completion/completions
+MAN_DIR = /usr/local/share/man/man1
 
-.PHONY: install drill demo test test-quick lint check-cli bench spank
+.PHONY: install drill demo test test-quick lint check-cli man bench spank
 
 # The SPANK plugin of the --geo-* options, built against the installed Slurm headers.
 SPANK_SO = spank/geo_directives.so
@@ -14,7 +15,7 @@ SPANK_CFLAGS = -shared -fPIC -O2 -Wall -Wextra -Werror -std=gnu11
 
 # prometheus is there for promtool (the tests check contrib/ with it): the server and the
 # node exporter its install enables and starts are stopped and disabled again.
-install:  ## Debian and Python packages (only what is missing)
+install:  ## Debian and Python packages (only what is missing), bash completion, man pages
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "apt-get install $$missing"; \
@@ -27,7 +28,14 @@ install:  ## Debian and Python packages (only what is missing)
 	@if [ -d $(BASH_COMPLETIONS) ]; then \
 		$(SLURM_GEO) completion bash > $(BASH_COMPLETIONS)/slurm-geo; \
 	fi
+	@$(MAKE) --no-print-directory man
+	install -d $(MAN_DIR) && install -m 0644 build/man/*.1 $(MAN_DIR)
 	@$(MAKE) --no-print-directory spank
+
+# Written afresh, so a renamed command leaves no page behind.
+man:  ## man pages from the help text, into build/man
+	rm -rf build/man
+	$(PYTHON) -m slurm_geo.cli.manpages build/man
 
 spank: $(SPANK_SO)  ## the SPANK plugin (spank/geo_directives.so)
 
