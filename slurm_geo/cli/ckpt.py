@@ -226,30 +226,58 @@ def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool)
 @ckpt.command("ls")
 @click.argument("run", required=False)
 @store_option("--store", "Store to list")
+@click.option("--sync-state", type=click.Path(path_type=Path), default=None,
+              help="checkpoint-sync's state database, read for OFF-SITE (default: [sync] "
+                   "state of the config; without one OFF-SITE is -).")
 @key_file_option
 @json_option
-def list_checkpoints(run: str | None, store_url: str, key_file: Path, as_json: bool) -> None:
-    """List runs and their checkpoints (step, epoch, loss, when, where, promoted)."""
+def list_checkpoints(run: str | None, store_url: str, sync_state: Path | None, key_file: Path,
+                     as_json: bool) -> None:
+    """List runs and their checkpoints: step, epoch, loss, when, where, promoted; size,
+    bytes it added to the store, dedup ratio, and its off-site replica's status."""
     from slurm_geo.ckpt import Repository, load_master_key
+    from slurm_geo.cli import ckpt_usage as shown
 
     repository = Repository(_open(store_url), load_master_key(key_file))
-    rows = []
-    for name in [run] if run else repository.runs():
-        latest = repository.latest(name)
-        for step in repository.steps(name):
-            meta = repository.manifest(name, step).metadata
-            rows.append({"run": name, "step": step, "epoch": meta.epoch, "loss": meta.loss,
-                         "created_at": meta.created_at, "cluster": meta.cluster,
-                         "job_id": meta.job_id, "latest": step == latest,
-                         "promoted": _promoted(repository, name, step)})
+    names = [run] if run else repository.runs()
+    rows = shown.listing_rows(shown.manifests_of(repository, names),
+                              {name: repository.latest(name) for name in names},
+                              lambda m: _promoted(repository, m.run, m.step),
+                              shown.offsite_of(store_url, sync_state, chosen_config()))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
         click.echo("no checkpoints")
         return
-    click.echo(_table(rows, ["run", "step", "epoch", "loss", "created_at", "cluster", "job_id",
-                             "latest", "promoted"]))
+    click.echo(_table([shown.human_listing(row) for row in rows], shown.LS_COLUMNS))
+
+
+@ckpt.command()
+@store_option("--store", "Store to measure")
+@click.option("--run", help="Only this run (then no store total).")
+@key_file_option
+@json_option
+def stats(store_url: str, run: str | None, key_file: Path, as_json: bool) -> None:
+    """Per run: checkpoints, size, bytes stored, bytes of its packs, dedup ratio; then the
+    store's total, with the packs no checkpoint references (from manifests and one
+    listing of the packs; nothing else is read)."""
+    from slurm_geo.ckpt import Repository, load_master_key
+    from slurm_geo.cli import ckpt_usage as shown
+
+    store = _open(store_url)
+    repository = Repository(store, load_master_key(key_file))
+    manifests = shown.manifests_of(repository, [run] if run else repository.runs())
+    if run and not manifests:
+        raise ConfigError(f"run '{run}' has no checkpoint in {store_url}")
+    document = shown.stats_document(store_url, manifests, store.sizes("packs/"), run is None)
+    if as_json:
+        click.echo(json.dumps(document, indent=2))
+        return
+    rows, note = shown.stats_lines(document)
+    click.echo(_table(rows, shown.STATS_COLUMNS))
+    if note:
+        click.echo(note)
 
 
 @ckpt.command()
