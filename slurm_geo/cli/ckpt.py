@@ -156,12 +156,16 @@ def ckpt() -> None:
                             "checkpoint directory holding several).")
 @click.option("--step", type=click.IntRange(min=0),
               help="Step (required for a torch.save file; default: the run's latest).")
+@click.option("--delta", is_flag=True,
+              help="A torch.save file: store changed chunks as deltas against the run's "
+                   "previous step, as Checkpointer(delta=True) does (for fine-tuning).")
 @key_file_option
 @json_option
-def push(path: Path, store_url: str, run: str | None, step: int | None, key_file: Path,
-         as_json: bool) -> None:
+def push(path: Path, store_url: str, run: str | None, step: int | None, delta: bool,
+         key_file: Path, as_json: bool) -> None:
     """Push PATH to a store: a checkpoint directory written by slurm-geo, or a plain
-    torch.save file of a state dict."""
+    torch.save file of a state dict (read without torch: only tensors and plain values are
+    unpickled), saved with the run's previous step as parent."""
     from slurm_geo.ckpt import LocalDirStore, Repository, load_master_key
 
     master_keys = load_master_key(key_file)
@@ -177,7 +181,8 @@ def push(path: Path, store_url: str, run: str | None, step: int | None, key_file
     else:
         if run is None or step is None:
             raise ConfigError(f"{path} is a torch.save file: give --run RUN --step N")
-        result = _push_torch_file(path, Repository(destination, master_keys), run, step)
+        result = _push_torch_file(path, Repository(destination, master_keys), run, step,
+                                  delta)
     _report(result, as_json, "pushed {run}@{step}")
 
 
@@ -436,26 +441,25 @@ def _copy_with_progress(source, source_store, destination, run: str, step: int):
         return copy_checkpoint(source, source_store, destination, run, step, on_pack=advance)
 
 
-def _push_torch_file(path: Path, repository, run: str, step: int) -> dict:
+def _push_torch_file(path: Path, repository, run: str, step: int, delta: bool) -> dict:
+    """Without torch: the file is read through a restricted unpickler, mapped."""
     from slurm_geo.ckpt import Metadata
-    from slurm_geo.torch.state import tensors_from_torch_file
+    from slurm_geo.ckpt.files import push_torch_file
 
-    tensors, extra = tensors_from_torch_file(path)
     metadata = Metadata(global_step=step, optimizer_step=step, epoch=0, loss=None,
                         created_at=datetime.now(UTC).isoformat(),
                         cluster=os.environ.get("SLURM_CLUSTER_NAME", ""),
                         job_id=os.environ.get("SLURM_JOB_ID", ""))
-    parent = repository.latest(run) if run in repository.runs() else None
-    repository.write_checkpoint(run, tensors, extra, metadata, parent=parent)
-    return {"run": run, "step": step, "tensors": len(tensors),
-            "bytes": sum(len(memoryview(t.data).cast("B")) for t in tensors)}
+    manifest, nbytes = push_torch_file(repository, path, run, metadata, delta=delta)
+    return {"run": run, "step": step, "parent": manifest.parent_step,
+            "tensors": len(manifest.tensors), "bytes": nbytes}
 
 
 def _pull_torch_file(repository, run: str, step: int, path: Path) -> dict:
-    from slurm_geo.torch.state import save_torch_file
+    """Without torch, streaming: a file torch.load(weights_only=True) reads."""
+    from slurm_geo.ckpt.files import pull_torch_file
 
-    checkpoint = repository.read_checkpoint(run, step)
-    save_torch_file(checkpoint.tensors, checkpoint.extra_state, path)
+    pull_torch_file(repository, run, step, path)
     return {"run": run, "step": step, "to": str(path)}
 
 

@@ -1,0 +1,123 @@
+"""Tensor files on disk, mapped a tensor at a time, and written a chunk at a time.
+
+A push of a 4 GB file must not hold 4 GB: `FileTensors` is the sequence of checkpoint
+tensors a file holds, each one memory-mapped only while the writer holds it (its pages
+leave the process when the map does). A pull writes each tensor's bytes chunk by chunk as
+the store reader hands them over. `slurm_geo.ckpt.torchfile` and
+`slurm_geo.ckpt.safetensors` say where in the file each tensor lies.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, overload
+
+from slurm_geo.ckpt.manifest import DTYPE_SIZES, TensorEntry
+from slurm_geo.ckpt.repository import Tensor
+from slurm_geo.ckpt.skeleton import TensorFileError
+
+Loader = Callable[[], memoryview]
+
+
+@dataclass(frozen=True)
+class FileTensor:
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    load: Loader  # the tensor's C-contiguous bytes
+
+
+@dataclass(frozen=True)
+class TensorFile:
+    """What a push takes from a file: tensors mapped on demand and the skeleton."""
+
+    tensors: FileTensors
+    extra_state: bytes
+
+
+class FileTensors(Sequence[Tensor]):
+    """Checkpoint tensors whose bytes are mapped from the file each time one is taken."""
+
+    def __init__(self, tensors: list[FileTensor]):
+        self._tensors = tensors
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    @overload
+    def __getitem__(self, index: int) -> Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Tensor]: ...
+
+    def __getitem__(self, index: int | slice) -> Tensor | Sequence[Tensor]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        t = self._tensors[index]
+        return Tensor(t.path, t.dtype, t.shape, t.load())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(DTYPE_SIZES[t.dtype] * math.prod(t.shape) for t in self._tensors)
+
+
+def map_range(path: Path, start: int, length: int) -> memoryview:
+    """Bytes `start` to `start + length` of the file, mapped read-only (empty: no map)."""
+    if length == 0:
+        return memoryview(b"")
+    aligned = start - start % mmap.ALLOCATIONGRANULARITY
+    with open(path, "rb") as handle:
+        mapped = mmap.mmap(handle.fileno(), length + start - aligned, access=mmap.ACCESS_READ,
+                           offset=aligned)
+    return memoryview(mapped)[start - aligned:]
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether elements lie in C order with no gaps (strides of size-1 dims do not count)."""
+    expected = contiguous_strides(shape)
+    return all(n == 1 or s == e for n, s, e in zip(shape, stride, expected, strict=True))
+
+
+def gathered(region: memoryview, itemsize: int, shape: tuple[int, ...],
+             stride: tuple[int, ...]) -> memoryview:
+    """A C-contiguous copy of the strided view of `region` (element strides)."""
+    import numpy
+    from numpy.lib.stride_tricks import as_strided
+
+    elements = numpy.frombuffer(region, dtype=numpy.dtype(f"V{itemsize}"))
+    view = as_strided(elements, shape=shape, strides=tuple(s * itemsize for s in stride),
+                      writeable=False)
+    return memoryview(numpy.ascontiguousarray(view).reshape(-1).view(numpy.uint8))
+
+
+@dataclass
+class ChunkFeed:
+    """The chunks of the manifest's tensors, in order, as one iterator hands them over."""
+
+    chunks: Iterator[memoryview | bytes | bytearray]
+
+    def tensor_chunks(self, entry: TensorEntry) -> Iterator[memoryview | bytes | bytearray]:
+        for _ref in entry.chunks:
+            yield next(self.chunks)
+
+
+def write_chunks(out: BinaryIO, feed: ChunkFeed, entry: TensorEntry) -> None:
+    for chunk in feed.tensor_chunks(entry):
+        out.write(chunk)
+
+
+def check_dtype(dtype: str, where: str) -> None:
+    if dtype not in DTYPE_SIZES:
+        raise TensorFileError(f"{where}: dtype {dtype} has no checkpoint equivalent")
