@@ -1,6 +1,6 @@
 # Everything runs as root on Debian 12 (Slurm 22.05) or Debian 13 (Slurm 24.11).
 PYTHON ?= python3
-DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic lua5.1 python3-venv iproute2 util-linux etcd-server etcd-client
+DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic lua5.1 python3-venv iproute2 util-linux etcd-server etcd-client prometheus
 SLURM_GEO = $(PYTHON) -m slurm_geo
 
 .PHONY: install drill demo test test-quick lint bench spank
@@ -10,11 +10,16 @@ SPANK_SO = spank/geo_directives.so
 SLURM_INCLUDE ?= /usr/include
 SPANK_CFLAGS = -shared -fPIC -O2 -Wall -Wextra -Werror -std=gnu11
 
+# prometheus is there for promtool (the tests check contrib/ with it): the server and the
+# node exporter its install enables and starts are stopped and disabled again.
 install:  ## Debian and Python packages (only what is missing)
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "apt-get install $$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi && \
+	if echo "$$missing" | grep -qx prometheus && [ -d /run/systemd/system ]; then \
+		for unit in prometheus prometheus-node-exporter; do systemctl disable --now $$unit 2>/dev/null || true; done; \
 	fi
 	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[dev]' 'torch==2.13.0'
 	@$(MAKE) --no-print-directory spank

@@ -95,6 +95,20 @@ def test_list_pages_through_every_key_and_skips_foreign_ones(s3_client, s3_prefi
     assert len(calls) == 4  # 7 keys, 2 a page
 
 
+def test_sizes_come_from_one_listing_without_foreign_keys():
+    from botocore.stub import Stubber
+
+    client = make_s3_client("http://127.0.0.1:9", "us-east-1", access_key_id="a",
+                            secret_access_key="b")
+    store = S3Store("bkt", "site", client)
+    with Stubber(client) as stub:
+        stub.add_response("list_objects_v2", {"Contents": [
+            {"Key": "site/packs/ab", "Size": 7}, {"Key": "site/packs/with space", "Size": 1},
+            {"Key": "site/packs/cd", "Size": 0}]}, {"Bucket": "bkt", "Prefix": "site/packs/",
+                                                    "MaxKeys": 1000})
+        assert store.sizes("packs/") == {"packs/ab": 7, "packs/cd": 0}
+
+
 @sandbox_only
 @pytest.mark.parametrize("change, uploaded", [
     (None, [3, 4]),  # same bytes: only the parts the crash cut off
@@ -270,6 +284,9 @@ class FlakyStore:
     def exists(self, name):
         return self._answer(True)
 
+    def sizes(self, prefix):
+        return self._answer({prefix + "a": 1})
+
 
 @pytest.mark.parametrize("failures, raised, calls, sleeps", [
     ([], None, 1, []),
@@ -303,7 +320,7 @@ def test_delays_are_capped_and_jittered():
 
 @pytest.mark.parametrize("operation, args, result", [
     ("put", ("k", b"x"), None), ("get", ("k",), b"bytes of k"), ("list", ("p/",), ["p/a"]),
-    ("delete", ("k",), None), ("exists", ("k",), True),
+    ("delete", ("k",), None), ("exists", ("k",), True), ("sizes", ("p/",), {"p/a": 1}),
 ])
 def test_every_operation_is_retried(operation, args, result):
     inner = FlakyStore([TRANSIENT])

@@ -61,6 +61,14 @@ def test_list_returns_sorted_names_under_a_prefix(store):
     assert store.list("nothing/here/") == []
 
 
+def test_sizes_come_with_the_names_under_a_prefix(store):
+    store.put("packs/ab/ab1", b"x" * 7)
+    store.put("packs/cd/cd2", b"")
+    store.put("keys/r", b"key")
+    assert store.sizes("packs/") == {"packs/ab/ab1": 7, "packs/cd/cd2": 0}
+    assert store.sizes("nothing/") == {}
+
+
 @pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../x", ".hidden", "a//b", "a b"])
 @pytest.mark.parametrize("operation", ["put", "get", "delete", "exists"])
 def test_names_that_could_escape_are_refused(store, name, operation):

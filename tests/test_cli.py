@@ -54,3 +54,33 @@ def test_unknown_command_is_a_usage_error():
     result = run("teleport")
     assert result.returncode == 2
     assert "No such command 'teleport'" in result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["sandbox", "down"], ["sandbox", "status"], ["sandbox", "env", "onprem"],
+    ["sandbox", "demo"], ["sandbox", "wan"], ["sandbox", "exec", "home", "--", "true"],
+    ["drill"], ["drill", "--sandbox-dir"],  # the old spelling, kept hidden for scripts
+])
+def test_sandbox_commands_refuse_a_directory_that_does_not_exist(tmp_path, monkeypatch, capsys,
+                                                                 args):
+    """Only `sandbox up` makes its directory; the others never create one left empty."""
+    from slurm_geo.cli import main
+
+    missing = tmp_path / "no-such-sandbox"
+    option = [] if args[-1] == "--sandbox-dir" else ["--dir"]
+    argv = [*args[:2], *option, str(missing), *args[2:]] if args[0] == "sandbox" else \
+        [*args, *option, str(missing)]
+    monkeypatch.setattr(sys, "argv", ["slurm-geo", *argv])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 4
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.endswith(f"there is no sandbox in {missing} (no such directory); bring one up "
+                        f"with `slurm-geo sandbox up --dir {missing}`, or name it with --dir\n")
+    assert not missing.exists()
+
+
+def test_drill_spells_its_directory_dir():
+    out = run("drill", "--help").stdout
+    assert "--dir PATH" in out and "--sandbox-dir" not in out

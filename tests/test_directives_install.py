@@ -135,6 +135,11 @@ def test_export_lua_writes_next_to_slurm_conf(tmp_path, monkeypatch, capsys):
     (["--geo-residency=home"], 5, "geo: this site requires --geo-cost-center=NAME"),
     (["--geo-cost-center=ops", "--geo-max-cost=60"], 6,
      "geo: --geo-max-cost=60 exceeds the budget of cost center 'ops' (50 USD)"),
+    (["--geo-cost-center=ops", "--geo-max-cost=0.001"], 0, "accepted"),
+    (["--geo-cost-center=ops", "--geo-clusters=rented"], 5,
+     "geo: --geo-clusters: 'rented' leaves out 'onprem', the cluster this job is submitted"),
+    (["--geo-cost-center=ops", "--geo-ckpt-dir=/pfs/" + "x/" * 2500], 5,
+     "geo: --geo-ckpt-dir: '/pfs/x/x/"),
 ])
 def test_policy_check_command(tmp_path, monkeypatch, capsys, args, code, output):
     config = tmp_path / "config.toml"
@@ -147,6 +152,20 @@ def test_policy_check_command(tmp_path, monkeypatch, capsys, args, code, output)
     printed = capsys.readouterr().out.strip()
     assert printed.startswith(output)
     assert "\n" not in printed
+
+
+@pytest.mark.parametrize("cluster", ["mars", "--geo-cost-center=ops"])
+def test_policy_check_refuses_an_unknown_cluster(tmp_path, monkeypatch, capsys, cluster):
+    """Also when --cluster was left without a value and took the next option as one."""
+    config = tmp_path / "config.toml"
+    config.write_text(render.site_config(LAYOUT))
+    monkeypatch.setattr("sys.argv", ["slurm-geo", "policy", "check", "--config", str(config),
+                                     "--cluster", cluster, "--geo-cost-center=ops"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 5
+    assert capsys.readouterr().out == f"geo: cluster '{cluster}' is not in the slurm-geo " \
+                                      "config (known: onprem, rented)\n"
 
 
 def test_user_docs_list_every_directive():

@@ -68,8 +68,9 @@ CASES = [
      "geo: --geo-cost-center: 'x]]' must be 1-64 letters"),
     ("cost-center-newline", {**OK, "geo-cost-center": "ml\nx"}, "onprem", 5,
      "geo: --geo-cost-center: 'ml?x' must be 1-64 letters"),
-    ("cost-center-dashes", {**OK, "geo-cost-center": "--ml"}, "onprem", 5,
-     "geo: --geo-cost-center: '--ml' must be 1-64 letters"),
+    ("cost-center-dashes", {**OK, "geo-cost-center": "-ml"}, "onprem", 5,
+     "geo: --geo-cost-center has no value (it took the next option, '-ml'); write "
+     "--geo-cost-center=VALUE on one line"),
     ("cost-center-too-long", {**OK, "geo-cost-center": "m" * 65}, "onprem", 5,
      "must be 1-64 letters"),
     ("cluster-quote", {**OK, "geo-clusters": "onprem,x'y"}, "onprem", 5,
@@ -77,7 +78,15 @@ CASES = [
     ("negative-cost", {**OK, "geo-max-cost": "-5"}, "onprem", 5,
      "geo: --geo-max-cost: '-5' is not an amount of USD greater than 0"),
     ("zero-cost", {**OK, "geo-max-cost": "0"}, "onprem", 5, "'0' is not an amount of USD"),
-    ("cents-only-two", {**OK, "geo-max-cost": "1.234"}, "onprem", 5, "'1.234' is not an amount"),
+    ("tenth-of-a-cent", {**OK, "geo-max-cost": "0.001"}, "onprem", 0, ""),
+    ("six-decimals", {**OK, "geo-cost-center": "ops", "geo-max-cost": "99.499999"}, "onprem",
+     0, ""),
+    ("seven-decimals", {**OK, "geo-max-cost": "0.0000001"}, "onprem", 5,
+     "geo: --geo-max-cost: '0.0000001' is not an amount of USD greater than 0, with at most "
+     "6 decimals (e.g. 250, 99.50 or 0.001)"),
+    ("tiny-over-budget", {**OK, "geo-cost-center": "ops", "geo-max-cost": "99.500001"},
+     "onprem", 6, "geo: --geo-max-cost=99.5 exceeds the budget of cost center 'ops' (99.5 USD)"),
+    ("leading-dot-cost", {**OK, "geo-max-cost": ".5"}, "onprem", 5, "'.5' is not an amount"),
     ("bad-failover", {**OK, "geo-failover": "sometimes"}, "onprem", 5,
      "geo: --geo-failover: 'sometimes' is not one of auto, manual, never"),
     ("unknown-cluster", {**OK, "geo-clusters": "onprem,nowhere"}, "onprem", 5,
@@ -101,6 +110,49 @@ CASES = [
      "geo: --geo-cost-center: unknown cost center 'marketing' (known: ml, ops)"),
     ("over-budget", {**OK, "geo-cost-center": "ops", "geo-max-cost": "100"}, "onprem", 6,
      "geo: --geo-max-cost=100 exceeds the budget of cost center 'ops' (99.5 USD)"),
+    # An option without =VALUE took the next #SBATCH line's option as its value.
+    ("dir-took-next-line", {**OK, "geo-ckpt-dir": "--time=5"}, "onprem", 5,
+     "geo: --geo-ckpt-dir has no value (it took the next option, '--time=5'); write "
+     "--geo-ckpt-dir=VALUE on one line"),
+    ("cost-center-took-short-option", {**OK, "geo-cost-center": "-t"}, "onprem", 5,
+     "geo: --geo-cost-center has no value (it took the next option, '-t')"),
+    ("interval-took-next-line", {**OK, "geo-ckpt-interval": "--geo-residency=home"},
+     "onprem", 5, "geo: --geo-ckpt-interval has no value (it took the next option, "
+     "'--geo-residency=home')"),
+    ("empty-value", {**OK, "geo-residency": ""}, "onprem", 5,
+     "geo: --geo-residency has no value; write --geo-residency=VALUE"),
+    ("negative-is-a-value", {**OK, "geo-ckpt-interval": "-5"}, "onprem", 5,
+     "geo: --geo-ckpt-interval: '-5' is not a whole number of minutes"),
+    # Checkpoint paths: absolute, normalised, no '..', within PATH_MAX and NAME_MAX.
+    ("dir-normalised", {**OK, "geo-ckpt-dir": "//pfs/./ckpt//run1/"}, "onprem", 0, ""),
+    ("dir-root", {**OK, "geo-ckpt-dir": "/"}, "onprem", 0, ""),
+    ("dir-dotdot", {**OK, "geo-ckpt-dir": "/pfs/ckpt/../../etc"}, "onprem", 5,
+     "geo: --geo-ckpt-dir: '/pfs/ckpt/../../etc' contains '..'; name the directory without "
+     "it"),
+    ("dir-dotdot-at-end", {**OK, "geo-ckpt-dir": "/pfs/.."}, "onprem", 5, "contains '..'"),
+    ("dir-dots-in-a-name", {**OK, "geo-ckpt-dir": "/pfs/run..2/..."}, "onprem", 0, ""),
+    ("dir-5000", {**OK, "geo-ckpt-dir": "/pfs/" + "/".join(["d" * 99] * 50)}, "onprem", 5,
+     "geo: --geo-ckpt-dir: '/pfs/" + "d" * 43 + "..." + "d" * 16 + "' is 5004 bytes long; "
+     "paths are at most 4095 (PATH_MAX)"),
+    ("dir-just-fits", {**OK, "geo-ckpt-dir": "/" + "/".join(["d" * 255] * 16)[:4094]},
+     "onprem", 0, ""),
+    ("dir-one-past", {**OK, "geo-ckpt-dir": "/" + "/".join(["d" * 255] * 16)[:4095]},
+     "onprem", 5, "is 4096 bytes long; paths are at most 4095 (PATH_MAX)"),
+    ("dir-long-component", {**OK, "geo-ckpt-dir": "/pfs/" + "x" * 256}, "onprem", 5,
+     "has a component longer than 255 bytes (NAME_MAX)"),
+    ("dir-long-utf8-elided", {**OK, "geo-ckpt-dir": "/pfs/" + "é" * 200}, "onprem", 5,
+     "geo: --geo-ckpt-dir: '/pfs/" + "é" * 21 + "..." + "é" * 8 + "' has a component "
+     "longer than 255 bytes (NAME_MAX)"),
+    ("long-name-elided", {**OK, "geo-residency": "home," + "r" * 300}, "onprem", 5,
+     "geo: --geo-residency: 'home," + "r" * 43 + "..." + "r" * 16 + "' is not a "
+     "comma-separated list of names"),
+    # --geo-clusters must name the cluster the job is submitted to.
+    ("clusters-elsewhere-only", {**OK, "geo-clusters": "rented"}, "onprem", 5,
+     "geo: --geo-clusters: 'rented' leaves out 'onprem', the cluster this job is submitted "
+     "to: name it too, or submit the job to a cluster it names"),
+    ("clusters-here-only", {**OK, "geo-clusters": "rented"}, "rented", 0, ""),
+    ("clusters-unknown-before-elsewhere", {**OK, "geo-clusters": "nowhere"}, "onprem", 5,
+     "geo: --geo-clusters: unknown cluster 'nowhere'"),
     ("first-mistake-wins", {**OK, "geo-ckpt-dir": "x", "geo-residency": "mars"}, "onprem", 5,
      "geo: --geo-ckpt-dir: 'x' is not an absolute path"),
 ]
@@ -237,6 +289,26 @@ def test_unreadable_arguments(argv, message):
     with pytest.raises(DirectiveError) as caught:
         parse_arguments(argv)
     assert message in str(caught.value)
+
+
+def test_values_come_back_as_a_user_would_write_them():
+    """Paths normalised; every decimal of an amount kept, none invented."""
+    directives = parse_arguments(["--geo-ckpt-dir=//pfs/./ckpt//run1/",
+                                  "--geo-max-cost=0.001"])
+    assert directives.ckpt_dir == "/pfs/ckpt/run1"
+    assert directives.as_options() == {"geo-ckpt-dir": "/pfs/ckpt/run1",
+                                       "geo-max-cost": "0.001"}
+    assert parse_options({"geo-max-cost": "123456.789012"}).as_options() == \
+        {"geo-max-cost": "123456.789012"}
+    assert parse_options({"geo-max-cost": "250"}).as_options() == {"geo-max-cost": "250"}
+
+
+@pytest.mark.parametrize("directives", [{}, OK])
+def test_an_unknown_cluster_is_refused_with_or_without_directives(directives):
+    with pytest.raises(DirectiveError) as caught:
+        check(parse_options(directives), RULES, "mars")
+    assert str(caught.value) == "geo: cluster 'mars' is not in the slurm-geo config " \
+                                "(known: onprem, rented)"
 
 
 def test_effective_residency_defaults_to_the_data_class():

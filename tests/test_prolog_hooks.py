@@ -243,12 +243,14 @@ def test_lineage_links_jobs_of_one_logical_job(tmp_path):
 class FakeController:
     def __init__(self, fail: bool = False):
         self.held: list[int] = []
+        self.comments: dict[int, str | None] = {}
         self.fail = fail
 
-    def hold(self, job_id: int) -> None:
+    def hold(self, job_id: int, comment: str | None = None) -> None:
         if self.fail:
             raise SlurmRejected("onprem", "hold", "no")
         self.held.append(job_id)
+        self.comments[job_id] = comment
 
 
 @pytest.mark.parametrize(("requeues", "held"), [(1, False), (3, False), (4, True)])
@@ -266,6 +268,75 @@ def test_restart_cap_holds_the_job(tmp_path, requeues, held):
         assert results == [False] * (requeues - 1) + [held]
         assert controller.held == ([42] if held else [])
         assert (registry.job("onprem", 42)["held_reason"] is not None) is held
+
+
+def incarnations_ending(registry: Registry, controller: FakeController, comments: list[str],
+                        max_restarts: int) -> list[bool]:
+    """One incarnation per comment, each queued again as it ends with that comment."""
+    results = []
+    for restart, comment in enumerate(comments):
+        ctld.prolog_slurmctld(job_context(env_for(None, restart=restart)), registry,
+                              now=float(restart))
+        after = job_context(env_for(None, restart=restart + 1, SLURM_JOB_COMMENT=comment))
+        results.append(ctld.epilog_slurmctld(after, registry, max_restarts,
+                                             lambda: controller, now=float(restart) + 0.5))
+    return results
+
+
+def test_planned_requeues_never_count_toward_the_cap(tmp_path):
+    """A long job surviving its time limit ten times with max_restarts = 2 is never held."""
+    controller = FakeController()
+    with Registry(tmp_path / "r.db") as registry:
+        comments = [f"geo:planned-requeue={restart} my run" for restart in range(10)]
+        assert incarnations_ending(registry, controller, comments, 2) == [False] * 10
+        assert registry.unplanned_requeues("onprem", 42) == 0
+        assert all(i.planned for i in registry.incarnations("onprem", 42))
+    assert controller.held == []
+
+
+@pytest.mark.parametrize(("comments", "held_at"), [
+    # A mark an earlier incarnation left never covers a later one.
+    (["geo:planned-requeue=0", "geo:planned-requeue=0", "geo:planned-requeue=0",
+      "geo:planned-requeue=0"], 3),
+    # Planned requeues between unplanned ones: only the three unplanned count.
+    (["", "geo:planned-requeue=1", "", "geo:planned-requeue=3", "geo:planned-requeue=4", ""],
+     5),
+    # Marks in the user's own text, or malformed, are not marks.
+    (["my geo:planned-requeue=0", "geo:planned-requeue=x", "geo:planned-requeue=2x"], 2),
+])
+def test_only_unplanned_requeues_count(tmp_path, comments, held_at):
+    controller = FakeController()
+    with Registry(tmp_path / "r.db") as registry:
+        results = incarnations_ending(registry, controller, comments, 2)
+    assert results.index(True) == held_at and results.count(True) == 1
+
+
+def test_a_job_held_at_its_cap_says_why_in_its_comment(tmp_path):
+    controller = FakeController()
+    with Registry(tmp_path / "r.db") as registry:
+        comments = ["", "geo:planned-requeue=1 sweep 7", "sweep 7", "sweep 7"]
+        assert incarnations_ending(registry, controller, comments, 2)[-1] is True
+        reason = registry.job("onprem", 42)["held_reason"]
+    assert reason == "requeued 3 times without planning it (node failures, crashes; " \
+                     "max_restarts = 2)"
+    assert controller.comments[42] == f"geo: held: {reason}; fix the job, then ask an admin " \
+                                      "to release it | sweep 7"
+
+
+def test_a_registry_from_before_planned_requeues_counts_every_requeue(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE incarnations (cluster TEXT NOT NULL, job_id INTEGER NOT NULL, restart "
+        "INTEGER NOT NULL, state TEXT NOT NULL, nodes TEXT NOT NULL, started_at REAL NOT "
+        "NULL, ended_at REAL, exit_code TEXT, PRIMARY KEY (cluster, job_id, restart));"
+        "INSERT INTO incarnations VALUES ('onprem', 5, 0, 'requeued', 'n1', 1, 2, '0:0');")
+    old.close()
+    with Registry(path) as registry:
+        assert registry.unplanned_requeues("onprem", 5) == 1
+        assert registry.incarnations("onprem", 5)[0].planned is False
 
 
 def test_a_failed_hold_is_logged_not_raised(tmp_path):

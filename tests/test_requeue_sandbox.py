@@ -26,7 +26,7 @@ from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.hooks.node import newest_steps
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.processes import has_marker
-from slurm_geo.sandbox.users import ALICE
+from slurm_geo.sandbox.users import ALICE, job_environment, run_as
 from slurm_geo.slurm import CliSlurmClient
 from slurm_geo.slurm.models import JobState
 
@@ -211,7 +211,54 @@ def test_restarts_are_capped(sandbox, job_dir):
             states = [i.state for i in registry.incarnations("onprem", job_id)]
             reason = registry.job("onprem", job_id)["held_reason"]
         assert states == [IncarnationState.REQUEUED] * (limit + 1)
-        assert reason == f"restart cap reached: queued again {limit + 1} times " \
-                         f"(max_restarts = {limit})"
+        assert reason == f"requeued {limit + 1} times without planning it (node failures, " \
+                         f"crashes; max_restarts = {limit})"
+        shown = run_as(ALICE, ["squeue", "--noheader", f"--jobs={job_id}", "--format=%r|%k"],
+                       env={**job_environment(sandbox.layout, ALICE),
+                            "SLURM_CONF": str(sandbox.layout.onprem.slurm_conf)},
+                       capture_output=True, text=True, timeout=30, check=True)
+        assert shown.stdout.strip() == f"JobHeldAdmin|geo: held: {reason}; fix the job, " \
+                                       "then ask an admin to release it"
+    finally:
+        client.cancel(job_id)
+
+
+def test_a_job_surviving_three_time_limits_is_never_held(sandbox, job_dir):
+    """What a time limit does to a job, three times over with max_restarts = 2: the warning
+    signal (sent here at once, as Slurm does a minute before the limit), a final checkpoint,
+    a requeue the trainer marks as planned. The job is never held; the fourth incarnation
+    trains on from where the third stopped."""
+    from slurm_geo.config import load_config
+    from slurm_geo.registry import Registry
+
+    site = load_config(sandbox.layout.site_config)
+    limit = site.policy.max_restarts
+    ckpt, out = job_dir / "ckpt", job_dir / "train.out"
+    job_id = submit(sandbox, trainer_script(sandbox, ckpt, out, 10**7, []))
+    client = onprem(sandbox)
+
+    def started(count: int) -> list[dict]:
+        return eventually(lambda: incarnations(out),
+                          lambda seen: len(seen) >= count and "started" in seen[count - 1],
+                          120, 0.5)
+
+    try:
+        for restart in range(limit + 1):
+            started(restart + 1)
+            signalled = run_as(ALICE, ["scancel", "--batch", "--signal=USR1", str(job_id)],
+                               env={**job_environment(sandbox.layout, ALICE),
+                                    "SLURM_CONF": str(sandbox.layout.onprem.slurm_conf)},
+                               capture_output=True, text=True, timeout=30, check=False)
+            assert signalled.returncode == 0, signalled.stderr
+        seen = started(limit + 2)
+        job = client.job(job_id)
+        assert not job.held and job.restart_count == limit + 1
+        for before, after in zip(seen, seen[1:], strict=False):
+            assert before["stopped"] == before["final"] == after["started"]
+        with Registry(site.registry_path) as registry:
+            ended = registry.incarnations("onprem", job_id)[:limit + 1]
+            assert [i.planned for i in ended] == [True] * (limit + 1)
+            assert registry.unplanned_requeues("onprem", job_id) == 0
+            assert registry.job("onprem", job_id)["held_reason"] is None
     finally:
         client.cancel(job_id)

@@ -238,3 +238,32 @@ def test_priority_is_lowered_for_the_threads_started_after(policy, expected):
                             timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["15", str(expected), "3"]  # 3: IOPRIO_CLASS_IDLE
+
+
+def test_the_running_daemon_scrubs_finds_a_flipped_replica_and_repairs_it(setup):
+    tmp_path, trainer, config = setup
+    trainer.train(3)
+    step = trainer.save()
+    site_config(config, {"pfs": tmp_path / "root"}, f"file://{tmp_path / 'offsite'}",
+                key_file=tmp_path / "master.key", state=tmp_path / "state.db",
+                scrub_interval_s=0)
+    proc = start_daemon(config, log=tmp_path / "log")
+    try:
+        state = tmp_path / "state.db"
+        wait_for(lambda: all_verified(state, {("run-a", step)}), 30, "verified")
+        wait_for(lambda: rows(state, "SELECT scrubbed_at FROM replicas WHERE scrubbed_at "
+                                     "IS NOT NULL"), 30, "scrubbed once")
+        [pack] = sorted((tmp_path / "offsite" / "packs").rglob("*"))[1:]  # under packs/xx/
+        damaged = bytearray(pack.read_bytes())
+        damaged[len(damaged) // 2] ^= 0x01
+        pack.write_bytes(bytes(damaged))
+        wait_for(lambda: rows(state, "SELECT * FROM replicas WHERE repairs = 1 AND "
+                                     "status = 'verified'"), 30, "repaired")
+    finally:
+        assert stop(proc) == 0
+    log = (tmp_path / "log").read_text()
+    assert f"event=scrub_corrupted run=run-a step={step}" in log
+    assert "event=repairing" in log and "Traceback" not in log
+    restored = restore(tmp_path / "offsite", trainer.repository.master_keys, "run-a", step)
+    assert [bytes(t.data) for t in restored.tensors] == [bytes(t.data)
+                                                        for t in trainer.tensors()]

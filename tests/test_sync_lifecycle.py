@@ -22,6 +22,7 @@ ALLOWED = {
     (S.UPLOADING, S.REPLICATED), (S.UPLOADING, S.PENDING), (S.UPLOADING, S.FAILED),
     (S.REPLICATED, S.VERIFIED), (S.REPLICATED, S.CORRUPTED), (S.REPLICATED, S.FAILED),
     (S.FAILED, S.PENDING), (S.CORRUPTED, S.PENDING), (S.SKIPPED, S.PENDING),
+    (S.VERIFIED, S.CORRUPTED),  # the scrub, re-reading it, found damage
 }
 
 
@@ -47,8 +48,8 @@ def test_terminal_statuses_need_an_admin_or_nothing(status, terminal):
     assert status.is_terminal() is terminal
 
 
-def test_nothing_leads_out_of_verified_and_nothing_but_verification_leads_in():
-    assert TRANSITIONS[S.VERIFIED] == frozenset()
+def test_only_damage_leads_out_of_verified_and_nothing_but_verification_leads_in():
+    assert TRANSITIONS[S.VERIFIED] == frozenset({S.CORRUPTED})
     assert [a for a, targets in TRANSITIONS.items() if S.VERIFIED in targets] == [S.REPLICATED]
 
 

@@ -44,24 +44,43 @@ def test_requeue_and_exit_asks_for_the_requeue_then_exits_75() -> None:
 
 
 class FakeRun:
-    def __init__(self, returncode: int = 0, error: Exception | None = None):
+    def __init__(self, returncode: int = 0, error: Exception | None = None,
+                 comment: str = "(null)"):
         self.calls: list[list[str]] = []
-        self.returncode, self.error = returncode, error
+        self.returncode, self.error, self.comment = returncode, error, comment
 
     def __call__(self, command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         self.calls.append(command)
         if self.error:
             raise self.error
-        return subprocess.CompletedProcess(command, self.returncode, "", "denied")
+        out = f"{self.comment}\n" if command[0] == "squeue" else ""
+        return subprocess.CompletedProcess(command, self.returncode, out, "denied")
 
 
 def test_request_requeue_runs_scontrol_only_inside_a_job() -> None:
     run = FakeRun()
     assert request_requeue({}, run) is False and run.calls == []
     assert request_requeue({"SLURM_JOB_ID": "4711"}, run) is True
-    assert run.calls == [["scontrol", "requeue", "4711"]]
+    assert run.calls[-1] == ["scontrol", "requeue", "4711"]
     assert request_requeue({"SLURM_JOB_ID": "1"}, FakeRun(returncode=1)) is False
     assert request_requeue({"SLURM_JOB_ID": "1"}, FakeRun(error=FileNotFoundError())) is False
+
+
+@pytest.mark.parametrize(("env", "comment", "marked"), [
+    ({"SLURM_JOB_ID": "7"}, "(null)", "geo:planned-requeue=0"),
+    ({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "3"}, "sweep 2",
+     "geo:planned-requeue=3 sweep 2"),
+    ({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "4"}, "geo:planned-requeue=3 sweep 2",
+     "geo:planned-requeue=4 sweep 2"),
+])
+def test_a_requeue_the_job_asks_for_is_marked_planned_first(env, comment, marked) -> None:
+    """The mark comes before the requeue, keeps the user's comment and names this
+    incarnation (slurm_geo.policy.restarts)."""
+    run = FakeRun(comment=comment)
+    assert request_requeue(env, run) is True
+    assert run.calls == [["squeue", "--noheader", "--jobs=7", "--format=%k"],
+                         ["scontrol", "update", "JobId=7", f"Comment={marked}"],
+                         ["scontrol", "requeue", "7"]]
 
 
 def start_trainer(store: Path, key: Path, run: str, *args: str) -> subprocess.Popen[str]:

@@ -60,6 +60,9 @@ class BreakerStore:
     def exists(self, name: str) -> bool:
         return self._call(name, lambda: self.inner.exists(name))
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return self._call(prefix, lambda: self.inner.sizes(prefix))
+
     def _call(self, name: str, operation: Callable[[], T]) -> T:
         skipped = self._skip_reason(name)
         if skipped is not None:

@@ -116,6 +116,9 @@ class PacedStore:
     def exists(self, name: str) -> bool:
         return self._call(lambda: self.inner.exists(name))
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return self._call(lambda: self.inner.sizes(prefix))
+
     def _call(self, operation: Callable[[], T]) -> T:
         self._guard.check()
         try:

@@ -35,7 +35,7 @@ from slurm_geo.ckpt.pack import (
     PackReader,
     check_pack_id,
 )
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.store import Bytes, Store
 
 # Enough for a checkpoint's current pack, the next one (fetched ahead) and the packs a
 # delta chain reaches into (3 deep by default); 16 MiB each, a checkpoint's last smaller.
@@ -66,10 +66,12 @@ class ChunkReader:
     says how chunk ids are checked.
     """
 
-    def __init__(self, store: Store, keys: RunKeys, manifest_format: int):
+    def __init__(self, store: Store, keys: RunKeys, manifest_format: int,
+                 cached_packs: int = CACHED_PACKS):
         self._store = store
         self._keys = keys
         self._format = manifest_format
+        self._cached_packs = cached_packs
         self._lock = threading.Lock()
         self._packs: OrderedDict[str, Future[PackReader]] = OrderedDict()
         self._bad_packs: dict[str, CkptError] = {}
@@ -88,7 +90,32 @@ class ChunkReader:
         not checked one by one: the chunk's own id check fails if any of them was wrong,
         and only then are they checked, to name the damaged object.
         """
-        self._decode_into(ref, out, offset)
+        self._verify_into(ref, out, offset, None)
+
+    def check_pack(self, pack_id: str, data: Bytes, refs: Iterable[ChunkRef]) -> list[CkptError]:
+        """Check a pack read whole, then every chunk of `refs` stored in it (each decrypted,
+        decoded and verified against its id); one fault per damaged object. The pack then
+        serves the delta bases later chunks need, from the cache, without a second read."""
+        name = pack_name(pack_id)
+        try:
+            check_pack_id(name, pack_id, data)
+            pack = PackReader(self._keys.data_key, name, data)
+        except CkptError as exc:
+            with self._lock:
+                self._bad_packs[pack_id] = exc
+            return [exc]
+        self._hold(pack_id, pack)
+        faults: dict[str, CkptError] = {}
+        for ref in refs:
+            try:
+                self._verify_into(ref, bytearray(ref.size), 0, pack)
+            except CkptError as exc:
+                faults.setdefault(exc.name, exc)
+        return list(faults.values())
+
+    def _verify_into(self, ref: ChunkRef, out: Writable, offset: int,
+                     pack: PackReader | None) -> None:
+        self._decode_into(ref, out, offset, pack)
         with memoryview(out)[offset:offset + ref.size] as data:
             if chunk_id(self._keys.id_key, data, self._format) == bytes.fromhex(ref.id):
                 return
@@ -108,9 +135,10 @@ class ChunkReader:
                 pool.submit(self._load, chain.pack, loading)
             chain = chain.base
 
-    def _decode_into(self, ref: ChunkRef, out: Writable, offset: int) -> None:
+    def _decode_into(self, ref: ChunkRef, out: Writable, offset: int,
+                     pack: PackReader | None = None) -> None:
         """Decode the chunk (and its bases) without checking its id."""
-        blob = self._blob(ref)
+        blob = self._blob(ref, pack)
         try:
             decode_into(blob, out, offset, ref.size, self._base_plaintext(ref))
         except MalformedData as exc:
@@ -127,9 +155,11 @@ class ChunkReader:
         except MalformedData as exc:
             raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
 
-    def _blob(self, ref: ChunkRef) -> bytes:
-        """The chunk's encoded blob, authenticated, its delta base checked against `ref`."""
-        pack = self._pack(ref.pack)
+    def _blob(self, ref: ChunkRef, pack: PackReader | None = None) -> bytes:
+        """The chunk's encoded blob (from `pack` when given, else the chunk's own pack),
+        authenticated, its delta base checked against `ref`."""
+        if pack is None:
+            pack = self._pack(ref.pack)
         blob = pack.blob(Entry(bytes.fromhex(ref.id), ref.offset, ref.length))
         try:
             if delta_base_id(blob) != (None if ref.base is None else bytes.fromhex(ref.base.id)):
@@ -161,9 +191,22 @@ class ChunkReader:
                 self._packs.move_to_end(pack_id)
                 return loading, False
             loading = self._packs[pack_id] = Future()
-            if len(self._packs) > CACHED_PACKS:
-                self._packs.popitem(last=False)  # threads reading it still hold it
+            self._evict()
             return loading, True
+
+    def _hold(self, pack_id: str, pack: PackReader) -> None:
+        """Cache a pack read and checked elsewhere."""
+        held: Future[PackReader] = Future()
+        held.set_result(pack)
+        with self._lock:
+            self._packs[pack_id] = held
+            self._packs.move_to_end(pack_id)
+            self._evict()
+
+    def _evict(self) -> None:
+        """Drop the least recently used packs past the cache's size (under the lock)."""
+        while len(self._packs) > self._cached_packs:
+            self._packs.popitem(last=False)  # threads reading it still hold it
 
     def _load(self, pack_id: str, loading: Future[PackReader]) -> None:
         name = pack_name(pack_id)

@@ -172,6 +172,10 @@ class Repository:
                            _known_refs(_sharing(parent)),
                            ChunkReader(self._store, keys, FORMAT_VERSION).read)
 
+    def run_keys(self, run: str) -> RunKeys:
+        """The run's keys, from its wrapped key (raises if that is missing or damaged)."""
+        return self._keys(run)
+
     def chunk_reader(self, manifest: Manifest) -> ChunkReader:
         """A reader of the chunks `manifest` names, each verified against its id."""
         return ChunkReader(self._store, self._keys(manifest.run), manifest.format)

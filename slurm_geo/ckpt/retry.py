@@ -66,6 +66,9 @@ class RetryingStore:
     def exists(self, name: str) -> bool:
         return self._retry(lambda: self.inner.exists(name))
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return self._retry(lambda: self.inner.sizes(prefix))
+
     def _retry(self, operation: Callable[[], T]) -> T:
         for attempt in range(self._attempts - 1):
             try:

@@ -94,11 +94,25 @@ def make_s3_client(endpoint_url: str | None = None, region_name: str | None = No
     for option in ("request_checksum_calculation", "response_checksum_validation"):
         if option in Config.OPTION_DEFAULTS:
             options[option] = "when_required"
-    return boto3.session.Session().client(
+    client = boto3.session.Session().client(
         "s3", endpoint_url=endpoint_url, region_name=region_name,
         aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key,
         config=Config(**options),
     )
+    client.meta.events.register_last("before-call.s3", _no_continue_for_empty_bodies)
+    return client
+
+
+def _no_continue_for_empty_bodies(params: dict[str, Any], **_kwargs: Any) -> None:
+    """botocore makes every PUT wait for "100 Continue"; with an empty body SeaweedFS's
+    answer leaves bytes on the connection that the next request on it reads as a timeout
+    (what botocore's BOTO_EXPERIMENTAL__NO_EMPTY_CONTINUE does, for this client only)."""
+    from botocore.utils import determine_content_length
+
+    body = params.get("body")
+    if "Expect" in params["headers"] and body is not None \
+            and determine_content_length(body) == 0:
+        del params["headers"]["Expect"]
 
 
 class S3Store:
@@ -138,18 +152,22 @@ class S3Store:
             return response["Body"].read()  # a cut stream raises inside this block
 
     def list(self, prefix: str) -> list[str]:
+        return sorted(self.sizes(prefix))
+
+    def sizes(self, prefix: str) -> dict[str, int]:
         directory = prefix.rpartition("/")[0]
         if directory:
             check_object_name(directory)  # as LocalDirStore: no '..' or absolute prefixes
         pages = self._client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=self.prefix + prefix,
             PaginationConfig={"PageSize": self._page_size})
-        names = []
+        found: dict[str, int] = {}
         with self._errors_for(prefix):
             for page in pages:
-                names += [o["Key"][len(self.prefix):] for o in page.get("Contents", ())]
+                found.update((o["Key"][len(self.prefix):], int(o["Size"]))
+                             for o in page.get("Contents", ()))
         # Keys written by other tools may not be object names; get() would refuse them.
-        return sorted(n for n in names if _is_object_name(n))
+        return {n: size for n, size in sorted(found.items()) if _is_object_name(n)}
 
     def delete(self, name: str) -> None:
         key = self._key(name)

@@ -34,6 +34,10 @@ class Store(Protocol):
 
     def exists(self, name: str) -> bool: ...
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Each name starting with `prefix` and its size in bytes, from one listing (what
+        `slurm-geo ckpt check` compares the manifests' pack ends against)."""
+
 
 class LocalDirStore:
     """Objects as files under `root`, written by temp file, fsync, rename, directory fsync."""
@@ -102,6 +106,17 @@ class LocalDirStore:
 
     def exists(self, name: str) -> bool:
         return self._path(name).is_file()
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for name in self.list(prefix):
+            try:
+                found[name] = (self.root / name).stat().st_size
+            except FileNotFoundError:
+                continue  # deleted since the listing: as if listed a moment later
+            except OSError as exc:
+                raise StoreUnavailable(name, exc.strerror or str(exc)) from None
+        return found
 
     def _path(self, name: str) -> Path:
         path = self.root / check_object_name(name)

@@ -272,6 +272,47 @@ def verify(target: str, store_url: str, key_file: Path, as_json: bool) -> None:
 
 
 @ckpt.command()
+@store_option("--store", "Store to check")
+@click.option("--read-data", is_flag=True,
+              help="Also read every referenced pack once and verify every chunk in it.")
+@click.option("--read-data-subset", "subset", metavar="P%|n/t",
+              help="Read only some packs: P% of them at random, or group n of t, chosen by "
+                   "pack id (the same packs every time: 1/7 ... 7/7 cover the store).")
+@key_file_option
+@json_option
+def check(store_url: str, read_data: bool, subset: str | None, key_file: Path,
+          as_json: bool) -> None:
+    """Check every run of a store: keys, manifests, and that every pack they reference is
+    there, whole; with --read-data every chunk too. Exit 1 naming each damaged object and
+    the checkpoints (RUN@STEP) it affects."""
+    from slurm_geo.ckpt import load_master_key
+    from slurm_geo.ckpt.check import READ_ALL, check_store, parse_subset
+
+    if read_data and subset:
+        raise ConfigError("give --read-data or --read-data-subset, not both")
+    selection = parse_subset(subset) if subset else READ_ALL if read_data else None
+    report = check_store(_open(store_url), load_master_key(key_file), selection)
+    if as_json:
+        click.echo(json.dumps({"store": store_url, "ok": report.ok,
+                               **{k: v for k, v in asdict(report).items() if k != "damage"},
+                               "damaged": [asdict(d) for d in report.damage],
+                               "affected_checkpoints": report.affected}, indent=2))
+        sys.exit(0 if report.ok else 1)
+    for damage in report.damage:
+        affects = ", ".join(damage.checkpoints) or "no checkpoint's data"
+        click.echo(f"slurm-geo: damaged: {damage.object}: {damage.error}; affects {affects}",
+                   err=True)
+    summary = (f"{report.runs} run(s), {report.checkpoints} checkpoint(s), {report.packs} "
+               f"pack(s); read {report.packs_read} pack(s), {report.bytes_read} bytes in "
+               f"{report.seconds:.1f} s")
+    if not report.ok:
+        click.echo(f"slurm-geo: error: {store_url}: {len(report.damage)} damaged object(s), "
+                   f"{len(report.affected)} checkpoint(s) affected ({summary})", err=True)
+        sys.exit(1)
+    click.echo(f"{store_url}: ok, {summary}")
+
+
+@ckpt.command()
 @click.argument("target", metavar="RUN@STEP")
 @store_option("--store", "Store holding the checkpoint")
 @key_file_option

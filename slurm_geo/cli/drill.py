@@ -10,9 +10,11 @@ import click
 
 
 @click.command("drill")
-@click.option("--sandbox-dir", type=click.Path(path_type=Path), default=None,
+@click.option("--dir", "sandbox_dir", type=click.Path(path_type=Path), default=None,
               help="Sandbox directory (default: $SLURM_GEO_SANDBOX_DIR or "
                    "/var/lib/slurm-geo/sandbox).")
+@click.option("--sandbox-dir", "old_sandbox_dir", type=click.Path(path_type=Path),
+              default=None, hidden=True)  # its spelling before every command said --dir
 @click.option("--state-mb", type=click.FloatRange(0.01), default=512, show_default=True,
               help="Size of the job's checkpoints (weights and AdamW moments) in MiB. The "
                    "job is paced so that checkpoint-sync keeps up over the sandbox's link: "
@@ -43,22 +45,24 @@ import click
               help="Bring home back this many seconds after the loss (once the job trains "
                    "elsewhere) [default: when the job has finished].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def drill(sandbox_dir: Path | None, state_mb: float, steps: int | None,
-          ckpt_every: int | None, step_delay: float | None, ranks: int, reshard: bool,
-          out: Path | None, lose: str, return_after: float | None, as_json: bool) -> None:
+def drill(sandbox_dir: Path | None, old_sandbox_dir: Path | None, state_mb: float,
+          steps: int | None, ckpt_every: int | None, step_delay: float | None, ranks: int,
+          reshard: bool, out: Path | None, lose: str, return_after: float | None,
+          as_json: bool) -> None:
     """Lose the home cluster (or site, or leader) on purpose: submit a real training job
     to onprem, strike once two checkpoints are verified off-site, and let the federation
     move the job to rented. Prints the DR report (detection, leader failover, RTO, steps
     lost, bytes, predicted vs actual transfer, who decided what, cost per leg) and checks
     that the final weights are bit-identical to an uninterrupted run (resharded: that the
     job loaded exactly the weights saved). Exits 0 when every target holds."""
+    from slurm_geo.cli.sandbox import existing_root
     from slurm_geo.drills.drill import run_drill
     from slurm_geo.drills.report import render_report
     from slurm_geo.drills.settings import sized
-    from slurm_geo.sandbox import Sandbox, root_from_env
+    from slurm_geo.sandbox import Sandbox
     from slurm_geo.sandbox.netns import remembered_wan_mbit
 
-    sandbox = Sandbox(root_from_env(sandbox_dir))
+    sandbox = Sandbox(existing_root(sandbox_dir or old_sandbox_dir))
     if reshard and ranks < 4:
         raise click.UsageError("--reshard needs --ranks 4 or more (2 ranks per node, and "
                                "one node fewer after the move)")

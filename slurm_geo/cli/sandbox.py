@@ -9,16 +9,24 @@ from pathlib import Path
 
 import click
 
+from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox.layout import ROOT_ENV, root_from_env
 from slurm_geo.sandbox.sites import Site, WanLink
 
-dir_option = click.option(
-    "--dir",
-    "root",
-    type=click.Path(path_type=Path),
-    default=None,
-    help=f"Sandbox directory (default: ${ROOT_ENV} or /var/lib/slurm-geo/sandbox).",
-)
+DIR_HELP = f"Sandbox directory (default: ${ROOT_ENV} or /var/lib/slurm-geo/sandbox)."
+
+dir_option = click.option("--dir", "root", type=click.Path(path_type=Path), default=None,
+                          help=DIR_HELP)
+
+
+def existing_root(explicit: Path | None) -> Path:
+    """The sandbox directory, which every command but `up` needs to exist: a mistyped
+    --dir is refused, never created and left behind empty."""
+    root = root_from_env(explicit)
+    if not root.is_dir():
+        raise SandboxError(f"there is no sandbox in {root} (no such directory); bring one up "
+                           f"with `slurm-geo sandbox up --dir {root}`, or name it with --dir")
+    return root
 
 
 @click.group()
@@ -55,7 +63,7 @@ def down(root: Path | None, purge: bool) -> None:
     """Stop every process the sandbox started, and nothing else."""
     from slurm_geo.sandbox.lifecycle import Sandbox
 
-    Sandbox(root_from_env(root)).down(purge=purge)
+    Sandbox(existing_root(root)).down(purge=purge)
 
 
 @sandbox.command()
@@ -65,7 +73,7 @@ def status(root: Path | None, as_json: bool) -> None:
     """Show each component up or down; exits 1 unless all are up."""
     from slurm_geo.sandbox.lifecycle import Sandbox
 
-    rows = Sandbox(root_from_env(root)).status()
+    rows = Sandbox(existing_root(root)).status()
     if as_json:
         click.echo(json.dumps([asdict(row) for row in rows], indent=2))
     else:
@@ -84,7 +92,7 @@ def env(root: Path | None, cluster: str) -> None:
     """Print `export` lines for CLUSTER: eval "$(slurm-geo sandbox env onprem)"."""
     from slurm_geo.sandbox.lifecycle import Sandbox
 
-    for line in Sandbox(root_from_env(root)).env_lines(cluster):
+    for line in Sandbox(existing_root(root)).env_lines(cluster):
         click.echo(line)
 
 
@@ -97,7 +105,7 @@ def demo(root: Path | None, as_json: bool) -> None:
     from slurm_geo.sandbox.demo import all_completed, run_job_on_each_cluster
     from slurm_geo.sandbox.lifecycle import Sandbox
 
-    site = load_config(Sandbox(root_from_env(root)).layout.site_config)
+    site = load_config(Sandbox(existing_root(root)).layout.site_config)
     records = run_job_on_each_cluster(site, progress=lambda msg: click.echo(msg, err=True))
     if as_json:
         click.echo(json.dumps([_record_json(r) for r in records], indent=2))
@@ -134,7 +142,7 @@ def wan(root: Path | None, link_name: str, mbit: int | None, cut: bool, heal: bo
                if given]
     if len(changes) > 1:
         raise click.UsageError(f"{' and '.join(changes)} exclude each other")
-    layout = SandboxLayout(root_from_env(root))
+    layout = SandboxLayout(existing_root(root))
     topo = netns.sandbox_topology(layout)
     which = WanLink(link_name)
     if mbit is not None:
@@ -200,7 +208,7 @@ def exec_(root: Path | None, site: str, command: tuple[str, ...]) -> None:
         argv = argv[1:]
     if not argv:
         raise click.UsageError("name the command to run: sandbox exec SITE -- COMMAND...")
-    topo = netns.sandbox_topology(SandboxLayout(root_from_env(root)))
+    topo = netns.sandbox_topology(SandboxLayout(existing_root(root)))
     netns.exec_replacing_this_process(topo, Site(site), argv)
 
 

@@ -62,6 +62,8 @@ class SyncConfig:
     attempt_timeout_s: float = 1800.0
     retry_base_s: float = 30.0
     retry_max_s: float = 900.0
+    scrub_gb_per_day: float = 100.0
+    scrub_interval_s: float = 86400.0
 
 
 SYNC_SETTINGS = (
@@ -104,6 +106,15 @@ SYNC_SETTINGS = (
     Setting("retry_base_s", seconds, SyncConfig.retry_base_s,
             "Wait after a first failure; it doubles with each further one."),
     Setting("retry_max_s", seconds, SyncConfig.retry_max_s, "The longest wait between tries."),
+    # 100 GB a day is 1.2 MB/s on average: a 10 TB destination is re-read every 100 days.
+    Setting("scrub_gb_per_day", number(0, unit="GB/day", note="(0: no scrubbing)"),
+            SyncConfig.scrub_gb_per_day, "Rate at which verified replicas are read back "
+            "again to find damage, in GB (10^9 bytes) a day on average; each read counts "
+            "against bandwidth_mb_s too (see Scrubbing). 0: never."),
+    # A small destination would otherwise be re-read over and over at the full rate.
+    Setting("scrub_interval_s", number(0, unit="seconds"), SyncConfig.scrub_interval_s,
+            "A replica is read back again at most this often (after its verification or "
+            "its last scrub)."),
 )
 
 

@@ -77,6 +77,7 @@ class DrillReport:
     # member, its S3 server): 'what in file' each. None is the only right answer.
     provider_secrets: list[str] = field(default_factory=list)
     cluster_sites: dict[str, str] = field(default_factory=dict)  # the site each cluster is at
+    fenced_at: float | None = None     # the stale incarnation was fenced (audit entry)
 
     @property
     def failover_s(self) -> float | None:

@@ -56,6 +56,7 @@ from slurm_geo.lease.signing import Credentials
 from slurm_geo.slurm import SlurmError
 
 log = logging.getLogger("slurm_geo.federation")
+SERVICE_PATHS = (LEASE_PATH, KEY_PATH)
 
 
 class Metrics:
@@ -77,6 +78,19 @@ class Metrics:
         self.leading = Gauge("slurm_geo_federation_leader",
                              "1 while this replica leads (a daemon alone always does)",
                              registry=self.registry)
+        self.awaiting_approval = Gauge(
+            "slurm_geo_federation_moves_awaiting_approval",
+            "Jobs whose move waits for a person's `slurm-geo approve`", registry=self.registry)
+        self.replies = Counter(
+            "slurm_geo_federation_lease_replies", "Replies of the lease and key service, by "
+            "path and HTTP status (5xx: the service could not answer)", ["path", "code"],
+            registry=self.registry)
+
+    def replied(self, path: str, status: int) -> None:
+        """Counted for the service's own paths only: any other path a client sends would
+        make a series of its own."""
+        if path in SERVICE_PATHS:
+            self.replies.labels(path, str(status)).inc()
 
     def observe(self, federation: Federation) -> None:
         """Every gauge is set afresh each round: a status no job holds any more reads 0,
@@ -87,10 +101,13 @@ class Metrics:
         for cluster, count in federation.health.nodes_available.items():
             self.nodes.labels(cluster).set(count)
         counts = {status.value: 0 for status in JobStatus}
+        awaiting = 0
         for job in federation.state.jobs():
             counts[job.status.value] += 1
+            awaiting += bool(job.awaiting_approval) and not job.status.is_final()
         for status, count in counts.items():
             self.jobs.labels(status).set(count)
+        self.awaiting_approval.set(awaiting)
         self.ticks.inc()
         self.last_tick.set_to_current_time()
 
@@ -150,6 +167,7 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
             return body, raw
 
         def _send(self, reply: Reply) -> None:
+            metrics.replied(self.path, reply.status)
             if 400 <= reply.status < 500:
                 self._audit_refusal(reply.status, str(reply.body.get("reason", "")),
                                     reply.refusal)

@@ -3,7 +3,8 @@
 Slurm 22.05 gives every hook SLURM_JOB_ID, SLURM_CLUSTER_NAME, SLURM_JOB_RESTART_COUNT
 (already counted up when an epilog follows a requeue), SLURM_JOB_UID/GID, and the
 directives the SPANK plugin handed over as SPANK_GEO_<NAME>. Node hooks also get
-SLURMD_NODENAME; epilogs SLURM_JOB_EXIT_CODE2 ("exit:signal").
+SLURMD_NODENAME; epilogs SLURM_JOB_EXIT_CODE2 ("exit:signal"); the controller's hooks
+SLURM_JOB_COMMENT, where a job marks a requeue it planned (slurm_geo.policy.restarts).
 
 A uid or gid that is missing or not a plain id is None, never a default: the hooks run as
 root and act as the job's user, so with no user to act as they do nothing (hooks.entry).
@@ -39,6 +40,7 @@ class JobContext:
     nodes: str
     exit_code: str
     directives: Directives
+    comment: str = ""
     raw_directives: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -97,5 +99,6 @@ def job_context(env: Mapping[str, str]) -> JobContext:
         nodes=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", ""),
         exit_code=env.get("SLURM_JOB_EXIT_CODE2", ""),
         directives=directives,
+        comment=env.get("SLURM_JOB_COMMENT", ""),
         raw_directives=raw,
     )

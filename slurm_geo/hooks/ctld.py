@@ -1,9 +1,12 @@
 """PrologSlurmctld and EpilogSlurmctld of geo jobs: the registry, and the restart cap.
 
 PrologSlurmctld records each incarnation as it starts. EpilogSlurmctld records how it
-ended; when Slurm has queued the job again more than [policy] max_restarts times, it holds
-the job (`scontrol hold`, through `slurm_geo.slurm`) and notes why in the registry: a
-job that keeps failing should not requeue itself forever.
+ended, and whether a requeue was planned (the job marked it in its comment after saving
+its state: slurm_geo.policy.restarts). When Slurm has queued the job again unplanned more
+than [policy] max_restarts times, it holds the job (`scontrol hold`, through
+`slurm_geo.slurm`), says why in the job's comment and notes it in the registry: a job
+that keeps failing should not requeue itself forever, one that keeps surviving its time
+limit as it should is never held for it.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import logging
 from collections.abc import Callable
 
 from slurm_geo.hooks.context import JobContext
-from slurm_geo.registry import IncarnationState, Registry, restart_cap_reached
+from slurm_geo.policy.restarts import cap_reached, held_comment, hold_reason, planned_restart
+from slurm_geo.registry import IncarnationState, Registry
 from slurm_geo.slurm.client import SlurmClient
 from slurm_geo.slurm.errors import SlurmError
 
@@ -27,15 +31,16 @@ def prolog_slurmctld(job: JobContext, registry: Registry, now: float) -> None:
 def epilog_slurmctld(job: JobContext, registry: Registry, max_restarts: int,
                      client: Callable[[], SlurmClient], now: float) -> bool:
     """Record the incarnation's end; True if the job was held for its restart cap."""
-    ended = registry.job_ended(job.cluster, job.job_id, job.restart, job.exit_code, now)
-    if ended is None or ended.state is not IncarnationState.REQUEUED:
+    ended = registry.job_ended(job.cluster, job.job_id, job.restart, job.exit_code, now,
+                               planned_restart(job.comment))
+    if ended is None or ended.state is not IncarnationState.REQUEUED or ended.planned:
         return False
-    if not restart_cap_reached(job.restart, max_restarts):
+    unplanned = registry.unplanned_requeues(job.cluster, job.job_id)
+    if not cap_reached(unplanned, max_restarts):
         return False
-    reason = f"restart cap reached: queued again {job.restart} times (max_restarts = " \
-             f"{max_restarts})"
+    reason = hold_reason(unplanned, max_restarts)
     try:
-        client().hold(job.job_id)
+        client().hold(job.job_id, comment=held_comment(job.comment, unplanned, max_restarts))
     except SlurmError as exc:
         log.error("job %s: %s, but holding it failed: %s", job.tag, reason, exc)
         return False

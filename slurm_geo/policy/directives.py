@@ -21,6 +21,8 @@ from slurm_geo.names import NAME_RULE, is_name
 DATA_CLASSES = ("public", "internal", "restricted")
 FAILOVER_MODES = ("auto", "manual", "never")
 MAX_INTERVAL_MIN = 10080  # a week
+USD_DECIMALS = 6          # to a millionth of a dollar: a short job on a cheap node
+_USD = re.compile(rf"[0-9]{{1,9}}(\.[0-9]{{1,{USD_DECIMALS}}})?")
 
 SPANK_PREFIX = "SPANK_GEO_"      # Prolog, Epilog, PrologSlurmctld, EpilogSlurmctld
 CONTROL_PREFIX = "GEO_"          # job_desc.spank_job_env as job_submit.lua sees it
@@ -80,16 +82,41 @@ class DirectiveSpec:
     def render(self, value: Any) -> str:
         if isinstance(value, tuple):
             return ",".join(value)
-        if isinstance(value, float):
-            return f"{value:g}"
+        if isinstance(value, float):  # every decimal given, none invented
+            return f"{value:.{USD_DECIMALS}f}".rstrip("0").rstrip(".")
         return str(value)
 
 
-def quote(value: str) -> str:
-    """`'value'` with control characters shown as '?': messages stay on one line.
+SHOWN_BYTES = 72  # a longer value is shown by its head and tail: messages stay one line
+HEAD_BYTES, TAIL_BYTES = 48, 16
+PATH_MAX = 4096  # bytes, with the terminating NUL (Linux)
+NAME_MAX = 255   # bytes of one path component
 
-    job_submit.lua quotes the same way, so both sides print the same message."""
-    return "'" + "".join("?" if ord(c) < 32 or ord(c) == 127 else c for c in value) + "'"
+
+def quote(value: str) -> str:
+    """`'value'` with control characters shown as '?', and a long value elided to its
+    head and tail (cut at character boundaries): messages stay one short line.
+
+    job_submit.lua quotes the same way, counting the same UTF-8 bytes, so both sides print
+    the same message."""
+    shown = "".join("?" if ord(c) < 32 or ord(c) == 127 else c for c in value)
+    if _utf8_len(shown) > SHOWN_BYTES:
+        shown = _head(shown, HEAD_BYTES) + "..." + _head(shown[::-1], TAIL_BYTES)[::-1]
+    return "'" + shown + "'"
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogateescape"))
+
+
+def _head(text: str, limit: int) -> str:
+    """The longest start of `text` whose UTF-8 encoding fits in `limit` bytes."""
+    used = 0
+    for index, char in enumerate(text):
+        used += _utf8_len(char)
+        if used > limit:
+            return text[:index]
+    return text
 
 
 def _reject(option: str, value: str, why: str) -> DirectiveError:
@@ -97,9 +124,20 @@ def _reject(option: str, value: str, why: str) -> DirectiveError:
 
 
 def _absolute_path(value: str, option: str) -> str:
+    """The path normalised (no `//`, `/./` or trailing `/`); `..` refused rather than
+    resolved, since what it leads to depends on links the prolog would follow as root."""
     if not value.startswith("/") or any(c in value for c in "\0\n\r"):
         raise _reject(option, value, "is not an absolute path")
-    return value
+    parts = [part for part in value.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise _reject(option, value, "contains '..'; name the directory without it")
+    if any(_utf8_len(part) > NAME_MAX for part in parts):
+        raise _reject(option, value, f"has a component longer than {NAME_MAX} bytes (NAME_MAX)")
+    normal = "/" + "/".join(parts)
+    if _utf8_len(normal) >= PATH_MAX:
+        raise _reject(option, value, f"is {_utf8_len(normal)} bytes long; paths are at most "
+                      f"{PATH_MAX - 1} (PATH_MAX)")
+    return normal
 
 
 def _minutes(value: str, option: str) -> int:
@@ -133,9 +171,9 @@ def _name(value: str, option: str) -> str:
 
 
 def _usd(value: str, option: str) -> float:
-    if not re.fullmatch(r"[0-9]{1,9}(\.[0-9]{1,2})?", value) or float(value) <= 0:
-        raise _reject(option, value, "is not an amount of USD greater than 0 (e.g. 250 or "
-                      "99.50)")
+    if not _USD.fullmatch(value) or float(value) <= 0:
+        raise _reject(option, value, f"is not an amount of USD greater than 0, with at most "
+                      f"{USD_DECIMALS} decimals (e.g. 250, 99.50 or 0.001)")
     return float(value)
 
 
@@ -175,8 +213,20 @@ def parse_options(raw: Mapping[str, str]) -> Directives:
             known = ", ".join(f"--{s.option}" for s in DIRECTIVES)
             raise DirectiveError(f"geo: --{option} is not a slurm-geo directive (known: "
                                  f"{known})")
-        values[spec.field] = spec.parse(text, option)
+        values[spec.field] = spec.parse(_given(text, option), option)
     return replace(Directives(), **values)
+
+
+def _given(value: str, option: str) -> str:
+    """`value`, unless the option came without one. Slurm gives an option written without
+    `=VALUE` the next word, which after `#SBATCH --geo-NAME` is the next line's option:
+    that option would be lost, so the job is refused instead."""
+    if value == "":
+        raise DirectiveError(f"geo: --{option} has no value; write --{option}=VALUE")
+    if value.startswith("--") or re.match(r"-[A-Za-z]", value):
+        raise DirectiveError(f"geo: --{option} has no value (it took the next option, "
+                             f"{quote(value)}); write --{option}=VALUE on one line")
+    return value
 
 
 def from_environment(environ: Mapping[str, str], prefix: str) -> Directives:

@@ -60,12 +60,22 @@ def check(directives: Directives, rules: GeoRules, cluster: str) -> None:
     """Accept `directives` for a job submitted to `cluster`, or raise the first mistake.
 
     `DirectiveError` for what the user must fix in the directives themselves (unknown
-    region or cluster, failover without checkpoints, a missing cost center);
+    region or cluster, clusters that leave out `cluster`, failover without checkpoints, a
+    missing cost center), and for a `cluster` the config does not know;
     `PolicyViolation` for what the site forbids (residency, data class, budget).
     """
+    if cluster not in rules.cluster_regions:
+        raise DirectiveError(f"geo: cluster {quote(cluster)} is not in the slurm-geo config "
+                             f"(known: {', '.join(sorted(rules.cluster_regions))})")
     if not directives.is_geo:
         return
     _check_known(directives, rules)
+    if directives.clusters and cluster not in directives.clusters:
+        # Slurm runs a job where it was submitted: a list without this cluster is refused
+        # here rather than ignored (the federation moves jobs only when a cluster is lost).
+        raise DirectiveError(f"geo: --geo-clusters: {quote(','.join(directives.clusters))} "
+                             f"leaves out {quote(cluster)}, the cluster this job is submitted "
+                             f"to: name it too, or submit the job to a cluster it names")
     if directives.failover == "auto" and directives.ckpt_dir is None:
         raise DirectiveError("geo: --geo-failover=auto needs --geo-ckpt-dir=PATH: a job "
                              "moves with its checkpoints")
@@ -101,8 +111,8 @@ def _check_residency(directives: Directives, rules: GeoRules, cluster: str) -> N
             raise PolicyViolation(f"geo: data class {quote(data_class)} may not reside in region "
                                   f"{quote(region)} (allowed: {', '.join(allowed)})")
     residency = effective_residency(directives, rules)
-    here = rules.cluster_regions.get(cluster)
-    if here is not None and here not in residency:
+    here = rules.cluster_regions[cluster]
+    if here not in residency:
         raise PolicyViolation(f"geo: cluster {quote(cluster)} is in region {quote(here)}, outside "
                               f"the job's residency ({', '.join(residency)})")
     for name in directives.clusters:

@@ -11,8 +11,10 @@ slurmrestd, which never runs SPANK), so the rules that matter are enforced here 
 with the same messages as slurm_geo/policy/geo.py, in the same order:
   - directives from job_desc.spank_job_env (GEO_<NAME>, set by the SPANK plugin), else,
     for batch jobs, from the job's environment (SLURM_GEO_<NAME>: REST submissions);
-  - malformed values, unknown regions and clusters, failover=auto without a checkpoint
-    directory, a missing cost center where required: rejected (slurm.ERROR);
+  - malformed values (an option without a value, a checkpoint path with '..' or past
+    PATH_MAX), unknown regions and clusters, --geo-clusters leaving out this cluster,
+    failover=auto without a checkpoint directory, a missing cost center where required:
+    rejected (slurm.ERROR);
   - residency outside the data class's regions or excluding this cluster, clusters
     outside the residency, unknown cost centers, budgets exceeded: rejected
     (slurm.ESLURM_ACCESS_DENIED);
@@ -36,6 +38,9 @@ local SPECS = {
 local DATA_CLASSES = { "public", "internal", "restricted" }
 local FAILOVER_MODES = { "auto", "manual", "never" }
 local MAX_INTERVAL_MIN = 10080
+local USD_DECIMALS = 6
+local SHOWN_BYTES, HEAD_BYTES, TAIL_BYTES = 72, 48, 16
+local PATH_MAX, NAME_MAX = 4096, 255
 
 local function here()
   local source = debug.getinfo(1, "S").source
@@ -50,8 +55,23 @@ end
 local function malformed(message) fail(message, slurm.ERROR) end
 local function forbidden(message) fail(message, slurm.ESLURM_ACCESS_DENIED or slurm.ERROR) end
 
+-- A UTF-8 continuation byte: no character starts there.
+local function continues(text, at)
+  local byte = string.byte(text, at)
+  return byte ~= nil and byte >= 128 and byte < 192
+end
+
+-- A long value is shown by its head and tail, cut where characters start, as Python's
+-- quote() does: messages stay one short line.
 local function quote(value)
-  return "'" .. string.gsub(value, "%c", "?") .. "'"
+  local shown = string.gsub(value, "%c", "?")
+  if #shown > SHOWN_BYTES then
+    local head_end, tail_start = HEAD_BYTES, #shown - TAIL_BYTES + 1
+    while continues(shown, head_end + 1) do head_end = head_end - 1 end
+    while continues(shown, tail_start) do tail_start = tail_start + 1 end
+    shown = string.sub(shown, 1, head_end) .. "..." .. string.sub(shown, tail_start)
+  end
+  return "'" .. shown .. "'"
 end
 
 local function contains(list, value)
@@ -89,7 +109,24 @@ PARSE["geo-ckpt-dir"] = function(value, option)
   if string.sub(value, 1, 1) ~= "/" or string.find(value, "[%z\n\r]") then
     reject(option, value, "is not an absolute path")
   end
-  return value
+  local parts = {}
+  for part in string.gmatch(value, "[^/]+") do
+    if part ~= "." then table.insert(parts, part) end
+  end
+  for _, part in ipairs(parts) do
+    if part == ".." then reject(option, value, "contains '..'; name the directory without it") end
+  end
+  for _, part in ipairs(parts) do
+    if #part > NAME_MAX then
+      reject(option, value, "has a component longer than " .. NAME_MAX .. " bytes (NAME_MAX)")
+    end
+  end
+  local normal = "/" .. table.concat(parts, "/")
+  if #normal >= PATH_MAX then
+    reject(option, value, "is " .. #normal .. " bytes long; paths are at most " ..
+      (PATH_MAX - 1) .. " (PATH_MAX)")
+  end
+  return normal
 end
 PARSE["geo-ckpt-interval"] = function(value, option)
   local minutes = string.find(value, "^%d+$") and #value <= 6 and tonumber(value)
@@ -129,19 +166,36 @@ PARSE["geo-cost-center"] = function(value, option)
   return value
 end
 PARSE["geo-max-cost"] = function(value, option)
-  local units = string.match(value, "^(%d+)$") or string.match(value, "^(%d+)%.%d%d?$")
-  local usd = units and #units <= 9 and tonumber(value)
+  local units, decimals = string.match(value, "^(%d+)%.(%d+)$")
+  units = units or string.match(value, "^(%d+)$")
+  local usd = units and #units <= 9 and #(decimals or "") <= USD_DECIMALS and tonumber(value)
   if not usd or usd <= 0 then
-    reject(option, value, "is not an amount of USD greater than 0 (e.g. 250 or 99.50)")
+    reject(option, value, "is not an amount of USD greater than 0, with at most " ..
+      USD_DECIMALS .. " decimals (e.g. 250, 99.50 or 0.001)")
   end
   return usd
+end
+
+-- An option written without =VALUE takes the next word, after `#SBATCH --geo-NAME` the
+-- next line's option, which would be lost: refused.
+local function given(value, option)
+  if value == "" then
+    malformed("geo: --" .. option .. " has no value; write --" .. option .. "=VALUE")
+  end
+  if string.find(value, "^%-%-") or string.find(value, "^%-%a") then
+    malformed("geo: --" .. option .. " has no value (it took the next option, " ..
+      quote(value) .. "); write --" .. option .. "=VALUE on one line")
+  end
+  return value
 end
 
 local function parse(raw)
   local d = {}
   for _, spec in ipairs(SPECS) do
     local value = raw[spec.env]
-    if value ~= nil then d[spec.option] = PARSE[spec.option](value, spec.option) end
+    if value ~= nil then
+      d[spec.option] = PARSE[spec.option](given(value, spec.option), spec.option)
+    end
   end
   return d
 end
@@ -178,7 +232,7 @@ local function check_residency(d, policy, cluster)
   end
   local residency = d["geo-residency"] or allowed
   local region = policy.cluster_regions[cluster]
-  if region ~= nil and not contains(residency, region) then
+  if not contains(residency, region) then
     forbidden("geo: cluster " .. quote(cluster) .. " is in region " .. quote(region) ..
       ", outside the job's residency (" .. table.concat(residency, ", ") .. ")")
   end
@@ -207,7 +261,17 @@ local function check_budget(d, policy)
 end
 
 local function check(d, policy, cluster)
+  if policy.cluster_regions[cluster] == nil then
+    malformed("geo: cluster " .. quote(cluster) .. " is not in the slurm-geo config (known: " ..
+      table.concat(policy.cluster_names, ", ") .. ")")
+  end
   check_known(d, policy)
+  local clusters = d["geo-clusters"]
+  if clusters ~= nil and not contains(clusters, cluster) then
+    malformed("geo: --geo-clusters: " .. quote(table.concat(clusters, ",")) .. " leaves out " ..
+      quote(cluster) .. ", the cluster this job is submitted to: name it too, or submit " ..
+      "the job to a cluster it names")
+  end
   if d["geo-failover"] == "auto" and d["geo-ckpt-dir"] == nil then
     malformed("geo: --geo-failover=auto needs --geo-ckpt-dir=PATH: a job moves with its " ..
       "checkpoints")

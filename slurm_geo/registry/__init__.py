@@ -13,9 +13,7 @@ from slurm_geo.registry.db import (
     Registry,
     RegistryReader,
     RegistryUnreadable,
-    restart_cap_reached,
 )
 
 __all__ = ["ActiveJob", "IllegalTransition", "Incarnation", "IncarnationState", "LineageLink",
-           "RegisteredJob", "Registry", "RegistryReader", "RegistryUnreadable",
-           "restart_cap_reached"]
+           "RegisteredJob", "Registry", "RegistryReader", "RegistryUnreadable"]

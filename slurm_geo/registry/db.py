@@ -7,7 +7,10 @@ the job id and starts a new incarnation). Lineage links each Slurm job to its lo
 Incarnation lifecycle (transitions enforced by `_move`):
 
     RUNNING --> REQUEUED    ended, and Slurm queued the job again (time limit + requeue,
-                            preemption, node failure); the next incarnation follows
+                            preemption, node failure); the next incarnation follows.
+                            `planned` when the job asked for it after saving its state
+                            (slurm_geo.policy.restarts): only unplanned ones count toward
+                            max_restarts
     RUNNING --> ENDED       the job's last incarnation ended, with its exit code
     RUNNING --> REQUEUED    also when a newer incarnation starts while this one was never
                             seen to end (a lost EpilogSlurmctld)
@@ -71,11 +74,6 @@ class RegistryUnreadable(SlurmGeoError):
         super().__init__(f"cannot read the job registry {path}: {reason}")
 
 
-def restart_cap_reached(restart_count: int, max_restarts: int) -> bool:
-    """Whether a job queued again for the `restart_count`-th time has used up its restarts."""
-    return restart_count > max_restarts
-
-
 @dataclass(frozen=True)
 class Incarnation:
     cluster: str
@@ -86,12 +84,13 @@ class Incarnation:
     started_at: float
     ended_at: float | None
     exit_code: str | None
+    planned: bool = False  # requeued at the job's own request, its state saved
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Incarnation:
         return cls(row["cluster"], row["job_id"], row["restart"],
                    IncarnationState(row["state"]), row["nodes"], row["started_at"],
-                   row["ended_at"], row["exit_code"])
+                   row["ended_at"], row["exit_code"], bool(row["planned"]))
 
 
 _SCHEMA = """
@@ -103,7 +102,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS incarnations (
     cluster TEXT NOT NULL, job_id INTEGER NOT NULL, restart INTEGER NOT NULL,
     state TEXT NOT NULL, nodes TEXT NOT NULL, started_at REAL NOT NULL,
-    ended_at REAL, exit_code TEXT,
+    ended_at REAL, exit_code TEXT, planned INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (cluster, job_id, restart));
 CREATE TABLE IF NOT EXISTS lineage (
     cluster TEXT NOT NULL, job_id INTEGER NOT NULL, logical_id TEXT NOT NULL,
@@ -121,6 +120,7 @@ class Registry:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        self._add_planned_column()
 
     def close(self) -> None:
         self._db.close()
@@ -158,11 +158,12 @@ class Registry:
         return self.incarnation(cluster, job_id, restart)
 
     def job_ended(self, cluster: str, job_id: int, restart_now: int, exit_code: str,
-                  now: float) -> Incarnation | None:
+                  now: float, planned_restart: int | None = None) -> Incarnation | None:
         """Record the end of the running incarnation (EpilogSlurmctld).
 
         Slurm counts the restart before the epilog runs, so `restart_now` above the running
-        incarnation's number means the job was queued again. None if none was running.
+        incarnation's number means the job was queued again: planned when the job marked
+        this incarnation's requeue as its own (`planned_restart`). None if none was running.
         """
         with self._transaction() as db:
             running = self._running(db, cluster, job_id)
@@ -171,9 +172,19 @@ class Registry:
             current = running[-1]
             if restart_now > current.restart:
                 self._move(db, current, IncarnationState.REQUEUED, now, exit_code)
+                if planned_restart == current.restart:
+                    db.execute("UPDATE incarnations SET planned = 1 WHERE cluster = ? AND "
+                               "job_id = ? AND restart = ?", (cluster, job_id, current.restart))
             else:
                 self._move(db, current, IncarnationState.ENDED, now, exit_code)
         return self.incarnation(cluster, job_id, current.restart)
+
+    def unplanned_requeues(self, cluster: str, job_id: int) -> int:
+        """How often the job was queued again without asking for it (what max_restarts caps)."""
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM incarnations WHERE cluster = ? AND job_id = ? AND state = ? "
+            "AND planned = 0", (cluster, job_id, IncarnationState.REQUEUED.value)).fetchone()
+        return int(row[0])
 
     def mark_held(self, cluster: str, job_id: int, reason: str) -> None:
         with self._transaction() as db:
@@ -227,6 +238,15 @@ class Registry:
         return [(r["cluster"], r["job_id"]) for r in rows]
 
     # --- internals -----------------------------------------------------------------------
+
+    def _add_planned_column(self) -> None:
+        """A registry from before planned requeues were told apart: every requeue in it
+        counts, as it did then."""
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(incarnations)")}
+        if "planned" not in columns:
+            with self._transaction() as db:
+                db.execute("ALTER TABLE incarnations ADD COLUMN planned INTEGER NOT NULL "
+                           "DEFAULT 0")
 
     @staticmethod
     def _running(db: sqlite3.Connection, cluster: str, job_id: int) -> list[Incarnation]:

@@ -80,7 +80,7 @@ def install(layout: SandboxLayout, write: Write) -> set[str]:
             script = HOOK_SCRIPTS / f"{hook}.py"
             files[render.geo_hook_path(cluster, hook)] = (
                 render.hook_wrapper(layout, cluster, sys.executable, script,
-                                    layout.s3_daemon_credentials), 0o755)
+                                    layout.s3_daemon_credentials, REPO), 0o755)
         # sbatch runs the validator as the submitting user: the site Python, and a copy of
         # the script where every user can read it (the checkout may be root's alone).
         validator = cluster.etc / f"{render.GEO_VALIDATOR}.py"

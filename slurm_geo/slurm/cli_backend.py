@@ -141,8 +141,11 @@ class CliSlurmClient(SlurmClient):
                                 "record, which reaches slurmdbd seconds after submission)")
         return found
 
-    def hold(self, job_id: int) -> None:
+    def hold(self, job_id: int, comment: str | None = None) -> None:
         self._run(["scontrol", "hold", str(job_id)], "hold", job_id=job_id)
+        if comment is not None:
+            self._run(["scontrol", "update", f"JobId={job_id}", f"Comment={comment}"],
+                      "set the comment", job_id=job_id)
 
     def release(self, job_id: int) -> None:
         self._run(["scontrol", "release", str(job_id)], "release", job_id=job_id)

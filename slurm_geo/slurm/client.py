@@ -49,7 +49,9 @@ class SlurmClient(ABC):
         with AccountingStoreFlags=job_env); SlurmRejected where Slurm keeps none."""
 
     @abstractmethod
-    def hold(self, job_id: int) -> None: ...
+    def hold(self, job_id: int, comment: str | None = None) -> None:
+        """Keep a pending job from starting; with `comment`, also set its comment to it,
+        where squeue and `scontrol show job` tell its owner why."""
 
     @abstractmethod
     def release(self, job_id: int) -> None: ...

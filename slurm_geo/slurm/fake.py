@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -148,10 +148,12 @@ class FakeSlurm(SlurmClient):
         with self._controller():  # from slurmdbd: a job slurmctld purged has it too
             return dict(self._known(job_id).spec.environment)
 
-    def hold(self, job_id: int) -> None:
+    def hold(self, job_id: int, comment: str | None = None) -> None:
         with self._controller():
             job = self._pending(job_id, "hold")
             job.reason = HELD_REASON
+            if comment is not None:
+                job.spec = replace(job.spec, comment=comment)
 
     def release(self, job_id: int) -> None:
         with self._controller():

@@ -285,8 +285,11 @@ class RestSlurmClient(SlurmClient):
             "job records skip it, 22.05 and 24.11 alike); read it where the job was submitted",
         )
 
-    def hold(self, job_id: int) -> None:
-        self._call("POST", "slurm", f"job/{job_id}", "hold", job_id=job_id, json={"hold": True})
+    def hold(self, job_id: int, comment: str | None = None) -> None:
+        update: dict[str, Any] = {"hold": True}
+        if comment is not None:
+            update["comment"] = comment
+        self._call("POST", "slurm", f"job/{job_id}", "hold", job_id=job_id, json=update)
 
     def release(self, job_id: int) -> None:
         self._call("POST", "slurm", f"job/{job_id}", "release", job_id=job_id,

@@ -34,9 +34,10 @@ from slurm_geo.sync.metrics import Live, SyncCollector, serve_metrics
 from slurm_geo.sync.planner import lowest_steps, next_work, reconcile, retry_delay_s
 from slurm_geo.sync.runtime import Runtime
 from slurm_geo.sync.scanner import RootScan
+from slurm_geo.sync.scrub import LastScrub, pick_scrub, scrub_due_at
 from slurm_geo.sync.sources import Sources
-from slurm_geo.sync.state import StaleStatus, StateDB, Status, SyncError
-from slurm_geo.sync.worker import Outcome
+from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status, SyncError
+from slurm_geo.sync.worker import Outcome, Result
 
 log = logging.getLogger("slurm_geo.sync")
 
@@ -44,6 +45,7 @@ EXIT_OK = 0
 EXIT_BEHIND = 1        # --once: some replica is not verified
 EXIT_STUCK = 70        # an attempt outlived its timeout; systemd restarts us
 STOP_GRACE_S = 60.0    # SIGTERM waits this long for the objects in flight
+SCRUB_MARK = "scrub_last"  # meta: when the last scrub started and the bytes it read
 
 
 class Daemon:
@@ -76,6 +78,7 @@ class Daemon:
         self._scans: list[RootScan] = []
         self._next_scan = 0.0
         self._next_due: float | None = None
+        self._scrub = ScrubTurns(clock)
         self._down_until = 0.0
         self._outages = 0
         self._state: StateDB | None = None
@@ -102,6 +105,7 @@ class Daemon:
         for replica in self._state.recover_interrupted(self._clock(), sync.max_attempts):
             event(log, "recovered", logging.WARNING, run=replica.run, step=replica.step,
                   destination=replica.destination, reason="attempt cut short")
+        self._scrub.resume(self._state)
         if self._metrics_port:
             collector = SyncCollector(self.state_path, lambda: self.live, self._clock)
             try:
@@ -143,8 +147,10 @@ class Daemon:
             else:
                 if self._monotonic() >= self._next_scan:
                     self._scan()
-                if not self._inflight.busy and not self._dispatch() and once:
-                    return self._once_exit_code()
+                if not self._inflight.busy and not self._dispatch():
+                    if once:
+                        return self._once_exit_code()
+                    self._dispatch_scrub()
             self._wakeup.wait(self._timeout())
 
     # --- signals ----------------------------------------------------------------------
@@ -264,13 +270,24 @@ class Daemon:
             return True
         return False
 
+    def _dispatch_scrub(self) -> None:
+        assert self._state is not None
+        replica = self._scrub.next_replica(self._state, self.runtime,
+                                           paused=self._monotonic() < self._down_until)
+        if replica is not None:
+            self._inflight.start(replica, self.runtime, scrub=True)
+
     # --- results ----------------------------------------------------------------------
 
     def _collect(self) -> None:
+        scrubbed = self._inflight.scrubbing
         finished = self._inflight.collect()
         if finished is None:
             return
         replica, result = finished
+        if scrubbed:
+            assert self._state is not None
+            self._scrub.finished(self._state, result, self.runtime.sync.retry_base_s)
         destination = self.runtime.destination
         if result.outcome is Outcome.OUTAGE and result.side == "destination":
             self._outages += 1
@@ -302,6 +319,8 @@ class Daemon:
         else:
             if self._next_due is not None:
                 candidates.append(self._next_due - self._clock())
+            if self._scrub.due is not None:
+                candidates.append(self._scrub.due - self._clock())
             if self._down_until > now:
                 candidates.append(self._down_until - now)
         return max(0.0, min(candidates))
@@ -314,4 +333,51 @@ class Daemon:
             [self.runtime.destination, Status.VERIFIED.value, Status.SKIPPED.value])
         stuck = [s for s in self._state.sources() if s.kind == "job" and s.status.is_problem]
         return EXIT_OK if not unsettled and not stuck else EXIT_BEHIND
+
+
+class ScrubTurns:
+    """When the next scrub may start and which verified replica it re-reads: the one read
+    longest ago, at most `scrub_gb_per_day`. The pacing survives restarts as a state mark."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self._clock = clock
+        self._last: LastScrub | None = None
+        self.due: float | None = None  # Unix seconds; None: nothing to scrub
+        self._retry_at = 0.0
+        self._started = 0.0
+
+    def resume(self, state: StateDB) -> None:
+        self._last = _parse_last_scrub(state.mark(SCRUB_MARK))
+
+    def next_replica(self, state: StateDB, runtime: Runtime, paused: bool) -> Replica | None:
+        """The replica to scrub now, or None while the rate, an outage or a retry says wait."""
+        due = scrub_due_at(runtime.sync.scrub_gb_per_day * 1e9, self._last)
+        self.due = None if due is None else max(due, self._retry_at)
+        now = self._clock()
+        if self.due is None or self.due > now or paused:
+            return None
+        replica = pick_scrub((r for r in state.replicas(
+            "destination = ? AND status = ?", [runtime.destination, Status.VERIFIED.value])
+            if runtime.reads(r.root)), now, runtime.sync.scrub_interval_s)  # repairs read it
+        if replica is None:
+            self.due = None  # until the next scan looks again
+            return None
+        self._started = now
+        return replica
+
+    def finished(self, state: StateDB, result: Result, retry_base_s: float) -> None:
+        if result.outcome is Outcome.RETRY:
+            self._retry_at = self._clock() + retry_base_s
+        if result.outcome in (Outcome.SCRUBBED, Outcome.CORRUPTED):
+            self._last = LastScrub(self._started, result.bytes_read)
+            state.set_mark(SCRUB_MARK, f"{self._started} {result.bytes_read}")
+
+
+def _parse_last_scrub(mark: str | None) -> LastScrub | None:
+    """The scrub pacing kept across restarts: "<started_at> <bytes_read>"."""
+    try:
+        started, read = (mark or "").split()
+        return LastScrub(float(started), int(read))
+    except ValueError:
+        return None
 

@@ -32,6 +32,7 @@ class _Job:
     attempt: Callable[[StateDB], Attempt]  # built in the worker thread, with its own DB
     thread: threading.Thread
     deadline: float
+    scrub: bool = False  # a re-read of a verified replica (Attempt.scrub), not an attempt
     result: Result | None = None
     error: BaseException | None = None  # the attempt itself broke (the state DB failed)
 
@@ -69,7 +70,7 @@ class InFlight:
         """The monotonic time at which the attempt in flight counts as stuck."""
         return None if self._job is None else self._job.deadline + STUCK_GRACE_S
 
-    def start(self, replica: Replica, runtime: Runtime) -> None:
+    def start(self, replica: Replica, runtime: Runtime, scrub: bool = False) -> None:
         sync = runtime.sync
         limits = Limits(sync.max_attempts, sync.attempt_timeout_s, sync.retry_base_s,
                         sync.retry_max_s)
@@ -86,10 +87,14 @@ class InFlight:
 
         thread = threading.Thread(target=self._work, name=f"sync-{replica.run}-{replica.step}",
                                   daemon=True)
-        self._job = _Job(replica, attempt, thread, deadline)
-        event(log, "uploading" if replica.status is Status.UPLOADING else "verifying",
-              run=replica.run, step=replica.step, destination=replica.destination,
-              attempt=replica.attempts)
+        self._job = _Job(replica, attempt, thread, deadline, scrub)
+        if scrub:
+            event(log, "scrubbing", run=replica.run, step=replica.step,
+                  destination=replica.destination)
+        else:
+            event(log, "uploading" if replica.status is Status.UPLOADING else "verifying",
+                  run=replica.run, step=replica.step, destination=replica.destination,
+                  attempt=replica.attempts)
         thread.start()
 
     def _work(self) -> None:
@@ -98,7 +103,8 @@ class InFlight:
         try:
             state = StateDB(self._state_path)
             try:
-                job.result = job.attempt(state).run(job.replica)
+                attempt = job.attempt(state)
+                job.result = (attempt.scrub if job.scrub else attempt.run)(job.replica)
             finally:
                 state.close()
         except BaseException as exc:  # handed to the main loop, which exits with it
@@ -106,9 +112,13 @@ class InFlight:
         finally:
             self._wake()
 
+    @property
+    def scrubbing(self) -> bool:
+        return self._job is not None and self._job.scrub
+
     def collect(self) -> tuple[Replica, Result] | None:
-        """The finished attempt's replica and result (None while none has finished); an
-        attempt that broke is raised again here."""
+        """The finished attempt's (or scrub's) replica and result (None while none has
+        finished); an attempt that broke is raised again here."""
         job = self._job
         if job is None or not job.done:
             return None

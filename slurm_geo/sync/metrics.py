@@ -26,6 +26,8 @@ METRIC_NAMES = (
     f"{PREFIX}_replicas", f"{PREFIX}_queue_depth", f"{PREFIX}_replication_lag_seconds",
     f"{PREFIX}_last_lag_seconds", f"{PREFIX}_verified_step", f"{PREFIX}_transferred_bytes",
     f"{PREFIX}_failures", f"{PREFIX}_destination_up", f"{PREFIX}_last_scan_timestamp_seconds",
+    f"{PREFIX}_scrubbed_bytes", f"{PREFIX}_scrub_full_pass_timestamp_seconds",
+    f"{PREFIX}_scrub_findings",
 )
 
 _PER_RUN = """
@@ -70,6 +72,7 @@ class SyncCollector:
             yield from self._statuses(conn)
             yield from self._runs(conn, self._clock())
             yield from self._totals(conn)
+            yield from self._scrub(conn)
         finally:
             conn.close()
         yield from self._live_metrics(self._live())
@@ -131,6 +134,30 @@ class SyncCollector:
                 failures.add_metric([row["destination"], reason], row[reason] or 0)
         yield moved
         yield failures
+
+    def _scrub(self, conn: sqlite3.Connection) -> Iterator[Metric]:
+        scrubbed = CounterMetricFamily(
+            f"{PREFIX}_scrubbed_bytes", "Bytes the scrub read back from the destination, "
+            "re-reading verified replicas.", labels=["destination"])
+        findings = CounterMetricFamily(
+            f"{PREFIX}_scrub_findings", "Verified replicas the scrub found damaged "
+            "(corrupted), and those of them copied and verified again (repaired).",
+            labels=["destination", "result"])
+        full_pass = GaugeMetricFamily(
+            f"{PREFIX}_scrub_full_pass_timestamp_seconds", "Every verified replica has "
+            "been read whole (verified or scrubbed) since this time: the last full pass "
+            "ended after it.", labels=["destination"])
+        for row in conn.execute(
+                "SELECT destination, SUM(scrubbed_bytes) AS bytes, SUM(scrub_findings) AS "
+                "corrupted, SUM(repairs) AS repaired, MIN(CASE WHEN status = 'verified' THEN "
+                "MAX(COALESCE(scrubbed_at, 0), COALESCE(verified_at, 0)) END) AS oldest "
+                "FROM replicas GROUP BY destination ORDER BY destination"):
+            scrubbed.add_metric([row["destination"]], row["bytes"] or 0)
+            for result in ("corrupted", "repaired"):
+                findings.add_metric([row["destination"], result], row[result] or 0)
+            if row["oldest"] is not None:
+                full_pass.add_metric([row["destination"]], row["oldest"])
+        yield from (scrubbed, findings, full_pass)
 
     def _live_metrics(self, live: Live) -> Iterator[Metric]:
         up = GaugeMetricFamily(f"{PREFIX}_destination_up", "1 while the destination answers, "

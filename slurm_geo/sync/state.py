@@ -4,19 +4,20 @@ The replication lifecycle, enforced by `StateDB` on every status change:
 
     discovered --> PENDING <-------------------------------+--------------+
                    |   ^  \\                                |              |
-        attempt    |   |   '--> SKIPPED (retention tier 2  | sync retry   | sync retry
-        starts     |   |        no longer wants it; back   |              |
-                   v   |        to PENDING if it does)     |              |
-                UPLOADING --(attempts exhausted)--------> FAILED        CORRUPTED
-                   |   (outage, fault with attempts left,  ^              ^
-                   |    clean stop, crash recovery: back   |              |
-                   |    to PENDING)                        |              |
-                   v                                       |              |
-                REPLICATED --(verification attempts       -+              |
-                   |          exhausted)                                  |
-                   +--(a chunk or the manifest fails to verify)----------+
-                   v
-                VERIFIED   (the only status a resume is ever offered from)
+        attempt    |   |   '--> SKIPPED (retention tier 2  | sync retry   | sync retry, or
+        starts     |   |        no longer wants it; back   |              | the scrub's repair
+                   v   |        to PENDING if it does)     |              | (the source still
+                UPLOADING --(attempts exhausted)--------> FAILED        CORRUPTED  has it)
+                   |   (outage, fault with attempts left,  ^              ^  ^
+                   |    clean stop, crash recovery: back   |              |  |
+                   |    to PENDING)                        |              |  |
+                   v                                       |              |  |
+                REPLICATED --(verification attempts       -+              |  |
+                   |          exhausted)                                  |  |
+                   +--(a chunk or the manifest fails to verify)----------+  |
+                   v                                                         |
+                VERIFIED --(the scrub, re-reading it later, finds damage)----+
+                           (the only status a resume is ever offered from)
 
 Every status change is a compare-and-set on the row's current status, so the daemon, its
 worker thread and `slurm-geo sync retry` never overwrite each other's moves. Transfers
@@ -25,7 +26,10 @@ worker thread and `slurm-geo sync retry` never overwrite each other's moves. Tra
 `sources` is not a lifecycle but an observation: one row per place the daemon reads from
 (a configured root, a registered job's checkpoint directory, the job registry) saying what
 its last scan saw there, so that `sync status` can name a directory that cannot be
-replicated. Only the daemon writes it, whole rows, when what it saw changes.
+replicated. The scrub (slurm_geo.sync.scrub) keeps, per replica, when it last re-read it
+(`scrubbed_at`), the bytes it read (`scrubbed_bytes`), the damage it found
+(`scrub_findings`) and the repairs that verified again (`repairs`; `repairing` while one is
+under way). Only the daemon writes it, whole rows, when what it saw changes.
 Times are Unix seconds (REAL).
 """
 
@@ -44,7 +48,7 @@ from slurm_geo.errors import SlurmGeoError
 from slurm_geo.sqlite_tx import open_database
 from slurm_geo.sync.jobdirs import SourceStatus
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the scrub's columns, added to a version 1 table on open
 BUSY_TIMEOUT_S = 10.0
 
 
@@ -68,7 +72,7 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.PENDING: frozenset({Status.UPLOADING, Status.SKIPPED}),
     Status.UPLOADING: frozenset({Status.REPLICATED, Status.PENDING, Status.FAILED}),
     Status.REPLICATED: frozenset({Status.VERIFIED, Status.CORRUPTED, Status.FAILED}),
-    Status.VERIFIED: frozenset(),
+    Status.VERIFIED: frozenset({Status.CORRUPTED}),
     Status.CORRUPTED: frozenset({Status.PENDING}),
     Status.FAILED: frozenset({Status.PENDING}),
     Status.SKIPPED: frozenset({Status.PENDING}),
@@ -153,12 +157,18 @@ class Replica:
     next_attempt_at: float
     lag_s: float | None
     last_error: str | None
+    scrubbed_at: float | None = None
+    scrubbed_bytes: int = 0
+    scrub_findings: int = 0
+    repairs: int = 0
+    repairing: bool = False
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Replica:
         values = {name: row[name] for name in cls.__dataclass_fields__}
         values["status"] = Status(row["status"])
         values["promoted"] = bool(row["promoted"])
+        values["repairing"] = bool(row["repairing"])
         return cls(**values)
 
 
@@ -168,8 +178,10 @@ _REPLICA_COLUMNS: dict[str, type] = {
     "failures": int, "charged": int, "outages": int, "corruptions": int, "created_at": float,
     "discovered_at": float, "started_at": float, "replicated_at": float,
     "verified_at": float, "next_attempt_at": float, "lag_s": float, "last_error": str,
-    "updated_at": float,
+    "updated_at": float, "scrubbed_at": float, "scrubbed_bytes": int, "scrub_findings": int,
+    "repairs": int, "repairing": int,
 }
+_SCRUB_COUNTERS = ("scrubbed_bytes", "scrub_findings", "repairs", "repairing")
 _TRANSFER_COLUMNS: dict[str, type] = {
     "id": int, "replica_id": int, "run": str, "step": int, "object": str, "kind": str,
     "bytes": int, "source": str, "destination": str, "source_region": str,
@@ -206,8 +218,9 @@ class StateDB:
             replicas = self.db["replicas"]
             replicas.create(_REPLICA_COLUMNS, pk="id", if_not_exists=True,  # type: ignore[union-attr]
                             not_null={"root", "run", "step", "destination", "status"},
-                            defaults={c: 0 for c in (*_COUNTERS, "promoted",
-                                                     "next_attempt_at")})
+                            defaults={c: 0 for c in (*_COUNTERS, *_SCRUB_COUNTERS,
+                                                     "promoted", "next_attempt_at")})
+            self._add_scrub_columns()
             replicas.create_index(["root", "run", "destination", "step"],  # type: ignore[union-attr]
                                   unique=True, if_not_exists=True)
             replicas.create_index(["status"], if_not_exists=True)  # type: ignore[union-attr]
@@ -217,8 +230,17 @@ class StateDB:
             transfers.create_index(["replica_id"], if_not_exists=True)  # type: ignore[union-attr]
             self.db.execute(_SOURCES)
             self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
                             [str(SCHEMA_VERSION)])
+
+    def _add_scrub_columns(self) -> None:
+        """A version 1 table gains the scrub's columns, counters starting at 0."""
+        present = self.db["replicas"].columns_dict
+        for column in ("scrubbed_at", *_SCRUB_COUNTERS):
+            if column not in present:
+                default = None if column == "scrubbed_at" else 0
+                self.db["replicas"].add_column(  # type: ignore[union-attr]
+                    column, _REPLICA_COLUMNS[column], not_null_default=default)
 
     # --- reading ------------------------------------------------------------------------
 

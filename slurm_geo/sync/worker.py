@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, StoreUnavailable
 from slurm_geo.ckpt.keys import MasterKeys
-from slurm_geo.ckpt.names import manifest_name, promoted_name
+from slurm_geo.ckpt.manifest import with_bases
+from slurm_geo.ckpt.names import key_name, manifest_name, pack_name, promoted_name
 from slurm_geo.ckpt.open_store import paced
 from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.ckpt.replicate import copy_checkpoint
@@ -36,7 +37,7 @@ from slurm_geo.ckpt.retry import is_permanent
 from slurm_geo.ckpt.store import Store
 from slurm_geo.daemon.events import event
 from slurm_geo.sync.planner import retry_delay_s
-from slurm_geo.sync.state import Replica, StateDB, Status
+from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status
 
 log = logging.getLogger("slurm_geo.sync")
 T = TypeVar("T")
@@ -94,6 +95,7 @@ class Limits:
 
 class Outcome(Enum):
     VERIFIED = "verified"
+    SCRUBBED = "scrubbed"        # re-read by the scrub, and sound
     CORRUPTED = "corrupted"
     OUTAGE = "outage"            # a store was unreachable: try again when it is back
     RETRY = "retry"              # failed; tried again after a backoff
@@ -107,6 +109,7 @@ class Result:
     outcome: Outcome
     detail: str = ""
     side: str = ""  # for an outage: "root" or "destination"
+    bytes_read: int = 0  # from the destination, by verification or the scrub
 
 
 class Attempt:
@@ -155,6 +158,90 @@ class Attempt:
             log.exception("event=attempt_crashed run=%s step=%d", replica.run, replica.step)
             return self._failed(replica, f"{type(exc).__name__}: {exc}")
 
+    def scrub(self, replica: Replica) -> Result:
+        """Re-read the VERIFIED `replica` whole; on damage mark it (and the verified
+        replicas of its run sharing a damaged pack) CORRUPTED and queue each again while
+        the source still has it. Never raises; a failed scrub changes no status."""
+        self._replica = replica
+        try:
+            return self._scrub(replica)
+        except Interrupted:
+            return Result(replica.id, Outcome.INTERRUPTED)
+        except StoreUnavailable as exc:
+            return Result(replica.id, Outcome.OUTAGE, str(exc), getattr(exc, "side",
+                                                                         "destination"))
+        except (AttemptTimedOut, CkptError, StaleStatus) as exc:
+            event(log, "scrub_failed", logging.WARNING, run=replica.run, step=replica.step,
+                  destination=replica.destination, error=exc or type(exc).__name__)
+            return Result(replica.id, Outcome.RETRY, str(exc))
+        finally:
+            self._write_transfers()
+
+    def _scrub(self, replica: Replica) -> Result:
+        started = self._clock()
+        self._destination.bytes_read = 0
+        replica_repo = Repository(self._destination, self._keys)
+        faults = replica_repo.verify(replica.run, replica.step)
+        for fault in faults:
+            if isinstance(fault, StoreUnavailable):
+                raise fault
+        read = self._destination.bytes_read
+        self._record_read(started)
+        now = self._clock()
+        scrubbed = {"scrubbed_at": now, "scrubbed_bytes": ("+", read)}
+        if not faults:
+            self._state.update(replica.id, Status.VERIFIED, now, **scrubbed)
+            event(log, "scrubbed", run=replica.run, step=replica.step,
+                  destination=replica.destination, bytes=read)
+            return Result(replica.id, Outcome.SCRUBBED, bytes_read=read)
+        damaged = {f.name for f in faults}
+        sharing = [r for r in self._state.replicas(
+            "run = ? AND destination = ? AND status = ? AND id != ?",
+            [replica.run, replica.destination, Status.VERIFIED.value, replica.id])
+            if self._needs_any(replica_repo, r, damaged)]
+        detail = "; ".join(str(f) for f in faults[:3])
+        self._drop_damaged(faults)
+        for found in [replica, *sharing]:
+            self._destination.delete(manifest_name(found.run, found.step))
+            self._state.move(found.id, Status.VERIFIED, Status.CORRUPTED, now,
+                             corruptions=("+", 1), scrub_findings=("+", 1), last_error=detail,
+                             **(scrubbed if found is replica else {}))
+            event(log, "scrub_corrupted", logging.ERROR, run=found.run, step=found.step,
+                  destination=found.destination, error=detail)
+        for found in [replica, *sharing]:  # once none of them counts as verified
+            self._repoint_latest(found, replica_repo)
+            self._repair(found)
+        return Result(replica.id, Outcome.CORRUPTED, detail, bytes_read=read)
+
+    def _needs_any(self, replica_repo: Repository, other: Replica, names: set[str]) -> bool:
+        """Whether `other`'s checkpoint at the destination reads one of the objects `names`."""
+        try:
+            manifest = replica_repo.manifest(other.run, other.step)
+        except StoreUnavailable:
+            raise
+        except CkptError:
+            return True  # its manifest is damaged too: it needs repair as well
+        needed = {pack_name(r.pack) for r in with_bases(manifest.refs())}
+        return bool(needed & names) or key_name(other.run) in names
+
+    def _repair(self, replica: Replica) -> None:
+        """Queue a corrupted replica again, fresh attempts and all, while its source still
+        holds the checkpoint (an unreachable source is taken to: the planner skips the
+        replica if the next scan does not find it)."""
+        try:
+            held = self._source.exists(manifest_name(replica.run, replica.step))
+        except StoreUnavailable:
+            held = True
+        if not held:
+            event(log, "unrepairable", logging.ERROR, run=replica.run, step=replica.step,
+                  destination=replica.destination, reason="the source no longer has it")
+            return
+        now = self._clock()
+        self._state.move(replica.id, Status.CORRUPTED, Status.PENDING, now, charged=0,
+                         next_attempt_at=now, repairing=1)
+        event(log, "repairing", logging.WARNING, run=replica.run, step=replica.step,
+              destination=replica.destination)
+
     # --- copy and verify ----------------------------------------------------------------
 
     def _copy(self, replica: Replica) -> None:
@@ -189,9 +276,11 @@ class Attempt:
         self._carry_promotion(replica)
         now = self._clock()
         created = _timestamp(metadata.created_at) or replica.discovered_at
+        repaired = {"repairs": ("+", 1), "repairing": 0} if replica.repairing else {}
         self._state.move(replica.id, Status.REPLICATED, Status.VERIFIED, now, verified_at=now,
                          created_at=created, lag_s=max(0.0, now - created),
-                         manifest_sha256=hashlib.sha256(sealed).hexdigest(), last_error=None)
+                         manifest_sha256=hashlib.sha256(sealed).hexdigest(), last_error=None,
+                         **repaired)
         event(log, "verified", run=replica.run, step=replica.step,
               destination=replica.destination, lag_s=round(max(0.0, now - created), 3))
         return Result(replica.id, Outcome.VERIFIED)
@@ -212,11 +301,8 @@ class Attempt:
                    faults: list[CkptError]) -> Result:
         """Take the replica out of reach of any resume, then flag it. Damaged packs and keys
         are deleted, so that the next copy (or `sync retry`) puts good ones in their place."""
-        destination = self._destination
-        for fault in faults:
-            if isinstance(fault, CorruptObject) and fault.name.startswith(("packs/", "keys/")):
-                destination.delete(fault.name)
-        destination.delete(manifest_name(replica.run, replica.step))
+        self._drop_damaged(faults)
+        self._destination.delete(manifest_name(replica.run, replica.step))
         self._repoint_latest(replica, replica_repo)
         detail = "; ".join(str(f) for f in faults[:3])
         self._state.move(replica.id, Status.REPLICATED, Status.CORRUPTED, self._clock(),
@@ -224,6 +310,12 @@ class Attempt:
         event(log, "corrupted", logging.ERROR, run=replica.run, step=replica.step,
               destination=replica.destination, faults=len(faults), error=detail)
         return Result(replica.id, Outcome.CORRUPTED, detail)
+
+    def _drop_damaged(self, faults: list[CkptError]) -> None:
+        """Delete damaged packs and keys, so that the next copy puts good ones in place."""
+        for fault in faults:
+            if isinstance(fault, CorruptObject) and fault.name.startswith(("packs/", "keys/")):
+                self._destination.delete(fault.name)
 
     def _repoint_latest(self, replica: Replica, replica_repo: Repository) -> None:
         try:

@@ -7,18 +7,21 @@ two bytecodes of whatever the main thread was doing. The training loop polls
 `requested` once per step, saves a final checkpoint, waits for the write, and then calls
 `requeue_and_exit()`:
 
-1. `request_requeue()` runs `scontrol requeue $SLURM_JOB_ID`. A batch job that exits on
-   its own is *not* requeued by Slurm (`--requeue` covers node failure and preemption),
-   so the job asks for it. Slurm then ends this incarnation and queues the job again; the
-   next incarnation resumes from the checkpoint.
+1. `request_requeue()` marks the requeue as planned in the job's comment (`scontrol
+   update JobId=$SLURM_JOB_ID Comment=geo:planned-requeue=N ...`, what the user wrote
+   kept: slurm_geo.policy.restarts), so it never counts toward the site's max_restarts,
+   then runs `scontrol requeue $SLURM_JOB_ID`. A batch job that exits on its own is
+   *not* requeued by Slurm (`--requeue` covers node failure and preemption), so the job
+   asks for it. Slurm then ends this incarnation and queues the job again; the next
+   incarnation resumes from the checkpoint.
 2. The process exits with `EXIT_REQUEUE` (75, `EX_TEMPFAIL`: "try again later"). Where
    `scontrol` is not usable, a batch script can test for 75 and requeue itself, or an
    admin can list 75 in slurm.conf's `RequeueExit` for the same effect.
 
-This is the one Slurm command on the training side. It lives here rather than in
+These are the only Slurm commands on the training side. They live here rather than in
 `slurm_geo.slurm` because it runs on a compute node inside the job, with none of the
 controller-side configuration (clusters, REST endpoints) that package is built around,
-and it needs nothing but the job's own id.
+and they need nothing but the job's own id.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import Any, NoReturn
+
+from slurm_geo.policy.restarts import with_planned_mark
 
 EXIT_REQUEUE = 75  # sysexits.h EX_TEMPFAIL: state saved, run again to continue
 
@@ -44,6 +49,7 @@ def request_requeue(env: Mapping[str, str] = os.environ, run: Runner = subproces
     if not job_id:
         log.info("not in a Slurm job (SLURM_JOB_ID is unset); nothing to requeue")
         return False
+    _mark_planned(job_id, env, run)
     command = ["scontrol", "requeue", job_id]
     try:
         result = run(command, capture_output=True, text=True, timeout=60, check=False)
@@ -56,6 +62,26 @@ def request_requeue(env: Mapping[str, str] = os.environ, run: Runner = subproces
         return False
     log.info("job %s requeued", job_id)
     return True
+
+
+def _mark_planned(job_id: str, env: Mapping[str, str], run: Runner) -> None:
+    """Mark this incarnation's requeue as planned; without the mark it merely counts."""
+    restart = env.get("SLURM_RESTART_COUNT", "0")
+    read = ["squeue", "--noheader", f"--jobs={job_id}", "--format=%k"]
+    try:
+        shown = run(read, capture_output=True, text=True, timeout=60, check=False)
+        current = (shown.stdout or "").strip() if shown.returncode == 0 else ""
+        comment = with_planned_mark("" if current == "(null)" else current,
+                                    int(restart) if restart.isdigit() else 0)
+        update = ["scontrol", "update", f"JobId={job_id}", f"Comment={comment}"]
+        marked = run(update, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("marking the requeue of job %s as planned failed: %s; it counts toward "
+                    "max_restarts", job_id, exc)
+        return
+    if marked.returncode != 0:
+        log.warning("marking the requeue of job %s as planned failed: %s; it counts toward "
+                    "max_restarts", job_id, (marked.stderr or "").strip())
 
 
 class RequeueOnSignal:
