@@ -42,8 +42,8 @@ lint:
 	ruff check .
 	mypy slurm_geo
 
-test: install lint  ## the whole suite, against the real sandbox
-	$(PYTHON) -m pytest -q
+test: install lint  ## the whole suite, against the real sandbox; the slowest 30 listed
+	$(PYTHON) -m pytest -q --durations=30
 
 test-quick: lint  ## skips tests marked slow
 	$(PYTHON) -m pytest -q -m "not slow"

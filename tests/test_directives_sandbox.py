@@ -100,7 +100,8 @@ BAD = [
     ("bad-data-class", [CC, "--geo-data-class=secret"],
      "geo: --geo-data-class: 'secret' is not one of public, internal, restricted"),
     ("bad-cost", [CC, "--geo-max-cost=lots"],
-     "geo: --geo-max-cost: 'lots' is not an amount of USD greater than 0 (e.g. 250 or 99.50)"),
+     "geo: --geo-max-cost: 'lots' is not an amount of USD greater than 0, with at most 6 "
+     "decimals (e.g. 250, 99.50 or 0.001)"),
     ("bad-failover", [CC, "--geo-failover=maybe"],
      "geo: --geo-failover: 'maybe' is not one of auto, manual, never"),
     ("auto-without-ckpt", [CC, "--geo-failover=auto"],

@@ -308,6 +308,7 @@ def slurm_geo(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_sandbox_wan_and_exec_act_on_the_sandboxs_sites(tmp_path):
     layout = SandboxLayout(tmp_path / "sandbox")
+    layout.root.mkdir()  # a sandbox directory whose sites are down; a missing one is refused
     assert slurm_geo("wan", "--dir", str(layout.root)).stderr.strip() == (
         f"slurm-geo: error: {netns.NOT_UP}")
     topo = netns.up_sites(layout, 120)

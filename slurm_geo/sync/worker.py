@@ -178,15 +178,8 @@ class Attempt:
             self._write_transfers()
 
     def _scrub(self, replica: Replica) -> Result:
-        started = self._clock()
-        self._destination.bytes_read = 0
-        replica_repo = Repository(self._destination, self._keys)
-        faults = replica_repo.verify(replica.run, replica.step)
-        for fault in faults:
-            if isinstance(fault, StoreUnavailable):
-                raise fault
+        replica_repo, faults = self._read_back(replica)
         read = self._destination.bytes_read
-        self._record_read(started)
         now = self._clock()
         scrubbed = {"scrubbed_at": now, "scrubbed_bytes": ("+", read)}
         if not faults:
@@ -261,14 +254,7 @@ class Attempt:
               packs_present=report.packs_present, bytes=report.bytes_copied)
 
     def _verify(self, replica: Replica) -> Result:
-        started = self._clock()
-        self._destination.bytes_read = 0
-        replica_repo = Repository(self._destination, self._keys)
-        faults = replica_repo.verify(replica.run, replica.step)
-        for fault in faults:
-            if isinstance(fault, StoreUnavailable):
-                raise fault
-        self._record_read(started)
+        replica_repo, faults = self._read_back(replica)
         if faults:
             return self._corrupted(replica, replica_repo, faults)
         sealed = self._destination.get(manifest_name(replica.run, replica.step))
@@ -395,6 +381,19 @@ class Attempt:
             rows, self._unwritten = self._unwritten, []
         for row in rows:
             self._state.record_transfer(self._replica, row)
+
+    def _read_back(self, replica: Replica) -> tuple[Repository, list[CkptError]]:
+        """Read the replica back from the destination in full: its damage, if any. An
+        outage raises instead: what cannot be read is not known to be damaged."""
+        started = self._clock()
+        self._destination.bytes_read = 0
+        replica_repo = Repository(self._destination, self._keys)
+        faults = replica_repo.verify(replica.run, replica.step)
+        for fault in faults:
+            if isinstance(fault, StoreUnavailable):
+                raise fault
+        self._record_read(started)
+        return replica_repo, faults
 
     def _record_read(self, started: float) -> None:
         """Verification reads the replica back: traffic out of the destination's region."""
