@@ -14,7 +14,7 @@ import mmap
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, overload
+from typing import IO, overload
 
 from slurm_geo.ckpt.manifest import DTYPE_SIZES, TensorEntry
 from slurm_geo.ckpt.repository import Tensor
@@ -99,7 +99,7 @@ def gathered(region: memoryview, itemsize: int, shape: tuple[int, ...],
     elements = numpy.frombuffer(region, dtype=numpy.dtype(f"V{itemsize}"))
     view = as_strided(elements, shape=shape, strides=tuple(s * itemsize for s in stride),
                       writeable=False)
-    return memoryview(numpy.ascontiguousarray(view).reshape(-1).view(numpy.uint8))
+    return numpy.ascontiguousarray(view).reshape(-1).view(numpy.uint8).data
 
 
 @dataclass
@@ -113,7 +113,7 @@ class ChunkFeed:
             yield next(self.chunks)
 
 
-def write_chunks(out: BinaryIO, feed: ChunkFeed, entry: TensorEntry) -> None:
+def write_chunks(out: IO[bytes], feed: ChunkFeed, entry: TensorEntry) -> None:
     for chunk in feed.tensor_chunks(entry):
         out.write(chunk)
 
