@@ -23,13 +23,16 @@ def parent_step(steps: Sequence[int], step: int) -> int | None:
     return max(earlier) if earlier else None
 
 
-def push_torch_file(repository: Repository, path: Path, run: str, metadata: Metadata,
-                    delta: bool = False) -> tuple[Manifest, int]:
-    """Save the file's state as `metadata.global_step` of `run`; the manifest and bytes."""
+def push_torch_file(repository: Repository, path: Path, run: str, metadata: Metadata
+                    ) -> tuple[Manifest, int]:
+    """Save the file's state as `metadata.global_step` of `run`; the manifest and bytes.
+
+    The run's previous step is the parent: unchanged chunks are stored once, and changed
+    ones as deltas where the writer finds that deltas pay (`writer.DeltaProbe`)."""
     source = read_torch_file(path)
     parent = parent_step(repository.steps(run), metadata.global_step)
     manifest = repository.write_checkpoint(run, source.tensors, source.extra_state, metadata,
-                                           parent=parent, delta=delta and parent is not None)
+                                           parent=parent, delta=parent is not None)
     return manifest, source.tensors.nbytes
 
 

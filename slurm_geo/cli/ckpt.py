@@ -156,13 +156,10 @@ def ckpt() -> None:
                             "checkpoint directory holding several).")
 @click.option("--step", type=click.IntRange(min=0),
               help="Step (required for a torch.save file; default: the run's latest).")
-@click.option("--delta", is_flag=True,
-              help="A torch.save file: store changed chunks as deltas against the run's "
-                   "previous step, as Checkpointer(delta=True) does (for fine-tuning).")
 @key_file_option
 @json_option
-def push(path: Path, store_url: str, run: str | None, step: int | None, delta: bool,
-         key_file: Path, as_json: bool) -> None:
+def push(path: Path, store_url: str, run: str | None, step: int | None, key_file: Path,
+         as_json: bool) -> None:
     """Push PATH to a store: a checkpoint directory written by slurm-geo, or a plain
     torch.save file of a state dict (read without torch: only tensors and plain values are
     unpickled), saved with the run's previous step as parent."""
@@ -181,8 +178,7 @@ def push(path: Path, store_url: str, run: str | None, step: int | None, delta: b
     else:
         if run is None or step is None:
             raise ConfigError(f"{path} is a torch.save file: give --run RUN --step N")
-        result = _push_torch_file(path, Repository(destination, master_keys), run, step,
-                                  delta)
+        result = _push_torch_file(path, Repository(destination, master_keys), run, step)
     _report(result, as_json, "pushed {run}@{step}")
 
 
@@ -482,7 +478,7 @@ def _copy_with_progress(source, source_store, destination, run: str, step: int):
         return copy_checkpoint(source, source_store, destination, run, step, on_pack=advance)
 
 
-def _push_torch_file(path: Path, repository, run: str, step: int, delta: bool) -> dict:
+def _push_torch_file(path: Path, repository, run: str, step: int) -> dict:
     """Without torch: the file is read through a restricted unpickler, mapped."""
     from slurm_geo.ckpt import Metadata
     from slurm_geo.ckpt.files import push_torch_file
@@ -491,7 +487,7 @@ def _push_torch_file(path: Path, repository, run: str, step: int, delta: bool) -
                         created_at=datetime.now(UTC).isoformat(),
                         cluster=os.environ.get("SLURM_CLUSTER_NAME", ""),
                         job_id=os.environ.get("SLURM_JOB_ID", ""))
-    manifest, nbytes = push_torch_file(repository, path, run, metadata, delta=delta)
+    manifest, nbytes = push_torch_file(repository, path, run, metadata)
     return {"run": run, "step": step, "parent": manifest.parent_step,
             "tensors": len(manifest.tensors), "bytes": nbytes}
 
