@@ -217,3 +217,18 @@ assert "torch" not in sys.modules, "torch was imported"
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert done.returncode == 0, done.stderr
     assert_same(torch.load(tmp_path / "out.pt", weights_only=True), trained_state())
+
+
+def test_a_contiguous_tensor_reaches_the_writer_a_chunk_at_a_time(tmp_path):
+    """Each chunk its own map, let go of once written: a 4 GB tensor is never resident."""
+    from slurm_geo.ckpt.repository import StreamedTensor
+
+    weights = torch.randn(3000)
+    torch.save({"w": weights, "t": torch.zeros(3, 2).t()}, tmp_path / "in.pt")
+    streamed, gathered = read_torch_file(tmp_path / "in.pt").tensors
+
+    assert isinstance(streamed, StreamedTensor) and len(streamed.data) == 12_000
+    chunks = list(streamed.data.chunks(4096))
+    assert [len(c) for c in chunks] == [4096, 4096, 3808]
+    assert b"".join(chunks) == weights.numpy().tobytes()
+    assert bytes(gathered.data) == bytes(24)  # a transposed view, gathered into a copy

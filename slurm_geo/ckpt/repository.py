@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from slurm_geo.ckpt.chunking import content_defined_chunks, fixed_chunks
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, ImmutableCheckpoint, ObjectMissing
@@ -65,6 +65,13 @@ from slurm_geo.ckpt.store import Bytes, Store
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, ChunkWriter, WriteOptions
 
 
+class ChunkedBytes(Protocol):
+    """Bytes handed to the writer a chunk at a time (a region of a file, mapped as read)."""
+
+    def __len__(self) -> int: ...
+    def chunks(self, chunk_size: int) -> Iterator[memoryview]: ...
+
+
 class Tensor(NamedTuple):
     """One state-dict entry: C-contiguous little-endian bytes of `dtype` and `shape`."""
 
@@ -72,6 +79,15 @@ class Tensor(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     data: Bytes
+
+
+class StreamedTensor(NamedTuple):
+    """A tensor to write whose bytes come a chunk at a time (`Tensor`'s, otherwise)."""
+
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: ChunkedBytes
 
 
 @dataclass(frozen=True)
@@ -96,8 +112,9 @@ class Repository:
         self._run_keys: dict[str, RunKeys] = {}
 
     def write_checkpoint(
-        self, run: str, tensors: Sequence[Tensor], extra_state: Bytes, metadata: Metadata,
-        parent: int | None = None, delta: bool = False, unchanged: Collection[str] = (),
+        self, run: str, tensors: Sequence[Tensor | StreamedTensor], extra_state: Bytes,
+        metadata: Metadata, parent: int | None = None, delta: bool = False,
+        unchanged: Collection[str] = (),
         before_commit: Callable[[], None] = lambda: None,
     ) -> Manifest:
         """Save a checkpoint at `metadata.global_step`; `parent` (a step) enables dedup/delta.
@@ -122,9 +139,10 @@ class Repository:
             return self._write(run, name, tensors, extra_state, metadata, parent_manifest,
                                delta, frozenset(unchanged), before_commit)
 
-    def _write(self, run: str, name: str, tensors: Sequence[Tensor], extra_state: Bytes,
-               metadata: Metadata, parent_manifest: Manifest | None, delta: bool,
-               unchanged: frozenset[str], before_commit: Callable[[], None]) -> Manifest:
+    def _write(self, run: str, name: str, tensors: Sequence[Tensor | StreamedTensor],
+               extra_state: Bytes, metadata: Metadata, parent_manifest: Manifest | None,
+               delta: bool, unchanged: frozenset[str], before_commit: Callable[[], None]
+               ) -> Manifest:
         parent = None if parent_manifest is None else parent_manifest.step
         chunk_size = self._options.chunk_size
         sharing = _sharing(parent_manifest)
@@ -395,11 +413,13 @@ def check_promotion(payload: bytes, name: str, run: str, step: int) -> None:
                             f"not {run}@{step}")
 
 
-def add_tensor(writer: ChunkWriter, tensor: Tensor, chunk_size: int,
+def add_tensor(writer: ChunkWriter, tensor: Tensor | StreamedTensor, chunk_size: int,
                bases: tuple[ChunkRef, ...] = ()) -> list[int]:
     """The tensor's chunk slots; chunk i may be a delta against the parent's chunk i."""
     element_size = PLANE_DTYPES.get(tensor.dtype, 1)
-    chunks = fixed_chunks(_bytes_view(tensor.data), chunk_size)
+    data = tensor.data
+    chunks = (fixed_chunks(_bytes_view(data), chunk_size)
+              if isinstance(data, bytes | bytearray | memoryview) else data.chunks(chunk_size))
     return [writer.add(c, element_size, bases[i] if i < len(bases) else None)
             for i, c in enumerate(chunks)]
 
@@ -408,7 +428,7 @@ def _bytes_view(data: Bytes) -> memoryview:
     return memoryview(data).cast("B")
 
 
-def check_tensors(tensors: Sequence[Tensor]) -> None:
+def check_tensors(tensors: Sequence[Tensor | StreamedTensor]) -> None:
     """Refuse bad input before anything is written."""
     paths = set()
     for path, dtype, shape, data in tensors:
@@ -419,8 +439,10 @@ def check_tensors(tensors: Sequence[Tensor]) -> None:
             raise ValueError(f"tensor {path!r}: unknown dtype {dtype!r}")
         if not all(type(d) is int and d >= 0 for d in shape):
             raise ValueError(f"tensor {path!r}: shape {shape!r} is not a sequence of sizes")
-        if len(_bytes_view(data)) != tensor_nbytes(dtype, tuple(shape)):
-            raise ValueError(f"tensor {path!r}: {len(_bytes_view(data))} bytes do not hold "
+        nbytes = (len(_bytes_view(data)) if isinstance(data, bytes | bytearray | memoryview)
+                  else len(data))
+        if nbytes != tensor_nbytes(dtype, tuple(shape)):
+            raise ValueError(f"tensor {path!r}: {nbytes} bytes do not hold "
                              f"{dtype}{list(shape)}")
 
 
@@ -456,7 +478,7 @@ def _reusable_chunks(parent: Manifest | None, chunk_size: int,
     return {t.path: t for t in parent.tensors if t.path in unchanged}
 
 
-def _same_as(reusable: dict[str, TensorEntry], tensor: Tensor) -> bool:
+def _same_as(reusable: dict[str, TensorEntry], tensor: Tensor | StreamedTensor) -> bool:
     entry = reusable.get(tensor.path)
     return entry is not None and (entry.dtype, entry.shape) == (tensor.dtype, tuple(tensor.shape))
 

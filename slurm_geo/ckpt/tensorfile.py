@@ -1,10 +1,12 @@
 """Tensor files on disk, mapped a tensor at a time, and written a chunk at a time.
 
 A push of a 4 GB file must not hold 4 GB: `FileTensors` is the sequence of checkpoint
-tensors a file holds, each one memory-mapped only while the writer holds it (its pages
-leave the process when the map does). A pull writes each tensor's bytes chunk by chunk as
-the store reader hands them over. `slurm_geo.ckpt.torchfile` and
-`slurm_geo.ckpt.safetensors` say where in the file each tensor lies.
+tensors a file holds, each a `FileRegion` mapped a chunk at a time as the writer takes it
+(a chunk's pages leave the process when the writer lets go of the chunk: a mapping of
+the whole tensor would keep every page it read resident until the tensor is done). A
+pull writes each tensor's bytes chunk by chunk as the store reader hands them over.
+`slurm_geo.ckpt.torchfile` and `slurm_geo.ckpt.safetensors` say where in the file each
+tensor lies.
 """
 
 from __future__ import annotations
@@ -17,10 +19,29 @@ from pathlib import Path
 from typing import IO, overload
 
 from slurm_geo.ckpt.manifest import DTYPE_SIZES, TensorEntry
-from slurm_geo.ckpt.repository import Tensor
+from slurm_geo.ckpt.repository import StreamedTensor, Tensor
 from slurm_geo.ckpt.skeleton import TensorFileError
 
-Loader = Callable[[], memoryview]
+
+@dataclass(frozen=True)
+class FileRegion:
+    """Bytes `start` to `start + length` of the file at `path`."""
+
+    path: Path
+    start: int
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+    def chunks(self, chunk_size: int) -> Iterator[memoryview]:
+        for offset in range(0, self.length, chunk_size):
+            yield map_range(self.path, self.start + offset,
+                            min(chunk_size, self.length - offset))
+
+
+# The tensor's C-contiguous bytes: where they lie in the file, or a copy gathered from it.
+Loader = Callable[[], FileRegion | memoryview]
 
 
 @dataclass(frozen=True)
@@ -28,7 +49,7 @@ class FileTensor:
     path: str
     dtype: str
     shape: tuple[int, ...]
-    load: Loader  # the tensor's C-contiguous bytes
+    load: Loader
 
 
 @dataclass(frozen=True)
@@ -39,8 +60,8 @@ class TensorFile:
     extra_state: bytes
 
 
-class FileTensors(Sequence[Tensor]):
-    """Checkpoint tensors whose bytes are mapped from the file each time one is taken."""
+class FileTensors(Sequence[Tensor | StreamedTensor]):
+    """Checkpoint tensors whose bytes are read from the file as the writer takes them."""
 
     def __init__(self, tensors: list[FileTensor]):
         self._tensors = tensors
@@ -49,16 +70,20 @@ class FileTensors(Sequence[Tensor]):
         return len(self._tensors)
 
     @overload
-    def __getitem__(self, index: int) -> Tensor: ...
+    def __getitem__(self, index: int) -> Tensor | StreamedTensor: ...
 
     @overload
-    def __getitem__(self, index: slice) -> Sequence[Tensor]: ...
+    def __getitem__(self, index: slice) -> Sequence[Tensor | StreamedTensor]: ...
 
-    def __getitem__(self, index: int | slice) -> Tensor | Sequence[Tensor]:
+    def __getitem__(self, index: int | slice
+                    ) -> Tensor | StreamedTensor | Sequence[Tensor | StreamedTensor]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         t = self._tensors[index]
-        return Tensor(t.path, t.dtype, t.shape, t.load())
+        data = t.load()
+        if isinstance(data, FileRegion):
+            return StreamedTensor(t.path, t.dtype, t.shape, data)
+        return Tensor(t.path, t.dtype, t.shape, data)
 
     @property
     def nbytes(self) -> int:

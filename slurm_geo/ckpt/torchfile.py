@@ -40,6 +40,7 @@ from slurm_geo.ckpt.skeleton import (
 )
 from slurm_geo.ckpt.tensorfile import (
     ChunkFeed,
+    FileRegion,
     FileTensor,
     FileTensors,
     TensorFile,
@@ -148,7 +149,7 @@ def _loader(path: Path, tensor: _StoredTensor):
     numel = math.prod(tensor.shape)
     start = tensor.storage.offset + tensor.offset * size
     if numel == 0 or is_contiguous(tensor.shape, tensor.stride):
-        return lambda: map_range(path, start, numel * size)
+        return lambda: FileRegion(path, start, numel * size)
     span = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride, strict=True))
     return lambda: gathered(map_range(path, start, span * size), size, tensor.shape,
                             tensor.stride)
