@@ -12,7 +12,13 @@ from pathlib import Path
 import numpy
 import pytest
 
-from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, create_master_key_file
+from slurm_geo.ckpt import (
+    LocalDirStore,
+    Metadata,
+    Repository,
+    create_master_key_file,
+    load_master_key,
+)
 from slurm_geo.ckpt.files import pull_torch_file, push_torch_file
 from slurm_geo.ckpt.safetensors import is_safetensors_file, read_safetensors_file
 from slurm_geo.ckpt.skeleton import TensorFileError
@@ -243,3 +249,24 @@ def test_the_cli_pushes_and_pulls_a_safetensors_file_without_importing_torch(tmp
     assert result.returncode == 0, result.stderr
     assert sections(tmp_path / "back.safetensors") == sections(tmp_path / "m.safetensors")
     assert numpy.array_equal(load_file(tmp_path / "back.safetensors")["w"], arrays["w"])
+
+
+def test_a_multi_rank_checkpoint_is_not_pulled_as_safetensors(tmp_path):
+    from test_ckpt_sharded import RUN as SHARDED_RUN
+    from test_ckpt_sharded import save_on_two_ranks
+
+    key_file = tmp_path / "master.key"
+    create_master_key_file(key_file)
+    (tmp_path / "store").mkdir()
+    save_on_two_ranks(Repository(LocalDirStore(tmp_path / "store"), load_master_key(key_file)),
+                      step=1)
+    target = tmp_path / "m.safetensors"
+
+    result = subprocess.run(
+        [sys.executable, "-m", "slurm_geo", "ckpt", "pull", f"{SHARDED_RUN}@1", "--from",
+         f"file://{tmp_path / 'store'}", "--to", str(target), "--key-file", str(key_file)],
+        capture_output=True, text=True, timeout=120, check=False)
+
+    assert result.returncode == 3, result.stderr
+    assert "multi-rank checkpoint: pull it to FILE.pt or a directory" in result.stderr
+    assert "Traceback" not in result.stderr and not target.exists()
