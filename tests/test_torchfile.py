@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository
-from slurm_geo.ckpt.files import pull_torch_file, push_torch_file
+from slurm_geo.ckpt.files import pull_tensor_file, push_tensor_file
 from slurm_geo.ckpt.skeleton import TensorFileError
 from slurm_geo.ckpt.torchfile import read_torch_file
 
@@ -83,8 +83,8 @@ def test_a_pushed_training_state_pulls_back_equal_and_loads_with_weights_only(
     state = trained_state()
     torch.save(state, tmp_path / "in.pt")
 
-    push_torch_file(repository, tmp_path / "in.pt", "ft", metadata(1))
-    pull_torch_file(repository, "ft", 1, tmp_path / "out.pt")
+    push_tensor_file(repository, tmp_path / "in.pt", "ft", metadata(1))
+    pull_tensor_file(repository, "ft", 1, tmp_path / "out.pt")
 
     assert_same(torch.load(tmp_path / "out.pt", weights_only=True), state)
     assert_same(torch.load(tmp_path / "out.pt", weights_only=True, mmap=True), state)
@@ -106,12 +106,12 @@ def test_the_next_step_of_a_run_takes_the_previous_as_parent_and_stores_only_cha
         tmp_path, repository):
     frozen = {"base": torch.randn(256, 1024), "head": torch.zeros(16)}
     torch.save(frozen, tmp_path / "1.pt")
-    push_torch_file(repository, tmp_path / "1.pt", "ft", metadata(1))
+    push_tensor_file(repository, tmp_path / "1.pt", "ft", metadata(1))
     frozen["head"] += 1
     torch.save(frozen, tmp_path / "2.pt")
     stored_before = stored_bytes(repository)
 
-    manifest, nbytes = push_torch_file(repository, tmp_path / "2.pt", "ft", metadata(2))
+    manifest, nbytes = push_tensor_file(repository, tmp_path / "2.pt", "ft", metadata(2))
 
     assert manifest.parent_step == 1 and nbytes == (256 * 1024 + 16) * 4
     assert stored_bytes(repository) - stored_before < 16 * 1024  # the head and the skeleton
@@ -153,7 +153,7 @@ def test_a_hostile_pickle_is_refused_without_running_anything(tmp_path, reposito
     path = hostile_file(tmp_path / "evil.pt", pickle.dumps(payload(marker), protocol=2))
 
     with pytest.raises(TensorFileError, match=named) as refused:
-        push_torch_file(repository, path, "ft", metadata(1))
+        push_tensor_file(repository, path, "ft", metadata(1))
 
     assert not marker.exists() and "evil.pt" in str(refused.value)
     assert repository.runs() == []
@@ -205,12 +205,12 @@ import os
 import sys
 from pathlib import Path
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository
-from slurm_geo.ckpt.files import pull_torch_file, push_torch_file
+from slurm_geo.ckpt.files import pull_tensor_file, push_tensor_file
 root = Path({str(tmp_path)!r})
 (root / "store").mkdir()
 repository = Repository(LocalDirStore(root / "store"), os.urandom(32))
-push_torch_file(repository, root / "in.pt", "ft", Metadata(1, 1, 0, None, "", "", ""))
-pull_torch_file(repository, "ft", 1, root / "out.pt")
+push_tensor_file(repository, root / "in.pt", "ft", Metadata(1, 1, 0, None, "", "", ""))
+pull_tensor_file(repository, "ft", 1, root / "out.pt")
 assert "torch" not in sys.modules, "torch was imported"
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""Push a torch.save file into a store and pull a checkpoint out as one, without torch.
+"""Push a torch.save or safetensors file into a store and pull one out, without torch.
 
 Both stream: a push maps each tensor from the file only while the writer holds it; a pull
 writes each chunk into the file as the reader verifies it, holding a few chunks and packs.
@@ -12,8 +12,14 @@ from pathlib import Path
 from slurm_geo.ckpt.manifest import Manifest, Metadata
 from slurm_geo.ckpt.reader import fetch_pool, ordered_map, prefetched, worker_pool
 from slurm_geo.ckpt.repository import Repository
+from slurm_geo.ckpt.safetensors import (
+    SUFFIX,
+    is_safetensors_file,
+    read_safetensors_file,
+    write_safetensors_file,
+)
 from slurm_geo.ckpt.skeleton import parse_skeleton
-from slurm_geo.ckpt.tensorfile import ChunkFeed
+from slurm_geo.ckpt.tensorfile import ChunkFeed, TensorFile
 from slurm_geo.ckpt.torchfile import read_torch_file, write_torch_file
 
 
@@ -23,30 +29,39 @@ def parent_step(steps: Sequence[int], step: int) -> int | None:
     return max(earlier) if earlier else None
 
 
-def push_torch_file(repository: Repository, path: Path, run: str, metadata: Metadata
+def push_tensor_file(repository: Repository, path: Path, run: str, metadata: Metadata
                     ) -> tuple[Manifest, int]:
     """Save the file's state as `metadata.global_step` of `run`; the manifest and bytes.
 
     The run's previous step is the parent: unchanged chunks are stored once, and changed
     ones as deltas where the writer finds that deltas pay (`writer.DeltaProbe`)."""
-    source = read_torch_file(path)
+    source = read_tensor_file(path)
     parent = parent_step(repository.steps(run), metadata.global_step)
     manifest = repository.write_checkpoint(run, source.tensors, source.extra_state, metadata,
                                            parent=parent, delta=parent is not None)
     return manifest, source.tensors.nbytes
 
 
-def pull_torch_file(repository: Repository, run: str, step: int, path: Path) -> None:
-    """Write checkpoint `step` of `run` as a torch.save file at `path` (via a temporary)."""
+def pull_tensor_file(repository: Repository, run: str, step: int, path: Path) -> None:
+    """Write checkpoint `step` of `run` at `path` (via a temporary): a safetensors file if
+    its name ends in .safetensors, else a torch.save file."""
     manifest = repository.manifest(run, step)
     state = parse_skeleton(repository.read_extra_state(run, step))
     partial = path.with_name(path.name + ".partial")
     try:
         with chunk_stream(repository, manifest) as chunks:
-            write_torch_file(partial, state, manifest.tensors, ChunkFeed(chunks))
+            write = write_safetensors_file if path.suffix == SUFFIX else write_torch_file
+            write(partial, state, manifest.tensors, ChunkFeed(chunks))
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def read_tensor_file(path: Path) -> TensorFile:
+    """A safetensors file (by its header, or its suffix for the error), else torch.save."""
+    if path.suffix == SUFFIX or is_safetensors_file(path):
+        return read_safetensors_file(path)
+    return read_torch_file(path)
 
 
 class chunk_stream:  # noqa: N801 - a context manager read as a function

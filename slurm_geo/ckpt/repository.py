@@ -90,6 +90,9 @@ class StreamedTensor(NamedTuple):
     data: ChunkedBytes
 
 
+TensorToWrite = Tensor | StreamedTensor
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     manifest: Manifest
@@ -112,9 +115,8 @@ class Repository:
         self._run_keys: dict[str, RunKeys] = {}
 
     def write_checkpoint(
-        self, run: str, tensors: Sequence[Tensor | StreamedTensor], extra_state: Bytes,
-        metadata: Metadata, parent: int | None = None, delta: bool = False,
-        unchanged: Collection[str] = (),
+        self, run: str, tensors: Sequence[TensorToWrite], extra_state: Bytes, metadata: Metadata,
+        parent: int | None = None, delta: bool = False, unchanged: Collection[str] = (),
         before_commit: Callable[[], None] = lambda: None,
     ) -> Manifest:
         """Save a checkpoint at `metadata.global_step`; `parent` (a step) enables dedup/delta.
@@ -139,10 +141,9 @@ class Repository:
             return self._write(run, name, tensors, extra_state, metadata, parent_manifest,
                                delta, frozenset(unchanged), before_commit)
 
-    def _write(self, run: str, name: str, tensors: Sequence[Tensor | StreamedTensor],
-               extra_state: Bytes, metadata: Metadata, parent_manifest: Manifest | None,
-               delta: bool, unchanged: frozenset[str], before_commit: Callable[[], None]
-               ) -> Manifest:
+    def _write(self, run: str, name: str, tensors: Sequence[TensorToWrite], extra_state: Bytes,
+               metadata: Metadata, parent_manifest: Manifest | None, delta: bool,
+               unchanged: frozenset[str], before_commit: Callable[[], None]) -> Manifest:
         parent = None if parent_manifest is None else parent_manifest.step
         chunk_size = self._options.chunk_size
         sharing = _sharing(parent_manifest)
@@ -413,7 +414,7 @@ def check_promotion(payload: bytes, name: str, run: str, step: int) -> None:
                             f"not {run}@{step}")
 
 
-def add_tensor(writer: ChunkWriter, tensor: Tensor | StreamedTensor, chunk_size: int,
+def add_tensor(writer: ChunkWriter, tensor: TensorToWrite, chunk_size: int,
                bases: tuple[ChunkRef, ...] = ()) -> list[int]:
     """The tensor's chunk slots; chunk i may be a delta against the parent's chunk i."""
     element_size = PLANE_DTYPES.get(tensor.dtype, 1)
@@ -428,7 +429,7 @@ def _bytes_view(data: Bytes) -> memoryview:
     return memoryview(data).cast("B")
 
 
-def check_tensors(tensors: Sequence[Tensor | StreamedTensor]) -> None:
+def check_tensors(tensors: Sequence[TensorToWrite]) -> None:
     """Refuse bad input before anything is written."""
     paths = set()
     for path, dtype, shape, data in tensors:
@@ -478,7 +479,7 @@ def _reusable_chunks(parent: Manifest | None, chunk_size: int,
     return {t.path: t for t in parent.tensors if t.path in unchanged}
 
 
-def _same_as(reusable: dict[str, TensorEntry], tensor: Tensor | StreamedTensor) -> bool:
+def _same_as(reusable: dict[str, TensorEntry], tensor: TensorToWrite) -> bool:
     entry = reusable.get(tensor.path)
     return entry is not None and (entry.dtype, entry.shape) == (tensor.dtype, tuple(tensor.shape))
 

@@ -152,17 +152,18 @@ def ckpt() -> None:
 @ckpt.command()
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @store_option("--to", "Destination store")
-@click.option("--run", help="Run id (required for a torch.save file; picks the run of a "
-                            "checkpoint directory holding several).")
+@click.option("--run", help="Run id (required for a torch.save or safetensors file; picks "
+                            "the run of a checkpoint directory holding several).")
 @click.option("--step", type=click.IntRange(min=0),
-              help="Step (required for a torch.save file; default: the run's latest).")
+              help="Step (required for a torch.save or safetensors file; default: the run's "
+                   "latest).")
 @key_file_option
 @json_option
 def push(path: Path, store_url: str, run: str | None, step: int | None, key_file: Path,
          as_json: bool) -> None:
-    """Push PATH to a store: a checkpoint directory written by slurm-geo, or a plain
+    """Push PATH to a store: a checkpoint directory written by slurm-geo, a plain
     torch.save file of a state dict (read without torch: only tensors and plain values are
-    unpickled), saved with the run's previous step as parent."""
+    unpickled) or a safetensors file, saved with the run's previous step as parent."""
     from slurm_geo.ckpt import LocalDirStore, Repository, load_master_key
 
     master_keys = load_master_key(key_file)
@@ -177,8 +178,9 @@ def push(path: Path, store_url: str, run: str | None, step: int | None, key_file
                   "packs_present": report.packs_present, "bytes_copied": report.bytes_copied}
     else:
         if run is None or step is None:
-            raise ConfigError(f"{path} is a torch.save file: give --run RUN --step N")
-        result = _push_torch_file(path, Repository(destination, master_keys), run, step)
+            raise ConfigError(f"{path} is a torch.save or safetensors file: give --run RUN "
+                              "--step N")
+        result = _push_tensor_file(path, Repository(destination, master_keys), run, step)
     _report(result, as_json, "pushed {run}@{step}")
 
 
@@ -188,8 +190,8 @@ def push(path: Path, store_url: str, run: str | None, step: int | None, key_file
 @click.option("--to", "path", required=True, type=click.Path(path_type=Path),
               help="A directory (gets a verified copy of the checkpoint; of a multi-rank "
                    "one, a DCP checkpoint that torch.distributed.checkpoint reads with "
-                   "FileSystemReader), or FILE.pt (gets a torch.save file of the state "
-                   "dict).")
+                   "FileSystemReader), FILE.pt (gets a torch.save file of the state "
+                   "dict), or FILE.safetensors (a state dict of named tensors only).")
 @key_file_option
 @json_option
 def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool) -> None:
@@ -206,8 +208,8 @@ def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool)
     run, step = _parse_target(target, source, store_url)
     if source.manifest(run, step).sharded is not None:
         result = _pull_multi_rank(store_url, key_file, run, step, path)
-    elif path.suffix == ".pt":
-        result = _pull_torch_file(source, run, step, path)
+    elif path.suffix in (".pt", ".safetensors"):
+        result = _pull_tensor_file(source, run, step, path)
     else:
         path.mkdir(parents=True, exist_ok=True)
         local = LocalDirStore(path)
@@ -478,30 +480,34 @@ def _copy_with_progress(source, source_store, destination, run: str, step: int):
         return copy_checkpoint(source, source_store, destination, run, step, on_pack=advance)
 
 
-def _push_torch_file(path: Path, repository, run: str, step: int) -> dict:
+def _push_tensor_file(path: Path, repository, run: str, step: int) -> dict:
     """Without torch: the file is read through a restricted unpickler, mapped."""
     from slurm_geo.ckpt import Metadata
-    from slurm_geo.ckpt.files import push_torch_file
+    from slurm_geo.ckpt.files import push_tensor_file
 
     metadata = Metadata(global_step=step, optimizer_step=step, epoch=0, loss=None,
                         created_at=datetime.now(UTC).isoformat(),
                         cluster=os.environ.get("SLURM_CLUSTER_NAME", ""),
                         job_id=os.environ.get("SLURM_JOB_ID", ""))
-    manifest, nbytes = push_torch_file(repository, path, run, metadata)
+    manifest, nbytes = push_tensor_file(repository, path, run, metadata)
     return {"run": run, "step": step, "parent": manifest.parent_step,
             "tensors": len(manifest.tensors), "bytes": nbytes}
 
 
-def _pull_torch_file(repository, run: str, step: int, path: Path) -> dict:
-    """Without torch, streaming: a file torch.load(weights_only=True) reads."""
-    from slurm_geo.ckpt.files import pull_torch_file
+def _pull_tensor_file(repository, run: str, step: int, path: Path) -> dict:
+    """Without torch, streaming: a file torch.load(weights_only=True) reads, or a
+    safetensors file."""
+    from slurm_geo.ckpt.files import pull_tensor_file
 
-    pull_torch_file(repository, run, step, path)
+    pull_tensor_file(repository, run, step, path)
     return {"run": run, "step": step, "to": str(path)}
 
 
 def _pull_multi_rank(store_url: str, key_file: Path, run: str, step: int, path: Path) -> dict:
     """A DCP checkpoint directory, or FILE.pt: files torch reads without slurm-geo."""
+    if path.suffix == ".safetensors":
+        raise ConfigError(f"{run}@{step} is a multi-rank checkpoint: pull it to FILE.pt or a "
+                          "directory, not to a safetensors file")
     try:
         from slurm_geo.torch.dcp_export import (
             load_whole_state,
