@@ -324,13 +324,16 @@ def render(results: dict) -> str:
           f"{r['ours']['max_rss'] / MB:.0f} / {r['restic']['max_rss'] / MB:.0f} MB"]
          for r in results["pulls"]]))
     check = results["check"]
+    ours, theirs = check["ours"], check["restic"]
     out += ["", "### `ckpt check --read-data` next to `restic check --read-data` (both "
             "series in one store each)", "", table(
-                ["store", "slurm-geo", "restic", "×", "CPU s ours / restic"],
+                ["store", "slurm-geo", "restic", "×", "CPU s ours / restic",
+                 "peak RSS ours / restic"],
                 [[f"{check['ours_store'] / MB:.0f} MB ours, {check['restic_repo'] / MB:.0f} MB "
-                  "restic", f"{check['ours']['wall']:.2f} s", f"{check['restic']['wall']:.2f} s",
-                  f"{check['restic']['wall'] / check['ours']['wall']:.2f}×",
-                  f"{check['ours']['cpu']:.1f} / {check['restic']['cpu']:.1f}"]])]
+                  "restic", f"{ours['wall']:.2f} s", f"{theirs['wall']:.2f} s",
+                  f"{theirs['wall'] / ours['wall']:.2f}×",
+                  f"{ours['cpu']:.1f} / {theirs['cpu']:.1f}",
+                  f"{ours['max_rss'] / MB:.0f} / {theirs['max_rss'] / MB:.0f} MB"]])]
     big = results["rss"]
     if big:
         out += ["", f"### Peak memory: push and pull of a {big['file'] / 2**30:.1f} GiB "
@@ -341,8 +344,8 @@ def render(results: dict) -> str:
                       f"{big[name]['anon_peak'] / MB:.0f} MB"] for name in ("push", "pull")])]
     out += ["", "### Targets", "", table(
         ["target", "measured", ""],
-        [[v["target"], f"{v['measured']:.2f}" + ("" if "RSS" in v["target"] else "×") +
-          (" MB" if "RSS" in v["target"] else ""), "met" if v["met"] else "**not met**"]
+        [[v["target"], f"{v['measured']:.0f} MB" if "RSS" in v["target"] else
+          f"{v['measured']:.3f}×", "met" if v["met"] else "**not met**"]
          for v in results["verdicts"]])]
     return "\n".join(out) + "\n"
 
