@@ -1,15 +1,18 @@
 """Push a torch.save or safetensors file into a store and pull one out, without torch.
 
-Both stream: a push maps each tensor from the file only while the writer holds it; a pull
-writes each chunk into the file as the reader verifies it, holding a few chunks and packs.
+Both stream: a push maps each chunk from the file only while the writer holds it; a pull
+writes each chunk into its place in the file as a worker verifies it, holding a few
+chunks and packs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import os
+import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
-from slurm_geo.ckpt.manifest import Manifest, Metadata
+from slurm_geo.ckpt.manifest import ChunkRef, Manifest, Metadata
 from slurm_geo.ckpt.reader import fetch_pool, ordered_map, prefetched, worker_pool
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.safetensors import (
@@ -19,8 +22,9 @@ from slurm_geo.ckpt.safetensors import (
     write_safetensors_file,
 )
 from slurm_geo.ckpt.skeleton import parse_skeleton
-from slurm_geo.ckpt.tensorfile import ChunkFeed, TensorFile
+from slurm_geo.ckpt.tensorfile import TensorFile
 from slurm_geo.ckpt.torchfile import read_torch_file, write_torch_file
+from slurm_geo.ckpt.ziparchive import crc32_combine
 
 
 def parent_step(steps: Sequence[int], step: int) -> int | None:
@@ -49,9 +53,8 @@ def pull_tensor_file(repository: Repository, run: str, step: int, path: Path) ->
     state = parse_skeleton(repository.read_extra_state(run, step))
     partial = path.with_name(path.name + ".partial")
     try:
-        with chunk_stream(repository, manifest) as chunks:
-            write = write_safetensors_file if path.suffix == SUFFIX else write_torch_file
-            write(partial, state, manifest.tensors, ChunkFeed(chunks))
+        write = write_safetensors_file if path.suffix == SUFFIX else write_torch_file
+        write(partial, state, manifest.tensors, PlacedChunks(repository, manifest))
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)
@@ -64,23 +67,46 @@ def read_tensor_file(path: Path) -> TensorFile:
     return read_torch_file(path)
 
 
-class chunk_stream:  # noqa: N801 - a context manager read as a function
-    """Every chunk of the manifest's tensors, in order, verified, a window at a time."""
+class PlacedChunks:
+    """Fills a file's tensors with a manifest's chunks: read, verified and written in place
+    (`os.pwrite`) by worker threads, a window of chunks at a time; each tensor's CRC-32,
+    combined from its chunks' (`ziparchive.Fill`)."""
 
     def __init__(self, repository: Repository, manifest: Manifest):
         self._repository, self._manifest = repository, manifest
 
-    def __enter__(self) -> Iterator[bytearray]:
+    def __call__(self, fd: int, starts: Sequence[int]) -> list[int]:
         options = self._repository.options
         reader = self._repository.chunk_reader(self._manifest)
-        self._pool = worker_pool(options.threads, "slurm-geo-read")
-        self._fetcher = fetch_pool(options.threads)
-        refs = [ref for entry in self._manifest.tensors for ref in entry.chunks]
-        jobs = prefetched(refs, lambda ref: ref, reader, self._fetcher, options.window)
-        self._chunks = ordered_map(reader.read, jobs, self._pool, options.window)
-        return self._chunks
+        jobs = [(ref, start + position, index)
+                for index, (entry, start) in enumerate(zip(self._manifest.tensors, starts,
+                                                           strict=True))
+                for ref, position in _positions(entry.chunks)]
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._chunks.close()  # cancel the read-ahead before the pools wait for it
-        self._pool.shutdown(wait=True)
-        self._fetcher.shutdown(wait=True)
+        def place(job: tuple[ChunkRef, int, int]) -> tuple[int, int, int]:
+            ref, offset, index = job
+            data = reader.read(ref)
+            os.pwrite(fd, data, offset)
+            return index, zlib.crc32(data), len(data)
+
+        crcs: list[int | None] = [None] * len(starts)
+        pool, fetcher = worker_pool(options.threads, "slurm-geo-read"), fetch_pool(options.threads)
+        placed = ordered_map(place, prefetched(jobs, lambda job: job[0], reader, fetcher,
+                                               options.window), pool, options.window)
+        try:
+            for index, crc, length in placed:
+                before = crcs[index]
+                crcs[index] = crc if before is None else crc32_combine(before, crc, length)
+        finally:
+            placed.close()  # cancel the read-ahead before the pools wait for it
+            pool.shutdown(wait=True)
+            fetcher.shutdown(wait=True)
+        return [0 if crc is None else crc for crc in crcs]  # None: an empty tensor
+
+
+def _positions(chunks: Sequence[ChunkRef]) -> list[tuple[ChunkRef, int]]:
+    position, placed = 0, []
+    for ref in chunks:
+        placed.append((ref, position))
+        position += ref.size
+    return placed

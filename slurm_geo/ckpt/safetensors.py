@@ -7,7 +7,7 @@ reference implementation does (its 100 MB bound; every byte of the data section 
 to exactly one tensor, none overlap) and maps each tensor from the file (`FileTensors`);
 the skeleton is the flat mapping of names to tensors, `__metadata__` kept in it so a pull
 writes it back. Writing needs such a flat state: the header goes first, its offsets known
-from the manifest's shapes, then each tensor's chunks as the reader hands them over.
+from the manifest's shapes, then each tensor's chunks, written in place as they arrive.
 """
 
 from __future__ import annotations
@@ -22,14 +22,8 @@ from typing import Any
 
 from slurm_geo.ckpt.manifest import DTYPE_SIZES, TensorEntry
 from slurm_geo.ckpt.skeleton import TensorFileError, encode_skeleton, walk_skeleton
-from slurm_geo.ckpt.tensorfile import (
-    ChunkFeed,
-    FileRegion,
-    FileTensor,
-    FileTensors,
-    TensorFile,
-    write_chunks,
-)
+from slurm_geo.ckpt.tensorfile import FileRegion, FileTensor, FileTensors, TensorFile
+from slurm_geo.ckpt.ziparchive import Fill
 
 MAX_HEADER_SIZE = 100_000_000  # the reference implementation's bound
 METADATA_KEY = "__metadata__"
@@ -177,9 +171,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 # --- writing ----------------------------------------------------------------------------
 
 def write_safetensors_file(path: Path, state: Any, tensors: Sequence[TensorEntry],
-                           feed: ChunkFeed) -> None:
-    """A safetensors file of the skeleton's flat `state`, its tensors' bytes taken from
-    `feed` in manifest order (one chunk at a time)."""
+                           fill: Fill) -> None:
+    """A safetensors file of the skeleton's flat `state`, the bytes of each of `tensors`
+    (in manifest order) written in place by `fill`."""
     names, metadata = _flat_names(state)
     unnamed = [t.path for t in tensors if t.path not in names]
     if unnamed:
@@ -200,8 +194,9 @@ def write_safetensors_file(path: Path, state: Any, tensors: Sequence[TensorEntry
     encoded += b" " * (-len(encoded) % 8)  # as the reference pads it: the data 8-aligned
     with open(path, "wb") as out:
         out.write(struct.pack("<Q", len(encoded)) + encoded)
-        for entry in tensors:
-            write_chunks(out, feed, entry)
+        out.flush()
+        data = out.tell()
+        fill(out.fileno(), [data + header[names[t.path]]["data_offsets"][0] for t in tensors])
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,7 @@
 A push of a 4 GB file must not hold 4 GB: `FileTensors` is the sequence of checkpoint
 tensors a file holds, each a `FileRegion` mapped a chunk at a time as the writer takes it
 (a chunk's pages leave the process when the writer lets go of the chunk: a mapping of
-the whole tensor would keep every page it read resident until the tensor is done). A
-pull writes each tensor's bytes chunk by chunk as the store reader hands them over.
+the whole tensor would keep every page it read resident until the tensor is done).
 `slurm_geo.ckpt.torchfile` and `slurm_geo.ckpt.safetensors` say where in the file each
 tensor lies.
 """
@@ -16,9 +15,9 @@ import mmap
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, overload
+from typing import overload
 
-from slurm_geo.ckpt.manifest import DTYPE_SIZES, TensorEntry
+from slurm_geo.ckpt.manifest import DTYPE_SIZES
 from slurm_geo.ckpt.repository import StreamedTensor, Tensor
 from slurm_geo.ckpt.skeleton import TensorFileError
 
@@ -125,22 +124,6 @@ def gathered(region: memoryview, itemsize: int, shape: tuple[int, ...],
     view = as_strided(elements, shape=shape, strides=tuple(s * itemsize for s in stride),
                       writeable=False)
     return numpy.ascontiguousarray(view).reshape(-1).view(numpy.uint8).data
-
-
-@dataclass
-class ChunkFeed:
-    """The chunks of the manifest's tensors, in order, as one iterator hands them over."""
-
-    chunks: Iterator[memoryview | bytes | bytearray]
-
-    def tensor_chunks(self, entry: TensorEntry) -> Iterator[memoryview | bytes | bytearray]:
-        for _ref in entry.chunks:
-            yield next(self.chunks)
-
-
-def write_chunks(out: IO[bytes], feed: ChunkFeed, entry: TensorEntry) -> None:
-    for chunk in feed.tensor_chunks(entry):
-        out.write(chunk)
 
 
 def check_dtype(dtype: str, where: str) -> None:

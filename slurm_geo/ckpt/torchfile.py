@@ -12,9 +12,9 @@ rebuild functions, storage classes, dtypes, `torch.Size`, `torch.device`,
 file, before anything is called. Tensors come out mapped from the file (`FileTensors`).
 
 Writing emits the pickle opcodes directly (torch itself could not be imported to pickle
-its own functions by reference) in the form `torch.load(weights_only=True)` accepts, and
-streams each storage into the archive as it arrives, aligned to 64 bytes as torch does
-(so `torch.load(mmap=True)` maps them).
+its own functions by reference) in the form `torch.load(weights_only=True)` accepts; the
+storages, aligned to 64 bytes as torch aligns them (so `torch.load(mmap=True)` maps them),
+are written in place as the chunks arrive (`slurm_geo.ckpt.ziparchive`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_geo.ckpt.manifest import DTYPE_SIZES, TensorEntry
+from slurm_geo.ckpt.manifest import DTYPE_SIZES, TensorEntry, tensor_nbytes
 from slurm_geo.ckpt.skeleton import (
     TensorFileError,
     TorchName,
@@ -39,7 +39,6 @@ from slurm_geo.ckpt.skeleton import (
     walk_skeleton,
 )
 from slurm_geo.ckpt.tensorfile import (
-    ChunkFeed,
     FileRegion,
     FileTensor,
     FileTensors,
@@ -49,8 +48,8 @@ from slurm_geo.ckpt.tensorfile import (
     gathered,
     is_contiguous,
     map_range,
-    write_chunks,
 )
+from slurm_geo.ckpt.ziparchive import Fill, Member, write_archive
 
 # torch's legacy storage classes by the dtype they hold; other dtypes use UntypedStorage.
 STORAGE_CLASSES = {
@@ -257,33 +256,20 @@ def _ints(values: Any) -> bool:
 # --- writing ----------------------------------------------------------------------------
 
 def write_torch_file(path: Path, state: Any, tensors: Sequence[TensorEntry],
-                     feed: ChunkFeed) -> None:
-    """A torch.save file of the skeleton's `state`, its tensors' bytes taken from `feed`
-    in manifest order (one chunk at a time)."""
+                     fill: Fill) -> None:
+    """A torch.save file of the skeleton's `state`, the storage of each of `tensors` (in
+    manifest order) written in place by `fill`."""
     if sys.byteorder != "little":
         raise TensorFileError("the checkpoint format is little-endian; this host is not")
     keys = {t.path: str(i) for i, t in enumerate(tensors)}
     pickled = walk_skeleton(state, _Pickler(keys, {t.path: t for t in tensors}))
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-        archive.writestr(f"{ARCHIVE}/data.pkl", b"\x80\x02" + pickled + b".")
-        archive.writestr(f"{ARCHIVE}/byteorder", b"little")
-        for entry in tensors:
-            nbytes = DTYPE_SIZES[entry.dtype] * math.prod(entry.shape)
-            with archive.open(_aligned(archive, f"{ARCHIVE}/data/{keys[entry.path]}", nbytes),
-                              "w") as out:
-                write_chunks(out, feed, entry)
-        archive.writestr(f"{ARCHIVE}/version", b"3\n")
-
-
-def _aligned(archive: zipfile.ZipFile, name: str, nbytes: int) -> zipfile.ZipInfo:
-    """An entry whose data starts on an ALIGNMENT boundary (padded as torch pads them)."""
-    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-    info.file_size = nbytes
-    zip64 = 20 if nbytes * 1.05 > zipfile.ZIP64_LIMIT else 0  # zipfile's own rule
-    header = archive.start_dir + 30 + len(name.encode()) + 4 + zip64
-    padding = -header % ALIGNMENT
-    info.extra = b"FB" + struct.pack("<H", padding) + b"Z" * padding
-    return info
+    write_archive(path, [
+        Member(f"{ARCHIVE}/data.pkl", b"\x80\x02" + pickled + b"."),
+        Member(f"{ARCHIVE}/byteorder", b"little"),
+        *(Member(f"{ARCHIVE}/data/{keys[t.path]}", size=tensor_nbytes(t.dtype, t.shape),
+                 alignment=ALIGNMENT) for t in tensors),
+        Member(f"{ARCHIVE}/version", b"3\n"),
+    ], fill)
 
 
 def _str(text: str) -> bytes:
