@@ -6,7 +6,7 @@ writes each chunk into the file as the reader verifies it, holding a few chunks 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from slurm_geo.ckpt.manifest import Manifest, Metadata
@@ -24,26 +24,43 @@ def parent_step(steps: Sequence[int], step: int) -> int | None:
 
 
 def push_torch_file(repository: Repository, path: Path, run: str, metadata: Metadata,
-                    delta: bool = False) -> tuple[Manifest, int]:
-    """Save the file's state as `metadata.global_step` of `run`; the manifest and bytes."""
+                    delta: bool = False,
+                    on_bytes: Callable[[int, int], None] = lambda _d, _t: None,
+                    ) -> tuple[Manifest, int]:
+    """Save the file's state as `metadata.global_step` of `run`; the manifest and bytes.
+    `on_bytes(done, total)` follows the tensors' bytes read from the file."""
     source = read_torch_file(path)
     parent = parent_step(repository.steps(run), metadata.global_step)
     manifest = repository.write_checkpoint(run, source.tensors, source.extra_state, metadata,
-                                           parent=parent, delta=delta and parent is not None)
+                                           parent=parent, delta=delta and parent is not None,
+                                           on_bytes=on_bytes)
     return manifest, source.tensors.nbytes
 
 
-def pull_torch_file(repository: Repository, run: str, step: int, path: Path) -> None:
-    """Write checkpoint `step` of `run` as a torch.save file at `path` (via a temporary)."""
+def pull_torch_file(repository: Repository, run: str, step: int, path: Path,
+                    on_bytes: Callable[[int, int], None] = lambda _d, _t: None) -> None:
+    """Write checkpoint `step` of `run` as a torch.save file at `path` (via a temporary).
+    `on_bytes(done, total)` follows the tensors' bytes written."""
     manifest = repository.manifest(run, step)
     state = parse_skeleton(repository.read_extra_state(run, step))
     partial = path.with_name(path.name + ".partial")
     try:
         with chunk_stream(repository, manifest) as chunks:
-            write_torch_file(partial, state, manifest.tensors, ChunkFeed(chunks))
+            write_torch_file(partial, state, manifest.tensors,
+                             ChunkFeed(_counted(chunks, manifest, on_bytes)))
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _counted(chunks: Iterator[bytearray], manifest: Manifest,
+             on_bytes: Callable[[int, int], None]) -> Iterator[bytearray]:
+    """The chunks, each counted as it is handed to the file."""
+    total, done = sum(ref.size for entry in manifest.tensors for ref in entry.chunks), 0
+    for chunk in chunks:
+        done += len(chunk)
+        on_bytes(done, total)
+        yield chunk
 
 
 class chunk_stream:  # noqa: N801 - a context manager read as a function
