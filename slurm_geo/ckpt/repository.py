@@ -313,26 +313,7 @@ class Repository:
         except CkptError as exc:
             return [exc]
         reader = ChunkReader(self._store, self._keys(run), manifest.format)
-
-        def fault_of(ref: ChunkRef) -> CkptError | None:
-            try:
-                reader.read(ref)
-            except CkptError as exc:
-                return exc
-            return None
-
-        faults: dict[str, CkptError] = {}
-        # One read per stored copy, not per id: ranks of a multi-rank save each store the
-        # chunks they hold (equal ones too, zeros say) in their own packs (§7.5).
-        unique = dict.fromkeys(manifest.refs())
-        tally = _Tally(sum(ref.size for ref in unique), on_bytes)
-        with worker_pool(self._options.threads, "slurm-geo-verify") as pool:
-            for ref, fault in zip(unique, ordered_map(fault_of, unique, pool,
-                                                      self._options.window), strict=True):
-                tally.add(ref.size)
-                if fault is not None:
-                    faults.setdefault(fault.name, fault)
-        return list(faults.values())
+        return _faults(manifest, reader, self._options, on_bytes)
 
     def _tensors(self, manifest: Manifest, reader: ChunkReader) -> Iterator[Tensor]:
         """Chunks are decoded straight into each tensor's buffer, `window` at a time,
@@ -418,6 +399,30 @@ def add_tensor(writer: ChunkWriter, tensor: Tensor, chunk_size: int,
         slots.append(writer.add(chunk, element_size, bases[i] if i < len(bases) else None))
         on_chunk(len(chunk))
     return slots
+
+
+def _faults(manifest: Manifest, reader: ChunkReader, options: WriteOptions,
+            on_bytes: Callable[[int, int], None]) -> list[CkptError]:
+    """Every chunk of `manifest` read through `reader`: one fault per damaged object."""
+    def fault_of(ref: ChunkRef) -> CkptError | None:
+        try:
+            reader.read(ref)
+        except CkptError as exc:
+            return exc
+        return None
+
+    faults: dict[str, CkptError] = {}
+    # One read per stored copy, not per id: ranks of a multi-rank save each store the
+    # chunks they hold (equal ones too, zeros say) in their own packs (§7.5).
+    unique = dict.fromkeys(manifest.refs())
+    tally = _Tally(sum(ref.size for ref in unique), on_bytes)
+    with worker_pool(options.threads, "slurm-geo-verify") as pool:
+        for ref, fault in zip(unique, ordered_map(fault_of, unique, pool, options.window),
+                              strict=True):
+            tally.add(ref.size)
+            if fault is not None:
+                faults.setdefault(fault.name, fault)
+    return list(faults.values())
 
 
 class _Tally:

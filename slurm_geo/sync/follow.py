@@ -20,7 +20,7 @@ POLL_S = 0.5  # the daemon records a transfer per pack: a few a second at most
 
 def settled(statuses: Iterable[Status]) -> bool:
     """Every replica is where the daemon moves it no further by itself."""
-    return all(status.is_terminal for status in statuses)
+    return all(status.is_terminal() for status in statuses)
 
 
 def succeeded(status: Status) -> bool:
