@@ -246,3 +246,11 @@ def test_a_torch_file_pull_and_push_report_the_tensor_bytes(tmp_path, key_file, 
                        "--step", "2", "--json", *key)
     assert pushed.stderr == "" and json.loads(pushed.stdout)["bytes"] == 3 * MIB
     assert isinstance(json.loads(pushed.stdout)["seconds"], float)
+
+
+def test_the_drills_json_says_the_bytes_and_seconds_of_its_transfers():
+    from test_drill_verdict import report
+
+    summary = report().to_json()
+    assert (summary["bytes"], summary["seconds"]) == (summary["replicated_bytes"],
+                                                      summary["replication_seconds"])
