@@ -42,7 +42,7 @@ def human_seconds(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
-def amount(count: int, unit: str) -> str:
+def _amount(count: int, unit: str) -> str:
     return human_bytes(count) if unit == "bytes" else f"{count} {unit}"
 
 
@@ -51,19 +51,24 @@ def _speed(done: int, elapsed: float, unit: str) -> str:
     return f"{human_bytes(rate)}/s" if unit == "bytes" else f"{rate:.1f} {unit}/s"
 
 
+def _figures(done: int, total: int, unit: str) -> str:
+    return (f"{human_bytes(done)} / {human_bytes(total)}" if unit == "bytes"
+            else f"{done}/{total} {unit}")
+
+
 def bar_line(label: str, done: int, total: int | None, elapsed: float,
              unit: str = "bytes", columns: int = DEFAULT_COLUMNS) -> str:
     """The line drawn while it runs: bar, done / total, throughput and ETA (the ETA and
     the bar only when the total is known), within `columns`."""
     speed = _speed(done, elapsed, unit)
     if not total:
-        return f"{label}  {amount(done, unit)}  {speed}"[:columns]
+        return f"{label}  {_amount(done, unit)}  {speed}"[:columns]
     fraction = min(1.0, done / total)
     eta = human_seconds((total - done) * elapsed / done) if done and elapsed > 0 else "--"
-    figures = (f"{human_bytes(done)} / {human_bytes(total)}" if unit == "bytes"
-               else f"{done}/{total} {unit}")
-    tail = f"{fraction:4.0%}  {figures}  {speed}  ETA {eta}"
-    width = min(BAR_WIDTH, columns - len(label) - len(tail) - 5)
+    tail = f"{fraction:4.0%}  {_figures(done, total, unit)}  {speed}  ETA {eta}"
+    # Room for the longest tail this total can have: the bar keeps its width as it runs.
+    longest = f"100%  {_figures(total, total, unit)}  1023.9 MiB/s  ETA 59m59s"
+    width = min(BAR_WIDTH, columns - len(label) - len(longest) - 5)
     if width < MIN_BAR_WIDTH:
         return f"{label}  {tail}"[:columns]
     filled = round(fraction * width)
@@ -72,7 +77,7 @@ def bar_line(label: str, done: int, total: int | None, elapsed: float,
 
 def final_line(label: str, done: int, elapsed: float, unit: str = "bytes") -> str:
     """The line left on the terminal once it is done."""
-    return f"{label}  {amount(done, unit)} in {elapsed:.1f} s ({_speed(done, elapsed, unit)})"
+    return f"{label}  {_amount(done, unit)} in {elapsed:.1f} s ({_speed(done, elapsed, unit)})"
 
 
 class Progress:
