@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from slurm_geo.ckpt.manifest import ChunkRef, Manifest, Metadata
@@ -33,28 +33,35 @@ def parent_step(steps: Sequence[int], step: int) -> int | None:
     return max(earlier) if earlier else None
 
 
-def push_tensor_file(repository: Repository, path: Path, run: str, metadata: Metadata
-                    ) -> tuple[Manifest, int]:
+OnBytes = Callable[[int, int], None]  # (done, total)
+
+
+def push_tensor_file(repository: Repository, path: Path, run: str, metadata: Metadata,
+                     on_bytes: OnBytes = lambda _d, _t: None) -> tuple[Manifest, int]:
     """Save the file's state as `metadata.global_step` of `run`; the manifest and bytes.
+    `on_bytes` follows the tensors' bytes read from the file.
 
     The run's previous step is the parent: unchanged chunks are stored once, and changed
     ones as deltas where the writer finds that deltas pay (`writer.DeltaProbe`)."""
     source = read_tensor_file(path)
     parent = parent_step(repository.steps(run), metadata.global_step)
     manifest = repository.write_checkpoint(run, source.tensors, source.extra_state, metadata,
-                                           parent=parent, delta=parent is not None)
+                                           parent=parent, delta=parent is not None,
+                                           on_bytes=on_bytes)
     return manifest, source.tensors.nbytes
 
 
-def pull_tensor_file(repository: Repository, run: str, step: int, path: Path) -> None:
+def pull_tensor_file(repository: Repository, run: str, step: int, path: Path,
+                     on_bytes: OnBytes = lambda _d, _t: None) -> None:
     """Write checkpoint `step` of `run` at `path` (via a temporary): a safetensors file if
-    its name ends in .safetensors, else a torch.save file."""
+    its name ends in .safetensors, else a torch.save file. `on_bytes` follows the tensors'
+    bytes written."""
     manifest = repository.manifest(run, step)
     state = parse_skeleton(repository.read_extra_state(run, step))
     partial = path.with_name(path.name + ".partial")
     try:
         write = write_safetensors_file if path.suffix == SUFFIX else write_torch_file
-        write(partial, state, manifest.tensors, PlacedChunks(repository, manifest))
+        write(partial, state, manifest.tensors, PlacedChunks(repository, manifest, on_bytes))
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)
@@ -72,8 +79,8 @@ class PlacedChunks:
     (`os.pwrite`) by worker threads, a window of chunks at a time; each tensor's CRC-32,
     combined from its chunks' (`ziparchive.Fill`)."""
 
-    def __init__(self, repository: Repository, manifest: Manifest):
-        self._repository, self._manifest = repository, manifest
+    def __init__(self, repository: Repository, manifest: Manifest, on_bytes: OnBytes):
+        self._repository, self._manifest, self._on_bytes = repository, manifest, on_bytes
 
     def __call__(self, fd: int, starts: Sequence[int]) -> list[int]:
         options = self._repository.options
@@ -93,8 +100,11 @@ class PlacedChunks:
         pool, fetcher = worker_pool(options.threads, "slurm-geo-read"), fetch_pool(options.threads)
         placed = ordered_map(place, prefetched(jobs, lambda job: job[0], reader, fetcher,
                                                options.window), pool, options.window)
+        total, done = sum(ref.size for ref, _offset, _index in jobs), 0
         try:
             for index, crc, length in placed:
+                done += length
+                self._on_bytes(done, total)
                 before = crcs[index]
                 crcs[index] = crc if before is None else crc32_combine(before, crc, length)
         finally:
