@@ -70,3 +70,4 @@ bench: install
 	$(PYTHON) bench/cli_startup.py
 	$(PYTHON) bench/sandbox_up.py
 	$(PYTHON) bench/prolog_fastpath.py
+	$(PYTHON) bench/cli_vs_restic.py

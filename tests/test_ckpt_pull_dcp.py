@@ -95,8 +95,10 @@ def test_a_dcp_save_pulls_to_a_directory_dcp_loads_and_to_a_torch_file(tmp_path,
 
     pulled = pull(tmp_path, key_file, RUN, tmp_path / "dcp")
     assert pulled.returncode == 0, pulled.stderr
-    assert json.loads(pulled.stdout) == {"run": RUN, "step": 10, "to": str(tmp_path / "dcp"),
-                                         "as": "dcp"}
+    summary = json.loads(pulled.stdout)
+    written = sum(f.stat().st_size for f in (tmp_path / "dcp").rglob("*") if f.is_file())
+    assert summary.pop("bytes") == written and isinstance(summary.pop("seconds"), float)
+    assert summary == {"run": RUN, "step": 10, "to": str(tmp_path / "dcp"), "as": "dcp"}
     assert pulled.stderr == ""
     loaded = like(saved)
     dcp.load(loaded, storage_reader=dcp.FileSystemReader(tmp_path / "dcp"), no_dist=True)

@@ -6,7 +6,9 @@ import dataclasses
 import os
 import random
 import struct
+from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -32,7 +34,7 @@ from slurm_geo.ckpt.names import pack_name
 from slurm_geo.ckpt.pack import Entry, PackReader, PackWriter
 from slurm_geo.ckpt.reader import ChunkReader
 from slurm_geo.ckpt.seal import Kind, open_sealed, seal
-from slurm_geo.ckpt.writer import delta_kind
+from slurm_geo.ckpt.writer import DELTA_LAG, DELTA_PROBES, DeltaProbe, delta_kind
 
 RUN = "run-1"
 CHUNK = 4096
@@ -253,6 +255,57 @@ def test_a_tensor_changed_beyond_recognition_is_stored_on_its_own_in_delta_mode(
     (ref,) = manifest.tensors[0].chunks
     assert ref.base is None
     assert repo.read_checkpoint(RUN, 2).tensors[0].data == floats(count, 2)
+
+
+def tensors_of_chunks(count: int, make) -> list[Tensor]:
+    """`count` one-chunk float32 tensors, the i-th of `make(i)`'s bytes."""
+    return [Tensor(f"w{i}", "float32", (CHUNK // 4,), make(i)) for i in range(count)]
+
+
+def test_deltas_stop_once_the_first_probes_show_they_do_not_pay(repo, monkeypatch):
+    """Re-initialised weights throughout: past DELTA_PROBES attempts (decided DELTA_LAG
+    chunks later), chunks are no longer read against their parents at all."""
+    count = DELTA_PROBES + DELTA_LAG + 6
+    reads: list[str] = []
+    repo.write_checkpoint(RUN, tensors_of_chunks(count, lambda i: floats(CHUNK // 4, i)), b"",
+                          metadata(1))
+    read = ChunkReader.read
+    monkeypatch.setattr(ChunkReader, "read",
+                        lambda self, ref: reads.append(ref.id) or read(self, ref))
+    manifest = repo.write_checkpoint(
+        RUN, tensors_of_chunks(count, lambda i: floats(CHUNK // 4, 1000 + i)), b"",
+        metadata(2), parent=1, delta=True)
+    assert DELTA_PROBES <= len(reads) <= DELTA_PROBES + DELTA_LAG
+    assert all(t.chunks[0].base is None for t in manifest.tensors)
+
+
+def test_deltas_go_on_for_every_chunk_when_the_probes_pay(repo):
+    count = DELTA_PROBES + DELTA_LAG + 6
+    weights = [noise(CHUNK, i) for i in range(count)]
+    repo.write_checkpoint(RUN, tensors_of_chunks(count, weights.__getitem__), b"", metadata(1))
+    tuned = [fine_tune_step(w, 2) for w in weights]
+    manifest = repo.write_checkpoint(RUN, tensors_of_chunks(count, tuned.__getitem__), b"",
+                                     metadata(2), parent=1, delta=True)
+    assert all(t.chunks[0].depth == 1 for t in manifest.tensors)
+    assert [t.data for t in repo.read_checkpoint(RUN, 2).tensors] == tuned
+
+
+@pytest.mark.parametrize("tried, pays", [
+    ([(3600, 4000)] * 4, False),  # deltas saving 10 %: not worth a read and two encodings
+    ([(3000, 4000)] * 4, True),
+    ([None, (100, 4096), (3600, 4000), None, (3600, 4000), (3600, 4000)], True),  # by bytes
+    ([None] * 9, None),  # unchanged chunks (no delta tried) decide nothing
+    ([(100, 4096)] * 3, None),  # too few bytes tried yet
+])
+def test_the_delta_probe_decides_on_the_bytes_of_its_first_attempts(tried, pays):
+    probe = DeltaProbe(chunk_size=4096)
+    for position, attempt in enumerate(tried):
+        assert probe.offer(position)
+        done: Future = Future()
+        done.set_result(SimpleNamespace(size=4096, delta_tried=attempt))
+        probe.probing(position, done)
+    probe.offer(len(tried) + DELTA_LAG)
+    assert probe.deltas_pay is pays
 
 
 def test_a_sparse_blob_in_a_pack_older_than_version_3_is_corrupt(store, monkeypatch):

@@ -137,23 +137,37 @@ class _Inventory:
 def check_store(store: Store, master_keys: bytes | MasterKeys,
                 read: PackSelection | None = None, *, threads: int = 0,
                 random: _random.Random | None = None,
-                monotonic: Callable[[], float] = time.monotonic) -> CheckReport:
-    """Check every run in `store`; read the packs `read` selects (none when None)."""
+                monotonic: Callable[[], float] = time.monotonic,
+                on_manifests: Callable[[int, int], None] = lambda _d, _t: None,
+                on_bytes: Callable[[int, int], None] = lambda _d, _t: None) -> CheckReport:
+    """Check every run in `store`; read the packs `read` selects (none when None).
+    `on_manifests(done, total)` follows the manifests opened, run by run; then
+    `on_bytes(done, total)` the bytes of the packs read."""
     started = monotonic()
     counted = paced(store, "store")
     repository = Repository(counted, master_keys)
     workers = threads or repository.options.threads
     inventory = _Inventory()
     runs = repository.runs()
+    steps = {run: repository.steps(run) for run in runs}
+    opened, manifests = 0, sum(map(len, steps.values()))
     # Manifests before the pack listing: a pack is put before any manifest naming it.
     for run in runs:
-        _check_run(repository, run, inventory, workers)
+        _check_run(repository, run, steps[run], inventory, workers)
+        opened += len(steps[run])
+        on_manifests(opened, manifests)
     sizes = counted.sizes("packs/")
     present = [p for p in inventory.pack_order if _check_size(p, sizes, inventory)]
     referenced = {pack_name(p) for p in inventory.pack_order}
     chosen = [] if read is None else read.choose(present, random or _random.Random())
     if chosen:
-        _read_packs(repository, counted, chosen, inventory, workers)
+        read_bytes, total = 0, sum(sizes[pack_name(p)] for p in chosen)
+
+        def pack_read(pack_id: str) -> None:
+            nonlocal read_bytes
+            read_bytes += sizes[pack_name(pack_id)]
+            on_bytes(read_bytes, total)
+        _read_packs(repository, counted, chosen, inventory, workers, pack_read)
     return CheckReport(
         runs=len(runs), checkpoints=len(inventory.checkpoints), packs=len(referenced),
         unreferenced_packs=len(set(sizes) - referenced), packs_read=len(chosen),
@@ -161,8 +175,8 @@ def check_store(store: Store, master_keys: bytes | MasterKeys,
         damage=tuple(sorted(inventory.damage.values(), key=lambda d: d.object)))
 
 
-def _check_run(repository: Repository, run: str, inventory: _Inventory, workers: int) -> None:
-    steps = repository.steps(run)
+def _check_run(repository: Repository, run: str, steps: list[int], inventory: _Inventory,
+               workers: int) -> None:
     every = [f"{run}@{step}" for step in steps]
     inventory.checkpoints += [(run, step) for step in steps]
     try:
@@ -211,8 +225,9 @@ def _check_size(pack_id: str, sizes: dict[str, int], inventory: _Inventory) -> b
 
 
 def _read_packs(repository: Repository, store: Store, chosen: list[str],
-                inventory: _Inventory, workers: int) -> None:
-    """Each chosen pack read once, on `workers` threads, a few packs in flight."""
+                inventory: _Inventory, workers: int, on_read: Callable[[str], None]) -> None:
+    """Each chosen pack read once, on `workers` threads, a few packs in flight;
+    `on_read(pack_id)` as each one is done with."""
     readers: dict[tuple[str, int], ChunkReader] = {}
     last_use: dict[tuple[str, int], int] = {}
     for index, pack_id in enumerate(chosen):
@@ -245,6 +260,7 @@ def _read_packs(repository: Repository, store: Store, chosen: list[str],
                 # A delta's base may lie in another pack: the fault names that pack.
                 pack = fault.name.removeprefix("packs/").partition("/")[2] or pack_id
                 inventory.found(fault.name, fault, inventory.needed_by.get(pack, ()))
+            on_read(pack_id)
             for key in [k for k, last in last_use.items() if last == index]:
                 del readers[key]  # its run is done: let its cached packs go
 

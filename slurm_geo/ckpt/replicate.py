@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slurm_geo.ckpt.fence import FenceLookup, check_admitted, read_fence
-from slurm_geo.ckpt.manifest import with_bases
+from slurm_geo.ckpt.manifest import Manifest, with_bases
 from slurm_geo.ckpt.names import key_name, manifest_name, pack_name
 from slurm_geo.ckpt.parallel import run_all
 from slurm_geo.ckpt.repository import Repository
@@ -35,18 +35,25 @@ class CopyReport:
 
 def copy_checkpoint(source: Repository, source_store: Store, destination: Store, run: str,
                     step: int, on_pack: Callable[[int, int], None] = lambda _i, _n: None,
-                    fence: FenceLookup = read_fence, streams: int = 1) -> CopyReport:
-    """Copy `run@step`, up to `streams` packs at once; `on_pack(done, total)` is called in
-    the calling thread after each pack is handled. `fence` reads the destination's fence
-    (by default the store's own, strictly). With `streams` above 1 the stores are used from
-    several threads at once."""
+                    fence: FenceLookup = read_fence, streams: int = 1,
+                    on_bytes: Callable[[int, int], None] = lambda _d, _t: None) -> CopyReport:
+    """Copy `run@step`, up to `streams` packs at once; `on_pack(done, total)` and
+    `on_bytes(done, total)` are called in the calling thread after each pack is handled.
+    `fence` reads the destination's fence (by default the store's own, strictly). With
+    `streams` above 1 the stores are used from several threads at once."""
     manifest = source.manifest(run, step)  # opens and validates: never copy a bad manifest
-    packs = sorted({pack_name(r.pack) for r in with_bases(manifest.refs())})
+    extents = pack_extents(manifest)
+    packs = sorted(extents)
     if not destination.exists(key_name(run)):
         _copy(source_store, destination, key_name(run))
     done = itertools.count(1)
+    tally = _ByteTally(extents, on_bytes)
+
+    def handled(name: str, moved: int | None) -> None:
+        on_pack(next(done), len(packs))
+        tally.handled(name, moved)
     moved = run_all(lambda name: _copy_if_missing(source_store, destination, name), packs,
-                    streams, on_done=lambda _name, _moved: on_pack(next(done), len(packs)))
+                    streams, on_done=handled)
     copied = [size for size in moved if size is not None]
     # Checked last, right before the commit point: a fence set during the copy still holds.
     check_admitted(Repository(destination, source.master_keys), manifest, fence)
@@ -54,6 +61,32 @@ def copy_checkpoint(source: Repository, source_store: Store, destination: Store,
     if _destination_latest(source, destination, run) < step:
         _copy_latest_naming(source, destination, run, step)
     return CopyReport(run, step, len(copied), len(packs) - len(copied), sum(copied))
+
+
+def pack_extents(manifest: Manifest) -> dict[str, int]:
+    """Each pack the checkpoint reads (delta bases included), by object name, and how far
+    into it the checkpoint reads: its size, unless later entries belong to others."""
+    extents: dict[str, int] = {}
+    for ref in with_bases(manifest.refs()):
+        name = pack_name(ref.pack)
+        extents[name] = max(extents.get(name, 0), ref.offset + ref.length)
+    return extents
+
+
+class _ByteTally:
+    """The bytes of a copy, as `on_bytes(done, total)`: the total starts as the packs'
+    extents and becomes exact as each copied pack's size is known; a pack the destination
+    has already counts as done at its extent."""
+
+    def __init__(self, extents: dict[str, int], on_bytes: Callable[[int, int], None]):
+        self._extents, self._on_bytes = extents, on_bytes
+        self._done, self._total = 0, sum(extents.values())
+
+    def handled(self, name: str, moved: int | None) -> None:
+        size = self._extents[name] if moved is None else moved
+        self._total += size - self._extents[name]
+        self._done += size
+        self._on_bytes(self._done, self._total)
 
 
 def _copy_if_missing(source: Store, destination: Store, name: str) -> int | None:

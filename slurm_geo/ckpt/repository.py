@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from slurm_geo.ckpt.chunking import content_defined_chunks, fixed_chunks
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, ImmutableCheckpoint, ObjectMissing
@@ -65,6 +65,13 @@ from slurm_geo.ckpt.store import Bytes, Store
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, ChunkWriter, WriteOptions
 
 
+class ChunkedBytes(Protocol):
+    """Bytes handed to the writer a chunk at a time (a region of a file, mapped as read)."""
+
+    def __len__(self) -> int: ...
+    def chunks(self, chunk_size: int) -> Iterator[memoryview]: ...
+
+
 class Tensor(NamedTuple):
     """One state-dict entry: C-contiguous little-endian bytes of `dtype` and `shape`."""
 
@@ -72,6 +79,18 @@ class Tensor(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     data: Bytes
+
+
+class StreamedTensor(NamedTuple):
+    """A tensor to write whose bytes come a chunk at a time (`Tensor`'s, otherwise)."""
+
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: ChunkedBytes
+
+
+TensorToWrite = Tensor | StreamedTensor
 
 
 @dataclass(frozen=True)
@@ -96,9 +115,10 @@ class Repository:
         self._run_keys: dict[str, RunKeys] = {}
 
     def write_checkpoint(
-        self, run: str, tensors: Sequence[Tensor], extra_state: Bytes, metadata: Metadata,
+        self, run: str, tensors: Sequence[TensorToWrite], extra_state: Bytes, metadata: Metadata,
         parent: int | None = None, delta: bool = False, unchanged: Collection[str] = (),
         before_commit: Callable[[], None] = lambda: None,
+        on_bytes: Callable[[int, int], None] = lambda _d, _t: None,
     ) -> Manifest:
         """Save a checkpoint at `metadata.global_step`; `parent` (a step) enables dedup/delta.
 
@@ -111,6 +131,8 @@ class Repository:
         which gives the manifest hashing would. A tensor the parent lacks, or holds with
         another dtype, shape or chunk size, is read and hashed as usual. The hint is
         trusted: a tensor named but changed is saved with the parent's content.
+
+        `on_bytes(done, total)` follows the tensors' bytes handed to the writer.
         """
         name = manifest_name(run, metadata.global_step)
         check_metadata(name, metadata)
@@ -120,11 +142,13 @@ class Repository:
         parent_manifest = None if parent is None else self.manifest(run, parent)
         with push_lock(self._store, self._random_bytes, self._clock):
             return self._write(run, name, tensors, extra_state, metadata, parent_manifest,
-                               delta, frozenset(unchanged), before_commit)
+                               delta, frozenset(unchanged), before_commit,
+                               _Tally(sum(map(_nbytes, tensors)), on_bytes))
 
-    def _write(self, run: str, name: str, tensors: Sequence[Tensor], extra_state: Bytes,
+    def _write(self, run: str, name: str, tensors: Sequence[TensorToWrite], extra_state: Bytes,
                metadata: Metadata, parent_manifest: Manifest | None, delta: bool,
-               unchanged: frozenset[str], before_commit: Callable[[], None]) -> Manifest:
+               unchanged: frozenset[str], before_commit: Callable[[], None],
+               tally: _Tally) -> Manifest:
         parent = None if parent_manifest is None else parent_manifest.step
         chunk_size = self._options.chunk_size
         sharing = _sharing(parent_manifest)
@@ -132,8 +156,10 @@ class Repository:
         bases = _delta_bases(sharing, chunk_size) if delta else {}
         with self.chunk_writer(run, sharing) as writer:
             tensor_slots = [
-                [writer.reuse(r) for r in reusable[t.path].chunks] if _same_as(reusable, t)
-                else add_tensor(writer, t, chunk_size, bases.get((t.path, t.dtype), ()))
+                tally.all_of(t, [writer.reuse(r) for r in reusable[t.path].chunks])
+                if _same_as(reusable, t)
+                else add_tensor(writer, t, chunk_size, bases.get((t.path, t.dtype), ()),
+                                tally.add)
                 for t in tensors
             ]
             extra = _bytes_view(extra_state)
@@ -297,30 +323,16 @@ class Repository:
             self._store.delete(latest_name(run))  # readers fall back to listing manifests
         self._store.delete(name)
 
-    def verify(self, run: str, step: int) -> list[CkptError]:
-        """Read every chunk of a checkpoint; one fault per damaged or missing object."""
+    def verify(self, run: str, step: int,
+               on_bytes: Callable[[int, int], None] = lambda _d, _t: None) -> list[CkptError]:
+        """Read every chunk of a checkpoint; one fault per damaged or missing object.
+        `on_bytes(done, total)` follows the chunks' bytes read."""
         try:
             manifest = self.manifest(run, step)
         except CkptError as exc:
             return [exc]
         reader = ChunkReader(self._store, self._keys(run), manifest.format)
-
-        def fault_of(ref: ChunkRef) -> CkptError | None:
-            try:
-                reader.read(ref)
-            except CkptError as exc:
-                return exc
-            return None
-
-        faults: dict[str, CkptError] = {}
-        # One read per stored copy, not per id: ranks of a multi-rank save each store the
-        # chunks they hold (equal ones too, zeros say) in their own packs (§7.5).
-        unique = dict.fromkeys(manifest.refs())
-        with worker_pool(self._options.threads, "slurm-geo-verify") as pool:
-            for fault in ordered_map(fault_of, unique, pool, self._options.window):
-                if fault is not None:
-                    faults.setdefault(fault.name, fault)
-        return list(faults.values())
+        return _faults(manifest, reader, self._options, on_bytes)
 
     def _tensors(self, manifest: Manifest, reader: ChunkReader) -> Iterator[Tensor]:
         """Chunks are decoded straight into each tensor's buffer, `window` at a time,
@@ -395,20 +407,71 @@ def check_promotion(payload: bytes, name: str, run: str, step: int) -> None:
                             f"not {run}@{step}")
 
 
-def add_tensor(writer: ChunkWriter, tensor: Tensor, chunk_size: int,
-               bases: tuple[ChunkRef, ...] = ()) -> list[int]:
-    """The tensor's chunk slots; chunk i may be a delta against the parent's chunk i."""
+def add_tensor(writer: ChunkWriter, tensor: TensorToWrite, chunk_size: int,
+               bases: tuple[ChunkRef, ...] = (),
+               on_chunk: Callable[[int], None] = lambda _n: None) -> list[int]:
+    """The tensor's chunk slots; chunk i may be a delta against the parent's chunk i.
+    `on_chunk(n)` after each chunk of n bytes is handed to the writer."""
     element_size = PLANE_DTYPES.get(tensor.dtype, 1)
-    chunks = fixed_chunks(_bytes_view(tensor.data), chunk_size)
-    return [writer.add(c, element_size, bases[i] if i < len(bases) else None)
-            for i, c in enumerate(chunks)]
+    data = tensor.data
+    chunks = (fixed_chunks(_bytes_view(data), chunk_size)
+              if isinstance(data, bytes | bytearray | memoryview) else data.chunks(chunk_size))
+    slots = []
+    for i, chunk in enumerate(chunks):
+        slots.append(writer.add(chunk, element_size, bases[i] if i < len(bases) else None))
+        on_chunk(len(chunk))
+    return slots
+
+
+def _faults(manifest: Manifest, reader: ChunkReader, options: WriteOptions,
+            on_bytes: Callable[[int, int], None]) -> list[CkptError]:
+    """Every chunk of `manifest` read through `reader`: one fault per damaged object."""
+    def fault_of(ref: ChunkRef) -> CkptError | None:
+        try:
+            reader.read(ref)
+        except CkptError as exc:
+            return exc
+        return None
+
+    faults: dict[str, CkptError] = {}
+    # One read per stored copy, not per id: ranks of a multi-rank save each store the
+    # chunks they hold (equal ones too, zeros say) in their own packs (§7.5).
+    unique = dict.fromkeys(manifest.refs())
+    tally = _Tally(sum(ref.size for ref in unique), on_bytes)
+    with worker_pool(options.threads, "slurm-geo-verify") as pool:
+        for ref, fault in zip(unique, ordered_map(fault_of, unique, pool, options.window),
+                              strict=True):
+            tally.add(ref.size)
+            if fault is not None:
+                faults.setdefault(fault.name, fault)
+    return list(faults.values())
+
+
+class _Tally:
+    """Bytes done out of a known total, reported as `on_bytes(done, total)`."""
+
+    def __init__(self, total: int, on_bytes: Callable[[int, int], None]):
+        self._done, self._total, self._on_bytes = 0, total, on_bytes
+
+    def add(self, count: int) -> None:
+        self._done += count
+        self._on_bytes(self._done, self._total)
+
+    def all_of(self, tensor: TensorToWrite, slots: list[int]) -> list[int]:
+        """A tensor taken whole from the parent: all its bytes at once; its slots."""
+        self.add(_nbytes(tensor))
+        return slots
+
+
+def _nbytes(tensor: TensorToWrite) -> int:
+    return tensor_nbytes(tensor.dtype, tuple(tensor.shape))
 
 
 def _bytes_view(data: Bytes) -> memoryview:
     return memoryview(data).cast("B")
 
 
-def check_tensors(tensors: Sequence[Tensor]) -> None:
+def check_tensors(tensors: Sequence[TensorToWrite]) -> None:
     """Refuse bad input before anything is written."""
     paths = set()
     for path, dtype, shape, data in tensors:
@@ -419,8 +482,10 @@ def check_tensors(tensors: Sequence[Tensor]) -> None:
             raise ValueError(f"tensor {path!r}: unknown dtype {dtype!r}")
         if not all(type(d) is int and d >= 0 for d in shape):
             raise ValueError(f"tensor {path!r}: shape {shape!r} is not a sequence of sizes")
-        if len(_bytes_view(data)) != tensor_nbytes(dtype, tuple(shape)):
-            raise ValueError(f"tensor {path!r}: {len(_bytes_view(data))} bytes do not hold "
+        nbytes = (len(_bytes_view(data)) if isinstance(data, bytes | bytearray | memoryview)
+                  else len(data))
+        if nbytes != tensor_nbytes(dtype, tuple(shape)):
+            raise ValueError(f"tensor {path!r}: {nbytes} bytes do not hold "
                              f"{dtype}{list(shape)}")
 
 
@@ -456,7 +521,7 @@ def _reusable_chunks(parent: Manifest | None, chunk_size: int,
     return {t.path: t for t in parent.tensors if t.path in unchanged}
 
 
-def _same_as(reusable: dict[str, TensorEntry], tensor: Tensor) -> bool:
+def _same_as(reusable: dict[str, TensorEntry], tensor: TensorToWrite) -> bool:
     entry = reusable.get(tensor.path)
     return entry is not None and (entry.dtype, entry.shape) == (tensor.dtype, tuple(tensor.shape))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,7 +13,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+from slurm_geo.cli.ckpt_files import pull_multi_rank, pull_tensor_file, push_tensor_file
 from slurm_geo.cli.options import chosen_config, config_option
+from slurm_geo.cli.progress import progress
 from slurm_geo.config.paths import DEFAULT_KEY_FILE, KEY_FILE_ENV, master_key_path
 from slurm_geo.errors import ConfigError
 
@@ -159,33 +162,40 @@ def ckpt() -> None:
 @ckpt.command()
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @store_option("--to", "Destination store")
-@click.option("--run", help="Run id (required for a torch.save file; picks the run of a "
-                            "checkpoint directory holding several).")
+@click.option("--run", help="Run id (required for a torch.save or safetensors file; picks "
+                            "the run of a checkpoint directory holding several).")
 @click.option("--step", type=click.IntRange(min=0),
-              help="Step (required for a torch.save file; default: the run's latest).")
+              help="Step (required for a torch.save or safetensors file; default: the run's "
+                   "latest).")
 @key_file_option
 @json_option
 def push(path: Path, store_url: str, run: str | None, step: int | None, key_file: Path,
          as_json: bool) -> None:
-    """Push PATH to a store: a checkpoint directory written by slurm-geo, or a plain
-    torch.save file of a state dict."""
+    """Push PATH to a store: a checkpoint directory written by slurm-geo, a plain
+    torch.save file of a state dict (read without torch: only tensors and plain values are
+    unpickled) or a safetensors file, saved with the run's previous step as parent."""
     from slurm_geo.ckpt import LocalDirStore, Repository, load_master_key
 
     master_keys = load_master_key(key_file)
     destination = _open(store_url)
+    started = time.monotonic()
     if path.is_dir():
         source_store = LocalDirStore(path)
         source = Repository(source_store, master_keys)
         run = run or _only_run(source, path)
         step = step if step is not None else _latest(source, run, str(path))
-        report = _copy_with_progress(source, source_store, destination, run, step)
+        report = _copy_with_progress(source, source_store, destination, run, step, "push",
+                                     as_json)
         result = {"run": run, "step": step, "packs_copied": report.packs_copied,
-                  "packs_present": report.packs_present, "bytes_copied": report.bytes_copied}
+                  "packs_present": report.packs_present, "bytes_copied": report.bytes_copied,
+                  "bytes": report.bytes_copied}
     else:
         if run is None or step is None:
-            raise ConfigError(f"{path} is a torch.save file: give --run RUN --step N")
-        result = _push_torch_file(path, Repository(destination, master_keys), run, step)
-    _report(result, as_json, "pushed {run}@{step}")
+            raise ConfigError(f"{path} is a torch.save or safetensors file: give --run RUN "
+                              "--step N")
+        result = push_tensor_file(path, Repository(destination, master_keys), run, step,
+                                   as_json)
+    _report({**result, "seconds": _since(started)}, as_json, "pushed {run}@{step}")
 
 
 @ckpt.command()
@@ -194,8 +204,8 @@ def push(path: Path, store_url: str, run: str | None, step: int | None, key_file
 @click.option("--to", "path", required=True, type=click.Path(path_type=Path),
               help="A directory (gets a verified copy of the checkpoint; of a multi-rank "
                    "one, a DCP checkpoint that torch.distributed.checkpoint reads with "
-                   "FileSystemReader), or FILE.pt (gets a torch.save file of the state "
-                   "dict).")
+                   "FileSystemReader), FILE.pt (gets a torch.save file of the state "
+                   "dict), or FILE.safetensors (a state dict of named tensors only).")
 @key_file_option
 @json_option
 def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool) -> None:
@@ -210,17 +220,21 @@ def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool)
     source_store = _open(store_url)
     source = Repository(source_store, master_keys)
     run, step = _parse_target(target, source, store_url)
+    started = time.monotonic()
     if source.manifest(run, step).sharded is not None:
-        result = _pull_multi_rank(store_url, key_file, run, step, path)
-    elif path.suffix == ".pt":
-        result = _pull_torch_file(source, run, step, path)
+        result = pull_multi_rank(store_url, key_file, run, step, path)
+    elif path.suffix in (".pt", ".safetensors"):
+        result = pull_tensor_file(source, run, step, path, as_json)
     else:
         path.mkdir(parents=True, exist_ok=True)
         local = LocalDirStore(path)
-        report = _copy_with_progress(source, source_store, local, run, step)
-        _fail_on_faults(Repository(local, master_keys).verify(run, step), f"{run}@{step}")
+        report = _copy_with_progress(source, source_store, local, run, step, "pull", as_json)
+        with progress(f"verify {run}@{step}", as_json) as bar:
+            faults = Repository(local, master_keys).verify(run, step, on_bytes=bar)
+        _fail_on_faults(faults, f"{run}@{step}")
         result = {"run": run, "step": step, "to": str(path), "bytes": report.bytes_copied}
-    _report(result, as_json, "pulled {run}@{step} to {to}", to=str(path))
+    _report({**result, "seconds": _since(started)}, as_json, "pulled {run}@{step} to {to}",
+            to=str(path))
 
 
 @ckpt.command("ls")
@@ -291,10 +305,12 @@ def verify(target: str, store_url: str, key_file: Path, as_json: bool) -> None:
 
     repository = Repository(_open(store_url), load_master_key(key_file))
     run, step = _parse_target(target, repository, store_url)
-    faults = repository.verify(run, step)
+    with progress(f"verify {run}@{step}", as_json) as bar:
+        faults = repository.verify(run, step, on_bytes=bar)
     if as_json:
         click.echo(json.dumps({"run": run, "step": step, "ok": not faults,
-                               "faults": [{"object": f.name, "error": str(f)} for f in faults]},
+                               "faults": [{"object": f.name, "error": str(f)} for f in faults],
+                               "bytes": bar.done, "seconds": round(bar.seconds, 3)},
                               indent=2))
         sys.exit(1 if faults else 0)
     _fail_on_faults(faults, f"{run}@{step}")
@@ -321,9 +337,11 @@ def check(store_url: str, read_data: bool, subset: str | None, key_file: Path,
     if read_data and subset:
         raise ConfigError("give --read-data or --read-data-subset, not both")
     selection = parse_subset(subset) if subset else READ_ALL if read_data else None
-    report = check_store(_open(store_url), load_master_key(key_file), selection)
+    with progress("check manifests", as_json, unit="manifests") as bar:
+        report = check_store(_open(store_url), load_master_key(key_file), selection,
+                             on_manifests=bar, on_bytes=bar.then("check packs"))
     if as_json:
-        click.echo(json.dumps({"store": store_url, "ok": report.ok,
+        click.echo(json.dumps({"store": store_url, "ok": report.ok, "bytes": report.bytes_read,
                                **{k: v for k, v in asdict(report).items() if k != "damage"},
                                "damaged": [asdict(d) for d in report.damage],
                                "affected_checkpoints": report.affected}, indent=2))
@@ -499,61 +517,16 @@ def _only_run(repository, path: Path) -> str:
     return runs[0]
 
 
-def _copy_with_progress(source, source_store, destination, run: str, step: int):
+def _copy_with_progress(source, source_store, destination, run: str, step: int, verb: str,
+                        as_json: bool):
     from slurm_geo.ckpt.replicate import copy_checkpoint
 
-    if not sys.stderr.isatty():
-        return copy_checkpoint(source, source_store, destination, run, step)
-    with click.progressbar(length=1, label=f"{run}@{step} packs", file=sys.stderr,
-                           show_pos=True) as bar:
-        def advance(done: int, total: int) -> None:
-            bar.length = total
-            bar.update(done - bar.pos)
-
-        return copy_checkpoint(source, source_store, destination, run, step, on_pack=advance)
+    with progress(f"{verb} {run}@{step}", as_json) as bar:
+        return copy_checkpoint(source, source_store, destination, run, step, on_bytes=bar)
 
 
-def _push_torch_file(path: Path, repository, run: str, step: int) -> dict:
-    from slurm_geo.ckpt import Metadata
-    from slurm_geo.torch.state import tensors_from_torch_file
-
-    tensors, extra = tensors_from_torch_file(path)
-    metadata = Metadata(global_step=step, optimizer_step=step, epoch=0, loss=None,
-                        created_at=datetime.now(UTC).isoformat(),
-                        cluster=os.environ.get("SLURM_CLUSTER_NAME", ""),
-                        job_id=os.environ.get("SLURM_JOB_ID", ""))
-    parent = repository.latest(run) if run in repository.runs() else None
-    repository.write_checkpoint(run, tensors, extra, metadata, parent=parent)
-    return {"run": run, "step": step, "tensors": len(tensors),
-            "bytes": sum(len(memoryview(t.data).cast("B")) for t in tensors)}
-
-
-def _pull_torch_file(repository, run: str, step: int, path: Path) -> dict:
-    from slurm_geo.torch.state import save_torch_file
-
-    checkpoint = repository.read_checkpoint(run, step)
-    save_torch_file(checkpoint.tensors, checkpoint.extra_state, path)
-    return {"run": run, "step": step, "to": str(path)}
-
-
-def _pull_multi_rank(store_url: str, key_file: Path, run: str, step: int, path: Path) -> dict:
-    """A DCP checkpoint directory, or FILE.pt: files torch reads without slurm-geo."""
-    try:
-        from slurm_geo.torch.dcp_export import (
-            load_whole_state,
-            write_dcp_directory,
-            write_torch_file,
-        )
-    except ImportError as exc:
-        raise ConfigError(f"{run}@{step} is a multi-rank checkpoint (saved through "
-                          f"torch.distributed.checkpoint); pulling it needs PyTorch ({exc}): "
-                          "pip install torch") from None
-    state = load_whole_state(store_url, run=run, step=step, key_file=key_file)
-    if path.suffix == ".pt":
-        write_torch_file(state, path)
-        return {"run": run, "step": step, "to": str(path), "as": "torch.save"}
-    write_dcp_directory(state, path)
-    return {"run": run, "step": step, "to": str(path), "as": "dcp"}
+def _since(started: float) -> float:
+    return round(time.monotonic() - started, 3)
 
 
 def _fail_on_faults(faults, what: str) -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from slurm_geo.sync.follow import Followed
 
 state_option = click.option(
     "--state", "state_path", type=click.Path(path_type=Path), default=None,
@@ -59,33 +62,64 @@ def status(state_path: Path | None, config: Path | None, as_json: bool) -> None:
 @sync.command()
 @click.argument("run")
 @click.option("--destination", default=None, help="Only replicas at this destination.")
+@click.option("--wait", is_flag=True,
+              help="Follow the requeued replicas until checkpoint-sync has verified them "
+                   "(or they fail again: exit 1), showing the bytes it sends.")
 @state_option
 @config_option
 @json_option
-def retry(run: str, destination: str | None, state_path: Path | None, config: Path | None,
-          as_json: bool) -> None:
+def retry(run: str, destination: str | None, wait: bool, state_path: Path | None,
+          config: Path | None, as_json: bool) -> None:
     """Requeue RUN's failed and corrupted replicas with a fresh budget of attempts."""
+    from slurm_geo.cli.progress import progress
+    from slurm_geo.sync.follow import Followed, follow
     from slurm_geo.sync.state import StateDB, SyncError
 
+    started = time.monotonic()
     state = StateDB(_state_path(state_path, config))
     try:
         if not state.replicas("run = ?", [run]):
             raise SyncError(f"run '{run}' has no replicas in {state.path}; see "
                             "`slurm-geo sync status`")
         requeued = state.requeue(run, destination, time.time())
+        followed = Followed({}, 0)
+        if wait and requeued:
+            with progress(f"retry {run}", as_json) as bar:
+                followed = follow(state, [r.id for r in requeued], bar)
     finally:
         state.close()
+    rows = [{"step": r.step, "destination": r.destination, "was": r.status.value,
+             "now": followed.statuses[r.id].value if wait else "pending"} for r in requeued]
     if as_json:
-        click.echo(json.dumps({"run": run, "destination": destination, "requeued": [
-            {"step": r.step, "destination": r.destination, "was": r.status.value}
-            for r in requeued]}, indent=2))
-        return
-    if not requeued:
+        click.echo(json.dumps({"run": run, "destination": destination, "requeued": rows,
+                               "waited": wait, "ok": followed.ok, "bytes": followed.bytes,
+                               "seconds": round(time.monotonic() - started, 3)}, indent=2))
+    elif not requeued:
         click.echo(f"{run}: nothing failed or corrupted to requeue")
-        return
-    steps = ", ".join(f"{r.step} ({r.status.value})" for r in requeued)
-    click.echo(f"{run}: requeued {len(requeued)} replica(s): {steps}; checkpoint-sync picks "
-               "them up at its next scan")
+    else:
+        steps = ", ".join(f"{r.step} ({r.status.value})" for r in requeued)
+        click.echo(f"{run}: requeued {len(requeued)} replica(s): {steps}" + (
+            "" if wait else "; checkpoint-sync picks them up at its next scan"))
+    if wait and requeued:
+        _say_followed(run, rows, followed, time.monotonic() - started, as_json)
+
+
+def _say_followed(run: str, rows: list[dict[str, Any]], followed: Followed, seconds: float,
+                  as_json: bool) -> None:
+    """After --wait: a summary, or the replicas that failed again (exit 1)."""
+    from slurm_geo.cli.progress import human_bytes
+
+    again = [row for row in rows if row["now"] not in ("verified", "skipped")]
+    for row in again if not as_json else []:
+        click.echo(f"slurm-geo: error: {run}@{row['step']} at {row['destination']}: "
+                   f"{row['now']} again; see `slurm-geo sync status`", err=True)
+    if not as_json and not again:
+        ends = ", ".join(f"{count} {now}" for now, count in
+                         sorted(Counter(row["now"] for row in rows).items()))
+        click.echo(f"{run}: {ends}; checkpoint-sync sent {human_bytes(followed.bytes)} in "
+                   f"{seconds:.1f} s")
+    if again:
+        raise SystemExit(1)
 
 
 def run_summaries(replicas: list[Any], now: float) -> list[dict[str, Any]]:

@@ -181,7 +181,9 @@ class DrillReport:
                     shape_ok=self.shape_ok, prediction_judged=self.prediction_judged,
                     prediction_met=self.prediction_met, failover_s=self.failover_s,
                     failover_met=self.failover_met, moved_by=self.moved_by,
-                    successor_moved=self.successor_moved, passed=self.passed)
+                    successor_moved=self.successor_moved, passed=self.passed,
+                    # every command's --json names what it moved, and for how long
+                    bytes=self.replicated_bytes, seconds=self.replication_seconds)
         return data
 
 
