@@ -1,8 +1,9 @@
 """Training-state skeletons without torch: the JSON `slurm_geo.torch.state` writes.
 
 A state read from a file (a `torch.save` pickle, a safetensors header) is a nesting of
-plain values and tensor leaves; `encode_skeleton` pulls the leaves out by the dotted paths
-`flatten_state` gives them and writes the rest as the same skeleton, byte for byte, so a
+plain values and tensor leaves; `encode_skeleton` pulls the leaves out and writes the rest
+through `SkeletonEncoder`, the encoder `flatten_state` builds on, so the paths and the
+skeleton are the same byte for byte as an in-process save's, and a
 checkpoint pushed from a file and one saved in-process share paths (and chunks), and
 either reads back through `unflatten_state`. `walk_skeleton` goes the other way for
 writers of files: it hands each node of a skeleton to a visitor, in the order
@@ -134,38 +135,46 @@ def tensor_paths(node: Any) -> list[str]:
     return paths
 
 
-class _Encoder:
-    """`slurm_geo.torch.state._Encoder` on torch-free values (keep the two in step)."""
+class SkeletonEncoder:
+    """A state's skeleton node by node, and its tensor leaves' paths; `flatten_state`
+    (torch values) and `encode_skeleton` (values read from a file) each say, in
+    `encode_leaf`, which values are tensors and which name torch types, so both write the
+    same skeleton and paths for the same state."""
 
-    def __init__(self, is_leaf: Callable[[Any], bool]):
-        self.is_leaf = is_leaf
-        self.leaves: list[tuple[str, Any]] = []
+    def __init__(self) -> None:
         self.paths: set[str] = set()
+
+    def encode_leaf(self, value: Any, where: tuple[str, ...]) -> Any:
+        """The node of a tensor, array or torch type; None for any other value."""
+        return None
+
+    def is_size(self, value: Any) -> bool:
+        return type(value) is TorchSize
+
+    def refusal(self, value: Any, where: tuple[str, ...]) -> Exception:
+        return TensorFileError(
+            f"state at {'.'.join(where) or '<root>'!r} is a {type(value).__qualname__}, which "
+            "a checkpoint cannot hold: use tensors, numbers, strings, bytes, lists, tuples "
+            "and dicts")
 
     def encode(self, value: Any, where: tuple[str, ...]) -> Any:
         if value is None or type(value) in (bool, int, str):
             return value
-        if self.is_leaf(value):
-            path = self.unique_path(where)
-            self.leaves.append((path, value))
-            return {"$": "tensor", "path": path}
+        leaf = self.encode_leaf(value, where)
+        if leaf is not None:
+            return leaf
         if type(value) is float:
             return value if math.isfinite(value) else {"$": "float", "v": repr(value)}
         if isinstance(value, dict):
             return self.encode_dict(value, where)
         if type(value) is list:
             return [self.encode(v, (*where, str(i))) for i, v in enumerate(value)]
-        if type(value) in (tuple, TorchSize):
+        if type(value) is tuple or self.is_size(value):
             items = [self.encode(v, (*where, str(i))) for i, v in enumerate(value)]
-            return {"$": "size" if type(value) is TorchSize else "tuple", "items": items}
+            return {"$": "size" if self.is_size(value) else "tuple", "items": items}
         if isinstance(value, bytes):
             return {"$": "bytes", "v": base64.b64encode(value).decode()}
-        if isinstance(value, TorchName):
-            return {"$": value.kind, "v": value.name}
-        raise TensorFileError(
-            f"state at {'.'.join(where) or '<root>'!r} is a {type(value).__qualname__}, which "
-            "a checkpoint cannot hold: use tensors, numbers, strings, bytes, lists, tuples "
-            "and dicts")
+        raise self.refusal(value, where)
 
     def encode_dict(self, value: dict[Any, Any], where: tuple[str, ...]) -> Any:
         metadata = getattr(value, "_metadata", None)  # nn.Module.state_dict's versions
@@ -179,9 +188,28 @@ class _Encoder:
         return tagged
 
     def unique_path(self, where: tuple[str, ...]) -> str:
+        """The dotted path, made unique by a `~n` suffix (`{"a.b": x, "a": {"b": y}}`)."""
         base = ".".join(where) or "state"
         path, n = base, 1
         while path in self.paths:
             path, n = f"{base}~{n}", n + 1
         self.paths.add(path)
         return path
+
+
+class _Encoder(SkeletonEncoder):
+    """Values read from a file: the caller's leaves, `TorchName`s and `TorchSize`s."""
+
+    def __init__(self, is_leaf: Callable[[Any], bool]):
+        super().__init__()
+        self.is_leaf = is_leaf
+        self.leaves: list[tuple[str, Any]] = []
+
+    def encode_leaf(self, value: Any, where: tuple[str, ...]) -> Any:
+        if self.is_leaf(value):
+            path = self.unique_path(where)
+            self.leaves.append((path, value))
+            return {"$": "tensor", "path": path}
+        if isinstance(value, TorchName):
+            return {"$": value.kind, "v": value.name}
+        return None

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -31,10 +30,9 @@ import torch
 
 from slurm_geo.ckpt import Tensor
 from slurm_geo.ckpt.manifest import DTYPE_SIZES
+from slurm_geo.ckpt.skeleton import SKELETON_FORMAT, SkeletonEncoder
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
-
-SKELETON_FORMAT = "slurm-geo-torch/1"
 
 TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {
     dtype: name
@@ -152,51 +150,34 @@ def _snapshot(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
     return tensor
 
 
-class _Encoder:
+class _Encoder(SkeletonEncoder):
+    """Torch values: tensors, numpy arrays and scalars, `torch.Size`, dtypes and devices."""
+
     def __init__(self, copy: bool, sources: dict[str, torch.Tensor] | None = None):
+        super().__init__()
         self.copy = copy
         self.sources = sources
         self.tensors: list[Tensor] = []
-        self.paths: set[str] = set()
 
-    def encode(self, value: Any, where: tuple[str, ...]) -> Any:
-        if value is None or type(value) in (bool, int, str):
-            return value
+    def encode_leaf(self, value: Any, where: tuple[str, ...]) -> Any:
         if isinstance(value, torch.Tensor):
             return {"$": "tensor", "path": self.add_tensor(value, where)}
         if numpy is not None and isinstance(value, (numpy.ndarray, numpy.generic)):
             return self.encode_numpy(value, where)
-        if type(value) is float:
-            return value if math.isfinite(value) else {"$": "float", "v": repr(value)}
-        if isinstance(value, dict):
-            return self.encode_dict(value, where)
-        if type(value) is list:
-            return [self.encode(v, (*where, str(i))) for i, v in enumerate(value)]
-        if type(value) in (tuple, torch.Size):
-            items = [self.encode(v, (*where, str(i))) for i, v in enumerate(value)]
-            return {"$": "size" if type(value) is torch.Size else "tuple", "items": items}
-        if isinstance(value, bytes):
-            return {"$": "bytes", "v": base64.b64encode(value).decode()}
         if isinstance(value, torch.dtype):
             return {"$": "dtype", "v": str(value).removeprefix("torch.")}
         if isinstance(value, torch.device):
             return {"$": "device", "v": str(value)}
-        raise TypeError(
+        return None
+
+    def is_size(self, value: Any) -> bool:
+        return type(value) is torch.Size
+
+    def refusal(self, value: Any, where: tuple[str, ...]) -> Exception:
+        return TypeError(
             f"state at {'.'.join(where) or '<root>'!r} is a {type(value).__qualname__}, which "
             "a checkpoint cannot hold: use tensors, arrays, numbers, strings, bytes, "
-            "lists, tuples and dicts"
-        )
-
-    def encode_dict(self, value: dict[Any, Any], where: tuple[str, ...]) -> Any:
-        metadata = getattr(value, "_metadata", None)  # nn.Module.state_dict's versions
-        if metadata is None and "$" not in value and all(type(k) is str for k in value):
-            return {k: self.encode(v, (*where, k)) for k, v in value.items()}
-        items = [[self.encode(k, (*where, "key")), self.encode(v, (*where, str(k)))]
-                 for k, v in value.items()]
-        tagged: dict[str, Any] = {"$": "dict", "items": items}
-        if metadata is not None:
-            tagged["metadata"] = self.encode(metadata, (*where, "_metadata"))
-        return tagged
+            "lists, tuples and dicts")
 
     def encode_numpy(self, value: Any, where: tuple[str, ...]) -> Any:
         if isinstance(value, numpy.generic):
@@ -225,15 +206,6 @@ class _Encoder:
             self.sources[path] = tensor
         self.tensors.append(Tensor(path, TORCH_DTYPE_NAMES[tensor.dtype], tuple(snapshot.shape),
                                    tensor_bytes(snapshot)))
-        return path
-
-    def unique_path(self, where: tuple[str, ...]) -> str:
-        """The dotted path, made unique by a `~n` suffix (`{"a.b": x, "a": {"b": y}}`)."""
-        base = ".".join(where) or "state"
-        path, n = base, 1
-        while path in self.paths:
-            path, n = f"{base}~{n}", n + 1
-        self.paths.add(path)
         return path
 
 
