@@ -232,3 +232,17 @@ def test_a_contiguous_tensor_reaches_the_writer_a_chunk_at_a_time(tmp_path):
     assert [len(c) for c in chunks] == [4096, 4096, 3808]
     assert b"".join(chunks) == weights.numpy().tobytes()
     assert bytes(gathered.data) == bytes(24)  # a transposed view, gathered into a copy
+
+
+def test_a_pull_never_writes_through_a_symlink_planted_at_its_partial_name(tmp_path,
+                                                                            repository):
+    torch.save({"w": torch.ones(3)}, tmp_path / "in.pt")
+    push_tensor_file(repository, tmp_path / "in.pt", "ft", metadata(1))
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (tmp_path / "out.pt.partial").symlink_to(victim)
+
+    pull_tensor_file(repository, "ft", 1, tmp_path / "out.pt")
+
+    assert victim.read_text() == "keep me"
+    assert torch.equal(torch.load(tmp_path / "out.pt", weights_only=True)["w"], torch.ones(3))

@@ -59,6 +59,7 @@ def pull_tensor_file(repository: Repository, run: str, step: int, path: Path,
     manifest = repository.manifest(run, step)
     state = parse_skeleton(repository.read_extra_state(run, step))
     partial = path.with_name(path.name + ".partial")
+    partial.unlink(missing_ok=True)  # a killed pull's; the writers create it anew
     try:
         write = write_safetensors_file if path.suffix == SUFFIX else write_torch_file
         write(partial, state, manifest.tensors, PlacedChunks(repository, manifest, on_bytes))

@@ -192,7 +192,7 @@ def write_safetensors_file(path: Path, state: Any, tensors: Sequence[TensorEntry
         position = end
     encoded = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     encoded += b" " * (-len(encoded) % 8)  # as the reference pads it: the data 8-aligned
-    with open(path, "wb") as out:
+    with open(path, "xb") as out:  # a new file, as ziparchive.write_archive makes
         out.write(struct.pack("<Q", len(encoded)) + encoded)
         out.flush()
         data = out.tell()

@@ -51,8 +51,9 @@ Fill = Callable[[int, Sequence[int]], Sequence[int]]
 
 
 def write_archive(path: os.PathLike[str] | str, members: Sequence[Member], fill: Fill) -> None:
-    """The archive of `members` at `path` (created with the umask's mode, replaced)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    """The archive of `members` at `path`, a new file (the umask's mode): never one that
+    is there already, nor whatever a symlink planted at that name points to."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         headers, starts, end = _layout(members)
         for member, offset, start in zip(members, headers, starts, strict=True):
