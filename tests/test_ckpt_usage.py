@@ -8,7 +8,8 @@ import pytest
 from slurm_geo.ckpt.manifest import BlobEntry, ChunkRef, Manifest, Metadata, TensorEntry
 from slurm_geo.ckpt.names import pack_name
 from slurm_geo.ckpt.usage import checkpoint_usage, dedup_ratio, run_usage, store_usage
-from slurm_geo.cli.ckpt_usage import human_bytes, human_ratio
+from slurm_geo.cli.ckpt_usage import human_ratio
+from slurm_geo.cli.progress import human_bytes
 from slurm_geo.sync.jobdirs import SourceStatus
 from slurm_geo.sync.offsite import UNSEEN, offsite_status, offsite_statuses, place
 from slurm_geo.sync.state import Replica, Source, Status

@@ -13,14 +13,13 @@ from the manifest's shapes, then each tensor's chunks, written in place as they 
 from __future__ import annotations
 
 import json
-import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_geo.ckpt.manifest import DTYPE_SIZES, TensorEntry
+from slurm_geo.ckpt.manifest import TensorEntry, tensor_nbytes
 from slurm_geo.ckpt.skeleton import TensorFileError, encode_skeleton, walk_skeleton
 from slurm_geo.ckpt.tensorfile import FileRegion, FileTensor, FileTensors, TensorFile
 from slurm_geo.ckpt.ziparchive import Fill
@@ -144,7 +143,7 @@ def _tensor(path: Path, name: str, info: Any) -> _HeaderTensor:
     if end < start:
         raise TensorFileError(f"{where} has data_offsets [{start}, {end}], which end before "
                               "they start")
-    nbytes = DTYPE_SIZES[dtype] * math.prod(shape)
+    nbytes = tensor_nbytes(dtype, shape)
     if end - start != nbytes:
         raise TensorFileError(f"{where} is {kind} of shape {shape} ({nbytes} bytes) but its "
                               f"data_offsets span {end - start}")
@@ -186,7 +185,7 @@ def write_safetensors_file(path: Path, state: Any, tensors: Sequence[TensorEntry
         if kind is None:
             raise TensorFileError(f"tensor {names[entry.path]!r:.80} is {entry.dtype}, which "
                                   "safetensors cannot hold: pull it to FILE.pt instead")
-        end = position + DTYPE_SIZES[entry.dtype] * math.prod(entry.shape)
+        end = position + tensor_nbytes(entry.dtype, entry.shape)
         header[names[entry.path]] = {"dtype": kind, "shape": list(entry.shape),
                                      "data_offsets": [position, end]}
         position = end

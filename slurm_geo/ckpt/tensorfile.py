@@ -10,14 +10,13 @@ tensor lies.
 
 from __future__ import annotations
 
-import math
 import mmap
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
 
-from slurm_geo.ckpt.manifest import DTYPE_SIZES
+from slurm_geo.ckpt.manifest import DTYPE_SIZES, tensor_nbytes
 from slurm_geo.ckpt.repository import StreamedTensor, Tensor
 from slurm_geo.ckpt.skeleton import TensorFileError
 
@@ -86,7 +85,7 @@ class FileTensors(Sequence[Tensor | StreamedTensor]):
 
     @property
     def nbytes(self) -> int:
-        return sum(DTYPE_SIZES[t.dtype] * math.prod(t.shape) for t in self._tensors)
+        return sum(tensor_nbytes(t.dtype, t.shape) for t in self._tensors)
 
 
 def map_range(path: Path, start: int, length: int) -> memoryview:

@@ -11,23 +11,15 @@ import click
 
 from slurm_geo.ckpt.manifest import Manifest
 from slurm_geo.ckpt.usage import RunUsage, checkpoint_usage, run_usage, store_usage
+from slurm_geo.cli.progress import human_bytes
 from slurm_geo.errors import SlurmGeoError
 
 LS_COLUMNS = ["run", "step", "epoch", "loss", "created_at", "cluster", "job_id", "latest",
               "promoted", "size", "added", "dedup", "off-site"]
 STATS_COLUMNS = ["run", "checkpoints", "size", "stored", "packs", "dedup"]
 STORE_ROW = "(store)"  # no run id has parentheses
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 Offsite = Mapping[tuple[str, int], Any] | None  # (run, step) -> Status; None: not known
-
-
-def human_bytes(count: int) -> str:
-    """1.2 GiB: binary units, one decimal from KiB on."""
-    value, unit = float(count), 0
-    while value >= 1024 and unit < len(_UNITS) - 1:
-        value, unit = value / 1024, unit + 1
-    return f"{count} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
 
 
 def human_ratio(ratio: float | None) -> str | None:

@@ -23,13 +23,15 @@ DEFAULT_COLUMNS = 80
 _CLEAR_TO_END = "\x1b[K"
 
 
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
 def human_bytes(count: float) -> str:
     """1536 -> '1.5 KiB': binary units, one decimal from KiB on."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
+    value, unit = float(count), 0
+    while value >= 1024 and unit < len(_UNITS) - 1:
+        value, unit = value / 1024, unit + 1
+    return f"{count:.0f} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
 
 
 def human_seconds(seconds: float) -> str:
