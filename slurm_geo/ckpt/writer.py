@@ -12,6 +12,7 @@ bounded: `WriteOptions.window` chunks in flight, the open pack, and at most
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from slurm_geo.ckpt.manifest import (
     ChunkRef,
 )
 from slurm_geo.ckpt.names import pack_name
-from slurm_geo.ckpt.pack import Entry, PackWriter, pack_id_of
+from slurm_geo.ckpt.pack import Entry, PackWriter, pack_buffer, pack_id_of
 from slurm_geo.ckpt.reader import default_workers, worker_pool
 from slurm_geo.ckpt.store import Bytes, Store
 
@@ -63,10 +64,17 @@ PATCH_CHANGED_AT_MOST_ELSE = 0.1
 # push time for deltas of the weights 0.90x their own encodings and of the moments 1.03x,
 # while a bf16 step with 1 % of values changed stores its deltas in under 0.1x. The
 # decision is taken DELTA_LAG chunks after the last probe was added, a fixed distance, so
-# the bytes written still do not depend on the number of workers.
-DELTA_PROBES = 4
+# the bytes written still do not depend on the number of workers. Every chunk added before
+# the decision is tried as a delta: DELTA_PROBES + DELTA_LAG of them. At 4 + 8, those 12
+# attempts cost a dense 300 MB step 0.25 s of CPU (a third of its push, on two cores); at
+# 2 + 4 half that, with the same answer on the dense, LoRA and bf16 series of
+# bench/ckpt_series.py and both of bench/cli_vs_restic.py (dense steps store 0.7 % more:
+# fewer of their chunks are tried, and a few of those came out smaller as deltas).
+# The lag is the window of two workers' chunks in flight: with more workers, probing
+# waits a little for the probes instead.
+DELTA_PROBES = 2
 DELTA_PAYS_BELOW = 0.8
-DELTA_LAG = 8
+DELTA_LAG = 4
 
 
 def delta_kind(changed: float, element_size: int) -> Method:
@@ -187,8 +195,7 @@ class ChunkWriter:
         self._in_flight: deque[tuple[int, Future[_Encoded]]] = deque()
         self._stored: dict[str, _Stored] = {}
         self._pack: PackWriter | None = None
-        self._buffer = bytearray()  # the open pack's
-        self._spare_buffers: list[bytearray] = []  # of packs already stored, for reuse
+        self._spare_buffers: list[mmap.mmap] = []  # of packs already stored, for reuse
         self._uploads: list[Future[str]] = []
         self._unfinished: deque[Future[str]] = deque()
         self._pack_ids: list[str] = []
@@ -300,26 +307,25 @@ class ChunkWriter:
             return  # an earlier chunk of this checkpoint had the same content
         assert encoded.blob is not None  # only known or stored chunks skip encoding
         if self._pack is None:
-            self._buffer = self._spare_buffers.pop() if self._spare_buffers else self._new_buffer()
-            self._pack = PackWriter(self._keys.data_key, self._random_bytes(SALT_SIZE),
-                                    self._buffer)
+            buffer = self._spare_buffers.pop() if self._spare_buffers else self._new_buffer()
+            self._pack = PackWriter(self._keys.data_key, self._random_bytes(SALT_SIZE), buffer)
         entry = self._pack.add_parts(bytes.fromhex(encoded.id), encoded.blob)
         self._stored[encoded.id] = _Stored(len(self._uploads), entry, encoded.size,
                                            encoded.base)
         if self._pack.size >= self._options.pack_size:
             self._finish_pack()
 
-    def _new_buffer(self) -> bytearray:
+    def _new_buffer(self) -> mmap.mmap:
         """Room for a whole pack: one that grew blob by blob would be copied again and
         again, each time into fresh pages (measured: a tenth of a push's CPU time)."""
-        return bytearray(self._options.pack_size + 2 * self._options.chunk_size)
+        return pack_buffer(self._options.pack_size + 2 * self._options.chunk_size)
 
     def _finish_pack(self) -> None:
         """Hand the open pack to the uploader; wait while too many are on their way."""
         if self._pack is None:
             return
-        data, self._pack = self._pack.release(), None
-        upload = self._uploader.submit(self._upload, data, self._buffer)
+        data, buffer, self._pack = self._pack.release(), self._pack.buffer, None
+        upload = self._uploader.submit(self._upload, data, buffer)
         self._uploads.append(upload)
         self._unfinished.append(upload)
         for finished in [u for u in self._unfinished if u.done()]:
@@ -328,7 +334,7 @@ class ChunkWriter:
         while len(self._unfinished) > UPLOAD_WINDOW:
             self._unfinished.popleft().result()
 
-    def _upload(self, data: memoryview, buffer: bytearray) -> str:
+    def _upload(self, data: memoryview, buffer: mmap.mmap) -> str:
         pack_id = pack_id_of(data)
         self._store.put(pack_name(pack_id), data)  # on failure the buffer is not reused
         try:
