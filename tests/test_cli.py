@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -33,6 +34,46 @@ def test_help_imports_nothing_heavy():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_packages_import_their_names_when_first_used():
+    """`import slurm_geo.ckpt` (or config) loads none of its modules, numpy least of all;
+    every name the package offers still resolves, to the module that defines it."""
+    code = ("import sys, importlib\n"
+            "import slurm_geo.ckpt, slurm_geo.config\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('numpy', 'slurm_geo.ckpt.', "
+            "'slurm_geo.config.model'))))\n"
+            "for package in (slurm_geo.ckpt, slurm_geo.config):\n"
+            "    for name in package.__all__:\n"
+            "        value = getattr(package, name)\n"
+            "        home = importlib.import_module(package.__name__ + '.' + "
+            "package._HOMES[name])\n"
+            "        assert getattr(home, name) is value, name\n"
+            "print('resolved')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert result.stdout.splitlines() == ["[]", "resolved"]
+
+
+def test_an_unknown_name_of_a_lazy_package_is_an_attribute_error():
+    import slurm_geo.ckpt
+
+    with pytest.raises(AttributeError, match="has no attribute 'Nonesuch'"):
+        slurm_geo.ckpt.Nonesuch  # noqa: B018
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "1"), ("3", "3")])
+def test_the_cli_keeps_openblas_to_one_thread_unless_told(preset, expected):
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    code = ("import os, sys; sys.argv = ['slurm-geo', '--version']\n"
+            "from slurm_geo.cli import main\n"
+            "main()\n"
+            "print(os.environ.get('OPENBLAS_NUM_THREADS'))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True, env=env)
+    assert result.stdout.strip().splitlines()[-1] == expected
 
 
 def test_unknown_sandbox_cluster_is_one_line_without_traceback(tmp_path):
