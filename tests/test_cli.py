@@ -44,11 +44,10 @@ def test_the_packages_import_their_names_when_first_used():
             "print(sorted(m for m in sys.modules if m.startswith(('numpy', 'slurm_geo.ckpt.', "
             "'slurm_geo.config.model'))))\n"
             "for package in (slurm_geo.ckpt, slurm_geo.config):\n"
-            "    for name in package.__all__:\n"
-            "        value = getattr(package, name)\n"
-            "        home = importlib.import_module(package.__name__ + '.' + "
-            "package._HOMES[name])\n"
-            "        assert getattr(home, name) is value, name\n"
+            "    homes = {name: importlib.import_module(package.__name__ + '.' + module)\n"
+            "             for name, module in package._HOMES.items()}\n"
+            "    for name in package.__all__:\n"  # after the imports: no module in its place
+            "        assert getattr(package, name) is getattr(homes[name], name), name\n"
             "print('resolved')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True)

@@ -5,7 +5,9 @@ implementation. It never imports torch: tensors arrive as (path, dtype, shape, b
 
 The names below are imported when first used, not with the package: a command that
 pushes a file would otherwise load every module here, numpy among them (measured: 95 ms
-of a 0.27 s `ckpt push` of a frozen-base checkpoint).
+of a 0.27 s `ckpt push` of a frozen-base checkpoint). `open_store` is not among them: it
+shares its name with its module, which importing the module would put in its place;
+import it from `slurm_geo.ckpt.open_store`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ if TYPE_CHECKING:
     )
     from slurm_geo.ckpt.keys import create_master_key_file, load_master_key
     from slurm_geo.ckpt.manifest import Manifest, Metadata
-    from slurm_geo.ckpt.open_store import open_store
     from slurm_geo.ckpt.repository import Checkpoint, Repository, Tensor
     from slurm_geo.ckpt.retry import RetryingStore, is_permanent
     from slurm_geo.ckpt.store import LocalDirStore, Store
@@ -39,7 +40,6 @@ _HOMES = {
                      "UnsupportedFormat", "WrongKey"], "errors"),
     **dict.fromkeys(["create_master_key_file", "load_master_key"], "keys"),
     **dict.fromkeys(["Manifest", "Metadata"], "manifest"),
-    "open_store": "open_store",
     **dict.fromkeys(["Checkpoint", "Repository", "Tensor"], "repository"),
     **dict.fromkeys(["RetryingStore", "is_permanent"], "retry"),
     **dict.fromkeys(["LocalDirStore", "Store"], "store"),
@@ -51,7 +51,7 @@ __all__ = [
     "Manifest", "Metadata", "ObjectMissing", "Repository", "RetryingStore", "StepMismatch",
     "Store", "StoreUnavailable", "Tensor", "UnsafeObjectName", "UnsupportedFormat",
     "WriteOptions", "WrongKey", "create_master_key_file", "is_permanent",
-    "load_master_key", "open_store",
+    "load_master_key",
 ]
 
 

@@ -115,7 +115,8 @@ def protection_of(site: Any, job: Any) -> Any:
 
 def staging_for(site: Any, job: Any, env: Mapping[str, str]) -> Any:
     """The master key and, for a directory checkpoint-sync replicates, its replica."""
-    from slurm_geo.ckpt import load_master_key, open_store
+    from slurm_geo.ckpt import load_master_key
+    from slurm_geo.ckpt.open_store import open_store
     from slurm_geo.config import master_key_path
     from slurm_geo.hooks.node import Staging
 
