@@ -16,10 +16,10 @@ from start to exit:
 into one restic repository and one slurm-geo store, both local directories on the same
 filesystem as the files. Page cache: both tools read a file just written (still cached);
 os.sync() before every command so neither pays for the other's writeback; neither's
-restored files are synced inside its timing. Last, with --rss-gb: push and pull of a
-checkpoint that large, peak RSS of each process (ru_maxrss from wait4) and its peak
-anonymous memory (RssAnon, sampled). Prints markdown (or JSON with --json), also written
-to bench/results/cli_vs_restic.{md,json}.
+restored files are synced inside its timing; the two take turns going first
+(`in_turn`). Last, with --rss-gb: push and pull of a checkpoint that large, peak RSS of
+each process (ru_maxrss from wait4) and its peak anonymous memory (RssAnon, sampled).
+Prints markdown (or JSON with --json), also written to bench/results/cli_vs_restic.{md,json}.
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -171,6 +172,29 @@ def changed_fraction(before: list[torch.Tensor], after: list[torch.Tensor]) -> f
     return changed / total
 
 
+def in_turn(turn: int, ours: Callable[[], Child], theirs: Callable[[], Child]
+            ) -> tuple[Child, Child]:
+    """Both commands, each after os.sync(), restic's first on odd turns and ours on even
+    ones. The second of two commands paid for the first on the 2-core VM: a pull run right
+    after a restore took a median 0.80 s, run first 0.54 s (restic's restore: 1.43 s
+    second, 1.38 s first; four of each), so a fixed order would favour one tool."""
+    results: dict[str, Child] = {}
+    for name, command in ([("theirs", theirs), ("ours", ours)] if turn % 2 else
+                          [("ours", ours), ("theirs", theirs)]):
+        os.sync()
+        results[name] = command()
+    return results["ours"], results["theirs"]
+
+
+def stored_by(repo: Path, name: str, stored: dict[str, int], command: Callable[[], Child]
+              ) -> Child:
+    """Run `command`, recording in `stored[name]` the bytes it added to `repo`."""
+    before = tree_bytes(repo)
+    done = command()
+    stored[name] = tree_bytes(repo) - before
+    return done
+
+
 def push_series(name: str, series: Iterator[dict], work: Path, geo: SlurmGeo, store: Path,
                 restic: TimedRestic) -> list[dict]:
     source = work / name
@@ -183,17 +207,15 @@ def push_series(name: str, series: Iterator[dict], work: Path, geo: SlurmGeo, st
         changed = changed_fraction(previous, tensors) if previous else 1.0
         previous = [t.clone() for t in tensors]
         torch.save(state, path)
-        os.sync()
-        before = tree_bytes(restic.repo)
-        theirs = restic.backup(path)
-        restic_stored = tree_bytes(restic.repo) - before
-        os.sync()
-        before = tree_bytes(store)
-        ours = geo.push(path, f"file://{store}", name, state["step"])
+        stored: dict[str, int] = {}
+        ours, theirs = in_turn(
+            state["step"],
+            partial(stored_by, store, "ours", stored,
+                    partial(geo.push, path, f"file://{store}", name, state["step"])),
+            partial(stored_by, restic.repo, "restic", stored, partial(restic.backup, path)))
         rows.append({"series": name, "step": state["step"], "file": path.stat().st_size,
                      "changed": changed, "ours": asdict(ours), "restic": asdict(theirs),
-                     "ours_stored": tree_bytes(store) - before,
-                     "restic_stored": restic_stored})
+                     "ours_stored": stored["ours"], "restic_stored": stored["restic"]})
     path.unlink()
     return rows
 
@@ -206,10 +228,9 @@ def pull_all(pushes: list[dict], work: Path, geo: SlurmGeo, store: Path,
     rows = []
     for push, snapshot in zip(pushes, snapshots, strict=True):
         target, pulled = work / "restored", work / "pulled.pt"
-        os.sync()
-        theirs = restic.restore(snapshot, target)
-        os.sync()
-        ours = geo.pull(f"file://{store}", push["series"], push["step"], pulled)
+        ours, theirs = in_turn(
+            len(rows), partial(geo.pull, f"file://{store}", push["series"], push["step"], pulled),
+            partial(restic.restore, snapshot, target))
         restored = next(target.rglob("checkpoint.pt"))
         compared = last[push["series"]] == push["step"]
         if compared:
