@@ -37,9 +37,13 @@ from slurm_geo.ckpt.pack import (
 )
 from slurm_geo.ckpt.store import Bytes, Store
 
-# Enough for a checkpoint's current pack, the next one (fetched ahead) and the packs a
-# delta chain reaches into (3 deep by default); 16 MiB each, a checkpoint's last smaller.
-CACHED_PACKS = 8
+# Enough for a checkpoint's current pack, the next one (fetched ahead), the packs a delta
+# chain reaches into (3 deep by default) and one more for a worker whose chunk starts the
+# pack after; 16 MiB each, a checkpoint's last smaller. At 8, the peak RSS of a 4 GiB pull
+# was 280-315 MB once packs were no longer hashed on reading (fetched sooner, more of
+# them alive at once); at 6, 246 MB in three runs, and a pull of a bf16 series stored as
+# deltas fetched each pack once as before.
+CACHED_PACKS = 6
 MAX_DEFAULT_WORKERS = 4
 # The first pack version that may hold each later blob method (docs/format.md §6).
 FIRST_PACK_VERSION = {Method.ZSTD_PATCH: PATCH_VERSION, Method.SPARSE_PLANES: BLAKE3_VERSION}
