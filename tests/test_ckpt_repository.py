@@ -431,6 +431,17 @@ def test_a_truncated_pack_is_named(store, repo):
     assert info.value.name == pack.relative_to(store.root).as_posix()
 
 
+def test_bytes_appended_to_a_pack_spare_reads_but_not_verify(store, repo):
+    """A read decodes only authenticated entries, so bytes past them change nothing it
+    returns; verify (and so checkpoint-sync's verification and scrub) hashes the pack."""
+    pack = save_two(repo, store)
+    pack.write_bytes(pack.read_bytes() + b"trailing")
+    assert repo.read_checkpoint(RUN, 2).tensors == state(2)
+    faults = repo.verify(RUN, 2)
+    assert [f.name for f in faults] == [pack.relative_to(store.root).as_posix()]
+    assert "altered or truncated" in str(faults[0])
+
+
 def test_a_missing_pack_is_named(store, repo):
     pack = save_two(repo, store)
     pack.unlink()

@@ -67,15 +67,18 @@ class ChunkReader:
     """Reads the chunks of one run; keeps the last few packs, and remembers bad ones.
 
     `manifest_format` is the format version of the manifests whose chunks it reads, which
-    says how chunk ids are checked.
+    says how chunk ids are checked. `hash_packs`: check every pack it fetches against its
+    name, as a reader whose subject is the store's integrity must (docs/format.md §6); a
+    reader that decodes relies on the entries' tags and the chunks' ids (see `_load`).
     """
 
     def __init__(self, store: Store, keys: RunKeys, manifest_format: int,
-                 cached_packs: int = CACHED_PACKS):
+                 cached_packs: int = CACHED_PACKS, hash_packs: bool = False):
         self._store = store
         self._keys = keys
         self._format = manifest_format
         self._cached_packs = cached_packs
+        self._hash_packs = hash_packs
         self._lock = threading.Lock()
         self._packs: OrderedDict[str, Future[PackReader]] = OrderedDict()
         self._bad_packs: dict[str, CkptError] = {}
@@ -216,11 +219,13 @@ class ChunkReader:
         """Fetch a pack to decode its entries. Its hash is checked only once something in it
         fails (`PackReader`, docs/format.md §6): every entry read is authenticated by its
         tag and every chunk checked against its id, and hashing every pack cost a pull of
-        300 MB 35 ms of CPU for nothing more. `check_pack` (ckpt check, verify, scrub)
-        hashes every pack it reads."""
+        300 MB 35 ms of CPU for nothing more. With `hash_packs` (verify, scrub) and in
+        `check_pack` (ckpt check) every pack is hashed."""
         name = pack_name(pack_id)
         try:
             data = self._store.get(name)
+            if self._hash_packs:
+                check_pack_id(name, pack_id, data)
             loading.set_result(PackReader(self._keys.data_key, name, data, pack_id))
         except BaseException as exc:
             loading.set_exception(exc)

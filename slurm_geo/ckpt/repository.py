@@ -331,7 +331,7 @@ class Repository:
             manifest = self.manifest(run, step)
         except CkptError as exc:
             return [exc]
-        reader = ChunkReader(self._store, self._keys(run), manifest.format)
+        reader = ChunkReader(self._store, self._keys(run), manifest.format, hash_packs=True)
         return _faults(manifest, reader, self._options, on_bytes)
 
     def _tensors(self, manifest: Manifest, reader: ChunkReader) -> Iterator[Tensor]:
