@@ -341,6 +341,20 @@ def test_an_s3_url_opens_a_retrying_s3_store():
     assert (store.inner.bucket, store.inner.prefix) == ("slurm-geo", "site/checkpoints/")
 
 
+def test_keys_given_to_open_store_sign_its_requests_whatever_the_environment(monkeypatch):
+    """A process holding keys for several stores (the drill: the daemons') passes them, not
+    its environment: boto3 must take them over AWS_* variables, which it reads otherwise."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-the-environment")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "its-secret")
+    given = open_store("s3://slurm-geo/x", "http://127.0.0.1:9", "us-east-1",
+                       access_key_id="daemons-key", secret_access_key="daemons-secret")
+    ambient = open_store("s3://slurm-geo/x", "http://127.0.0.1:9", "us-east-1")
+    keys_of = [store.inner._client._request_signer._credentials
+               for store in (given, ambient)]
+    assert [(k.access_key, k.secret_key) for k in keys_of] == [
+        ("daemons-key", "daemons-secret"), ("from-the-environment", "its-secret")]
+
+
 @pytest.mark.parametrize("url", [
     "", "/plain/path", "file://relative/path", "http://host/x", "s3://", "s3:/bucket",
     "s3://Bad_Bucket/x", "s3://bucket/../x", "s3://bucket/a b", "s3://bucket/x?versionId=1",

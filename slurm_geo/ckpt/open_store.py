@@ -47,16 +47,19 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 def open_store(url: str, endpoint_url: str | None = None, region_name: str | None = None,
-               *, plan: TransferPlan = DEFAULT_PLAN, patience: Patience = PATIENT) -> Store:
+               *, plan: TransferPlan = DEFAULT_PLAN, patience: Patience = PATIENT,
+               access_key_id: str | None = None, secret_access_key: str | None = None) -> Store:
     """The store `url` names, ready to use.
 
     `file:///path` is a `LocalDirStore` on that directory (the path is taken literally, not
     percent-decoded). `s3://bucket/prefix` is an `S3Store` wrapped in a `RetryingStore`;
     `endpoint_url` and `region_name` (an AWS region, not a slurm-geo region), when empty,
     come from boto3's resolution: AWS_ENDPOINT_URL, AWS_DEFAULT_REGION, and so on, as do
-    the credentials; `plan` (slurm_geo.ckpt.transfer_plan) sizes its multipart uploads to
-    the link, and `patience` says how long a failing one is waited for. A URL of any other
-    form raises `ConfigError` naming it.
+    the credentials unless `access_key_id` and `secret_access_key` are given (a process
+    that holds keys for several stores passes them here, never through its environment);
+    `plan` (slurm_geo.ckpt.transfer_plan) sizes its multipart uploads to the link, and
+    `patience` says how long a failing one is waited for. A URL of any other form raises
+    `ConfigError` naming it.
     """
     scheme, separator, rest = url.partition("://")
     store: Store
@@ -67,7 +70,7 @@ def open_store(url: str, endpoint_url: str | None = None, region_name: str | Non
     elif scheme == "s3" and separator:
         bucket, prefix = _parse_s3(url, rest)
         store = _open_s3(url, bucket, prefix, endpoint_url or None, region_name or None, plan,
-                         patience)
+                         patience, (access_key_id, secret_access_key))
     else:
         raise _bad_url(url, "has an unknown scheme")
     if patience.skip_after_failure_s:
@@ -100,12 +103,14 @@ def paced(store: Store, side: str, bucket: TokenBucket | None = None, *,
 
 
 def _open_s3(url: str, bucket: str, prefix: str, endpoint_url: str | None,
-             region_name: str | None, plan: TransferPlan, patience: Patience) -> Store:
+             region_name: str | None, plan: TransferPlan, patience: Patience,
+             keys: tuple[str | None, str | None]) -> Store:
     # Imported here: botocore adds ~0.15 s (boto3 ~0.3 s) to the start of every command.
     try:
         from slurm_geo.ckpt.s3store import S3Store, make_s3_client
 
-        client = make_s3_client(endpoint_url, region_name,
+        client = make_s3_client(endpoint_url, region_name, access_key_id=keys[0],
+                                secret_access_key=keys[1],
                                 connect_timeout_s=patience.connect_timeout_s,
                                 read_timeout_s=patience.read_timeout_s)
     except ImportError as exc:

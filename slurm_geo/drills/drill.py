@@ -20,8 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,7 +34,7 @@ from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.federation.audit import Entry
 from slurm_geo.sandbox import Sandbox, netns
-from slurm_geo.sandbox.layout import SandboxLayout
+from slurm_geo.sandbox.layout import S3_REGION, SandboxLayout
 from slurm_geo.sandbox.sites import Site
 from slurm_geo.sandbox.users import ALICE, SandboxUser, job_environment
 from slurm_geo.slurm import JobSpec, SlurmClient, SlurmError, connect
@@ -426,12 +425,13 @@ def offsite_kept(sandbox: Sandbox, site: SiteConfig, view: losses.FederationView
     from slurm_geo.ckpt.open_store import open_store
 
     assert site.sync is not None
-    store_config = site.stores[site.sync.destination]
-    with _environment(sandbox.s3_env()):
-        store = open_store(store_config.url, endpoint_url=store_config.endpoint_url or None)
-        repository = Repository(store, load_master_key(sandbox.layout.master_key))
-        listed = set(repository.steps(run))
-        return set(steps) <= listed and not repository.verify(run, max(steps))
+    store_config, key = site.stores[site.sync.destination], sandbox.daemons_s3_key()
+    store = open_store(store_config.url, endpoint_url=store_config.endpoint_url or None,
+                       region_name=S3_REGION, access_key_id=key.access_key_id,
+                       secret_access_key=key.secret_access_key)
+    repository = Repository(store, load_master_key(sandbox.layout.master_key))
+    listed = set(repository.steps(run))
+    return set(steps) <= listed and not repository.verify(run, max(steps))
 
 
 def provider_secrets(sandbox: Sandbox, site: SiteConfig, run: str) -> list[str]:
@@ -449,21 +449,6 @@ def provider_secrets(sandbox: Sandbox, site: SiteConfig, run: str) -> list[str]:
     return losses.secrets_found(
         [layout.etcd_cluster.member(Site.REMOTE).data_dir, layout.s3_data_dir],
         {"the master key": master.current, f"the run key of {run}": run_key})
-
-
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """`values` in this process's environment (boto3 reads its keys there) for a block."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def wait_for(check: Callable[[], Any], deadline: float, what: str) -> Any:

@@ -25,6 +25,7 @@ ROOT_ENV = "SLURM_GEO_SANDBOX_DIR"
 DEFAULT_PORT_BASE = 16800
 S3_BUCKET = "slurm-geo"
 S3_PREFIX = "checkpoints"  # the offsite store's keys in S3_BUCKET
+S3_REGION = "us-east-1"  # the one the S3 server answers for; clients sign with it
 REST_USER = "root"
 # slurmrestd refuses to run as root or as SlurmUser; this account exists on every Debian.
 RESTD_OS_USER = "nobody"

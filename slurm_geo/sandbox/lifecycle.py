@@ -30,6 +30,7 @@ from slurm_geo.sandbox.layout import (
     RESTD_OS_USER,
     S3_BUCKET,
     S3_PREFIX,
+    S3_REGION,
     ClusterLayout,
     SandboxLayout,
 )
@@ -174,9 +175,10 @@ class Sandbox:
 
     def s3_env(self) -> dict[str, str]:
         """The daemons' key to the sandbox's S3 server, and its region, as variables."""
-        return {**self._daemons_s3_key().env(), "AWS_DEFAULT_REGION": "us-east-1"}
+        return {**self.daemons_s3_key().env(), "AWS_DEFAULT_REGION": S3_REGION}
 
-    def _daemons_s3_key(self) -> seaweed.S3Credentials:
+    def daemons_s3_key(self) -> seaweed.S3Credentials:
+        """The daemons' key to the sandbox's S3 server (root's commands use it too)."""
         path = self.layout.s3_daemon_credentials
         return seaweed.S3Credentials.parse(_read_or_fail(path, "sandbox is not up"), str(path))
 
@@ -331,7 +333,7 @@ class Sandbox:
         users.mint_tokens(rented)
 
     def _create_bucket(self) -> None:
-        seaweed.ensure_bucket(self.layout.s3_endpoint, self._daemons_s3_key(), S3_BUCKET,
+        seaweed.ensure_bucket(self.layout.s3_endpoint, self.daemons_s3_key(), S3_BUCKET,
                               seaweed.bucket_policy(S3_BUCKET, S3_PREFIX))
 
 

@@ -11,6 +11,7 @@ from slurm_geo.sandbox.layout import (
     REST_USER,
     S3_BUCKET,
     S3_PREFIX,
+    S3_REGION,
     ClusterLayout,
     SandboxLayout,
 )
@@ -199,7 +200,7 @@ def hook_wrapper(layout: SandboxLayout, cluster: ClusterLayout, python: str,
         "SLURM_GEO_KEY_FILE": str(layout.master_key),
         "SLURM_CONF": str(cluster.slurm_conf),
         "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": S3_REGION,
         **({"PYTHONPATH": str(package_root)} if package_root else {}),
     }
     exports = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())

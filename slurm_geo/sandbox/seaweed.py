@@ -29,7 +29,7 @@ from pathlib import Path
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.errors import SandboxError
 from slurm_geo.federation.credentials import parse_credentials
-from slurm_geo.sandbox.layout import S3_BUCKET, SandboxLayout
+from slurm_geo.sandbox.layout import S3_BUCKET, S3_REGION, SandboxLayout
 from slurm_geo.sandbox.sites import Site
 
 WEED_PROGRAM = "weed"
@@ -183,7 +183,7 @@ def ensure_bucket(endpoint: str, daemons: S3Credentials, bucket: str, policy: st
 
     from slurm_geo.ckpt.s3store import make_s3_client
 
-    client = make_s3_client(endpoint, "us-east-1", access_key_id=daemons.access_key_id,
+    client = make_s3_client(endpoint, S3_REGION, access_key_id=daemons.access_key_id,
                             secret_access_key=daemons.secret_access_key)
     deadline = time.monotonic() + timeout_s
     while True:
