@@ -3,6 +3,7 @@ and the fast path that must never fail (or slow down) a job without directives."
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import struct
@@ -120,6 +121,62 @@ def test_damaged_newest_is_fetched_from_the_replica(tmp_path, key):
     (staged,) = marker["staged"]
     assert (staged["step"], staged["verified"], staged["source"]) == (20, True, "replica")
     assert Repository(LocalDirStore(local), key).verify(RUN, 20) == []
+
+
+STAGING_AS_THE_OWNER = """
+import contextlib, json, sys
+from pathlib import Path
+from slurm_geo.ckpt import LocalDirStore, load_master_key  # what entry.staging_for imports
+from slurm_geo.ckpt.open_store import open_store
+from slurm_geo.hooks import node
+from slurm_geo.hooks.context import job_context
+
+
+class NothingImportable:
+    def find_spec(self, name, path=None, target=None):
+        raise ImportError(f"{name} imported under the job owner's uid")
+
+
+@contextlib.contextmanager
+def as_owner_who_cannot_read_python(uid, gid):
+    sys.meta_path.insert(0, NothingImportable())
+    try:
+        yield
+    finally:
+        sys.meta_path.pop(0)
+
+
+node.as_user = as_owner_who_cannot_read_python
+local, replica, key_file = map(Path, sys.argv[1:4])
+env = json.loads(sys.argv[4])
+staging = node.Staging(load_master_key(key_file), open_store(f"file://{replica}"))
+print(json.dumps(node.prolog(job_context(env), lambda: staging, now=1.0)["staged"]))
+"""
+
+
+def test_staging_imports_nothing_once_it_acts_as_the_jobs_owner(tmp_path, key):
+    """The owner may not be able to read the Python installation (the sandbox's is under
+    /root): everything staging runs, a fetch from the replica included, is loaded as root
+    before the prolog takes the owner's uid. In a fresh interpreter, as the prolog is."""
+    from slurm_geo.ckpt.keys import create_master_key_file, load_master_key
+    from slurm_geo.ckpt.replicate import copy_checkpoint
+
+    local, replica, key_file = tmp_path / "local", tmp_path / "replica", tmp_path / "key"
+    local.mkdir()
+    replica.mkdir()
+    create_master_key_file(key_file)
+    repo = Repository(LocalDirStore(local), load_master_key(key_file))
+    save(repo, 10)
+    save(repo, 20)
+    copy_checkpoint(repo, LocalDirStore(local), LocalDirStore(replica), RUN, 20)
+    damage_newest(local)
+    done = subprocess.run(
+        [sys.executable, "-c", STAGING_AS_THE_OWNER, str(local), str(replica), str(key_file),
+         json.dumps(env_for(local, restart=1))],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    (staged,) = json.loads(done.stdout)
+    assert (staged["step"], staged["verified"], staged["source"]) == (20, True, "replica")
 
 
 def test_damaged_newest_without_replica_names_the_newest_intact(tmp_path, key):

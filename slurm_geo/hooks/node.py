@@ -212,8 +212,19 @@ def prolog(job: JobContext, staging_for: Callable[[], Staging], now: float) -> d
     assert job.directives.ckpt_dir is not None
     ckpt_dir = Path(job.directives.ckpt_dir)
     staging = staging_for() if job.restart > 0 else None  # the key is root's to read
+    if staging is not None:
+        load_staging_code()
     with as_user(job.uid, job.gid):
         return _prolog(job, ckpt_dir, staging, now)
+
+
+def load_staging_code() -> None:
+    """Import, as root, the code `stage` runs as the job's owner: the owner need not be
+    able to read the Python installation (the sandbox's lives under /root, mode 0700),
+    and a module first imported under the owner's uid then fails as missing (seen: the
+    `mmap` extension, once `slurm_geo.ckpt` stopped importing everything up front)."""
+    import slurm_geo.ckpt.replicate
+    import slurm_geo.ckpt.repository  # noqa: F401
 
 
 def _prolog(job: JobContext, ckpt_dir: Path, staging: Staging | None,
