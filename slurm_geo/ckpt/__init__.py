@@ -12,8 +12,9 @@ import it from `slurm_geo.ckpt.open_store`.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from slurm_geo.lazy import module_getattr
 
 if TYPE_CHECKING:
     from slurm_geo.ckpt.errors import (
@@ -54,9 +55,4 @@ __all__ = [
     "load_master_key",
 ]
 
-
-def __getattr__(name: str) -> object:
-    module = _HOMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = module_getattr(__name__, _HOMES)

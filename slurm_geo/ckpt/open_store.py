@@ -70,7 +70,7 @@ def open_store(url: str, endpoint_url: str | None = None, region_name: str | Non
     elif scheme == "s3" and separator:
         bucket, prefix = _parse_s3(url, rest)
         store = _open_s3(url, bucket, prefix, endpoint_url or None, region_name or None, plan,
-                         patience, (access_key_id, secret_access_key))
+                         patience, access_key_id, secret_access_key)
     else:
         raise _bad_url(url, "has an unknown scheme")
     if patience.skip_after_failure_s:
@@ -104,13 +104,13 @@ def paced(store: Store, side: str, bucket: TokenBucket | None = None, *,
 
 def _open_s3(url: str, bucket: str, prefix: str, endpoint_url: str | None,
              region_name: str | None, plan: TransferPlan, patience: Patience,
-             keys: tuple[str | None, str | None]) -> Store:
+             access_key_id: str | None, secret_access_key: str | None) -> Store:
     # Imported here: botocore adds ~0.15 s (boto3 ~0.3 s) to the start of every command.
     try:
         from slurm_geo.ckpt.s3store import S3Store, make_s3_client
 
-        client = make_s3_client(endpoint_url, region_name, access_key_id=keys[0],
-                                secret_access_key=keys[1],
+        client = make_s3_client(endpoint_url, region_name, access_key_id=access_key_id,
+                                secret_access_key=secret_access_key,
                                 connect_timeout_s=patience.connect_timeout_s,
                                 read_timeout_s=patience.read_timeout_s)
     except ImportError as exc:

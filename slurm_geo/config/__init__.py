@@ -7,8 +7,9 @@ the config.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from slurm_geo.lazy import module_getattr
 
 if TYPE_CHECKING:
     from slurm_geo.config.model import (
@@ -41,9 +42,4 @@ __all__ = [
     "master_key_path", "parse_config",
 ]
 
-
-def __getattr__(name: str) -> object:
-    module = _HOMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = module_getattr(__name__, _HOMES)
