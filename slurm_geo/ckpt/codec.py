@@ -65,6 +65,11 @@ SPARSE_AT_LEAST = 0.05
 _HEAD = struct.Struct("<BI")  # method, decoded size; also the head of one plane
 _LENGTH = struct.Struct("<I")
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # by element size
+# Planes are cut and merged as whole words shifted by 8 bits a plane, not as a transposed
+# byte matrix: numpy's strided copy of single bytes ran at 1.0 ms a 4 MiB fp32 chunk each
+# way, the shifts at 0.55-0.65 ms (one thread; two threads splitting at once, 0.6 ms a chunk
+# against 3.0). Little-endian words whatever the host: plane j is byte j in memory.
+_LITTLE_ENDIAN = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 class Method(IntEnum):
@@ -107,10 +112,13 @@ class Compressors:
 
 
 def split_planes(data: Buffer, element_size: int) -> list[memoryview]:
-    """Plane j holds byte j of every element."""
-    elements = np.frombuffer(data, np.uint8).reshape(-1, element_size)
+    """Plane j holds byte j of every element (`element_size` 2 or 4)."""
+    elements = np.frombuffer(data, _LITTLE_ENDIAN[element_size])
     planes = np.empty((element_size, len(elements)), np.uint8)
-    np.copyto(planes, elements.T)
+    shifted = np.empty_like(elements)
+    for j, plane in enumerate(planes):
+        np.right_shift(elements, 8 * j, out=shifted)
+        np.copyto(plane, shifted, casting="unsafe")  # keeps the low byte
     return [plane.data for plane in planes]
 
 
@@ -124,10 +132,11 @@ def merge_planes(planes: Sequence[Buffer]) -> bytearray:
 def merge_planes_into(planes: Sequence[Buffer], out: Writable, offset: int) -> None:
     """Merge into `out` from `offset`, without an intermediate buffer."""
     element_size, count = len(planes), len(planes[0])
-    elements = np.frombuffer(out, np.uint8, count * element_size, offset)
-    columns = elements.reshape(count, element_size)
-    for j, plane in enumerate(planes):
-        columns[:, j] = np.frombuffer(plane, np.uint8)
+    elements = np.frombuffer(out, _LITTLE_ENDIAN[element_size], count, offset)
+    np.copyto(elements, np.frombuffer(planes[-1], np.uint8))
+    for plane in reversed(planes[:-1]):
+        np.left_shift(elements, 8, out=elements)
+        np.bitwise_or(elements, np.frombuffer(plane, np.uint8), out=elements)
 
 
 def xor_bytes(a: Buffer, b: Buffer) -> bytes:
