@@ -75,6 +75,31 @@ def test_the_cli_keeps_openblas_to_one_thread_unless_told(preset, expected):
     assert result.stdout.strip().splitlines()[-1] == expected
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc")
+@pytest.mark.parametrize("keep, most_faults", [(True, 1000), (False, None)])
+def test_the_cli_reuses_the_big_buffers_it_frees(keep, most_faults):
+    """Four buffers of 16 MiB (a pull's packs) filled and freed, eight times: with
+    keep_freed_memory the heap hands the same pages back (no page faults); without, glibc
+    returns most of them to the kernel and faults them in anew."""
+    code = ("import resource, sys\n"
+            "from slurm_geo.cli import keep_freed_memory\n"
+            f"if {keep}: keep_freed_memory()\n"
+            "def faults(): return resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "def fill(): return [bytearray(b'1') * (16 << 20) for _ in range(4)]\n"
+            "buffers = fill(); del buffers\n"
+            "before = faults()\n"
+            "for _ in range(8):\n"
+            "    buffers = fill(); del buffers\n"
+            "print(faults() - before)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True)
+    faults = int(result.stdout.strip())
+    if most_faults is None:
+        assert faults > 8 * (32 << 20) // 4096  # the control: half of it at least, anew
+    else:
+        assert faults < most_faults
+
+
 def test_unknown_sandbox_cluster_is_one_line_without_traceback(tmp_path):
     (tmp_path / "rented").mkdir()
     result = run("sandbox", "env", "--dir", str(tmp_path), "elsewhere")
