@@ -69,7 +69,7 @@ _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # by elemen
 # byte matrix: numpy's strided copy of single bytes ran at 1.0 ms a 4 MiB fp32 chunk each
 # way, the shifts at 0.55-0.65 ms (one thread; two threads splitting at once, 0.6 ms a chunk
 # against 3.0). Little-endian words whatever the host: plane j is byte j in memory.
-_LITTLE_ENDIAN = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_LITTLE_ENDIAN: dict[int, np.dtype[np.unsignedinteger]] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 class Method(IntEnum):
