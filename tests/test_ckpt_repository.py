@@ -31,7 +31,7 @@ from slurm_geo.ckpt.codec import Method, encode, encode_delta_parts
 from slurm_geo.ckpt.keys import SALT_SIZE, RunKeys, chunk_id
 from slurm_geo.ckpt.manifest import ChunkRef
 from slurm_geo.ckpt.names import pack_name
-from slurm_geo.ckpt.pack import Entry, PackReader, PackWriter
+from slurm_geo.ckpt.pack import HEADER_SIZE, Entry, PackReader, PackWriter
 from slurm_geo.ckpt.reader import ChunkReader
 from slurm_geo.ckpt.seal import Kind, open_sealed, seal
 from slurm_geo.ckpt.writer import DELTA_LAG, DELTA_PROBES, DeltaProbe, delta_kind
@@ -421,6 +421,47 @@ def test_a_flipped_bit_in_a_pack_is_named_and_spares_the_previous_checkpoint(sto
     assert [f.name for f in repo.verify(RUN, 2)] == [name]
     assert repo.read_checkpoint(RUN, 1).tensors == state(1)
     assert repo.verify(RUN, 1) == []
+
+
+class CountingDirStore(LocalDirStore):
+    """A local store that records which objects were read whole and which by ranges."""
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.whole: list[str] = []
+        self.ranged: list[tuple[str, int]] = []
+
+    def get(self, name: str) -> bytes:
+        self.whole.append(name)
+        return super().get(name)
+
+    def get_range(self, name: str, start: int, length: int) -> bytes:
+        self.ranged.append((name, length))
+        return super().get_range(name, start, length)
+
+
+def test_a_local_store_is_read_blob_by_blob_not_pack_by_pack(tmp_path, master):
+    """A reader needs the blobs of its chunks and of their delta bases: a local store gives
+    exactly those (and each pack's header once), never a whole pack."""
+    store = CountingDirStore(tmp_path)
+    repo = Repository(store, master, OPTIONS)
+    weights = noise(3 * CHUNK, 3)
+    tuned = fine_tune_step(weights, 2)
+    for step, data in ((1, weights), (2, tuned)):
+        repo.write_checkpoint(RUN, [Tensor("w", "float32", (3 * CHUNK // 4,), data)], EXTRA,
+                              metadata(step), parent=step - 1 or None, delta=True)
+    manifest = repo.manifest(RUN, 2)
+    refs = [*(ref for entry in manifest.tensors for ref in entry.chunks),
+            *manifest.extra_state.chunks]
+    assert any(ref.base is not None for ref in refs)  # a delta: its base is read too
+    store.whole.clear()
+    store.ranged.clear()
+    assert repo.read_checkpoint(RUN, 2).tensors[0].data == tuned
+    assert not [name for name in store.whole if name.startswith("packs/")]
+    blobs = [length for _name, length in store.ranged if length != HEADER_SIZE]
+    headers = {name for name, length in store.ranged if length == HEADER_SIZE}
+    assert sum(blobs) <= sum(ref.length + (ref.base.length if ref.base else 0) for ref in refs)
+    assert len(headers) == len({name for name, _length in store.ranged})
 
 
 def test_a_truncated_pack_is_named(store, repo):

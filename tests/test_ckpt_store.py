@@ -43,6 +43,19 @@ def test_getting_a_missing_object_says_so_by_name(store):
     assert info.value.name == "packs/ab/cd"
 
 
+def test_a_local_store_reads_a_range_of_an_object(tmp_path):
+    store = LocalDirStore(tmp_path)
+    store.put("packs/ab/cd", bytes(range(100)))
+    assert store.get_range("packs/ab/cd", 10, 5) == bytes(range(10, 15))
+    assert store.get_range("packs/ab/cd", 95, 10) == bytes(range(95, 100))  # short at the end
+    assert store.get_range("packs/ab/cd", 200, 10) == b""
+    with pytest.raises(ObjectMissing) as info:
+        store.get_range("packs/ab/ef", 0, 10)
+    assert info.value.name == "packs/ab/ef"
+    with pytest.raises(UnsafeObjectName):
+        store.get_range("../outside", 0, 10)
+
+
 def test_delete_is_idempotent(store):
     store.put("a/b", b"x")
     store.delete("a/b")

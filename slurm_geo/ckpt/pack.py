@@ -160,14 +160,23 @@ class PackReader:
 
     def blob(self, entry: Entry) -> bytes:
         start, end = entry.offset, entry.offset + entry.length
-        if start < HEADER_SIZE or entry.length < ENTRY_OVERHEAD or end > len(self._data):
+        if end > len(self._data):
             raise self._damage(CorruptObject(self._name,
                                              f"entry [{start}, {end}) is outside the pack"))
-        found_id, length = _ENTRY_HEAD.unpack_from(self._data, start)
+        return self.open_entry(entry, self._data[start:end])
+
+    def open_entry(self, entry: Entry, raw: Bytes) -> bytes:
+        """The blob of `entry`, given the entry's bytes as read from the pack (`blob`, or a
+        read of that range alone, for which this reader needs only the pack's header)."""
+        start, end = entry.offset, entry.offset + entry.length
+        if start < HEADER_SIZE or entry.length < ENTRY_OVERHEAD or len(raw) != entry.length:
+            raise self._damage(CorruptObject(self._name,
+                                             f"entry [{start}, {end}) is outside the pack"))
+        found_id, length = _ENTRY_HEAD.unpack_from(raw, 0)
         if found_id != entry.chunk_id or _ENTRY_HEAD.size + length != entry.length:
             raise self._damage(CorruptObject(
                 self._name, f"entry at {start} is not chunk {entry.chunk_id.hex()}"))
-        sealed = self._data[start + _ENTRY_HEAD.size:end]
+        sealed = memoryview(raw)[_ENTRY_HEAD.size:]
         try:
             return self._cipher.decrypt(_nonce(start), sealed, found_id)
         except InvalidTag:

@@ -30,12 +30,13 @@ from slurm_geo.ckpt.manifest import ChunkRef
 from slurm_geo.ckpt.names import pack_name
 from slurm_geo.ckpt.pack import (
     BLAKE3_VERSION,
+    HEADER_SIZE,
     PATCH_VERSION,
     Entry,
     PackReader,
     check_pack_id,
 )
-from slurm_geo.ckpt.store import Bytes, Store
+from slurm_geo.ckpt.store import Bytes, LocalDirStore, Store
 
 # Enough for a checkpoint's current pack, the next one (fetched ahead), the packs a delta
 # chain reaches into (3 deep by default) and one more for a worker whose chunk starts the
@@ -44,6 +45,9 @@ from slurm_geo.ckpt.store import Bytes, Store
 # them alive at once); at 6, 246 MB in three runs, and a pull of a bf16 series stored as
 # deltas fetched each pack once as before.
 CACHED_PACKS = 6
+# Packs whose header (salt, hence key) a reader by ranges keeps opened: a few hundred bytes
+# each, against one more read per blob.
+OPENED_HEADERS = 64
 MAX_DEFAULT_WORKERS = 4
 # The first pack version that may hold each later blob method (docs/format.md §6).
 FIRST_PACK_VERSION = {Method.ZSTD_PATCH: PATCH_VERSION, Method.SPARSE_PLANES: BLAKE3_VERSION}
@@ -70,6 +74,12 @@ class ChunkReader:
     says how chunk ids are checked. `hash_packs`: check every pack it fetches against its
     name, as a reader whose subject is the store's integrity must (docs/format.md §6); a
     reader that decodes relies on the entries' tags and the chunks' ids (see `_load`).
+
+    Such a reader reads a local directory store by ranges: each blob on its own, after its
+    pack's header, as the kernel's page cache makes a small read as cheap as a large one.
+    It then holds a chunk's blob, not 16 MiB packs for every chunk in flight and for delta
+    bases (measured: a pull of 300 MB held 106 MB of packs at its peak). On any fault the
+    pack is read whole, so the error is the one a whole read gives (`_damage`).
     """
 
     def __init__(self, store: Store, keys: RunKeys, manifest_format: int,
@@ -82,6 +92,8 @@ class ChunkReader:
         self._lock = threading.Lock()
         self._packs: OrderedDict[str, Future[PackReader]] = OrderedDict()
         self._bad_packs: dict[str, CkptError] = {}
+        self._by_ranges = store if isinstance(store, LocalDirStore) and not hash_packs else None
+        self._headers: OrderedDict[str, PackReader] = OrderedDict()
 
     def read(self, ref: ChunkRef) -> bytearray:
         """The chunk's plaintext, verified against its keyed id, or a typed error."""
@@ -111,7 +123,8 @@ class ChunkReader:
             with self._lock:
                 self._bad_packs[pack_id] = exc
             return [exc]
-        self._hold(pack_id, pack)
+        if self._by_ranges is None:
+            self._hold(pack_id, pack)
         faults: dict[str, CkptError] = {}
         for ref in refs:
             try:
@@ -131,8 +144,9 @@ class ChunkReader:
         raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id} decodes to data with another id")
 
     def prefetch(self, ref: ChunkRef, pool: Executor) -> None:
-        """Start fetching the packs `ref` and its delta bases live in, on `pool`."""
-        chain: ChunkRef | None = ref
+        """Start fetching the packs `ref` and its delta bases live in, on `pool` (none to
+        fetch when reading by ranges)."""
+        chain: ChunkRef | None = None if self._by_ranges else ref
         while chain is not None:
             try:
                 loading, first = self._claim(chain.pack)
@@ -165,9 +179,12 @@ class ChunkReader:
     def _blob(self, ref: ChunkRef, pack: PackReader | None = None) -> bytes:
         """The chunk's encoded blob (from `pack` when given, else the chunk's own pack),
         authenticated, its delta base checked against `ref`."""
-        if pack is None:
-            pack = self._pack(ref.pack)
-        blob = pack.blob(Entry(bytes.fromhex(ref.id), ref.offset, ref.length))
+        entry = Entry(bytes.fromhex(ref.id), ref.offset, ref.length)
+        if pack is None and self._by_ranges is not None:
+            pack, blob = self._read_entry(self._by_ranges, ref.pack, entry)
+        else:
+            pack = pack or self._pack(ref.pack)
+            blob = pack.blob(entry)
         try:
             if delta_base_id(blob) != (None if ref.base is None else bytes.fromhex(ref.base.id)):
                 raise MalformedData("its delta base differs from the manifest's")
@@ -177,6 +194,27 @@ class ChunkReader:
         except MalformedData as exc:
             raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
         return blob
+
+    def _read_entry(self, store: LocalDirStore, pack_id: str, entry: Entry
+                    ) -> tuple[PackReader, bytes]:
+        """One blob read on its own, its pack's header opened once; on any fault, the pack
+        read whole, whose reader names the damage as well as it can."""
+        name = pack_name(pack_id)
+        try:
+            with self._lock:
+                header = self._headers.get(pack_id)
+            if header is None:
+                header = PackReader(self._keys.data_key, name,
+                                    store.get_range(name, 0, HEADER_SIZE))
+                with self._lock:
+                    self._headers[pack_id] = header
+                    while len(self._headers) > OPENED_HEADERS:
+                        self._headers.popitem(last=False)
+            return header, header.open_entry(
+                entry, store.get_range(name, entry.offset, entry.length))
+        except CkptError:
+            pack = self._pack(pack_id)
+            return pack, pack.blob(entry)
 
     def _base_plaintext(self, ref: ChunkRef) -> Buffer | None:
         return None if ref.base is None else self._plaintext(ref.base)
