@@ -103,6 +103,27 @@ def test_gets_of_each_pack_happen_once_even_with_deltas_and_dedup(site, monkeypa
     assert len([n for n in gets if n.startswith("packs/")]) == len(store.sizes("packs/"))
 
 
+def test_a_local_stores_delta_bases_are_read_by_ranges_not_kept_as_packs(site, monkeypatch):
+    """Each pack is read whole once to be checked; the bases its deltas need are read
+    blob by blob from a local store (no 16 MiB pack kept for them: less memory)."""
+    store, repository = site
+    ranged: list[tuple[str, int, int]] = []
+    real_get_range = LocalDirStore.get_range
+
+    def counting_get_range(self, name, start, length):
+        ranged.append((name, start, length))
+        return real_get_range(self, name, start, length)
+
+    monkeypatch.setattr(LocalDirStore, "get_range", counting_get_range)
+    monkeypatch.setattr("slurm_geo.ckpt.check.CHECK_CACHED_PACKS", 0)
+    assert check_store(store, KEY, READ_ALL, threads=1).ok
+    bases = {(pack_name(r.base.pack), r.base.offset, r.base.length)
+             for run in repository.runs() for step in repository.steps(run)
+             for r in repository.manifest(run, step).refs() if r.base is not None}
+    blobs = {read for read in ranged if read[1] != 0}  # offset 0: a pack's header
+    assert bases and blobs == bases
+
+
 def test_a_bit_flip_in_any_pack_is_found_naming_the_checkpoints_it_affects(site, tmp_path):
     store, repository = site
     for i, name in enumerate(sorted(store.sizes("packs/"))):

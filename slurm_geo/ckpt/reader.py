@@ -80,10 +80,13 @@ class ChunkReader:
     It then holds a chunk's blob, not 16 MiB packs for every chunk in flight and for delta
     bases (measured: a pull of 300 MB held 106 MB of packs at its peak). On any fault the
     pack is read whole, so the error is the one a whole read gives (`_damage`).
+    `ranges_from`: the local store under a wrapped `store` (`ckpt check` counts what it
+    reads), for the delta bases its packs' chunks need.
     """
 
     def __init__(self, store: Store, keys: RunKeys, manifest_format: int,
-                 cached_packs: int = CACHED_PACKS, hash_packs: bool = False):
+                 cached_packs: int = CACHED_PACKS, hash_packs: bool = False,
+                 ranges_from: LocalDirStore | None = None):
         self._store = store
         self._keys = keys
         self._format = manifest_format
@@ -92,7 +95,9 @@ class ChunkReader:
         self._lock = threading.Lock()
         self._packs: OrderedDict[str, Future[PackReader]] = OrderedDict()
         self._bad_packs: dict[str, CkptError] = {}
-        self._by_ranges = store if isinstance(store, LocalDirStore) and not hash_packs else None
+        if ranges_from is None and isinstance(store, LocalDirStore):
+            ranges_from = store
+        self._by_ranges = None if hash_packs else ranges_from
         self._headers: OrderedDict[str, PackReader] = OrderedDict()
 
     def read(self, ref: ChunkRef) -> bytearray:
