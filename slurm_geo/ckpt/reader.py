@@ -68,7 +68,7 @@ def default_workers() -> int:
 
 
 class ChunkReader:
-    """Reads the chunks of one run; keeps the last few packs, and remembers bad ones.
+    """Reads the chunks of one run; keeps the last few packs it read whole, and remembers bad ones.
 
     `manifest_format` is the format version of the manifests whose chunks it reads, which
     says how chunk ids are checked. `hash_packs`: check every pack it fetches against its
