@@ -38,12 +38,12 @@ from slurm_geo.ckpt.pack import (
 )
 from slurm_geo.ckpt.store import Bytes, LocalDirStore, Store
 
-# Enough for a checkpoint's current pack, the next one (fetched ahead), the packs a delta
-# chain reaches into (3 deep by default) and one more for a worker whose chunk starts the
-# pack after; 16 MiB each, a checkpoint's last smaller. At 8, the peak RSS of a 4 GiB pull
-# was 280-315 MB once packs were no longer hashed on reading (fetched sooner, more of
-# them alive at once); at 6, 246 MB in three runs, and a pull of a bf16 series stored as
-# deltas fetched each pack once as before.
+# Packs read whole (from S3, or to be checked) kept at once: enough for a checkpoint's
+# current pack, the next one (fetched ahead), the packs a delta chain reaches into (3 deep
+# by default) and one more for a worker whose chunk starts the pack after; 16 MiB each, a
+# checkpoint's last smaller. Measured when local stores were read whole too: at 8, the
+# peak RSS of a 4 GiB pull was 280-315 MB; at 6, 246 MB in three runs, and a pull of a
+# bf16 series stored as deltas fetched each pack once as before.
 CACHED_PACKS = 6
 # Packs whose header (salt, hence key) a reader by ranges keeps opened: a few hundred bytes
 # each, against one more read per blob.
