@@ -49,6 +49,7 @@ def test_a_local_store_reads_a_range_of_an_object(tmp_path):
     assert store.get_range("packs/ab/cd", 10, 5) == bytes(range(10, 15))
     assert store.get_range("packs/ab/cd", 95, 10) == bytes(range(95, 100))  # short at the end
     assert store.get_range("packs/ab/cd", 200, 10) == b""
+    assert store.get_range("packs/ab/cd", 90, 1 << 50) == bytes(range(90, 100))  # no 1 PiB
     with pytest.raises(ObjectMissing) as info:
         store.get_range("packs/ab/ef", 0, 10)
     assert info.value.name == "packs/ab/ef"

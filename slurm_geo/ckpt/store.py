@@ -96,6 +96,9 @@ class LocalDirStore:
         except OSError as exc:
             raise StoreUnavailable(name, exc.strerror or str(exc)) from None
         try:
+            # Never more than the object holds: a length from a damaged or forged entry
+            # must not become an allocation of that size.
+            length = max(0, min(length, os.fstat(fd).st_size - start))
             data = os.pread(fd, length, start)
             while 0 < len(data) < length:  # short reads: network filesystems, signals
                 more = os.pread(fd, length - len(data), start + len(data))
