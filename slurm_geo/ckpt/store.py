@@ -11,6 +11,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -78,38 +79,28 @@ class LocalDirStore:
 
     def get(self, name: str) -> bytes:
         path = self._path(name)
-        try:
+        with _read_errors(name):
             return path.read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise ObjectMissing(name) from None
-        except OSError as exc:
-            raise StoreUnavailable(name, exc.strerror or str(exc)) from None
 
     def get_range(self, name: str, start: int, length: int) -> bytes:
         """Bytes `start` to `start + length` of `name` (fewer where it ends sooner): a reader
         after one blob of a pack reads that blob, not the whole pack (`ChunkReader`)."""
         path = self._path(name)
-        try:
+        with _read_errors(name):
             fd = os.open(path, os.O_RDONLY)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise ObjectMissing(name) from None
-        except OSError as exc:
-            raise StoreUnavailable(name, exc.strerror or str(exc)) from None
-        try:
-            # Never more than the object holds: a length from a damaged or forged entry
-            # must not become an allocation of that size.
-            length = max(0, min(length, os.fstat(fd).st_size - start))
-            data = os.pread(fd, length, start)
-            while 0 < len(data) < length:  # short reads: network filesystems, signals
-                more = os.pread(fd, length - len(data), start + len(data))
-                if not more:
-                    break
-                data += more
-            return data
-        except OSError as exc:
-            raise StoreUnavailable(name, exc.strerror or str(exc)) from None
-        finally:
-            os.close(fd)
+            try:
+                # Never more than the object holds: a length from a damaged or forged entry
+                # must not become an allocation of that size.
+                length = max(0, min(length, os.fstat(fd).st_size - start))
+                data = os.pread(fd, length, start)
+                while 0 < len(data) < length:  # short reads: network filesystems, signals
+                    more = os.pread(fd, length - len(data), start + len(data))
+                    if not more:
+                        break
+                    data += more
+                return data
+            finally:
+                os.close(fd)
 
     def list(self, prefix: str) -> list[str]:
         directory = prefix.rpartition("/")[0]
@@ -175,6 +166,18 @@ class LocalDirStore:
             if self._shared and created.stat().st_uid == os.getuid():
                 created.chmod(self._shared)
             _fsync_dir(created.parent)
+
+
+@contextmanager
+def _read_errors(name: str) -> Iterator[None]:
+    """A read's failures as the store's: a missing object (or a directory in its place)
+    `ObjectMissing`, any other I/O failure `StoreUnavailable`."""
+    try:
+        yield
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ObjectMissing(name) from None
+    except OSError as exc:
+        raise StoreUnavailable(name, exc.strerror or str(exc)) from None
 
 
 def _raise_unless_missing(error: OSError) -> None:
