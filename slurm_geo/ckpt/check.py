@@ -35,7 +35,7 @@ from slurm_geo.errors import ConfigError
 
 # Delta bases mostly sit in the previous checkpoint's packs, checked just before: a
 # checkpoint's worth of 16 MiB packs kept lets its successor's deltas find them there. A
-# local store's bases are read by ranges instead (peak RSS of a check of 1 GB: 440-466 MB
+# local store's bases are read by ranges instead (peak RSS of a check of 1 GB: 420-490 MB
 # with these packs kept).
 CHECK_CACHED_PACKS = 16
 _SUBSET = re.compile(r"(?:(?P<percent>\d+(?:\.\d+)?)%|(?P<group>\d+)/(?P<groups>\d+))")

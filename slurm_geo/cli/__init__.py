@@ -86,8 +86,8 @@ def keep_freed_memory() -> None:
     decompressed) is a fresh mapping, unmapped when freed, and every page of the next one
     is faulted in and zeroed anew; on a VM whose free memory goes back to the host it is
     also faulted in on the host, about 2.5 ms a MiB on the 2-core VM. Measured there
-    (docs/benchmarks.md): a pull of 300 MB took 99-126k page faults and 55-63k after,
-    `ckpt check --read-data` of 1 GB 260-338k and 108-126k. What is kept stays in the
+    (docs/benchmarks.md): a pull of 300 MB took 98-131k page faults and 55-58k after,
+    `ckpt check --read-data` of 1 GB 202-338k and 108-126k. What is kept stays in the
     process's RSS until it exits, and a thread's arena keeps its own: peak RSS of a 4 GiB
     push 153-167 MB with it, of a 4 GiB pull 86 MB (both under the 300 MB the CLI is held
     to). A no-op where malloc is not glibc's."""
