@@ -11,6 +11,7 @@ from slurm_geo.torch.checkpointer import (
     ResumeState,
     optimizer_step_count,
 )
+from slurm_geo.torch.exit import run_rank
 from slurm_geo.torch.signals import EXIT_REQUEUE, RequeueOnSignal, request_requeue
 from slurm_geo.torch.state import (
     StateFormatError,
@@ -22,5 +23,5 @@ from slurm_geo.torch.state import (
 __all__ = [
     "EXIT_REQUEUE", "Checkpointer", "NoValidCheckpoint", "RequeueOnSignal", "ResumeState",
     "StateFormatError", "flatten_state", "optimizer_step_count", "request_requeue",
-    "tensors_from_torch_file", "unflatten_state",
+    "run_rank", "tensors_from_torch_file", "unflatten_state",
 ]

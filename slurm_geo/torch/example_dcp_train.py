@@ -54,6 +54,7 @@ from slurm_geo.ckpt import Repository, create_master_key_file, load_master_key
 from slurm_geo.ckpt.open_store import open_store_or_named
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.torch.distributed import StorageReader, StorageWriter
+from slurm_geo.torch.exit import run_rank
 
 SAMPLES, FEATURES, HIDDEN, OUTPUTS, BATCH = 256, 16, 64, 4, 32  # BATCH: the global batch
 
@@ -258,4 +259,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_rank(main)

@@ -49,6 +49,7 @@ from slurm_geo.ckpt.open_store import open_store_or_named
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.lease.client import Fenced
 from slurm_geo.torch.distributed import StorageReader, StorageWriter
+from slurm_geo.torch.exit import run_rank
 from slurm_geo.torch.ranks import RankedRun, Verdict
 from slurm_geo.torch.signals import EXIT_REQUEUE, RequeueOnSignal
 
@@ -267,4 +268,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_rank(main)

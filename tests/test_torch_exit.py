@@ -1,0 +1,100 @@
+"""run_rank: a rank's process ends with its main's exit code, its output and atexit handlers
+intact, without finalizing the interpreter, in which torch tears down the gloo threads a
+destroyed process group left running."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from slurm_geo.torch.exit import exit_code
+
+
+@pytest.mark.parametrize("value, code, printed", [
+    (None, 0, ""), (0, 0, ""), (75, 75, ""), (True, 1, ""), ("no store named x", 1,
+                                                            "no store named x\n")])
+def test_exit_code_is_what_python_gives_sys_exit(value, code, printed, capsys):
+    assert exit_code(value) == code
+    assert capsys.readouterr().err == printed
+
+
+def ended(body: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    script = textwrap.dedent("""\
+        import atexit, sys
+        from slurm_geo.torch.exit import run_rank
+        atexit.register(lambda: print("atexit ran"))
+        class Finalized:
+            def __del__(self):
+                print("finalized")
+        kept = Finalized()  # a module global: only finalization would delete it
+        """) + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", script, *argv], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("main, code", [
+    ("def main():\n    print('trained', end='')\n    return 75\n", 75),
+    ("def main():\n    print('trained', end='')\n    raise SystemExit(75)\n", 75),
+    ("def main():\n    print('trained', end='')\n", 0),
+])
+def test_the_process_ends_with_mains_code_its_output_and_atexit_but_no_finalization(main,
+                                                                                     code):
+    result = ended(main + "run_rank(main)\n")
+    assert result.returncode == code, result.stderr
+    assert result.stdout == "trainedatexit ran\n"  # buffered output, not lost to os._exit
+
+
+def test_control_sys_exit_finalizes_so_the_test_above_can_tell():
+    result = ended("def main():\n    return 75\nsys.exit(main())\n")
+    assert result.returncode == 75 and result.stdout == "atexit ran\nfinalized\n"
+
+
+def test_an_exception_prints_its_traceback_and_exits_1():
+    result = ended("def main():\n    raise ValueError('bad shard')\nrun_rank(main)\n")
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "ValueError: bad shard" in result.stderr
+    assert result.stdout == "atexit ran\n"
+
+
+RANK = """
+import os, sys
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from slurm_geo.torch.exit import run_rank
+
+def threads():
+    tasks = "/proc/self/task"
+    return {open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)}
+
+def main():
+    rank, port = int(sys.argv[1]), sys.argv[2]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    whole = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)]).full_tensor()
+    dist.destroy_process_group()
+    print(int(whole.sum()), "pt_gloo_runloop" in threads())
+    return 75
+
+run_rank(main)
+"""
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_that_used_dtensors_end_with_mains_code():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), port],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    results = [rank.communicate(timeout=120) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [75, 75], results
+    # 28 is the whole tensor; True: torch still runs the destroyed group's gloo threads,
+    # the reason run_rank exists (when this turns False, run_rank can go)
+    assert [out for out, _ in results] == ["28 True\n", "28 True\n"]
