@@ -48,6 +48,24 @@ def test_the_process_ends_with_mains_code_its_output_and_atexit_but_no_finalizat
     assert result.stdout == "trainedatexit ran\n"  # buffered output, not lost to os._exit
 
 
+def test_a_write_still_in_flight_finishes_and_an_idle_executor_does_not_hang_the_exit():
+    result = ended("""\
+        import threading, time
+        from concurrent.futures import ThreadPoolExecutor
+        idle = ThreadPoolExecutor(max_workers=1)
+        idle.submit(print, "first write", flush=True).result()
+        def write():
+            time.sleep(0.5)
+            print("last write", flush=True)
+        def main():
+            threading.Thread(target=write).start()
+            return 0
+        run_rank(main)
+        """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "first write\nlast write\natexit ran\n"
+
+
 def test_control_sys_exit_finalizes_so_the_test_above_can_tell():
     result = ended("def main():\n    return 75\nsys.exit(main())\n")
     assert result.returncode == 75 and result.stdout == "atexit ran\nfinalized\n"

@@ -1,14 +1,18 @@
 """How a rank's process ends: `run_rank(main)` runs main and ends the process with its exit
-code the way torch.multiprocessing's children end, without finalizing the interpreter.
+code as `sys.exit(main())` would, except that the interpreter is not finalized.
 
 Why: torch 2.13 keeps a destroyed gloo process group alive when DTensors have used it
-(FSDP2, DCP's resharding, `full_tensor`): after `destroy_process_group` its
-`pt_gloo_runloop` and `gloo_tcp_loop` threads, and rank 0's `pt_tcpstore_uv`, still run.
-It is then torn down while Python finalizes, where now and then a rank aborts
-("terminate called without an active exception", SIGABRT) after its work is done, and
-srun fails the job, or turns a requeue's exit 75 into 134. Two of the ranks CI launched
-for stop 26 ended so; ranks under torch.multiprocessing, which leaves by os._exit, never
-did. Clearing DTensor's caches does not free the group.
+(FSDP2, a resharded load, `full_tensor`): after `destroy_process_group` its
+`pt_gloo_runloop` and `gloo_tcp_loop` threads, and rank 0's `pt_tcpstore_uv`, still run
+(tests/test_torch_exit.py shows it; clearing DTensor's caches does not free the group).
+Once finalization begins, Python 3.11 ends any thread that asks for the GIL by
+pthread_exit; the likely path, and the one PyTorch's PR #179291 describes, is a gloo
+thread dropping the last reference to a collective's tensor just then, whose unwinding
+meets a noexcept C++ frame and aborts the rank ("terminate called without an active
+exception", SIGABRT). srun
+then fails a job whose work was done, or turns a requeue's exit 75 into 134: two srun
+ranks of stop 26's CI run ended so, after their loads. Without finalization no thread is
+ever ended that way.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import NoReturn
@@ -23,9 +28,10 @@ from typing import NoReturn
 
 def run_rank(main: Callable[[], int | None]) -> NoReturn:
     """Run a rank's `main` and end the process with its exit code, as `sys.exit(main())`
-    would: a SystemExit's code, 1 and the traceback for any other exception. Streams are
-    flushed and atexit handlers run first; then os._exit, so nothing torch left running
-    is torn down. Call it once main has destroyed its process group."""
+    would: a SystemExit's code, 1 and the traceback for any other exception. Python's own
+    exit steps run first (non-daemon threads joined, atexit handlers, streams flushed);
+    then os._exit, so nothing torch left running is torn down. Call it once main has
+    destroyed its process group."""
     try:
         code = exit_code(main())
     except SystemExit as stop:
@@ -33,6 +39,7 @@ def run_rank(main: Callable[[], int | None]) -> NoReturn:
     except BaseException:
         traceback.print_exc()
         code = 1
+    threading._shutdown()  # type: ignore[attr-defined]  # multiprocessing children do too
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
