@@ -9,10 +9,9 @@ Once finalization begins, Python 3.11 ends any thread that asks for the GIL by
 pthread_exit; a gloo thread still finishing a collective then unwinds into C++ that
 cannot unwind, and the rank aborts ("terminate called without an active exception",
 SIGABRT; PyTorch's PR #179291). Two ranks leaving with 200 all-reduces in flight: a rank
-aborted in 26 of 30 pairs by sys.exit, in none of 30 by run_rank. srun
-then fails a job whose work was done, or turns a requeue's exit 75 into 134: two srun
-ranks of stop 26's CI run ended so, after their loads. Without finalization no thread is
-ever ended that way.
+aborted in 26 of 30 pairs by sys.exit, in none of 30 by run_rank. srun then fails a job
+whose work was done, or turns a requeue's exit 75 into 134: two srun ranks of stop 26's
+CI run ended so, after their loads. Without finalization no thread is ended that way.
 """
 
 from __future__ import annotations
