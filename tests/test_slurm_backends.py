@@ -53,13 +53,18 @@ def test_cancel_ends_a_running_job(cluster, shared_dir):
 
 @pytest.fixture
 def occupied(cluster, shared_dir):
-    """Both nodes of the cluster busy for ten minutes; returns the blocking job ids."""
+    """Both nodes of the cluster busy for ten minutes; yields the blocking job ids and
+    cancels those still running (a blocker left behind outlived the suite's
+    `sandbox down`, whose site removal then refused to go on)."""
     blockers = [cluster.submit(JobSpec(script=script("sleep 600"), working_dir=shared_dir,
                                        cpus_per_task=2, time_limit_minutes=10))
                 for _ in range(2)]
     for job_id in blockers:
         eventually(lambda j=job_id: cluster.job(j), lambda j: j.state is JobState.RUNNING)
-    return blockers
+    yield blockers
+    for job_id in blockers:
+        if not cluster.job(job_id).state.is_terminal():
+            cluster.cancel(job_id)
 
 
 def test_hold_and_release_a_pending_job(cluster, shared_dir, occupied):
