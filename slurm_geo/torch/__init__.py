@@ -2,7 +2,9 @@
 
 `Checkpointer` snapshots model, optimizer, scheduler, RNG and data position and writes
 them in the background; `RequeueOnSignal` turns Slurm's warning signal into a final
-checkpoint and a requeue. docs/training.md shows how to wire both into a script.
+checkpoint and a requeue; `run_rank` ends a multi-rank script's process without the
+interpreter teardown in which torch's leftover gloo threads abort it. docs/training.md
+shows how to wire them into a script.
 """
 
 from slurm_geo.torch.checkpointer import (
