@@ -5,12 +5,13 @@ destroyed process group left running."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
+from dcp_ranks import free_port
 
 from slurm_geo.torch.exit import exit_code
 
@@ -79,6 +80,13 @@ def test_an_exception_prints_its_traceback_and_exits_1():
     assert result.stdout == "atexit ran\n"
 
 
+def two_ranks(script: str, *argv: str, **streams: Any) -> list[subprocess.Popen]:
+    """`python -c script RANK PORT *argv` for ranks 0 and 1, joined on a free port."""
+    port = str(free_port())
+    return [subprocess.Popen([sys.executable, "-c", script, str(rank), port, *argv],
+                             **streams) for rank in (0, 1)]
+
+
 RANK = """
 import os, sys
 import torch, torch.distributed as dist
@@ -106,12 +114,7 @@ run_rank(main)
 
 @pytest.mark.slow
 def test_two_gloo_ranks_that_used_dtensors_end_with_mains_code():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), port],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in (0, 1)]
+    ranks = two_ranks(RANK, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = [rank.communicate(timeout=120) for rank in ranks]
     assert [rank.returncode for rank in ranks] == [75, 75], results
     # 28 is the whole tensor; True: torch still runs the destroyed group's gloo threads,
@@ -134,12 +137,7 @@ sys.exit(0)
 
 
 def pair_exit_codes(ending: str) -> list[int]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    ranks = [subprocess.Popen([sys.executable, "-c", IN_FLIGHT, str(rank), port, ending],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for rank in (0, 1)]
+    ranks = two_ranks(IN_FLIGHT, ending, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return [rank.wait(timeout=120) for rank in ranks]
 
 
