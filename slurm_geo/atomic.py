@@ -19,12 +19,14 @@ def write_if_changed(path: Path, content: str | bytes, mode: int = 0o644,
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    # Never through a link left in the temporary file's place; its mode whatever the umask.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode)
+    os.fchmod(fd, mode)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-    os.chmod(tmp, mode)
     if owner is not None:
         os.chown(tmp, *owner)  # before the rename: the file is never there with another owner
     os.replace(tmp, path)

@@ -10,19 +10,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from slurm_geo.private import private_database
+
 
 def open_database(path: Path, *, readonly: bool, missing: Callable[[], Exception],
                   timeout_s: float, **options: Any) -> sqlite3.Connection:
     """`readonly`: the existing database, opened so that nothing is created or written
     (`missing()` is raised when there is none); else the database, created with its
-    directory if need be. `timeout_s` is how long to wait for another writer's lock."""
+    directory if need be, private to this account whatever the umask (`slurm_geo.private`:
+    the file and its companions 0600 in a 0700 directory). `timeout_s` is how long to wait
+    for another writer's lock."""
     if readonly:
         if not path.is_file():
             raise missing()
         return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True,
                                timeout=timeout_s, **options)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return sqlite3.connect(path, timeout=timeout_s, **options)
+    return private_database(path, timeout_s=timeout_s, **options)
 
 
 @contextmanager

@@ -14,7 +14,6 @@ their allow-listed environment; version 4: incarnation secrets, used tokens); wh
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ from slurm_geo.federation.schema import (
     create_or_migrate,
     refuse_newer,
 )
+from slurm_geo.private import private_database
 from slurm_geo.slurm.models import Owner
 from slurm_geo.sqlite_tx import immediate_transaction, open_database
 
@@ -89,17 +89,14 @@ class FederationState:
             check_version(self.db, path)
             self.identities = Identities(self.db, self._lock)
             return
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                  check_same_thread=False)
+        self.db = private_database(path, timeout_s=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         try:
             refuse_newer(self.db, path)  # before anything changes the file
         except FederationStateError:
             self.db.close()
             raise
-        os.chmod(path, 0o600)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         with self._lock, immediate_transaction(self.db) as db:

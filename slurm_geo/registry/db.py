@@ -35,6 +35,7 @@ from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.private import private_database
 from slurm_geo.sqlite_tx import immediate_transaction, reading
 
 BUSY_TIMEOUT_S = 30.0
@@ -115,8 +116,10 @@ CREATE INDEX IF NOT EXISTS lineage_by_logical ON lineage (logical_id);
 
 class Registry:
     def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        # 0640 in 0750: its readers, the daemons (root without capabilities), read it
+        # through the directory's group when SlurmUser is not root (docs/security.md).
+        self._db = private_database(path, timeout_s=BUSY_TIMEOUT_S, group=True,
+                                    isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")

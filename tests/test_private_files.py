@@ -1,0 +1,202 @@
+"""Every file a daemon creates is private to it whatever the umask (slurm_geo.private):
+the helpers themselves, table-driven, and each database opener that uses them."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_geo.private import (
+    UnsafeStatePath,
+    private_database,
+    private_dir,
+    private_file,
+    wanted_mode,
+)
+
+
+@contextmanager
+def umask(mask: int) -> Iterator[None]:
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@pytest.mark.parametrize("current, wanted, directory, expected", [
+    (0o644, 0o600, False, 0o600),
+    (0o755, 0o700, True, 0o700),
+    (0o2775, 0o750, True, 0o2750),   # setgid names a group-readable directory's group
+    (0o2664, 0o640, False, 0o640),   # never on a file
+    (0o400, 0o600, False, 0o600),    # exactly the mode: the owner must write it
+    (0o777, 0o640, False, 0o640),
+])
+def test_wanted_mode(current: int, wanted: int, directory: bool, expected: int) -> None:
+    assert wanted_mode(current, wanted, directory=directory) == expected
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o000, 0o077])
+@pytest.mark.parametrize("group, file_bits, dir_bits", [(False, 0o600, 0o700),
+                                                        (True, 0o640, 0o750)])
+def test_a_new_file_and_its_new_directories_are_private_whatever_the_umask(
+        tmp_path: Path, mask: int, group: bool, file_bits: int, dir_bits: int) -> None:
+    path = tmp_path / "a" / "b" / "state.json"
+    with umask(mask):
+        private_file(path, group)
+    assert (mode(path), mode(path.parent), mode(path.parent.parent)) == \
+        (file_bits, dir_bits, dir_bits)
+
+
+def test_an_existing_too_open_file_and_directory_are_tightened(tmp_path: Path) -> None:
+    directory = tmp_path / "state"
+    directory.mkdir(mode=0o755)
+    directory.chmod(0o755)
+    path = directory / "checkpoint-sync.db"
+    path.write_text("")
+    path.chmod(0o644)
+    wal = directory / "checkpoint-sync.db-wal"
+    wal.write_text("")
+    wal.chmod(0o666)
+    with umask(0o022):
+        private_database(path, timeout_s=1).close()
+    assert (mode(directory), mode(path), mode(wal)) == (0o700, 0o600, 0o600)
+
+
+@pytest.mark.parametrize("kind", ["file", "companion"])
+def test_a_link_in_place_of_a_state_file_is_refused_and_not_followed(
+        tmp_path: Path, kind: str) -> None:
+    secret = tmp_path / "master.key"
+    secret.write_text("k")
+    secret.chmod(0o644)
+    state = tmp_path / "state"
+    state.mkdir()
+    path = state / "audit.db"
+    if kind == "file":
+        path.symlink_to(secret)
+    else:
+        (state / "audit.db-wal").symlink_to(secret)
+    with pytest.raises(UnsafeStatePath, match="symbolic link"):
+        private_database(path, timeout_s=1)
+    assert mode(secret) == 0o644 and secret.read_text() == "k"
+
+
+def test_a_too_open_file_of_another_account_is_refused_in_one_line(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give the file to another account")
+    path = tmp_path / "registry.db"
+    path.write_text("")
+    path.chmod(0o644)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(UnsafeStatePath) as caught:
+        private_file(path)
+    message = str(caught.value)
+    assert "\n" not in message and "uid 65534" in message and "chmod 0600" in message
+    assert caught.value.exit_code == 3
+
+
+def test_a_directory_made_by_another_process_meanwhile_is_fine(tmp_path: Path) -> None:
+    path = tmp_path / "dir"
+    path.mkdir(mode=0o700)
+    assert private_dir(path) == path and mode(path) == 0o700
+
+
+# --- every opener of a daemon's database ----------------------------------------------------
+
+def _sync(path: Path) -> Any:
+    from slurm_geo.sync.state import StateDB
+    return StateDB(path)
+
+
+def _audit(path: Path) -> Any:
+    from slurm_geo.federation.audit import AuditLog
+    log = AuditLog(path)
+    log.append("decision", "a", "opened", "a test")
+    return log
+
+
+def _registry(path: Path) -> Any:
+    from slurm_geo.registry import Registry
+    return Registry(path)
+
+
+def _billing(path: Path) -> Any:
+    from slurm_geo.billing.db import BillingDB
+    return BillingDB(path)
+
+
+def _federation(path: Path) -> Any:
+    from slurm_geo.federation.state import FederationState
+    return FederationState(path)
+
+
+OPENERS: list[tuple[str, Callable[[Path], Any], int, int]] = [
+    ("checkpoint-sync.db", _sync, 0o600, 0o700),
+    ("audit.db", _audit, 0o600, 0o700),
+    ("federation.db", _federation, 0o600, 0o700),
+    ("billing.db", _billing, 0o600, 0o700),
+    ("registry.db", _registry, 0o640, 0o750),  # read through its group (security.md)
+]
+
+
+@pytest.mark.parametrize("name, opener, file_bits, dir_bits", OPENERS,
+                         ids=[o[0] for o in OPENERS])
+def test_each_daemon_database_and_its_companions_are_private_under_umask_022(
+        tmp_path: Path, name: str, opener: Callable[[Path], Any], file_bits: int,
+        dir_bits: int) -> None:
+    path = tmp_path / "var" / "state" / name
+    with umask(0o022):
+        handle = opener(path)
+        try:
+            found = sorted(p.name for p in path.parent.iterdir())
+            modes = {p.name: mode(p) for p in path.parent.iterdir()}
+        finally:
+            handle.close()
+    assert f"{name}-wal" in found or f"{name}-journal" in found or name in found
+    assert modes == {n: file_bits for n in found}, modes
+    assert mode(path.parent) == dir_bits
+
+
+@pytest.mark.parametrize("name, opener, file_bits, dir_bits", OPENERS,
+                         ids=[o[0] for o in OPENERS])
+def test_each_daemon_database_left_too_open_is_tightened_at_open(
+        tmp_path: Path, name: str, opener: Callable[[Path], Any], file_bits: int,
+        dir_bits: int) -> None:
+    path = tmp_path / "state" / name
+    with umask(0o022):
+        opener(path).close()
+        os.chmod(path.parent, 0o755)
+        for p in path.parent.iterdir():
+            os.chmod(p, 0o644)
+        opener(path).close()
+    assert {p.name: mode(p) for p in path.parent.iterdir()} == \
+        {p.name: file_bits for p in path.parent.iterdir()}
+    assert mode(path.parent) == dir_bits
+
+
+def test_sqlite_gives_its_companions_the_database_files_mode(tmp_path: Path) -> None:
+    """What private_database relies on: a -wal or -shm SQLite creates takes the mode of
+    the database file, not the umask's."""
+    path = tmp_path / "x.db"
+    with umask(0o022):
+        db = private_database(path, timeout_s=1, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE t (x)")
+        db.execute("INSERT INTO t VALUES (1)")
+        reader = sqlite3.connect(path)
+        reader.execute("SELECT * FROM t").fetchall()
+        modes = {p.name: mode(p) for p in tmp_path.iterdir()}
+        reader.close()
+        db.close()
+    assert {"x.db", "x.db-wal", "x.db-shm"} <= set(modes) and set(modes.values()) == {0o600}
