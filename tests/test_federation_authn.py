@@ -9,20 +9,29 @@ import json
 
 import pytest
 
+from slurm_geo.ckpt import Metadata, Repository, Tensor
 from slurm_geo.ckpt.runkey import unwrap_run_key
 from slurm_geo.federation.authn import Authenticator, Caller
 from slurm_geo.federation.model import JobStatus
 from slurm_geo.federation.owners import owner_environment
 from slurm_geo.federation.registration import run_taken_by
 from slurm_geo.lease.munge import FakeMunge, MungeUnavailable
-from slurm_geo.lease.protocol import ENV_KEY_TOKEN, ENV_LEASE_SECRET, LEASE_PATH, LeaseRequest
-from slurm_geo.lease.signing import Credentials, MungeSigner, SecretSigner
+from slurm_geo.lease.protocol import (
+    ENV_KEY_TOKEN,
+    ENV_LEASE_SECRET,
+    LEASE_PATH,
+    KeyRequest,
+    LeaseRequest,
+    ProtocolError,
+)
+from slurm_geo.lease.signing import Credentials, MungeSigner, NotAuthenticated, SecretSigner
 from slurm_geo.slurm import JobState, Owner
 from tests.test_federation_daemon import (
     ALICE,
     ALICE_ENV,
     BOB,
     KEY,
+    OPTIONS,
     RUN,
     TTL,
     Site,
@@ -319,15 +328,19 @@ def test_a_job_discovered_pending_is_owned_by_who_submitted_it(site):
     assert site.lease("onprem", job_id, as_user="bob")["verdict"] == "grant"
 
 
-@pytest.mark.parametrize("others, uid, taken", [
-    ([], 2001, False),
-    ([("onprem-1", JobStatus.RUNNING, 2001)], 2001, True),    # one active job per run
-    ([("onprem-1", JobStatus.COMPLETED, 2001)], 2001, False),  # its owner continues it
-    ([("onprem-1", JobStatus.COMPLETED, 2001)], 2002, True),
-    ([("onprem-1", JobStatus.FAILED, None)], 2001, True),      # owner unknown: refused
-    ([("onprem-9", JobStatus.RUNNING, 2002)], 2002, False),    # the job itself
+@pytest.mark.parametrize("others, uid, stored_in, taken", [
+    ([], 2001, None, False),                                    # a brand-new run
+    ([], 2001, "pfs", True),    # in a store, named by no job: no recorded owner, nobody's
+    ([("onprem-1", JobStatus.COMPLETED, 2001)], 2001, "pfs", False),  # its owner continues
+    ([("onprem-1", JobStatus.COMPLETED, 2001)], 2002, "pfs", True),
+    ([("onprem-9", JobStatus.RUNNING, 2002)], 2002, "pfs", False),  # the job itself
+    ([("onprem-1", JobStatus.RUNNING, 2001)], 2001, None, True),  # one active job per run
+    ([("onprem-1", JobStatus.COMPLETED, 2001)], 2001, None, False),  # its owner continues it
+    ([("onprem-1", JobStatus.COMPLETED, 2001)], 2002, None, True),
+    ([("onprem-1", JobStatus.FAILED, None)], 2001, None, True),    # owner unknown: refused
+    ([("onprem-9", JobStatus.RUNNING, 2002)], 2002, None, False),  # the job itself
 ])
-def test_who_may_name_a_run(others, uid, taken):
+def test_who_may_name_a_run(others, uid, stored_in, taken):
     from dataclasses import replace
 
     from tests.test_federation_state import job
@@ -335,8 +348,71 @@ def test_who_may_name_a_run(others, uid, taken):
     jobs = [replace(job(), logical_job=name, status=status,
                     owner=None if uid is None else Owner(f"u{uid}", uid, uid))
             for name, status, uid in others]
-    reason = run_taken_by(jobs, "run-7", "onprem-9", uid)
+    reason = run_taken_by(jobs, "run-7", "onprem-9", uid, stored_in)
     assert (reason is not None) is taken
+
+
+def operator_run(site: Site, run: str = "operator-run") -> str:
+    """A run an operator wrote into the home store (with the master key): no job of the
+    federation names it."""
+    Repository(site.stores["pfs"], KEY, OPTIONS).write_checkpoint(
+        run, [Tensor("w", "float32", (4,), bytes(16))], b"",
+        Metadata(3, 3, 0, 1.0, "2026-12-01T00:00:00Z", "onprem", "1"))
+    return run
+
+
+def test_a_stored_run_no_job_names_cannot_be_claimed_nor_its_key_released(site):
+    """Issue 28, 1: bob's job names a run that exists in the store and no registered job
+    names; neither registering nor (discovered pending) naming it gets it, nor its key."""
+    run = operator_run(site)
+    leasing = site.submit_home(owner=BOB, failover=None)  # registers at its first lease
+    site.start_home(leasing)
+    pending = site.submit_home(owner=BOB)  # discovered pending: names its run at a lease
+    site.tick()
+    site.start_home(pending)
+    before, stored = dump(site), sorted(site.stores["pfs"].list(""))
+    for job_id in (leasing, pending):
+        reply = site.lease_reply("onprem", job_id, run=run, as_user="bob")
+        assert reply.status == 403, reply.body
+        assert reply.body == {"reason": f"run {run} already has checkpoints in store pfs and "
+                              "no job of the federation names it, so it has no recorded "
+                              "owner to continue it; name a new run"}
+        key = site.key("onprem", job_id, as_user="bob")
+        assert key.status in (403, 409) and "data_key" not in key.body
+    assert dump(site) == before and sorted(site.stores["pfs"].list("")) == stored
+    # A brand-new run is still claimed by its first job, as before.
+    assert site.lease("onprem", pending, run="bobs-new-run", as_user="bob")["verdict"] \
+        == "grant"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("run", "../../.."), ("run", "a/b"), ("run", ".hidden"), ("run", "a" * 129),
+    ("run", "x\ny"), ("cluster", "../onprem"), ("cluster", "on prem"), ("cluster", ""),
+])
+def test_hostile_run_ids_and_cluster_names_are_refused_at_the_door(site, field, value):
+    """Issue 28, 2: one grammar per name, checked as the request is parsed (400)."""
+    job_id = site.submit_home(owner=BOB)
+    site.tick()
+    site.start_home(job_id)
+    before = dump(site)
+    body = {**LeaseRequest(RUN, "onprem", job_id, 0, 0, None).to_json(), field: value}
+    with pytest.raises(ProtocolError, match=field):
+        LeaseRequest.from_json(body)
+    with pytest.raises(ProtocolError):
+        KeyRequest.from_json({**KeyRequest("onprem", job_id, 0, 0).to_json(),
+                              "cluster": value if field == "cluster" else "a/b"})
+    if field == "run":  # past the parser too: the registrar's own check (the HTTP side: 400)
+        with pytest.raises(ProtocolError, match="is not a run id"):
+            site.lease_reply("onprem", job_id, run=value, as_user="bob")
+    assert dump(site) == before
+
+
+@pytest.mark.parametrize("incarnation", ["../x/1", "a b/1", "/1", "onprem-5/x"])
+def test_a_hostile_incarnation_header_is_not_authenticated(site, incarnation):
+    auth = Authenticator(site.state.identities, FakeMunge(), site.clock)
+    with pytest.raises(NotAuthenticated):
+        auth.authenticate(Credentials("POST", LEASE_PATH, BODY, incarnation=incarnation,
+                                      signature="00" * 32))
 
 
 def _lease(away_id: int, restart: int = 0) -> LeaseRequest:

@@ -121,13 +121,14 @@ def test_the_nonce_cache_is_bounded_and_refuses_what_a_restart_forgot():
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("onprem-5/1", ("onprem-5", 1)), ("a/b/c-7/12", ("a/b/c-7", 12))])
+    ("onprem-5/1", ("onprem-5", 1)), ("eu.west_2-7/12", ("eu.west_2-7", 12))])
 def test_incarnation_ids(text, expected):
     assert parse_incarnation(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "onprem-5", "onprem-5/", "/3", "x/-1", "x/1e3",
-                                  "x/1234567890"])
+                                  "x/1234567890", "a/b/c-7/12", "../../x/1", "a b/1",
+                                  "-x/1", "x\n/1"])
 def test_malformed_incarnation_ids_are_unauthenticated(text):
     with pytest.raises(NotAuthenticated):
         parse_incarnation(text)

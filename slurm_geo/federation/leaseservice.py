@@ -71,6 +71,7 @@ class LeaseService:
         w = self.wiring
         if caller.at_home:
             self.registrar.admit_home(request, caller)  # reads Slurm: not under the lock
+        stored_in = self.registrar.stored_in(request.run)  # reads stores: not under it either
         with self._lock:
             now = w.clock()
             job = self._job_of(request.cluster, request.job_id, request.generation, caller)
@@ -85,7 +86,8 @@ class LeaseService:
             assert job is not None
             if not job.run:  # discovered while pending: the job names its run now
                 self.registrar.check_run(request.run, job.logical_job,
-                                         None if job.owner is None else job.owner.uid)
+                                         None if job.owner is None else job.owner.uid,
+                                         stored_in)
                 job = w.state.name_run(job.logical_job, request.run, now)
             return self._grant(job, lease, request, answer.action, answer.reason, now), job
 

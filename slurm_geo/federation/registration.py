@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
+from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.names import key_name, latest_name, manifest_prefix
 from slurm_geo.daemon.events import event
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.federation.authn import Caller
@@ -29,8 +31,8 @@ from slurm_geo.federation.model import JobStatus, LogicalJob
 from slurm_geo.federation.owners import accepted_directives, owner_environment
 from slurm_geo.federation.resubmit import script_options
 from slurm_geo.federation.wiring import Wiring
-from slurm_geo.lease.protocol import LeaseRequest
-from slurm_geo.lease.signing import Forbidden
+from slurm_geo.lease.protocol import LeaseRequest, check_run
+from slurm_geo.lease.signing import CannotCheck, Forbidden
 from slurm_geo.policy.directives import DirectiveError, Directives, parse_options
 from slurm_geo.registry import RegistryUnreadable
 from slurm_geo.slurm import JobInfo, JobState, Owner, SlurmError
@@ -61,9 +63,14 @@ class Found:
 
 
 def run_taken_by(others: list[LogicalJob], run: str, logical_job: str | None,
-                 uid: int | None) -> str | None:
+                 uid: int | None, stored_in: str | None = None) -> str | None:
     """Why `run` may not be named by `logical_job` of `uid`, given every job that names
-    it (`others`); None when it may. Pure."""
+    it (`others`) and the store that already holds something of it (`stored_in`: its key,
+    latest pointer or manifests; None: nothing anywhere); None when it may. Pure.
+
+    A run's recorded owner is the owner of the jobs of the federation that name it: a run
+    already in a store that no job names has none (written by an operator, an older
+    slurm-geo, a job that never leased), and nobody may take it over, its key included."""
     for other in others:
         if other.logical_job == logical_job:
             continue
@@ -71,6 +78,10 @@ def run_taken_by(others: list[LogicalJob], run: str, logical_job: str | None,
                 and other.owner.uid == uid:
             continue  # its owner continues the run in a new job
         return f"run {run} belongs to logical job {other.logical_job}"
+    if not others and stored_in is not None:
+        return (f"run {run} already has checkpoints in store {stored_in} and no job of the "
+                "federation names it, so it has no recorded owner to continue it; name a new "
+                "run")
     return None
 
 
@@ -98,12 +109,33 @@ class Registrar:
         self._env_tries: dict[str, int] = {}
         self._refused: dict[int, str] = {}  # job id -> why, said once
 
-    def check_run(self, run: str, logical_job: str | None, uid: int | None) -> None:
+    def check_run(self, run: str, logical_job: str | None, uid: int | None,
+                  stored_in: str | None = None) -> None:
+        """Forbidden unless `run` may be named by `logical_job` of `uid` (`stored_in`: what
+        `stored_in` said, read before the lock); ProtocolError for a run id that is none."""
         if not run:
             return
-        taken = run_taken_by(self.wiring.state.find_by_run(run), run, logical_job, uid)
+        check_run(run)
+        taken = run_taken_by(self.wiring.state.find_by_run(run), run, logical_job, uid,
+                             stored_in)
         if taken is not None:
             raise Forbidden(taken)
+
+    def stored_in(self, run: str) -> str | None:
+        """The store that holds something of `run` (its key, latest pointer or a manifest)
+        when no job of the federation names it yet; None when one does or nothing is
+        stored. Store reads: never under the lock. CannotCheck (503) if a store fails."""
+        if not run or self.wiring.state.find_by_run(check_run(run)):
+            return None
+        for name, store in sorted(self.wiring.stores.items()):
+            try:
+                if store.exists(key_name(run)) or store.exists(latest_name(run)) \
+                        or store.list(manifest_prefix(run)):
+                    return name
+            except CkptError as exc:
+                raise CannotCheck(f"cannot tell whether store {name} holds run {run}: "
+                                  f"{exc}") from None
+        return None
 
     def admit_home(self, request: LeaseRequest, caller: Caller) -> None:
         """A MUNGE-authenticated request: for generation 0 of a home job the caller owns.
@@ -142,9 +174,10 @@ class Registrar:
         info = self._owned_by(job_id, caller)  # another's job: refused, never remembered
         if job_id in self._refused:
             raise NotRegistered(self._refused[job_id])
-        # Another's run is refused at once (403), not after slurmdbd's wait below; checked
-        # again under the lock, where it counts.
-        self.check_run(run, None, caller.uid)
+        # Another's run, or one already stored that no job names, is refused at once (403),
+        # not after slurmdbd's wait below; checked again under the lock, where it counts.
+        stored_in = self.stored_in(run)
+        self.check_run(run, None, caller.uid, stored_in)
         # Its later incarnations run with the environment it was submitted with, which
         # slurmdbd records seconds after submission: the job waits for its lease until
         # then (the trainer asks again each second), for at most PENDING_TRIES requests.
@@ -157,7 +190,7 @@ class Registrar:
             self._refuse(job_id, found)
         job = self._job(found, run)
         with self._lock:
-            self.check_run(run, None, caller.uid)
+            self.check_run(run, None, caller.uid, stored_in)
             self._add(job, "first lease request of a home job")
 
     def discover_pending(self) -> None:

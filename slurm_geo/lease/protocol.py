@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from slurm_geo.ckpt.errors import UnsafeObjectName
+from slurm_geo.ckpt.names import check_run_id
+from slurm_geo.names import NAME_RULE, is_name
+
 PROTOCOL_VERSION = 2
 SUPPORTED_VERSIONS = (2,)
 
@@ -92,8 +96,9 @@ class LeaseRequest:
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> LeaseRequest:
         _check_version(body)
-        return cls(run=_text(body, "run", allow_empty=True),
-                   cluster=_text(body, "cluster"),
+        run = _text(body, "run", allow_empty=True)
+        return cls(run=check_run(run) if run else run,
+                   cluster=check_cluster(_text(body, "cluster")),
                    job_id=_count(body, "job_id"),
                    restart=_count(body, "restart", default=0),
                    generation=_count(body, "generation"),
@@ -153,7 +158,8 @@ class KeyRequest:
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> KeyRequest:
         _check_version(body)
-        return cls(cluster=_text(body, "cluster"), job_id=_count(body, "job_id"),
+        return cls(cluster=check_cluster(_text(body, "cluster")),
+                   job_id=_count(body, "job_id"),
                    restart=_count(body, "restart", default=0),
                    generation=_count(body, "generation"),
                    token=_text(body, "token", allow_empty=True, default=""))
@@ -172,6 +178,36 @@ class KeyReply:
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> KeyReply:
         return cls(str(body["run"]), bytes.fromhex(str(body["data_key"])))
+
+
+RUN_RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+# --- names a request carries: one grammar each, checked wherever a request enters ----------
+
+def check_run(run: str) -> str:
+    """`run` if it is a run id (slurm_geo.ckpt.names, the store's own rule: it becomes an
+    object name); ProtocolError otherwise."""
+    try:
+        return check_run_id(run)
+    except UnsafeObjectName:
+        raise ProtocolError(f"run {run!r:.80} is not a run id ({RUN_RULE})") from None
+
+
+def check_logical_job(logical_job: str) -> str:
+    """A logical job id (`CLUSTER-JOBID`) follows the run ids' grammar."""
+    try:
+        return check_run_id(logical_job)
+    except UnsafeObjectName:
+        raise ProtocolError(f"logical job {logical_job!r:.80} is not CLUSTER-JOBID "
+                            f"({RUN_RULE})") from None
+
+
+def check_cluster(cluster: str) -> str:
+    """A cluster name follows the config's grammar (slurm_geo.names)."""
+    if not is_name(cluster):
+        raise ProtocolError(f"cluster {cluster!r:.80} is not a cluster name ({NAME_RULE})")
+    return cluster
 
 
 def _check_version(body: dict[str, Any]) -> None:

@@ -39,6 +39,8 @@ from slurm_geo.lease.protocol import (
     HEADER_NONCE,
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
+    ProtocolError,
+    check_logical_job,
 )
 
 SIGNATURE_WINDOW_S = 60.0  # a signed request is accepted this long either side of its time
@@ -98,6 +100,10 @@ def parse_incarnation(text: str) -> tuple[str, int]:
     if not logical_job or not generation.isdigit() or len(generation) > 9:
         raise NotAuthenticated(f"{HEADER_INCARNATION} must be LOGICAL_JOB/GENERATION, "
                                f"not {text!r:.60}")
+    try:
+        check_logical_job(logical_job)
+    except ProtocolError as exc:
+        raise NotAuthenticated(f"{HEADER_INCARNATION}: {exc}") from None
     return logical_job, int(generation)
 
 
