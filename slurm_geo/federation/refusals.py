@@ -2,7 +2,7 @@
 
 The lease and key service answers anyone who reaches its port, before anything proves who
 they are; an entry per refusal would let a loop of bad requests grow the audit log (and
-the daemon's memory) without bound. So a refusal (400, 401, 403, 404, 409) is audited at
+the daemon's memory) without bound. So a refusal (400, 401, 403, 404, 409, 429) is audited at
 most once per source address per interval; the refusals left out are counted in the next
 entry for that source, and nothing else of them is kept.
 

@@ -27,6 +27,7 @@ from slurm_geo.ckpt.names import key_name, latest_name, manifest_prefix
 from slurm_geo.daemon.events import event
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.federation.authn import Caller
+from slurm_geo.federation.lookups import SlurmLookups
 from slurm_geo.federation.model import JobStatus, LogicalJob
 from slurm_geo.federation.owners import accepted_directives, owner_environment
 from slurm_geo.federation.resubmit import script_options
@@ -108,6 +109,7 @@ class Registrar:
         self._pending_tries: dict[int, int] = {}
         self._env_tries: dict[str, int] = {}
         self._refused: dict[int, str] = {}  # job id -> why, said once
+        self.lookups = SlurmLookups(wiring.clock)  # what callers make it ask Slurm
 
     def check_run(self, run: str, logical_job: str | None, uid: int | None,
                   stored_in: str | None = None) -> None:
@@ -151,6 +153,7 @@ class Registrar:
         if job is None:
             self._register_leasing(request.job_id, request.run, caller)
         elif job.owner is None and first_home_job_id(w, job) == request.job_id:
+            self.lookups.may_ask(str(caller), w.home, request.job_id)
             info = self._owned_by(request.job_id, caller)
             assert info.owner is not None
             w.state.identities.claim_owner(
@@ -163,14 +166,16 @@ class Registrar:
         try:
             info = w.clients[w.home].job(job_id)
         except JobNotFound:
-            raise Forbidden(f"{w.home} has no job {job_id}") from None
+            raise self.lookups.not_found(w.home, job_id) from None
         why = not_the_callers(f"{w.home}:{job_id}", info, caller)
         if why is not None:
             raise Forbidden(why)
         return info
 
     def _register_leasing(self, job_id: int, run: str, caller: Caller) -> None:
-        """A home job's first lease request: register it, or NotRegistered saying why."""
+        """A home job's first lease request: register it, or NotRegistered saying why. Each
+        costs the caller one of its Slurm lookups (federation.lookups: 404, 429)."""
+        self.lookups.may_ask(str(caller), self.wiring.home, job_id)
         info = self._owned_by(job_id, caller)  # another's job: refused, never remembered
         if job_id in self._refused:
             raise NotRegistered(self._refused[job_id])
