@@ -124,7 +124,7 @@ def test_a_crash_before_rename_keeps_the_old_object_and_hides_the_temp_file(tmp_
     store = LocalDirStore(tmp_path)
     store.put("manifests/r/1", b"old")
 
-    def crash(_src, _dst):
+    def crash(_src, _dst, **_dirs):
         raise KeyboardInterrupt  # stands for the process dying between write and rename
 
     monkeypatch.setattr(os, "replace", crash)
@@ -143,7 +143,7 @@ def test_objects_are_plain_files_under_the_root(tmp_path):
 
 @pytest.mark.parametrize("root_mode, expected", [
     (0o1777, 0o1777),  # a site filesystem every user's jobs write into
-    (0o2770, 0o2770),  # shared with one group
+    (0o2770, 0o3770),  # shared with one group (sticky: no member removes another's)
     (0o755, None),     # one writer's own store: the umask decides, as always
 ])
 def test_a_shared_stores_new_directories_take_the_roots_permissions(tmp_path, root_mode,

@@ -79,6 +79,17 @@ class UnsafeObjectName(CkptError):
         super().__init__(name, f"object name {name!r} is refused: {reason}")
 
 
+class UnsafeStoreDirectory(CkptError):
+    """A shared store's directory another user owns, or may write without the sticky bit,
+    or an object another user made under a name we write (docs/stores.md): never written
+    into, lest they remove what we write. The message names the path, whose, the fix."""
+
+    exit_code = ExitCode.UNSAFE_NAME
+
+    def __init__(self, name: str, message: str):
+        CkptError.__init__(self, name, message)
+
+
 class StoreUnavailable(CkptError):
     exit_code = ExitCode.STORE_UNAVAILABLE
 

@@ -7,15 +7,22 @@ the store `UnsafeObjectName`. Everything else (crypto, formats) happens above th
 
 from __future__ import annotations
 
+import errno
 import os
+import pwd
 import stat
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-from slurm_geo.ckpt.errors import ObjectMissing, StoreUnavailable, UnsafeObjectName
+from slurm_geo.ckpt.errors import (
+    CkptError,
+    ObjectMissing,
+    StoreUnavailable,
+    UnsafeObjectName,
+    UnsafeStoreDirectory,
+)
 from slurm_geo.ckpt.names import check_object_name
 
 Bytes = bytes | bytearray | memoryview
@@ -41,53 +48,100 @@ class Store(Protocol):
 
 
 class LocalDirStore:
-    """Objects as files under `root`, written by temp file, fsync, rename, directory fsync."""
+    """Objects as files under `root`, written by temp file, fsync, rename, directory fsync.
+
+    A root group or others may write (mode 1777, or 2770 with a group) is a store *shared*
+    by users who do not trust each other. Whoever owns a directory can remove anything in
+    it, so a put never writes into a directory owned by a user other than root, the
+    store's owner or the writer, nor into one others may write without the sticky bit
+    (`directory_fault`); every directory on the way is opened without following a
+    symbolic link. The directories every run shares (`keys/`, `packs/` and its 256
+    `packs/xx/`, ...) are made by root or the store's owner when they open the store
+    (`prepare_shared_directories`), never by a user, whose directory there would let them
+    remove everyone's objects; a run's own directories (`manifests/<run>/`,
+    `promoted/<run>/`) are made with its key, by whoever writes it first.
+    """
 
     def __init__(self, root: Path):
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise StoreUnavailable(str(root), "not a directory")
-        # A root group or others may write is a store shared by the users of a site
-        # filesystem (mode 1777, or 2770 with a group): see _make_dirs and put.
-        mode = stat.S_IMODE(self.root.stat().st_mode)
-        self._shared = mode if mode & (stat.S_IWGRP | stat.S_IWOTH) else 0
+        info = self.root.stat()
+        mode = stat.S_IMODE(info.st_mode)
+        # New directories of a shared store take the root's bits, and the sticky bit: a
+        # user may add objects there, never remove another's (as /tmp).
+        self._shared = mode | stat.S_ISVTX if mode & (stat.S_IWGRP | stat.S_IWOTH) else 0
+        self._trusted = frozenset({0, os.geteuid(), info.st_uid})
+        self._may_share = os.geteuid() in (0, info.st_uid)
+        if self._shared and self._may_share:
+            prepare_shared_directories(self)
 
     def __repr__(self) -> str:
         return f"LocalDirStore({str(self.root)!r})"
 
+    @property
+    def shared(self) -> bool:
+        return bool(self._shared)
+
     def put(self, name: str, data: Bytes) -> None:
-        path = self._path(name)
+        parts = self._parts(name)
         try:
-            self._make_dirs(path.parent)
-            fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            if self._shared and parts[0] == "keys" and len(parts) == 2:
+                for per_run in RUN_DIRECTORIES:  # made with the key: see the class docstring
+                    os.close(self._directory(name, [per_run, parts[1]], create=True))
+            directory = self._directory(name, parts[:-1], create=True)
             try:
-                if self._shared:
-                    # Objects are ciphertext: the daemons copy a run's checkpoints back into
-                    # a shared store for its owner's job, which must read them.
-                    os.fchmod(fd, self._shared & 0o644)
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(temp, path)
-            except BaseException:
-                Path(temp).unlink(missing_ok=True)
-                raise
-            _fsync_dir(path.parent)
+                self._put_in(directory, name, parts[-1], data)
+            finally:
+                os.close(directory)
         except OSError as exc:
             raise StoreUnavailable(name, exc.strerror or str(exc)) from None
 
+    def _put_in(self, directory: int, name: str, leaf: str, data: Bytes) -> None:
+        temp = f".{leaf}.{os.urandom(6).hex()}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                     dir_fd=directory)
+        try:
+            if self._shared:
+                # Objects are ciphertext: the daemons copy a run's checkpoints back into
+                # a shared store for its owner's job, which must read them.
+                os.fchmod(fd, self._shared & 0o644)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            self._replace(directory, temp, name, leaf)
+        except BaseException:
+            with suppress(OSError):
+                os.unlink(temp, dir_fd=directory)
+            raise
+        os.fsync(directory)
+
+    def _replace(self, directory: int, temp: str, name: str, leaf: str) -> None:
+        try:
+            os.replace(temp, leaf, src_dir_fd=directory, dst_dir_fd=directory)
+        except PermissionError:
+            # In a sticky directory only the owner of an object may replace it: one that
+            # another user made under the name this put writes is theirs, not ours.
+            owner = _owner_of(directory, leaf)
+            if owner is None or owner in self._trusted:
+                raise
+            raise UnsafeStoreDirectory(
+                name, f"object '{name}' in store {self.root} belongs to {_user(owner)}, who "
+                "made it before this put: it is not written over; an admin removes it "
+                "(it is never read as ours)") from None
+
     def get(self, name: str) -> bytes:
-        path = self._path(name)
         with _read_errors(name):
-            return path.read_bytes()
+            fd = self._open_object(name)
+            with os.fdopen(fd, "rb") as handle:
+                return handle.read()
 
     def get_range(self, name: str, start: int, length: int) -> bytes:
         """Bytes `start` to `start + length` of `name` (fewer where it ends sooner): a reader
         after one blob of a pack reads that blob, not the whole pack (`ChunkReader`)."""
-        path = self._path(name)
         with _read_errors(name):
-            fd = os.open(path, os.O_RDONLY)
+            fd = self._open_object(name)
             try:
                 # Never more than the object holds: a length from a damaged or forged entry
                 # must not become an allocation of that size.
@@ -112,17 +166,29 @@ class LocalDirStore:
         return sorted(names)
 
     def delete(self, name: str) -> None:
-        path = self._path(name)
+        parts = self._parts(name)
         try:
-            path.unlink(missing_ok=True)
-            _fsync_dir(path.parent)
-        except FileNotFoundError:
-            pass  # the directory itself is gone: so is the object
+            directory = self._directory(name, parts[:-1], create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return  # the directory itself is gone: so is the object
         except OSError as exc:
             raise StoreUnavailable(name, exc.strerror or str(exc)) from None
+        try:
+            os.unlink(parts[-1], dir_fd=directory)
+            os.fsync(directory)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreUnavailable(name, exc.strerror or str(exc)) from None
+        finally:
+            os.close(directory)
 
     def exists(self, name: str) -> bool:
-        return self._path(name).is_file()
+        try:
+            os.close(self._open_object(name))
+        except OSError:
+            return False
+        return True
 
     def sizes(self, prefix: str) -> dict[str, int]:
         found: dict[str, int] = {}
@@ -135,11 +201,29 @@ class LocalDirStore:
                 raise StoreUnavailable(name, exc.strerror or str(exc)) from None
         return found
 
+    def _parts(self, name: str) -> Sequence[str]:
+        self._path(name)
+        return name.split("/")
+
     def _path(self, name: str) -> Path:
         path = self.root / check_object_name(name)
         if not path.resolve().is_relative_to(self.root):
             raise UnsafeObjectName(name, "it leads out of the store through a symbolic link")
         return path
+
+    def _open_object(self, name: str) -> int:
+        """A read-only descriptor of the object, no symbolic link followed on the way."""
+        parts = self._parts(name)
+        directory = self._directory(name, parts[:-1], create=False)
+        try:
+            return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=directory)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeObjectName(name, "it is a symbolic link: the store never follows "
+                                       "one") from None
+            raise
+        finally:
+            os.close(directory)
 
     def _walk(self, top: Path) -> Iterator[str]:
         # Names starting with '.' are temporary files of an unfinished put.
@@ -150,23 +234,113 @@ class LocalDirStore:
                 if not file.startswith("."):
                     yield (relative / file).as_posix()
 
-    def _make_dirs(self, directory: Path) -> None:
-        """Create missing directories, each made durable in its parent.
+    def _directory(self, name: str, parts: Sequence[str], create: bool) -> int:
+        """A descriptor of the directory `parts` under the root, every step opened without
+        following a symbolic link and, for a write (`create`), checked and made if missing."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for depth in range(1, len(parts) + 1):
+                child = self._child(fd, name, parts[:depth], create)
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
-        In a shared store each new directory takes the root's permission bits, whatever
-        the writer's umask, or the first user to write under a prefix would lock everyone
-        else out of it (as git's core.sharedRepository).
-        """
-        missing = []
-        while directory != self.root and not directory.is_dir():
-            missing.append(directory)
-            directory = directory.parent
-        for created in reversed(missing):
-            created.mkdir(exist_ok=True)  # another writer may have just made it
-            if self._shared and created.stat().st_uid == os.getuid():
-                created.chmod(self._shared)
-            _fsync_dir(created.parent)
+    def _child(self, parent: int, name: str, parts: Sequence[str], create: bool) -> int:
+        relative = "/".join(parts)
+        try:
+            fd = _open_directory(parts[-1], parent)
+        except FileNotFoundError:
+            if not create:
+                raise
+            self._make_directory(parent, name, parts)
+            fd = _open_directory(parts[-1], parent)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeObjectName(name, f"'{relative}' is a symbolic link: the store "
+                                       "never follows one") from None
+            raise
+        if create:
+            fault = directory_fault(os.fstat(fd), self._trusted)
+            if fault is not None:
+                os.close(fd)
+                raise UnsafeStoreDirectory(
+                    name, f"store {self.root}: directory '{relative}' {fault.reason}, so another "
+                    f"user could remove what is written in it; {fault.fix}")
+        return fd
 
+    def _make_directory(self, parent: int, name: str, parts: Sequence[str]) -> None:
+        """Make a missing directory, durable in its parent. In a shared store it takes the
+        root's bits and the sticky bit whatever the writer's umask, or the first user to
+        write under a prefix would lock everyone else out of it (as git's
+        core.sharedRepository); one every run shares only root or the owner may make."""
+        relative = "/".join(parts)
+        if self._shared and not self._may_share and is_shared_directory(parts):
+            raise UnsafeStoreDirectory(
+                name, f"store {self.root}: directory '{relative}' is missing, and every "
+                "user's runs share it, so only root or the store's owner may make it; run "
+                "any slurm-geo command on this store once as root (e.g. `slurm-geo ckpt "
+                "check`), which makes them all")
+        try:
+            os.mkdir(parts[-1], 0o700, dir_fd=parent)
+        except FileExistsError:
+            return  # another writer has just made it: checked when opened
+        if self._shared:
+            # A run's directory a user makes is theirs alone to write; root makes it (with
+            # the run's key) writable for the run's job, and sticky.
+            mode = self._shared if self._may_share or is_shared_directory(parts) \
+                else self._shared & 0o755
+            fd = _open_directory(parts[-1], parent)
+            try:
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+        os.fsync(parent)
+
+
+# Directories every run of a store shares (docs/format.md §2), and those of one run.
+SHARED_DIRECTORIES = ("fences", "keys", "latest", "locks", "manifests", "packs", "promoted")
+RUN_DIRECTORIES = ("manifests", "promoted")
+
+
+class DirectoryFault(NamedTuple):
+    reason: str
+    fix: str
+
+
+def directory_fault(info: os.stat_result, trusted: frozenset[int]) -> DirectoryFault | None:
+    """Why a store may not write into a directory with this owner and mode, if it may not:
+    its owner (anyone not `trusted`: root, the store's owner, the writer) can remove what
+    is in it, and so can everyone who may write it, unless it is sticky."""
+    if info.st_uid not in trusted:
+        return DirectoryFault(f"belongs to {_user(info.st_uid)}",
+                              "an admin removes it, or gives it to root (chown root) once "
+                              "its content is known to be good")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        return DirectoryFault("is writable by group or others without the sticky bit",
+                              "chmod +t it")
+    return None
+
+
+def is_shared_directory(parts: Sequence[str]) -> bool:
+    """Whether the directory `parts` under a store's root holds objects of every run."""
+    return len(parts) == 1 or (len(parts) == 2 and parts[0] == "packs")
+
+
+def prepare_shared_directories(store: LocalDirStore) -> None:
+    """Make the directories every run shares (by root or the store's owner), so that no
+    user makes one: whatever goes wrong is said by the put that needs it."""
+    wanted = [[d] for d in SHARED_DIRECTORIES] + [["packs", f"{i:02x}"] for i in range(256)]
+    if all(store.root.joinpath(*parts).is_dir() for parts in (wanted[-1], wanted[-2])) and \
+            all(store.root.joinpath(d).is_dir() for d in SHARED_DIRECTORIES):
+        return
+    for parts in wanted:
+        try:
+            os.close(store._directory("/".join(parts), parts, create=True))
+        except (OSError, CkptError):
+            continue
 
 @contextmanager
 def _read_errors(name: str) -> Iterator[None]:
@@ -185,9 +359,19 @@ def _raise_unless_missing(error: OSError) -> None:
         raise error
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+def _open_directory(name: str, parent: int) -> int:
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+
+
+def _owner_of(directory: int, name: str) -> int | None:
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        return os.stat(name, dir_fd=directory, follow_symlinks=False).st_uid
+    except OSError:
+        return None
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"

@@ -1,0 +1,174 @@
+"""A store shared by users who do not trust each other (mode 1777, as the sandbox's pfs):
+what a co-tenant, bob, can try against alice's and root's objects, and that each attempt
+fails and changes nothing. bob and alice are forked children that set their uid (the
+sandbox's uids; no account is needed), so these need root, not the sandbox."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_geo.ckpt.errors import UnsafeObjectName, UnsafeStoreDirectory
+from slurm_geo.ckpt.store import LocalDirStore, directory_fault
+from slurm_geo.sandbox.users import ALICE, BOB
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root does")
+
+
+@pytest.fixture
+def pfs() -> Iterator[Path]:
+    """A 1777 directory every uid can reach (pytest's tmp_path is root's alone)."""
+    top = Path(tempfile.mkdtemp(prefix="slurm-geo-pfs-", dir="/tmp"))
+    top.chmod(0o755)
+    root = top / "ckpt"
+    root.mkdir()
+    root.chmod(0o1777)
+    yield root
+    shutil.rmtree(top)
+
+
+def as_user(uid: int, action: Callable[[], object]) -> str:
+    """Run `action` as `uid` in a forked child: "ok", or the exception's class and message."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        os.close(read)
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            action()
+            answer = "ok"
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, whatever it is
+            answer = f"{type(exc).__name__}: {exc}" if str(exc) else traceback.format_exc()
+        os.write(write, answer.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        answer = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return answer
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(root)): (p.lstat().st_uid, p.read_bytes() if p.is_file() else b"")
+            for p in sorted(root.rglob("*"))}
+
+
+def test_a_run_directory_bob_made_first_is_never_written_into(pfs):
+    """The finding: bob pre-created manifests/<run>/, so he owned it, and deleted root's
+    manifest in it. Now root refuses it, in one line naming the directory, bob and the fix."""
+    assert as_user(BOB.uid, lambda: (pfs / "manifests" / "llm").mkdir(parents=True)) == "ok"
+    store = LocalDirStore(pfs)
+    with pytest.raises(UnsafeStoreDirectory) as info:
+        store.put("manifests/llm/00000000000000000100", b"root's manifest")
+    message = str(info.value)
+    assert "'manifests'" in message and "belongs to" in message and f"uid {BOB.uid}" in message
+    assert "\n" not in message and "an admin removes it" in message
+    assert info.value.exit_code == 24
+    assert not (pfs / "manifests" / "llm" / "00000000000000000100").exists()
+
+
+def test_a_pack_directory_bob_made_first_is_never_written_into(pfs):
+    """packs/xx/ is shared by every run: one bob owns would let him remove anyone's packs."""
+    bobs = pfs / "packs" / "ab"
+    assert as_user(BOB.uid, lambda: bobs.mkdir(parents=True)) == "ok"
+    with pytest.raises(UnsafeStoreDirectory, match="directory 'packs' belongs to bob|uid 2002"):
+        LocalDirStore(pfs).put("packs/ab/" + "ab" * 32, b"pack")
+    assert list(bobs.iterdir()) == []
+
+
+def test_root_makes_the_shared_directories_and_a_user_never_does(pfs):
+    def bob_puts_first() -> None:
+        LocalDirStore(pfs).put("packs/cd/" + "cd" * 32, b"pack")
+
+    answer = as_user(BOB.uid, bob_puts_first)
+    assert answer.startswith("UnsafeStoreDirectory") and "only root" in answer
+    assert list(pfs.iterdir()) == []  # bob made nothing
+    LocalDirStore(pfs)  # root opens it: every shared directory, root's and sticky
+    for directory in (pfs / "packs", pfs / "packs" / "cd", pfs / "manifests", pfs / "locks"):
+        info = directory.stat()
+        assert info.st_uid == 0 and stat.S_IMODE(info.st_mode) == 0o1777
+    assert as_user(BOB.uid, bob_puts_first) == "ok"
+
+
+def test_bob_can_neither_remove_nor_replace_alices_or_roots_objects(pfs):
+    LocalDirStore(pfs)  # the shared directories, as a root daemon opening it makes them
+    pack = "packs/ab/" + "ab" * 32
+
+    def alice_saves() -> None:
+        store = LocalDirStore(pfs)
+        store.put("keys/alices-run", b"wrapped key")
+        store.put(pack, b"alice's pack")
+        store.put("manifests/alices-run/00000000000000000100", b"alice's manifest")
+        store.put("latest/alices-run", b"pointer")
+
+    assert as_user(ALICE.uid, alice_saves) == "ok"
+    LocalDirStore(pfs).put("fences/alices-run", b"root's fence")
+    before = snapshot(pfs)
+    for name in ("keys/alices-run", pack, "manifests/alices-run/00000000000000000100",
+                 "latest/alices-run", "fences/alices-run"):
+        assert as_user(BOB.uid, lambda n=name: LocalDirStore(pfs).delete(n)) \
+            .startswith("StoreUnavailable")
+        assert as_user(BOB.uid, lambda n=name: LocalDirStore(pfs).put(n, b"bob's")) != "ok"
+    assert as_user(BOB.uid, lambda: LocalDirStore(pfs).put(
+        "manifests/alices-run/00000000000000000200", b"bob's")) != "ok"  # alice's alone
+    assert snapshot(pfs) == before
+
+
+def test_a_name_bob_made_before_alice_writes_it_is_not_taken_for_hers(pfs):
+    """bob pre-creates the pointer alice writes next: her put fails, saying whose it is,
+    rather than leave his file standing for hers; root's put takes the name back."""
+    LocalDirStore(pfs)
+    assert as_user(BOB.uid, lambda: (pfs / "latest" / "alices-run").write_bytes(b"bob")) == "ok"
+    answer = as_user(ALICE.uid, lambda: LocalDirStore(pfs).put("latest/alices-run", b"hers"))
+    assert answer.startswith("UnsafeStoreDirectory") and "belongs to" in answer
+    assert (pfs / "latest" / "alices-run").read_bytes() == b"bob"
+    LocalDirStore(pfs).put("latest/alices-run", b"root's")
+    assert (pfs / "latest" / "alices-run").stat().st_uid == 0
+    assert as_user(BOB.uid, lambda: LocalDirStore(pfs).delete("latest/alices-run")) != "ok"
+
+
+def test_a_symbolic_link_bob_plants_is_never_followed(pfs):
+    LocalDirStore(pfs)
+    elsewhere = pfs.parent / "bobs"
+    elsewhere.mkdir()
+    os.chown(elsewhere, BOB.uid, BOB.uid)
+    assert as_user(BOB.uid, lambda: (pfs / "manifests" / "run").symlink_to(elsewhere)) == "ok"
+    assert as_user(BOB.uid, lambda: (pfs / "latest" / "run").symlink_to(elsewhere / "p")) == "ok"
+    store = LocalDirStore(pfs)
+    with pytest.raises(UnsafeObjectName, match="symbolic link"):
+        store.put("manifests/run/00000000000000000001", b"x")
+    with pytest.raises(UnsafeObjectName, match="symbolic link"):
+        store.get("latest/run")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_directory_others_may_write_without_the_sticky_bit_is_refused(pfs):
+    LocalDirStore(pfs)
+    (pfs / "packs" / "ef").chmod(0o777)
+    with pytest.raises(UnsafeStoreDirectory, match="without the sticky bit.*chmod \\+t"):
+        LocalDirStore(pfs).put("packs/ef/" + "ef" * 32, b"x")
+
+
+@pytest.mark.parametrize("uid, mode, fault", [
+    (0, 0o1777, None),            # root's, sticky: the shared directories
+    (0, 0o755, None),
+    (1000, 0o755, None),          # the writer's own
+    (2001, 0o1777, "belongs to"),  # another user's: they may remove anything in it
+    (2001, 0o700, "belongs to"),
+    (0, 0o777, "without the sticky bit"),
+    (0, 0o775, "without the sticky bit"),
+    (0, 0o3770, None),            # a group's store, sticky
+])
+def test_which_directories_a_store_writes_into(uid, mode, fault):
+    info = os.stat_result((stat.S_IFDIR | mode, 0, 0, 2, uid, 0, 0, 0, 0, 0))
+    found = directory_fault(info, frozenset({0, 1000}))
+    assert (found is not None and fault in found.reason) if fault else found is None
