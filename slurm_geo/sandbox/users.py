@@ -79,10 +79,12 @@ def share_home_store(layout: SandboxLayout) -> None:
     and sticky, as /tmp, so no user removes another's files (a LocalDirStore keeps the
     root's bits on the directories it makes). What each user writes there is sealed
     under their run's own key."""
-    if stat.S_IMODE(layout.pfs_dir.stat().st_mode) == 0o1777:
-        return  # shared already: what was made in it since kept the root's bits
-    for directory, _subdirs, _files in os.walk(layout.pfs_dir):  # a sandbox from before
-        os.chmod(directory, 0o1777)
+    if stat.S_IMODE(layout.pfs_dir.stat().st_mode) != 0o1777:
+        for directory, _subdirs, _files in os.walk(layout.pfs_dir):  # a sandbox from before
+            os.chmod(directory, 0o1777)
+    from slurm_geo.ckpt.store import LocalDirStore
+
+    LocalDirStore(layout.pfs_dir)  # root makes the directories every run shares, not a user
 
 
 def _create_account(person: SandboxUser) -> bool:
