@@ -366,6 +366,36 @@ def test_a_value_copied_under_another_key_does_not_open(two, etcd: EtcdMember) -
         cloud.job(NAME)
 
 
+@pytest.mark.parametrize("deleted_between", [False, True])
+def test_an_older_sealed_value_put_back_is_refused_as_a_replay(
+        two, etcd: EtcdMember, deleted_between: bool) -> None:
+    """Whoever can write to etcd (a member's disk, a stolen client) puts back a job's record
+    as it was before later writes: it opens under its own key, but etcd counts the
+    key's version past the one it was sealed for, so every reader refuses it with one line.
+    Deleted and written anew, the key is in another life (another create_revision)."""
+    onprem, cloud = two
+    onprem.add_job(job())
+    raw = etcd3gw.client(host="127.0.0.1", port=etcd.client_port)
+    key = onprem.layout.job(NAME)
+    (registered,) = raw.get(key)  # version 1
+    onprem.begin_generation(NAME, 0, HOME, 200, NOW)  # version 2 ...
+    (bumped,) = raw.get(key)
+    onprem.count_lost_restart(NAME, NOW)  # ... 3
+    assert cloud.job(NAME).generation == 1
+    if deleted_between:
+        raw.delete(key)
+        raw.put(key, registered)  # version 1 again, in a new life
+    raw.put(key, bumped)  # version 2 (4 without the delete), sealed for version 2
+    for reader in (onprem, cloud):
+        with pytest.raises(FederationStateError, match=r"refused .* replayed") as refused:
+            reader.job(NAME)
+        assert "\n" not in str(refused.value) and key in str(refused.value)
+    if not deleted_between:
+        raw.put(key, registered)  # the first value of the key's one life, at version 5
+        with pytest.raises(FederationStateError, match="replayed"):
+            cloud.job(NAME)
+
+
 def test_a_replica_with_another_master_key_opens_nothing(two, etcd: EtcdMember) -> None:
     onprem, _ = two
     onprem.add_job(job())

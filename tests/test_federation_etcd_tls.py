@@ -14,7 +14,7 @@ import pytest
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from slurm_geo.ckpt.keys import KeyFile
-from slurm_geo.federation.etcd.kv import EtcdKV, EtcdTLS
+from slurm_geo.federation.etcd.kv import ABSENT, EtcdKV, EtcdTLS
 from slurm_geo.federation.model import StateUnavailable
 from slurm_geo.sandbox import certs
 from tests.etcd_server import ETCD, MASTER_KEY, TIMING, free_port, require_etcd
@@ -66,7 +66,8 @@ def test_the_configured_ca_verifies_the_member_even_with_requests_ca_bundle_set(
 
     def put_and_read() -> bytes | None:
         try:
-            kv.commit([], [kv.put("k", b"v")], [])
+            found = kv.get_sealed("k")
+            kv.commit([], [kv.put("k", b"v", at=ABSENT if found is None else found.at)], [])
         except StateUnavailable:
             return None
         found = kv.get("k")

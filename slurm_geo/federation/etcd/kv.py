@@ -1,9 +1,13 @@
 """etcd behind its endpoints, every value sealed.
 
 etcd3gw speaks etcd's grpc-gateway (JSON over HTTP). Every value is sealed (docs/format.md
-§5, kind 6) under the state key `S` with the etcd key as its name: the member at the
-rented site stores nothing it can read, and a value copied under another key fails to
-open. Keys are ASCII (federation.etcd.layout quotes every name in them). `S` is derived
+§5, kind 6) under the state key `S` with a name of the etcd key and the place the value
+takes in that key's history (`sealed_name`): the version etcd gives the key when it is
+written (1 at its creation, one more at each write), and, from the second write on, the
+revision that created it. The member at the rented site stores nothing it can read; a
+value copied under another key, or put back under its own after it was written over (a
+replay: etcd counts the key's version past it), fails to open (SealBroken). Keys are
+ASCII (federation.etcd.layout quotes every name in them). `S` is derived
 from the master key file, followed as a rotation rewrites it: values are sealed under the
 first key of the file, and open under the key of the file their header names.
 
@@ -58,6 +62,32 @@ class EtcdRefused(StateUnavailable):
 
 
 @dataclass(frozen=True)
+class At:
+    """Where a key stands in its history: the revision that created it and its version
+    (how many times it was written since); (0, 0) when there is no such key."""
+
+    create_revision: int = 0
+    version: int = 0
+
+    def next(self) -> At:
+        """Where the key stands once written again: one version on (a key created anew:
+        version 1, its creation revision not known before etcd applies the write)."""
+        return At(self.create_revision if self.version else 0, self.version + 1)
+
+
+ABSENT = At()
+
+
+def sealed_name(key: str, at: At) -> str:
+    """The name a value of `key` at `at` is sealed with (the AEAD's associated data): the
+    key, its version, and, from version 2 on, the revision that created it, so a value of
+    an earlier life of a key deleted since does not open in a later one either. Version 1
+    names no revision: the writer of a new key cannot know the revision etcd will give it."""
+    created = at.create_revision if at.version > 1 else 0
+    return f"{key}\x00{created}:{at.version}"
+
+
+@dataclass(frozen=True)
 class Found:
     """A key as etcd holds it, its value opened."""
 
@@ -65,6 +95,11 @@ class Found:
     value: bytes
     mod_revision: int
     create_revision: int
+    version: int
+
+    @property
+    def at(self) -> At:
+        return At(self.create_revision, self.version)
 
 
 @dataclass(frozen=True)
@@ -75,14 +110,27 @@ class Sealed:
     sealed: bytes
     mod_revision: int
     create_revision: int
+    version: int
+
+    @property
+    def at(self) -> At:
+        return At(self.create_revision, self.version)
+
+    @property
+    def name(self) -> str:
+        """The name its value must have been sealed with."""
+        return sealed_name(self.key, self.at)
 
 
 class SealBroken(FederationStateError):
     """A value that does not open under the state key: altered, moved from another key,
-    or sealed under another site's master key."""
+    put back after it was written over (a replay), or sealed under another site's master
+    key."""
 
     def __init__(self, key: str, reason: str):
-        super().__init__(f"the federation state in etcd: {reason}")
+        super().__init__(f"the federation state in etcd: '{key}' refused ({reason}): "
+                         "altered, replayed from an earlier write, or moved from another "
+                         "key; see `slurm-geo audit verify` and who may write to etcd")
         self.key = key
 
 
@@ -155,17 +203,19 @@ class EtcdKV:
     def open(self, item: Sealed) -> Found:
         try:
             value = open_with_ring(self.state_keys(), Kind.FEDERATION_STATE, item.sealed,
-                                   item.key)
+                                   item.name)
         except CkptError as exc:
             raise SealBroken(item.key, str(exc)) from None
-        return Found(item.key, value, item.mod_revision, item.create_revision)
+        return Found(item.key, value, item.mod_revision, item.create_revision, item.version)
 
     # --- transactions --------------------------------------------------------------------
 
-    def put(self, key: str, value: bytes, lease: int = 0) -> Request:
-        """A put of `value`, sealed under `key`, for `commit`."""
+    def put(self, key: str, value: bytes, lease: int = 0, *, at: At) -> Request:
+        """A put of `value` for `commit`, sealed for the place it takes in `key`'s history:
+        the key stands at `at` now (ABSENT: it is not there), and the commit must compare
+        that it still does (its mod_revision, or its creation for a new key)."""
         sealed = seal(self.state_keys()[0], Kind.FEDERATION_STATE,
-                      self._random_bytes(SALT_SIZE), value, key)
+                      self._random_bytes(SALT_SIZE), value, sealed_name(key, at.next()))
         put: Request = {"key": _b64(key), "value": base64.b64encode(sealed).decode()}
         if lease:
             put["lease"] = lease
@@ -182,8 +232,9 @@ class EtcdKV:
                        int(reply["header"]["revision"]), reads)
 
     def replace_sealed(self, key: str, mod_revision: int, sealed: bytes) -> bool:
-        """Put `sealed` (sealed already: a rotation's) under `key` if nobody wrote it since
-        `mod_revision`, keeping the lease it is bound to; False if somebody did."""
+        """Put `sealed` (sealed already: a rotation's, for the key's next version) under
+        `key` if nobody wrote it since `mod_revision`, keeping the lease it is bound to;
+        False if somebody did."""
         put = {"key": _b64(key), "value": base64.b64encode(sealed).decode(),
                "ignore_lease": True}
         return self.commit([modified_at(key, mod_revision)], [{"request_put": put}],
@@ -253,7 +304,7 @@ class EtcdKV:
 def _sealed(kvs: list[dict[str, Any]]) -> list[Sealed]:
     return [Sealed(base64.b64decode(kv["key"]).decode("ascii"),
                    base64.b64decode(kv.get("value", "")), int(kv["mod_revision"]),
-                   int(kv["create_revision"])) for kv in kvs]
+                   int(kv["create_revision"]), int(kv.get("version", 0))) for kv in kvs]
 
 
 def created_at(key: str, revision: int) -> Request:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from typing import Protocol
 
-from slurm_geo.federation.etcd.kv import EtcdKV, Found, Request, created_at, read
+from slurm_geo.federation.etcd.kv import ABSENT, EtcdKV, Found, Request, created_at, read
 from slurm_geo.federation.etcd.layout import Layout
 from slurm_geo.federation.model import NotLeader, Replica, StateUnavailable
 
@@ -124,7 +124,7 @@ class Leadership:
         lease = self.kv.grant(self.ttl_s)
         outcome = self.kv.commit([created_at(self.key, 0)],
                                  [self.kv.put(self.key, json.dumps(asdict(self.me)).encode(),
-                                              lease)], [])
+                                              lease, at=ABSENT)], [])
         if not outcome.succeeded:
             self.kv.revoke(lease)
             return False

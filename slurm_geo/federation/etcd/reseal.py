@@ -15,7 +15,7 @@ from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.keys import SALT_SIZE, KeyFile, RandomBytes, federation_state_key
 from slurm_geo.ckpt.rotate import CHANGED_TRIES, Judgement, StorePass, Verdict, judge
 from slurm_geo.ckpt.seal import Kind, seal
-from slurm_geo.federation.etcd.kv import EtcdKV, Sealed
+from slurm_geo.federation.etcd.kv import EtcdKV, Sealed, sealed_name
 from slurm_geo.federation.etcd.layout import Layout
 from slurm_geo.federation.model import FederationStateError
 
@@ -49,11 +49,11 @@ class SealedState:
     def _reseal(self, item: Sealed, new: bytes, previous: bytes, dry_run: bool,
                 random_bytes: RandomBytes) -> Judgement | None:
         for _ in range(CHANGED_TRIES):
-            judgement = judge(item.sealed, item.key, Kind.FEDERATION_STATE, new, previous)
+            judgement = judge(item.sealed, item.name, Kind.FEDERATION_STATE, new, previous)
             if judgement.verdict is not Verdict.RESEAL or dry_run:
                 return judgement
             again = seal(new, Kind.FEDERATION_STATE, random_bytes(SALT_SIZE),
-                         judgement.payload, item.key)
+                         judgement.payload, sealed_name(item.key, item.at.next()))
             if self.kv.replace_sealed(item.key, item.mod_revision, again):
                 return judgement
             found = self.kv.get_sealed(item.key)  # written meanwhile: judged again

@@ -2,7 +2,10 @@
 that holds only if nothing it read has changed and this replica still leads.
 
 A `Transaction` remembers the mod_revision of every key an attempt reads (0 for a key
-that is not there) and buffers what it writes; `write` commits it with one compare per
+that is not there) and buffers what it writes; a key written is read first, if the
+attempt did not, so that its value is sealed for the version etcd will give it
+(federation.etcd.kv.sealed_name) and the commit holds only if that is still so. `write`
+commits it with one compare per
 key read plus the leadership guard (federation.etcd.leadership): the compare-and-set
 that BEGIN IMMEDIATE and WHERE clauses make in the SQLite state. When etcd refuses because
 something read has changed, the attempt runs again on what is there now, so of two
@@ -21,7 +24,7 @@ import json
 from collections.abc import Callable
 from typing import TypeVar
 
-from slurm_geo.federation.etcd.kv import EtcdKV, delete, modified_at
+from slurm_geo.federation.etcd.kv import ABSENT, At, EtcdKV, delete, modified_at
 from slurm_geo.federation.etcd.leadership import WriteGuard
 from slurm_geo.federation.etcd.records import Record, loads
 from slurm_geo.federation.model import StateUnavailable
@@ -37,6 +40,7 @@ class Transaction:
     def __init__(self, kv: EtcdKV):
         self._kv = kv
         self.read_at: dict[str, int] = {}
+        self.standing: dict[str, At] = {}  # where each key read stood in its history
         self.writes: dict[str, bytes | None] = {}  # None: delete
 
     def get(self, key: str) -> Record | None:
@@ -44,17 +48,23 @@ class Transaction:
             written = self.writes[key]
             return None if written is None else loads(written)
         found = self._kv.get(key)
-        self.read_at.setdefault(key, 0 if found is None else found.mod_revision)
+        if key not in self.read_at:
+            self.read_at[key] = 0 if found is None else found.mod_revision
+            self.standing[key] = ABSENT if found is None else found.at
         return None if found is None else loads(found.value)
 
     def range(self, prefix: str) -> list[tuple[str, Record]]:
         """Every record under `prefix`, in key order."""
         found = self._kv.range(prefix)
         for item in found:
-            self.read_at.setdefault(item.key, item.mod_revision)
+            if item.key not in self.read_at:
+                self.read_at[item.key] = item.mod_revision
+                self.standing[item.key] = item.at
         return [(item.key, loads(item.value)) for item in found]
 
     def put(self, key: str, record: Record) -> None:
+        if key not in self.read_at:
+            self.get(key)  # its version, and a compare that it is still there
         self.writes[key] = json.dumps(record, sort_keys=True).encode()
 
     def delete(self, key: str) -> None:
@@ -88,7 +98,7 @@ def write(kv: EtcdKV, leadership: WriteGuard, attempt: Callable[[Transaction], T
             raise ValueError(f"one etcd transaction holds at most {MAX_TXN_OPS} operations")
         outcome = kv.commit(
             [*guards, *(modified_at(key, at) for key, at in tx.read_at.items())],
-            [kv.put(key, value) if value is not None else delete(key)
+            [kv.put(key, value, at=tx.standing[key]) if value is not None else delete(key)
              for key, value in tx.writes.items()],
             [leadership.read_leader()])
         if outcome.succeeded:
