@@ -12,6 +12,7 @@ import pytest
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.errors import ImmutableCheckpoint, StoreBusy
 from slurm_geo.ckpt.gc import collect_garbage
+from slurm_geo.ckpt.locks import is_fresh, parse_lock, why_stale
 from slurm_geo.ckpt.replicate import copy_checkpoint
 
 KEY = bytes(range(32))
@@ -121,6 +122,50 @@ def test_gc_removes_a_crashed_writers_stale_lock(tmp_path):
 
     assert report.stale_locks_removed == ["locks/" + "ab" * 16]
     assert store.list("locks/") == []
+
+
+LOCK = "locks/" + "cd" * 16
+
+
+@pytest.mark.parametrize("body, fresh, said", [
+    (b'{"created_at": "2026-11-29T11:00:00+00:00"}', True, None),        # a push an hour old
+    (b'{"created_at": "2026-11-29T05:00:00+00:00"}', False, "did not finish"),  # 7 h: stale
+    (b'{"created_at": "2026-11-29T12:00:30+00:00"}', True, None),        # a clock 30 s ahead
+    (b'{"created_at": "9999-12-31T00:00:00+00:00"}', False, "ahead of this clock"),
+    (b"\x00garbage", False, "not a push lock's"),
+    (b"[1, 2]", False, "not a push lock's"),
+    (b'{"created_at": 12}', False, "not a push lock's"),
+    (b'{"created_at": "yesterday"}', False, "not a push lock's"),
+    (b'{"host": "n1"}', False, "not a push lock's"),
+    (b'{"created_at": "2026-11-29T11:00:00"}', False, "no time zone"),  # naive: no compare
+])
+def test_which_locks_gc_waits_for(body, fresh, said):
+    lock = parse_lock(LOCK, body)
+    assert is_fresh(lock, NOW) is fresh
+    if said is not None:
+        line = why_stale(lock, NOW)
+        assert said in line and LOCK in line and "\n" not in line
+
+
+def test_a_garbage_lock_never_blocks_gc_and_is_said_in_one_line(tmp_path):
+    store, repository = repo(tmp_path)
+    repository.write_checkpoint("r", tensors(1), b"", metadata(1))
+    store.put(LOCK, b"\xff\xfe not json")
+    store.put("packs/ee/" + "ee" * 32, b"unreferenced")
+
+    report = collect_garbage(store, repository, NOW)
+
+    assert report.stale_locks_removed == [LOCK]
+    assert report.deleted_packs == ["packs/ee/" + "ee" * 32]
+    assert len(report.notes) == 1 and "no push wrote it" in report.notes[0]
+    assert store.list("locks/") == []
+
+
+def test_a_fresh_lock_says_when_it_goes_stale(tmp_path):
+    store, repository = repo(tmp_path)
+    store.put(LOCK, b'{"created_at": "2026-11-29T11:00:00+00:00"}')
+    with pytest.raises(StoreBusy, match=r"stale \(2026-11-29T17:00:00\+00:00\)"):
+        collect_garbage(store, repository, NOW)
 
 
 def test_copy_uploads_only_missing_packs_and_keeps_order(tmp_path):

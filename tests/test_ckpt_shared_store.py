@@ -11,11 +11,14 @@ import stat
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from slurm_geo.ckpt.errors import UnsafeObjectName, UnsafeStoreDirectory
+from slurm_geo.ckpt.gc import collect_garbage
+from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.store import LocalDirStore, directory_fault
 from slurm_geo.sandbox.users import ALICE, BOB
 
@@ -172,3 +175,20 @@ def test_which_directories_a_store_writes_into(uid, mode, fault):
     info = os.stat_result((stat.S_IFDIR | mode, 0, 0, 2, uid, 0, 0, 0, 0, 0))
     found = directory_fault(info, frozenset({0, 1000}))
     assert (found is not None and fault in found.reason) if fault else found is None
+
+
+def test_locks_bob_plants_never_hold_gc_off(pfs):
+    """Garbage, or a time far ahead, in a lock bob put: gc removes it and goes on."""
+    LocalDirStore(pfs)
+
+    def bob_plants() -> None:
+        store = LocalDirStore(pfs)
+        store.put("locks/" + "ab" * 16, b"\x00 not a lock")
+        store.put("locks/" + "cd" * 16, b'{"created_at": "9999-01-01T00:00:00+00:00"}')
+
+    assert as_user(BOB.uid, bob_plants) == "ok"
+    store = LocalDirStore(pfs)
+    report = collect_garbage(store, Repository(store, bytes(32)), datetime.now(UTC))
+    assert sorted(report.stale_locks_removed) == ["locks/" + "ab" * 16, "locks/" + "cd" * 16]
+    assert all("no push wrote it" in note for note in report.notes)
+    assert store.list("locks/") == []

@@ -147,8 +147,10 @@ class StoreBusy(CkptError):
 
     exit_code = ExitCode.STORE_BUSY
 
-    def __init__(self, name: str, since: str):
+    def __init__(self, name: str, since: str, stale_at: str = ""):
+        until = f" or once the lock is stale ({stale_at})" if stale_at else ""
         super().__init__(
             name,
-            f"a push holds lock '{name}' (since {since}); run gc again once it has finished",
+            f"a push holds lock '{name}' (since {since}); run gc again once it has "
+            f"finished{until}",
         )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from slurm_geo.ckpt.errors import StoreBusy
-from slurm_geo.ckpt.locks import is_fresh, locks
+from slurm_geo.ckpt.locks import LOCK_TTL, is_fresh, locks, why_stale
 from slurm_geo.ckpt.manifest import with_bases
 from slurm_geo.ckpt.names import pack_name, run_of_manifest_name, step_of_manifest_name
 from slurm_geo.ckpt.repository import Repository
@@ -23,6 +23,7 @@ class GcReport:
     deleted_packs: list[str] = field(default_factory=list)
     kept_packs: int = 0
     stale_locks_removed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # one line per lock removed, and why
 
 
 def collect_garbage(store: Store, repository: Repository, now: datetime,
@@ -35,10 +36,11 @@ def collect_garbage(store: Store, repository: Repository, now: datetime,
     candidates = store.list("packs/")
     report = GcReport()
     for lock in locks(store):
-        if is_fresh(lock, now):
-            raise StoreBusy(lock.name, lock.created_at.isoformat() if lock.created_at
-                            else "an unreadable time")
+        if is_fresh(lock, now) and lock.created_at is not None:
+            raise StoreBusy(lock.name, lock.created_at.isoformat(),
+                            (lock.created_at + LOCK_TTL).isoformat())
         report.stale_locks_removed.append(lock.name)
+        report.notes.append(why_stale(lock, now))
     referenced = _referenced_packs(store, repository)
     for name in candidates:
         if name in referenced:

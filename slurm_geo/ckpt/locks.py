@@ -28,7 +28,8 @@ Clock = Callable[[], datetime]
 @dataclass(frozen=True)
 class Lock:
     name: str
-    created_at: datetime | None  # None: unreadable, so treated as fresh
+    created_at: datetime | None  # None: unreadable (see `problem`)
+    problem: str | None = None   # why it is no lock a writer wrote
 
 
 @contextmanager
@@ -46,14 +47,38 @@ def locks(store: Store) -> list[Lock]:
     found = []
     for name in store.list("locks/"):
         try:
-            created = json.loads(store.get(name))["created_at"]
-            found.append(Lock(name, datetime.fromisoformat(created)))
+            found.append(parse_lock(name, store.get(name)))
         except ObjectMissing:
             continue  # released while we listed
-        except (ValueError, KeyError, TypeError):
-            found.append(Lock(name, None))
     return found
 
 
+def parse_lock(name: str, body: bytes) -> Lock:
+    """A lock as its body says. A writer puts its lock whole, in one atomic put, so one
+    that does not parse, or carries no time with its zone, is no writer's: garbage, or
+    planted, and reported as such (`problem`), never waited for."""
+    try:
+        created = datetime.fromisoformat(json.loads(body)["created_at"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return Lock(name, None, f"its content is not a push lock's ({type(exc).__name__})")
+    if created.tzinfo is None:
+        return Lock(name, None, "its time has no time zone")
+    return Lock(name, created)
+
+
 def is_fresh(lock: Lock, now: datetime) -> bool:
-    return lock.created_at is None or now - lock.created_at < LOCK_TTL
+    """Whether gc must wait for the lock's writer: a readable lock younger than `LOCK_TTL`.
+    One dated further ahead than that is no writer's either (clocks are kept within
+    seconds), lest a lock dated in the year 9999 hold gc off forever."""
+    return lock.created_at is not None and abs(now - lock.created_at) < LOCK_TTL
+
+
+def why_stale(lock: Lock, now: datetime) -> str:
+    """One line saying why gc removes a lock that is not fresh."""
+    if lock.created_at is None:
+        return f"removed lock '{lock.name}': {lock.problem}, so no push wrote it"
+    if lock.created_at > now:
+        return (f"removed lock '{lock.name}': dated {lock.created_at.isoformat()}, more than "
+                f"{LOCK_TTL} ahead of this clock, so no push wrote it")
+    return (f"removed lock '{lock.name}': taken at {lock.created_at.isoformat()}, more than "
+            f"{LOCK_TTL} ago, by a push that did not finish")
