@@ -420,6 +420,8 @@ def gc(store_url: str, dry_run: bool, key_file: Path, as_json: bool) -> None:
     store = _open(store_url)
     report = collect_garbage(store, Repository(store, load_master_key(key_file)),
                              datetime.now(UTC), dry_run=dry_run)
+    for note in report.notes:  # a lock no push holds: one line each, never a wait
+        click.echo(f"slurm-geo: {note}", err=True)
     verb = "would delete" if dry_run else "deleted"
     _report({**asdict(report), "dry_run": dry_run}, as_json,
             f"{verb} {len(report.deleted_packs)} pack(s), kept {report.kept_packs}")
