@@ -11,6 +11,9 @@ slurmrestd, which never runs SPANK), so the rules that matter are enforced here 
 with the same messages as slurm_geo/policy/geo.py, in the same order:
   - directives from job_desc.spank_job_env (GEO_<NAME>, set by the SPANK plugin), else,
     for batch jobs, from the job's environment (SLURM_GEO_<NAME>: REST submissions);
+  - a batch job whose environment carries a SLURM_SPANK_GEO_<NAME> the SPANK plugin did
+    not hand over (the user's own export, a client skipping the plugin): rejected, since
+    the federation daemon reads a pending job's directives there;
   - malformed values (an option without a value, a checkpoint path with '..' or past
     PATH_MAX), unknown regions and clusters, --geo-clusters leaving out this cluster,
     failover=auto without a checkpoint directory, a missing cost center where required:
@@ -315,6 +318,30 @@ local function from_spank_env(job_desc)
   return any and found or nil
 end
 
+-- sbatch copies the SPANK plugin's hand-over (GEO_<NAME>) into the job's environment as
+-- SLURM_SPANK_GEO_<NAME>, where the federation daemon reads a pending job's directives. A
+-- user can put such a variable in their own environment, or send it through a client that
+-- skips the plugin (slurmrestd): the name of the first one the plugin did not hand over,
+-- with that value, so the job can be refused (nil: none).
+local function forged_spank_env(job_desc)
+  local env = job_desc.environment
+  if job_desc.script == nil or env == nil then return nil end
+  local handed, spank = {}, job_desc.spank_job_env
+  if type(spank) == "table" then
+    for _, entry in pairs(spank) do
+      local name, value = string.match(entry, "^GEO_([A-Z_]+)=(.*)$")
+      if name then handed[name] = value end
+    end
+  end
+  for _, spec in ipairs(SPECS) do
+    local value = env["SLURM_SPANK_GEO_" .. spec.env]
+    if value ~= nil and handed[spec.env] ~= value then
+      return "SLURM_SPANK_GEO_" .. spec.env, spec.option
+    end
+  end
+  return nil
+end
+
 local function from_job_env(job_desc)
   if job_desc.script == nil then return nil end -- only batch jobs carry an environment
   local env, found, any = job_desc.environment, {}, false
@@ -331,6 +358,15 @@ end
 
 -- Returns slurm.SUCCESS, or an error code after telling the user why (slurm.log_user).
 function geo_job_submit(job_desc, submit_uid)
+  local forged, option = forged_spank_env(job_desc)
+  if forged ~= nil then
+    local message = "geo: " .. forged .. " is in the job's environment but the SPANK " ..
+      "plugin did not set it; unset it (a job started from a geo job inherits it) and " ..
+      "ask with #SBATCH --" .. option
+    slurm.log_info("geo: rejected a job of uid %s: %s", tostring(submit_uid), message)
+    slurm.log_user("%s", message)
+    return slurm.ERROR
+  end
   local raw = from_spank_env(job_desc) or from_job_env(job_desc)
   if raw == nil then return slurm.SUCCESS end
   local ok, err = pcall(function()
