@@ -180,9 +180,11 @@ def test_metrics_serve_the_documented_names(setup):
     offsite = (("destination", "offsite"),)
     assert samples[("slurm_geo_sync_replicas", (*offsite, ("status", "verified")))] == 2
     assert samples[("slurm_geo_sync_queue_depth", offsite)] == 0
-    run = (("destination", "offsite"), ("run", "run-a"))
-    assert samples[("slurm_geo_sync_replication_lag_seconds", run)] == 0
-    assert samples[("slurm_geo_sync_verified_step", run)] == 4
+    assert samples[("slurm_geo_sync_replication_lag_seconds", offsite)] == 0
+    assert samples[("slurm_geo_sync_runs", (*offsite, ("state", "verified")))] == 1
+    assert samples[("slurm_geo_sync_runs", (*offsite, ("state", "waiting")))] == 0
+    assert samples[("slurm_geo_sync_unsafe_files_skipped_total", ())] == 0
+    assert "run-a" not in text  # unauthenticated: no run is named (docs/checkpoint-sync.md)
     assert samples[("slurm_geo_sync_transferred_bytes_total",
                     (("destination", "offsite"), ("direction", "upload")))] > 0
     assert samples[("slurm_geo_sync_destination_up", offsite)] == 1

@@ -71,9 +71,14 @@ class Site:
         for _ in range(saves):
             trainer.train(5)
             steps.append(trainer.save())
-        for path in [directory, *directory.rglob("*")]:  # the user's files, as training left them
-            os.chown(path, owner.pw_uid, owner.pw_gid)
+        self.give(directory, owner)
         return steps
+
+    @staticmethod
+    def give(directory: Path, owner: pwd.struct_passwd = NOBODY) -> None:
+        """The user's files, as their training left them (the daemon reads no other)."""
+        for path in [directory, *directory.rglob("*")]:
+            os.chown(path, owner.pw_uid, owner.pw_gid)
 
     def register(self, job_id: int, directory: Path | str, user: str = "nobody",
                  ended_at: float | None = None, started_at: float | None = None,
@@ -180,6 +185,7 @@ def test_a_new_checkpoint_in_a_watched_directory_is_replicated_on_the_next_run(s
     trainer = Trainer(job_dir, site.key, "r", shape=(32, 32), seed=3)
     trainer.step = 100
     later = trainer.save()
+    site.give(job_dir)
     assert site.run_once() == 0
     assert statuses(site.state) == {("r", first[0]): "verified", ("r", later): "verified"}
 
@@ -377,6 +383,7 @@ def test_a_registry_that_cannot_be_read_keeps_what_was_watched(site, caplog):
     trainer = Trainer(job_dir, site.key, "r", shape=(32, 32), seed=5)
     trainer.step = 50
     later = trainer.save()
+    site.give(job_dir)
     with caplog.at_level(logging.INFO, logger="slurm_geo.sync"):
         assert site.run_once() == 0  # a new process, the registry damaged: still replicated
     assert statuses(site.state) == {("r", first[0]): "verified", ("r", later): "verified"}

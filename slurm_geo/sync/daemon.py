@@ -85,6 +85,11 @@ class Daemon:
         self._state: StateDB | None = None
         self._server: Any = None
 
+    def _live_now(self) -> Live:
+        """What the metrics read at a scrape (on the server's thread)."""
+        self.live.skipped_files = self.runtime.skipped.count
+        return self.live
+
     # --- life -------------------------------------------------------------------------
 
     def run(self, once: bool = False) -> int:
@@ -108,7 +113,7 @@ class Daemon:
                   destination=replica.destination, reason="attempt cut short")
         self._scrub.resume(self._state)
         if self._metrics_port:
-            collector = SyncCollector(self.state_path, lambda: self.live, self._clock)
+            collector = SyncCollector(self.state_path, self._live_now, self._clock)
             try:
                 self._server = serve_metrics(collector, self._metrics_address,
                                              self._metrics_port)
@@ -198,6 +203,7 @@ class Daemon:
             if getattr(old, name) != getattr(new, name):
                 event(log, "restart_needed", logging.WARNING, setting=name,
                       reason="takes effect at the next start")
+        runtime.skipped = self.runtime.skipped  # the metric counts since the start
         self.runtime = runtime
         self._bucket.set_rate(new.bandwidth_mb_s * 1e6)
         if self._set_priority:

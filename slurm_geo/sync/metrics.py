@@ -1,33 +1,41 @@
 """Prometheus metrics, read from the state database at scrape time (a custom Collector).
 
 Nothing is counted in memory: counters are sums over the database, so they survive
-restarts and agree with `slurm-geo sync status`. Per-run series cover runs seen in the last
-`RUN_WINDOW_S` or still waiting for a replica, so finished runs drop out.
+restarts and agree with `slurm-geo sync status` (the count of skipped unsafe files is the
+exception: since the start). The endpoint answers whoever reaches it, without
+authentication, so no series names a run or a step: what concerns runs is summed up per
+destination, over the runs seen in the last `RUN_WINDOW_S` or still waiting for a
+replica; `slurm-geo sync status` names them to root.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from slurm_geo.federation.httpserver import BoundedHTTPServer, Limits, PrereadHandler
 from slurm_geo.sync.state import Status
 
 RUN_WINDOW_S = 7 * 24 * 3600
+METRICS_PATH = "/metrics"
+# A scrape every 15 s from one or two Prometheus servers: two threads, a few waiting.
+METRICS_LIMITS = Limits(workers=2, queue=8, waiting=256, idle_s=5.0, deadline_s=10.0)
 PREFIX = "slurm_geo_sync"
 
 METRIC_NAMES = (
     f"{PREFIX}_replicas", f"{PREFIX}_queue_depth", f"{PREFIX}_replication_lag_seconds",
-    f"{PREFIX}_last_lag_seconds", f"{PREFIX}_verified_step", f"{PREFIX}_transferred_bytes",
+    f"{PREFIX}_last_lag_seconds", f"{PREFIX}_runs", f"{PREFIX}_transferred_bytes",
     f"{PREFIX}_failures", f"{PREFIX}_destination_up", f"{PREFIX}_last_scan_timestamp_seconds",
     f"{PREFIX}_scrubbed_bytes", f"{PREFIX}_scrub_full_pass_timestamp_seconds",
-    f"{PREFIX}_scrub_findings",
+    f"{PREFIX}_scrub_findings", f"{PREFIX}_unsafe_files_skipped",
 )
 
 _PER_RUN = """
@@ -48,11 +56,40 @@ FROM runs
 
 
 @dataclass
+class Rollup:
+    """One destination's runs, summed up (no run named)."""
+
+    lag: float = 0.0
+    last_lag: float = 0.0
+    verified: int = 0
+    waiting: int = 0
+
+
+def _roll_up(rows: Iterable[sqlite3.Row], now: float) -> dict[str, Rollup]:
+    """Each destination's runs seen in the last RUN_WINDOW_S or still waiting, summed up."""
+    found: dict[str, Rollup] = {}
+    for row in rows:
+        waiting = row["waiting_since"]
+        if row["seen"] < now - RUN_WINDOW_S and waiting is None:
+            continue
+        rollup = found.setdefault(row["destination"], Rollup())
+        if waiting is None:
+            rollup.verified += 1
+        else:
+            rollup.waiting += 1
+            rollup.lag = max(rollup.lag, now - waiting)
+        if row["verified"] is not None:
+            rollup.last_lag = max(rollup.last_lag, row["last_lag"] or 0.0)
+    return found
+
+
+@dataclass
 class Live:
     """What only the running daemon knows; updated by its main loop."""
 
     destination_up: dict[str, bool] = field(default_factory=dict)
     last_scan: float | None = None
+    skipped_files: int = 0  # refused in job directories (slurm_geo.sync.ownedfiles)
 
 
 class SyncCollector:
@@ -95,24 +132,24 @@ class SyncCollector:
         yield queue
 
     def _runs(self, conn: sqlite3.Connection, now: float) -> Iterator[Metric]:
+        """Per destination, never per run: the endpoint answers whoever reaches it, and a
+        run's name and steps are its owner's (`slurm-geo sync status`, root, names them)."""
         lag = GaugeMetricFamily(
-            f"{PREFIX}_replication_lag_seconds", "How long the run's newest checkpoint has "
-            "waited for a verified replica; 0 when the newest is verified.",
-            labels=["run", "destination"])
-        last = GaugeMetricFamily(f"{PREFIX}_last_lag_seconds", "Creation to verification "
-                                 "of the newest verified replica.", labels=["run", "destination"])
-        step = GaugeMetricFamily(f"{PREFIX}_verified_step", "Newest verified step: what a "
-                                 "resume at the destination gets.", labels=["run", "destination"])
-        for row in conn.execute(_PER_RUN):
-            waiting = row["waiting_since"]
-            if row["seen"] < now - RUN_WINDOW_S and waiting is None:
-                continue
-            labels = [row["run"], row["destination"]]
-            lag.add_metric(labels, 0.0 if waiting is None else max(0.0, now - waiting))
-            if row["verified"] is not None:
-                step.add_metric(labels, row["verified"])
-                last.add_metric(labels, row["last_lag"] or 0.0)
-        yield from (lag, last, step)
+            f"{PREFIX}_replication_lag_seconds", "The longest any run's newest checkpoint "
+            "has waited for a verified replica; 0 when every newest one is verified.",
+            labels=["destination"])
+        last = GaugeMetricFamily(f"{PREFIX}_last_lag_seconds", "The longest creation to "
+                                 "verification among the runs' newest verified replicas.",
+                                 labels=["destination"])
+        runs = GaugeMetricFamily(f"{PREFIX}_runs", "Runs whose newest checkpoint has a "
+                                 "verified replica (verified) or waits for one (waiting).",
+                                 labels=["destination", "state"])
+        for destination, rollup in sorted(_roll_up(conn.execute(_PER_RUN), now).items()):
+            lag.add_metric([destination], rollup.lag)
+            last.add_metric([destination], rollup.last_lag)
+            runs.add_metric([destination, "verified"], rollup.verified)
+            runs.add_metric([destination, "waiting"], rollup.waiting)
+        yield from (lag, last, runs)
 
     def _totals(self, conn: sqlite3.Connection) -> Iterator[Metric]:
         moved = CounterMetricFamily(
@@ -165,17 +202,38 @@ class SyncCollector:
         for destination, is_up in sorted(live.destination_up.items()):
             up.add_metric([destination], 1.0 if is_up else 0.0)
         yield up
+        yield CounterMetricFamily(f"{PREFIX}_unsafe_files_skipped", "Files of job "
+                                  "directories not read: links, and files not their "
+                                  "owner's.", value=live.skipped_files)
         if live.last_scan is not None:
             yield GaugeMetricFamily(f"{PREFIX}_last_scan_timestamp_seconds",
                                     "When the roots were last scanned.", value=live.last_scan)
 
 
-def serve_metrics(collector: SyncCollector, address: str, port: int) -> Any:
-    """Serve `collector` alone (no process-wide default registry) on address:port; returns
-    the server, whose shutdown() stops it."""
-    from prometheus_client import start_http_server
-
+def serve_metrics(collector: SyncCollector, address: str, port: int,
+                  limits: Limits = METRICS_LIMITS) -> BoundedHTTPServer:
+    """Serve `collector` alone (no process-wide default registry) on address:port, over
+    the federation daemon's bounded server (`slurm_geo.federation.httpserver`): one thread
+    reads every connection, a stalled one costs a socket, never a thread, and `limits`
+    bound the rest. Returns the server; its shutdown() and server_close() stop it."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)  # type: ignore[arg-type]
-    server, _thread = start_http_server(port, addr=address, registry=registry)
+
+    class Handler(PrereadHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if self.path.partition("?")[0] not in ("/", METRICS_PATH):
+                self.send_error(404)
+                return
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            """No line per scrape."""
+
+    server = BoundedHTTPServer(address, port, Handler, limits=limits)
+    threading.Thread(target=server.serve_forever, name="sync-metrics", daemon=True).start()
     return server

@@ -10,7 +10,7 @@ which comes first.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,8 +24,17 @@ from slurm_geo.config.paths import master_key_path
 from slurm_geo.errors import ConfigError
 from slurm_geo.policy.geo import GeoPolicy
 from slurm_geo.policy.retention import RetentionPolicy
+from slurm_geo.sync.ownedfiles import OwnedDirStore, SkippedFiles
 
 OpenStore = Callable[..., Store]
+
+
+@dataclass(frozen=True)
+class JobRoot:
+    """A job's checkpoint directory to read: its real path, and the uids of its users."""
+
+    path: str
+    owners: frozenset[int]
 
 
 @dataclass
@@ -48,21 +57,28 @@ class Runtime:
     destination_url: str = ""
     store_urls: dict[str, str] = field(default_factory=dict)  # [stores] name -> url
     transfer_plan: TransferPlan = DEFAULT_PLAN  # of the link to the destination
+    skipped: SkippedFiles = field(default_factory=SkippedFiles, repr=False)
     _roots: dict[str, Store] = field(default_factory=dict, repr=False)
-    _job_roots: set[str] = field(default_factory=set, repr=False)
+    _job_roots: dict[str, JobRoot] = field(default_factory=dict, repr=False)
 
     def root_store(self, root: str) -> Store:
-        """The root's store; opening it again later if it failed (an unmounted PFS)."""
+        """The root's store; opening it again later if it failed (an unmounted PFS). A job's
+        directory is read as its owner could read it (`slurm_geo.sync.ownedfiles`)."""
         if root not in self._roots:
-            url, endpoint = self.root_urls.get(root, (root, None))
-            self._roots[root] = self.open_store(url, endpoint_url=endpoint)
+            job = self._job_roots.get(root)
+            if job is not None:
+                self._roots[root] = OwnedDirStore(Path(job.path), job.owners, self.skipped)
+            else:
+                url, endpoint = self.root_urls.get(root, (root, None))
+                self._roots[root] = self.open_store(url, endpoint_url=endpoint)
         return self._roots[root]
 
-    def watch_job_roots(self, roots: Iterable[str]) -> None:
+    def watch_job_roots(self, roots: Mapping[str, JobRoot]) -> None:
         """Read these job directories (file:// roots) too, and no others."""
-        wanted = set(roots) - set(self.root_urls)
-        for gone in self._job_roots - wanted:
-            self._roots.pop(gone, None)
+        wanted = {root: job for root, job in roots.items() if root not in self.root_urls}
+        for root in self._job_roots:
+            if self._job_roots[root] != wanted.get(root):
+                self._roots.pop(root, None)
         self._job_roots = wanted
 
     def reads(self, root: str) -> bool:

@@ -36,7 +36,7 @@ from slurm_geo.sync.jobdirs import (
     run_conflicts,
     sync_site,
 )
-from slurm_geo.sync.runtime import Runtime
+from slurm_geo.sync.runtime import JobRoot, Runtime
 from slurm_geo.sync.scanner import RootScan, scan_root
 from slurm_geo.sync.state import Source, StateDB
 
@@ -76,7 +76,8 @@ class Sources:
         registry, plans = self._read_plans(runtime, state, now)
         if registry is not None:
             seen.append(registry)
-        runtime.watch_job_roots(p.root for p in plans if p.status is SourceStatus.WATCHED)
+        runtime.watch_job_roots({p.root: _job_root(p) for p in plans
+                                 if p.status is SourceStatus.WATCHED})
         jobs = {p.root: self._scan_job_dir(p, runtime, now) for p in plans
                 if p.status is SourceStatus.WATCHED}
         refused = self._conflicts(scans, jobs, state, runtime.destination)
@@ -198,6 +199,11 @@ class Sources:
             if not source.same_as(told):
                 _tell(source, told)
                 self._logged[source.root] = source
+
+
+def _job_root(plan: DirPlan) -> JobRoot:
+    uids = (uid_of_user(user) for user in plan.users)
+    return JobRoot(plan.path, frozenset(uid for uid in uids if uid is not None))
 
 
 def _as_plan(source: Source) -> DirPlan:
