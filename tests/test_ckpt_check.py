@@ -17,7 +17,7 @@ from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOpt
 from slurm_geo.ckpt.check import READ_ALL, PackSelection, check_store, parse_subset
 from slurm_geo.ckpt.keys import KeyFile, write_key_file
 from slurm_geo.ckpt.manifest import with_bases
-from slurm_geo.ckpt.names import key_name, latest_name, manifest_name, pack_name
+from slurm_geo.ckpt.names import key_name, latest_name, manifest_name, pack_name, promoted_name
 from slurm_geo.cli import cli
 from slurm_geo.errors import ConfigError
 
@@ -190,6 +190,32 @@ def test_damaged_manifests_keys_and_pointers_are_named(site, tmp_path):
         key_name("beta"): ("beta@1", "beta@2", "beta@3"),
         latest_name("gamma"): (),
     }
+
+
+def test_promotion_markers_are_checked(site, tmp_path):
+    """Issue 28: check said ok with a corrupt marker; a marker that does not open, names
+    another checkpoint, or marks one that is gone protects nothing, and is damage."""
+    store, repository = site
+    alpha, beta, gamma = RUNS
+    repository.promote(alpha, 1)
+    repository.promote(beta, 1)
+    repository.promote(gamma, 1)
+    assert check_store(store, KEY).ok  # sound markers are no damage
+    flip(tmp_path / "store" / promoted_name(alpha, 1), 40)                # altered
+    store.put(promoted_name(beta, 2), store.get(promoted_name(beta, 1)))  # another's, moved
+    store.put(promoted_name(gamma, 2), b"junk")
+    store.put("promoted/gamma/not-a-step", b"junk")
+    store.delete(manifest_name(gamma, 1))  # the checkpoint the marker kept is gone
+    report = check_store(store, KEY)
+    damaged = {d.object: (d.checkpoints, d.error) for d in report.damage}
+    assert set(damaged) == {promoted_name(alpha, 1), promoted_name(beta, 2),
+                            promoted_name(gamma, 1), promoted_name(gamma, 2),
+                            "promoted/gamma/not-a-step"}
+    assert damaged[promoted_name(alpha, 1)][0] == (f"{alpha}@1",)
+    assert "is corrupt" in damaged[promoted_name(beta, 2)][1]  # sealed under its own name
+    assert not report.ok
+    assert "which has no manifest" in damaged[promoted_name(gamma, 1)][1]
+    assert all("\n" not in error for _c, error in damaged.values())
 
 
 def test_packs_no_checkpoint_references_are_counted_not_damage(site):

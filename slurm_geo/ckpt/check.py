@@ -1,6 +1,7 @@
 """Checking a whole store, as `restic check` does (docs/stores.md, "Checking a store").
 
-Every run's wrapped key, latest pointer and manifests must open and parse, and every pack
+Every run's wrapped key, latest pointer and manifests must open and parse, every
+promotion marker must open under the promotion key and mark a checkpoint there, and every pack
 a manifest references (delta bases included) must be listed at least as long as the last
 entry read from it. With a `PackSelection` the chosen packs are also read, each once
 however many checkpoints share it: its hash is checked, then every chunk stored in it that
@@ -22,10 +23,22 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from slurm_geo.ckpt.errors import CkptError, CorruptObject, ObjectMissing, StoreUnavailable
+from slurm_geo.ckpt.errors import (
+    CkptError,
+    CorruptObject,
+    ObjectMissing,
+    StoreUnavailable,
+    UnsafeObjectName,
+)
 from slurm_geo.ckpt.keys import MasterKeys
 from slurm_geo.ckpt.manifest import ChunkRef, Manifest, with_bases
-from slurm_geo.ckpt.names import key_name, latest_name, manifest_name, pack_name
+from slurm_geo.ckpt.names import (
+    key_name,
+    latest_name,
+    manifest_name,
+    pack_name,
+    step_of_manifest_name,
+)
 from slurm_geo.ckpt.open_store import paced
 from slurm_geo.ckpt.parallel import run_all
 from slurm_geo.ckpt.reader import ChunkReader, ordered_map, worker_pool
@@ -158,6 +171,7 @@ def check_store(store: Store, master_keys: bytes | MasterKeys,
         _check_run(repository, run, steps[run], inventory, workers)
         opened += len(steps[run])
         on_manifests(opened, manifests)
+    _check_markers(repository, counted.list("promoted/"), steps, inventory)
     sizes = counted.sizes("packs/")
     present = [p for p in inventory.pack_order if _check_size(p, sizes, inventory)]
     referenced = {pack_name(p) for p in inventory.pack_order}
@@ -201,6 +215,43 @@ def _check_run(repository: Repository, run: str, steps: list[int], inventory: _I
     if pointed is not None and pointed not in steps:
         inventory.found(latest_name(run), CorruptObject(
             latest_name(run), f"names step {pointed}, which has no manifest"), [])
+
+
+def _check_markers(repository: Repository, names: list[str], steps: dict[str, list[int]],
+                   inventory: _Inventory) -> None:
+    """Every promotion marker must open under the promotion key, name its own checkpoint
+    (docs/format.md §8.1) and mark one that exists: one that does not protects nothing,
+    so retention may delete what was meant to be kept."""
+    for name in names:
+        marked = marker_checkpoint(name)
+        if marked is None:
+            inventory.found(name, CorruptObject(name, "not a promotion marker's name "
+                                                "(promoted/<run>/<20-digit step>)"), [])
+            continue
+        run, step = marked
+        try:
+            repository.is_promoted(run, step)
+        except StoreUnavailable:
+            raise
+        except CkptError as exc:
+            inventory.found(name, exc, [f"{run}@{step}"])
+            continue
+        if step not in steps.get(run, ()):
+            inventory.found(name, CorruptObject(
+                name, f"promotes {run}@{step}, which has no manifest: the checkpoint it kept "
+                "is gone"), [])
+
+
+def marker_checkpoint(name: str) -> tuple[str, int] | None:
+    """The (run, step) a name under `promoted/` stands for, or None."""
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] != "promoted":
+        return None
+    try:
+        step = step_of_manifest_name(parts[1], f"manifests/{parts[1]}/{parts[2]}")
+    except UnsafeObjectName:
+        return None
+    return None if step is None else (parts[1], step)
 
 
 def _manifest(repository: Repository, run: str, step: int) -> Manifest | CkptError:
