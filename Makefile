@@ -6,7 +6,7 @@ SLURM_GEO = $(PYTHON) -m slurm_geo
 BASH_COMPLETIONS = /usr/share/bash-completion/completions
 MAN_DIR = /usr/local/share/man/man1
 
-.PHONY: install drill demo test test-quick lint check-cli man bench spank
+.PHONY: install drill demo test test-quick lint check-cli man bench spank submit-as service-account
 
 # The SPANK plugin of the --geo-* options, built against the installed Slurm headers.
 SPANK_SO = spank/geo_directives.so
@@ -31,6 +31,10 @@ install:  ## Debian and Python packages (only what is missing), bash completion,
 	@$(MAKE) --no-print-directory man
 	install -d $(MAN_DIR) && install -m 0644 build/man/*.1 $(MAN_DIR)
 	@$(MAKE) --no-print-directory spank
+	@$(MAKE) --no-print-directory service-account
+	@$(MAKE) --no-print-directory submit-as
+	install -d -m 0755 $(LIBEXEC_DIR)
+	install -o root -g $(SERVICE_ACCOUNT) -m 4750 $(SUBMIT_AS) $(LIBEXEC_DIR)/submit-as
 
 # Written afresh, so a renamed command leaves no page behind.
 man:  ## man pages from the help text, into build/man
@@ -42,6 +46,25 @@ spank: $(SPANK_SO)  ## the SPANK plugin (spank/geo_directives.so)
 $(SPANK_SO): spank/geo_directives.c
 	@test -f $(SLURM_INCLUDE)/slurm/spank.h || { echo "spank: $(SLURM_INCLUDE)/slurm/spank.h is missing; install it with: apt-get install libslurm-dev" >&2; exit 1; }
 	$(CC) $(SPANK_CFLAGS) -I$(SLURM_INCLUDE) -o $@ $<
+
+# The daemons' own account (docs/install.md, "Which account each daemon runs as"): a system
+# user and group, no login shell, no home of its own.
+SERVICE_ACCOUNT = slurm-geo
+service-account:  ## the daemons' unprivileged service account
+	@getent group $(SERVICE_ACCOUNT) >/dev/null || groupadd --system $(SERVICE_ACCOUNT)
+	@getent passwd $(SERVICE_ACCOUNT) >/dev/null || useradd --system --gid $(SERVICE_ACCOUNT) \
+		--home-dir /var/lib/slurm-geo --no-create-home --shell /usr/sbin/nologin $(SERVICE_ACCOUNT)
+
+# The one privileged program: starts a job as its owner (libexec/submit_as.c). Installed
+# setuid root, runnable by the service account's group only.
+SUBMIT_AS = libexec/submit-as
+LIBEXEC_DIR = /usr/local/libexec/slurm-geo
+SUBMIT_AS_CFLAGS = -O2 -Wall -Wextra -Werror -std=gnu11 -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fPIE -pie -Wl,-z,relro,-z,now
+submit-as: $(SUBMIT_AS)  ## the setuid helper that submits a job as its owner
+
+$(SUBMIT_AS): libexec/submit_as.c
+	$(CC) $(SUBMIT_AS_CFLAGS) -DSBATCH_PATH='"$(shell command -v sbatch || echo /usr/bin/sbatch)"' \
+		-DSERVICE_GROUP='"$(SERVICE_ACCOUNT)"' -o $@ $<
 
 drill: install  ## the failover drill: lose onprem, continue on rented, report
 	$(SLURM_GEO) sandbox up

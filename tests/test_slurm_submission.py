@@ -57,18 +57,36 @@ def stand_in(bin_dir: Path, name: str, answer: str) -> Path:
     return out
 
 
-def test_sbatch_gets_the_jobs_environment_only_and_the_owners_uid_and_gid(slurm_bin: Path):
-    record = stand_in(slurm_bin, "sbatch", "42")
-    client = CliSlurmClient("onprem", Path("/etc/slurm/onprem.conf"), timeout_s=10)
+def request_fields(stdin: str) -> list[str]:
+    return stdin.split("\0")
+
+
+def test_an_owned_job_goes_to_the_helper_as_data_never_with_uid(slurm_bin: Path):
+    """The owner, the options, the job's environment and its script travel as one request
+    on the helper's stdin; the helper itself gets a fixed environment, no argument, and
+    nothing of the job's (tests/test_submit_as.py runs the real one)."""
+    record = stand_in(slurm_bin, "submit-as", "42")
+    client = CliSlurmClient("onprem", Path("/etc/slurm/onprem.conf"), timeout_s=10,
+                            submit_as=slurm_bin / "submit-as")
     spec = JobSpec(script="#!/bin/bash\ntrue\n", owner=ALICE,
-                   environment={"PATH": "/home/alice/venv/bin:/usr/bin", "SLURM_GEO_RUN": "r"})
+                   environment={"PATH": "/home/alice/venv/bin:/usr/bin", "SLURM_GEO_RUN": "r",
+                                "LD_PRELOAD": "/home/alice/x.so"})
 
     assert client.submit(spec) == 42
     seen = json.loads(record.read_text())
-    assert seen["env"] == {"PATH": "/home/alice/venv/bin:/usr/bin", "SLURM_GEO_RUN": "r",
-                           "SLURM_CONF": "/etc/slurm/onprem.conf"}
-    assert {"--parsable", "--uid=2001", "--gid=2100", "--export=ALL"} <= set(seen["argv"])
-    assert seen["stdin"] == spec.script
+    assert seen["argv"] == []
+    assert seen["env"] == {"PATH": DEFAULT_JOB_PATH}
+    fields = request_fields(seen["stdin"])
+    assert fields[:5] == ["slurm-geo-submit-as/1", "alice", "2001", "2100",
+                          "/etc/slurm/onprem.conf"]
+    options = fields[6:6 + int(fields[5])]
+    assert {"--parsable", "--export=ALL"} <= set(options)
+    assert not [a for a in options if a.startswith(("--uid", "--gid"))]
+    assert fields[6 + len(options)] == "3"
+    environment = fields[7 + len(options):-1]
+    assert environment == ["PATH=/home/alice/venv/bin:/usr/bin", "SLURM_GEO_RUN=r",
+                           "LD_PRELOAD=/home/alice/x.so"]
+    assert fields[-1] == spec.script
 
 
 def test_a_job_without_a_path_gets_the_default_one_not_the_callers(slurm_bin: Path):
@@ -81,14 +99,15 @@ def test_a_job_without_a_path_gets_the_default_one_not_the_callers(slurm_bin: Pa
     assert not [a for a in seen["argv"] if a.startswith(("--uid", "--gid"))]
 
 
-def test_sbatch_test_only_gets_the_same_environment(slurm_bin: Path):
-    record = stand_in(slurm_bin, "sbatch",
+def test_sbatch_test_only_goes_to_the_helper_too(slurm_bin: Path):
+    record = stand_in(slurm_bin, "submit-as",
                       "sbatch: Job 3 to start at 2026-12-01T10:00:00 using 1 processors")
-    client = CliSlurmClient("onprem", Path("/c.conf"), timeout_s=10)
+    client = CliSlurmClient("onprem", Path("/c.conf"), timeout_s=10,
+                            submit_as=slurm_bin / "submit-as")
     client.expected_start(JobSpec(script="#!/bin/bash\n", owner=ALICE))
     seen = json.loads(record.read_text())
-    assert MARKER not in seen["env"] and "--test-only" in seen["argv"]
-    assert "--uid=2001" in seen["argv"]
+    assert MARKER not in seen["env"] and seen["argv"] == []
+    assert "--test-only" in request_fields(seen["stdin"])
 
 
 def test_the_batch_environment_is_read_from_sacct(slurm_bin: Path):

@@ -2,10 +2,12 @@
 
 Submissions (checked in Slurm's source, tags slurm-22-05-8-1 and slurm-24-11-4-1):
 
-- A job runs as its owner: `sbatch --uid=UID --gid=GID`. Both versions accept these
-  from root only (`sbatch --help`: "user root only"; src/common/slurm_opt.c arg_set_uid
-  and arg_set_gid refuse unless getuid() == 0), by name or number. The daemon that
-  submits for other users therefore runs as root on a CLI cluster.
+- A job runs as its owner: a submission that names an owner goes to the privileged helper
+  slurm-geo-submit-as (slurm_geo.slurm.submit_as) as data; it drops to the owner's uid,
+  gid and groups and then runs sbatch, so sbatch, the SPANK plugin's validator and every
+  file the script's `#SBATCH` lines name run and open with the owner's rights, never
+  root's. `sbatch --uid/--gid` (root only; deprecated in 26.05) is never used: the
+  daemons run as an unprivileged service account.
 - The job's environment is exactly JobSpec.environment. `--export=NONE` cannot carry an
   explicit environment: sbatch then keeps only the SLURM_* variables of its own
   environment (in 22.05 it even drops what --export-file read) and makes slurmd load the
@@ -28,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from slurm_geo.slurm import parse
+from slurm_geo.slurm import parse, submit_as
 from slurm_geo.slurm.client import WINDOW_SLACK, SlurmClient, job_from_records, overlaps
 from slurm_geo.slurm.errors import (
     ControllerUnreachable,
@@ -45,6 +47,7 @@ from slurm_geo.slurm.models import (
     MalformedAccountingRow,
     NodeInfo,
 )
+from slurm_geo.slurm.submit_as import SUBMIT_AS_PATH
 
 # What Slurm's commands print when the controller (or slurmdbd) does not answer.
 UNREACHABLE_MARKERS = (
@@ -70,8 +73,6 @@ def sbatch_arguments(spec: JobSpec) -> list[str]:
             f"--nodes={nodes}", f"--cpus-per-task={spec.cpus_per_task}", "--export=ALL"]
     if spec.tasks_per_node is not None:
         args.append(f"--ntasks-per-node={spec.tasks_per_node}")
-    if spec.owner is not None:
-        args += [f"--uid={spec.owner.uid}", f"--gid={spec.owner.gid}"]
     if spec.partition:
         args.append(f"--partition={spec.partition}")
     if spec.time_limit_minutes is not None:
@@ -95,15 +96,30 @@ def sbatch_environment(spec: JobSpec, slurm_conf: Path) -> dict[str, str]:
 
 
 class CliSlurmClient(SlurmClient):
-    def __init__(self, cluster: str, slurm_conf: Path, timeout_s: float):
+    def __init__(self, cluster: str, slurm_conf: Path, timeout_s: float,
+                 submit_as: Path = SUBMIT_AS_PATH):
         self.cluster = cluster
         self.slurm_conf = slurm_conf
         self.timeout_s = timeout_s
+        self.submit_as = submit_as
 
     def submit(self, spec: JobSpec) -> int:
-        out = self._run([self._sbatch(), "--parsable", *sbatch_arguments(spec)], "submit",
-                        stdin=spec.script, env=sbatch_environment(spec, self.slurm_conf))
-        return parse.submitted_job_id(out)
+        return parse.submitted_job_id(self._sbatch_for(spec, ["--parsable"], "submit"))
+
+    def _sbatch_for(self, spec: JobSpec, extra: list[str], action: str,
+                    merge_stderr: bool = False) -> str:
+        """sbatch for `spec`: as its owner through the helper, else as this process."""
+        options = [*extra, *sbatch_arguments(spec)]
+        if spec.owner is None:
+            return self._run([self._sbatch(), *options], action, stdin=spec.script,
+                             env=sbatch_environment(spec, self.slurm_conf),
+                             merge_stderr=merge_stderr)
+        environment = {"PATH": DEFAULT_JOB_PATH, **spec.environment}
+        environment.pop("SLURM_CONF", None)
+        data = submit_as.request(spec.owner, self.slurm_conf, options, environment,
+                                 spec.script)
+        return self._run([str(self.submit_as)], action, stdin_bytes=data,
+                         env={"PATH": DEFAULT_JOB_PATH}, merge_stderr=merge_stderr)
 
     def job(self, job_id: int) -> JobInfo:
         for info in self.jobs(all_states=True):
@@ -161,9 +177,7 @@ class CliSlurmClient(SlurmClient):
         return parse.nodes(self._json(["sinfo", "--json"], "list nodes"))
 
     def expected_start(self, spec: JobSpec) -> datetime | None:
-        out = self._run([self._sbatch(), "--test-only", *sbatch_arguments(spec)],
-                        "test-only submit", stdin=spec.script,
-                        env=sbatch_environment(spec, self.slurm_conf), merge_stderr=True)
+        out = self._sbatch_for(spec, ["--test-only"], "test-only submit", merge_stderr=True)
         return parse.expected_start_from_test_only(out)
 
     def accounting(
@@ -226,21 +240,29 @@ class CliSlurmClient(SlurmClient):
         stdin: str | None = None,
         env: dict[str, str] | None = None,
         merge_stderr: bool = False,
+        stdin_bytes: bytes | None = None,
     ) -> str:
         """`argv` with `env` as its whole environment; by default this process's own."""
         if env is None:
             env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
         # sacct asks slurmdbd, never slurmctld: its silence is an accounting outage.
         unreachable = SlurmdbdUnreachable if argv[0] == "sacct" else ControllerUnreachable
+        data = stdin_bytes if stdin_bytes is not None else \
+            (None if stdin is None else stdin.encode())
         try:
-            proc = subprocess.run(
-                argv, input=stdin, capture_output=True, text=True, env=env,
-                timeout=self.timeout_s, check=False,
-            )
+            raw = subprocess.run(argv, input=data, capture_output=True, env=env,
+                                 timeout=self.timeout_s, check=False)
+        except PermissionError:
+            raise SlurmCommandError(argv[0], "may not be run by this account (the service "
+                                    "account's group runs it; docs/install.md)") from None
         except subprocess.TimeoutExpired:
             raise unreachable(self.cluster, f"{argv[0]} got no answer", self.timeout_s) from None
         except FileNotFoundError:
-            raise SlurmCommandError(argv[0], "not found; install Slurm's client tools") from None
+            raise SlurmCommandError(argv[0], "not found; install Slurm's client tools "
+                                    "(and `make install` for slurm-geo-submit-as)") from None
+        proc = subprocess.CompletedProcess(
+            argv, raw.returncode, raw.stdout.decode(errors="replace"),
+            raw.stderr.decode(errors="replace"))
         message = (proc.stderr or proc.stdout).strip()
         silent = [line for line in message.splitlines()
                   if any(marker in line for marker in UNREACHABLE_MARKERS)]
