@@ -66,6 +66,8 @@ class ExitCode(IntEnum):
     FENCED = 33, "lease", \
         "this incarnation is stale: another one owns the run; nothing was saved"
     LEASE_UNREACHABLE = 34, "lease", "the federation daemon or munged cannot be asked now"
+    ROLLED_BACK = 35, "corrupt data", \
+        "a store holds nothing as new as a checkpoint known to have been saved there"
     SYNC_STATE = 40, "sync", "checkpoint-sync's state is missing, unreadable or refuses a change"
     DRILL_FAILED = 41, "drill", "a drill did not reach its verdict"
     REGISTRY = 42, "registry", "the job registry cannot be read"
