@@ -476,3 +476,30 @@ def test_a_pending_job_recorded_late_is_still_registered_and_leaves_the_queue(si
     site.clock.advance(120)
     site.tick()
     assert (site.job().cluster, site.job().left_home) == ("rented", LeftHome.QUEUE)
+
+
+def test_a_store_rolled_back_under_a_job_is_said_and_never_resumed_from(site):
+    """Issue 28: the provider of the store a job away writes to deletes its newest
+    checkpoint and pointer. The daemon resumed the run from step 40 there, so a restart
+    from the 20 that is left would silently lose steps: it is said once, and not done."""
+    site.home_job_training()
+    site.checkpoint("away", 20)
+    site.checkpoint("away", 40)
+    lose_home(site)
+    site.tick()
+    (away_id, _), = site.rented.submitted
+    assert site.job().resume_step == 40
+    away = site.stores["away"]
+    away.delete("manifests/run-a/00000000000000000040")  # the provider's doing
+    away.delete("latest/run-a")
+    site.rented.start(away_id)
+    site.lease("rented", away_id, generation=1)
+    site.rented.finish(away_id, JobState.NODE_FAIL)
+    site.clock.advance(TTL + 1)
+    site.tick(rounds=3)
+    job = site.job()
+    assert (job.generation, job.resume_step) == (1, 40)  # no incarnation from step 20
+    assert len(site.rented.submitted) == 1
+    said = [e for e in site.federation.audit.entries() if "rolled back" in e.what]
+    assert len(said) == 1 and "holds checkpoints up to step 20" in said[0].why
+    assert "step 40 was saved" in said[0].why and "\n" not in said[0].why

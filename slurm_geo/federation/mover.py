@@ -38,6 +38,7 @@ from slurm_geo.ckpt.errors import (
 from slurm_geo.ckpt.fence import Fence, unadmitted_steps
 from slurm_geo.ckpt.names import key_name
 from slurm_geo.ckpt.replicate import copy_checkpoint
+from slurm_geo.ckpt.rollback import high_water, rollback
 from slurm_geo.ckpt.runkey import unwrap_run_key
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.credentials import job_environment
@@ -62,6 +63,8 @@ from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.signing import new_secret
 from slurm_geo.slurm import SlurmError
 from slurm_geo.slurm.errors import JobNotFound
+from slurm_geo.sync.reader import SyncStateReader, SyncStateUnreadable
+from slurm_geo.sync.state import Status
 
 log = logging.getLogger("slurm_geo.federation")
 
@@ -232,8 +235,16 @@ class Mover:
         checkpoints exist but none verifies."""
         w = self.wiring
         repository = Repository(w.paced_stores[store_name], w.master_keys)
+        listed = repository.steps(job.run)
+        rolled_back = rollback(job.run, store_name, listed, self._high_water(job, store_name))
+        if rolled_back is not None:  # never a silent resume from older data (format §8.6)
+            w.say_once(("rolled_back", job.logical_job, store_name, str(rolled_back.newest)),
+                       "verify", job.logical_job, f"{job.run} rolled back in {store_name}",
+                       str(rolled_back), run=job.run, store=store_name,
+                       newest=rolled_back.newest, high_water=rolled_back.high_water)
+            return False
         stale = set(unadmitted_steps(repository, job.run, daemon_lookup(known_fence(job))))
-        steps = [s for s in repository.steps(job.run) if s not in stale]
+        steps = [s for s in listed if s not in stale]
         if not steps:
             w.audit.append("verify", job.logical_job, f"no checkpoint of {job.run} in "
                            f"{store_name}", "the new incarnation starts from scratch",
@@ -250,6 +261,22 @@ class Mover:
                            f"verification in {store_name}", str(faults[0]),
                            run=job.run, step=step, faults=len(faults))
         return False
+
+    def _high_water(self, job: LogicalJob, store_name: str) -> int | None:
+        """The newest step of the run known, outside the store, to have been saved in it:
+        the step this daemon last resumed the run from there, and the newest one
+        checkpoint-sync verified there (docs/format.md §8.6)."""
+        w = self.wiring
+        marks = [job.resume_step if w.store_of(job.cluster) == store_name else None]
+        if w.site.sync is not None and w.site.sync.destination == store_name:
+            try:
+                replicas = SyncStateReader(w.site.sync.state, missing_ok=True).replicas(job.run)
+            except SyncStateUnreadable as exc:
+                log.warning("no rollback mark from checkpoint-sync: %s", exc)
+                replicas = []
+            marks += [r.step for r in replicas
+                      if r.destination == store_name and r.status is Status.VERIFIED]
+        return high_water(marks)
 
     def _nodes_up(self, cluster: str) -> int | None:
         """Nodes of `cluster` that can take a job now; None when it does not say."""
