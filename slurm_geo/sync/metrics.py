@@ -65,7 +65,7 @@ class Rollup:
     waiting: int = 0
 
 
-def _roll_up(rows: Iterable[sqlite3.Row], now: float) -> dict[str, Rollup]:
+def roll_up(rows: Iterable[sqlite3.Row], now: float) -> dict[str, Rollup]:
     """Each destination's runs seen in the last RUN_WINDOW_S or still waiting, summed up."""
     found: dict[str, Rollup] = {}
     for row in rows:
@@ -144,7 +144,7 @@ class SyncCollector:
         runs = GaugeMetricFamily(f"{PREFIX}_runs", "Runs whose newest checkpoint has a "
                                  "verified replica (verified) or waits for one (waiting).",
                                  labels=["destination", "state"])
-        for destination, rollup in sorted(_roll_up(conn.execute(_PER_RUN), now).items()):
+        for destination, rollup in sorted(roll_up(conn.execute(_PER_RUN), now).items()):
             lag.add_metric([destination], rollup.lag)
             last.add_metric([destination], rollup.last_lag)
             runs.add_metric([destination, "verified"], rollup.verified)
