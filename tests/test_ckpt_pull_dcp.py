@@ -108,8 +108,8 @@ def test_a_dcp_save_pulls_to_a_directory_dcp_loads_and_to_a_torch_file(tmp_path,
     assert as_file.returncode == 0, as_file.stderr
     # What torch makes of a DCP directory (its flattening turns dict keys into strings).
     dcp_to_torch_save(tmp_path / "dcp", tmp_path / "reference.pt")
-    assert_same(torch.load(tmp_path / "state.pt", weights_only=False),
-                torch.load(tmp_path / "reference.pt", weights_only=False))
+    assert_same(torch.load(tmp_path / "state.pt", weights_only=True),
+                torch.load(tmp_path / "reference.pt", weights_only=True))
 
 
 def test_a_two_rank_save_pulls_whole(tmp_path, key_file):

@@ -186,11 +186,10 @@ def test_mismatched_tensors_and_skeleton_are_refused() -> None:
         unflatten_state([], b'{"format":"slurm-geo-torch/1","state":{"$":"pickle","v":""}}')
 
 
-@pytest.mark.parametrize("zip_format", [True, False], ids=["zip-mmap", "legacy"])
-def test_torch_save_files_load_into_checkpoint_form(tmp_path: Path, zip_format: bool) -> None:
+def test_torch_save_files_load_into_checkpoint_form(tmp_path: Path) -> None:
     model = torch.nn.Linear(4, 2).to(torch.bfloat16)
     path = tmp_path / "model.pt"
-    torch.save(model.state_dict(), path, _use_new_zipfile_serialization=zip_format)
+    torch.save(model.state_dict(), path)
     tensors, extra = tensors_from_torch_file(path)
     assert [(t.path, t.dtype, t.shape) for t in tensors] == [
         ("weight", "bfloat16", (2, 4)), ("bias", "bfloat16", (2,))]

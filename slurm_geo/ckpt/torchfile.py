@@ -5,11 +5,11 @@ pickle of the state in which each tensor is a call to `torch._utils._rebuild_ten
 (v3 for dtypes without a legacy storage class) on a persistent id naming a raw storage,
 `<name>/data/<key>`; `<name>/byteorder` says how those bytes are ordered.
 
-Reading never imports torch and never runs anything a file names: `find_class` hands the
-unpickler only stand-ins of our own for the few globals a state dict needs (the tensor
-rebuild functions, storage classes, dtypes, `torch.Size`, `torch.device`,
-`collections.OrderedDict`, `_codecs.encode` for bytes); any other global refuses the
-file, before anything is called. Tensors come out mapped from the file (`FileTensors`).
+Reading never imports torch and never runs anything a file names: the pickle goes through
+`slurm_geo.ckpt.torchpickle`'s restricted, bounded unpickler, which knows only stand-ins
+of our own for the few globals a state needs and refuses any other before anything is
+called. Tensors come out mapped from the file (`FileTensors`); `read_torch_bytes` reads
+an archive held in memory (a DCP checkpoint's non-tensor item) the same way.
 
 Writing emits the pickle opcodes directly (torch itself could not be imported to pickle
 its own functions by reference) in the form `torch.load(weights_only=True)` accepts; the
@@ -19,29 +19,30 @@ are written in place as the chunks arrive (`slurm_geo.ckpt.ziparchive`).
 
 from __future__ import annotations
 
+import io
+import json
 import math
 import pickle
 import struct
 import sys
 import zipfile
-from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from slurm_geo.ckpt.manifest import DTYPE_SIZES, TensorEntry, tensor_nbytes
 from slurm_geo.ckpt.skeleton import (
+    SKELETON_FORMAT,
+    SkeletonEncoder,
     TensorFileError,
     TorchName,
-    TorchSize,
-    encode_skeleton,
     walk_skeleton,
 )
 from slurm_geo.ckpt.tensorfile import (
     FileRegion,
     FileTensor,
     FileTensors,
+    Loader,
     TensorFile,
     check_dtype,
     contiguous_strides,
@@ -49,16 +50,17 @@ from slurm_geo.ckpt.tensorfile import (
     is_contiguous,
     map_range,
 )
+from slurm_geo.ckpt.torchpickle import (
+    MAX_PICKLE_BYTES,
+    STORAGE_CLASSES,
+    NumpyArray,
+    NumpyScalar,
+    Storage,
+    StoredTensor,
+    unpickle_state,
+)
 from slurm_geo.ckpt.ziparchive import Fill, Member, write_archive
 
-# torch's legacy storage classes by the dtype they hold; other dtypes use UntypedStorage.
-STORAGE_CLASSES = {
-    "float64": "DoubleStorage", "float32": "FloatStorage", "float16": "HalfStorage",
-    "bfloat16": "BFloat16Storage", "int64": "LongStorage", "int32": "IntStorage",
-    "int16": "ShortStorage", "int8": "CharStorage", "uint8": "ByteStorage",
-    "bool": "BoolStorage", "complex64": "ComplexFloatStorage",
-    "complex128": "ComplexDoubleStorage",
-}
 ALIGNMENT = 64  # of each storage in the archive, as torch.save writes it
 ARCHIVE = "archive"
 
@@ -72,185 +74,140 @@ def read_torch_file(path: Path) -> TensorFile:
     if not is_torch_zip(path):
         raise TensorFileError(f"{path} is not a torch.save zip file (torch's legacy format, "
                               "before 1.6, is not read: save it again with torch.save)")
+    with open(path, "rb") as handle:
+        state = _read_archive(handle, str(path))
+
+    def region(start: int, length: int) -> FileRegion:
+        return FileRegion(path, start, length)
+
+    def mapped(start: int, length: int) -> memoryview:
+        return map_range(path, start, length)
+
+    return _tensor_file(state, region, mapped)
+
+
+def read_torch_bytes(data: bytes | bytearray | memoryview, where: str) -> TensorFile:
+    """The tensors (copied out of `data`) and skeleton of a torch.save archive held in
+    memory, such as a DCP checkpoint's non-tensor item; `where` names it in errors."""
+    view = memoryview(data).cast("B")
+    state = _read_archive(io.BytesIO(view), where)
+
+    def piece(start: int, length: int) -> memoryview:
+        return view[start:start + length]
+
+    return _tensor_file(state, piece, piece)
+
+
+def _read_archive(handle: BinaryIO, where: str) -> Any:
+    """The state of the archive `handle` reads, its tensors `StoredTensor`s."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            prefix, storages = _storages(path, archive)
-            pickled = archive.read(prefix + "data.pkl")
-    except (zipfile.BadZipFile, OSError, KeyError, ValueError) as exc:
-        raise TensorFileError(f"{path}: not a readable torch.save archive ({exc})") from None
-    unpickler = _Unpickler(pickled, path, storages)
-    try:
-        state = unpickler.load()
-    except TensorFileError:
-        raise
-    # A damaged or foreign pickle fails with whatever the opcodes meet first.
-    except Exception as exc:  # noqa: BLE001
-        raise TensorFileError(f"{path}: its pickle does not load as a state dict "
-                              f"({type(exc).__name__}: {exc})"[:300]) from None
-    leaves, skeleton = encode_skeleton(state, lambda v: isinstance(v, _StoredTensor))
-    tensors = [FileTensor(p, t.dtype, t.shape, _loader(path, t)) for p, t in leaves]
+        with zipfile.ZipFile(handle) as archive:
+            prefix, storages = _storages(where, archive, handle)
+            pickled = _read_bounded(archive, prefix + "data.pkl", where)
+    except (zipfile.BadZipFile, OSError, KeyError, ValueError, EOFError) as exc:
+        raise TensorFileError(f"{where}: not a readable torch.save archive ({exc})"[:300]
+                              ) from None
+    return unpickle_state(pickled, where, storages)
+
+
+def _read_bounded(archive: zipfile.ZipFile, name: str, where: str) -> bytes:
+    """The entry's bytes, never more than MAX_PICKLE_BYTES of them whatever its header
+    claims (a deflated entry of a few hundred KB can inflate to gigabytes)."""
+    with archive.open(name) as entry:
+        data = entry.read(MAX_PICKLE_BYTES + 1)
+    if len(data) > MAX_PICKLE_BYTES:
+        raise TensorFileError(f"{where}: its {name} inflates to over "
+                              f"{MAX_PICKLE_BYTES >> 20} MiB, more than a state's pickle has")
+    return data
+
+
+Piece = Callable[[int, int], FileRegion | memoryview]
+
+
+def _tensor_file(state: Any, region: Piece, mapped: Callable[[int, int], memoryview]
+                 ) -> TensorFile:
+    """The state's tensors and arrays, each loaded from `region` (contiguous) or
+    gathered from `mapped` (strided), and its skeleton."""
+    encoder = _FileEncoder()
+    document = {"format": SKELETON_FORMAT, "state": encoder.encode(state, ())}
+    skeleton = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+    tensors = []
+    for path, leaf in encoder.leaves:
+        if isinstance(leaf, NumpyArray):
+            tensors.append(FileTensor(path, leaf.dtype, leaf.shape, _array_loader(leaf)))
+        else:
+            tensors.append(FileTensor(path, leaf.dtype, leaf.shape,
+                                      _loader(leaf, region, mapped)))
     return TensorFile(FileTensors(tensors), skeleton)
 
 
-@dataclass(frozen=True, slots=True)
-class _Storage:
-    key: str
-    dtype: str  # "uint8" for an untyped storage: its bytes
-    numel: int
-    offset: int  # of its bytes in the file
+class _FileEncoder(SkeletonEncoder):
+    """The skeleton `slurm_geo.torch.state.flatten_state` writes for the same state: a
+    tensor or numpy array is a leaf with a path, a numpy scalar its dtype and value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.leaves: list[tuple[str, StoredTensor | NumpyArray]] = []
+
+    def encode_leaf(self, value: Any, where: tuple[str, ...]) -> Any:
+        if isinstance(value, StoredTensor | NumpyArray):
+            path = self.unique_path(where)
+            self.leaves.append((path, value))
+            return {"$": "tensor" if isinstance(value, StoredTensor) else "ndarray",
+                    "path": path}
+        if isinstance(value, NumpyScalar):
+            return {"$": "npscalar", "dtype": value.dtype, "v": self.encode(value.value, where)}
+        if isinstance(value, TorchName) and value.kind in ("dtype", "device"):
+            return {"$": value.kind, "v": value.name}
+        return None
 
 
-@dataclass(frozen=True, slots=True)
-class _StorageType:
-    dtype: str
-
-
-@dataclass(frozen=True, slots=True)
-class _StoredTensor:
-    storage: _Storage
-    dtype: str
-    offset: int  # in elements of dtype
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-
-
-def _storages(path: Path, archive: zipfile.ZipFile) -> tuple[str, dict[str, _Storage]]:
+def _storages(where: str, archive: zipfile.ZipFile, handle: BinaryIO
+              ) -> tuple[str, dict[str, Storage]]:
     pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
     if len(pickles) != 1:
-        raise TensorFileError(f"{path} is a zip file but not a torch.save archive (no "
+        raise TensorFileError(f"{where} is a zip file but not a torch.save archive (no "
                               "<name>/data.pkl)")
     prefix = pickles[0].removesuffix("data.pkl")
     names = set(archive.namelist())
-    if prefix + "byteorder" in names and archive.read(prefix + "byteorder") != b"little":
-        raise TensorFileError(f"{path} holds big-endian storages; save it on a little-endian "
+    if prefix + "byteorder" in names and _read_bounded(archive, prefix + "byteorder",
+                                                       where) != b"little":
+        raise TensorFileError(f"{where} holds big-endian storages; save it on a little-endian "
                               "host")
     storages = {}
-    with open(path, "rb") as handle:
-        for info in archive.infolist():
-            if not info.filename.startswith(prefix + "data/"):
-                continue
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise TensorFileError(f"{path}: storage {info.filename} is compressed; "
-                                      "torch.save stores them as they are")
-            handle.seek(info.header_offset)
-            header = handle.read(30)
-            if header[:4] != b"PK\x03\x04":
-                raise TensorFileError(f"{path}: damaged zip entry {info.filename}")
-            name_length, extra_length = struct.unpack("<HH", header[26:30])
-            key = info.filename.removeprefix(prefix + "data/")
-            storages[key] = _Storage(key, "uint8", info.file_size,
-                                     info.header_offset + 30 + name_length + extra_length)
+    for info in archive.infolist():
+        if not info.filename.startswith(prefix + "data/"):
+            continue
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise TensorFileError(f"{where}: storage {info.filename} is compressed; "
+                                  "torch.save stores them as they are")
+        handle.seek(info.header_offset)
+        header = handle.read(30)
+        if header[:4] != b"PK\x03\x04":
+            raise TensorFileError(f"{where}: damaged zip entry {info.filename}")
+        name_length, extra_length = struct.unpack("<HH", header[26:30])
+        key = info.filename.removeprefix(prefix + "data/")
+        storages[key] = Storage(key, "uint8", info.file_size,
+                                info.header_offset + 30 + name_length + extra_length)
     return prefix, storages
 
 
-def _loader(path: Path, tensor: _StoredTensor):
+def _loader(tensor: StoredTensor, region: Piece, mapped: Callable[[int, int], memoryview]
+            ) -> Loader:
     size = DTYPE_SIZES[tensor.dtype]
     numel = math.prod(tensor.shape)
     start = tensor.storage.offset + tensor.offset * size
     if numel == 0 or is_contiguous(tensor.shape, tensor.stride):
-        return lambda: FileRegion(path, start, numel * size)
+        return lambda: region(start, numel * size)
     span = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride, strict=True))
-    return lambda: gathered(map_range(path, start, span * size), size, tensor.shape,
-                            tensor.stride)
+    return lambda: gathered(mapped(start, span * size), size, tensor.shape, tensor.stride)
 
 
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, path: Path, storages: dict[str, _Storage]):
-        import io
-
-        super().__init__(io.BytesIO(data))
-        self.path = path
-        self.storages = storages
-        self.globals = self._allowed()
-
-    def _allowed(self) -> dict[tuple[str, str], Any]:
-        allowed: dict[tuple[str, str], Any] = {
-            ("torch._utils", "_rebuild_tensor_v2"): self.rebuild_v2,
-            ("torch._utils", "_rebuild_tensor_v3"): self.rebuild_v3,
-            ("torch._utils", "_rebuild_parameter"): self.parameter,
-            ("torch._utils", "_rebuild_parameter_with_state"): self.parameter,
-            ("torch.storage", "UntypedStorage"): _StorageType("uint8"),
-            ("collections", "OrderedDict"): OrderedDict,
-            ("torch", "Size"): self.size,
-            ("torch", "device"): self.device,
-            ("_codecs", "encode"): self.encode,
-        }
-        allowed.update({("torch", cls): _StorageType(dtype)
-                        for dtype, cls in STORAGE_CLASSES.items()})
-        allowed.update({("torch", dtype): TorchName("dtype", dtype) for dtype in DTYPE_SIZES})
-        return allowed
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = self.globals.get((module, name))
-        if found is None:
-            raise TensorFileError(
-                f"{self.path}: refused to unpickle {module}.{name}: a torch.save file of a "
-                "state dict needs only tensors and plain values (nothing was run; load it "
-                "with torch yourself if you trust whoever wrote it)"[:400])
-        return found
-
-    def persistent_load(self, pid: Any) -> _Storage:
-        if not (type(pid) is tuple and len(pid) == 5 and pid[0] == "storage"
-                and isinstance(pid[1], _StorageType) and type(pid[2]) is str
-                and type(pid[4]) is int):
-            raise TensorFileError(f"{self.path}: its pickle names a storage as {pid!r:.80}")
-        kind, key, numel = pid[1], pid[2], pid[4]
-        stored = self.storages.get(key)
-        if stored is None or stored.numel < numel * DTYPE_SIZES[kind.dtype]:
-            raise TensorFileError(f"{self.path}: storage {key!r} is missing or short")
-        return _Storage(key, kind.dtype, numel, stored.offset)
-
-    def rebuild_v2(self, storage: Any, offset: Any, size: Any, stride: Any, *_rest: Any
-                   ) -> _StoredTensor:
-        if not isinstance(storage, _Storage):
-            raise TensorFileError(f"{self.path}: a tensor rebuilt from {type(storage)}")
-        return self._tensor(storage, storage.dtype, offset, size, stride)
-
-    def rebuild_v3(self, storage: Any, offset: Any, size: Any, stride: Any,
-                   _requires_grad: Any, _hooks: Any, dtype: Any, *_rest: Any) -> _StoredTensor:
-        if not isinstance(storage, _Storage) or storage.dtype != "uint8" or not (
-                isinstance(dtype, TorchName) and dtype.kind == "dtype"):
-            raise TensorFileError(f"{self.path}: a tensor rebuilt from {type(storage)}")
-        return self._tensor(storage, dtype.name, offset, size, stride)
-
-    def _tensor(self, storage: _Storage, dtype: str, offset: Any, size: Any,
-                stride: Any) -> _StoredTensor:
-        if not (_ints(size) and _ints(stride) and len(size) == len(stride) and _ints((offset,))):
-            raise TensorFileError(f"{self.path}: a tensor of size {size!r:.60} stride "
-                                  f"{stride!r:.60}")
-        check_dtype(dtype, str(self.path))
-        element = DTYPE_SIZES[dtype]
-        available = storage.numel * DTYPE_SIZES[storage.dtype] // element
-        last = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
-        if math.prod(size) and last >= available:
-            raise TensorFileError(f"{self.path}: a tensor reaches past the end of storage "
-                                  f"{storage.key!r}")
-        return _StoredTensor(storage, dtype, offset, tuple(size), tuple(stride))
-
-    def parameter(self, data: Any, *_rest: Any) -> _StoredTensor:
-        if not isinstance(data, _StoredTensor):
-            raise TensorFileError(f"{self.path}: a parameter of {type(data)}")
-        return data
-
-    def size(self, dims: Any = ()) -> TorchSize:
-        if not _ints(dims):
-            raise TensorFileError(f"{self.path}: torch.Size{dims!r:.60}")
-        return TorchSize(dims)
-
-    def device(self, kind: Any, index: Any = None) -> TorchName:
-        if type(kind) is not str or not (index is None or type(index) is int):
-            raise TensorFileError(f"{self.path}: torch.device{(kind, index)!r:.60}")
-        return TorchName("device", kind if index is None else f"{kind}:{index}")
-
-    def encode(self, text: Any, encoding: Any = "utf-8") -> bytes:
-        if type(text) is not str or encoding != "latin1":
-            raise TensorFileError(f"{self.path}: _codecs.encode of {type(text)}, {encoding!r}")
-        return text.encode("latin1")
-
-
-def _ints(values: Any) -> bool:
-    return type(values) in (tuple, TorchSize) and all(
-        type(v) is int and v >= 0 for v in values)
+def _array_loader(array: NumpyArray) -> Loader:
+    if math.prod(array.shape) == 0 or not array.fortran:
+        return lambda: memoryview(array.data)
+    return lambda: gathered(memoryview(array.data), DTYPE_SIZES[array.dtype], array.shape,
+                            array.strides())
 
 
 # --- writing ----------------------------------------------------------------------------

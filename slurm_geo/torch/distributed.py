@@ -65,7 +65,7 @@ from slurm_geo.ckpt.sharded import Fill, StoredReader, commit_sharded, write_sha
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, WriteOptions
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
-from slurm_geo.torch.state import TORCH_DTYPE_NAMES, TORCH_DTYPES, tensor_bytes
+from slurm_geo.torch.state import TORCH_DTYPE_NAMES, TORCH_DTYPES, load_torch_bytes, tensor_bytes
 
 DCP_VERSION = "1.0.0"  # what DCP's own FileSystemWriter records (CURRENT_DCP_VERSION)
 
@@ -252,9 +252,10 @@ class StorageReader(_DcpReader):
         self.run, self.step = run, step
         self._manifest: Manifest | None = None
         self._paths: dict[MetadataIndex, str] = {}
+        self._decoded: dict[str, tuple[Any]] = {}  # bytes items' values, by stored path
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_manifest": None}
+        return {**self.__dict__, "_manifest": None, "_decoded": {}}
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id is not None:
@@ -272,6 +273,17 @@ class StorageReader(_DcpReader):
         self._paths = data.paths
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """Decodes this rank's bytes items before any rank reads a tensor: DCP gathers
+        every rank's local plan first, so a refused item fails the load on all ranks with
+        their state dicts untouched."""
+        assert self._manifest is not None
+        paths = sorted({self._paths[i.storage_index] for i in plan.items
+                        if i.type == LoadItemType.BYTE_IO})
+        stored = {t.path: t for t in self._manifest.tensors}
+        self._decoded = {}
+        if paths:
+            with StoredReader(self._stored.repository, self._manifest) as reader:
+                self._decoded = {p: self._decode(reader, stored[p]) for p in paths}
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
@@ -297,7 +309,14 @@ class StorageReader(_DcpReader):
             for _fill, read_item, target in direct:
                 planner.commit_tensor(read_item, target)
             for path, items in apart.items():
-                _load_from_whole(reader, stored[path], items, planner)
+                if items[0][1] is None:  # a bytes item's path holds only bytes items
+                    value = self._decoded.get(path)
+                    if value is None:
+                        value = self._decode(reader, stored[path])
+                    for read_item, _target in items:
+                        planner.load_bytes(read_item, _saved(value[0]))
+                else:
+                    _load_from_whole(reader, stored[path], items, planner)
         future: Future[None] = Future()
         future.set_result(None)
         return future
@@ -305,6 +324,17 @@ class StorageReader(_DcpReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return _is_step(checkpoint_id)
+
+    def _decode(self, reader: StoredReader, entry: TensorEntry) -> tuple[Any]:
+        """A bytes item's value (in a 1-tuple: the value may be None).
+
+        The item is a `torch.save` blob written by whoever holds the run's key; DCP's
+        planners would read it with `torch.load(weights_only=False)`, which runs what the
+        pickle names. slurm-geo's restricted, bounded reader decodes it instead; one it
+        refuses is a TensorFileError naming the item, before anything in it runs."""
+        assert self._manifest is not None
+        where = f"run '{self.run}' step {self._manifest.step} item {entry.path!r}"
+        return (load_torch_bytes(_read_whole(reader, entry), where),)
 
     def _open(self, step: int | None) -> Manifest:
         repository = self._stored.repository
@@ -418,21 +448,33 @@ def _memory_of(tensor: torch.Tensor, dtype: str) -> memoryview | None:
 def _load_from_whole(reader: StoredReader, entry: TensorEntry,
                      items: list[tuple[ReadItem, torch.Tensor | None]], planner: LoadPlanner
                      ) -> None:
-    """Read items served from their whole stored shard: bytes items, boxes that are no
-    contiguous run of it (a load resharded along another dimension), and targets of
-    another dtype or layout, which `copy_` converts."""
-    data = bytearray(tensor_nbytes(entry.dtype, entry.shape))
-    reader.fill([Fill(entry.path, 0, memoryview(data))])
+    """Read items served from their whole stored shard: boxes that are no contiguous run
+    of it (a load resharded along another dimension), and targets of another dtype or
+    layout, which `copy_` converts."""
+    data = _read_whole(reader, entry)
     whole = (torch.frombuffer(data, dtype=torch.uint8) if data
              else torch.empty(0, dtype=torch.uint8))
     for read_item, target in items:
-        if target is None:
-            planner.load_bytes(read_item, io.BytesIO(data))
-            continue
+        assert target is not None
         source = whole.view(TORCH_DTYPES[entry.dtype]).reshape(entry.shape)
         target.copy_(narrow_tensor_by_index(source, read_item.storage_offsets,
                                             read_item.lengths))
         planner.commit_tensor(read_item, target)
+
+
+def _read_whole(reader: StoredReader, entry: TensorEntry) -> bytearray:
+    data = bytearray(tensor_nbytes(entry.dtype, entry.shape))
+    reader.fill([Fill(entry.path, 0, memoryview(data))])
+    return data
+
+
+def _saved(value: Any) -> io.BytesIO:
+    """`value`, a restricted reader's output, as DCP's load planners take a bytes item:
+    a torch.save blob, now of our own writing."""
+    saved = io.BytesIO()
+    torch.save(value, saved)
+    saved.seek(0)
+    return saved
 
 
 def _planner_data(raw: Any) -> dict[str, list[str | int]] | None:

@@ -22,7 +22,7 @@ import base64
 import json
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,10 @@ import torch
 
 from slurm_geo.ckpt import Tensor
 from slurm_geo.ckpt.manifest import DTYPE_SIZES
+from slurm_geo.ckpt.repository import StreamedTensor
 from slurm_geo.ckpt.skeleton import SKELETON_FORMAT, SkeletonEncoder
-from slurm_geo.errors import SlurmGeoError
-from slurm_geo.exitcodes import ExitCode
+from slurm_geo.ckpt.tensorfile import FileRegion, map_range
+from slurm_geo.ckpt.torchfile import read_torch_bytes, read_torch_file
 
 TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {
     dtype: name
@@ -45,16 +46,6 @@ try:
     import numpy
 except ImportError:  # numpy is optional: states then hold no arrays
     numpy = None  # type: ignore[assignment]
-
-
-class TorchFileError(SlurmGeoError):
-    """A file given as a `torch.save` state dict that torch cannot load as one."""
-
-    exit_code = ExitCode.CONFIG
-
-    def __init__(self, path: Path | str, detail: str):
-        super().__init__(f"{path} is not a torch.save file of a state dict torch can load "
-                         f"with weights_only=True ({detail})")
 
 
 class StateFormatError(ValueError):
@@ -97,25 +88,34 @@ def unflatten_state(tensors: Iterable[Tensor], extra_state: bytes) -> Any:
 def tensors_from_torch_file(path: Path | str) -> tuple[list[Tensor], bytes]:
     """A `torch.save` file of a state dict as checkpoint tensors and skeleton.
 
-    Loads with `weights_only=True` (no arbitrary unpickling) and memory-maps the file when
-    it is in the zip format, so tensor bytes are paged in as they are written.
+    Read through slurm-geo's restricted, bounded unpickler (`slurm_geo.ckpt.torchpickle`),
+    never torch's: nothing the file names is run, and a file that would expand beyond
+    bounds is refused; a `TensorFileError` names the file. Tensor bytes are mapped from
+    the file. torch's legacy format (before 1.6) is refused: save it again.
     """
-    try:
-        state = _load(path)
-    # torch's unpickler fails on foreign bytes with whatever error it meets first
-    # (KeyError, UnpicklingError, RuntimeError, ...): any of them means "not such a file".
-    except Exception as exc:  # noqa: BLE001
-        raise TorchFileError(path, f"{type(exc).__name__}: {exc}"[:200]) from None
-    return flatten_state(state)
+    tensor_file = read_torch_file(Path(path))
+    return _records(tensor_file.tensors), tensor_file.extra_state
 
 
-def _load(path: Path | str) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as exc:
-        if "mmap" not in str(exc):
-            raise
-        return torch.load(path, map_location="cpu", weights_only=True)  # legacy format
+def load_torch_bytes(data: bytes | bytearray | memoryview, where: str) -> Any:
+    """A `torch.save` archive held in memory (a DCP checkpoint's non-tensor item) as the
+    value it holds, read as `tensors_from_torch_file` reads a file: nothing it names runs,
+    and only tensors, numpy arrays and scalars, plain values, `torch.Size`, dtypes and
+    devices come out. A `TensorFileError` names `where`."""
+    tensor_file = read_torch_bytes(data, where)
+    return unflatten_state(_records(tensor_file.tensors), tensor_file.extra_state)
+
+
+def _records(tensors: Sequence[Tensor | StreamedTensor]) -> list[Tensor]:
+    records = []
+    for t in tensors:
+        if isinstance(t, StreamedTensor):
+            region = t.data
+            assert isinstance(region, FileRegion)
+            t = Tensor(t.path, t.dtype, t.shape, map_range(region.path, region.start,
+                                                           region.length))
+        records.append(t)
+    return records
 
 
 def save_torch_file(tensors: Iterable[Tensor], extra_state: bytes, path: Path | str) -> None:
