@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -200,3 +201,84 @@ def test_sqlite_gives_its_companions_the_database_files_mode(tmp_path: Path) -> 
         reader.close()
         db.close()
     assert {"x.db", "x.db-wal", "x.db-shm"} <= set(modes) and set(modes.values()) == {0o600}
+
+
+# --- what the daemons leave behind ----------------------------------------------------------
+
+def check_tree(top: Path, file_bits: int, dir_bits: int) -> list[str]:
+    """Each entry under `top` (itself included) whose mode is not exactly what a private
+    one has: `file_bits` for files, `dir_bits` for directories (setgid allowed)."""
+    wrong = []
+    for path in [top, *sorted(top.rglob("*"))]:
+        info = os.lstat(path)
+        want = dir_bits if stat.S_ISDIR(info.st_mode) else file_bits
+        bits = stat.S_IMODE(info.st_mode) & ~stat.S_ISGID
+        if stat.S_ISLNK(info.st_mode) or bits != want:
+            wrong.append(f"{path} {stat.S_IMODE(info.st_mode):04o} (want {want:04o})")
+    return wrong
+
+
+def test_every_file_the_daemons_leave_is_private(tmp_path: Path) -> None:
+    """checkpoint-sync as systemd runs it (its entry point, a real process) replicating a
+    job directory from the registry, and the federation daemon's, the hooks' and billing's
+    databases written through their openers, all under umask 022 in state directories an
+    installer made 0755: afterwards every file and directory in them is private."""
+    from slurm_geo.billing.db import BillingDB
+    from slurm_geo.federation.audit import AuditLog
+    from slurm_geo.federation.state import FederationState
+    from slurm_geo.registry import Registry
+    from tests.test_sync_support import (
+        Trainer,
+        all_verified,
+        master_key,
+        site_config,
+        start_daemon,
+        stop,
+        wait_for,
+    )
+
+    var = tmp_path / "var"
+    dirs = {name: var / name for name in ("sync", "federation", "registry", "billing")}
+    for directory in dirs.values():
+        directory.mkdir(parents=True, mode=0o755)
+        directory.chmod(0o755)  # as `install -d` or a package leaves them
+    pfs, offsite, job_dir = (tmp_path / name for name in ("pfs", "offsite", "job"))
+    for directory in (pfs, offsite, job_dir):
+        directory.mkdir()
+    key_file, key = master_key(tmp_path)
+    trainer = Trainer(job_dir, key, "r", shape=(16, 16))
+    trainer.train(2)
+    step = trainer.save()
+    registry = dirs["registry"] / "registry.db"
+    state = dirs["sync"] / "checkpoint-sync.db"
+    config = site_config(tmp_path / "site.toml", {"pfs": pfs}, f"file://{offsite}",
+                         key_file=key_file, state=state, registry=registry)
+    with umask(0o022):
+        user = pwd_name(os.getuid())
+        with Registry(registry) as jobs:
+            jobs.job_started("onprem", 7, 0, name="train", user=user, nodes="n1",
+                             directives={"geo-ckpt-dir": str(job_dir)}, now=time.time())
+        proc = start_daemon(config, log=tmp_path / "sync.log")
+        try:
+            wait_for(lambda: all_verified(state, {("r", step)}), 60, "verified")
+        finally:
+            assert stop(proc) == 0
+        federation = FederationState(dirs["federation"] / "federation.db")
+        audit = AuditLog(dirs["federation"] / "audit.db")
+        audit.append("decision", None, "ran", "a test")
+        billing = BillingDB(dirs["billing"] / "billing.db")
+        for handle in (federation, audit, billing):
+            handle.close()
+
+    assert {p.name for p in dirs["sync"].iterdir()} >= {"checkpoint-sync.db"}
+    wrong = [*check_tree(dirs["sync"], 0o600, 0o700),
+             *check_tree(dirs["federation"], 0o600, 0o700),
+             *check_tree(dirs["billing"], 0o600, 0o700),
+             *check_tree(dirs["registry"], 0o640, 0o750)]  # read through its group
+    assert wrong == []
+
+
+def pwd_name(uid: int) -> str:
+    import pwd
+
+    return pwd.getpwuid(uid).pw_name
