@@ -185,10 +185,13 @@ class LocalDirStore:
 
     def exists(self, name: str) -> bool:
         try:
-            os.close(self._open_object(name))
+            fd = self._open_object(name)
         except OSError:
             return False
-        return True
+        try:
+            return stat.S_ISREG(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
 
     def sizes(self, prefix: str) -> dict[str, int]:
         found: dict[str, int] = {}
