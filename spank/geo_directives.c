@@ -64,6 +64,8 @@ static const char *const usage[GEO_OPTION_COUNT] = {
 
 static char *values[GEO_OPTION_COUNT];
 static const char *validator;
+
+#define ROOT_VALIDATOR_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 static const char *config_path;
 static const char *cluster_name;
 
@@ -231,7 +233,15 @@ static int validate(void)
 		dup2(pipe_fds[1], STDERR_FILENO);
 		close(pipe_fds[0]);
 		close(pipe_fds[1]);
-		execv(argv[0], argv);
+		/*
+		 * As root (a site's own sbatch as root, or a setuid wrapper), the validator
+		 * gets a fixed environment: a user's PYTHONPATH, LD_* or BASH_ENV never reaches
+		 * a privileged interpreter. As anyone else it runs with their own.
+		 */
+		if (getuid() == 0 || geteuid() == 0 || getuid() != geteuid())
+			execve(argv[0], argv, (char *[]) { ROOT_VALIDATOR_PATH, NULL });
+		else
+			execv(argv[0], argv);
 		fprintf(stderr, "geo: cannot run the directive validator %s: %s; ask your admin",
 			argv[0], strerror(errno));
 		_exit(127);

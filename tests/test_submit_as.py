@@ -241,3 +241,20 @@ def test_the_helper_ignores_its_callers_environment(sandbox, traps):
     assert done.returncode == 0, done.stderr
     assert b"to start at" in done.stderr
     assert list((traps / "marks").iterdir()) == []
+
+
+def test_the_spank_validator_never_runs_as_root_with_the_callers_environment(
+        sandbox, traps):
+    """Defence in depth: should root run sbatch itself with a user's PYTHONPATH (an admin
+    resubmitting a script by hand), the SPANK plugin runs its Python validator with a
+    fixed environment, so alice's sitecustomize does not run as root."""
+    sandbox.up(progress=lambda _msg: None)  # the plugin as built from this checkout
+    conf = sandbox.layout.cluster("onprem").slurm_conf
+    done = subprocess.run(["sbatch", "--parsable", "--hold", "--output=/dev/null"],
+                          input=GEO_SCRIPT, capture_output=True, text=True, timeout=60,
+                          env={"PATH": DEFAULT_JOB_PATH, "SLURM_CONF": str(conf),
+                               "PYTHONPATH": str(traps / "py")})
+    assert done.returncode == 0, done.stderr
+    subprocess.run(["scancel", done.stdout.strip().split(";")[0]],
+                   env={"PATH": DEFAULT_JOB_PATH, "SLURM_CONF": str(conf)}, check=True)
+    assert list((traps / "marks").iterdir()) == []
