@@ -2,9 +2,10 @@
 environment later incarnations get, and where they can run. Pure.
 
 The owner is whom Slurm's job record names (user, uid, gid) when the daemon registers the
-job, never a field of a request. Every incarnation the daemon submits runs as them: with
-sbatch --uid/--gid on a CLI cluster, as the account `[clusters.NAME.users]` maps them to
-on a REST cluster; a user mapped to none cannot run there (`owner_refusal`).
+job, never a field of a request. Every incarnation the daemon submits runs as them:
+through slurm-geo-submit-as on a CLI cluster (slurm_geo.slurm.submit_as), as the account
+`[clusters.NAME.users]` maps them to on a REST cluster; a user mapped to none cannot run
+there (`owner_refusal`).
 
 The directives are what Slurm validated: PrologSlurmctld's record in the registry, else,
 for a job that has not started yet, what the SPANK plugin handed Slurm, as sbatch puts it

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.keys import create_master_key_file
+from slurm_geo.config import load_config
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import certs, geo, netns, render, seaweed, stages, users
+from slurm_geo.sandbox import certs, geo, netns, render, seaweed, service_account, stages, users
 from slurm_geo.sandbox.layout import (
     DEFAULT_PORT_BASE,
     REST_USER,
@@ -113,9 +114,12 @@ class Sandbox:
         self._start_stage(by_stage[0], progress)
         self._create_databases()
         self._start_stage(by_stage[1], progress)
+        service = service_account.ensure()
         for cluster in self.layout.clusters:
             admin.register_cluster(cluster.slurm_conf, cluster.name)
             users.associate(cluster)
+            if not cluster.uses_rest:
+                service_account.make_operator(cluster.slurm_conf, cluster.name, users.ACCOUNT)
         self._start_stage(by_stage[2], progress)
         self._start_stage(by_stage[3], progress)
         for cluster in self.layout.clusters:
@@ -124,6 +128,8 @@ class Sandbox:
                 admin.reconfigure(cluster.slurm_conf)
         self._write_token()
         self._create_bucket()
+        for site in self.layout.federation_sites:
+            service_account.hand_over(load_config(self.layout.federation_config(site)), service)
         self._start_stage(by_stage[4], progress)  # it needs the token and the bucket
         progress(f"sandbox up: config {self.layout.site_config}")
 
@@ -175,7 +181,8 @@ class Sandbox:
 
     def s3_env(self) -> dict[str, str]:
         """The daemons' key to the sandbox's S3 server, and its region, as variables."""
-        return {**self.daemons_s3_key().env(), "AWS_DEFAULT_REGION": S3_REGION}
+        return {**self.daemons_s3_key().env(), "AWS_DEFAULT_REGION": S3_REGION,
+                "AWS_CA_BUNDLE": str(self.layout.ca_cert)}  # its https is the site CA's
 
     def daemons_s3_key(self) -> seaweed.S3Credentials:
         """The daemons' key to the sandbox's S3 server (root's commands use it too)."""
@@ -334,7 +341,8 @@ class Sandbox:
 
     def _create_bucket(self) -> None:
         seaweed.ensure_bucket(self.layout.s3_endpoint, self.daemons_s3_key(), S3_BUCKET,
-                              seaweed.bucket_policy(S3_BUCKET, S3_PREFIX))
+                              seaweed.bucket_policy(S3_BUCKET, S3_PREFIX),
+                              ca_file=self.layout.ca_cert)
 
 
 def _is_ready(daemon: Daemon) -> bool:

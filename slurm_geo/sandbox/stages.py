@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from slurm_geo.sandbox import etcd_members, render, seaweed
+from slurm_geo.sandbox import etcd_members, render, seaweed, service_account
 from slurm_geo.sandbox.etcd_members import EtcdCluster
 from slurm_geo.sandbox.layout import (
     REPLICA_NAMES,
@@ -144,9 +144,11 @@ def federation_daemon_name(site: Site) -> str:
 
 
 def _federation_daemon(layout: SandboxLayout, s3_env: dict[str, str], site: Site) -> Daemon:
-    """The federation daemon at `site`, run as its systemd unit runs it."""
+    """The federation daemon at `site`, run as its systemd unit runs it: as the service
+    account (sandbox.service_account), from the site Python every account can run."""
     return Daemon(federation_daemon_name(site),
-                  [program(render.FEDERATION_PROGRAM), "--config",
-                   str(layout.federation_config(site))],
+                  [str(layout.site_python), "-I", "-m", "slurm_geo.federation.entry",
+                   "--config", str(layout.federation_config(site))],
                   env=s3_env, port=render.federation_port(layout),
+                  user=service_account.NAME, group=service_account.NAME,
                   namespace=layout.namespace(site), host=layout.address(site))

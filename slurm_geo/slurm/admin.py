@@ -61,6 +61,17 @@ def add_users(slurm_conf: Path, cluster: str, account: str, users: list[str],
           f"cluster={cluster}"], timeout_s, slurm_conf)
 
 
+def set_admin_level(slurm_conf: Path, user: str, level: str, timeout_s: float = 20) -> None:
+    """Give `user` Slurm's AdminLevel `level` (None, Operator, Administrator) if it has
+    another: an Operator holds, releases, requeues and cancels any job and reads its
+    batch script and environment."""
+    out = _run(["sacctmgr", "--noheader", "--parsable2", "show", "user", user,
+                "format=adminlevel"], timeout_s, slurm_conf)
+    if out.strip() != level:
+        _run(["sacctmgr", "-i", "modify", "user", user, "set", f"adminlevel={level}"],
+             timeout_s, slurm_conf)
+
+
 def issue_token(slurm_conf: Path, username: str, lifespan_s: int, timeout_s: float = 20) -> str:
     """A JWT for `username` from the cluster's slurmctld (needs root or SlurmUser)."""
     out = _run(

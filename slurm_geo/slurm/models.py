@@ -79,8 +79,8 @@ class JobSpec:
     slurmrestd does not read `#SBATCH` lines, so everything Slurm must know is a field here.
     `environment` is the job's whole environment: nothing of the submitting process's own
     reaches the job (PATH is DEFAULT_JOB_PATH when it names none). `owner`: the account
-    the job runs as (sbatch --uid/--gid; on a REST cluster the account mapped to that
-    user); None submits as the caller's own account.
+    the job runs as (slurm-geo-submit-as on a CLI cluster; on a REST cluster the account
+    mapped to that user); None submits as the caller's own account.
     """
 
     script: str

@@ -1,0 +1,101 @@
+"""The daemons' own account, as docs/install.md has a site make it: `slurm-geo`, a system
+user and group with no login shell, a Slurm operator on the CLI clusters (it reads other
+users' batch scripts and environments, holds, releases, requeues and cancels their jobs),
+and the only account besides root that may run slurm-geo-submit-as.
+
+The federation daemon runs as it. What it reads or writes is handed to it at each `up`:
+its state and audit directories (0700, its own), the secrets it alone uses (the master
+key, its TLS key, the rented clusters' token files, the etcd client key: 0600, its own),
+and the registry of the home controller, which root's PrologSlurmctld writes and the
+daemon reads through the registry directory's group (0750/0640, group slurm-geo).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_geo.config import SiteConfig
+from slurm_geo.errors import SandboxError
+
+NAME = "slurm-geo"  # user and group, as the Makefile's service-account target makes them
+
+
+@dataclass(frozen=True)
+class ServiceAccount:
+    uid: int
+    gid: int
+
+
+def ensure() -> ServiceAccount:
+    """The account and its group, created as system ones if missing."""
+    try:
+        gid = grp.getgrnam(NAME).gr_gid
+    except KeyError:
+        _run(["groupadd", "--system", NAME])
+        gid = grp.getgrnam(NAME).gr_gid
+    try:
+        entry = pwd.getpwnam(NAME)
+    except KeyError:
+        _run(["useradd", "--system", "--gid", NAME, "--home-dir", "/var/lib/slurm-geo",
+              "--no-create-home", "--shell", "/usr/sbin/nologin", NAME])
+        entry = pwd.getpwnam(NAME)
+    if entry.pw_uid == 0 or entry.pw_gid != gid:
+        raise SandboxError(f"account {NAME} exists with uid {entry.pw_uid}, gid "
+                           f"{entry.pw_gid}; it must be a system account in group {NAME}: "
+                           f"userdel {NAME} and run `slurm-geo sandbox up` again")
+    return ServiceAccount(entry.pw_uid, gid)
+
+
+def federation_paths(site: SiteConfig) -> tuple[list[Path], list[Path]]:
+    """(directories, files) the federation daemon owns: its state and audit directories,
+    and every secret its config names."""
+    fed = site.federation
+    if fed is None:
+        return [], []
+    directories = [fed.state.parent, fed.audit_path.parent]
+    files = [path for path in (fed.key_file, fed.tls_key, fed.etcd_key) if path is not None]
+    for cluster in site.clusters.values():
+        if cluster.token_file:
+            files.append(Path(cluster.token_file))
+        for user in cluster.users.values():
+            files.append(Path(user.token_file))
+            directories.append(Path(user.token_file).parent)  # the mapped accounts' own
+    return directories, files
+
+
+def hand_over(site: SiteConfig, account: ServiceAccount) -> None:
+    """Give the federation daemon what it reads and writes, and let it read the registry."""
+    directories, files = federation_paths(site)
+    for directory in dict.fromkeys(directories):
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for path in [directory, *directory.iterdir()]:
+            os.chown(path, account.uid, account.gid)
+            path.chmod(0o700 if path.is_dir() else 0o600)
+    for path in files:
+        if path.exists():
+            os.chown(path, account.uid, account.gid)
+            path.chmod(0o600)
+    registry = Path(site.registry_path)
+    registry.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    for path in [registry.parent, *registry.parent.iterdir()]:
+        os.chown(path, 0, account.gid)
+        path.chmod(0o750 if path.is_dir() else 0o640)
+
+
+def make_operator(slurm_conf: Path, cluster: str, account: str, timeout_s: float = 20) -> None:
+    """The account as a Slurm operator of `cluster`, under `account`."""
+    from slurm_geo.slurm import admin
+
+    admin.add_users(slurm_conf, cluster, account, [NAME], timeout_s)
+    admin.set_admin_level(slurm_conf, NAME, "Operator", timeout_s)
+
+
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SandboxError(f"{' '.join(argv)}: {(done.stderr or done.stdout).strip()}")
