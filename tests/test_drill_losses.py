@@ -32,3 +32,22 @@ def test_a_secret_across_two_reads_is_found(tmp_path):
 def test_a_part_of_a_secret_is_no_finding(tmp_path):
     (tmp_path / "f").write_bytes(KEY[:31] + os.urandom(100) + KEY.hex()[:60].encode())
     assert secrets_found([tmp_path], {"k": KEY}) == []
+
+
+def test_a_daemon_alone_leads_by_a_name_the_drill_can_wait_for(tmp_path):
+    """The default sandbox runs one federation daemon, no replicas: the drill's first wait
+    ("a federation replica to lead") must see a leader, not "" (issue 29: `make drill`
+    timed out there on every fresh machine)."""
+    from slurm_geo.config import parse_config
+    from slurm_geo.drills.losses import ALONE, FederationView
+    from slurm_geo.federation.audit import AuditLog
+
+    AuditLog(tmp_path / "audit.db").close()
+    site = parse_config({
+        "site": {"home_cluster": "onprem"},
+        "clusters": {"onprem": {"region": "home", "provider": "onprem", "access": "cli",
+                                "slurm_conf": str(tmp_path / "slurm.conf"), "store": "pfs"}},
+        "stores": {"pfs": {"url": f"file://{tmp_path}/pfs", "region": "home"}},
+        "federation": {"state": str(tmp_path / "federation.db"),
+                       "audit_path": str(tmp_path / "audit.db")}})
+    assert FederationView(site).leader() == ALONE

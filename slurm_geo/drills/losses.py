@@ -33,6 +33,7 @@ from slurm_geo.sandbox.layout import REPLICA_NAMES
 from slurm_geo.sandbox.sites import Site
 
 LOSSES = ("cluster", "site", "leader")
+ALONE = "federation"  # the leader of a federation of one daemon (no [[federation.replicas]])
 ETCD_PATIENCE_S = 15.0  # an election after a member's loss takes about 1 s; a quorum back
 _CLONE_NEWNET = 0x40000000
 
@@ -76,9 +77,10 @@ class FederationView:
 
     def leader(self) -> str | None:
         """The name of the replica that leads now, as etcd says (None: nobody; for a
-        daemon alone, itself)."""
+        daemon alone, itself, named ALONE: it has no replica name, and "" would read as
+        nobody to the drill's waits)."""
         if not self.replicated:
-            return self._config.this_replica.name
+            return self._config.this_replica.name or ALONE
         from slurm_geo.federation.etcd.layout import Layout
         from slurm_geo.federation.etcd.leadership import replica_from_json
         from slurm_geo.federation.model import StateUnavailable
