@@ -24,6 +24,7 @@ from slurm_geo.federation.audit import AuditLog
 from slurm_geo.federation.authn import Authenticator
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.core import Federation
+from slurm_geo.federation.identities import IncarnationSecrets
 from slurm_geo.federation.model import ClusterStatus, JobStatus, LeftHome
 from slurm_geo.federation.state import FederationState
 from slurm_geo.federation.wiring import Wiring
@@ -195,9 +196,9 @@ class Site:
             job = self.state.find_job(cluster, job_id)
             secret = None if job is None else self.state.identities.secret(job.logical_job,
                                                                            generation)
-            if job is not None and secret is not None:
-                signer = SecretSigner(job.logical_job, generation, secret_bytes(secret),
-                                      clock=self.clock)
+            if job is not None and secret is not None:  # the session's, once it has one
+                signer = SecretSigner(job.logical_job, generation, secret_bytes(
+                    IncarnationSecrets.parse(secret).signing), clock=self.clock)
                 headers = signer.headers("POST", path, data)
         return Credentials.from_headers(headers, "POST", path, data)
 

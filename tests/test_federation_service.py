@@ -10,6 +10,7 @@ import json
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import lease_site
 import pytest
@@ -128,6 +129,27 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
+def test_the_trainer_signs_with_its_session_secret_and_the_bootstrap_one_is_spent(service):
+    """Issue 28, 5, over HTTP: the client takes the session secret from its first lease's
+    reply and signs with it; then the bootstrap secret in its environment (and in
+    slurmdbd's records) gets nothing more."""
+    federation, url, _ = service
+    run = trainer(placement(url, 1, "rented", 77, token="secret-token"))
+    run.acquire(give_up_after_s=10)
+    run.run_key()  # signed with the session secret: the bootstrap one is spent now
+    assert run.placement.lease_secret == SECRET  # its ranks still share under it
+    lease = federation.state.lease("onprem-5")
+    body = json.dumps(LeaseRequest("run-a", "rented", 77, 0, 1, None).to_json()).encode()
+    stolen = SecretSigner("onprem-5", 1, secret_bytes(SECRET)).headers("POST", LEASE_PATH,
+                                                                       body)
+    status, reply = post(url, body, stolen)
+    assert status == 401 and "exchanged for a session secret" in reply["reason"]
+    assert federation.state.lease("onprem-5") == lease
+    run._ask(release=False)  # the trainer itself still renews
+    assert run.may_train()
+    run.release(None)
+
+
 def test_unauthenticated_forged_and_replayed_requests_over_http(service):
     federation, url, _ = service
     body = json.dumps(LeaseRequest("run-a", "rented", 77, 5, 1, None).to_json()).encode()
@@ -157,8 +179,17 @@ def test_a_version_1_request_is_refused_with_the_versions_spoken(service):
     assert status == 400 and "supported: 2" in reply["reason"]
 
 
+class Requeued:
+    """Slurm's record of rented:77: requeued once (a requeue starts it again with its
+    bootstrap secret, which then speaks for restart 1: federation.sessions)."""
+
+    def job(self, job_id: int) -> SimpleNamespace:
+        return SimpleNamespace(restart_count=1)
+
+
 def test_a_requeued_incarnation_waits_for_the_previous_lease_to_run_out(service):
-    _, url, _ = service
+    federation, url, _ = service
+    federation.wiring.clients["rented"] = Requeued()
     first = trainer(placement(url, 1, "rented", 77, restart=0))
     first.acquire(give_up_after_s=10)
     first._stop.set()

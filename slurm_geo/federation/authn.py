@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slurm_geo.federation.etcd.identities import EtcdIdentities
-from slurm_geo.federation.identities import Identities
+from slurm_geo.federation.identities import Identities, IncarnationSecrets
 from slurm_geo.lease.munge import REPLAYED, BadCredential, Munge, MungeUnavailable
 from slurm_geo.lease.signing import (
     SIGNATURE_WINDOW_S,
@@ -39,6 +39,9 @@ class Caller:
     uid: int | None = None
     logical_job: str | None = None
     generation: int | None = None
+    # An incarnation: signed with its bootstrap secret (from its environment), not with the
+    # session secret the daemon handed it (federation.sessions decides what that allows).
+    bootstrap: bool = False
 
     @property
     def at_home(self) -> bool:
@@ -91,12 +94,23 @@ class Authenticator:
         return Caller(uid=decoded.uid)
 
     def _signed(self, credentials: Credentials) -> Caller:
+        """Signed with the incarnation's session secret, else its bootstrap one."""
         logical_job, generation = parse_incarnation(credentials.incarnation)
-        secret = self.identities.secret(logical_job, generation)
-        if secret is None:
+        stored = self.identities.secret(logical_job, generation)
+        if stored is None:
             raise NotAuthenticated(f"no incarnation {credentials.incarnation} holds a secret "
                                    "of this daemon (ended, or never submitted)")
+        secrets = IncarnationSecrets.parse(stored)
         now = self.clock()
-        timestamp = check_signature(credentials, secret_bytes(secret), now, self.window_s)
+        try:
+            if not secrets.session:
+                raise NotAuthenticated("no session secret yet")
+            timestamp = check_signature(credentials, secret_bytes(secrets.session), now,
+                                        self.window_s)
+            bootstrap = False
+        except NotAuthenticated:
+            timestamp = check_signature(credentials, secret_bytes(secrets.bootstrap), now,
+                                        self.window_s)
+            bootstrap = True
         self.nonces.first_use(f"{credentials.incarnation} {credentials.nonce}", timestamp, now)
-        return Caller(logical_job=logical_job, generation=generation)
+        return Caller(logical_job=logical_job, generation=generation, bootstrap=bootstrap)

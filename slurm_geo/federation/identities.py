@@ -5,6 +5,10 @@ own connection and lock (the schema: federation.schema).
 The secrets are kept in the clear, for as long as the job is: the daemon must compute the
 same HMAC as the job, and a stale incarnation must still be told it is fenced. The state
 file is 0600 in a 0700 directory, as for every job's batch script.
+
+An incarnation's secret field holds `IncarnationSecrets`: the bootstrap secret it was
+submitted with (which its environment, so slurmdbd's records, keep) and the session
+secret the daemon hands it over TLS at its first lease (federation.sessions).
 """
 
 from __future__ import annotations
@@ -17,6 +21,40 @@ from dataclasses import dataclass
 from slurm_geo.federation.model import token_digest
 from slurm_geo.slurm.models import Owner
 from slurm_geo.sqlite_tx import immediate_transaction
+
+
+@dataclass(frozen=True)
+class IncarnationSecrets:
+    """The secrets an incarnation may sign with. `bootstrap`: minted at submission, in the
+    job's environment. `session`: handed out in the reply to its first lease of Slurm
+    restart `restart`; `confirmed` once a request was signed with it, and from then on the
+    bootstrap secret speaks only for a later restart (a Slurm requeue starts the job again
+    with the environment it was submitted with). Kept as one text in the state's secret
+    field: a plain bootstrap secret (64 hex digits, as before sessions) or JSON."""
+
+    bootstrap: str
+    session: str = ""
+    restart: int = 0
+    confirmed: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> IncarnationSecrets:
+        if not text.startswith("{"):
+            return cls(text)
+        record = json.loads(text)
+        return cls(str(record["bootstrap"]), str(record["session"]), int(record["restart"]),
+                   bool(record["confirmed"]))
+
+    def to_text(self) -> str:
+        if not self.session:
+            return self.bootstrap
+        return json.dumps({"bootstrap": self.bootstrap, "session": self.session,
+                           "restart": self.restart, "confirmed": self.confirmed})
+
+    @property
+    def signing(self) -> str:
+        """The secret the incarnation signs with now: the session one once it has one."""
+        return self.session or self.bootstrap
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ either changes nothing.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_geo.ckpt.errors import CkptError
@@ -26,6 +26,7 @@ from slurm_geo.federation.leases import Verdict, decide
 from slurm_geo.federation.model import JobStatus, Lease, LogicalJob
 from slurm_geo.federation.refusals import REFUSED, Refusal, clip
 from slurm_geo.federation.registration import Registrar
+from slurm_geo.federation.sessions import Sessions
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.protocol import Action, KeyReply, KeyRequest, LeaseReply, LeaseRequest
 from slurm_geo.lease.protocol import Verdict as Said
@@ -51,15 +52,18 @@ class LeaseService:
         self._lock = generation_lock
         self.auth = authenticator
         self.registrar = Registrar(wiring, generation_lock)
+        self.sessions = Sessions(wiring, self.registrar.lookups)
 
     def lease(self, request: LeaseRequest, credentials: Credentials) -> Reply:
         try:
             caller = self.auth.authenticate(credentials)
+            session = self._session(caller, request.cluster, request.job_id,
+                                    request.generation, request.restart, issue=True)
             reply, job = self._lease(request, caller)
         except Refused as exc:
             return _refused(exc, "a lease", request.cluster, request.job_id)
         if reply.verdict is not Said.FENCED:
-            return Reply(reply.http_status, reply.to_json())
+            return Reply(reply.http_status, replace(reply, session_secret=session).to_json())
         return Reply(reply.http_status, reply.to_json(), Refusal(
             "fence", None if job is None else job.logical_job,
             f"refused a lease to {clip(request.cluster, 64)}:{request.job_id} generation "
@@ -90,6 +94,16 @@ class LeaseService:
                                          stored_in)
                 job = w.state.name_run(job.logical_job, request.run, now)
             return self._grant(job, lease, request, answer.action, answer.reason, now), job
+
+    def _session(self, caller: Caller, cluster: str, job_id: int, generation: int,
+                 restart: int, issue: bool) -> str:
+        """An incarnation's request, checked against its secrets (federation.sessions):
+        the session secret its lease reply hands out ("" none). Not under the lock: it may
+        ask Slurm whether the job was requeued."""
+        if caller.at_home:
+            return ""
+        self._job_of(cluster, job_id, generation, caller)  # Forbidden: not its job
+        return self.sessions.admit(caller, cluster, job_id, restart, issue)
 
     def _job_of(self, cluster: str, job_id: int, generation: int, caller: Caller
                 ) -> LogicalJob | None:
@@ -135,6 +149,8 @@ class LeaseService:
         signature and its one-time token."""
         try:
             caller = self.auth.authenticate(credentials)
+            self._session(caller, request.cluster, request.job_id, request.generation,
+                          request.restart, issue=False)
             return self._key(request, caller)
         except Refused as exc:
             return _refused(exc, "a key", request.cluster, request.job_id)

@@ -220,7 +220,12 @@ class FederatedRun:
             if reply is not None and reply.verdict is protocol.Verdict.FENCED:
                 self.fenced_reason = reply.reason or "fenced"
                 log.error("lease refused: %s", self.fenced_reason)
-            elif reply is not None and reply.verdict is protocol.Verdict.GRANT:
+            if reply is not None and reply.session_secret and placement.logical_job:
+                # The daemon's session secret, over TLS: the bootstrap one in the
+                # environment (and in slurmdbd's records) is spent once this is used.
+                self._signer = SecretSigner(placement.logical_job, placement.generation,
+                                            secret_bytes(reply.session_secret))
+            if reply is not None and reply.verdict is protocol.Verdict.GRANT:
                 self._last_ok = sent  # measured from when we asked: the safe side
                 self._ttl_s = reply.ttl_s
                 if reply.action is protocol.Action.RELEASE and not release:

@@ -16,6 +16,7 @@ with the secret it was given; version 1, which trusted every field, is no longer
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -32,6 +33,7 @@ KEY_PATH = "/v1/key"
 METRICS_PATH = "/metrics"
 LEADER_PATH = "/v1/leader"  # GET, on every replica: whether it leads, who does
 MAX_BODY_BYTES = 64 * 1024
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 # A trainer trains only while its last granted renewal is younger than this share of the
 # lease's TTL; the daemon moves a job only once a whole TTL passed without one. The gap is
 # the margin for clock-rate drift and late packets.
@@ -117,6 +119,9 @@ class LeaseReply:
     generation: int = 0
     ttl_s: float = 0.0
     retry_s: float = 0.0
+    # An incarnation's first lease: the secret to sign with from now on (64 hex digits);
+    # its bootstrap secret (the one in its environment) is spent once this one is used.
+    session_secret: str = ""
 
     @property
     def http_status(self) -> int:
@@ -129,15 +134,20 @@ class LeaseReply:
                         generation=self.generation, ttl_s=self.ttl_s)
         elif self.verdict is Verdict.WAIT:
             body["retry_s"] = self.retry_s
+        if self.session_secret and self.verdict is not Verdict.FENCED:
+            body["session_secret"] = self.session_secret
         return body
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> LeaseReply:
         verdict = Verdict(body["verdict"])
+        session = str(body.get("session_secret", ""))
+        if session and not _HEX64.fullmatch(session):
+            raise ValueError("session_secret must be 64 lower-case hex digits")
         return cls(verdict, str(body.get("reason", "")),
                    Action(body.get("action", Action.TRAIN.value)),
                    str(body.get("logical_job", "")), int(body.get("generation", 0)),
-                   float(body.get("ttl_s", 0.0)), float(body.get("retry_s", 1.0)))
+                   float(body.get("ttl_s", 0.0)), float(body.get("retry_s", 1.0)), session)
 
 
 @dataclass(frozen=True)
