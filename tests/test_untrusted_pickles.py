@@ -275,6 +275,19 @@ def test_a_deflated_data_pkl_bomb_stops_at_the_limit(tmp_path):
         read_torch_file(tmp_path / "bomb.pt")
 
 
+def test_a_dcp_item_over_the_size_limit_is_refused_before_it_is_read(store, monkeypatch):
+    """Its chunks may all be one chunk, stored once: the declared size is not memory the
+    attacker paid for. The limit (1 GiB) is lowered here to keep the test small."""
+    import slurm_geo.torch.distributed as distributed
+
+    save_hostile(store, torch_save_bytes({"fine": 1}) + bytes(4096))
+    monkeypatch.setattr(distributed, "MAX_ARCHIVE_BYTES", 4096)
+    url, key = store
+    with pytest.raises(CheckpointException, match="non-tensor item of .* bytes, over"):
+        dcp.load({"w": torch.zeros(4), "extra": {"note": None}},
+                 storage_reader=StorageReader(url, run=RUN, key_file=key), no_dist=True)
+
+
 def test_a_legit_strided_tensor_on_a_hand_written_pickle_still_reads(tmp_path):
     data = archive(tensor_pickle(0, (2, 2), (1, 2)), {"0": numpy.arange(4, dtype="<f4")
                                                       .tobytes()})

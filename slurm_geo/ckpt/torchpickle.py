@@ -45,6 +45,7 @@ from slurm_geo.ckpt.tensorfile import check_dtype
 MAX_PICKLE_BYTES = 64 << 20  # a state dict of 100k tensors pickles to ~20 MB
 MAX_STATE_UNITS = 64 << 20  # nodes + string/bytes/array lengths, as the tree is walked
 MAX_DEPTH = 200  # nesting: a state dict is a few levels deep
+MAX_ARCHIVE_BYTES = 1 << 30  # a DCP non-tensor item, read into memory whole
 
 # torch's legacy storage classes by the dtype they hold; other dtypes use UntypedStorage.
 STORAGE_CLASSES = {

@@ -62,6 +62,8 @@ from slurm_geo.ckpt.manifest import DTYPE_SIZES, Manifest, TensorEntry, tensor_n
 from slurm_geo.ckpt.open_store import open_store, open_store_or_named
 from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.ckpt.sharded import Fill, StoredReader, commit_sharded, write_shards
+from slurm_geo.ckpt.skeleton import TensorFileError
+from slurm_geo.ckpt.torchpickle import MAX_ARCHIVE_BYTES
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, WriteOptions
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
@@ -334,6 +336,10 @@ class StorageReader(_DcpReader):
         refuses is a TensorFileError naming the item, before anything in it runs."""
         assert self._manifest is not None
         where = f"run '{self.run}' step {self._manifest.step} item {entry.path!r}"
+        size = tensor_nbytes(entry.dtype, entry.shape)
+        if size > MAX_ARCHIVE_BYTES:  # its chunks may all be one, stored once
+            raise TensorFileError(f"{where}: a non-tensor item of {size} bytes, over the "
+                                  f"{MAX_ARCHIVE_BYTES >> 20} MiB one may have")
         return (load_torch_bytes(_read_whole(reader, entry), where),)
 
     def _open(self, step: int | None) -> Manifest:
