@@ -1,5 +1,6 @@
 """A real SeaweedFS S3 server of the tests' own (the `weed` fixture in conftest.py): free
-ports, a temporary directory, the identities and bucket policy the sandbox gives it."""
+ports, a temporary directory, the identities and bucket policy the sandbox gives it, and
+its security: internals closed by security.toml, S3 on TLS with a CA of the test's own."""
 
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ import signal
 import socket
 import subprocess
 from contextlib import ExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from slurm_geo.ckpt.s3store import make_s3_client
+from slurm_geo.sandbox.certs import make_ca
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX
 from slurm_geo.sandbox.processes import port_is_open, wait_until
 from slurm_geo.sandbox.seaweed import (
     S3Credentials,
     SeaweedServer,
+    SeaweedTls,
     bucket_policy,
     ensure_bucket,
+    ensure_security_files,
     s3_config,
 )
 
@@ -44,8 +49,13 @@ class RunningServer:
 
     def __init__(self, root: Path):
         s3_port, *internal = free_ports(8)
+        tls = SeaweedTls(root / "security", root / "s3.crt", root / "s3.key")
+        site_ca = make_ca("tests' site CA", datetime.now(UTC))
+        self.ca_file = root / "site-ca.crt"
+        self.ca_file.write_bytes(site_ca.cert_pem)
+        ensure_security_files(tls, ["127.0.0.1"], site_ca)
         self.server = SeaweedServer(root / "data", root / "identities.json", s3_port,
-                                    tuple(internal))  # type: ignore[arg-type]
+                                    tuple(internal), tls=tls)  # type: ignore[arg-type]
         self.log = root / "weed.log"
         self.proc: subprocess.Popen | None = None
         self.server.data_dir.mkdir(parents=True)
@@ -61,7 +71,8 @@ class RunningServer:
             self.kill()
             pytest.fail(f"weed did not open its S3 port; see {self.log}")
         for bucket in (S3_BUCKET, OTHER_BUCKET) if create_buckets else ():
-            ensure_bucket(self.server.endpoint, DAEMONS, bucket, bucket_policy(bucket, S3_PREFIX))
+            ensure_bucket(self.server.endpoint, DAEMONS, bucket, bucket_policy(bucket, S3_PREFIX),
+                          ca_file=self.ca_file)
 
     def kill(self) -> None:
         """SIGKILL: weed's own stop takes 15 s (its filer's gRPC drains that long), and the
@@ -75,7 +86,7 @@ class RunningServer:
         return make_s3_client(self.server.endpoint, "us-east-1",
                               access_key_id=credentials.access_key_id,
                               secret_access_key=credentials.secret_access_key,
-                              connect_timeout_s=2, read_timeout_s=20)
+                              connect_timeout_s=2, read_timeout_s=20, ca_file=self.ca_file)
 
 
 needs_weed = pytest.mark.skipif(shutil.which("weed") is None,

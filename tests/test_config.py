@@ -22,7 +22,7 @@ GOOD = {
                    "timeout_s": 5, "prices": {"gpu_hour": 2.5, "egress_per_gb": 0.09}},
     },
     "stores": {"offsite": {"url": "s3://bucket/ckpt", "region": "eu",
-                           "endpoint_url": "http://minio:9000"}},
+                           "endpoint_url": "https://minio:9000"}},
 }
 
 
@@ -34,7 +34,7 @@ def test_good_config_reads_into_typed_values():
     assert rented.timeout_s == 5.0
     assert rented.prices == Prices(gpu_hour=2.5, egress_per_gb=0.09)
     assert site.cluster("onprem").slurm_conf == Path("/etc/slurm/slurm.conf")
-    assert site.stores["offsite"].endpoint_url == "http://minio:9000"
+    assert site.stores["offsite"].endpoint_url == "https://minio:9000"
 
 
 def with_change(path: str, value):
@@ -99,7 +99,10 @@ def test_sandbox_config_is_a_valid_site_config():
     assert site.cluster("rented").rest_url == f"https://{remote}:20025"
     assert site.cluster("rented").ca_file == layout.ca_cert
     assert site.cluster("rented").prices.gpu_hour > site.cluster("onprem").prices.gpu_hour
-    assert site.stores["offsite"].endpoint_url == f"http://{remote}:20040"
+    # S3 across the WAN on TLS too, verified against the site CA; a key per moved run.
+    offsite = site.stores["offsite"]
+    assert (offsite.endpoint_url, offsite.ca_file) == (f"https://{remote}:20040", layout.ca_cert)
+    assert offsite.job_keys == "per-run" and offsite.job_credentials is None
 
 
 def test_the_federation_settings_table_in_the_docs_is_current():

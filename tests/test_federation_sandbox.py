@@ -216,14 +216,16 @@ def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbo
     drill.kill_cluster(fed_sandbox, "onprem")
     drill.wait_for(lambda: drill.audit_entry(audit, "lease", logical, "rented", killed),
                    deadline, "training on rented")
-    # The moved job reaches the offsite store with the store's job_credentials, not with
-    # the daemon's own S3 key.
+    # The moved job reaches the offsite store with a key minted for its run alone
+    # (job_keys = "per-run"), neither the daemon's own S3 key nor the bucket-wide job key,
+    # and verifies the store's https against the site CA.
     moved_env = drill.wait_for(lambda: incarnation_environment(logical, generation=1), deadline,
                                "the moved job's processes")
     job_key = S3Credentials.parse(fed_sandbox.layout.offsite_job_credentials.read_text(), "job")
-    assert moved_env["AWS_ACCESS_KEY_ID"] == job_key.access_key_id, moved_env.get(
+    assert moved_env["AWS_ACCESS_KEY_ID"] not in (
+        job_key.access_key_id, fed_sandbox.s3_env()["AWS_ACCESS_KEY_ID"]), moved_env.get(
         "AWS_ACCESS_KEY_ID")
-    assert moved_env["AWS_ACCESS_KEY_ID"] != fed_sandbox.s3_env()["AWS_ACCESS_KEY_ID"]
+    assert moved_env["AWS_CA_BUNDLE"] == str(fed_sandbox.layout.ca_cert)
     fed_sandbox.up(progress=lambda _m: None)  # home is back
     planned = drill.wait_for(
         lambda: next((e for e in audit.entries(logical_job=logical)

@@ -9,7 +9,6 @@ import random
 from pathlib import Path
 
 import pytest
-import requests
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.retry import is_permanent
@@ -210,17 +209,6 @@ def test_a_moved_job_writes_and_reads_a_checkpoint_with_its_key(weed):
         run, tensors, b"extra", metadata)
     assert Repository(job, master).read_checkpoint(run, 10).tensors == tensors
     assert job.list("locks/") == locks_before
-
-
-@needs_weed
-@pytest.mark.slow
-def test_the_filer_takes_no_request_around_the_s3_keys(weed, prefix):
-    store(weed, DAEMONS, prefix).put("keys/r", b"secret")
-    filer_port = weed.server.internal_ports[5]
-    url = f"http://127.0.0.1:{filer_port}/buckets/{S3_BUCKET}/{prefix}/keys/r"
-    assert requests.get(url, timeout=5).status_code == 404
-    assert requests.delete(url, timeout=5).status_code == 404
-    assert store(weed, DAEMONS, prefix).get("keys/r") == b"secret"
 
 
 @needs_weed

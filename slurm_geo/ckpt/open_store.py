@@ -48,7 +48,8 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 def open_store(url: str, endpoint_url: str | None = None, region_name: str | None = None,
                *, plan: TransferPlan = DEFAULT_PLAN, patience: Patience = PATIENT,
-               access_key_id: str | None = None, secret_access_key: str | None = None) -> Store:
+               access_key_id: str | None = None, secret_access_key: str | None = None,
+               ca_file: Path | None = None) -> Store:
     """The store `url` names, ready to use.
 
     `file:///path` is a `LocalDirStore` on that directory (the path is taken literally, not
@@ -58,7 +59,9 @@ def open_store(url: str, endpoint_url: str | None = None, region_name: str | Non
     the credentials unless `access_key_id` and `secret_access_key` are given (a process
     that holds keys for several stores passes them here, never through its environment);
     `plan` (slurm_geo.ckpt.transfer_plan) sizes its multipart uploads to the link, and
-    `patience` says how long a failing one is waited for. A URL of any other form raises
+    `patience` says how long a failing one is waited for; an https endpoint is verified
+    against `ca_file` when given (a store's [stores.NAME] ca_file), else against
+    AWS_CA_BUNDLE or certifi's CAs. A URL of any other form raises
     `ConfigError` naming it.
     """
     scheme, separator, rest = url.partition("://")
@@ -70,7 +73,7 @@ def open_store(url: str, endpoint_url: str | None = None, region_name: str | Non
     elif scheme == "s3" and separator:
         bucket, prefix = _parse_s3(url, rest)
         store = _open_s3(url, bucket, prefix, endpoint_url or None, region_name or None, plan,
-                         patience, access_key_id, secret_access_key)
+                         patience, access_key_id, secret_access_key, ca_file)
     else:
         raise _bad_url(url, "has an unknown scheme")
     if patience.skip_after_failure_s:
@@ -91,7 +94,8 @@ def open_store_or_named(spec: str, config_path: Path | None = None) -> Store:
         raise ConfigError(f"store '{spec}' is neither a URL (file:///PATH, "
                           f"s3://BUCKET/PREFIX) nor in {site.source} (stores: {known})")
     config = site.stores[spec]
-    return open_store(config.url, endpoint_url=config.endpoint_url or None)
+    return open_store(config.url, endpoint_url=config.endpoint_url or None,
+                      ca_file=config.ca_file)
 
 
 def paced(store: Store, side: str, bucket: TokenBucket | None = None, *,
@@ -104,7 +108,8 @@ def paced(store: Store, side: str, bucket: TokenBucket | None = None, *,
 
 def _open_s3(url: str, bucket: str, prefix: str, endpoint_url: str | None,
              region_name: str | None, plan: TransferPlan, patience: Patience,
-             access_key_id: str | None, secret_access_key: str | None) -> Store:
+             access_key_id: str | None, secret_access_key: str | None,
+             ca_file: Path | None) -> Store:
     # Imported here: botocore adds ~0.15 s (boto3 ~0.3 s) to the start of every command.
     try:
         from slurm_geo.ckpt.s3store import S3Store, make_s3_client
@@ -112,7 +117,7 @@ def _open_s3(url: str, bucket: str, prefix: str, endpoint_url: str | None,
         client = make_s3_client(endpoint_url, region_name, access_key_id=access_key_id,
                                 secret_access_key=secret_access_key,
                                 connect_timeout_s=patience.connect_timeout_s,
-                                read_timeout_s=patience.read_timeout_s)
+                                read_timeout_s=patience.read_timeout_s, ca_file=ca_file)
     except ImportError as exc:
         raise ConfigError(f"store URL {url!r} needs boto3 ({exc}); install it with: "
                           "pip install boto3") from None

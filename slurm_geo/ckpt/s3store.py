@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,13 +75,16 @@ class S3Unavailable(StoreUnavailable):
 def make_s3_client(endpoint_url: str | None = None, region_name: str | None = None, *,
                    access_key_id: str | None = None, secret_access_key: str | None = None,
                    connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0,
-                   max_connections: int = 2 * MAX_STREAMS) -> Any:
+                   max_connections: int = 2 * MAX_STREAMS,
+                   ca_file: str | os.PathLike[str] | None = None) -> Any:
     """A boto3 S3 client that fails fast and lets `RetryingStore` retry.
 
     Arguments left None come from boto3's own resolution: AWS_ENDPOINT_URL(_S3),
     AWS_DEFAULT_REGION/AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE and
     ~/.aws, then instance roles. `max_connections` bounds the connections kept open for
     reuse: a copy's packs and a multipart upload's parts go up at once, each on its own.
+    An https endpoint is verified against `ca_file` (PEM) when given, else against
+    AWS_CA_BUNDLE or certifi's CAs.
     """
     import boto3  # only S3 users pay for importing it
 
@@ -97,7 +101,7 @@ def make_s3_client(endpoint_url: str | None = None, region_name: str | None = No
     client = boto3.session.Session().client(
         "s3", endpoint_url=endpoint_url, region_name=region_name,
         aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key,
-        config=Config(**options),
+        config=Config(**options), verify=None if ca_file is None else os.fspath(ca_file),
     )
     client.meta.events.register_last("before-call.s3", _no_continue_for_empty_bodies)
     return client
@@ -229,10 +233,18 @@ class S3Store:
         return created["UploadId"], {}
 
     def _unfinished_uploads(self, key: str) -> set[str]:
+        """The uploads of `key` to resume; none when this key may not list uploads (a run's
+        own key on SeaweedFS, which counts that listing as a write to the whole bucket):
+        the put then starts afresh."""
         pages = self._client.get_paginator("list_multipart_uploads").paginate(
             Bucket=self.bucket, Prefix=key)
-        return {u["UploadId"] for page in pages for u in page.get("Uploads", ())
-                if u["Key"] == key}  # Prefix also matches longer keys
+        try:
+            return {u["UploadId"] for page in pages for u in page.get("Uploads", ())
+                    if u["Key"] == key}  # Prefix also matches longer keys
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "AccessDenied":
+                return set()
+            raise
 
     def _stored_parts(self, key: str, upload_id: str) -> dict[int, _Part]:
         """Part number -> (size, ETag); for non-KMS S3 the ETag is the part's MD5, quoted."""

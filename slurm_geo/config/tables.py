@@ -227,28 +227,52 @@ class StoreConfig:
     url: str
     region: str
     endpoint_url: str = ""
+    ca_file: Path | None = None  # None: the system's CAs (certifi's, for boto3)
     # S3 credentials (an env file) the federation daemon gives jobs it submits that write
     # here, in place of its own: scope them to this store's bucket.
     job_credentials: Path | None = None
+    job_keys: str = ""  # "per-run": the daemon mints each run a key of its own
+
+
+_S3_ENDPOINT = secure_url("write https://, with the S3 service behind TLS (ca_file names "
+                          "its CA unless the system's CAs sign it)")
+
+
+def _endpoint_url(value: Any, where: str) -> str:
+    return "" if value == "" else _S3_ENDPOINT(value, where)
 
 
 STORE_SETTINGS = (
     Setting("url", url("file://", "s3://"), None, "file:///PATH or s3://BUCKET/PREFIX.",
             required=True),
     Setting("region", site_name, None, "The region the store is in.", required=True),
-    Setting("endpoint_url", url("http://", "https://"), StoreConfig.endpoint_url,
-            "The S3 endpoint (default: AWS)."),
+    Setting("endpoint_url", _endpoint_url, StoreConfig.endpoint_url,
+            "The S3 endpoint (default: AWS); https unless the host is loopback."),
+    Setting("ca_file", path, None, "The CA bundle (PEM) that signs the S3 endpoint's TLS "
+            "certificate, when it is not in the system store (https endpoint_url); jobs get "
+            "its path in AWS_CA_BUNDLE, so it must be readable where they run."),
     Setting("job_credentials", path, None, "An env file (0600) of S3 credentials scoped to "
             "this store's bucket, given to jobs the federation daemon moves here in place of "
             "its own."),
+    Setting("job_keys", choice("per-run"), StoreConfig.job_keys, "\"per-run\": the "
+            "federation daemon mints each run's jobs a key that writes that run's objects "
+            "only, through the store's IAM API with its own key (docs/stores.md)."),
 )
 
 
 def parse_store(name: str, table: Any, where: str) -> StoreConfig:
     store = StoreConfig(name=name, **read_settings(table, STORE_SETTINGS, where))
-    if store.job_credentials is not None and not store.url.startswith("s3://"):
-        raise ConfigError(f"{where}: job_credentials is for s3:// stores; {shown(store.url)} "
+    given = "job_credentials" if store.job_credentials is not None else \
+        "job_keys" if store.job_keys else ""
+    if given and not store.url.startswith("s3://"):
+        raise ConfigError(f"{where}: {given} is for s3:// stores; {shown(store.url)} "
                           "needs none")
+    if store.job_credentials is not None and store.job_keys:
+        raise ConfigError(f"{where}: job_keys = \"{store.job_keys}\" mints the jobs' keys; "
+                          "remove job_credentials, or job_keys to use the file")
+    if store.ca_file is not None and not store.endpoint_url.startswith("https://"):
+        raise ConfigError(f"{where}: ca_file is for an S3 endpoint behind TLS (an https:// "
+                          "endpoint_url); remove it or write https://")
     return store
 
 

@@ -428,7 +428,7 @@ def offsite_kept(sandbox: Sandbox, site: SiteConfig, view: losses.FederationView
     store_config, key = site.stores[site.sync.destination], sandbox.daemons_s3_key()
     store = open_store(store_config.url, endpoint_url=store_config.endpoint_url or None,
                        region_name=S3_REGION, access_key_id=key.access_key_id,
-                       secret_access_key=key.secret_access_key)
+                       secret_access_key=key.secret_access_key, ca_file=store_config.ca_file)
     repository = Repository(store, load_master_key(sandbox.layout.master_key))
     listed = set(repository.steps(run))
     return set(steps) <= listed and not repository.verify(run, max(steps))

@@ -115,7 +115,7 @@ def build(config_path: Path | None, env: Mapping[str, str] = os.environ,
     probes = {name: connect(replace(cluster, timeout_s=min(cluster.timeout_s, probe_timeout)))
               for name, cluster in site.clusters.items()}
     stores = {name: open_store(store.url, endpoint_url=store.endpoint_url or None,
-                               patience=DECIDING)
+                               patience=DECIDING, ca_file=store.ca_file)
               for name, store in site.stores.items()}
     # The cap checkpoint-sync keeps to holds for the daemon's own copies and probes too.
     bucket = TokenBucket(site.sync.bandwidth_mb_s * 1e6) if site.sync is not None else None

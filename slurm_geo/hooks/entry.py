@@ -125,7 +125,8 @@ def staging_for(site: Any, job: Any, env: Mapping[str, str]) -> Any:
     replica = None
     if protection_of(site, job).replicated:
         destination = site.stores[site.sync.destination]
-        replica = open_store(destination.url, destination.endpoint_url or None)
+        replica = open_store(destination.url, destination.endpoint_url or None,
+                             ca_file=destination.ca_file)
     return Staging(key, replica)
 
 

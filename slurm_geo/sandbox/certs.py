@@ -216,3 +216,42 @@ def _general_name(host: str) -> x509.GeneralName:
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
+
+
+# --- the S3 server's (slurm_geo.sandbox.seaweed) ------------------------------------------
+
+INTERNAL_HOSTS = ("127.0.0.1", "localhost")  # where a SeaweedFS server's parts meet
+
+
+def site_ca(layout: SandboxLayout, now: datetime | None = None,
+            write: Write = write_if_changed) -> Issued:
+    """The site CA, made where missing."""
+    return _site_ca(layout, now or datetime.now(UTC), write)[0]
+
+
+def ensure_issued(ca: Issued, cert: Path, key: Path, hosts: Sequence[str],
+                  now: datetime | None = None, write: Write = write_if_changed) -> bool:
+    """A server certificate of `ca` for `hosts` into `cert` and `key`, where missing or no
+    longer fitting; True when something was written."""
+    return _ensure_server(ca, cert, key, hosts, now or datetime.now(UTC), write)
+
+
+def ensure_internal_pki(ca_cert: Path, ca_key: Path, cert: Path, key: Path,
+                        now: datetime | None = None, write: Write = write_if_changed) -> bool:
+    """A CA of its own for a server's internal parts (all files 0600: nobody else needs
+    even its certificate) and one certificate of it, server and client, that the parts
+    present to each other; made where missing or no longer fitting."""
+    now = now or datetime.now(UTC)
+    made_ca = not (ca_cert.exists() and ca_key.exists())
+    if made_ca:
+        fresh = make_ca("slurm-geo S3 server internal CA", now)
+        write(ca_key, fresh.key_pem, 0o600)
+        write(ca_cert, fresh.cert_pem, 0o600)
+    ca = Issued(ca_key.read_bytes(), ca_cert.read_bytes())
+    if cert.exists() and key.exists() and _fits(ca, key.read_bytes(), cert.read_bytes(),
+                                                 INTERNAL_HOSTS):
+        return made_ca
+    issued = issue_server(ca, INTERNAL_HOSTS, now, usages=MEMBER_USAGES)
+    write(key, issued.key_pem, 0o600)
+    write(cert, issued.cert_pem, 0o600)
+    return True

@@ -165,8 +165,9 @@ class SandboxLayout:
 
     @property
     def s3_endpoint(self) -> str:
-        """The offsite store's S3 endpoint, at the remote site."""
-        return f"http://{self.address(Site.REMOTE)}:{self.s3_port}"
+        """The offsite store's S3 endpoint, at the remote site: TLS with a certificate of
+        the site CA (`ca_cert`), as its traffic crosses the WAN."""
+        return f"https://{self.address(Site.REMOTE)}:{self.s3_port}"
 
     @property
     def s3_internal_ports(self) -> tuple[int, int, int, int, int, int, int]:

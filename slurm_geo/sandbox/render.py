@@ -293,7 +293,8 @@ def site_config(layout: SandboxLayout, replica_site: Site = Site.HOME) -> str:
         f'url = {_q(f"s3://{S3_BUCKET}/{S3_PREFIX}")}',
         f'region = {_q(rented.region)}',
         f'endpoint_url = {_q(layout.s3_endpoint)}',
-        f"job_credentials = {_q(layout.offsite_job_credentials)}",
+        f"ca_file = {_q(layout.ca_cert)}",  # the S3 server's certificate is the site CA's
+        'job_keys = "per-run"  # each moved run its own key (docs/stores.md)',
         "",
         "[sync]  # checkpoint-sync: pfs -> offsite",
         'roots = ["pfs"]',

@@ -11,10 +11,20 @@ What an identity may do, in SeaweedFS 4.x (each point is checked in tests/test_s
 * Write covers PutObject and multipart uploads, but also DeleteObject, DeleteObjects and
   AbortMultipartUpload: no set of actions lets an identity write and not delete.
 * A bucket policy is evaluated for these identities as well, and its explicit Deny wins.
-So a job identity gets Read, List and Write on its own bucket, and the bucket's policy
-denies it s3:DeleteObject everywhere but in its store's `locks/`: a writer deletes its push
-lock after its manifest (docs/format.md §8.1). Aborting an unfinished multipart upload,
+So a bucket-wide job identity gets Read, List and Write on its own bucket, and the bucket's
+policy denies it s3:DeleteObject everywhere but in its store's `locks/`: a writer deletes its
+push lock after its manifest (docs/format.md §8.1). Aborting an unfinished multipart upload,
 which a resumed put does, stays allowed: it removes no stored object.
+
+A key per run is finer: the federation daemon mints it through the IAM API the S3 port
+serves (`-s3.iam.readOnly=false`, the daemons' key only), with the statements of
+slurm_geo.federation.credentials.run_policy, which SeaweedFS enforces per key prefix.
+
+What jobs sharing the server's host must not reach, its master, volume server and filer,
+check no S3 key: `security.toml` (`security_toml`) has them sign every volume and filer
+read and write with JWT keys and demand a client certificate of a CA of their own on
+every HTTP and gRPC port, which only the server holds. Its S3 port serves TLS with a
+certificate of the site CA (`SeaweedTls`).
 """
 
 from __future__ import annotations
@@ -22,13 +32,16 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.errors import SandboxError
 from slurm_geo.federation.credentials import parse_credentials
+from slurm_geo.sandbox import certs
+from slurm_geo.sandbox.certs import Issued as SiteCa
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_REGION, SandboxLayout
 from slurm_geo.sandbox.sites import Site
 
@@ -70,6 +83,43 @@ class S3Credentials:
 
 
 @dataclass(frozen=True)
+class SeaweedTls:
+    """The files that keep a server's internals to itself and its S3 port on TLS: the
+    directory of its security.toml (`-config_dir`), and the S3 gateway's certificate chain
+    and key (PEM), from a CA its clients trust."""
+
+    config_dir: Path
+    s3_cert: Path
+    s3_key: Path
+
+    @property
+    def security_toml(self) -> Path:
+        return self.config_dir / "security.toml"
+
+    @property
+    def internal_ca(self) -> Path:
+        """The CA of the internals' own certificates (never the site CA: no certificate
+        the site issues to anyone else opens them)."""
+        return self.config_dir / "internal-ca.crt"
+
+    @property
+    def internal_ca_key(self) -> Path:
+        return self.config_dir / "internal-ca.key"
+
+    @property
+    def internal_cert(self) -> Path:
+        return self.config_dir / "internal.crt"
+
+    @property
+    def internal_key(self) -> Path:
+        return self.config_dir / "internal.key"
+
+    @property
+    def jwt_keys(self) -> Path:
+        return self.config_dir / "jwt-keys.json"
+
+
+@dataclass(frozen=True)
 class SeaweedServer:
     """One `weed server`: master, volume server, filer and S3 gateway in one process."""
 
@@ -83,20 +133,28 @@ class SeaweedServer:
     # Where the S3 gateway listens; the rest, which checks no key, only on the loopback of
     # the namespace it runs in (in the sandbox, the remote site's).
     s3_address: str = "127.0.0.1"
+    tls: SeaweedTls | None = None  # None: plain http, internals unauthenticated (tests only)
 
     @classmethod
     def of_sandbox(cls, layout: SandboxLayout) -> SeaweedServer:
         return cls(layout.s3_data_dir, layout.s3_identities, layout.s3_port,
-                   layout.s3_internal_ports, layout.address(Site.REMOTE))
+                   layout.s3_internal_ports, layout.address(Site.REMOTE),
+                   sandbox_tls(layout))
 
     @property
     def endpoint(self) -> str:
-        return f"http://{self.s3_address}:{self.s3_port}"
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://{self.s3_address}:{self.s3_port}"
 
     def argv(self, program: str) -> list[str]:
         s3_grpc, master, master_grpc, volume, volume_grpc, filer, filer_grpc = self.internal_ports
+        secured = [] if self.tls is None else [
+            # S3 on TLS only; IAM writes (minting a run's key) for the Admin identity.
+            f"-s3.cert.file={self.tls.s3_cert}", f"-s3.key.file={self.tls.s3_key}",
+            "-s3.iam.readOnly=false"]
+        config_dir = [] if self.tls is None else [f"-config_dir={self.tls.config_dir}"]
         return [
-            program, "server", f"-dir={self.data_dir}",
+            program, *config_dir, "server", f"-dir={self.data_dir}",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-master.port={master}", f"-master.port.grpc={master_grpc}",
             f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
@@ -120,7 +178,70 @@ class SeaweedServer:
             # Its default 10 s wait before stopping outlasts the sandbox's stop grace.
             "-volume.preStopSeconds=0",
             "-master.telemetry=false",
+            *secured,
         ]
+
+
+def sandbox_tls(layout: SandboxLayout) -> SeaweedTls:
+    return SeaweedTls(layout.s3_dir / "security", layout.s3_dir / "s3.crt",
+                      layout.s3_dir / "s3.key")
+
+
+@dataclass(frozen=True)
+class JwtKeys:
+    """SeaweedFS's signing keys: volume writes and reads (master and volume server), filer
+    writes and reads (S3 gateway and filer). Hex, from `generate`."""
+
+    volume_write: str
+    volume_read: str
+    filer_write: str
+    filer_read: str
+
+    @classmethod
+    def generate(cls) -> JwtKeys:
+        return cls(*(secrets.token_hex(32) for _ in range(4)))
+
+
+def security_toml(keys: JwtKeys, tls: SeaweedTls) -> str:
+    """The security.toml that closes a server's internals: each volume and filer read and
+    write carries a JWT signed with `keys` (10 s), and every master, volume and filer port,
+    HTTP and gRPC, asks for a client certificate of `tls.internal_ca`, which the server's
+    own components present to each other."""
+    ca, cert, key = (str(path) for path in (tls.internal_ca, tls.internal_cert,
+                                            tls.internal_key))
+    pair = [f"cert = {json.dumps(cert)}", f"key = {json.dumps(key)}"]
+    sections: list[tuple[str, list[str]]] = [
+        ("jwt.signing", [f'key = "{keys.volume_write}"', "expires_after_seconds = 10"]),
+        ("jwt.signing.read", [f'key = "{keys.volume_read}"', "expires_after_seconds = 10"]),
+        ("jwt.filer_signing", [f'key = "{keys.filer_write}"', "expires_after_seconds = 10"]),
+        ("jwt.filer_signing.read", [f'key = "{keys.filer_read}"',
+                                    "expires_after_seconds = 10"]),
+        ("access", ["ui = false"]),
+        ("filer.expose_directory_metadata", ["enabled = false"]),
+        ("grpc", [f"ca = {json.dumps(ca)}"]),
+        *((f"grpc.{part}", pair) for part in ("master", "volume", "filer", "s3", "client")),
+        *((f"https.{part}", [*pair, f"ca = {json.dumps(ca)}"])
+          for part in ("master", "volume", "filer")),
+        ("https.client", ["enabled = true", *pair, f"ca = {json.dumps(ca)}"]),
+    ]
+    return "".join(f"[{name}]\n" + "".join(f"{line}\n" for line in lines) + "\n"
+                   for name, lines in sections)
+
+
+def ensure_security_files(tls: SeaweedTls, hosts: Sequence[str], site: SiteCa,
+                          now: datetime | None = None) -> None:
+    """The internals' CA, their certificate (server and client), the JWT keys and the
+    security.toml naming them, made where missing (0600 keys, 0700 directory); and the S3
+    port's certificate for `hosts`, from the site CA `site`."""
+    now = now or datetime.now(UTC)
+    tls.config_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    certs.ensure_internal_pki(tls.internal_ca, tls.internal_ca_key, tls.internal_cert,
+                              tls.internal_key, now)
+    if not tls.jwt_keys.exists():
+        write_if_changed(tls.jwt_keys, json.dumps(asdict(JwtKeys.generate())), 0o600)
+    keys = JwtKeys(**json.loads(tls.jwt_keys.read_text()))
+    write_if_changed(tls.security_toml, security_toml(keys, tls), 0o600)
+    certs.ensure_issued(site, tls.s3_cert, tls.s3_key, hosts, now)
 
 
 def job_identity(bucket: str) -> str:
@@ -158,9 +279,12 @@ def bucket_policy(bucket: str, store_prefix: str) -> str:
 
 def prepare_sandbox_files(layout: SandboxLayout) -> None:
     """The sandbox server's keys (made at the first `up`, 0600), the identities holding
-    them (0600) and its data directory."""
+    them (0600), its data directory, and the files that keep its internals closed and its
+    S3 port on TLS."""
     layout.s3_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     layout.s3_data_dir.mkdir(exist_ok=True)
+    ensure_security_files(sandbox_tls(layout), [layout.address(Site.REMOTE)],
+                          certs.site_ca(layout))
     daemons = ensure_credentials(layout.s3_daemon_credentials, "daemons")
     # What jobs the federation daemon moves to rented get (the offsite store's
     # job_credentials): the server holds them to the bucket, and to no deletes but locks.
@@ -176,15 +300,16 @@ def ensure_credentials(path: Path, name: str) -> S3Credentials:
 
 
 def ensure_bucket(endpoint: str, daemons: S3Credentials, bucket: str, policy: str,
-                  timeout_s: float = 30.0) -> None:
+                  timeout_s: float = 30.0, ca_file: Path | None = None) -> None:
     """Create `bucket` unless it exists and set its policy, as the daemons; waits up to
-    `timeout_s` for a server that has just opened its port to take writes."""
+    `timeout_s` for a server that has just opened its port to take writes. An https
+    `endpoint` is verified against `ca_file`."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     from slurm_geo.ckpt.s3store import make_s3_client
 
     client = make_s3_client(endpoint, S3_REGION, access_key_id=daemons.access_key_id,
-                            secret_access_key=daemons.secret_access_key)
+                            secret_access_key=daemons.secret_access_key, ca_file=ca_file)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
