@@ -79,10 +79,6 @@ class LocalDirStore:
     def __repr__(self) -> str:
         return f"LocalDirStore({str(self.root)!r})"
 
-    @property
-    def shared(self) -> bool:
-        return bool(self._shared)
-
     def put(self, name: str, data: Bytes) -> None:
         parts = self._parts(name)
         try:
@@ -128,8 +124,8 @@ class LocalDirStore:
                 raise
             raise UnsafeStoreDirectory(
                 name, f"object '{name}' in store {self.root} belongs to {_user(owner)}, who "
-                "made it before this put: it is not written over; an admin removes it "
-                "(it is never read as ours)") from None
+                "made it under the name this put writes: it is not taken over; an admin "
+                "removes it (a put as root replaces it)") from None
 
     def get(self, name: str) -> bytes:
         with _read_errors(name):
