@@ -16,9 +16,11 @@ by SlurmUser and read by the daemons, root without capabilities): files 0640 and
 directories 0750, in the group the directory gives them (`chmod g+s` on it names it);
 others never get a bit.
 
-Tightening is what the owner may do: a path owned by another account, or a link where
-a file or directory should be, is refused with one line naming it and the fix
-(`UnsafeStatePath`, the config's exit code), never followed or used as it stands.
+Tightening is what the owner may do, and only to what is the state's own: a path owned
+by another account, a link where a file should be, or a too-open directory that is
+shared (others may write to it, as /tmp, or it holds other directories, as /var/lib) is
+refused with one line naming it and the fix (`UnsafeStatePath`, the config's exit code),
+never followed, chmodded or used as it stands.
 """
 
 from __future__ import annotations
@@ -52,10 +54,28 @@ def dir_mode(group: bool = False) -> int:
 
 
 def wanted_mode(current: int, mode: int, *, directory: bool) -> int:
-    """The permission bits a file or directory of mode `current` is given: exactly `mode`,
-    and on a directory its setgid bit, which names the group of a group-readable one.
-    Pure."""
-    return mode | (current & stat.S_ISGID if directory else 0)
+    """The permission bits an existing file or directory of mode `current` is tightened to:
+    every bit outside `mode` cleared (never one added for the group: a tighter one is
+    fine), the owner's own always there, and on a directory its setgid bit, which names
+    the group of a group-readable one. Pure."""
+    owner = stat.S_IRWXU if directory else stat.S_IRUSR | stat.S_IWUSR
+    kept = stat.S_ISGID if directory else 0
+    return (stat.S_IMODE(current) & (mode | kept)) | owner
+
+
+def shared_directory(mode: int, subdirectories: list[str]) -> str | None:
+    """Why an existing directory of `mode` holding `subdirectories` is not one to tighten
+    (None: it is the state's own): /tmp, or /var/lib, must never become 0700. Pure."""
+    if mode & (stat.S_ISVTX | stat.S_IWOTH):
+        return "others may write to it"
+    if subdirectories:
+        return f"holds other directories ({sorted(subdirectories)[0]}/ ...)"
+    return None
+
+
+def _subdirectories(path: Path) -> list[str]:
+    with os.scandir(path) as entries:
+        return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
 
 
 def private_dir(path: Path, group: bool = False) -> Path:
@@ -82,15 +102,24 @@ def private_file(path: Path, group: bool = False) -> Path:
     read), in a private directory; created empty if missing, never through a link."""
     private_dir(path.parent, group)
     mode = file_mode(group)
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
+            created = True
+        except FileExistsError:
+            fd = os.open(path, flags)
+            created = False
     except OSError as exc:
         if os.path.islink(path):
             raise _refused(path, "is a symbolic link", "remove it") from None
         raise UnsafeStatePath(f"{path}: {exc.strerror}; check the path and its directory's "
                               "owner") from None
     try:
-        _tighten_fd(fd, path, mode)
+        if created:
+            os.fchmod(fd, mode)  # exactly: the umask may have taken the group's bit
+        else:
+            _tighten_fd(fd, path, mode)
     finally:
         os.close(fd)
     return path
@@ -117,6 +146,14 @@ def _tighten(path: Path, mode: int, *, directory: bool) -> None:
         info = os.stat(path)  # a state directory an admin placed by a link is theirs
         if not stat.S_ISDIR(info.st_mode):
             raise _refused(path, "is not a directory", "move it away")
+        wanted = wanted_mode(info.st_mode, mode, directory=True)
+        if stat.S_IMODE(info.st_mode) != wanted:
+            problem = shared_directory(info.st_mode, _subdirectories(path))
+            if problem is not None:
+                raise UnsafeStatePath(
+                    f"{path} is mode {stat.S_IMODE(info.st_mode):04o} and {problem}, so it "
+                    "is not tightened for a daemon's private state: give the file a "
+                    f"directory of its own, or chmod {wanted:04o} {path}")
     _check_and_chmod(path, info, wanted_mode(info.st_mode, mode, directory=directory),
                      lambda bits: os.chmod(path, bits))
 
@@ -125,7 +162,8 @@ def _tighten_fd(fd: int, path: Path, mode: int) -> None:
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         raise _refused(path, "is not a regular file", "move it away")
-    _check_and_chmod(path, info, mode, lambda bits: os.fchmod(fd, bits))
+    _check_and_chmod(path, info, wanted_mode(info.st_mode, mode, directory=False),
+                     lambda bits: os.fchmod(fd, bits))
 
 
 def _check_and_chmod(path: Path, info: os.stat_result, wanted: int,

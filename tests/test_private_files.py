@@ -19,6 +19,7 @@ from slurm_geo.private import (
     private_database,
     private_dir,
     private_file,
+    shared_directory,
     wanted_mode,
 )
 
@@ -41,8 +42,11 @@ def mode(path: Path) -> int:
     (0o755, 0o700, True, 0o700),
     (0o2775, 0o750, True, 0o2750),   # setgid names a group-readable directory's group
     (0o2664, 0o640, False, 0o640),   # never on a file
-    (0o400, 0o600, False, 0o600),    # exactly the mode: the owner must write it
+    (0o400, 0o600, False, 0o600),    # the owner must write it
     (0o777, 0o640, False, 0o640),
+    (0o600, 0o640, False, 0o600),    # tighter than a group-readable one: left so
+    (0o700, 0o750, True, 0o700),
+    (0o2700, 0o750, True, 0o2700),
 ])
 def test_wanted_mode(current: int, wanted: int, directory: bool, expected: int) -> None:
     assert wanted_mode(current, wanted, directory=directory) == expected
@@ -282,3 +286,32 @@ def pwd_name(uid: int) -> str:
     import pwd
 
     return pwd.getpwuid(uid).pw_name
+
+
+@pytest.mark.parametrize("mode, subdirectories, expected", [
+    (0o755, [], None),
+    (0o700, [], None),
+    (0o1777, [], "others may write to it"),
+    (0o777, [], "others may write to it"),
+    (0o755, ["site-python", "alpha"], "holds other directories (alpha/ ...)"),
+])
+def test_which_directories_are_tightened(mode: int, subdirectories: list[str],
+                                         expected: str | None) -> None:
+    assert shared_directory(mode, subdirectories) == expected
+
+
+@pytest.mark.parametrize("make", ["sticky", "with a subdirectory"])
+def test_a_shared_directory_is_never_tightened_but_refused_in_one_line(
+        tmp_path: Path, make: str) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    if make == "sticky":
+        shared.chmod(0o1777)
+    else:
+        shared.chmod(0o755)
+        (shared / "site-python").mkdir()
+    before = mode(shared)
+    with pytest.raises(UnsafeStatePath) as caught:
+        private_database(shared / "state.db", timeout_s=1)
+    assert mode(shared) == before and not (shared / "state.db").exists()
+    assert "\n" not in str(caught.value) and "directory of its own" in str(caught.value)
