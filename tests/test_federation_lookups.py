@@ -54,14 +54,14 @@ def test_bobs_flood_of_unknown_job_ids_forks_a_bounded_number_of_slurm_commands(
         return real_job(job_id)
     site.onprem.job = counted  # the squeue (and sacct) of a lookup
     before = dump(site)
-    replies = [site.lease_reply("onprem", 90_000 + n % 50, as_user="bob") for n in range(555)]
+    replies = [site.lease_reply("onprem", 90_000 + n % 80, as_user="bob") for n in range(555)]
     statuses = [r.status for r in replies]
     assert set(statuses) == {404, 429}, statuses
-    assert len(asked) <= 30 + 1  # his burst, whatever he sends (refills: 0.5 a second)
+    assert len(asked) <= 60 + 1  # his burst, whatever he sends (refills: 1 a second)
     assert all(r.body.get("reason") and r.refusal is not None for r in replies)
     assert replies[0].refusal.what == "refused a lease to onprem:90000 (404)"
     assert "too many jobs" in next(r for r in replies if r.status == 429).body["reason"]
-    assert "has no job" in next(r for r in replies[50:] if r.status == 404).body["reason"]
+    assert "has no job" in next(r for r in replies[80:] if r.status == 404).body["reason"]
     assert dump(site) == before
     # alice is not held up by bob: her own job is known, and her budget is her own.
     assert site.lease("onprem", alice_id)["verdict"] == "grant"

@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 from conftest import user_dir
 from helpers import eventually, incarnation_environment, process_environment, sbatch_as
 
-from slurm_geo.ckpt import LocalDirStore, Repository
+from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor
 from slurm_geo.ckpt.fence import read_fence
 from slurm_geo.ckpt.keys import load_master_key
 from slurm_geo.drills import drill
@@ -333,3 +334,122 @@ def test_a_job_cannot_forge_a_fence(sandbox, site, alice, restarted):
     eventually(lambda: [line for line in drill.trace_lines(alice.trace)
                         if line.generation == 1], lambda lines: len(lines) >= 10, 60)
     assert state(site).job(alice.logical_job).status.value == "running"
+
+
+# --- issue 28: what the security review found ----------------------------------------------
+
+def test_bob_cannot_claim_a_stored_run_that_no_job_names_nor_get_its_key(
+        sandbox, site, alice, bobs_job):
+    """A run an operator wrote into the store (with the master key), which no job of the
+    federation names: bob's own job naming it is refused, and gets no key."""
+    run = f"operator-run-{uuid.uuid4().hex[:8]}"
+    pfs = LocalDirStore(Path(site.stores["pfs"].url.removeprefix("file://")))
+    Repository(pfs, load_master_key(sandbox.layout.master_key)).write_checkpoint(
+        run, [Tensor("w", "float32", (4,), bytes(16))], b"",
+        Metadata(3, 3, 0, 1.0, "2026-12-01T00:00:00Z", "onprem", "1"))
+    stored = sorted(pfs.list(f"manifests/{run}/")) + sorted(pfs.list(f"keys/{run}"))
+    answers = send(sandbox, BOB, [
+        {"name": "claim", "path": "/v1/lease", "signer": "munge",
+         "body": lease_body(alice, job_id=bobs_job, run=run)},
+        {"name": "key", "path": "/v1/key", "signer": "munge", "body": key_body(bobs_job)},
+    ])
+    assert answers["claim"]["status"] == 403, answers["claim"]
+    assert "no recorded owner" in answers["claim"]["body"]["reason"]
+    assert answers["key"]["status"] != 200 and "data_key" not in answers["key"]["body"]
+    assert state(site).find_by_run(run) == []
+    assert state(site).find_job("onprem", bobs_job).run == ""
+    assert sorted(pfs.list(f"manifests/{run}/")) + sorted(pfs.list(f"keys/{run}")) == stored
+
+
+def test_hostile_run_ids_and_cluster_names_are_refused_at_the_door(
+        sandbox, site, alice, bobs_job):
+    before = snapshot(sandbox, site, alice)
+    answers = send(sandbox, BOB, [
+        {"name": "run ../../..", "path": "/v1/lease", "signer": "munge",
+         "body": lease_body(alice, job_id=bobs_job, run="../../..")},
+        {"name": "run a/b", "path": "/v1/lease", "signer": "munge",
+         "body": lease_body(alice, job_id=bobs_job, run="a/b")},
+        {"name": "cluster ../x", "path": "/v1/lease", "signer": "munge",
+         "body": {**lease_body(alice, job_id=bobs_job), "cluster": "../x"}},
+        {"name": "key, cluster ../x", "path": "/v1/key", "signer": "munge",
+         "body": {**key_body(bobs_job), "cluster": "../x"}},
+    ])
+    for name, answer in answers.items():
+        assert answer["status"] == 400, (name, answer)
+        assert answer["body"]["reason"].startswith("malformed request:"), answer
+    assert state(site).find_by_run("../../..") == [] and state(site).find_by_run("a/b") == []
+    assert state(site).find_job("onprem", bobs_job).run == ""
+    assert snapshot(sandbox, site, alice) == before
+
+
+def test_bobs_flood_of_unknown_job_ids_is_answered_from_a_bounded_budget(
+        sandbox, site, alice):
+    """555 requests in 10 s once made the root daemon run squeue and sacct for each: now
+    a job id Slurm did not know is answered 404 from memory, and past his budget of
+    lookups 429, each with a JSON reason, audited as refusals at most once a second."""
+    before = snapshot(sandbox, site, alice)
+    audit = AuditLog(site.federation.audit_path, readonly=True)
+    seen = len(audit.entries())
+    requests = [{"name": f"guess {n}", "path": "/v1/lease", "signer": "munge",
+                 "body": lease_body(alice, job_id=900_000 + n % 100)} for n in range(200)]
+    started = time.monotonic()
+    answers = send(sandbox, BOB, requests)
+    elapsed = time.monotonic() - started
+    statuses = [answer["status"] for answer in answers.values()]
+    assert set(statuses) <= {404, 429} and 429 in statuses and 404 in statuses, statuses
+    asked = [a for a in answers.values()  # a 404 from memory says when Slurm said so
+             if a["status"] == 404 and "less than" not in a["body"]["reason"]]
+    assert len(asked) <= 60 + elapsed + 1  # his burst of lookups, and its refill
+    assert all(answer["body"].get("reason") for answer in answers.values())
+    refusals = [e for e in AuditLog(site.federation.audit_path, readonly=True).entries()[seen:]
+                if e.kind == "refused" and e.detail.get("path") == "/v1/lease"]
+    assert refusals and {e.detail["status"] for e in refusals} <= {403, 404, 429}
+    assert snapshot(sandbox, site, alice) == before
+
+
+def test_spank_variables_bob_exports_himself_are_rejected_by_the_controller(sandbox, site):
+    """The daemon reads a pending job's directives from SLURM_SPANK_GEO_*: job_submit.lua
+    rejects a job whose environment carries one the SPANK plugin did not set."""
+    def bobs() -> set[str]:
+        return {job.logical_job for job in state(site).jobs()
+                if job.owner is not None and job.owner.user == "bob"}
+    before = bobs()
+    pfs = site.stores["pfs"].url.removeprefix("file://")
+    env = {**job_environment(sandbox.layout, BOB),
+           "SLURM_CONF": str(sandbox.layout.onprem.slurm_conf)}
+    plain = "#!/bin/bash\nsleep 60\n"
+    geo = (f"#!/bin/bash\n#SBATCH --geo-ckpt-dir={pfs}\n#SBATCH --geo-cost-center=ml-research\n"
+           "#SBATCH --geo-failover=manual\nsleep 60\n")
+    forged = {"SLURM_SPANK_GEO_FAILOVER": "auto", "SLURM_SPANK_GEO_CKPT_DIR": pfs,
+              "SLURM_SPANK_GEO_CLUSTERS": "onprem,rented"}
+    for script, extra, named in [(plain, forged, "SLURM_SPANK_GEO_"),
+                                 (geo, {"SLURM_SPANK_GEO_CLUSTERS": "onprem,rented"},
+                                  "SLURM_SPANK_GEO_CLUSTERS")]:
+        done = run_as(BOB, ["sbatch", "--parsable"], input=script, text=True,
+                      capture_output=True, timeout=60, check=False, env={**env, **extra})
+        assert done.returncode != 0, done.stdout
+        assert named in done.stderr and "the SPANK plugin did not set it" in done.stderr
+    assert bobs() == before
+
+
+def test_the_bootstrap_secret_slurmdbd_keeps_is_worthless_once_the_job_started(
+        sandbox, site, alice, restarted):
+    """The restarted incarnation's lease secret, as its environment (slurmdbd's record,
+    /proc/PID/environ) keeps it, signs nothing once the trainer took its session secret."""
+    eventually(lambda: [line for line in drill.trace_lines(alice.trace)
+                        if line.generation == 1], lambda lines: len(lines) >= 10, 60)
+    job = state(site).job(alice.logical_job)
+    before = snapshot(sandbox, site, alice)
+    bootstrap = restarted["SLURM_GEO_LEASE_SECRET"]
+    answers = send(sandbox, BOB, [
+        {"name": f"restart {restart}", "path": "/v1/lease", "signer": "secret",
+         "logical_job": alice.logical_job, "generation": 1, "secret": bootstrap,
+         "body": lease_body(alice, job_id=job.job_id, generation=1, restart=restart)}
+        for restart in (0, 1)])
+    for answer in answers.values():
+        assert answer["status"] == 401, answer
+        assert "session secret" in answer["body"]["reason"] or "restart" in \
+            answer["body"]["reason"], answer
+    trained = steps_trained(alice)
+    eventually(lambda: steps_trained(alice), lambda steps: steps > trained + 20, 60)
+    assert snapshot(sandbox, site, alice) == before

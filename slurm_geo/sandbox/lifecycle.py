@@ -22,8 +22,19 @@ from pathlib import Path
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.config import load_config
+from slurm_geo.config.daemons import DEFAULT_ETCD_PREFIX
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import certs, geo, netns, render, seaweed, service_account, stages, users
+from slurm_geo.sandbox import (
+    certs,
+    etcd_members,
+    geo,
+    netns,
+    render,
+    seaweed,
+    service_account,
+    stages,
+    users,
+)
 from slurm_geo.sandbox.layout import (
     DEFAULT_PORT_BASE,
     REST_USER,
@@ -110,8 +121,10 @@ class Sandbox:
             progress(f"made the sandbox's site CA and the federation daemon's certificate "
                      f"in {self.layout.tls_dir}")
 
-        certs.ensure_etcd_tls(self.layout)
+        if certs.ensure_etcd_tls(self.layout):
+            self._stop_etcd_for_restart(progress)
         self._start_stage(by_stage[0], progress)
+        etcd_members.ensure_auth(self.layout.etcd_cluster, DEFAULT_ETCD_PREFIX)
         self._create_databases()
         self._start_stage(by_stage[1], progress)
         service = service_account.ensure()
@@ -308,6 +321,16 @@ class Sandbox:
                              0o644)
         changed |= geo.install(layout, write_if_changed)
         return {name for name in changed if self.processes.running_pid(f"{name}-slurmctld")}
+
+    def _stop_etcd_for_restart(self, progress) -> None:
+        """The members' certificates were made anew (their command lines may name new
+        ones): stop those running, one at a time as `down` does; `up` starts them again."""
+        names = [daemon.name for daemon in stages.etcd_daemons(self.layout.etcd_cluster)]
+        running = [name for name in names if self.processes.running_pid(name)]
+        if running:
+            progress("restarting the etcd members (their certificates were made anew)")
+        for name in running:
+            self.processes.stop(name)
 
     def _stop_for_restart(self, cluster: ClusterLayout, progress) -> None:
         """Settings read only at start changed: stop slurmctld and slurmd (jobs keep

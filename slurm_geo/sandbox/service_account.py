@@ -58,7 +58,8 @@ def federation_paths(site: SiteConfig) -> tuple[list[Path], list[Path]]:
     if fed is None:
         return [], []
     directories = [fed.state.parent, fed.audit_path.parent]
-    files = [path for path in (fed.key_file, fed.tls_key, fed.etcd_key) if path is not None]
+    files = [path for path in (fed.key_file, fed.tls_key, fed.etcd_key,
+                                  fed.etcd_password_file) if path is not None]
     for cluster in site.clusters.values():
         if cluster.token_file:
             files.append(Path(cluster.token_file))
