@@ -11,17 +11,27 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import requests
 
 from slurm_geo.ckpt.keys import KeyFile, MasterKeys
-from slurm_geo.federation.etcd.kv import EtcdKV
+from slurm_geo.federation.etcd.kv import EtcdKV, EtcdTLS
 from slurm_geo.federation.etcd.layout import Layout
 from slurm_geo.federation.etcd.leadership import Leadership
 from slurm_geo.federation.etcd.state import EtcdFederationState
 from slurm_geo.federation.model import Replica
+from slurm_geo.sandbox import certs
+from slurm_geo.sandbox.etcd_members import (
+    MEMBER_SITES,
+    REPLICA_USER,
+    EtcdCluster,
+    EtcdFiles,
+    ensure_auth,
+)
+from slurm_geo.sandbox.etcd_members import EtcdMember as SandboxMember
 
 ETCD = Path("/usr/bin/etcd")
 # Elections in a quarter of etcd's default time: loopback answers in microseconds.
@@ -132,12 +142,78 @@ def fresh_prefix() -> str:
 def open_replica(endpoints: list[str], prefix: str, name: str, *, ttl_s: int = 60,
                  site: str = "onprem", master_key: bytes = MASTER_KEY,
                  master_keys: MasterKeys | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> EtcdFederationState:
+                 clock: Callable[[], float] = time.monotonic,
+                 tls: EtcdTLS | None = None) -> EtcdFederationState:
     """A federation daemon's state on etcd, as a fresh process opens it (nothing on disk):
     the endpoints, the prefix and the master key (`master_keys`: a key file followed).
     It leads only once it campaigns."""
-    kv = EtcdKV(endpoints, KeyFile(master_key) if master_keys is None else master_keys)
+    kv = EtcdKV(endpoints, KeyFile(master_key) if master_keys is None else master_keys,
+                tls=tls or EtcdTLS())
     layout = Layout(prefix)
     leadership = Leadership(kv, layout, Replica(name, site, f"https://{name}.example:9852"),
                             ttl_s=ttl_s, clock=clock)
     return EtcdFederationState(kv, layout, leadership)
+
+
+# --- the sandbox's cluster, on loopback: its certificates, command lines and auth -----------
+
+SANDBOX_PREFIX = "/slurm-geo/federation"
+
+
+@dataclass
+class SecureCluster:
+    """Three members as the sandbox runs them (sandbox.etcd_members: its certificates, its
+    command lines, auth on), each on its own loopback address, no namespaces."""
+
+    cluster: EtcdCluster
+    processes: list[subprocess.Popen[bytes]]
+
+    @property
+    def files(self) -> EtcdFiles:
+        assert self.cluster.files is not None
+        return self.cluster.files
+
+    def replica_tls(self) -> EtcdTLS:
+        files = self.files
+        return EtcdTLS(files.ca, files.client_cert, files.client_key, REPLICA_USER,
+                       files.password)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(10)
+
+
+def start_sandbox_cluster(root: Path, prefix: str = SANDBOX_PREFIX) -> SecureCluster:
+    """The sandbox's three members on 127.0.0.1-3, healthy and with auth on."""
+    require_etcd()
+    files = EtcdFiles(root / "tls" / "site-ca.pem", root / "tls")
+    files.directory.mkdir(mode=0o755)
+    ca = certs.make_ca("test site CA", datetime.now(UTC))
+    files.ca.write_bytes(ca.cert_pem)
+    members = tuple(SandboxMember(site, "", f"127.0.0.{i + 1}", free_port(), free_port(),
+                                  root / "etcd" / site.value, secure=True)
+                    for i, site in enumerate(MEMBER_SITES))
+    cluster = EtcdCluster(f"slurm-geo-tests-{uuid.uuid4().hex[:8]}", members, files)
+    certs.ensure_etcd_certs(ca, cluster, datetime.now(UTC))
+    processes = []
+    for member in members:
+        log = open(root / f"{member.name}.log", "ab")  # noqa: SIM115 (the process keeps it)
+        processes.append(subprocess.Popen([*cluster.argv(member, str(ETCD)), *TIMING],
+                                          stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+    secure = SecureCluster(cluster, processes)
+    deadline = time.monotonic() + HEALTHY_WITHIN_S
+    while not all(cluster.is_healthy(member) for member in members):
+        if time.monotonic() > deadline:
+            logs = {m.name: (root / f"{m.name}.log").read_text()[-2000:] for m in members}
+            secure.stop()
+            raise RuntimeError(f"etcd did not become healthy in {HEALTHY_WITHIN_S:g} s: {logs}")
+        time.sleep(0.05)
+    ensure_auth(cluster, prefix)
+    return secure

@@ -77,6 +77,8 @@ def test_the_sqlite_daemon_is_as_it_was():
                  "/name", id="a prefix that is not a path"),
     pytest.param({"etcd_cert": "/etc/slurm-geo/etcd.pem"}, "etcd_cert and etcd_key go "
                  "together", id="a client certificate without its key"),
+    pytest.param({"etcd_user": "slurm-geo-replica"}, "etcd_user and etcd_password_file go "
+                 "together", id="an etcd user without its password"),
     pytest.param({"replicas": [HOME, {**CONTROL, "url": "http://fed.example"}]},
                  "url is plain http to fed.example", id="a replica in clear"),
     pytest.param({"replicas": [HOME, {"name": "control-b", "url": "https://c.example"}]},

@@ -77,13 +77,32 @@ def test_a_members_command_line_binds_its_site_address_and_names_all_three(site)
     assert given["--initial-cluster-state"] == "new"
     assert given["--initial-cluster-token"] == f"slurm-geo-{LAYOUT.network_prefix[:-1]}"
     assert given["--auto-compaction-mode"] == "revision"
-    # https both ways, with the site CA's certificate for its site, and no client or peer
-    # let in without one of the CA's
-    for prefix in ("", "peer-"):
-        assert given[f"--{prefix}cert-file"] == f"/srv/box/tls/etcd-{site.value}.pem"
-        assert given[f"--{prefix}key-file"] == f"/srv/box/tls/etcd-{site.value}.key"
-        assert given[f"--{prefix}trusted-ca-file"] == str(LAYOUT.ca_cert)
+    # https both ways: for clients a certificate of the site CA, for peers one of the peer
+    # CA, which no client port trusts; nobody let in without a certificate of the right CA
+    for prefix, name, ca in (("", f"etcd-{site.value}", str(LAYOUT.ca_cert)),
+                             ("peer-", f"etcd-{site.value}-peer", "/srv/box/tls/etcd-peer-ca.pem")):
+        assert given[f"--{prefix}cert-file"] == f"/srv/box/tls/{name}.pem"
+        assert given[f"--{prefix}key-file"] == f"/srv/box/tls/{name}.key"
+        assert given[f"--{prefix}trusted-ca-file"] == ca
         assert given[f"--{prefix}client-cert-auth"] == ""
+
+
+def test_the_replicas_name_only_the_trusted_sites_members():
+    assert CLUSTER.client_endpoints == tuple(
+        CLUSTER.member(site).client_url for site in (HOME, CONTROL))
+
+
+def test_auth_gives_the_replicas_user_the_federation_prefix_alone():
+    steps = [args for args, _ in CLUSTER.auth_steps("/slurm-geo/federation")]
+    assert ["role", "grant-permission", etcd_members.REPLICA_ROLE, "readwrite",
+            "/slurm-geo/federation/", "--prefix=true"] in steps
+    assert ["user", "grant-role", etcd_members.REPLICA_USER, etcd_members.REPLICA_ROLE] in steps
+    assert not [a for a in steps if "grant-role" in a and a[2] == etcd_members.REPLICA_USER
+                and a[3] == "root"]
+    assert steps[-1] == ["auth", "enable"]  # last: root exists with its role by then
+    assert [reads for args, reads in CLUSTER.auth_steps("/p") if reads] == [True, True]
+    assert CLUSTER.ctl_flags()[-4:] == ["--cert", "/srv/box/tls/etcd-root.pem",
+                                        "--key", "/srv/box/tls/etcd-root.key"]
 
 
 def test_two_sandboxes_clusters_never_share_a_token():

@@ -108,8 +108,12 @@ def test_a_replicated_sandbox_has_replicas_at_home_and_control_on_the_three_site
     layout = SandboxLayout(Path("/srv/box"), 20000, replicated=True)
     assert layout.federation_sites == (Site.HOME, Site.CONTROL)
     home, control = (federation_of(layout, site) for site in layout.federation_sites)
+    files = layout.etcd_cluster.files
     for config in (home, control):
-        assert config.etcd_endpoints == layout.etcd_endpoints and len(config.etcd_endpoints) == 3
+        # the trusted sites' members: the rented one serves no client
+        assert config.etcd_endpoints == layout.etcd_endpoints[:2]
+        assert (config.etcd_user, config.etcd_password_file) == ("slurm-geo-replica",
+                                                                 files.password)
         assert [(r.name, r.site) for r in config.replicas] == [("home", "home"),
                                                                ("control", "control")]
     assert (home.replica, control.replica) == ("home", "control")

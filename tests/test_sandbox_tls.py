@@ -112,25 +112,41 @@ def test_a_certificate_left_by_another_ca_or_without_its_key_is_issued_again(tmp
 
 def test_each_etcd_member_gets_a_certificate_for_its_site_and_its_clients_one_of_their_own(
         tmp_path):
-    from cryptography.x509.oid import ExtendedKeyUsageOID
+    """What each file is for (table): no file at the rented site is a client certificate
+    a member's client port trusts; peers are of a CA of their own."""
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+    server, client = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
     layout = SandboxLayout(tmp_path / "box", 20000)
     assert ensure_etcd_tls(layout, NOW)
     assert not ensure_etcd_tls(layout, NOW)  # a second `up` keeps them
     files = layout.etcd_cluster.files
-    ca = x509.load_pem_x509_certificate(layout.ca_cert.read_bytes())
-
-    def usages(path):
+    site_ca = x509.load_pem_x509_certificate(layout.ca_cert.read_bytes())
+    peer_ca = x509.load_pem_x509_certificate(files.peer_ca.read_bytes())
+    address = {site: layout.address(site) for site in Site}
+    table = [  # file, its CA, its names, its usages, its common name ("": none)
+        *((files.member_cert(site), site_ca, [address[site]], {server, client},
+           address[site]) for site in (Site.HOME, Site.CONTROL)),
+        (files.member_cert(Site.REMOTE), site_ca, [address[Site.REMOTE]], {server},
+         address[Site.REMOTE]),
+        *((files.peer_cert(site), peer_ca, [address[site]], {server, client}, address[site])
+          for site in (Site.HOME, Site.CONTROL, Site.REMOTE)),
+        (files.client_cert, site_ca, ["slurm-geo-etcd-client"], {client}, ""),
+        (files.root_cert, site_ca, ["root"], {client}, "root"),
+    ]
+    for path, ca, names, wanted, common_name in table:
         cert = x509.load_pem_x509_certificate(path.read_bytes())
         cert.verify_directly_issued_by(ca)
-        return set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
-
-    for member in layout.etcd_cluster.members:
-        cert = files.member_cert(member.site)
-        assert subject_alt_names(cert.read_bytes()) == [member.address]
-        # a member is its peers' client as well as its clients' server
-        assert usages(cert) == {ExtendedKeyUsageOID.SERVER_AUTH,
-                                ExtendedKeyUsageOID.CLIENT_AUTH}
-        assert oct(files.member_key(member.site).stat().st_mode & 0o777) == "0o600"
-    assert usages(files.client_cert) == {ExtendedKeyUsageOID.CLIENT_AUTH}
-    assert oct(files.client_key.stat().st_mode & 0o777) == "0o600"
+        assert subject_alt_names(path.read_bytes()) == names, path
+        assert set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) \
+            == wanted, path
+        found = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        assert (found[0].value if found else "") == common_name, path
+        assert oct(path.with_suffix(".key").stat().st_mode & 0o777) == "0o600", path
+    assert oct(files.password.stat().st_mode & 0o777) == "0o600"
+    assert oct(files.peer_ca_key.stat().st_mode & 0o777) == "0o600"
+    remote = [files.member_cert(Site.REMOTE), files.peer_cert(Site.REMOTE)]
+    assert not [path for path in remote if client in set(
+        x509.load_pem_x509_certificate(path.read_bytes()).extensions.get_extension_for_class(
+            x509.ExtendedKeyUsage).value) and x509.load_pem_x509_certificate(
+            path.read_bytes()).issuer == site_ca.subject]

@@ -198,6 +198,8 @@ class FederationConfig:
     etcd_ca_file: Path | None = None
     etcd_cert: Path | None = None
     etcd_key: Path | None = None
+    etcd_user: str = ""
+    etcd_password_file: Path | None = None
     replica: str = ""
     replicas: tuple[ReplicaConfig, ...] = ()
 
@@ -322,6 +324,10 @@ FEDERATION_SETTINGS = (
     Setting("etcd_cert", path, None, "A client certificate (PEM) for etcd members that "
             "ask for one (--client-cert-auth); with etcd_key."),
     Setting("etcd_key", path, None, "The private key of etcd_cert (PEM)."),
+    Setting("etcd_user", text, FederationConfig.etcd_user, "The etcd user the replicas "
+            "act as, where the members have auth enabled (RBAC); with etcd_password_file."),
+    Setting("etcd_password_file", path, None, "The file (mode 0600) holding etcd_user's "
+            "password; the replicas trade it for a token at the members they name."),
     Setting("replica", site_name, None, "With etcd_endpoints: which of "
             "[[federation.replicas]] this daemon is."),
     Setting("replicas", tables, (), "[[federation.replicas]]: every replica of the "
@@ -330,7 +336,8 @@ FEDERATION_SETTINGS = (
 
 # Settings that belong to one backend of the state only.
 SQLITE_ONLY = ("state", "audit_path")
-ETCD_ONLY = ("etcd_prefix", "etcd_ca_file", "etcd_cert", "etcd_key", "replica", "replicas")
+ETCD_ONLY = ("etcd_prefix", "etcd_ca_file", "etcd_cert", "etcd_key", "etcd_user",
+             "etcd_password_file", "replica", "replicas")
 
 
 def parse_federation(table: Any, clusters: Mapping[str, ClusterConfig], home: str,
@@ -400,6 +407,9 @@ def _check_transport(config: FederationConfig, where: str) -> None:
     if (config.etcd_cert is None) != (config.etcd_key is None):
         raise ConfigError(f"{where}: etcd_cert and etcd_key go together (the client "
                           "certificate and its private key, PEM); give both or neither")
+    if bool(config.etcd_user) != (config.etcd_password_file is not None):
+        raise ConfigError(f"{where}: etcd_user and etcd_password_file go together (the etcd "
+                          "user and the file of its password); give both or neither")
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError(f"{where}: tls_cert and tls_key go together (the certificate chain "
                           "and its private key, PEM); give both or neither")

@@ -50,7 +50,8 @@ log = logging.getLogger("slurm_geo.federation")
 RESTART_SETTINGS = ("listen_address", "listen_port", "tls_cert", "tls_key",
                     "refusal_audit_interval_s", "munge_socket", "state", "audit_path",
                     "key_file", "leader_ttl_s", "etcd_endpoints", "etcd_prefix",
-                    "etcd_ca_file", "etcd_cert", "etcd_key", "replica", "replicas")
+                    "etcd_ca_file", "etcd_cert", "etcd_key", "etcd_user",
+                    "etcd_password_file", "replica", "replicas")
 
 
 # Longest a campaign or a keepalive takes: etcd's timeout per endpoint, three endpoints.

@@ -98,7 +98,8 @@ def open_federation_state(config: FederationConfig, master_keys: MasterKeys, *,
 def open_kv(config: FederationConfig, master_keys: MasterKeys) -> EtcdKV:
     """etcd at `config`'s endpoints, its values sealed under `master_keys`."""
     return EtcdKV(config.etcd_endpoints, master_keys,
-                  tls=EtcdTLS(config.etcd_ca_file, config.etcd_cert, config.etcd_key))
+                  tls=EtcdTLS(config.etcd_ca_file, config.etcd_cert, config.etcd_key,
+                              config.etcd_user, config.etcd_password_file))
 
 
 def build(config_path: Path | None, env: Mapping[str, str] = os.environ,

@@ -6,6 +6,7 @@ import json
 import shlex
 from pathlib import Path
 
+from slurm_geo.sandbox.etcd_members import REPLICA_USER
 from slurm_geo.sandbox.layout import (
     REPLICA_NAMES,
     REST_USER,
@@ -342,13 +343,16 @@ def site_config(layout: SandboxLayout, replica_site: Site = Site.HOME) -> str:
 
 
 def _replicas_lines(layout: SandboxLayout, replica_site: Site) -> list[str]:
-    """[federation]'s replica settings: the state in the three sites' etcd, this daemon
+    """[federation]'s replica settings: the state in the sites' etcd, this daemon
     the replica of `replica_site`, and every replica by name, site and URL."""
     files = layout.etcd_cluster.files
     assert files is not None  # a sandbox's members are always on TLS
-    lines = [f"etcd_endpoints = {json.dumps(list(layout.etcd_endpoints))}",
+    # the trusted sites' members only: the rented one serves no client (sandbox.etcd_members)
+    endpoints = list(layout.etcd_cluster.client_endpoints)
+    lines = [f"etcd_endpoints = {json.dumps(endpoints)}",
              f"etcd_ca_file = {_q(files.ca)}", f"etcd_cert = {_q(files.client_cert)}",
-             f"etcd_key = {_q(files.client_key)}",
+             f"etcd_key = {_q(files.client_key)}", f"etcd_user = {_q(REPLICA_USER)}",
+             f"etcd_password_file = {_q(files.password)}",
              f"replica = {_q(REPLICA_NAMES[replica_site])}"]
     for site in layout.federation_sites:
         lines += ["", "[[federation.replicas]]", f"name = {_q(REPLICA_NAMES[site])}",

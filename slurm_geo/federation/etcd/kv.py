@@ -17,6 +17,11 @@ the member unavailable (503: no quorum). A transaction whose connection broke af
 was sent may have been applied: it is not sent again, and StateUnavailable says its
 outcome is unknown (the next read shows it). etcd's refusal (an unknown lease, a bad
 request) is EtcdRefused, whatever the request.
+
+Where the members have auth on, the replicas act as `EtcdTLS.user`: the gateway takes no
+user from a client certificate (etcd refuses one that names any, CVE-2018-16886), so each
+endpoint's client trades the password for a token on its first request, and again when
+the member no longer knows the token (it lapses `--auth-token-ttl` after its last use).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +44,7 @@ from etcd3gw import exceptions as etcd_errors
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.keys import SALT_SIZE, MasterKeys, RandomBytes, federation_state_key
 from slurm_geo.ckpt.seal import Kind, open_with_ring, seal
+from slurm_geo.errors import ConfigError
 from slurm_geo.federation.model import FederationStateError, StateUnavailable
 
 T = TypeVar("T")
@@ -51,6 +58,7 @@ TIMEOUT_S = 1.5
 
 Request = dict[str, Any]
 GRPC_NOT_FOUND = 5
+GRPC_UNAUTHENTICATED = 16  # "invalid auth token": unknown to the member, or lapsed
 
 
 class EtcdRefused(StateUnavailable):
@@ -136,12 +144,34 @@ class SealBroken(FederationStateError):
 
 @dataclass(frozen=True)
 class EtcdTLS:
-    """How https to the members is verified (`ca_file`; None: the system's CAs) and, for
-    members that ask for one, the client certificate (`cert`, `key`)."""
+    """How https to the members is verified (`ca_file`; None: the system's CAs), for
+    members that ask for one, the client certificate (`cert`, `key`), and for members
+    with auth on, the etcd user and the file of its password."""
 
     ca_file: Path | None = None
     cert: Path | None = None
     key: Path | None = None
+    user: str = ""
+    password_file: Path | None = None
+
+    def password(self) -> str | None:
+        """The user's password, None without a user; ConfigError for a file others may
+        read, or none to read."""
+        if not self.user or self.password_file is None:
+            return None
+        where = f"[federation] etcd_password_file {self.password_file}"
+        try:
+            with open(self.password_file, "rb") as handle:
+                mode = os.fstat(handle.fileno()).st_mode
+                text = handle.read().decode().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{where}: cannot read it ({exc})") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(f"{where}: mode {stat.S_IMODE(mode):04o} lets others in; "
+                              "chmod 600 it")
+        if not text:
+            raise ConfigError(f"{where}: it is empty; write etcd_user's password in it")
+        return text
 
 
 @dataclass(frozen=True)
@@ -164,6 +194,7 @@ class EtcdKV:
         self._current = 0
         self._master_keys = master_keys
         self._random_bytes = random_bytes
+        self._user, self._password = tls.user, tls.password()
 
     def state_keys(self) -> tuple[bytes, ...]:
         """The state key of each key of the master key file: the first seals."""
@@ -284,7 +315,7 @@ class EtcdKV:
             index = (self._current + offset) % len(self._clients)
             url = self.endpoints[index]
             try:
-                result = request(self._clients[index])
+                result = self._authorized(self._clients[index], url, request)
             except (etcd_errors.ConnectionFailedError,
                     etcd_errors.ConnectionTimeoutError) as exc:
                 if not (replayable or _never_sent(exc)):
@@ -299,6 +330,35 @@ class EtcdKV:
             self._current = index
             return result
         raise StateUnavailable("no endpoint answers; " + "; ".join(failures))
+
+    def _authorized(self, client: etcd3gw.Etcd3Client, url: str,
+                    request: Callable[[etcd3gw.Etcd3Client], T]) -> T:
+        """`request` with this client's token, which it gets first if it has none, and
+        again once should the member no longer know it (refused before it was applied)."""
+        if self._password is None:
+            return request(client)
+        if "Authorization" not in client.session.headers:
+            self._authenticate(client, url)
+        try:
+            return request(client)
+        except etcd_errors.Etcd3Exception as exc:
+            if _grpc_code(exc) != GRPC_UNAUTHENTICATED:
+                raise
+        self._authenticate(client, url)
+        return request(client)
+
+    def _authenticate(self, client: etcd3gw.Etcd3Client, url: str) -> None:
+        body = {"name": self._user, "password": self._password}
+        client.session.headers.pop("Authorization", None)  # etcd refuses a lapsed one here too
+        try:
+            reply = client.post(client.get_url("/auth/authenticate"), json=body)
+        except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError):
+            raise
+        except etcd_errors.Etcd3Exception as exc:
+            raise EtcdRefused(f"{url} refused etcd user '{self._user}' ({_reason(exc)}); "
+                              "check [federation] etcd_user and etcd_password_file against "
+                              "the members' users", _grpc_code(exc)) from None
+        client.session.headers["Authorization"] = str(reply["token"])
 
 
 def _sealed(kvs: list[dict[str, Any]]) -> list[Sealed]:
