@@ -114,6 +114,7 @@ class Sandbox:
         self._check_ports(daemon for stage in by_stage for daemon in stage)
         remote = self.layout.address(Site.REMOTE)
         certs.ensure_rest_tls(self.layout, [remote])  # the relay's in front of slurmrestd
+        shutil.chown(self.layout.rest_key, stages.RELAY_USER, stages.RELAY_USER)
         # The federation daemons', for their https at home (and control), where jobs of
         # both sites reach them.
         replicas = [self.layout.address(site) for site in self.layout.federation_sites]
@@ -121,8 +122,8 @@ class Sandbox:
             progress(f"made the sandbox's site CA and the federation daemon's certificate "
                      f"in {self.layout.tls_dir}")
 
-        if certs.ensure_etcd_tls(self.layout):
-            self._stop_etcd_for_restart(progress)
+        certs.ensure_etcd_tls(self.layout)
+        self._stop_etcd_for_restart(progress)
         self._start_stage(by_stage[0], progress)
         etcd_members.ensure_auth(self.layout.etcd_cluster, DEFAULT_ETCD_PREFIX)
         self._create_databases()
@@ -133,6 +134,7 @@ class Sandbox:
             users.associate(cluster)
             if not cluster.uses_rest:
                 service_account.make_operator(cluster.slurm_conf, cluster.name, users.ACCOUNT)
+        self._hand_over(service)  # checkpoint-sync's, before stage 3 starts it
         self._start_stage(by_stage[2], progress)
         self._start_stage(by_stage[3], progress)
         for cluster in self.layout.clusters:
@@ -141,8 +143,7 @@ class Sandbox:
                 admin.reconfigure(cluster.slurm_conf)
         self._write_token()
         self._create_bucket()
-        for site in self.layout.federation_sites:
-            service_account.hand_over(load_config(self.layout.federation_config(site)), service)
+        self._hand_over(service)  # the tokens just written, before the federation starts
         self._start_stage(by_stage[4], progress)  # it needs the token and the bucket
         progress(f"sandbox up: config {self.layout.site_config}")
 
@@ -289,13 +290,19 @@ class Sandbox:
         layout.munge_dir.mkdir(exist_ok=True)
         layout.munge_dir.chmod(0o755)  # munged insists clients can reach its socket
         _write_secret(layout.munge_dir / "munge.key", lambda: secrets.token_bytes(1024))
+        _own_tree(layout.munge_dir, stages.MUNGE_USER)
         layout.mariadb_dir.mkdir(mode=0o700, exist_ok=True)
         password = _write_secret(layout.db_password_file, lambda: secrets.token_hex(16).encode())
+        # The server's, but not the password file root uses to make Slurm's database user.
+        _own_tree(layout.mariadb_dir, stages.MARIADB_USER, keep=(layout.db_password_file,))
         if not (layout.mariadb_dir / "data" / "mysql").is_dir():
             _run_checked(["mariadb-install-db", "--no-defaults",
-                          f"--datadir={layout.mariadb_dir / 'data'}", "--user=root",
+                          f"--datadir={layout.mariadb_dir / 'data'}",
+                          f"--user={stages.MARIADB_USER}",
                           "--auth-root-authentication-method=socket", "--skip-test-db"],
                          "initialising MariaDB")
+        # The server's, but not the password file root uses to make Slurm's database user.
+        _own_tree(layout.mariadb_dir, stages.MARIADB_USER, keep=(layout.db_password_file,))
         hostname = socket.gethostname()
         changed = set()
         for cluster in layout.clusters:
@@ -323,13 +330,14 @@ class Sandbox:
         return {name for name in changed if self.processes.running_pid(f"{name}-slurmctld")}
 
     def _stop_etcd_for_restart(self, progress) -> None:
-        """The members' certificates were made anew (their command lines may name new
-        ones): stop those running, one at a time as `down` does; `up` starts them again."""
-        names = [daemon.name for daemon in stages.etcd_daemons(self.layout.etcd_cluster)]
-        running = [name for name in names if self.processes.running_pid(name)]
-        if running:
-            progress("restarting the etcd members (their certificates were made anew)")
-        for name in running:
+        """Stop the members running with another command line than theirs now (other
+        certificates, flags an older slurm-geo gave), one at a time as `down` does; `up`
+        starts them again. etcd reads its flags only at start."""
+        stale = [daemon.name for daemon in stages.etcd_daemons(self.layout.etcd_cluster)
+                 if _runs_otherwise(self.processes.running_pid(daemon.name), daemon.argv)]
+        if stale:
+            progress(f"restarting {', '.join(stale)} (their command line changed)")
+        for name in stale:
             self.processes.stop(name)
 
     def _stop_for_restart(self, cluster: ClusterLayout, progress) -> None:
@@ -362,10 +370,25 @@ class Sandbox:
         write_if_changed(rented.token_file, token + "\n", 0o600)
         users.mint_tokens(rented)
 
+    def _hand_over(self, service: service_account.ServiceAccount) -> None:
+        for site in self.layout.federation_sites:
+            service_account.hand_over(load_config(self.layout.federation_config(site)), service)
+
     def _create_bucket(self) -> None:
         seaweed.ensure_bucket(self.layout.s3_endpoint, self.daemons_s3_key(), S3_BUCKET,
                               seaweed.bucket_policy(S3_BUCKET, S3_PREFIX),
                               ca_file=self.layout.ca_cert)
+
+
+def _runs_otherwise(pid: int | None, argv: list[str]) -> bool:
+    """Whether process `pid` runs with another command line than `argv`."""
+    if pid is None:
+        return False
+    try:
+        running = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    except OSError:
+        return False
+    return [part.decode(errors="replace") for part in running] != argv
 
 
 def _is_ready(daemon: Daemon) -> bool:
@@ -450,6 +473,15 @@ def _write_secret(path: Path, make) -> bytes:
     return path.read_bytes()
 
 
+
+
+def _own_tree(top: Path, user: str, keep: Iterable[Path] = ()) -> None:
+    """`top` and everything under it owned by `user` (and its group), but `keep`."""
+    kept = set(keep)
+    for directory, subdirs, files in os.walk(top):
+        for path in [Path(directory), *(Path(directory) / name for name in subdirs + files)]:
+            if path not in kept and path.owner() != user:
+                shutil.chown(path, user, user)
 
 
 def _run_checked(argv: list[str], what: str) -> None:
