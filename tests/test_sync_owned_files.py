@@ -210,3 +210,19 @@ def test_alices_link_to_a_root_only_file_is_never_read_nor_uploaded(
     assert runtime.skipped.count >= 1
     assert any("unsafe_file_skipped" in r.getMessage() and pack.name in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_configured_root_reads_any_accounts_files_but_never_through_a_link(
+        tmp_path: Path, owner: pwd.struct_passwd, secret: Path) -> None:
+    root = tmp_path / "pfs"
+    (root / "packs").mkdir(parents=True)
+    (root / "packs" / "bobs").write_bytes(b"bob")
+    (root / "packs" / "link").symlink_to(secret)
+    _give(root, owner)
+    os.chown(root / "packs" / "bobs", 65534, 65534)
+    store = OwnedDirStore(root, None, SkippedFiles())
+    assert store.list("packs/") == ["packs/bobs"] and store.get("packs/bobs") == b"bob"
+    with pytest.raises(UnsafeObjectName):
+        store.get("packs/link")
+    with pytest.raises(StoreUnavailable, match="not a directory"):
+        OwnedDirStore(tmp_path / "unmounted", None, SkippedFiles()).list("manifests/")

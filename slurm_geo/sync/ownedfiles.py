@@ -13,6 +13,9 @@ have the daemon upload that file to the off-site store the user's job reads. Her
   FIFO cannot hang a read): a hard link to another account's file is refused too;
 - nothing is ever written.
 
+The configured `[sync] roots` are read the same way, without the owner check (a site
+filesystem holds every user's runs): no link below a root is ever followed either.
+
 Whatever is refused is skipped: a listing leaves it out, a read raises `UnsafeObjectName`
 (that replica fails, saying why), and `SkippedFiles` logs it once (`event=unsafe_file_skipped`,
 a warning) and counts it for `slurm_geo_sync_unsafe_files_skipped_total`.
@@ -60,22 +63,24 @@ class SkippedFiles:
             event(log, "unsafe_file_skipped", logging.WARNING, path=path, reason=reason)
 
 
-def refusal(info: os.stat_result, owner: int) -> str | None:
+def refusal(info: os.stat_result, owner: int | None) -> str | None:
     """Why a file of this lstat/fstat is not read for a directory owned by `owner` (None:
-    it is read). Pure."""
+    it is read; an `owner` of None checks no owner). Pure."""
     if stat.S_ISLNK(info.st_mode):
         return "a symbolic link, never followed"
     if not stat.S_ISREG(info.st_mode):
         return "not a regular file"
-    if info.st_uid != owner:
+    if owner is not None and info.st_uid != owner:
         return f"owned by uid {info.st_uid}, not by the directory's owner {owner}"
     return None
 
 
 class OwnedDirStore:
-    """The checkpoint directory `root`, owned by one of `owners` (uids), read-only."""
+    """The checkpoint directory `root`, owned by one of `owners` (uids), read-only. With
+    `owners` None (a configured root: a site filesystem all users write to) any account's
+    files are read, still never through a link."""
 
-    def __init__(self, root: Path, owners: frozenset[int], skipped: SkippedFiles):
+    def __init__(self, root: Path, owners: frozenset[int] | None, skipped: SkippedFiles):
         self.root = Path(root)
         self._owners = owners
         self._skipped = skipped
@@ -122,11 +127,16 @@ class OwnedDirStore:
     # --- walking without following ----------------------------------------------------
 
     @contextmanager
-    def _root(self) -> Iterator[tuple[int, int]]:
-        fd = _open(str(self.root), str(self.root), DIR_FLAGS, None)
+    def _root(self) -> Iterator[tuple[int, int | None]]:
         try:
-            owner = os.fstat(fd).st_uid
-            if owner not in self._owners:
+            fd = _open(str(self.root), str(self.root), DIR_FLAGS, None)
+        except ObjectMissing:  # an unmounted filesystem, never "no checkpoints"
+            raise StoreUnavailable(str(self.root), "not a directory") from None
+        try:
+            owner: int | None = os.fstat(fd).st_uid
+            if self._owners is None:
+                owner = None
+            elif owner not in self._owners:
                 raise StoreUnavailable(str(self.root), f"it belongs to uid {owner}, not to "
                                        "its job's user")
             yield fd, owner
@@ -174,7 +184,7 @@ class OwnedDirStore:
             finally:
                 os.close(fd)
 
-    def _collect(self, fd: int, owner: int, directory: str, prefix: str,
+    def _collect(self, fd: int, owner: int | None, directory: str, prefix: str,
                  found: dict[str, int]) -> None:
         for entry in os.listdir(fd):
             if entry.startswith("."):  # a put's temporary file

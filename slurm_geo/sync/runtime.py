@@ -24,6 +24,7 @@ from slurm_geo.config.paths import master_key_path
 from slurm_geo.errors import ConfigError
 from slurm_geo.policy.geo import GeoPolicy
 from slurm_geo.policy.retention import RetentionPolicy
+from slurm_geo.sync.jobdirs import FILE
 from slurm_geo.sync.ownedfiles import OwnedDirStore, SkippedFiles
 
 OpenStore = Callable[..., Store]
@@ -70,7 +71,11 @@ class Runtime:
                 self._roots[root] = OwnedDirStore(Path(job.path), job.owners, self.skipped)
             else:
                 url, endpoint = self.root_urls.get(root, (root, None))
-                self._roots[root] = self.open_store(url, endpoint_url=endpoint)
+                if url.startswith(FILE):  # read without following links, as a job's
+                    path = Path(url.removeprefix(FILE)).resolve()
+                    self._roots[root] = OwnedDirStore(path, None, self.skipped)
+                else:
+                    self._roots[root] = self.open_store(url, endpoint_url=endpoint)
         return self._roots[root]
 
     def watch_job_roots(self, roots: Mapping[str, JobRoot]) -> None:
