@@ -121,7 +121,8 @@ def s3_client(s3_endpoint, s3_env):
 
     return make_s3_client(s3_endpoint, "us-east-1", access_key_id=s3_env["AWS_ACCESS_KEY_ID"],
                           secret_access_key=s3_env["AWS_SECRET_ACCESS_KEY"],
-                          connect_timeout_s=2, read_timeout_s=10)
+                          connect_timeout_s=2, read_timeout_s=10,
+                          ca_file=s3_env["AWS_CA_BUNDLE"])  # its https is the site CA's
 
 
 @pytest.fixture

@@ -47,7 +47,8 @@ def learned_over_the_wan(sandbox, s3_env, mbit: int) -> BandwidthModel:
     netns.set_wan_rate(topo, mbit)
     store = S3Store(S3_BUCKET, S3_PREFIX, make_s3_client(
         sandbox.layout.s3_endpoint, "us-east-1", access_key_id=s3_env["AWS_ACCESS_KEY_ID"],
-        secret_access_key=s3_env["AWS_SECRET_ACCESS_KEY"]))  # 8 MiB: one PUT
+        secret_access_key=s3_env["AWS_SECRET_ACCESS_KEY"],
+        ca_file=s3_env["AWS_CA_BUNDLE"]))  # 8 MiB: one PUT
     model, payload = BandwidthModel(), os.urandom(SAMPLE_BYTES)
     name = f"probes/{uuid.uuid4().hex}"
     try:

@@ -68,7 +68,8 @@ def test_up_twice_env_down_and_up_again(throwaway):
     box = Sandbox(throwaway)
     offsite = S3Store(S3_BUCKET, S3_PREFIX, make_s3_client(
         box.layout.s3_endpoint, "us-east-1", access_key_id=box.s3_env()["AWS_ACCESS_KEY_ID"],
-        secret_access_key=box.s3_env()["AWS_SECRET_ACCESS_KEY"]))
+        secret_access_key=box.s3_env()["AWS_SECRET_ACCESS_KEY"],
+        ca_file=box.s3_env()["AWS_CA_BUNDLE"]))
     offsite.put("keys/kept", b"written before down")
 
     again = slurm_geo("sandbox", "up", "--dir", str(throwaway))
