@@ -75,7 +75,7 @@ class LeaseService:
         w = self.wiring
         if caller.at_home:
             self.registrar.admit_home(request, caller)  # reads Slurm: not under the lock
-        stored_in = self.registrar.stored_in(request.run)  # reads stores: not under it either
+        stored_in = self._stored_in(request, caller)  # reads stores: not under it either
         with self._lock:
             now = w.clock()
             job = self._job_of(request.cluster, request.job_id, request.generation, caller)
@@ -94,6 +94,19 @@ class LeaseService:
                                          stored_in)
                 job = w.state.name_run(job.logical_job, request.run, now)
             return self._grant(job, lease, request, answer.action, answer.reason, now), job
+
+    def _stored_in(self, request: LeaseRequest, caller: Caller) -> str | None:
+        """The store already holding the run the request names, when the job names no run
+        yet (it is about to name this one); None otherwise, without reading a store."""
+        w = self.wiring
+        if caller.at_home:
+            job = w.state.find_job(request.cluster, request.job_id)
+        else:  # its own job: _session checked that already
+            assert caller.logical_job is not None
+            job = w.state.job(caller.logical_job)
+        if job is not None and job.run:
+            return None
+        return self.registrar.stored_in(request.run)
 
     def _session(self, caller: Caller, cluster: str, job_id: int, generation: int,
                  restart: int, issue: bool) -> str:
