@@ -18,7 +18,7 @@ others never get a bit.
 
 Tightening is what the owner may do, and only to what is the state's own: a path owned
 by another account, a link where a file should be, or a too-open directory that is
-shared (others may write to it, as /tmp, or it holds other directories, as /var/lib) is
+shared (others may write to it, as /tmp, or it is a system-wide one, as /var/lib) is
 refused with one line naming it and the fix (`UnsafeStatePath`, the config's exit code),
 never followed, chmodded or used as it stands.
 """
@@ -63,19 +63,14 @@ def wanted_mode(current: int, mode: int, *, directory: bool) -> int:
     return (stat.S_IMODE(current) & (mode | kept)) | owner
 
 
-def shared_directory(mode: int, subdirectories: list[str]) -> str | None:
-    """Why an existing directory of `mode` holding `subdirectories` is not one to tighten
-    (None: it is the state's own): /tmp, or /var/lib, must never become 0700. Pure."""
+def shared_directory(path: Path, mode: int) -> str | None:
+    """Why an existing directory `path` of `mode` is not one to tighten (None: it may be
+    the state's own): /tmp, /var/lib or /home must never become 0700. Pure."""
     if mode & (stat.S_ISVTX | stat.S_IWOTH):
         return "others may write to it"
-    if subdirectories:
-        return f"holds other directories ({sorted(subdirectories)[0]}/ ...)"
+    if len(Path(path).absolute().parts) < 4:  # "/", "var", "lib": a system's directory
+        return "it is a system-wide directory"
     return None
-
-
-def _subdirectories(path: Path) -> list[str]:
-    with os.scandir(path) as entries:
-        return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
 
 
 def private_dir(path: Path, group: bool = False) -> Path:
@@ -113,6 +108,11 @@ def private_file(path: Path, group: bool = False) -> Path:
     except OSError as exc:
         if os.path.islink(path):
             raise _refused(path, "is a symbolic link", "remove it") from None
+        if isinstance(exc, PermissionError) and os.path.lexists(path):
+            info = os.lstat(path)
+            raise _refused(path, f"is mode {stat.S_IMODE(info.st_mode):04o} and belongs to "
+                           f"uid {info.st_uid}, not this daemon's uid {os.geteuid()}",
+                           "chown it to the daemon's account") from None
         raise UnsafeStatePath(f"{path}: {exc.strerror}; check the path and its directory's "
                               "owner") from None
     try:
@@ -148,7 +148,7 @@ def _tighten(path: Path, mode: int, *, directory: bool) -> None:
             raise _refused(path, "is not a directory", "move it away")
         wanted = wanted_mode(info.st_mode, mode, directory=True)
         if stat.S_IMODE(info.st_mode) != wanted:
-            problem = shared_directory(info.st_mode, _subdirectories(path))
+            problem = shared_directory(path, info.st_mode)
             if problem is not None:
                 raise UnsafeStatePath(
                     f"{path} is mode {stat.S_IMODE(info.st_mode):04o} and {problem}, so it "
@@ -170,11 +170,12 @@ def _check_and_chmod(path: Path, info: os.stat_result, wanted: int,
                      chmod: Callable[[int], None]) -> None:
     if stat.S_IMODE(info.st_mode) == wanted:
         return
-    if info.st_uid != os.geteuid():
+    try:
+        chmod(wanted)
+    except PermissionError:  # another account's, and this one may not change it
         raise _refused(path, f"is mode {stat.S_IMODE(info.st_mode):04o} and belongs to uid "
                        f"{info.st_uid}, not this daemon's uid {os.geteuid()}",
-                       f"chown it to the daemon's account or chmod {wanted:04o} it")
-    chmod(wanted)
+                       f"chown it to the daemon's account or chmod {wanted:04o} it") from None
 
 
 def _refused(path: Path, what: str, fix: str) -> UnsafeStatePath:
