@@ -157,7 +157,8 @@ def test_an_unreachable_store_grows_the_queue_loses_nothing_and_catches_up(
     state = tmp_path / "state.db"
     port = free_port()
     config = site_config(tmp_path / "site.toml", {"pfs": tmp_path / "root"},
-                         f"s3://{S3_BUCKET}/{s3_prefix}", endpoint_url=proxy.url,
+                         f"s3://{S3_BUCKET}/{s3_prefix}",
+                         endpoint_url=proxy.url.replace("http:", f"{endpoint.scheme}:"),
                          key_file=key_file, state=state, metrics_port=port)
     trainer = Trainer(tmp_path / "root", key, "outage", shape=(128, 128))
     trainer.train(5)

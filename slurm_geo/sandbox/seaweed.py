@@ -283,7 +283,8 @@ def prepare_sandbox_files(layout: SandboxLayout) -> None:
     S3 port on TLS."""
     layout.s3_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     layout.s3_data_dir.mkdir(exist_ok=True)
-    ensure_security_files(sandbox_tls(layout), [layout.address(Site.REMOTE)],
+    # Its S3 port answers on the remote site's loopback too (weed listens there as well).
+    ensure_security_files(sandbox_tls(layout), [layout.address(Site.REMOTE), "127.0.0.1"],
                           certs.site_ca(layout))
     daemons = ensure_credentials(layout.s3_daemon_credentials, "daemons")
     # What jobs the federation daemon moves to rented get (the offsite store's
