@@ -300,7 +300,8 @@ class LocalDirStore:
 
 
 # Directories every run of a store shares (docs/format.md §2), and those of one run.
-SHARED_DIRECTORIES = ("fences", "keys", "latest", "locks", "manifests", "packs", "promoted")
+SHARED_DIRECTORIES = ("fences", "keys", "latest", "locks", "manifests", "packs", "probes",
+                      "promoted")
 RUN_DIRECTORIES = ("manifests", "promoted")
 
 

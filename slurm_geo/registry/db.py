@@ -15,9 +15,9 @@ Incarnation lifecycle (transitions enforced by `_move`):
     RUNNING --> REQUEUED    also when a newer incarnation starts while this one was never
                             seen to end (a lost EpilogSlurmctld)
 
-State is kept in SQLite in WAL mode; every write is one transaction, so concurrent hooks
-(PrologSlurmctld and EpilogSlurmctld run in parallel for different jobs) never see half a
-change. `Registry` is the hooks' (it creates the database); everyone else (billing) reads
+State is kept in SQLite with a rollback journal (its readers only read; see Registry);
+every write is one transaction, so concurrent hooks (PrologSlurmctld and EpilogSlurmctld
+run in parallel for different jobs) never see half a change. `Registry` is the hooks' (it creates the database); everyone else (billing) reads
 through `RegistryReader`, read-only, where a failed read raises `RegistryUnreadable`
 instead of coming back as no jobs.
 """
@@ -121,7 +121,11 @@ class Registry:
         self._db = private_database(path, timeout_s=BUSY_TIMEOUT_S, group=True,
                                     isolation_level=None)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
+        # A rollback journal, not WAL: its readers (the daemons, as the service account)
+        # read through the directory's group and cannot write. A WAL database needs its
+        # readers to make or write its -shm file, which they cannot, so they failed
+        # ("attempt to write a readonly database"). Its writes are a few per job.
+        self._db.execute("PRAGMA journal_mode=DELETE")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._add_planned_column()
