@@ -21,7 +21,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "checkpoint-sync.md"
 GOOD = {
     "stores": {
         "pfs": {"url": "file:///lustre/ckpt", "region": "home"},
-        "offsite": {"url": "s3://bucket/ckpt", "region": "eu", "endpoint_url": "http://m:9000"},
+        "offsite": {"url": "s3://bucket/ckpt", "region": "eu", "endpoint_url": "https://m:9000"},
     },
     "sync": {"roots": ["pfs", "file:///scratch/ckpt"], "destination": "offsite",
              "state": "/var/lib/slurm-geo/sync.db", "metrics_port": 9900,
@@ -125,8 +125,9 @@ def test_the_destination_opens_with_the_links_plan(tmp_path):
 
     runtime = runtime_from_site(parse_config(raw), env={}, open_store=open_store)
     assert runtime.transfer_plan.streams == 15
-    assert opened == [("s3://bucket/ckpt", {"endpoint_url": "http://m:9000",
-                                            "plan": runtime.transfer_plan})]
+    assert opened == [("s3://bucket/ckpt", {"endpoint_url": "https://m:9000",
+                                            "plan": runtime.transfer_plan,
+                                            "ca_file": None})]
 
 
 @pytest.mark.parametrize("value", [-1, 10_001, "20", True])

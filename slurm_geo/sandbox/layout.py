@@ -26,7 +26,9 @@ DEFAULT_PORT_BASE = 16800
 S3_BUCKET = "slurm-geo"
 S3_PREFIX = "checkpoints"  # the offsite store's keys in S3_BUCKET
 S3_REGION = "us-east-1"  # the one the S3 server answers for; clients sign with it
-REST_USER = "root"
+# The daemons' own account on the rented cluster: the service account (sandbox.
+# service_account.NAME), a Slurm operator there as at home; never root.
+REST_USER = "slurm-geo"
 # slurmrestd refuses to run as root or as SlurmUser; this account exists on every Debian.
 RESTD_OS_USER = "nobody"
 RESTD_OS_GROUP = "nogroup"

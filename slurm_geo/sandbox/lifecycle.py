@@ -68,7 +68,9 @@ REQUIRED_COMMANDS = {
     "setpriv": "util-linux",  # and down to its user there
     "etcd": "etcd-server",  # a member at each site
 }
-TOKEN_LIFESPAN_S = 30 * 24 * 3600
+# REST_USER's JWT on the rented cluster: short-lived, as alice's and bob's; every `up`
+# mints it again (docs/sandbox.md).
+TOKEN_LIFESPAN_S = 24 * 3600
 STAGE_TIMEOUT_S = 45
 S3_STOP_GRACE_S = 1.0
 
@@ -131,8 +133,8 @@ class Sandbox:
         for cluster in self.layout.clusters:
             admin.register_cluster(cluster.slurm_conf, cluster.name)
             users.associate(cluster)
-            if not cluster.uses_rest:
-                service_account.make_operator(cluster.slurm_conf, cluster.name, users.ACCOUNT)
+            # an operator on each: on rented it is REST_USER, whose JWT the daemon holds
+            service_account.make_operator(cluster.slurm_conf, cluster.name, users.ACCOUNT)
         self._start_stage(by_stage[2], progress)
         self._start_stage(by_stage[3], progress)
         for cluster in self.layout.clusters:

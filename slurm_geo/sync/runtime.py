@@ -112,7 +112,7 @@ def runtime_from_site(site: SiteConfig, env: Mapping[str, str] = os.environ,
     plan = link_plan(sync)
     try:
         destination_store = open_store(target.url, endpoint_url=target.endpoint_url or None,
-                                       plan=plan)
+                                       plan=plan, ca_file=target.ca_file)
     except CkptError as exc:
         raise ConfigError(f"{site.source} [sync]: destination '{sync.destination}' cannot "
                           f"be opened: {exc}") from None
