@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -92,3 +93,33 @@ def test_the_sandboxs_s3_across_the_wan_is_tls_verified_against_the_site_ca(sand
         raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         first = raw.recv(32)
     assert first == b"" or first.startswith((b"HTTP/1.0 400", b"HTTP/1.1 400")), first
+
+
+def test_the_sandboxs_federation_config_mints_keys_that_keep_runs_apart(sandbox, s3_env):
+    """What the daemon does at a move (job_environment with the offsite store's job_keys),
+    against the sandbox's own server: run A's key cannot touch run B's objects."""
+    from slurm_geo.ckpt.s3store import S3Store, S3Unavailable
+    from slurm_geo.federation.credentials import bucket_and_prefix, job_environment
+
+    offsite = load_config(sandbox.layout.site_config).stores["offsite"]
+    bucket, prefix = bucket_and_prefix(offsite.url)
+    tag = f"{time.time_ns()}"
+
+    def store_of(run: str) -> S3Store:
+        env = job_environment(offsite, s3_env, run)
+        return S3Store(bucket, prefix, make_s3_client(
+            offsite.endpoint_url, "us-east-1", access_key_id=env["AWS_ACCESS_KEY_ID"],
+            secret_access_key=env["AWS_SECRET_ACCESS_KEY"], ca_file=env["AWS_CA_BUNDLE"]))
+
+    a, b = store_of(f"iso-a-{tag}"), store_of(f"iso-b-{tag}")
+    theirs = f"manifests/iso-b-{tag}/00000000000000000001"
+    b.put(theirs, b"b's")
+    for call in (lambda: a.put(theirs, b"evil"), lambda: a.delete(theirs),
+                 lambda: a.put(f"latest/iso-b-{tag}", b"evil")):
+        with pytest.raises(S3Unavailable, match="AccessDenied"):
+            call()
+    assert b.get(theirs) == b"b's"
+    daemons = S3Store(bucket, prefix, make_s3_client(
+        offsite.endpoint_url, "us-east-1", access_key_id=s3_env["AWS_ACCESS_KEY_ID"],
+        secret_access_key=s3_env["AWS_SECRET_ACCESS_KEY"], ca_file=offsite.ca_file))
+    daemons.delete(theirs)
