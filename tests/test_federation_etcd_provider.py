@@ -146,6 +146,16 @@ def test_the_replicas_user_writes_the_federation_prefix_alone(secure, leader) ->
         kv.get("/elsewhere/x")
 
 
+def test_federation_status_reads_each_trusted_member_with_auth_on(secure, leader) -> None:
+    from slurm_geo.federation.replication import member_views
+
+    members = leader.kv.ask_each_member("/cluster/member/list")
+    views = member_views(leader.kv.ask_each_member("/maintenance/status"), members[0][1])
+    assert [(v.endpoint, v.healthy, v.name) for v in views] == [
+        (secure.cluster.member(site).client_url, True, site.value)
+        for site in (Site.HOME, Site.CONTROL)]
+
+
 def test_a_replica_whose_token_lapsed_gets_another(secure, leader) -> None:
     leader.add_job(job(logical_job="onprem-10"))
     for client in leader.kv._clients:  # as the member forgets it, auth-token-ttl after use

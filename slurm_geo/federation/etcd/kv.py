@@ -302,9 +302,12 @@ class EtcdKV:
         answers: list[tuple[str, dict[str, Any] | str]] = []
         for url, client in zip(self.endpoints, self._clients, strict=True):
             try:
-                answers.append((url, client.post(client.get_url(path), json={})))
+                answers.append((url, self._authorized(
+                    client, url, lambda c: c.post(c.get_url(path), json={}))))
             except etcd_errors.Etcd3Exception as exc:
                 answers.append((url, _reason(exc)))
+            except EtcdRefused as exc:
+                answers.append((url, str(exc)))
         return answers
 
     # --- plumbing ------------------------------------------------------------------------
