@@ -16,6 +16,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
+from slurm_geo.accounts import service_uid
 from slurm_geo.ckpt.errors import (
     CkptError,
     ObjectMissing,
@@ -71,8 +72,12 @@ class LocalDirStore:
         # New directories of a shared store take the root's bits, and the sticky bit: a
         # user may add objects there, never remove another's (as /tmp).
         self._shared = mode | stat.S_ISVTX if mode & (stat.S_IWGRP | stat.S_IWOTH) else 0
-        self._trusted = frozenset({0, os.geteuid(), info.st_uid})
-        self._may_share = os.geteuid() in (0, info.st_uid)
+        # Root, the store's owner and the daemons' account are trusted as makers of
+        # directories; so is the writer itself.
+        service = service_uid()
+        self._trusted = frozenset({0, os.geteuid(), info.st_uid, *(() if service is None
+                                                                   else (service,))})
+        self._may_share = os.geteuid() in (0, info.st_uid, service)
         if self._shared and self._may_share:
             prepare_shared_directories(self)
 
@@ -312,7 +317,8 @@ class DirectoryFault(NamedTuple):
 
 def directory_fault(info: os.stat_result, trusted: frozenset[int]) -> DirectoryFault | None:
     """Why a store may not write into a directory with this owner and mode, if it may not:
-    its owner (anyone not `trusted`: root, the store's owner, the writer) can remove what
+    its owner (anyone not `trusted`: root, the store's owner, the daemons' account, the
+    writer) can remove what
     is in it, and so can everyone who may write it, unless it is sticky."""
     if info.st_uid not in trusted:
         return DirectoryFault(f"belongs to {_user(info.st_uid)}",

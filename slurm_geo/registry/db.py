@@ -17,9 +17,10 @@ Incarnation lifecycle (transitions enforced by `_move`):
 
 State is kept in SQLite with a rollback journal (its readers only read; see Registry);
 every write is one transaction, so concurrent hooks (PrologSlurmctld and EpilogSlurmctld
-run in parallel for different jobs) never see half a change. `Registry` is the hooks' (it creates the database); everyone else (billing) reads
-through `RegistryReader`, read-only, where a failed read raises `RegistryUnreadable`
-instead of coming back as no jobs.
+run in parallel for different jobs) never see half a change. `Registry` is the hooks' (it
+creates the database); everyone else (the daemons, billing) reads through
+`RegistryReader`, read-only, where a failed read raises `RegistryUnreadable` instead of
+coming back as no jobs.
 """
 
 from __future__ import annotations

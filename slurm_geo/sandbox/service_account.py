@@ -19,10 +19,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_geo.accounts import SERVICE_ACCOUNT
 from slurm_geo.config import SiteConfig
 from slurm_geo.errors import SandboxError
 
-NAME = "slurm-geo"  # user and group, as the Makefile's service-account target makes them
+NAME = SERVICE_ACCOUNT  # user and group, as the Makefile's service-account target makes them
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,19 @@ def federation_paths(site: SiteConfig) -> tuple[list[Path], list[Path]]:
     return directories, files
 
 
+def sync_paths(site: SiteConfig) -> tuple[list[Path], list[Path]]:
+    """(directories, files) checkpoint-sync owns: its state directory and its key."""
+    if site.sync is None:
+        return [], []
+    files = [] if site.sync.key_file is None else [site.sync.key_file]
+    return [site.sync.state.parent], files
+
+
 def hand_over(site: SiteConfig, account: ServiceAccount) -> None:
-    """Give the federation daemon what it reads and writes, and let it read the registry."""
+    """Give the daemons what they read and write, and let them read the registry."""
     directories, files = federation_paths(site)
+    more_directories, more_files = sync_paths(site)
+    directories, files = directories + more_directories, files + more_files
     for directory in dict.fromkeys(directories):
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         for path in [directory, *directory.iterdir()]:
@@ -85,7 +96,7 @@ def hand_over(site: SiteConfig, account: ServiceAccount) -> None:
     registry.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
     for path in [registry.parent, *registry.parent.iterdir()]:
         os.chown(path, 0, account.gid)
-        path.chmod(0o750 if path.is_dir() else 0o640)
+        path.chmod(0o2750 if path.is_dir() else 0o640)  # new files take its group
 
 
 def make_operator(slurm_conf: Path, cluster: str, account: str, timeout_s: float = 20) -> None:
