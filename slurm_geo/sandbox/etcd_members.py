@@ -1,6 +1,6 @@
 """The sandbox's etcd cluster: one member per site (home, control, remote), each in its
 site's namespace on its site address. What the federation replicas keep their state in
-(docs/federation.md, "Replicated state on etcd"); pure but for `is_healthy`.
+(docs/federation.md, "Replicated state on etcd"); pure but for `is_healthy` and `ensure_auth`.
 
 Three members so that losing any one site leaves a quorum of two: isolating home leaves
 control's and remote's, which still reach each other over control-remote. The remote
