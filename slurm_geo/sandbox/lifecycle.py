@@ -116,6 +116,7 @@ class Sandbox:
         self._check_ports(daemon for stage in by_stage for daemon in stage)
         remote = self.layout.address(Site.REMOTE)
         certs.ensure_rest_tls(self.layout, [remote])  # the relay's in front of slurmrestd
+        shutil.chown(self.layout.rest_key, stages.RELAY_USER, stages.RELAY_USER)
         # The federation daemons', for their https at home (and control), where jobs of
         # both sites reach them.
         replicas = [self.layout.address(site) for site in self.layout.federation_sites]
@@ -135,6 +136,7 @@ class Sandbox:
             users.associate(cluster)
             # an operator on each: on rented it is REST_USER, whose JWT the daemon holds
             service_account.make_operator(cluster.slurm_conf, cluster.name, users.ACCOUNT)
+        self._hand_over(service)  # checkpoint-sync's, before stage 3 starts it
         self._start_stage(by_stage[2], progress)
         self._start_stage(by_stage[3], progress)
         for cluster in self.layout.clusters:
@@ -143,8 +145,7 @@ class Sandbox:
                 admin.reconfigure(cluster.slurm_conf)
         self._write_token()
         self._create_bucket()
-        for site in self.layout.federation_sites:
-            service_account.hand_over(load_config(self.layout.federation_config(site)), service)
+        self._hand_over(service)  # the tokens just written, before the federation starts
         self._start_stage(by_stage[4], progress)  # it needs the token and the bucket
         progress(f"sandbox up: config {self.layout.site_config}")
 
@@ -291,13 +292,19 @@ class Sandbox:
         layout.munge_dir.mkdir(exist_ok=True)
         layout.munge_dir.chmod(0o755)  # munged insists clients can reach its socket
         _write_secret(layout.munge_dir / "munge.key", lambda: secrets.token_bytes(1024))
+        _own_tree(layout.munge_dir, stages.MUNGE_USER)
         layout.mariadb_dir.mkdir(mode=0o700, exist_ok=True)
         password = _write_secret(layout.db_password_file, lambda: secrets.token_hex(16).encode())
+        # The server's, but not the password file root uses to make Slurm's database user.
+        _own_tree(layout.mariadb_dir, stages.MARIADB_USER, keep=(layout.db_password_file,))
         if not (layout.mariadb_dir / "data" / "mysql").is_dir():
             _run_checked(["mariadb-install-db", "--no-defaults",
-                          f"--datadir={layout.mariadb_dir / 'data'}", "--user=root",
+                          f"--datadir={layout.mariadb_dir / 'data'}",
+                          f"--user={stages.MARIADB_USER}",
                           "--auth-root-authentication-method=socket", "--skip-test-db"],
                          "initialising MariaDB")
+        # The server's, but not the password file root uses to make Slurm's database user.
+        _own_tree(layout.mariadb_dir, stages.MARIADB_USER, keep=(layout.db_password_file,))
         hostname = socket.gethostname()
         changed = set()
         for cluster in layout.clusters:
@@ -364,6 +371,11 @@ class Sandbox:
             raise SandboxError(f"cannot issue a JWT for {rented.name}: {exc}") from None
         write_if_changed(rented.token_file, token + "\n", 0o600)
         users.mint_tokens(rented)
+
+    def _hand_over(self, service: service_account.ServiceAccount) -> None:
+        for site in self.layout.federation_sites:
+            service_account.hand_over(load_config(self.layout.federation_config(site)), service,
+                                      inside=self.layout.root)
 
     def _create_bucket(self) -> None:
         seaweed.ensure_bucket(self.layout.s3_endpoint, self.daemons_s3_key(), S3_BUCKET,
@@ -464,6 +476,15 @@ def _write_secret(path: Path, make) -> bytes:
     return path.read_bytes()
 
 
+
+
+def _own_tree(top: Path, user: str, keep: Iterable[Path] = ()) -> None:
+    """`top` and everything under it owned by `user` (and its group), but `keep`."""
+    kept = set(keep)
+    for directory, subdirs, files in os.walk(top):
+        for path in [Path(directory), *(Path(directory) / name for name in subdirs + files)]:
+            if path not in kept and path.owner() != user:
+                shutil.chown(path, user, user)
 
 
 def _run_checked(argv: list[str], what: str) -> None:

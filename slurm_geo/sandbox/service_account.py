@@ -58,7 +58,8 @@ def federation_paths(site: SiteConfig) -> tuple[list[Path], list[Path]]:
     fed = site.federation
     if fed is None:
         return [], []
-    directories = [fed.state.parent, fed.audit_path.parent]
+    # Replicas keep their state and audit log in etcd: those paths are defaults, not theirs.
+    directories = [] if fed.replicated else [fed.state.parent, fed.audit_path.parent]
     files = [path for path in (fed.key_file, fed.tls_key, fed.etcd_key,
                                   fed.etcd_password_file) if path is not None]
     for cluster in site.clusters.values():
@@ -78,25 +79,40 @@ def sync_paths(site: SiteConfig) -> tuple[list[Path], list[Path]]:
     return [site.sync.state.parent], files
 
 
-def hand_over(site: SiteConfig, account: ServiceAccount) -> None:
-    """Give the daemons what they read and write, and let them read the registry."""
+def hand_over(site: SiteConfig, account: ServiceAccount, inside: Path) -> None:
+    """Give the daemons what they read and write, and let them read the registry: only
+    paths strictly inside the sandbox's root `inside` (a default path elsewhere is never
+    touched), directories with the regular files directly in them."""
     directories, files = federation_paths(site)
     more_directories, more_files = sync_paths(site)
     directories, files = directories + more_directories, files + more_files
-    for directory in dict.fromkeys(directories):
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for path in [directory, *directory.iterdir()]:
-            os.chown(path, account.uid, account.gid)
-            path.chmod(0o700 if path.is_dir() else 0o600)
+    for directory in dict.fromkeys(d for d in directories if _strictly_inside(d, inside)):
+        directory.mkdir(mode=0o700, exist_ok=True)
+        _own(directory, account.uid, account.gid, 0o700)
+        for path in _files_in(directory):
+            _own(path, account.uid, account.gid, 0o600)
     for path in files:
-        if path.exists():
-            os.chown(path, account.uid, account.gid)
-            path.chmod(0o600)
-    registry = Path(site.registry_path)
-    registry.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    for path in [registry.parent, *registry.parent.iterdir()]:
-        os.chown(path, 0, account.gid)
-        path.chmod(0o2750 if path.is_dir() else 0o640)  # new files take its group
+        if _strictly_inside(path, inside) and path.is_file():
+            _own(path, account.uid, account.gid, 0o600)
+    registry = Path(site.registry_path).parent
+    if _strictly_inside(registry, inside):
+        registry.mkdir(mode=0o750, exist_ok=True)
+        _own(registry, 0, account.gid, 0o2750)  # setgid: new files take its group
+        for path in _files_in(registry):
+            _own(path, 0, account.gid, 0o640)
+
+
+def _strictly_inside(path: Path, top: Path) -> bool:
+    return path.resolve() != top.resolve() and path.resolve().is_relative_to(top.resolve())
+
+
+def _files_in(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir() if p.is_file() and not p.is_symlink()]
+
+
+def _own(path: Path, uid: int, gid: int, mode: int) -> None:
+    os.chown(path, uid, gid)
+    path.chmod(mode)
 
 
 def make_operator(slurm_conf: Path, cluster: str, account: str, timeout_s: float = 20) -> None:
