@@ -119,7 +119,7 @@ def test_the_site_with_every_table_reads():
 def test_users_map_only_rest_clusters_and_only_user_names():
     cli = refusal(with_key(("clusters", "onprem"), "users", {
         "alice": {"account": "a", "token_file": "/t"}}))
-    assert "users is for access 'rest'" in cli and "sbatch --uid/--gid" in cli
+    assert "users is for access 'rest'" in cli and "slurm-geo-submit-as" in cli
     bad = refusal(with_key(("clusters", "rented"), "users", {
         "a b": {"account": "a", "token_file": "/t"}}))
     assert "must be a user name" in bad and "'a b'" in bad

@@ -204,7 +204,7 @@ def parse_cluster(name: str, table: Any, where: str) -> ClusterConfig:
             f"{where}: access 'cli' needs slurm_conf = PATH to the cluster's slurm.conf")
     if values["access"] == "cli" and values.get("users"):
         raise ConfigError(f"{where}: users is for access 'rest'; on a CLI cluster jobs run "
-                          "as their owner's own uid and gid (sbatch --uid/--gid)")
+                          "as their owner's own uid and gid (slurm-geo-submit-as)")
     if values["access"] == "rest":
         for key in ("rest_url", "rest_user", "token_file"):
             if key not in values:

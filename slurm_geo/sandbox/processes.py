@@ -44,6 +44,9 @@ class Daemon:
     host: str = "127.0.0.1"
     health_check: Callable[[], bool] | None = None
     url: str | None = None
+    # Capabilities it keeps after dropping to `user` (setpriv's ambient set), e.g.
+    # ("dac_read_search",) for checkpoint-sync; none else.
+    capabilities: tuple[str, ...] = ()
 
     @property
     def command(self) -> list[str]:
@@ -51,11 +54,14 @@ class Daemon:
         and execs, then `setpriv` drops to the daemon's user; each execs the next, so the
         pid the pid file records is the daemon's. Not `ip netns exec`, which also mounts
         a sysfs of its own over /sys, hiding /sys/fs/cgroup from slurmd."""
-        if self.namespace is None:
+        if self.namespace is None:  # ProcessTable.start drops to `user` itself
             return self.argv
         drop = [] if self.user is None else \
             ["setpriv", "--reuid", self.user, "--regid", self.group or self.user,
              "--clear-groups"]
+        if self.user is not None and self.capabilities:
+            caps = ",".join(f"+{cap}" for cap in self.capabilities)
+            drop += [f"--inh-caps={caps}", f"--ambient-caps={caps}"]
         return ["nsenter", f"--net=/run/netns/{self.namespace}", *drop, *self.argv]
 
 

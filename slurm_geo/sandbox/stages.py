@@ -28,6 +28,11 @@ from slurm_geo.sandbox.processes import Daemon
 from slurm_geo.sandbox.sites import Site
 
 S3_DAEMON = "s3"
+# The accounts of the daemons that stand for a site's own services, as Debian's packages
+# make them (docs/security.md, "Who runs with which rights"): none of them is root.
+MUNGE_USER = "munge"
+MARIADB_USER = "mysql"
+RELAY_USER = "www-data"  # the rented provider's TLS proxy in front of slurmrestd
 ETCD_DAEMON_PREFIX = "etcd-"  # and the member's site: etcd-home, etcd-control, etcd-remote
 
 
@@ -66,7 +71,7 @@ def _munged(layout: SandboxLayout) -> Daemon:
                   ["munged", "--foreground", f"--socket={layout.munge_socket}",
                    f"--key-file={munge / 'munge.key'}", f"--pid-file={munge / 'munged.pid'}",
                    f"--log-file={munge / 'munged.log'}", f"--seed-file={munge / 'munged.seed'}"],
-                  ready_path=layout.munge_socket)
+                  user=MUNGE_USER, group=MUNGE_USER, ready_path=layout.munge_socket)
 
 
 def _mariadb(layout: SandboxLayout) -> Daemon:
@@ -74,7 +79,7 @@ def _mariadb(layout: SandboxLayout) -> Daemon:
     return Daemon("mariadb",
                   ["mariadbd", "--no-defaults", f"--datadir={db / 'data'}",
                    f"--socket={layout.mariadb_socket}", f"--port={layout.mariadb_port}",
-                   "--bind-address=127.0.0.1", "--skip-name-resolve", "--user=root",
+                   "--bind-address=127.0.0.1", "--skip-name-resolve", f"--user={MARIADB_USER}",
                    f"--pid-file={db / 'mariadbd.pid'}", f"--log-error={db / 'error.log'}",
                    "--innodb-buffer-pool-size=64M", "--innodb-lock-wait-timeout=900"],
                   port=layout.mariadb_port)
@@ -111,8 +116,8 @@ def _slurm_daemon(cluster: ClusterLayout, name: str, argv: list[str], port: int,
 
 def _rest_daemons(layout: SandboxLayout, version: tuple[int, int] | None) -> list[Daemon]:
     """slurmrestd on a unix socket of its site, and the TLS relay in front of it at the
-    site's address: a JWT never crosses the WAN in clear. The relay runs as root, who
-    alone reads its key."""
+    site's address: a JWT never crosses the WAN in clear. The relay stands for the
+    provider's own TLS proxy: it runs as RELAY_USER, who alone reads its key."""
     rented = layout.rented
     restd_argv = ["slurmrestd", "-a", "rest_auth/jwt"]
     restd_argv += render.restd_plugins(version) if version else []
@@ -122,19 +127,24 @@ def _rest_daemons(layout: SandboxLayout, version: tuple[int, int] | None) -> lis
                    user=RESTD_OS_USER, group=RESTD_OS_GROUP, ready_path=rented.restd_socket,
                    namespace=rented.namespace)
     relay = Daemon(f"{rented.name}-rest-tls",
-                   [sys.executable, "-m", "slurm_geo.sandbox.tls_relay",
+                   [str(layout.site_python), "-I", "-m", "slurm_geo.sandbox.tls_relay",
                     "--listen", f"{rented.address}:{rented.rest_port}",
                     "--to", f"unix:{rented.restd_socket}",
                     "--cert", str(layout.rest_cert), "--key", str(layout.rest_key)],
+                   user=RELAY_USER, group=RELAY_USER,
                    port=rented.rest_port, namespace=rented.namespace, host=rented.address)
     return [restd, relay]
 
 
 def _sync_daemon(layout: SandboxLayout, s3_env: dict[str, str]) -> Daemon:
-    """checkpoint-sync at home, run as its systemd unit runs it: pfs to offsite."""
-    return Daemon("checkpoint-sync", render.sync_argv(program(render.SYNC_PROGRAM),
-                                                      layout.site_config),
+    """checkpoint-sync at home, run as its systemd unit runs it: pfs to offsite, as the
+    service account with CAP_DAC_READ_SEARCH alone, from the site Python."""
+    argv = render.sync_argv(program(render.SYNC_PROGRAM), layout.site_config)
+    return Daemon("checkpoint-sync",
+                  [str(layout.site_python), "-I", "-m", "slurm_geo.sync.entry", *argv[1:]],
                   env=s3_env, port=render.sync_metrics_port(layout),
+                  user=service_account.NAME, group=service_account.NAME,
+                  capabilities=("dac_read_search",),
                   namespace=layout.namespace(Site.HOME), host=layout.address(Site.HOME))
 
 
