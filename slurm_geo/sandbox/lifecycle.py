@@ -125,6 +125,7 @@ class Sandbox:
                      f"in {self.layout.tls_dir}")
 
         certs.ensure_etcd_tls(self.layout)
+        self._own_etcd()
         self._stop_etcd_for_restart(progress)
         self._start_stage(by_stage[0], progress)
         etcd_members.ensure_auth(self.layout.etcd_cluster, DEFAULT_ETCD_PREFIX)
@@ -330,6 +331,16 @@ class Sandbox:
                              0o644)
         changed |= geo.install(layout, write_if_changed)
         return {name for name in changed if self.processes.running_pid(f"{name}-slurmctld")}
+
+    def _own_etcd(self) -> None:
+        """The members' data and their own keys (client port and peer) are etcd's."""
+        cluster = self.layout.etcd_cluster
+        _own_tree(self.layout.etcd_dir, stages.ETCD_USER)
+        if cluster.files is not None:
+            for member in cluster.members:
+                for key in (cluster.files.member_key(member.site),
+                            cluster.files.peer_key(member.site)):
+                    shutil.chown(key, stages.ETCD_USER, stages.ETCD_USER)
 
     def _stop_etcd_for_restart(self, progress) -> None:
         """Stop the members running with another command line than theirs now (other

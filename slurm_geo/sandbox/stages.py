@@ -33,6 +33,7 @@ S3_DAEMON = "s3"
 MUNGE_USER = "munge"
 MARIADB_USER = "mysql"
 RELAY_USER = "www-data"  # the rented provider's TLS proxy in front of slurmrestd
+ETCD_USER = "etcd"
 ETCD_DAEMON_PREFIX = "etcd-"  # and the member's site: etcd-home, etcd-control, etcd-remote
 
 
@@ -41,7 +42,7 @@ def daemons_by_stage(layout: SandboxLayout, version: tuple[int, int] | None,
     """Every daemon, in start order; `version` the installed Slurm's (None: only named,
     for `down` and `status`), `s3_env` the daemons' key to the S3 server."""
     infra = [_munged(layout), _mariadb(layout), _s3(layout),
-             *etcd_daemons(layout.etcd_cluster)]
+             *etcd_daemons(layout.etcd_cluster, user=ETCD_USER)]
     # MariaDB stands for each site's own database server: both slurmdbds reach it by
     # its unix socket (StorageHost=localhost in slurmdbd.conf).
     dbds = [_slurm_daemon(c, "slurmdbd", ["slurmdbd", "-D"], c.dbd_port,
@@ -93,14 +94,15 @@ def _s3(layout: SandboxLayout) -> Daemon:
                   namespace=layout.namespace(Site.REMOTE), host=layout.address(Site.REMOTE))
 
 
-def etcd_daemons(cluster: EtcdCluster) -> list[Daemon]:
-    """A member in each site, `etcd-<site>`: up once its /health says it serves with a
-    quorum, so the stage waits for two of them to elect a leader."""
+def etcd_daemons(cluster: EtcdCluster, user: str | None = None) -> list[Daemon]:
+    """A member in each site, `etcd-<site>`, as `user` (the sandbox's: ETCD_USER): up once
+    its /health says it serves with a quorum, so the stage waits for two of them to elect
+    a leader."""
     program_path = program(etcd_members.ETCD_PROGRAM)
     env = etcd_members.unsupported_arch_env(platform.machine())
     return [Daemon(f"{ETCD_DAEMON_PREFIX}{member.name}", cluster.argv(member, program_path), env,
                    port=member.client_port, extra_ports=(member.peer_port,),
-                   namespace=member.namespace, host=member.address,
+                   namespace=member.namespace, host=member.address, user=user, group=user,
                    health_check=functools.partial(cluster.is_healthy, member),
                    url=member.client_url)
             for member in cluster.members]
