@@ -118,7 +118,8 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         deadline = time.time() + settings.timeout_s
         enough = settings.verified_before_kill
         wait_for(lambda: len(verified_offsite(site, run)) >= enough, deadline,
-                 f"{enough} checkpoints of {run} verified off-site")
+                 f"{enough} checkpoints of {run} verified off-site", progress,
+                 lambda: _offsite_status(site, run, trace))
         offsite = verified_offsite(site, run)
         leader_before = view.leader()
         progress(f"{len(offsite)} checkpoints verified off-site; {LOSS_SAYS[settings.lose]}")
@@ -144,7 +145,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
             leader_lost_at = killed_at
             failover()
         detected = wait_for(lambda: audit_entry(view, "outage", None, home, killed_at),
-                            deadline, f"the daemon to declare {home} out")
+                            deadline, f"the daemon to declare {home} out", progress)
         progress(f"outage of {home} detected after {detected.unix_time - killed_at:.1f} s")
         if settings.lose == "leader":
             wait_for(lambda: decision_entry(view, logical, killed_at), deadline,
@@ -154,18 +155,19 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
             progress(f"killed the leading replica {leader_before} in the middle of the move")
             failover()
         moved = wait_for(lambda: audit_entry(view, "requeue", logical, target, killed_at),
-                         deadline, f"the daemon to requeue {logical} on {target}")
+                         deadline, f"the daemon to requeue {logical} on {target}", progress)
         new_job = int(moved.detail["job_id"])
         sampler.follow(target, new_job)
         progress(f"requeued on {target} as job {new_job}, resuming from step "
                  f"{moved.detail.get('resume_step')}")
         training = wait_for(lambda: audit_entry(view, "lease", logical, target, killed_at),
-                            deadline, f"job {target}:{new_job} to start training")
+                            deadline, f"job {target}:{new_job} to start training", progress)
         if settings.return_after_s is not None:
             wait_or_none(lambda: False, killed_at + settings.return_after_s)
             returned_at = _bring_home_back(sandbox, settings, watch, progress, home)
         finished = wait_for(lambda: audit_entry(view, "finished", logical, None, killed_at),
-                            deadline, f"{logical} to finish")
+                            deadline, f"{logical} to finish", progress,
+                            lambda: _trained_status(trace))
         progress(f"job finished: {finished.what}")
         if returned_at is None:
             returned_at = _bring_home_back(sandbox, settings, watch, progress, home)
@@ -361,6 +363,23 @@ def training_script(site: SiteConfig, run: str, settings: DrillSettings, work: P
     ])
 
 
+def _trained_status(trace: Path) -> str:
+    """What a long wait says of the training: the newest step and where it ran."""
+    lines = trace_lines(trace)
+    if not lines:
+        return "no step trained yet"
+    last = lines[-1]
+    return f"step {last.step} on {last.incarnation}"
+
+
+def _offsite_status(site: SiteConfig, run: str, trace: Path) -> str:
+    """What the wait for off-site checkpoints says: how many are verified, and training."""
+    steps = verified_offsite(site, run)
+    done = f"verified off-site: steps {', '.join(map(str, steps))}" if steps else \
+        "none verified off-site yet"
+    return f"{done}; {_trained_status(trace)}"
+
+
 def verified_offsite(site: SiteConfig, run: str) -> list[int]:
     """The steps of the run's checkpoints checkpoint-sync has verified off-site, oldest first;
     none while checkpoint-sync has not yet created its state."""
@@ -451,18 +470,38 @@ def provider_secrets(sandbox: Sandbox, site: SiteConfig, run: str) -> list[str]:
         {"the master key": master.current, f"the run key of {run}": run_key})
 
 
-def wait_for(check: Callable[[], Any], deadline: float, what: str) -> Any:
-    found = wait_or_none(check, deadline)
+# A long wait says what it waits for this often, with how long it has waited and what
+# `status` (if given) says of the progress made: never minutes of silence.
+WAIT_REPORT_S = 30.0
+
+
+def wait_for(check: Callable[[], Any], deadline: float, what: str,
+             progress: Progress | None = None,
+             status: Callable[[], str] | None = None) -> Any:
+    started = time.time()
+
+    def report() -> None:
+        if progress is not None:
+            said = f"; {status()}" if status is not None else ""
+            left = max(0.0, deadline - time.time())
+            progress(f"still waiting for {what}: {time.time() - started:.0f} s so far"
+                     f"{said} (gives up in {left:.0f} s)")
+    found = wait_or_none(check, deadline, report)
     if found is None or found is False:
         raise DrillFailed(f"timed out waiting for {what}")
     return found
 
 
-def wait_or_none(check: Callable[[], Any], deadline: float) -> Any:
+def wait_or_none(check: Callable[[], Any], deadline: float,
+                 every: Callable[[], None] | None = None) -> Any:
+    last = time.time()
     while time.time() < deadline:
         found = check()
         if found:
             return found
+        if every is not None and time.time() - last >= WAIT_REPORT_S:
+            every()
+            last = time.time()
         time.sleep(0.2)
     return None
 
