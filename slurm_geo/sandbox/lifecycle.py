@@ -189,11 +189,16 @@ class Sandbox:
             "SLURM_GEO_SANDBOX_DIR": str(self.layout.root),
             "SLURM_GEO_KEY_FILE": str(self.layout.master_key),
             "AWS_ENDPOINT_URL": self.layout.s3_endpoint,
+            # The sandbox's site CA signs its S3 server and slurmrestd's TLS relay: boto3
+            # and curl trust it through these.
+            "AWS_CA_BUNDLE": str(self.layout.ca_cert),
             **self.s3_env(),
         }
         if cluster.uses_rest:
             values["SLURMRESTD_URL"] = cluster.rest_url
+            values["SLURMRESTD_USER"] = REST_USER  # whose JWT SLURM_JWT is
             values["SLURM_JWT"] = _read_or_fail(cluster.token_file, "sandbox is not up")
+            values["CURL_CA_BUNDLE"] = str(self.layout.ca_cert)
         return [f"export {key}={shlex.quote(value)}" for key, value in values.items()]
 
     def s3_env(self) -> dict[str, str]:
