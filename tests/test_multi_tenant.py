@@ -278,9 +278,9 @@ def test_the_service_survives_300_stalled_connections_and_still_answers_leases(
 
 @pytest.fixture(scope="module")
 def restarted(sandbox: Sandbox, site, alice) -> dict[str, str]:
-    """alice forges a generation-999 fence for her own run, then cancels her job with
-    scancel: the daemon restarts the lost job at home. Returns the environment of the
-    restarted trainer's process."""
+    """alice tries to forge a generation-999 fence for her own run (refused: fences/ is
+    the daemons' alone), then cancels her job with scancel: the daemon restarts the lost
+    job at home. Returns the environment of the restarted trainer's process."""
     pfs = Path(site.stores["pfs"].url.removeprefix("file://"))
     forge = ("import json, os, sys\n"
              "from pathlib import Path\n"
@@ -292,7 +292,8 @@ def restarted(sandbox: Sandbox, site, alice) -> dict[str, str]:
     done = run_as(ALICE, [str(sandbox.layout.site_python), "-c", forge, str(pfs), alice.run],
                   env=job_environment(sandbox.layout, ALICE), capture_output=True, text=True,
                   timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode != 0 and "Permission denied" in done.stderr, done.stderr
+    assert not (pfs / "fences" / alice.run).exists()
     cancel = run_as(ALICE, ["scancel", str(alice.job_id)],
                     env={**job_environment(sandbox.layout, ALICE),
                          "SLURM_CONF": str(sandbox.layout.onprem.slurm_conf)},
@@ -326,11 +327,14 @@ def test_no_variable_of_the_daemons_environment_appears_in_a_submitted_job(
 
 
 def test_a_job_cannot_forge_a_fence(sandbox, site, alice, restarted):
-    """The fence alice forged (generation 999, sealed under a key of her choosing) neither
-    stopped the restart nor survived it: the store's fence is the daemon's, generation 1."""
+    """The fence alice tried to forge (generation 999, sealed under a key of her choosing)
+    was never written, and the store's fence is the daemon's, generation 1, in a directory
+    only the daemons' account writes."""
     pfs = LocalDirStore(Path(site.stores["pfs"].url.removeprefix("file://")))
     fence = read_fence(Repository(pfs, load_master_key(sandbox.layout.master_key)), alice.run)
     assert fence is not None and fence.generation == 1
+    fences = pfs.root / "fences"
+    assert fences.owner() == "slurm-geo" and fences.stat().st_mode & 0o777 == 0o755
     eventually(lambda: [line for line in drill.trace_lines(alice.trace)
                         if line.generation == 1], lambda lines: len(lines) >= 10, 60)
     assert state(site).job(alice.logical_job).status.value == "running"

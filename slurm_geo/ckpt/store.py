@@ -78,6 +78,10 @@ class LocalDirStore:
         self._trusted = frozenset({0, os.geteuid(), info.st_uid, *(() if service is None
                                                                    else (service,))})
         self._may_share = os.geteuid() in (0, info.st_uid, service)
+        self._service = service
+        # Only the daemons (and root) write fences, promotion markers and probes: sealed
+        # under keys no job holds, and in directories no user may write (DAEMON_DIRECTORIES).
+        self._is_daemon = os.geteuid() in (0, service)
         if self._shared and self._may_share:
             prepare_shared_directories(self)
 
@@ -89,6 +93,8 @@ class LocalDirStore:
         try:
             if self._shared and parts[0] == "keys" and len(parts) == 2:
                 for per_run in RUN_DIRECTORIES:  # made with the key: see the class docstring
+                    if per_run in DAEMON_DIRECTORIES and not self._is_daemon:
+                        continue  # the daemons make it when they first mark the run
                     os.close(self._directory(name, [per_run, parts[1]], create=True))
             directory = self._directory(name, parts[:-1], create=True)
             try:
@@ -293,9 +299,12 @@ class LocalDirStore:
             return  # another writer has just made it: checked when opened
         if self._shared:
             # A run's directory a user makes is theirs alone to write; root makes it (with
-            # the run's key) writable for the run's job, and sticky.
+            # the run's key) writable for the run's job, and sticky. What only the daemons
+            # write, no one else may write.
             mode = self._shared if self._may_share or is_shared_directory(parts) \
                 else self._shared & 0o755
+            if parts[0] in DAEMON_DIRECTORIES:
+                mode = 0o755
             fd = _open_directory(parts[-1], parent)
             try:
                 os.fchmod(fd, mode)
@@ -308,6 +317,11 @@ class LocalDirStore:
 SHARED_DIRECTORIES = ("fences", "keys", "latest", "locks", "manifests", "packs", "probes",
                       "promoted")
 RUN_DIRECTORIES = ("manifests", "promoted")
+# Written by the daemons alone: fences (under F), promotion markers (under P) and the
+# federation daemon's bandwidth probes. A user able to create a name there could block a
+# fence of another's run (a sticky directory lets only its maker replace a file), so in a
+# shared store they belong to the daemons' account, mode 0755.
+DAEMON_DIRECTORIES = ("fences", "probes", "promoted")
 
 
 class DirectoryFault(NamedTuple):
@@ -339,14 +353,28 @@ def prepare_shared_directories(store: LocalDirStore) -> None:
     """Make the directories every run shares (by root or the store's owner), so that no
     user makes one: whatever goes wrong is said by the put that needs it."""
     wanted = [[d] for d in SHARED_DIRECTORIES] + [["packs", f"{i:02x}"] for i in range(256)]
-    if all(store.root.joinpath(*parts).is_dir() for parts in (wanted[-1], wanted[-2])) and \
-            all(store.root.joinpath(d).is_dir() for d in SHARED_DIRECTORIES):
-        return
-    for parts in wanted:
-        try:
-            os.close(store._directory("/".join(parts), parts, create=True))
-        except (OSError, CkptError):
-            continue
+    if not (all(store.root.joinpath(*parts).is_dir() for parts in (wanted[-1], wanted[-2]))
+            and all(store.root.joinpath(d).is_dir() for d in SHARED_DIRECTORIES)):
+        for parts in wanted:
+            try:
+                os.close(store._directory("/".join(parts), parts, create=True))
+            except (OSError, CkptError):
+                continue
+    for name in DAEMON_DIRECTORIES:
+        _keep_for_the_daemons(store.root / name, store._service)
+
+
+def _keep_for_the_daemons(directory: Path, service: int | None) -> None:
+    """A directory only the daemons write: theirs (as root can give it), mode 0755, and
+    no directory of a run under it writable by anyone else (a store from before)."""
+    with suppress(OSError):
+        for path in [directory, *(p for p in directory.iterdir() if p.is_dir()
+                                  and not p.is_symlink())]:
+            info = os.lstat(path)
+            if os.geteuid() == 0 and service is not None and info.st_uid != service:
+                os.lchown(path, service, -1)
+            if stat.S_IMODE(info.st_mode) != 0o755 and os.geteuid() in (0, info.st_uid):
+                os.chmod(path, 0o755)
 
 @contextmanager
 def _read_errors(name: str) -> Iterator[None]:
