@@ -15,7 +15,7 @@ import click
                    "/var/lib/slurm-geo/sandbox).")
 @click.option("--sandbox-dir", "old_sandbox_dir", type=click.Path(path_type=Path),
               default=None, hidden=True)  # its spelling before every command said --dir
-@click.option("--state-mb", type=click.FloatRange(0.01), default=512, show_default=True,
+@click.option("--state-mb", type=click.FloatRange(0.01), default=128, show_default=True,
               help="Size of the job's checkpoints (weights and AdamW moments) in MiB. The "
                    "job is paced so that checkpoint-sync keeps up over the sandbox's link: "
                    "large states train fewer, longer steps.")
