@@ -374,9 +374,9 @@ def test_a_stored_run_no_job_names_cannot_be_claimed_nor_its_key_released(site):
     for job_id in (leasing, pending):
         reply = site.lease_reply("onprem", job_id, run=run, as_user="bob")
         assert reply.status == 403, reply.body
-        assert reply.body == {"reason": f"run {run} already has checkpoints in store pfs and "
-                              "no job of the federation names it, so it has no recorded "
-                              "owner to continue it; name a new run"}
+        assert reply.body == {"reason": f"run {run} is already in store pfs and no job of the "
+                              "federation names it, so it has no recorded owner to continue "
+                              "it; name a new run"}
         key = site.key("onprem", job_id, as_user="bob")
         assert key.status in (403, 409) and "data_key" not in key.body
     assert dump(site) == before and sorted(site.stores["pfs"].list("")) == stored

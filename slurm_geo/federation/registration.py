@@ -80,9 +80,8 @@ def run_taken_by(others: list[LogicalJob], run: str, logical_job: str | None,
             continue  # its owner continues the run in a new job
         return f"run {run} belongs to logical job {other.logical_job}"
     if not others and stored_in is not None:
-        return (f"run {run} already has checkpoints in store {stored_in} and no job of the "
-                "federation names it, so it has no recorded owner to continue it; name a new "
-                "run")
+        return (f"run {run} is already in store {stored_in} and no job of the federation "
+                "names it, so it has no recorded owner to continue it; name a new run")
     return None
 
 
