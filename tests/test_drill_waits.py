@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from slurm_geo.drills import drill
+from slurm_geo.drills import drill, waits
 
 
 def test_a_long_wait_says_what_it_waits_for_and_how_far_it_got(monkeypatch):
-    monkeypatch.setattr(drill, "WAIT_REPORT_S", 0.3)
+    monkeypatch.setattr(waits, "WAIT_REPORT_S", 0.3)
     said: list[str] = []
     ready_at = time.time() + 1.0
     found = drill.wait_for(lambda: time.time() > ready_at and "done", time.time() + 10,

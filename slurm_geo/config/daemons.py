@@ -76,7 +76,8 @@ SYNC_SETTINGS = (
             "directory must be writable."),
     Setting("key_file", path, None, KEY_FILE_HELP),
     Setting("metrics_address", text, SyncConfig.metrics_address,
-            "Address of the Prometheus endpoint."),
+            "Address of the Prometheus endpoint: plain http, unauthenticated, so loopback "
+            "unless only the monitoring network reaches the address ([Metrics](#metrics))."),
     Setting("metrics_port", whole(0, 65535), SyncConfig.metrics_port,
             "Port of the Prometheus endpoint; 0 turns it off."),
     Setting("bandwidth_mb_s", number(0, unit="MB/s", note="(0: no cap)"),

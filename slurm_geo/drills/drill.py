@@ -20,7 +20,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,8 +29,7 @@ from slurm_geo.drills import losses, sharded
 from slurm_geo.drills.picture import draw_timeline
 from slurm_geo.drills.report import DrillReport, Sample
 from slurm_geo.drills.settings import DrillSettings
-from slurm_geo.errors import SlurmGeoError
-from slurm_geo.exitcodes import ExitCode
+from slurm_geo.drills.waits import DrillFailed, Progress, wait_for, wait_or_none
 from slurm_geo.federation.audit import Entry
 from slurm_geo.sandbox import Sandbox, netns
 from slurm_geo.sandbox.layout import S3_REGION, SandboxLayout
@@ -40,17 +38,11 @@ from slurm_geo.sandbox.users import ALICE, SandboxUser, job_environment
 from slurm_geo.slurm import JobSpec, SlurmClient, SlurmError, connect
 from slurm_geo.sync.reader import SyncStateReader
 
-Progress = Callable[[str], None]
-
 
 class Audited(Protocol):
     """An audit log to read: the SQLite one, or the replicas' in etcd."""
 
     def entries(self, logical_job: str | None = None) -> list[Entry]: ...
-
-
-class DrillFailed(SlurmGeoError):
-    exit_code = ExitCode.DRILL_FAILED
 
 
 @dataclass(frozen=True)
@@ -468,42 +460,6 @@ def provider_secrets(sandbox: Sandbox, site: SiteConfig, run: str) -> list[str]:
     return losses.secrets_found(
         [layout.etcd_cluster.member(Site.REMOTE).data_dir, layout.s3_data_dir],
         {"the master key": master.current, f"the run key of {run}": run_key})
-
-
-# A long wait says what it waits for this often, with how long it has waited and what
-# `status` (if given) says of the progress made: never minutes of silence.
-WAIT_REPORT_S = 30.0
-
-
-def wait_for(check: Callable[[], Any], deadline: float, what: str,
-             progress: Progress | None = None,
-             status: Callable[[], str] | None = None) -> Any:
-    started = time.time()
-
-    def report() -> None:
-        if progress is not None:
-            said = f"; {status()}" if status is not None else ""
-            left = max(0.0, deadline - time.time())
-            progress(f"still waiting for {what}: {time.time() - started:.0f} s so far"
-                     f"{said} (gives up in {left:.0f} s)")
-    found = wait_or_none(check, deadline, report)
-    if found is None or found is False:
-        raise DrillFailed(f"timed out waiting for {what}")
-    return found
-
-
-def wait_or_none(check: Callable[[], Any], deadline: float,
-                 every: Callable[[], None] | None = None) -> Any:
-    last = time.time()
-    while time.time() < deadline:
-        found = check()
-        if found:
-            return found
-        if every is not None and time.time() - last >= WAIT_REPORT_S:
-            every()
-            last = time.time()
-        time.sleep(0.2)
-    return None
 
 
 def job_output(work: Path, job_id: int, cluster: str) -> str:

@@ -125,7 +125,7 @@ class Sandbox:
                      f"in {self.layout.tls_dir}")
 
         certs.ensure_etcd_tls(self.layout)
-        self._own_etcd()
+        _own_etcd(self.layout)
         self._stop_etcd_for_restart(progress)
         self._start_stage(by_stage[0], progress)
         etcd_members.ensure_auth(self.layout.etcd_cluster, DEFAULT_ETCD_PREFIX)
@@ -137,7 +137,7 @@ class Sandbox:
             users.associate(cluster)
             # an operator on each: on rented it is REST_USER, whose JWT the daemon holds
             service_account.make_operator(cluster.slurm_conf, cluster.name, users.ACCOUNT)
-        self._hand_over(service)  # checkpoint-sync's, before stage 3 starts it
+        _hand_over(self.layout, service)  # checkpoint-sync's, before stage 3 starts it
         self._start_stage(by_stage[2], progress)
         self._start_stage(by_stage[3], progress)
         for cluster in self.layout.clusters:
@@ -146,7 +146,7 @@ class Sandbox:
                 admin.reconfigure(cluster.slurm_conf)
         self._write_token()
         self._create_bucket()
-        self._hand_over(service)  # the tokens just written, before the federation starts
+        _hand_over(self.layout, service)  # the tokens just written, before the federation starts
         self._start_stage(by_stage[4], progress)  # it needs the token and the bucket
         progress(f"sandbox up: config {self.layout.site_config}")
 
@@ -337,16 +337,6 @@ class Sandbox:
         changed |= geo.install(layout, write_if_changed)
         return {name for name in changed if self.processes.running_pid(f"{name}-slurmctld")}
 
-    def _own_etcd(self) -> None:
-        """The members' data and their own keys (client port and peer) are etcd's."""
-        cluster = self.layout.etcd_cluster
-        _own_tree(self.layout.etcd_dir, stages.ETCD_USER)
-        if cluster.files is not None:
-            for member in cluster.members:
-                for key in (cluster.files.member_key(member.site),
-                            cluster.files.peer_key(member.site)):
-                    shutil.chown(key, stages.ETCD_USER, stages.ETCD_USER)
-
     def _stop_etcd_for_restart(self, progress) -> None:
         """Stop the members running with another command line than theirs now (other
         certificates, flags an older slurm-geo gave), one at a time as `down` does; `up`
@@ -387,11 +377,6 @@ class Sandbox:
             raise SandboxError(f"cannot issue a JWT for {rented.name}: {exc}") from None
         write_if_changed(rented.token_file, token + "\n", 0o600)
         users.mint_tokens(rented)
-
-    def _hand_over(self, service: service_account.ServiceAccount) -> None:
-        for site in self.layout.federation_sites:
-            service_account.hand_over(load_config(self.layout.federation_config(site)), service,
-                                      inside=self.layout.root)
 
     def _create_bucket(self) -> None:
         seaweed.ensure_bucket(self.layout.s3_endpoint, self.daemons_s3_key(), S3_BUCKET,
@@ -492,6 +477,23 @@ def _write_secret(path: Path, make) -> bytes:
     return path.read_bytes()
 
 
+
+
+def _hand_over(layout: SandboxLayout, service: service_account.ServiceAccount) -> None:
+    for site in layout.federation_sites:
+        service_account.hand_over(load_config(layout.federation_config(site)), service,
+                                  inside=layout.root)
+
+
+def _own_etcd(layout: SandboxLayout) -> None:
+    """The members' data and their own keys (client port and peer) are etcd's."""
+    cluster = layout.etcd_cluster
+    _own_tree(layout.etcd_dir, stages.ETCD_USER)
+    if cluster.files is not None:
+        for member in cluster.members:
+            for key in (cluster.files.member_key(member.site),
+                        cluster.files.peer_key(member.site)):
+                shutil.chown(key, stages.ETCD_USER, stages.ETCD_USER)
 
 
 def _own_tree(top: Path, user: str, keep: Iterable[Path] = ()) -> None:
