@@ -161,3 +161,20 @@ def test_a_munge_signer_sends_its_credential_in_one_header():
     munge = Recording()
     assert MungeSigner(munge).headers("POST", "/v1/key", BODY) == {HEADER_MUNGE: "MUNGE:cred:"}
     assert munge.payload == munge_payload("POST", "/v1/key", BODY)
+
+
+def test_a_key_request_may_ask_for_the_runs_store_key_and_the_reply_carries_only_aws_names():
+    """An incarnation submitted before its job named a run asks for its run's store key
+    with the data key; the reply carries S3 variables, nothing else."""
+    from slurm_geo.lease.protocol import KeyReply, KeyRequest
+
+    asked = KeyRequest("rented", 7, 0, 1, "tok", store_credentials=True)
+    assert KeyRequest.from_json(asked.to_json()).store_credentials is True
+    plain = asked.to_json() | {"store_credentials": "yes"}
+    assert KeyRequest.from_json(plain).store_credentials is False  # only a JSON true asks
+    reply = KeyReply("run-a", b"\x01" * 32, {"AWS_ACCESS_KEY_ID": "k",
+                                              "AWS_SECRET_ACCESS_KEY": "s"})
+    assert KeyReply.from_json(reply.to_json()) == reply
+    assert "store_env" not in KeyReply("run-a", b"\x01" * 32).to_json()
+    with pytest.raises(ValueError):
+        KeyReply.from_json({"run": "r", "data_key": "01", "store_env": {"LD_PRELOAD": "x"}})

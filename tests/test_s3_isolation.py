@@ -118,8 +118,11 @@ def test_a_per_run_store_gives_each_job_its_runs_key_and_the_ca_path_never_the_d
     assert env == {"AWS_ACCESS_KEY_ID": "key-run-a", "AWS_SECRET_ACCESS_KEY": "s",
                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_CA_BUNDLE": "/etc/ca.pem"}
     assert minter.minted == [("offsite", "run-a")]
-    with pytest.raises(ConfigError, match="no run was named"):
-        job_environment(store, daemon, "", minter)
+    # A job that never trained names no run yet: no key at submission (the key reply
+    # brings one, minted for the run its first lease names), never the daemon's.
+    assert job_environment(store, daemon, "", minter) == {
+        "AWS_DEFAULT_REGION": "us-east-1", "AWS_CA_BUNDLE": "/etc/ca.pem"}
+    assert minter.minted == [("offsite", "run-a")]
 
 
 def test_security_toml_signs_volume_and_filer_io_and_asks_every_port_for_a_certificate():

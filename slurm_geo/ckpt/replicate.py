@@ -16,6 +16,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from slurm_geo.ckpt.errors import UnsafeStoreDirectory
 from slurm_geo.ckpt.fence import FenceLookup, check_admitted, read_fence
 from slurm_geo.ckpt.manifest import Manifest, with_bases
 from slurm_geo.ckpt.names import key_name, manifest_name, pack_name
@@ -31,6 +32,9 @@ class CopyReport:
     packs_copied: int
     packs_present: int
     bytes_copied: int
+    # The destination's latest pointer was the run owner's own file in a sticky shared
+    # directory, which only they may replace: left as it was (a resume names its step).
+    latest_left: bool = False
 
 
 def copy_checkpoint(source: Repository, source_store: Store, destination: Store, run: str,
@@ -58,9 +62,14 @@ def copy_checkpoint(source: Repository, source_store: Store, destination: Store,
     # Checked last, right before the commit point: a fence set during the copy still holds.
     check_admitted(Repository(destination, source.master_keys), manifest, fence)
     _copy(source_store, destination, manifest_name(run, step))
+    latest_left = False
     if _destination_latest(source, destination, run) < step:
-        _copy_latest_naming(source, destination, run, step)
-    return CopyReport(run, step, len(copied), len(packs) - len(copied), sum(copied))
+        try:
+            _copy_latest_naming(source, destination, run, step)
+        except UnsafeStoreDirectory:
+            latest_left = True
+    return CopyReport(run, step, len(copied), len(packs) - len(copied), sum(copied),
+                      latest_left)
 
 
 def pack_extents(manifest: Manifest) -> dict[str, int]:

@@ -89,8 +89,9 @@ def job_environment(store: StoreConfig, daemon_env: Mapping[str, str], run: str 
         env[CA_BUNDLE_NAME] = str(store.ca_file)
     if store.job_keys == PER_RUN:
         if not run:
-            raise ConfigError(f"store '{store.name}' mints a key per run (job_keys = "
-                              f"\"{PER_RUN}\"), but no run was named for the job")
+            # A job that never trained has named no run yet: its key is minted when its
+            # first lease names one, and travels in the key reply (leaseservice).
+            return env
         return {**env, **(run_keys or IamRunKeys(daemon_env)).mint(store, run)}
     if store.job_credentials is not None:
         return {**env, **read_job_credentials(store.job_credentials)}

@@ -15,6 +15,7 @@ either changes nothing.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.runkey import unwrap_run_key
 from slurm_geo.federation.authn import Authenticator, Caller
+from slurm_geo.federation.credentials import PER_RUN, job_environment
 from slurm_geo.federation.leases import Verdict, decide
 from slurm_geo.federation.model import JobStatus, Lease, LogicalJob
 from slurm_geo.federation.refusals import REFUSED, Refusal, clip
@@ -190,7 +192,20 @@ class LeaseService:
                    f"{job.generation} on {job.cluster}:{job.job_id}",
                    f"{caller} holds the lease" + (" and presented its one-time token"
                                                   if request.token else ""))
-        return Reply(200, KeyReply(job.run, data_key).to_json())
+        store_env = self._store_env(job) if request.store_credentials and request.token \
+            else {}
+        return Reply(200, KeyReply(job.run, data_key, store_env).to_json())
+
+    def _store_env(self, job: LogicalJob) -> dict[str, str]:
+        """The run's own key to its cluster's store, for an incarnation submitted before
+        the job named its run (federation.credentials): minted now, for the run its lease
+        named; nothing for a store that does not mint a key per run."""
+        config = self.wiring.site.stores[self.wiring.store_of(job.cluster)]
+        if config.job_keys != PER_RUN or job.run is None:
+            return {}
+        return {name: value for name, value in
+                job_environment(config, os.environ, job.run).items()
+                if name.startswith("AWS_")}
 
     def _key_holder(self, request: KeyRequest, caller: Caller) -> LogicalJob:
         """The caller's job, if the request names its current generation."""

@@ -203,7 +203,10 @@ class Mover:
         # The fields checkpoint-sync records for its transfers: billing charges the egress.
         w.audit.append("transfer", job.logical_job,
                        f"copied {job.run}@{steps[-1]} from {source_store} to {target_store}",
-                       "the job moves; its newest checkpoint goes with it",
+                       "the job moves; its newest checkpoint goes with it"
+                       + ("; its latest pointer there is the owner's own and was left as it"
+                          " was (the incarnation is told the step)" if report.latest_left
+                          else ""),
                        bytes=report.bytes_copied, seconds=round(seconds, 3),
                        packs_copied=report.packs_copied, run=job.run, step=steps[-1],
                        source=source_store, destination=target_store,

@@ -280,8 +280,8 @@ class FederatedRun:
     def repository(self) -> Repository:
         """The run's store, opened with the run's data key (`run_key`)."""
         placement = self.placement
+        run, data_key = self.run_key()  # first: it may bring the store's key (run_key)
         store = open_store(placement.store_url, endpoint_url=placement.store_endpoint or None)
-        run, data_key = self.run_key()
         return RunKeyRepository(store, run, data_key)
 
     def run_key(self) -> tuple[str, bytes]:
@@ -289,8 +289,13 @@ class FederatedRun:
         lease (acquire first), by MUNGE at home, elsewhere by the incarnation's signature
         and its one-time token, so it is asked once per incarnation."""
         placement = self.placement
+        # Submitted before its job named a run, an incarnation got no store key: it asks
+        # for its run's with the data key, and the reply's goes into its environment.
+        needs_store_key = bool(placement.key_token) and not os.environ.get("AWS_ACCESS_KEY_ID") \
+            and placement.store_url.startswith("s3://")
         request = protocol.KeyRequest(placement.cluster, placement.job_id, placement.restart,
-                                      placement.generation, placement.key_token)
+                                      placement.generation, placement.key_token,
+                                      store_credentials=needs_store_key)
         status, body = self._call(protocol.KEY_PATH, request.to_json(),
                                   election_wait_s=ELECTION_WAIT_S)
         if status is None or (status == 503 and "leader" in body):
@@ -302,6 +307,7 @@ class FederatedRun:
             key = protocol.KeyReply.from_json(body)
         except (KeyError, TypeError, ValueError) as exc:
             raise Fenced(f"the federation daemon did not release the run key: {exc}") from None
+        os.environ.update(key.store_env)
         return key.run, key.data_key
 
 

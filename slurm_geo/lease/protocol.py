@@ -17,7 +17,7 @@ with the secret it was given; version 1, which trusted every field, is no longer
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -160,10 +160,14 @@ class KeyRequest:
     restart: int
     generation: int
     token: str = ""
+    # An incarnation submitted before its job named a run got no store key: it asks for
+    # its run's with the data key (only for a store that mints a key per run).
+    store_credentials: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"protocol": PROTOCOL_VERSION, "cluster": self.cluster, "job_id": self.job_id,
-                "restart": self.restart, "generation": self.generation, "token": self.token}
+                "restart": self.restart, "generation": self.generation, "token": self.token,
+                "store_credentials": self.store_credentials}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> KeyRequest:
@@ -172,22 +176,33 @@ class KeyRequest:
                    job_id=_count(body, "job_id"),
                    restart=_count(body, "restart", default=0),
                    generation=_count(body, "generation"),
-                   token=_text(body, "token", allow_empty=True, default=""))
+                   token=_text(body, "token", allow_empty=True, default=""),
+                   store_credentials=body.get("store_credentials") is True)
 
 
 @dataclass(frozen=True)
 class KeyReply:
-    """200 {run, data_key (hex)}; errors are {reason} with 401, 403, 409 or 503."""
+    """200 {run, data_key (hex)[, store_env]}; errors are {reason} with 401, 403, 409 or
+    503. `store_env`: the run's own store key (S3 variables), when the request asked."""
 
     run: str
     data_key: bytes
+    store_env: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "data_key": self.data_key.hex()}
+        body: dict[str, Any] = {"run": self.run, "data_key": self.data_key.hex()}
+        if self.store_env:
+            body["store_env"] = dict(self.store_env)
+        return body
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> KeyReply:
-        return cls(str(body["run"]), bytes.fromhex(str(body["data_key"])))
+        env = body.get("store_env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                and k.startswith("AWS_")
+                                                for k, v in env.items()):
+            raise ValueError("store_env is not a map of AWS_* variables")
+        return cls(str(body["run"]), bytes.fromhex(str(body["data_key"])), dict(env))
 
 
 RUN_RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
