@@ -144,7 +144,7 @@ class Sandbox:
             if cluster.name in to_reconfigure:
                 progress(f"reconfiguring {cluster.name} (its configuration changed)")
                 admin.reconfigure(cluster.slurm_conf)
-        self._write_token()
+        self._write_token((service.uid, service.gid))
         self._create_bucket()
         _hand_over(self.layout, service)  # the tokens just written, before the federation starts
         self._start_stage(by_stage[4], progress)  # it needs the token and the bucket
@@ -369,14 +369,16 @@ class Sandbox:
         _run_checked(["mariadb", "--no-defaults", f"--socket={self.layout.mariadb_socket}",
                       "-u", "root", "-e", "; ".join(statements)], "creating Slurm's databases")
 
-    def _write_token(self) -> None:
+    def _write_token(self, owner: tuple[int, int]) -> None:
+        """The tokens the federation daemon reads, its account's from the start: a running
+        daemon never meets one it cannot read."""
         rented = self.layout.rented
         try:
             token = admin.issue_token(rented.slurm_conf, REST_USER, TOKEN_LIFESPAN_S)
         except SlurmError as exc:
             raise SandboxError(f"cannot issue a JWT for {rented.name}: {exc}") from None
-        write_if_changed(rented.token_file, token + "\n", 0o600)
-        users.mint_tokens(rented)
+        write_if_changed(rented.token_file, token + "\n", 0o600, owner)
+        users.mint_tokens(rented, owner)
 
     def _create_bucket(self) -> None:
         seaweed.ensure_bucket(self.layout.s3_endpoint, self.daemons_s3_key(), S3_BUCKET,

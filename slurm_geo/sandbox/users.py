@@ -129,8 +129,9 @@ def associate(cluster: ClusterLayout) -> None:
                     [person.name for person in SANDBOX_USERS])
 
 
-def mint_tokens(cluster: ClusterLayout) -> None:
-    """A fresh JWT for each user's account on a slurmrestd cluster, valid for a day."""
+def mint_tokens(cluster: ClusterLayout, owner: tuple[int, int] | None = None) -> None:
+    """A fresh JWT for each user's account on a slurmrestd cluster, valid for a day, owned
+    by `owner` (the service account, which reads them) when given."""
     cluster.user_token_file("").parent.mkdir(mode=0o700, exist_ok=True)
     for person in SANDBOX_USERS:
         try:
@@ -138,7 +139,7 @@ def mint_tokens(cluster: ClusterLayout) -> None:
         except SlurmError as exc:
             raise SandboxError(f"cannot issue {person.name}'s JWT for {cluster.name}: "
                                f"{exc}") from None
-        write_if_changed(cluster.user_token_file(person.name), token + "\n", 0o600)
+        write_if_changed(cluster.user_token_file(person.name), token + "\n", 0o600, owner)
 
 
 def job_environment(layout: SandboxLayout, person: SandboxUser) -> dict[str, str]:
