@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -92,7 +93,7 @@ def env(root: Path | None, cluster: str) -> None:
     """Print `export` lines for CLUSTER: eval "$(slurm-geo sandbox env onprem)"."""
     from slurm_geo.sandbox.lifecycle import Sandbox
 
-    for line in Sandbox(existing_root(root)).env_lines(cluster):
+    for line in Sandbox(existing_root(root)).env_lines(cluster, as_root=os.geteuid() == 0):
         click.echo(line)
 
 

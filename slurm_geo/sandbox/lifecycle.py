@@ -15,7 +15,7 @@ import shlex
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,28 +178,9 @@ class Sandbox:
                 rows.append(ComponentStatus(daemon.name, up, pid, _endpoint(daemon)))
         return rows
 
-    def env_lines(self, cluster_name: str) -> list[str]:
-        cluster = self.layout.cluster(cluster_name)
-        if cluster is None:
-            names = ", ".join(c.name for c in self.layout.clusters)
-            raise SandboxError(f"no sandbox cluster '{cluster_name}'; choose one of: {names}")
-        values = {
-            "SLURM_CONF": str(cluster.slurm_conf),
-            "SLURM_GEO_CONFIG": str(self.layout.site_config),
-            "SLURM_GEO_SANDBOX_DIR": str(self.layout.root),
-            "SLURM_GEO_KEY_FILE": str(self.layout.master_key),
-            "AWS_ENDPOINT_URL": self.layout.s3_endpoint,
-            # The sandbox's site CA signs its S3 server and slurmrestd's TLS relay: boto3
-            # and curl trust it through these.
-            "AWS_CA_BUNDLE": str(self.layout.ca_cert),
-            **self.s3_env(),
-        }
-        if cluster.uses_rest:
-            values["SLURMRESTD_URL"] = cluster.rest_url
-            values["SLURMRESTD_USER"] = REST_USER  # whose JWT SLURM_JWT is
-            values["SLURM_JWT"] = _read_or_fail(cluster.token_file, "sandbox is not up")
-            values["CURL_CA_BUNDLE"] = str(self.layout.ca_cert)
-        return [f"export {key}={shlex.quote(value)}" for key, value in values.items()]
+    def env_lines(self, cluster_name: str, as_root: bool = True) -> list[str]:
+        """`export` lines for a shell on `cluster_name` (`shell_env`)."""
+        return shell_env(self.layout, cluster_name, as_root, self.s3_env)
 
     def s3_env(self) -> dict[str, str]:
         """The daemons' key to the sandbox's S3 server, and its region, as variables."""
@@ -479,6 +460,39 @@ def _write_secret(path: Path, make) -> bytes:
     return path.read_bytes()
 
 
+
+
+def shell_env(layout: SandboxLayout, cluster_name: str, as_root: bool,
+              s3_env: Callable[[], dict[str, str]]) -> list[str]:
+    """`export` lines for a shell on `cluster_name`. A user's (`as_root` False) get what
+    every user may know: the cluster, the config, the CAs and URLs; the daemons' S3 key,
+    the master key and the daemon's JWT are root's, and a comment line says so."""
+    cluster = layout.cluster(cluster_name)
+    if cluster is None:
+        names = ", ".join(c.name for c in layout.clusters)
+        raise SandboxError(f"no sandbox cluster '{cluster_name}'; choose one of: {names}")
+    values = {
+        "SLURM_CONF": str(cluster.slurm_conf),
+        "SLURM_GEO_CONFIG": str(layout.site_config),
+        "SLURM_GEO_SANDBOX_DIR": str(layout.root),
+        "AWS_ENDPOINT_URL": layout.s3_endpoint,
+        # The sandbox's site CA signs its S3 server and slurmrestd's TLS relay: boto3
+        # and curl trust it through these.
+        "AWS_CA_BUNDLE": str(layout.ca_cert),
+    }
+    if cluster.uses_rest:
+        values["SLURMRESTD_URL"] = cluster.rest_url
+        values["CURL_CA_BUNDLE"] = str(layout.ca_cert)
+    if as_root:
+        values |= {"SLURM_GEO_KEY_FILE": str(layout.master_key), **s3_env()}
+        if cluster.uses_rest:
+            values["SLURMRESTD_USER"] = REST_USER  # whose JWT SLURM_JWT is
+            values["SLURM_JWT"] = _read_or_fail(cluster.token_file, "sandbox is not up")
+    lines = [f"export {key}={shlex.quote(value)}" for key, value in values.items()]
+    if not as_root:
+        lines.append("# the daemons' S3 key, the master key and the daemon's JWT are "
+                     "root's: run `slurm-geo sandbox env` as root for those")
+    return lines
 
 
 def _hand_over(layout: SandboxLayout, service: service_account.ServiceAccount) -> None:
