@@ -13,7 +13,8 @@ from slurm_geo.sandbox.users import ALICE, job_environment, run_as
 @pytest.mark.parametrize("cluster", ["onprem", "rented"])
 def test_sandbox_env_works_for_alice_and_gives_her_no_secret(sandbox: Sandbox, cluster):
     done = run_as(ALICE, [str(sandbox.layout.site_python), "-m", "slurm_geo", "sandbox",
-                          "env", cluster], env=job_environment(sandbox.layout, ALICE),
+                          "env", "--dir", str(sandbox.layout.root), cluster],
+                  env=job_environment(sandbox.layout, ALICE),
                   capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pwd
 import secrets
 import shlex
 import shutil
@@ -137,7 +138,9 @@ class Sandbox:
             users.associate(cluster)
             # an operator on each: on rented it is REST_USER, whose JWT the daemon holds
             service_account.make_operator(cluster.slurm_conf, cluster.name, users.ACCOUNT)
-        _hand_over(self.layout, service)  # checkpoint-sync's, before stage 3 starts it
+        # What the daemons read and write (the tokens `_write_token` writes as theirs),
+        # before stage 3 starts checkpoint-sync.
+        _hand_over(self.layout, service)
         self._start_stage(by_stage[2], progress)
         self._start_stage(by_stage[3], progress)
         for cluster in self.layout.clusters:
@@ -146,7 +149,6 @@ class Sandbox:
                 admin.reconfigure(cluster.slurm_conf)
         self._write_token((service.uid, service.gid))
         self._create_bucket()
-        _hand_over(self.layout, service)  # the tokens just written, before the federation starts
         self._start_stage(by_stage[4], progress)  # it needs the token and the bucket
         progress(f"sandbox up: config {self.layout.site_config}")
 
@@ -289,9 +291,7 @@ class Sandbox:
                           f"--datadir={layout.mariadb_dir / 'data'}",
                           f"--user={stages.MARIADB_USER}",
                           "--auth-root-authentication-method=socket", "--skip-test-db"],
-                         "initialising MariaDB")
-        # The server's, but not the password file root uses to make Slurm's database user.
-        _own_tree(layout.mariadb_dir, stages.MARIADB_USER, keep=(layout.db_password_file,))
+                         "initialising MariaDB")  # its files the server's (--user)
         hostname = socket.gethostname()
         changed = set()
         for cluster in layout.clusters:
@@ -513,12 +513,14 @@ def _own_etcd(layout: SandboxLayout) -> None:
 
 
 def _own_tree(top: Path, user: str, keep: Iterable[Path] = ()) -> None:
-    """`top` and everything under it owned by `user` (and its group), but `keep`."""
+    """`top` and everything under it owned by `user` (and its group), but `keep`; a link
+    is given over itself, never followed. Each directory is seen once (os.walk's own)."""
+    entry = pwd.getpwnam(user)
     kept = set(keep)
-    for directory, subdirs, files in os.walk(top):
-        for path in [Path(directory), *(Path(directory) / name for name in subdirs + files)]:
-            if path not in kept and path.owner() != user:
-                shutil.chown(path, user, user)
+    for directory, _subdirs, files in os.walk(top):
+        for path in [Path(directory), *(Path(directory) / name for name in files)]:
+            if path not in kept and os.lstat(path).st_uid != entry.pw_uid:
+                os.lchown(path, entry.pw_uid, entry.pw_gid)
 
 
 def _run_checked(argv: list[str], what: str) -> None:
