@@ -35,6 +35,34 @@ def sbatch_as(sandbox, person, script: str, *args: str, cluster: str = "onprem",
                   capture_output=True, timeout=timeout_s, check=False, env=env)
 
 
+def as_uid(uid: int, action: Callable[[], object], gid: int | None = None) -> str:
+    """Run `action` in a forked child as `uid` (and `gid`, by default the same number), no
+    supplementary groups: "ok", or the exception's class and message (its traceback when
+    the message is empty), as one string the test asserts on."""
+    import os
+    import traceback
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        os.close(read)
+        try:
+            os.setgroups([])
+            os.setresgid(*(3 * [uid if gid is None else gid]))
+            os.setresuid(uid, uid, uid)
+            action()
+            answer = "ok"
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, whatever it is
+            answer = f"{type(exc).__name__}: {exc}" if str(exc) else traceback.format_exc()
+        os.write(write, answer.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        answer = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return answer
+
+
 def incarnation_environment(logical_job: str, generation: int) -> dict[str, str] | None:
     """The environment of a running process of that incarnation, read from /proc."""
     import psutil

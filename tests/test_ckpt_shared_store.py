@@ -9,12 +9,12 @@ import os
 import shutil
 import stat
 import tempfile
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from helpers import as_uid
 
 from slurm_geo.ckpt.errors import UnsafeObjectName, UnsafeStoreDirectory
 from slurm_geo.ckpt.gc import collect_garbage
@@ -37,29 +37,6 @@ def pfs() -> Iterator[Path]:
     shutil.rmtree(top)
 
 
-def as_user(uid: int, action: Callable[[], object]) -> str:
-    """Run `action` as `uid` in a forked child: "ok", or the exception's class and message."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        os.close(read)
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            action()
-            answer = "ok"
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent, whatever it is
-            answer = f"{type(exc).__name__}: {exc}" if str(exc) else traceback.format_exc()
-        os.write(write, answer.encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        answer = pipe.read().decode()
-    os.waitpid(pid, 0)
-    return answer
-
-
 def snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
     return {str(p.relative_to(root)): (p.lstat().st_uid, p.read_bytes() if p.is_file() else b"")
             for p in sorted(root.rglob("*"))}
@@ -68,7 +45,7 @@ def snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
 def test_a_run_directory_bob_made_first_is_never_written_into(pfs):
     """The finding: bob pre-created manifests/<run>/, so he owned it, and deleted root's
     manifest in it. Now root refuses it, in one line naming the directory, bob and the fix."""
-    assert as_user(BOB.uid, lambda: (pfs / "manifests" / "llm").mkdir(parents=True)) == "ok"
+    assert as_uid(BOB.uid, lambda: (pfs / "manifests" / "llm").mkdir(parents=True)) == "ok"
     store = LocalDirStore(pfs)
     with pytest.raises(UnsafeStoreDirectory) as info:
         store.put("manifests/llm/00000000000000000100", b"root's manifest")
@@ -82,7 +59,7 @@ def test_a_run_directory_bob_made_first_is_never_written_into(pfs):
 def test_a_pack_directory_bob_made_first_is_never_written_into(pfs):
     """packs/xx/ is shared by every run: one bob owns would let him remove anyone's packs."""
     bobs = pfs / "packs" / "ab"
-    assert as_user(BOB.uid, lambda: bobs.mkdir(parents=True)) == "ok"
+    assert as_uid(BOB.uid, lambda: bobs.mkdir(parents=True)) == "ok"
     with pytest.raises(UnsafeStoreDirectory, match="directory 'packs' belongs to bob|uid 2002"):
         LocalDirStore(pfs).put("packs/ab/" + "ab" * 32, b"pack")
     assert list(bobs.iterdir()) == []
@@ -92,14 +69,14 @@ def test_root_makes_the_shared_directories_and_a_user_never_does(pfs):
     def bob_puts_first() -> None:
         LocalDirStore(pfs).put("packs/cd/" + "cd" * 32, b"pack")
 
-    answer = as_user(BOB.uid, bob_puts_first)
+    answer = as_uid(BOB.uid, bob_puts_first)
     assert answer.startswith("UnsafeStoreDirectory") and "only root" in answer
     assert list(pfs.iterdir()) == []  # bob made nothing
     LocalDirStore(pfs)  # root opens it: every shared directory, root's and sticky
     for directory in (pfs / "packs", pfs / "packs" / "cd", pfs / "manifests", pfs / "locks"):
         info = directory.stat()
         assert info.st_uid == 0 and stat.S_IMODE(info.st_mode) == 0o1777
-    assert as_user(BOB.uid, bob_puts_first) == "ok"
+    assert as_uid(BOB.uid, bob_puts_first) == "ok"
 
 
 def test_bob_can_neither_remove_nor_replace_alices_or_roots_objects(pfs):
@@ -113,15 +90,15 @@ def test_bob_can_neither_remove_nor_replace_alices_or_roots_objects(pfs):
         store.put("manifests/alices-run/00000000000000000100", b"alice's manifest")
         store.put("latest/alices-run", b"pointer")
 
-    assert as_user(ALICE.uid, alice_saves) == "ok"
+    assert as_uid(ALICE.uid, alice_saves) == "ok"
     LocalDirStore(pfs).put("fences/alices-run", b"root's fence")
     before = snapshot(pfs)
     for name in ("keys/alices-run", pack, "manifests/alices-run/00000000000000000100",
                  "latest/alices-run", "fences/alices-run"):
-        assert as_user(BOB.uid, lambda n=name: LocalDirStore(pfs).delete(n)) \
+        assert as_uid(BOB.uid, lambda n=name: LocalDirStore(pfs).delete(n)) \
             .startswith("StoreUnavailable")
-        assert as_user(BOB.uid, lambda n=name: LocalDirStore(pfs).put(n, b"bob's")) != "ok"
-    assert as_user(BOB.uid, lambda: LocalDirStore(pfs).put(
+        assert as_uid(BOB.uid, lambda n=name: LocalDirStore(pfs).put(n, b"bob's")) != "ok"
+    assert as_uid(BOB.uid, lambda: LocalDirStore(pfs).put(
         "manifests/alices-run/00000000000000000200", b"bob's")) != "ok"  # alice's alone
     assert snapshot(pfs) == before
 
@@ -130,13 +107,13 @@ def test_a_name_bob_made_before_alice_writes_it_is_not_taken_for_hers(pfs):
     """bob pre-creates the pointer alice writes next: her put fails, saying whose it is,
     rather than leave his file standing for hers; root's put takes the name back."""
     LocalDirStore(pfs)
-    assert as_user(BOB.uid, lambda: (pfs / "latest" / "alices-run").write_bytes(b"bob")) == "ok"
-    answer = as_user(ALICE.uid, lambda: LocalDirStore(pfs).put("latest/alices-run", b"hers"))
+    assert as_uid(BOB.uid, lambda: (pfs / "latest" / "alices-run").write_bytes(b"bob")) == "ok"
+    answer = as_uid(ALICE.uid, lambda: LocalDirStore(pfs).put("latest/alices-run", b"hers"))
     assert answer.startswith("UnsafeStoreDirectory") and "belongs to" in answer
     assert (pfs / "latest" / "alices-run").read_bytes() == b"bob"
     LocalDirStore(pfs).put("latest/alices-run", b"root's")
     assert (pfs / "latest" / "alices-run").stat().st_uid == 0
-    assert as_user(BOB.uid, lambda: LocalDirStore(pfs).delete("latest/alices-run")) != "ok"
+    assert as_uid(BOB.uid, lambda: LocalDirStore(pfs).delete("latest/alices-run")) != "ok"
 
 
 def test_a_symbolic_link_bob_plants_is_never_followed(pfs):
@@ -144,8 +121,8 @@ def test_a_symbolic_link_bob_plants_is_never_followed(pfs):
     elsewhere = pfs.parent / "bobs"
     elsewhere.mkdir()
     os.chown(elsewhere, BOB.uid, BOB.uid)
-    assert as_user(BOB.uid, lambda: (pfs / "manifests" / "run").symlink_to(elsewhere)) == "ok"
-    assert as_user(BOB.uid, lambda: (pfs / "latest" / "run").symlink_to(elsewhere / "p")) == "ok"
+    assert as_uid(BOB.uid, lambda: (pfs / "manifests" / "run").symlink_to(elsewhere)) == "ok"
+    assert as_uid(BOB.uid, lambda: (pfs / "latest" / "run").symlink_to(elsewhere / "p")) == "ok"
     store = LocalDirStore(pfs)
     with pytest.raises(UnsafeObjectName, match="symbolic link"):
         store.put("manifests/run/00000000000000000001", b"x")
@@ -186,7 +163,7 @@ def test_locks_bob_plants_never_hold_gc_off(pfs):
         store.put("locks/" + "ab" * 16, b"\x00 not a lock")
         store.put("locks/" + "cd" * 16, b'{"created_at": "9999-01-01T00:00:00+00:00"}')
 
-    assert as_user(BOB.uid, bob_plants) == "ok"
+    assert as_uid(BOB.uid, bob_plants) == "ok"
     store = LocalDirStore(pfs)
     report = collect_garbage(store, Repository(store, bytes(32)), datetime.now(UTC))
     assert sorted(report.stale_locks_removed) == ["locks/" + "ab" * 16, "locks/" + "cd" * 16]

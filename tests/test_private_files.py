@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import as_uid
 
 from slurm_geo.private import (
     UnsafeStatePath,
@@ -22,6 +23,8 @@ from slurm_geo.private import (
     shared_directory,
     wanted_mode,
 )
+
+NOBODY = 65534  # the account the attacker runs as here: no file of its own
 
 
 @contextmanager
@@ -97,29 +100,6 @@ def test_a_link_in_place_of_a_state_file_is_refused_and_not_followed(
     assert mode(secret) == 0o644 and secret.read_text() == "k"
 
 
-def _as_nobody(action: Callable[[], Any]) -> str:
-    """Run `action` in a child process as nobody; what it raised, or "" (one line)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        os.close(read)
-        message = ""
-        try:
-            os.setgroups([])
-            os.setresgid(65534, 65534, 65534)
-            os.setresuid(65534, 65534, 65534)
-            action()
-        except BaseException as exc:
-            message = f"{type(exc).__name__}: {exc}"
-        os.write(write, message.encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        said = pipe.read().decode()
-    os.waitpid(pid, 0)
-    return said
-
-
 @pytest.fixture
 def passable_dir() -> Iterator[Path]:
     """A directory nobody may pass through (pytest's own are root's alone)."""
@@ -138,11 +118,11 @@ def test_a_too_open_file_of_another_account_is_refused_in_one_line(passable_dir:
         pytest.skip("needs root, to give the file to another account")
     state = passable_dir / "state"
     state.mkdir(mode=0o700)
-    os.chown(state, 65534, 65534)  # the daemon's own directory ...
+    os.chown(state, NOBODY, NOBODY)  # the daemon's own directory ...
     path = state / "registry.db"
     path.write_text("")
     path.chmod(0o644)  # ... with a file root left open in it
-    said = _as_nobody(lambda: private_file(path))
+    said = as_uid(NOBODY, lambda: private_file(path))
     assert said.startswith("UnsafeStatePath: ") and "\n" not in said
     assert "belongs to uid 0" in said and "chown it to the daemon's account" in said
     assert mode(path) == 0o644
