@@ -474,6 +474,18 @@ def test_routes_of_someone_else_into_our_block(routes, clashes):
     assert site_readings.conflicting_routes(TOPO, routes) == clashes
 
 
+@pytest.mark.parametrize("routes, preferred, chosen", [
+    ("[]", 7, 7),
+    ('[{"dst":"10.77.7.0/24","dev":"sgffff-lan-l"}]', 7, 8),      # another sandbox holds it
+    ('[{"dst":"10.77.7.0/24","dev":"sg1a2b-lan-l"}]', 7, 7),      # our own, from before
+    ('[{"dst":"10.77.254.0/24","dev":"eth1"}]', 254, 1),            # wraps round
+    ('[{"dst":"10.77.0.0/16","dev":"eth1"}]', 7, None),             # all of them taken
+    ('[{"type":"blackhole","dst":"10.77.0.0/16"}]', 7, 7),          # every sandbox's own
+])
+def test_a_sandbox_takes_the_next_free_block_when_its_own_is_routed(routes, preferred, chosen):
+    assert site_readings.free_block_index("sg1a2b-", preferred, routes) == chosen
+
+
 @pytest.mark.parametrize("which, a, b, says", [
     (HR, (200.0, False), (200.0, False), "WAN home <-> remote: 200 Mbit/s, up"),
     (HR, (50.0, True), (50.0, True), "WAN home <-> remote: 50 Mbit/s, CUT (home and remote "

@@ -356,6 +356,28 @@ def test_sandbox_wan_and_exec_act_on_the_sandboxs_sites(tmp_path):
     assert not leftovers(topo)
 
 
+def test_a_sandbox_whose_block_another_holds_takes_the_next_free_one_and_keeps_it(tmp_path):
+    layout = SandboxLayout(tmp_path / "sandbox")
+    preferred = layout.preferred_block_index
+    squatter = sites.topology(f"sgq{os.getpid() % 10000}-", preferred)
+    netns.create(squatter, 100)                  # another sandbox, on the block ours suggests
+    try:
+        topo = netns.up_sites(layout, 100)
+        try:
+            assert layout.network_block_index != preferred
+            assert topo.block == layout.topology.block
+            assert layout.network_block_file.read_text().strip() == str(
+                layout.network_block_index)
+            netns.remove(squatter)
+            netns.up_sites(layout)               # the block it was given, not the suggested
+            assert layout.network_block_index != preferred
+        finally:
+            netns.down_sites(layout)
+        assert not leftovers(topo)
+    finally:
+        netns.remove(squatter)
+
+
 def test_a_listener_on_127_0_0_1_inside_a_site_is_that_sites_alone(up, listen):
     listen(Site.HOME, "127.0.0.1")
     assert reaches(up, Site.HOME, "127.0.0.1")

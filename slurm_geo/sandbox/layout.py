@@ -331,9 +331,24 @@ class SandboxLayout:
         return f"sg{self._root_digest[:4]}-"
 
     @property
-    def network_block_index(self) -> int:
-        """B of the sandbox's addresses, 10.77.B.0/24 (1-254, from its directory)."""
+    def preferred_block_index(self) -> int:
+        """The B its directory suggests (1-254); `up` takes the next free one when another
+        network already holds it, and remembers which in `network_block_file`."""
         return 1 + int(self._root_digest[4:12], 16) % 254
+
+    @property
+    def network_block_file(self) -> Path:
+        return self.root / "network-block"
+
+    @property
+    def network_block_index(self) -> int:
+        """B of the sandbox's addresses, 10.77.B.0/24: the one `up` chose and remembered,
+        else the one its directory suggests."""
+        try:
+            chosen = int(self.network_block_file.read_text().strip())
+        except (OSError, ValueError):
+            return self.preferred_block_index
+        return chosen if 1 <= chosen <= 254 else self.preferred_block_index
 
 
 def root_from_env(explicit: Path | None = None) -> Path:

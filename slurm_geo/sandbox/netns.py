@@ -41,10 +41,30 @@ def up_sites(layout: SandboxLayout, wan_mbit: int | None = None) -> Topology:
     at its remembered rate, else 200 Mbit/s) and remember the rates; the links healed.
     For `Sandbox.up`."""
     rates = sites.link_rates(wan_mbit if wan_mbit is not None else remembered_link_rates(layout))
+    _choose_block(layout)
     topo = sandbox_topology(layout)
     create(topo, rates)
     remember_link_rates(layout, rates)
     return topo
+
+
+def _choose_block(layout: SandboxLayout) -> None:
+    """Remember the sandbox's address block the first time its sites come up: the one its
+    directory suggests, else the next one no other network here routes (two directories
+    may suggest one block). A remembered block is kept; `create` refuses it if taken."""
+    if layout.network_block_file.exists():
+        return
+    preferred = sites.topology(layout.network_prefix, layout.preferred_block_index)
+    chosen = layout.preferred_block_index
+    if not sites.is_up(preferred, observe(preferred)):
+        found = site_readings.free_block_index(layout.network_prefix, chosen,
+                                               _output(["ip", "-j", "route", "show"]))
+        if found is None:
+            raise SandboxError(f"every address block of {sites.NETWORK_RANGE} is routed "
+                               "here already; take another sandbox's sites down first")
+        chosen = found
+    layout.root.mkdir(parents=True, exist_ok=True)
+    layout.network_block_file.write_text(f"{chosen}\n")
 
 
 def down_sites(layout: SandboxLayout) -> None:

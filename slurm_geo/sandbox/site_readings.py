@@ -18,6 +18,7 @@ from slurm_geo.sandbox.sites import (
     Topology,
     WanLink,
     links_of,
+    topology,
 )
 
 
@@ -128,6 +129,17 @@ def conflicting_routes(topo: Topology, route_json: str) -> list[str]:
         if network.version == 4 and network.overlaps(topo.block):
             clashes.append(f"{dst} dev {row.get('dev')}")
     return clashes
+
+
+def free_block_index(prefix: str, preferred: int, route_json: str) -> int | None:
+    """The first B from `preferred` on (1-254, wrapping) whose 10.77.B.0/24 no route of
+    the machine's namespace reaches through a device not the sandbox's; None when all are
+    taken. Two sandboxes whose directories suggest one block so get two."""
+    for step in range(254):
+        index = 1 + (preferred - 1 + step) % 254
+        if not conflicting_routes(topology(prefix, index), route_json):
+            return index
+    return None
 
 
 def _is_range_blackhole(row: dict) -> bool:
