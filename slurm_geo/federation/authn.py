@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slurm_geo.federation.etcd.identities import EtcdIdentities
 from slurm_geo.federation.identities import Identities, IncarnationSecrets
@@ -42,6 +42,9 @@ class Caller:
     # An incarnation: signed with its bootstrap secret (from its environment), not with the
     # session secret the daemon handed it (federation.sessions decides what that allows).
     bootstrap: bool = False
+    # The incarnation's secrets as authentication read them, so the session step
+    # (federation.sessions) decides on the same row without reading it again.
+    secrets: IncarnationSecrets | None = field(default=None, compare=False, repr=False)
 
     @property
     def at_home(self) -> bool:
@@ -113,4 +116,5 @@ class Authenticator:
                                         self.window_s)
             bootstrap = True
         self.nonces.first_use(f"{credentials.incarnation} {credentials.nonce}", timestamp, now)
-        return Caller(logical_job=logical_job, generation=generation, bootstrap=bootstrap)
+        return Caller(logical_job=logical_job, generation=generation, bootstrap=bootstrap,
+                      secrets=secrets)
