@@ -29,6 +29,7 @@ from slurm_geo.sandbox import (
     certs,
     etcd_members,
     geo,
+    login,
     netns,
     render,
     seaweed,
@@ -113,6 +114,8 @@ class Sandbox:
             progress(f"created the sandbox's users: {', '.join(made)}")
         users.share_home_store(self.layout)
         users.ensure_site_python(self.layout, progress)
+        # The users' login shells: slurm-geo on PATH, the home cluster and the config.
+        login.ensure_profile(self.layout, self.env_lines(self.layout.onprem.name, False))
         by_stage = self._stages(version)
         self._check_ports(daemon for stage in by_stage for daemon in stage)
         remote = self.layout.address(Site.REMOTE)
@@ -169,6 +172,7 @@ class Sandbox:
                                   if name != stages.S3_DAEMON and name not in etcd]])
         netns.down_sites(self.layout)
         if purge:
+            login.remove_profile(self.layout)
             shutil.rmtree(self.layout.root, ignore_errors=True)
 
     def status(self) -> list[ComponentStatus]:

@@ -165,11 +165,24 @@ def run_as(person: SandboxUser, argv: list[str], **kwargs) -> subprocess.Complet
 # --- the site Python ---------------------------------------------------------------------
 
 def ensure_site_python(layout: SandboxLayout, progress) -> None:
-    """The venv jobs run, every user able to execute it, with this checkout's slurm_geo."""
+    """The venv jobs run, every user able to execute it, with this checkout's slurm_geo
+    and its user command, `slurm-geo`."""
     python = layout.site_python
     if not python.exists():
         _build_venv(layout.site_python_dir, progress)
     _publish_package(python)
+    write_if_changed(python.parent / "slurm-geo", COMMAND_SCRIPT.format(python=python), 0o755)
+
+
+# What pip's console script would be; the daemons' programs are the service account's and
+# root's, started from the suite's Python (sandbox.stages), so only the users' command.
+COMMAND_SCRIPT = """#!{python}
+import sys
+
+from slurm_geo.cli import main
+
+sys.exit(main())
+"""
 
 
 def _build_venv(target: Path, progress) -> None:
