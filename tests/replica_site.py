@@ -14,12 +14,12 @@ from typing import Any
 
 from slurm_geo.ckpt.keys import KeyFile
 from slurm_geo.config.model import SiteConfig, parse_config
+from slurm_geo.daemon.httpserver import BoundedHTTPServer
 from slurm_geo.federation.authn import Authenticator
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.core import Federation
 from slurm_geo.federation.entry import run_round
 from slurm_geo.federation.etcd.leadership import Leadership
-from slurm_geo.federation.httpserver import BoundedHTTPServer
 from slurm_geo.federation.runtime import open_federation_state
 from slurm_geo.federation.service import Metrics, serve
 from slurm_geo.federation.wiring import Wiring

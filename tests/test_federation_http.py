@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from lease_site import LeaseSite, start
 
-from slurm_geo.federation.httpserver import (
+from slurm_geo.daemon.httpserver import (
     DEFAULT_LIMITS,
     BoundedHTTPServer,
     Limits,
@@ -322,3 +322,10 @@ def test_out_of_descriptors_the_reading_thread_pauses_and_says_so_once_a_minute(
             == ["event=http_accept_failed error='[Errno 24] Too many open files'"]
     finally:
         server.server_close()
+
+
+def test_the_server_bounds_bodies_as_the_lease_protocol_does():
+    from slurm_geo.daemon import httpserver
+    from slurm_geo.lease import protocol
+
+    assert httpserver.MAX_BODY_BYTES == protocol.MAX_BODY_BYTES

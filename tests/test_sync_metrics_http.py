@@ -113,7 +113,7 @@ def test_300_stalled_connections_do_not_make_300_threads_and_metrics_still_answe
 
 
 def test_a_stalled_connection_is_closed_after_its_idle_time(state: Path) -> None:
-    from slurm_geo.federation.httpserver import Limits
+    from slurm_geo.daemon.httpserver import Limits
 
     collector = SyncCollector(state, Live)
     server = serve_metrics(collector, "127.0.0.1", 0,

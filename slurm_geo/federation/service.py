@@ -10,7 +10,7 @@ that does not lead answers every POST with the way to the leader (federation.fol
 and so does one deposed while answering (NotLeader: nothing was granted).
 A body that is not a request of the protocol gets 400 with the reason; the bodies are
 slurm_geo.lease.protocol's, specified in docs/federation.md ("Lease protocol"). The server
-(federation.httpserver) bounds threads, waits and queues; refusals are audited at most
+(daemon.httpserver) bounds threads, waits and queues; refusals are audited at most
 once per source address per interval (federation.refusals); docs/security.md.
 """
 
@@ -24,15 +24,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from slurm_geo.errors import SlurmGeoError
-from slurm_geo.federation.core import Federation
-from slurm_geo.federation.followers import follower_reply, leader_status, retry_after_s
-from slurm_geo.federation.httpserver import (
+from slurm_geo.daemon.httpserver import (
     DEFAULT_LIMITS,
     BoundedHTTPServer,
     Limits,
     PrereadHandler,
 )
+from slurm_geo.errors import SlurmGeoError
+from slurm_geo.federation.core import Federation
+from slurm_geo.federation.followers import follower_reply, leader_status, retry_after_s
 from slurm_geo.federation.leaseservice import Reply
 from slurm_geo.federation.model import (
     ClusterStatus,

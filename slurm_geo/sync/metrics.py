@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from slurm_geo.federation.httpserver import BoundedHTTPServer, Limits, PrereadHandler
+from slurm_geo.daemon.httpserver import BoundedHTTPServer, Limits, PrereadHandler
 from slurm_geo.sync.state import Status
 
 RUN_WINDOW_S = 7 * 24 * 3600
@@ -213,7 +213,7 @@ class SyncCollector:
 def serve_metrics(collector: SyncCollector, address: str, port: int,
                   limits: Limits = METRICS_LIMITS) -> BoundedHTTPServer:
     """Serve `collector` alone (no process-wide default registry) on address:port, over
-    the federation daemon's bounded server (`slurm_geo.federation.httpserver`): one thread
+    the federation daemon's bounded server (`slurm_geo.daemon.httpserver`): one thread
     reads every connection, a stalled one costs a socket, never a thread, and `limits`
     bound the rest. Returns the server; its shutdown() and server_close() stop it."""
     registry = CollectorRegistry(auto_describe=False)

@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from slurm_geo.lease.protocol import MAX_BODY_BYTES  # a longer body is refused unread
-
 log = logging.getLogger("slurm_geo.federation")
 
 ACCEPTS_PER_ROUND = 64     # then the connections being read get their turn
@@ -55,6 +53,10 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+# A longer request body is refused unread: the lease protocol's bound
+# (slurm_geo.lease.protocol.MAX_BODY_BYTES, kept equal by tests/test_federation_http.py).
+MAX_BODY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
