@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from slurm_geo.ckpt.manifest import ChunkRef, Manifest, Metadata
@@ -17,11 +18,12 @@ from slurm_geo.ckpt.reader import fetch_pool, ordered_map, prefetched, worker_po
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.safetensors import (
     SUFFIX,
+    held_part,
     is_safetensors_file,
     read_safetensors_file,
     write_safetensors_file,
 )
-from slurm_geo.ckpt.skeleton import parse_skeleton
+from slurm_geo.ckpt.skeleton import parse_skeleton, tensor_paths
 from slurm_geo.ckpt.tensorfile import TensorFile
 from slurm_geo.ckpt.torchfile import read_torch_file, write_torch_file
 from slurm_geo.ckpt.ziparchive import crc32_combine
@@ -52,20 +54,30 @@ def push_tensor_file(repository: Repository, path: Path, run: str, metadata: Met
 
 
 def pull_tensor_file(repository: Repository, run: str, step: int, path: Path,
-                     on_bytes: OnBytes = lambda _d, _t: None) -> None:
+                     on_bytes: OnBytes = lambda _d, _t: None) -> list[str]:
     """Write checkpoint `step` of `run` at `path` (via a temporary): a safetensors file if
     its name ends in .safetensors, else a torch.save file. `on_bytes` follows the tensors'
-    bytes written."""
+    bytes written. The top-level entries of the state left out of the file (a safetensors
+    file of a Checkpointer's state holds its model's weights only; `held_part`)."""
     manifest = repository.manifest(run, step)
     state = parse_skeleton(repository.read_extra_state(run, step))
+    left_out: list[str] = []
+    write = write_torch_file
+    if path.suffix == SUFFIX:
+        write = write_safetensors_file
+        state, left_out = held_part(state)
+        if left_out:
+            held = set(tensor_paths(state))
+            manifest = replace(manifest, tensors=tuple(t for t in manifest.tensors
+                                                       if t.path in held))
     partial = path.with_name(path.name + ".partial")
     partial.unlink(missing_ok=True)  # a killed pull's; the writers create it anew
     try:
-        write = write_safetensors_file if path.suffix == SUFFIX else write_torch_file
         write(partial, state, manifest.tensors, PlacedChunks(repository, manifest, on_bytes))
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)
+    return left_out
 
 
 def read_tensor_file(path: Path) -> TensorFile:

@@ -6,7 +6,8 @@ tensor's dtype, shape and `data_offsets` (from the end of the header), an option
 reference implementation does (its 100 MB bound; every byte of the data section belongs
 to exactly one tensor, none overlap) and maps each tensor from the file (`FileTensors`);
 the skeleton is the flat mapping of names to tensors, `__metadata__` kept in it so a pull
-writes it back. Writing needs such a flat state: the header goes first, its offsets known
+writes it back. Writing needs such a flat state (of a Checkpointer's training state, its
+model's, `held_part`): the header goes first, its offsets known
 from the manifest's shapes, then each tensor's chunks, written in place as they arrive.
 """
 
@@ -196,6 +197,23 @@ def write_safetensors_file(path: Path, state: Any, tensors: Sequence[TensorEntry
         out.flush()
         data = out.tell()
         fill(out.fileno(), [data + header[names[t.path]]["data_offsets"][0] for t in tensors])
+
+
+# The top-level entries of a `slurm_geo.torch.Checkpointer` state.
+TRAINING_STATE_KEYS = ("model", "optimizer", "scheduler", "rng", "data_position", "extra")
+
+
+def held_part(state: Any) -> tuple[Any, list[str]]:
+    """The part of the skeleton's state a safetensors file holds, and what it leaves out.
+
+    A Checkpointer's training state gives its model's state dict (names as
+    `model.state_dict()` has them, so `model.load_state_dict(load_file(...))` takes it);
+    the optimizer, scheduler, RNG states, data position and extra are left out (named,
+    those that hold anything). Any other state is held whole, or refused when written."""
+    if (isinstance(state, dict) and "$" not in state
+            and set(TRAINING_STATE_KEYS) <= state.keys()):
+        return state["model"], [k for k, v in state.items() if k != "model" and v is not None]
+    return state, []
 
 
 @dataclass(frozen=True, slots=True)

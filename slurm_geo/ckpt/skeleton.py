@@ -7,7 +7,8 @@ skeleton are the same byte for byte as an in-process save's, and a
 checkpoint pushed from a file and one saved in-process share paths (and chunks), and
 either reads back through `unflatten_state`. `walk_skeleton` goes the other way for
 writers of files: it hands each node of a skeleton to a visitor, in the order
-`unflatten_state` rebuilds them.
+`unflatten_state` rebuilds them; a numpy array is handed over as a tensor and a numpy
+scalar as its plain value, the forms `torch.load(weights_only=True)` accepts.
 """
 
 from __future__ import annotations
@@ -87,8 +88,12 @@ def walk_skeleton(node: Any, visitor: Visitor[T]) -> T:
                                 for k, v in node.items()], None, ordered=False)
     kind = node["$"]
     try:
-        if kind == "tensor":
+        if kind in ("tensor", "ndarray"):
+            # A numpy array (numpy's RNG state) is written as a tensor of its dtype and
+            # shape, which torch.load(weights_only=True) reads; `.numpy()` gives it back.
             return visitor.tensor(node["path"])
+        if kind == "npscalar":
+            return walk_skeleton(node["v"], visitor)  # its plain value
         if kind == "dict":
             items = [(walk_skeleton(k, visitor), walk_skeleton(v, visitor))
                      for k, v in node["items"]]
@@ -106,9 +111,8 @@ def walk_skeleton(node: Any, visitor: Visitor[T]) -> T:
         if isinstance(exc, SlurmGeoError):
             raise
         raise TensorFileError(f"malformed {kind!r} entry in the checkpoint's skeleton") from None
-    what = {"ndarray": "a numpy array", "npscalar": "a numpy scalar"}.get(kind, repr(kind))
-    raise TensorFileError(f"the checkpoint's state holds {what}, which this file format "
-                          "cannot hold: pull it to a directory instead")
+    raise TensorFileError(f"the checkpoint's state holds a {kind!r:.40} entry, which this file "
+                          "format cannot hold: pull it to a directory instead")
 
 
 def tensor_paths(node: Any) -> list[str]:

@@ -205,7 +205,8 @@ def push(path: Path, store_url: str, run: str | None, step: int | None, key_file
               help="A directory (gets a verified copy of the checkpoint; of a multi-rank "
                    "one, a DCP checkpoint that torch.distributed.checkpoint reads with "
                    "FileSystemReader), FILE.pt (gets a torch.save file of the state "
-                   "dict), or FILE.safetensors (a state dict of named tensors only).")
+                   "dict; numpy arrays as tensors), or FILE.safetensors (named tensors only: "
+                   "of a Checkpointer's checkpoint, its model's weights).")
 @key_file_option
 @json_option
 def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool) -> None:

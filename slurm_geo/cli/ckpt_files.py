@@ -7,6 +7,8 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
+import click
+
 from slurm_geo.cli.progress import progress
 from slurm_geo.errors import ConfigError
 
@@ -31,8 +33,13 @@ def pull_tensor_file(repository, run: str, step: int, path: Path, as_json: bool)
     from slurm_geo.ckpt import files
 
     with progress(f"pull {run}@{step}", as_json) as bar:
-        files.pull_tensor_file(repository, run, step, path, on_bytes=bar)
-    return {"run": run, "step": step, "to": str(path), "bytes": bar.done}
+        left_out = files.pull_tensor_file(repository, run, step, path, on_bytes=bar)
+    if left_out and not as_json:
+        click.echo(f"slurm-geo: note: {path.name} holds the model's weights only (safetensors "
+                   f"holds tensors); left out: {', '.join(left_out)}; pull to FILE.pt for "
+                   "the whole training state", err=True)
+    return {"run": run, "step": step, "to": str(path), "bytes": bar.done,
+            **({"left_out": left_out} if left_out else {})}
 
 
 def pull_multi_rank(store_url: str, key_file: Path, run: str, step: int, path: Path) -> dict:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
@@ -52,7 +53,25 @@ def write_dcp_directory(state: dict[str, Any], path: Path) -> None:
 
 
 def write_torch_file(state: dict[str, Any], path: Path) -> None:
-    torch.save(state, path)
+    """A file `torch.load(weights_only=True)` reads: numpy arrays (numpy's RNG state) are
+    saved as tensors of their dtype and shape, numpy scalars as plain numbers, as a pull
+    of a single-process checkpoint writes them."""
+    torch.save(_weights_only_form(state), path)
+
+
+def _weights_only_form(value: Any) -> Any:
+    if isinstance(value, numpy.ndarray) and value.dtype != object:
+        return torch.from_numpy(numpy.ascontiguousarray(value))
+    if isinstance(value, numpy.generic):
+        return value.item()
+    if isinstance(value, dict):
+        converted = type(value)((k, _weights_only_form(v)) for k, v in value.items())
+        if hasattr(value, "_metadata"):
+            converted._metadata = value._metadata  # type: ignore[attr-defined]
+        return converted
+    if type(value) in (list, tuple):
+        return type(value)(_weights_only_form(v) for v in value)
+    return value
 
 
 @contextmanager
