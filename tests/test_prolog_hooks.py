@@ -571,3 +571,51 @@ key_file = "{tmp_path / 'no.key'}"
     assert run_hook("epilog", env) == 0
     record = (tmp_path / "jobs" / "a" / ".slurm-geo" / "job-onprem-42.json").read_text()
     assert '"as": "job directory"' in record and '"replicated": true' in record
+    assert "unconfirmed: checkpoint-sync's state is not readable here" in \
+        json.loads(record)["incarnations"][0]["sync"]["note"]
+
+
+def test_the_epilog_says_not_replicated_when_checkpoint_sync_keeps_failing(tmp_path, key,
+                                                                           monkeypatch):
+    """The configuration says the directory is replicated; checkpoint-sync's state says
+    its run failed 18 times (sealed under the user's own key): the record says the
+    latter (issue 29)."""
+    from slurm_geo.hooks.entry import run_hook
+    from slurm_geo.sync.state import StateDB, Status
+
+    ckpt = tmp_path / "jobs" / "a"
+    for name in ("pfs", "offsite", "jobs/a"):
+        (tmp_path / name).mkdir(parents=True, exist_ok=True)
+    save(Repository(LocalDirStore(ckpt), key), 10)
+    state = StateDB(tmp_path / "sync.db")
+    (replica_id,) = state.add([{"root": f"file://{ckpt}", "run": RUN, "step": 10,
+                                "destination": "offsite", "sequence": 0,
+                                "status": "pending"}], now=1.0)
+    state.update(replica_id, Status.PENDING, 2.0, failures=18,
+                 last_error="sealed under another key")
+    state.close()
+    config = tmp_path / "site.toml"
+    config.write_text(f'''
+[stores.pfs]
+url = "file://{tmp_path / 'pfs'}"
+region = "home"
+[stores.offsite]
+url = "file://{tmp_path / 'offsite'}"
+region = "remote"
+[sync]
+roots = ["pfs"]
+destination = "offsite"
+state = "{tmp_path / 'sync.db'}"
+key_file = "{tmp_path / 'no.key'}"
+''')
+    monkeypatch.setenv("SLURM_GEO_CONFIG", str(config))
+    env = {**env_for(ckpt), "SPANK_GEO_RESIDENCY": "home,remote",
+           "SLURM_GEO_HOOK_LOG": str(tmp_path / "h.log")}
+    assert run_hook("epilog", env) == 0
+    (entry,) = json.loads((ckpt / ".slurm-geo" / "job-onprem-42.json").read_text())[
+        "incarnations"]
+    assert entry["final_checkpoint"] == {"run": RUN, "step": 10}
+    assert entry["sync"] == {
+        "root": None, "replicated": False,
+        "why": f"run {RUN}: checkpoint-sync has not replicated step 10 to offsite (retrying "
+               f"after 18 failed attempts: sealed under another key)"}

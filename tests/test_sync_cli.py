@@ -125,3 +125,13 @@ def test_status_rows_name_each_runs_job_and_list_directories_without_runs():
         (None, ["onprem:32"], "unreadable"), (None, ["onprem:33"], "kept_home")]
     assert rows[2]["error"] == rows[2]["source_detail"] == "/gone does not exist"
     assert rows[0]["roots"] == [job_root] and rows[1]["roots"] == ["pfs"]
+
+
+def test_status_warns_of_each_run_whose_newest_checkpoint_is_not_replicated(state_path):
+    """A run whose checkpoints go nowhere is said so on stderr, not only in a column
+    (issue 29): run-a's newest (300) is merely pending, run-b's failed."""
+    result = slurm_geo("sync", "status", "--state", str(state_path))
+    assert result.returncode == 0
+    assert result.stderr.splitlines() == [
+        "slurm-geo: warning: run run-b: checkpoint-sync has not replicated step 50 to "
+        "offsite (gave up: AccessDenied)"]

@@ -39,6 +39,7 @@ def status(state_path: Path | None, config: Path | None, as_json: bool) -> None:
     """Per run and destination: newest checkpoint, newest verified, counts, lag; and each
     registered job's checkpoint directory, with what checkpoint-sync sees there."""
     from slurm_geo.sync.state import StateDB
+    from slurm_geo.sync.truth import failing_runs
 
     state = StateDB(_state_path(state_path, config), readonly=True)
     try:
@@ -49,6 +50,8 @@ def status(state_path: Path | None, config: Path | None, as_json: bool) -> None:
     for source in sources:
         if source.status.is_problem:  # on stderr too: never lost in a long table
             click.echo(f"slurm-geo: warning: {_named(source)}: {source.detail}", err=True)
+    for failing in failing_runs(replicas):  # a run whose checkpoints go nowhere, said so
+        click.echo(f"slurm-geo: warning: {failing.line()}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -53,7 +53,7 @@ def _dispatch(name: str, job: Any, site: Any, env: Mapping[str, str], now: float
     if name == "prolog":
         node.prolog(job, lambda: staging_for(site, job, env), now)
     elif name == "epilog":
-        node.epilog(job, protection_of(site, job), now)
+        node.epilog(job, protection_of(site, job), now, sync_judge(site, job))
     elif name in ("prolog_slurmctld", "epilog_slurmctld"):
         from slurm_geo.registry import Registry
 
@@ -111,6 +111,40 @@ def protection_of(site: Any, job: Any) -> Any:
                       sync_site(site.sync.roots, urls, site.sync.destination,
                                 destination.region, site.home_cluster, site.policy,
                                 os.path.realpath))
+
+
+def sync_judge(site: Any, job: Any) -> Any:
+    """What checkpoint-sync's state says of the job's directory, read now (as root: the
+    database is the service account's), judged once the epilog knows the final
+    checkpoint's run (slurm_geo.sync.truth). Where the state cannot be read here (it
+    lives on checkpoint-sync's host), the record says so beside the configuration's
+    answer."""
+    from dataclasses import replace
+
+    from slurm_geo.sync.jobdirs import file_roots, job_root
+    from slurm_geo.sync.state import StateDB, SyncError
+    from slurm_geo.sync.truth import sync_verdict
+
+    if site is None or site.sync is None:
+        return None
+    real_path = os.path.realpath(job.directives.ckpt_dir)
+    urls = {name: store.url for name, store in site.stores.items()}
+    roots = {name: os.path.realpath(path)
+             for name, path in file_roots(site.sync.roots, urls).items()}
+    # The replicas' root: a configured root's name, else the job directory's own.
+    root = next((name for name, path in sorted(roots.items()) if path == real_path),
+                None) or job_root(real_path)
+    try:
+        state = StateDB(site.sync.state, readonly=True)
+        try:
+            source = next((s for s in state.sources() if s.root == root), None)
+            replicas = state.replicas("root = ?", [root])
+        finally:
+            state.close()
+    except (SyncError, OSError) as exc:
+        unread = f"unconfirmed: checkpoint-sync's state is not readable here ({exc})"
+        return lambda meant, _run: replace(meant, note=unread) if meant.replicated else meant
+    return lambda meant, run: sync_verdict(meant, source, replicas, run)
 
 
 def staging_for(site: Any, job: Any, env: Mapping[str, str]) -> Any:

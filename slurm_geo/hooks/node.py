@@ -251,27 +251,36 @@ def end_reason(prolog_restart: int | None, job: JobContext) -> str:
     return "completed" if job.exit_code in ("", "0", "0:0") else "failed"
 
 
-def epilog(job: JobContext, protected: Protection, now: float) -> dict[str, Any]:
+def epilog(job: JobContext, protected: Protection, now: float,
+           judge: Callable[[Protection, str | None], Protection] | None = None
+           ) -> dict[str, Any]:
     """Record the incarnation's end and final checkpoint, and whether checkpoint-sync
-    replicates the directory (`protected`); returns the record written."""
+    replicates the directory: `protected` as the configuration says, then as `judge`
+    finds from checkpoint-sync's state, given the final checkpoint's run
+    (slurm_geo.sync.truth, read beforehand); returns the record written."""
     assert job.directives.ckpt_dir is not None
     with as_user(job.uid, job.gid):
-        return _epilog(job, Path(job.directives.ckpt_dir), protected, now)
+        return _epilog(job, Path(job.directives.ckpt_dir), protected, now, judge)
 
 
-def _epilog(job: JobContext, ckpt_dir: Path, protected: Protection,
-            now: float) -> dict[str, Any]:
+def _epilog(job: JobContext, ckpt_dir: Path, protected: Protection, now: float,
+            judge: Callable[[Protection, str | None], Protection] | None = None
+            ) -> dict[str, Any]:
     meta = prepare_directory(ckpt_dir)
     prolog_restart = _last_prolog_restart(meta, job)
     final = final_checkpoint(ckpt_dir)
+    if judge is not None:
+        protected = judge(protected, None if final is None else final[0])
+    sync: dict[str, Any] = {"root": protected.root, "replicated": True, "as": protected.how} \
+        if protected.replicated else {"root": None, "replicated": False, "why": protected.how}
+    if protected.note:
+        sync["note"] = protected.note
     entry = {
         "restart": prolog_restart if prolog_restart is not None else job.restart,
         "node": job.node, "ended_at": now, "reason": end_reason(prolog_restart, job),
         "exit_code": job.exit_code,
         "final_checkpoint": None if final is None else {"run": final[0], "step": final[1]},
-        "sync": {"root": protected.root, "replicated": True, "as": protected.how}
-                if protected.replicated else
-                {"root": None, "replicated": False, "why": protected.how},
+        "sync": sync,
     }
     record_path = meta / f"job-{job.tag}.json"
     record = read_json(record_path) or {"cluster": job.cluster, "job_id": job.job_id,

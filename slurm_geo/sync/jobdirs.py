@@ -272,6 +272,7 @@ class Protection:
     root: str | None                # the root its replicas are kept under
     replicated: bool
     how: str                        # "root", "job directory", or why it is not
+    note: str = ""                  # "replicated" unconfirmed: why (slurm_geo.sync.truth)
 
 
 def protection(real_path: str, directives: Directives, cluster: str,
