@@ -48,6 +48,12 @@ from slurm_geo.slurm.models import (
     NodeInfo,
 )
 from slurm_geo.slurm.submit_as import SUBMIT_AS_PATH
+from slurm_geo.slurm.windows import (
+    STATE_FILTER,
+    IncarnationKey,
+    incarnation_key,
+    one_per_incarnation,
+)
 
 # What Slurm's commands print when the controller (or slurmdbd) does not answer.
 UNREACHABLE_MARKERS = (
@@ -193,27 +199,30 @@ class CliSlurmClient(SlurmClient):
         else:
             if start is None or end is None:
                 raise ValueError("accounting needs job ids or a start and an end")
-            argv += [f"--starttime={_local(start - WINDOW_SLACK)}",
-                     f"--endtime={_local(end + WINDOW_SLACK)}"]
-        records = parse.accounting(self._json(argv, "accounting"), self.cluster)
-        if not ids:
-            assert start is not None and end is not None
-            records = [r for r in records if overlaps(r, start, end)]
-        return records
+            found: list[AccountingRecord] = []
+            for query in window_queries(argv, start, end):
+                found += parse.accounting(self._json(query, "accounting"), self.cluster)
+            return [r for r in one_per_incarnation(found) if overlaps(r, start, end)]
+        return parse.accounting(self._json(argv, "accounting"), self.cluster)
 
     def accounting_rows(self, start: datetime, end: datetime
                         ) -> Iterator[AccountingRecord | MalformedAccountingRow]:
         """`accounting(start=, end=)` read from `sacct --parsable2` instead of JSON: a
         fraction of the memory for large windows (billing ingest). A line that cannot be
         read comes out as a MalformedAccountingRow instead of failing the whole window."""
-        argv = [*parse.sacct_parsable_argv(PARSABLE_DELIMITER),
-                f"--starttime={_local(start - WINDOW_SLACK)}",
-                f"--endtime={_local(end + WINDOW_SLACK)}"]
-        out = self._run(argv, "accounting")
-        for item in parse.parsable_accounting(out.splitlines(), self.cluster,
-                                              delimiter=PARSABLE_DELIMITER):
-            if isinstance(item, MalformedAccountingRow) or overlaps(item, start, end):
-                yield item
+        seen: set[IncarnationKey] = set()
+        malformed: set[str] = set()
+        for argv in window_queries(parse.sacct_parsable_argv(PARSABLE_DELIMITER), start, end):
+            out = self._run(argv, "accounting")
+            for item in parse.parsable_accounting(out.splitlines(), self.cluster,
+                                                  delimiter=PARSABLE_DELIMITER):
+                if isinstance(item, MalformedAccountingRow):
+                    if item.text not in malformed:
+                        malformed.add(item.text)
+                        yield item
+                elif incarnation_key(item) not in seen and overlaps(item, start, end):
+                    seen.add(incarnation_key(item))
+                    yield item
 
     # --- running commands ----------------------------------------------------------------
 
@@ -273,6 +282,15 @@ class CliSlurmClient(SlurmClient):
         if proc.returncode != 0:
             raise SlurmRejected(self.cluster, action, message or f"exit {proc.returncode}")
         return proc.stdout + proc.stderr if merge_stderr else proc.stdout
+
+
+def window_queries(argv: list[str], start: datetime, end: datetime) -> list[list[str]]:
+    """The sacct runs that together return every incarnation overlapping [start, end):
+    the plain window, and the incarnations that ended in it whatever their eligible time
+    says (`slurm_geo.slurm.windows`). Their records overlap: keep one per incarnation."""
+    window = [f"--starttime={_local(start - WINDOW_SLACK)}",
+              f"--endtime={_local(end + WINDOW_SLACK)}"]
+    return [[*argv, *window], [*argv, f"--state={STATE_FILTER}", *window]]
 
 
 def _local(moment: datetime) -> str:

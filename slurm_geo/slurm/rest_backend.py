@@ -61,6 +61,7 @@ from slurm_geo.slurm.models import (
     Owner,
 )
 from slurm_geo.slurm.rest_tls import certificate_fix, certificate_problem, check_ca_file
+from slurm_geo.slurm.windows import STATE_FILTER, one_per_incarnation
 
 # OpenAPI versions whose shapes `parse` reads, newest first. 0.0.38: Slurm 22.05;
 # 0.0.39: 23.02; 0.0.40+: 23.11 and later.
@@ -328,10 +329,14 @@ class RestSlurmClient(SlurmClient):
         if start is None or end is None:
             raise ValueError("accounting needs job ids or a start and an end")
         # slurmrestd 22.05 cannot parse a raw ':' in a query; urlencode escapes it.
-        params = urlencode({"start_time": _server_time(start - WINDOW_SLACK),
-                            "end_time": _server_time(end + WINDOW_SLACK)})
-        doc = self._call("GET", "slurmdb", "jobs", "accounting", params=params)
-        return [r for r in parse.accounting(doc, self.cluster) if overlaps(r, start, end)]
+        window = {"start_time": _server_time(start - WINDOW_SLACK),
+                  "end_time": _server_time(end + WINDOW_SLACK)}
+        found: list[AccountingRecord] = []
+        # The plain window, and what ended in it (slurm_geo.slurm.windows).
+        for query in (window, {**window, "state": STATE_FILTER}):
+            doc = self._call("GET", "slurmdb", "jobs", "accounting", params=urlencode(query))
+            found += parse.accounting(doc, self.cluster)
+        return [r for r in one_per_incarnation(found) if overlaps(r, start, end)]
 
     # --- HTTP ----------------------------------------------------------------------------
 
