@@ -80,6 +80,8 @@ class ExitCode(IntEnum):
     BUDGET_EXCEEDED = 51, "billing", "a cost center or a job spent more than its budget"
     BILLING_SOURCE = 52, "billing", "an accounting source could not be read completely"
     BILLING_DIFFERS = 53, "billing", "the billing database and its sources disagree"
+    BILLING_UNCOMPARED = 54, "billing", \
+        "`billing check --strict`: part of what was ingested could not be compared yet"
     AUDIT = 55, "audit", "the audit log cannot be opened or read"
     AUDIT_CHAIN_BROKEN = 56, "corrupt data", "an audit entry was altered, removed or reordered"
     DAEMON_STUCK = 70, "daemon", \

@@ -59,6 +59,36 @@ def usage(incarnations: Iterable[Incarnation], window: Period) -> Usage:
     return found
 
 
+class Windows(NamedTuple):
+    """A source's part of a period: `compared` (None: nothing), and `uncompared`, what
+    ingest read past it, where the source may still be recording: [since, until), and when
+    an ingest will have it settled (`after`)."""
+
+    compared: Period | None
+    uncompared: tuple[int, int, int] | None
+
+
+def windows(period: Period, covered: int | None, ingested: int | None, now: int,
+            settle_s: int) -> Windows:
+    """Where `billing check` compares a source in `period`: up to where ingest read it
+    completely and settled (`covered`; a source never ingested, up to now less `settle_s`,
+    so that all it holds shows as missing), and what billing holds past that (up to
+    `ingested`, the end of the latest window read) that it cannot compare yet."""
+    end = min(period.end, covered if covered is not None else now - settle_s)
+    compared = Period(period.label, period.start, end) if end > period.start else None
+    low = max(period.start, end)
+    high = min(period.end, ingested if ingested is not None else low)
+    return Windows(compared, (low, high, high + settle_s) if high > low else None)
+
+
+def not_compared(source: str, label: str, uncompared: tuple[int, int, int]) -> str:
+    """The line naming a window billing holds but `billing check` could not compare yet."""
+    since, until, after = uncompared
+    return (f"{source} {label}: {iso(since)} .. {iso(until)} is billed but not compared yet "
+            f"(the source may still be recording it); run `slurm-geo billing ingest` after "
+            f"{iso(after)}, then check again")
+
+
 def transfer_key(row: Mapping[str, Any]) -> TransferKey:
     return (row["run"], row["step"], row["object"], row["kind"], float(row["started_at"]))
 

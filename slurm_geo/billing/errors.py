@@ -36,3 +36,11 @@ class BillingDiffers(BillingError):
     """`billing check`: the billing database and what the sources account for disagree."""
 
     exit_code = ExitCode.BILLING_DIFFERS
+
+
+class BillingUncompared(BillingError):
+    """`billing check --strict`: the sources agree as far as they were compared, but part of
+    what was ingested lies where a source may still be recording (named, with when to ingest
+    and check again)."""
+
+    exit_code = ExitCode.BILLING_UNCOMPARED

@@ -13,10 +13,10 @@ from slurm_geo.billing import check, ingest, records, sources
 from slurm_geo.billing.config import BillingConfig
 from slurm_geo.billing.costs import CostLine, PriceTable
 from slurm_geo.billing.db import JOB_COLUMNS, BillingDB
-from slurm_geo.billing.errors import BillingDiffers
+from slurm_geo.billing.errors import BillingDiffers, BillingUncompared
 from slurm_geo.billing.lineage import Owners
 from slurm_geo.billing.outages import Outage
-from slurm_geo.billing.periods import Period
+from slurm_geo.billing.periods import Period, iso
 from slurm_geo.billing.report import (
     Flag,
     Owner,
@@ -30,12 +30,14 @@ from slurm_geo.billing.report import (
 from slurm_geo.billing.sources import (
     ACCOUNTING_SETTLE_S,
     EGRESS,
+    EGRESS_RECORD_S,
     EGRESS_SETTLE_S,
     OWNERSHIP,
     Outcome,
     SourceRun,
     covered_key,
     covered_until,
+    ingested_key,
 )
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.slurm.models import MalformedAccountingRow
@@ -132,7 +134,7 @@ def _ingest_cluster(db: BillingDB, client: Any, window: _Window, lineage: ingest
     except SlurmGeoError as exc:
         return sources.failed(source, exc, start, window.end, before)
     result.clusters.append(stats)
-    _cover(db, source, covered_until(window.until, window.now, ACCOUNTING_SETTLE_S))
+    _cover(db, source, covered_until(window.until, window.now, ACCOUNTING_SETTLE_S), window.end)
     return SourceRun(source, Outcome.READ,
                      f"{stats.incarnations} incarnation(s) from {stats.records} record(s), "
                      f"{stats.malformed} malformed, {stats.pending} pending",
@@ -154,16 +156,16 @@ def _ingest_egress(db: BillingDB, config: BillingConfig, window: _Window,
                                                 federation_etcd=config.federation_etcd)
     except SlurmGeoError as exc:
         return sources.failed(EGRESS, exc, start, window.end, before)
-    _cover(db, EGRESS, covered_until(window.until, window.now, EGRESS_SETTLE_S))
+    _cover(db, EGRESS, covered_until(window.until, window.now, EGRESS_RECORD_S), window.end)
     return SourceRun(EGRESS, Outcome.READ, f"{result.transfers} transfer(s)", since=start,
                      until=window.end, watermark=db.watermark(EGRESS))
 
 
-def _cover(db: BillingDB, source: str, until: int) -> None:
-    """Record that `source` is in up to `until`; a backfill of an older window never
-    takes it back."""
-    key = covered_key(source)
-    db.set_watermark(key, max(until, db.watermark(key) or until))
+def _cover(db: BillingDB, source: str, until: int, read_until: int) -> None:
+    """Record that `source` is in up to `until` and was read up to `read_until`; a backfill
+    of an older window never takes either back."""
+    for key, value in ((covered_key(source), until), (ingested_key(source), read_until)):
+        db.set_watermark(key, max(value, db.watermark(key) or value))
 
 
 @dataclass
@@ -175,6 +177,9 @@ class CheckResult:
     sources: list[SourceRun] = field(default_factory=list)
     totals: dict[str, dict[str, Any]] = field(default_factory=dict)  # source -> both sides
     differences: list[check.Difference] = field(default_factory=list)
+    # source -> (since, until, ingest after): billed, not comparable yet (check.windows)
+    uncompared: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    strict: bool = False  # --strict: what could not be compared yet fails the check (54)
 
     @property
     def failures(self) -> dict[str, str]:
@@ -182,10 +187,22 @@ class CheckResult:
         return {r.source: r.detail for r in self.sources if r.outcome is Outcome.FAILED}
 
     @property
+    def not_compared(self) -> list[tuple[str, str]]:
+        """(source, line) of each window billed but not compared yet."""
+        return [(source, check.not_compared(source, self.period.label, window))
+                for source, window in self.uncompared.items()]
+
+    @property
     def exit_code(self) -> int:
         """53 on any difference (money billed wrong is the finding that matters most), else
-        as ingest's: the unreadable sources' code."""
-        return BillingDiffers.exit_code if self.differences else sources.exit_code(self.sources)
+        as ingest's: the unreadable sources' code; else, with --strict, 54 when part of what
+        was billed could not be compared yet."""
+        if self.differences:
+            return BillingDiffers.exit_code
+        failed = sources.exit_code(self.sources)
+        if failed or not (self.strict and self.uncompared):
+            return failed
+        return BillingUncompared.exit_code
 
     def compared(self, source: str, window: Period, billed: dict[str, int],
                  accounted: dict[str, int], found: list[check.Difference]) -> None:
@@ -197,17 +214,23 @@ class CheckResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"period": self.period.label,
-                "sources": [{**r.as_dict(), **self.totals.get(r.source, {})}
-                            for r in self.sources],
+                "sources": [{**r.as_dict(), **self.totals.get(r.source, {}),
+                             **self._uncompared(r.source)} for r in self.sources],
                 "differences": [d.as_dict() for d in self.differences],
-                "exit_code": self.exit_code}
+                "strict": self.strict, "exit_code": self.exit_code}
+
+    def _uncompared(self, source: str) -> dict[str, Any]:
+        window = self.uncompared.get(source)
+        return {} if window is None else {"not_compared": dict(zip(
+            ("since", "until", "ingest_after"), (iso(t) for t in window), strict=True))}
 
 
 def run_check(db: BillingDB, config: BillingConfig, clients: Sequence[Any], period: Period,
-              now: int) -> CheckResult:
+              now: int, strict: bool = False) -> CheckResult:
     """Compare what billing holds of `period` with what each source accounts for now,
-    up to where ingest read that source completely (`sources.covered_key`)."""
-    result = CheckResult(period)
+    up to where ingest read that source completely (`sources.covered_key`); what it billed
+    past that is named in `uncompared` (and fails a `strict` check)."""
+    result = CheckResult(period, strict=strict)
     try:  # what ingest bills by: a leg cut short by an outage is estimated on both sides
         owners, outages = records.read_ownership(config.registry, config.federation_state,
                                                  config.federation_audit,
@@ -218,10 +241,8 @@ def run_check(db: BillingDB, config: BillingConfig, clients: Sequence[Any], peri
         return result
     for client in clients:
         source = ingest.accounting_source(client.cluster)
-        window = _compared(db, source, period, now, ACCOUNTING_SETTLE_S)
+        window = _compared(db, source, period, now, ACCOUNTING_SETTLE_S, result, [source])
         if window is None:
-            result.sources.append(SourceRun(source, Outcome.SKIPPED, "nothing of the period "
-                                            "ingested yet"))
             continue
         try:
             accounted = check.usage(_accounted(client, window, lineage, outages), window)
@@ -237,14 +258,20 @@ def run_check(db: BillingDB, config: BillingConfig, clients: Sequence[Any], peri
     return result
 
 
-def _compared(db: BillingDB, source: str, period: Period, now: int, settle_s: int
-              ) -> Period | None:
-    """The part of `period` billing claims to hold all of `source` for; a source never
-    ingested is compared up to now (less what it may still be recording), so that all
-    it holds shows as missing."""
-    covered = db.watermark(covered_key(source))
-    end = min(period.end, covered if covered is not None else now - settle_s)
-    return Period(period.label, period.start, end) if end > period.start else None
+def _compared(db: BillingDB, source: str, period: Period, now: int, settle_s: int,
+              result: CheckResult, names: Sequence[str]) -> Period | None:
+    """The part of `period` billing claims to hold all of `source` for (`check.windows`);
+    what it billed past that goes to `result.uncompared` under each of `names`, and a
+    source with nothing to compare is `skipped` there, saying why."""
+    found = check.windows(period, db.watermark(covered_key(source)),
+                          db.watermark(ingested_key(source)), now, settle_s)
+    if found.uncompared is not None:
+        result.uncompared.update((name, found.uncompared) for name in names)
+    if found.compared is None:
+        detail = "nothing of the period ingested yet" if found.uncompared is None else \
+            f"not compared yet: ingest again after {iso(found.uncompared[2])}"
+        result.sources += [SourceRun(name, Outcome.SKIPPED, detail) for name in names]
+    return found.compared
 
 
 def _accounted(client: Any, window: Period, lineage: ingest.Lineage,
@@ -262,7 +289,6 @@ def _check_egress(db: BillingDB, config: BillingConfig, period: Period, now: int
                   result: CheckResult) -> None:
     """checkpoint-sync's transfers and the daemon's copies against billing's egress rows
     (the daemon's are stored with kind "move")."""
-    window = _compared(db, EGRESS, period, now, EGRESS_SETTLE_S)
     wanted = [(name, origin, read) for name, origin, read, path in (
         ("egress:checkpoint-sync", "checkpoint-sync", _sync_transfers, config.sync_state),
         ("egress:federation", "the federation daemon", _daemon_copies,
@@ -270,9 +296,9 @@ def _check_egress(db: BillingDB, config: BillingConfig, period: Period, now: int
     ) if path is not None]
     if not wanted:
         return
+    window = _compared(db, EGRESS, period, now, EGRESS_RECORD_S, result,
+                       [name for name, _, _ in wanted])
     if window is None:
-        result.sources += [SourceRun(name, Outcome.SKIPPED, "nothing of the period ingested "
-                                     "yet") for name, _, _ in wanted]
         return
     rows = [dict(r) for r in db.egress_in(window.start, window.end)]
     for name, origin, read in wanted:

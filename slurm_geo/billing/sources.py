@@ -23,8 +23,10 @@ accounting); when they differ, 52.
 
 Coverage: besides its watermark (where the next ingest starts, held back by jobs still
 running), each source read completely records how far billing may be trusted to hold
-everything (`covered_key`). `billing check` compares up to there, no further: what
-happened after it may not be in the source's own records yet either.
+everything (`covered_key`) and how far it read (`ingested_key`). `billing check` compares
+up to the first, no further: what happened after it may not be in the source's own records
+yet either; the rest, up to the second, it names as not compared yet (and `--strict` fails
+on it).
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ ACCOUNTING_SETTLE_S = 300
 # checkpoint-sync records a transfer when its object is in, which may be long after the
 # transfer began; ingest reads egress again from an hour before its watermark for that.
 EGRESS_SETTLE_S = 3600
+# A finished transfer's row (checkpoint-sync's, or the daemon's audit entry) is written as
+# its finish is recorded: checks compare egress up to a minute before an ingest that ran
+# until now, the window that ingest billed (an hour's margin had left every transfer of the
+# last hour billed and never compared: "0 transfers" against 1.78 GB; issue 29).
+EGRESS_RECORD_S = 60
 
 
 class Outcome(Enum):
@@ -93,6 +100,12 @@ def exit_code(runs: Iterable[SourceRun]) -> int:
 def covered_key(source: str) -> str:
     """The watermarks-table key of how far `source` was read completely (see above)."""
     return f"covered:{source}"
+
+
+def ingested_key(source: str) -> str:
+    """The watermarks-table key of the end of the latest window ingest read of `source`
+    (what billing holds, compared or not yet)."""
+    return f"ingested:{source}"
 
 
 def covered_until(until: int | None, now: int, settle_s: int) -> int:

@@ -94,18 +94,22 @@ def ingest(clusters: tuple[str, ...], since: str | None, until: str | None,
 @billing.command()
 @period_option
 @cluster_option
+@click.option("--strict", is_flag=True,
+              help="Also fail (exit 54) when part of what was billed could not be compared "
+                   "yet (a source may still be recording it), naming it.")
 @alert_option
 @db_option
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def check(period_text: str | None, clusters: tuple[str, ...], alert: bool,
+def check(period_text: str | None, clusters: tuple[str, ...], strict: bool, alert: bool,
           db_path: Path | None, as_json: bool) -> None:
     """Compare what was ingested with what the sources account for; exit 53 on any
     difference.
 
     Per cluster, Slurm's accounting now (jobs, incarnations, CPU- and GPU-seconds); per
     egress source, checkpoint-sync's transfers and the federation daemon's copies (count,
-    bytes): each up to where ingest last read it completely. One line per difference.
+    bytes): each up to where ingest last read it completely. One line per difference;
+    what was billed past that is named as not compared yet.
     """
     from slurm_geo.billing.service import connect_all, run_check
     from slurm_geo.slurm import connect
@@ -114,21 +118,25 @@ def check(period_text: str | None, clusters: tuple[str, ...], alert: bool,
     period = _period(period_text)
     clients = connect_all(site, clusters, connect)
     with opened(db_path or config.database, readonly=True) as db:
-        result = run_check(db, config, clients, period, int(time.time()))
+        result = run_check(db, config, clients, period, int(time.time()), strict=strict)
     click.echo(json.dumps(result.as_dict(), indent=2) if as_json else _check_table(result))
     if result.exit_code:
         _fail("check", config, period.label, result.failures,
-              [(d.source, d.message) for d in result.differences], alert, result.exit_code)
+              [(d.source, d.message) for d in result.differences], alert, result.exit_code,
+              result.not_compared if strict else [])
 
 
 def _fail(command: str, config: Any, period: str, failures: dict[str, str],
-          differences: list[tuple[str, str]], alert: bool, code: int) -> None:
-    """Report each unreadable source and each difference on a line of its own (the
-    journal, under systemd), POST them when asked, and exit with `code`."""
+          differences: list[tuple[str, str]], alert: bool, code: int,
+          uncompared: Sequence[tuple[str, str]] = ()) -> None:
+    """Report each unreadable source, each window not compared (`check --strict`) and each
+    difference on a line of its own (the journal, under systemd), POST them when asked,
+    and exit with `code`."""
     from slurm_geo.billing.budgets import failure_alert, post_webhook
-    from slurm_geo.billing.errors import BillingDiffers, SourceUnreadable
+    from slurm_geo.billing.errors import BillingDiffers, BillingUncompared, SourceUnreadable
 
     lines = [(source, f"{source} not read: {text}") for source, text in failures.items()]
+    lines += list(uncompared)
     for _, text in lines:
         click.echo(f"slurm-geo: error: {text}", err=True)
     for _, text in differences:
@@ -148,9 +156,16 @@ def _fail(command: str, config: Any, period: str, failures: dict[str, str],
                         if command == "ingest" else ""))
     if differences:
         parts.append(f"{len(differences)} difference(s) between billing and its sources")
+    if uncompared and not differences and not failures:
+        parts.append(f"{len(uncompared)} source(s) billed past where they could be compared "
+                     "(--strict)")
     message = f"billing {command}{f' {period}' if command == 'check' else ''}: " \
               f"{'; '.join(parts)}"
-    raise BillingDiffers(message) if differences else SourceUnreadable(message, code)
+    if differences:
+        raise BillingDiffers(message)
+    if code == BillingUncompared.exit_code:
+        raise BillingUncompared(message)
+    raise SourceUnreadable(message, code)
 
 
 def _ingest_table(result: Any) -> str:
@@ -168,6 +183,8 @@ def _ingest_table(result: Any) -> str:
 
 
 def _check_table(result: Any) -> str:
+    from slurm_geo.billing.periods import iso
+
     rows = [("source", "compared", "result")]
     for run in result.sources:
         sides = result.totals.get(run.source, {})
@@ -180,6 +197,10 @@ def _check_table(result: Any) -> str:
             outcome = f"agrees: {billed}"
         else:
             outcome = f"{run.detail}: billing holds {billed}; the source has {accounted}"
+        later = result.uncompared.get(run.source)
+        if later is not None and sides:
+            outcome += f"; billed {iso(later[0])} .. {iso(later[1])} not compared yet " \
+                       f"(ingest again after {iso(later[2])})"
         rows.append((run.source, _window(run), outcome))
     return "\n".join([f"billing check {result.period.label}", *_columns(rows)])
 
