@@ -132,12 +132,15 @@ def sync_judge(site: Any, job: Any) -> Any:
     roots = {name: os.path.realpath(path)
              for name, path in file_roots(site.sync.roots, urls).items()}
     # The replicas' root: a configured root's name, else the job directory's own.
-    root = next((name for name, path in sorted(roots.items()) if path == real_path),
-                None) or job_root(real_path)
+    configured = next((name for name, path in sorted(roots.items()) if path == real_path),
+                      None)
+    root = configured or job_root(real_path)
+    kind = "root" if configured else "job"  # a root's row, never a job's that named it
     try:
         state = StateDB(site.sync.state, readonly=True)
         try:
-            source = next((s for s in state.sources() if s.root == root), None)
+            source = next((s for s in state.sources() if s.root == root and s.kind == kind),
+                          None)
             replicas = state.replicas("root = ?", [root])
         finally:
             state.close()
