@@ -509,25 +509,14 @@ def _replication(site: SiteConfig, view: losses.FederationView, run: str,
 
 def _legs(site: SiteConfig, clients: dict[str, SlurmClient],
           jobs: list[tuple[str, int]]) -> list[dict[str, Any]]:
-    """Elapsed time and cost of each incarnation, at its cluster's prices."""
-    legs = []
-    for cluster, job_id in jobs:
-        prices = site.cluster(cluster).prices
-        try:
-            records = clients[cluster].accounting([job_id])
-        except SlurmError:
-            records = []
-        elapsed = sum(r.elapsed_s for r in records if hasattr(r, "elapsed_s")) if records \
-            else 0.0
-        if records and not elapsed:
-            elapsed = sum(((r.end_time or r.start_time) - r.start_time).total_seconds()
-                          for r in records if r.start_time is not None)
-        compute = elapsed / 3600 * prices.cpu_hour
-        fee = compute * prices.marketplace_fee_pct / 100
-        legs.append({"cluster": cluster, "job_id": job_id, "elapsed_s": round(elapsed, 1),
-                     "compute_usd": round(compute, 6), "fee_usd": round(fee, 6),
-                     "total_usd": round(compute + fee, 6)})
-    return legs
+    """Elapsed time and cost of each leg as billing bills it (`billing.legs`, ingest's own
+    arithmetic): a leg lost with its cluster is billed to the cluster's last answer,
+    flagged estimated, not Slurm's elapsed time."""
+    from slurm_geo.billing.config import billing_config
+    from slurm_geo.billing.legs import leg_costs
+
+    return [leg.as_dict() for leg in leg_costs(billing_config(site), clients, jobs,
+                                               int(time.time()))]
 
 
 class _Sampler:

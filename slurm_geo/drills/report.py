@@ -287,6 +287,7 @@ def render_report(report: DrillReport) -> str:
         lines.append(f"  {leg['cluster'] + ':' + str(leg['job_id']):<18} "
                      f"{leg['elapsed_s']:>7.1f} s {leg['compute_usd']:>10.4f} "
                      f"{leg['fee_usd']:>10.4f} {leg['total_usd']:>10.4f} USD")
+        lines += [f"    {flag}" for flag in leg.get("flags", ())]
     lines += ["", f"  timeline: {report.picture}",
               f"  result: {'PASSED' if report.passed else 'FAILED'}"]
     return "\n".join(lines)
