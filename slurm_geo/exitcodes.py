@@ -76,6 +76,8 @@ class ExitCode(IntEnum):
     NOT_ACTIONABLE = 44, "federation", "the logical job's status does not allow what was asked"
     RESUBMIT_FAILED = 45, "federation", "a resubmission was allowed but started nothing yet"
     NOT_LEADER = 46, "federation", "this replica of the federation daemon does not lead"
+    NOT_OWNER = 47, "federation", \
+        "the job or run is another user's: only its owner or an admin may ask for it"
     BILLING = 50, "billing", "billing cannot do what was asked (period, database, [billing])"
     BUDGET_EXCEEDED = 51, "billing", "a cost center or a job spent more than its budget"
     BILLING_SOURCE = 52, "billing", "an accounting source could not be read completely"

@@ -216,13 +216,22 @@ def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool)
     whole in this process, so it needs PyTorch and memory for the whole state dict.
     """
     from slurm_geo.ckpt import LocalDirStore, Repository, load_master_key
+    from slurm_geo.cli import ckpt_owner
 
-    master_keys = load_master_key(key_file)
     source_store = _open(store_url)
-    source = Repository(source_store, master_keys)
+    site = ckpt_owner.owner_site(key_file)  # her run's key from the daemon
+    if site is None:
+        master_keys = load_master_key(key_file)
+        source = Repository(source_store, master_keys)
+    else:
+        source = ckpt_owner.run_repository(source_store, site, target.partition("@")[0])
     run, step = _parse_target(target, source, store_url)
     started = time.monotonic()
     if source.manifest(run, step).sharded is not None:
+        if site is not None:
+            raise ConfigError(f"{run}@{step} is a multi-rank checkpoint: pulling one needs "
+                              f"the master key ({key_file}); pull it to a directory as an "
+                              "admin, or load it in a job with StorageReader")
         result = pull_multi_rank(store_url, key_file, run, step, path)
     elif path.suffix in (".pt", ".safetensors"):
         result = pull_tensor_file(source, run, step, path, as_json)
@@ -231,7 +240,9 @@ def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool)
         local = LocalDirStore(path)
         report = _copy_with_progress(source, source_store, local, run, step, "pull", as_json)
         with progress(f"verify {run}@{step}", as_json) as bar:
-            faults = Repository(local, master_keys).verify(run, step, on_bytes=bar)
+            copy = Repository(local, master_keys) if site is None \
+                else ckpt_owner.with_run_key_of(source, local, run)
+            faults = copy.verify(run, step, on_bytes=bar)
         _fail_on_faults(faults, f"{run}@{step}")
         result = {"run": run, "step": step, "to": str(path), "bytes": report.bytes_copied}
     _report({**result, "seconds": _since(started)}, as_json, "pulled {run}@{step} to {to}",
@@ -252,13 +263,17 @@ def list_checkpoints(run: str | None, store_url: str, sync_state: Path | None, k
     bytes it added to the store, dedup ratio, and its off-site replica's status."""
     from slurm_geo.ckpt import Repository, load_master_key
     from slurm_geo.cli import ckpt_usage as shown
+    from slurm_geo.cli.ckpt_owner import OwnedRuns, owned_runs, owner_site
 
-    repository = Repository(_open(store_url), load_master_key(key_file))
+    site = owner_site(key_file)  # her runs' keys from the daemon
+    repository = Repository(_open(store_url), load_master_key(key_file)) if site is None \
+        else OwnedRuns(_open(store_url), site, [run] if run else owned_runs(site))
     names = [run] if run else repository.runs()
+    offsite = shown.offsite_of(store_url, sync_state, chosen_config()) \
+        if site is None or sync_state is not None else None
     rows = shown.listing_rows(shown.manifests_of(repository, names),
                               {name: repository.latest(name) for name in names},
-                              lambda m: _promoted(repository, m.run, m.step),
-                              shown.offsite_of(store_url, sync_state, chosen_config()))
+                              lambda m: _promoted(repository, m.run, m.step), offsite)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -285,7 +300,7 @@ def stats(store_url: str, run: str | None, key_file: Path, as_json: bool) -> Non
     manifests = shown.manifests_of(repository, [run] if run else repository.runs())
     if run and not manifests:
         raise ConfigError(f"run '{run}' has no checkpoint in {store_url}")
-    document = shown.stats_document(store_url, manifests, store.sizes("packs/"), run is None)
+    document = shown.stats_document(store_url, manifests, pack_sizes(store), run is None)
     if as_json:
         click.echo(json.dumps(document, indent=2))
         return
@@ -303,8 +318,11 @@ def stats(store_url: str, run: str | None, key_file: Path, as_json: bool) -> Non
 def verify(target: str, store_url: str, key_file: Path, as_json: bool) -> None:
     """Read every chunk of RUN's latest (or STEP's) checkpoint; exit 1 naming each fault."""
     from slurm_geo.ckpt import Repository, load_master_key
+    from slurm_geo.cli.ckpt_owner import owner_site, run_repository
 
-    repository = Repository(_open(store_url), load_master_key(key_file))
+    site = owner_site(key_file)  # her run's key from the daemon
+    repository = Repository(_open(store_url), load_master_key(key_file)) if site is None \
+        else run_repository(_open(store_url), site, target.partition("@")[0])
     run, step = _parse_target(target, repository, store_url)
     with progress(f"verify {run}@{step}", as_json) as bar:
         faults = repository.verify(run, step, on_bytes=bar)

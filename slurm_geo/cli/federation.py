@@ -6,7 +6,6 @@ daemon's replicas and etcd's members."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,10 +13,7 @@ import click
 
 if TYPE_CHECKING:
     from slurm_geo.config.model import SiteConfig
-    from slurm_geo.federation.model import LogicalJob
-    from slurm_geo.federation.operations import Display
     from slurm_geo.federation.wiring import State
-    from slurm_geo.slurm import JobInfo
 
 CONFIG_HELP = "Site config (default: $SLURM_GEO_CONFIG or /etc/slurm-geo/config.toml)."
 JSON_HELP = "Print JSON."
@@ -54,9 +50,14 @@ def status(job: str | None, config: Path | None, as_json: bool) -> None:
     from slurm_geo.config.model import load_config
     from slurm_geo.federation.model import UnknownLogicalJob
     from slurm_geo.federation.operations import current_in_slurm, display_state, resolve
+    from slurm_geo.federation.ownerclient import OwnerClient, reads_daemon_files
     from slurm_geo.federation.runtime import federation_config, slurm_client
+    from slurm_geo.federation.views import job_view
 
     site = load_config(config)
+    if not reads_daemon_files(site):  # a user: the daemon answers for her own jobs
+        _print_views(OwnerClient(site).ask("status", job or "")["views"], job, as_json)
+        return
     state = _open_state(site)
     if state is None:  # the daemon has not started yet: no logical jobs
         if job:
@@ -68,8 +69,12 @@ def status(job: str | None, config: Path | None, as_json: bool) -> None:
         fed = federation_config(site)
         clients = {name: slurm_client(c, fed) for name, c in site.clusters.items()}
         slurm = current_in_slurm(clients, jobs, health)
-        views = [_view(state, j, display_state(j, health, slurm.get(j.logical_job)),
-                       slurm.get(j.logical_job)) for j in jobs]
+        views = [job_view(state, j, display_state(j, health, slurm.get(j.logical_job)),
+                          slurm.get(j.logical_job)) for j in jobs]
+    _print_views(views, job, as_json)
+
+
+def _print_views(views: list[dict[str, Any]], job: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(views if job is None else views[0], indent=2))
     else:
@@ -90,38 +95,6 @@ def _open_state(site: SiteConfig) -> State | None:
         return FederationState(config.state, readonly=True) if config.state.exists() else None
     keys = load_master_key(master_key_path(config.key_file, os.environ))
     return open_federation_state(config, keys, daemon=False, readonly=True).state
-
-
-def _view(state: State, job: LogicalJob, display: Display,
-          slurm: JobInfo | None) -> dict[str, Any]:
-    lease = state.lease(job.logical_job)
-    return {
-        "logical_job": job.logical_job, "run": job.run, "home": job.home,
-        "status": job.status.value, "shown": {"state": display.state,
-                                              "reason": display.reason},
-        "generation": job.generation, "cluster": job.cluster, "job_id": job.job_id,
-        "where": _where(job.cluster, job.job_id), "resume_step": job.resume_step,
-        "recoveries": job.recoveries, "lost_restarts": job.lost_restarts,
-        "left_home": None if job.left_home is None else job.left_home.value,
-        "awaiting_approval": job.awaiting_approval, "move_to": job.move_to,
-        "move_after_step": job.move_after_step, "created_at": _iso(job.created_at),
-        "updated_at": _iso(job.updated_at), "directives": job.directives,
-        "options": job.spec, "script": job.script,
-        "owner": None if job.owner is None else {"user": job.owner.user, "uid": job.owner.uid,
-                                                 "gid": job.owner.gid},
-        "owner_env": job.owner_env,
-        "slurm": None if slurm is None else {"state": slurm.state.value,
-                                             "reason": slurm.reason, "held": slurm.held},
-        "lease": None if lease is None else {
-            "generation": lease.generation, "cluster": lease.cluster, "job_id": lease.job_id,
-            "restart": lease.restart, "renewed_at": _iso(lease.renewed_at),
-            "last_step": lease.last_step, "released": lease.released},
-        "incarnations": [{
-            "generation": i.generation, "cluster": i.cluster, "job_id": i.job_id,
-            "resume_step": i.resume_step, "submitted_at": _iso(i.submitted_at),
-            "training_at": _iso(i.training_at), "ended_at": _iso(i.ended_at),
-            "end_reason": i.end_reason} for i in state.incarnations(job.logical_job)],
-    }
 
 
 def _where(cluster: str, job_id: int | None) -> str:
@@ -166,11 +139,6 @@ def _render(view: dict[str, Any]) -> str:
         lines.append(f"  {i['generation']:>3}  {_where(i['cluster'], i['job_id']):<16} "
                      f"{_dash(i['resume_step']):>10}  {i['training_at'] or '-':<26} {ended}")
     return "\n".join(lines)
-
-
-def _iso(epoch: float | None) -> str | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, UTC).isoformat(
-        timespec="seconds")
 
 
 def _who() -> str:
@@ -220,19 +188,45 @@ def cancel(job: str, config: Path | None, as_json: bool) -> None:
     from slurm_geo.federation import operations
     from slurm_geo.federation.runtime import build
 
-    federation = build(config, daemon=False)
-    report = operations.cancel(federation, operations.resolve(federation.state, job), _who())
+    site = _asks_daemon(config)
+    if site is not None:  # a user: the daemon cancels her own job
+        from slurm_geo.federation.ownerclient import OwnerClient
+
+        report = OwnerClient(site).ask("cancel", job)
+    else:
+        federation = build(config, daemon=False)
+        report = operations.cancel(federation, operations.resolve(federation.state, job),
+                                   _who()).to_json()
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        click.echo(json.dumps(report, indent=2))
         return
-    click.echo(f"{report.job.logical_job}: cancelled by {report.who}")
-    for o in report.outcomes:
-        detail = f" ({o.detail})" if o.detail else ""
-        click.echo(f"  {_where(o.cluster, o.job_id):<16} generation {o.generation}: "
-                   f"{o.result}{detail}")
-    if report.unreached():
-        click.echo(f"  run `slurm-geo cancel {report.job.logical_job}` again once those "
+    click.echo(f"{report['logical_job']}: cancelled by {report['by']}")
+    for o in report["incarnations"]:
+        detail = f" ({o['detail']})" if o["detail"] else ""
+        click.echo(f"  {_where(o['cluster'], o['job_id']):<16} generation {o['generation']}: "
+                   f"{o['result']}{detail}")
+    if any(o["result"] == "not reached" for o in report["incarnations"]):
+        click.echo(f"  run `slurm-geo cancel {report['logical_job']}` again once those "
                    "clusters answer; their trainers are fenced meanwhile")
+
+
+def _asks_daemon(config: Path | None) -> SiteConfig | None:
+    """The site, when this process cannot read the daemon's state or the master key (a
+    user): her verbs go to the daemon (federation.ownerverbs); None for an admin."""
+    import os
+
+    from slurm_geo.config.model import load_config
+    from slurm_geo.config.paths import master_key_path
+    from slurm_geo.federation.ownerclient import can_read_key, reads_daemon_files
+    from slurm_geo.federation.runtime import federation_config
+
+    site = load_config(config)
+    if site.federation is None:
+        return None  # build() says what is missing
+    fed = federation_config(site)
+    if reads_daemon_files(site) and can_read_key(master_key_path(fed.key_file, os.environ)):
+        return None
+    return site
 
 
 @click.command("resubmit")
@@ -246,18 +240,25 @@ def resubmit(job: str, config: Path | None, as_json: bool) -> None:
     from slurm_geo.federation import operations
     from slurm_geo.federation.runtime import build
 
-    federation = build(config, daemon=False)
-    moved = operations.resubmit(federation, operations.resolve(federation.state, job),
-                                _who())
+    site = _asks_daemon(config)
+    if site is not None:  # a user: the daemon resubmits her own job
+        from slurm_geo.federation.ownerclient import OwnerClient
+
+        moved = OwnerClient(site).ask("resubmit", job)
+    else:
+        federation = build(config, daemon=False)
+        job_now = operations.resubmit(federation, operations.resolve(federation.state, job),
+                                      _who())
+        moved = {"logical_job": job_now.logical_job, "status": job_now.status.value,
+                 "generation": job_now.generation, "cluster": job_now.cluster,
+                 "job_id": job_now.job_id, "resume_step": job_now.resume_step,
+                 "run": job_now.run}
     if as_json:
-        click.echo(json.dumps({"logical_job": moved.logical_job, "status": moved.status.value,
-                               "generation": moved.generation, "cluster": moved.cluster,
-                               "job_id": moved.job_id, "resume_step": moved.resume_step},
-                              indent=2))
+        click.echo(json.dumps({k: v for k, v in moved.items() if k != "run"}, indent=2))
         return
-    click.echo(f"{moved.logical_job}: generation {moved.generation} "
-               f"{moved.status.value} as {_where(moved.cluster, moved.job_id)}, resuming "
-               f"{_dash(moved.run)} from step {_dash(moved.resume_step)}")
+    click.echo(f"{moved['logical_job']}: generation {moved['generation']} "
+               f"{moved['status']} as {_where(moved['cluster'], moved['job_id'])}, resuming "
+               f"{_dash(moved['run'])} from step {_dash(moved['resume_step'])}")
 
 
 @click.command("logs")
@@ -274,15 +275,21 @@ def logs(job: str, follow: bool, config: Path | None) -> None:
     from slurm_geo.federation.model import UnknownLogicalJob
     from slurm_geo.federation.operations import resolve
     from slurm_geo.federation.output import JobOutput
+    from slurm_geo.federation.ownerclient import AskedState, OwnerClient, reads_daemon_files
 
     site = load_config(config)
-    state = _open_state(site)
-    if state is None:
-        raise UnknownLogicalJob(job)
     users = {name: c.rest_user for name, c in site.clusters.items()
              if c.access == "rest" and c.rest_user}
-    output = JobOutput(state, resolve(state, job).logical_job,
-                       lambda text: click.echo(text, nl=False), users)
+    if not reads_daemon_files(site):  # a user: the daemon says where her job's output is
+        asked = AskedState(OwnerClient(site), job)
+        output = JobOutput(asked, asked.logical_job,  # type: ignore[arg-type]
+                           lambda text: click.echo(text, nl=False), users)
+    else:
+        state = _open_state(site)
+        if state is None:
+            raise UnknownLogicalJob(job)
+        output = JobOutput(state, resolve(state, job).logical_job,
+                           lambda text: click.echo(text, nl=False), users)
     if follow:
         output.follow()
     else:

@@ -2,6 +2,7 @@
 
     POST /v1/lease   LeaseRequest -> 200 LeaseReply (grant | wait) | 409 (fenced)
     POST /v1/key     KeyRequest -> 200 KeyReply | 403 | 409 | 503
+    POST /v1/owner   OwnerRequest -> 200 | 401 | 403 | 404 | 409 | 503 (federation.ownerverbs)
     GET  /v1/leader  who this replica is, whether it leads, who does
     GET  /metrics    Prometheus text format
 Each POST's credential headers go with its raw body to the lease service, which answers
@@ -31,6 +32,7 @@ from slurm_geo.daemon.httpserver import (
     PrereadHandler,
 )
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.federation import ownerverbs
 from slurm_geo.federation.core import Federation
 from slurm_geo.federation.followers import follower_reply, leader_status, retry_after_s
 from slurm_geo.federation.leaseservice import Reply
@@ -48,15 +50,17 @@ from slurm_geo.lease.protocol import (
     LEASE_PATH,
     MAX_BODY_BYTES,
     METRICS_PATH,
+    OWNER_PATH,
     KeyRequest,
     LeaseRequest,
+    OwnerRequest,
     ProtocolError,
 )
 from slurm_geo.lease.signing import Credentials
 from slurm_geo.slurm import SlurmError
 
 log = logging.getLogger("slurm_geo.federation")
-SERVICE_PATHS = (LEASE_PATH, KEY_PATH)
+SERVICE_PATHS = (LEASE_PATH, KEY_PATH, OWNER_PATH)
 
 
 class Metrics:
@@ -137,7 +141,7 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
 
         def do_POST(self) -> None:  # noqa: N802
             try:
-                if self.path in (LEASE_PATH, KEY_PATH) and federation.leading_term() is None:
+                if self.path in SERVICE_PATHS and federation.leading_term() is None:
                     self._send(follower_reply(federation.leader(), self.path, retry_s))
                     return
                 body, raw = self._body()
@@ -146,6 +150,9 @@ def serve(federation: Federation, metrics: Metrics, address: str, port: int, *,
                     reply = federation.lease(LeaseRequest.from_json(body), credentials)
                 elif self.path == KEY_PATH:
                     reply = federation.key(KeyRequest.from_json(body), credentials)
+                elif self.path == OWNER_PATH:
+                    reply = ownerverbs.answer(federation, OwnerRequest.from_json(body),
+                                              credentials)
                 else:
                     reply = Reply(404, {"reason": "not found"})
             except NotLeader as exc:  # deposed while answering: its write was refused

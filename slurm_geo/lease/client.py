@@ -385,7 +385,7 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def post(url: str, data: bytes, headers: Mapping[str, str],
-         tls: ssl.SSLContext | None = None) -> Answer:
+         tls: ssl.SSLContext | None = None, timeout_s: float = REQUEST_TIMEOUT_S) -> Answer:
     """POST exactly `data` (the bytes the credential in `headers` covers) to one replica;
     status None (and the reason) when no reply came: no connection, a certificate that
     does not verify, a reply that is not HTTP or not JSON."""
@@ -394,7 +394,7 @@ def post(url: str, data: bytes, headers: Mapping[str, str],
     opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls),
                                          _NoRedirects)
     try:
-        with opener.open(request, timeout=REQUEST_TIMEOUT_S) as response:
+        with opener.open(request, timeout=timeout_s) as response:
             return Answer(response.status, json.loads(response.read()))
     except urllib.error.HTTPError as exc:
         try:

@@ -32,6 +32,7 @@ LEASE_PATH = "/v1/lease"
 KEY_PATH = "/v1/key"
 METRICS_PATH = "/metrics"
 LEADER_PATH = "/v1/leader"  # GET, on every replica: whether it leads, who does
+OWNER_PATH = "/v1/owner"  # POST, MUNGE at home: a user's verbs on her own jobs and runs
 MAX_BODY_BYTES = 64 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 # A trainer trains only while its last granted renewal is younger than this share of the
@@ -203,6 +204,42 @@ class KeyReply:
                                                 for k, v in env.items()):
             raise ValueError("store_env is not a map of AWS_* variables")
         return cls(str(body["run"]), bytes.fromhex(str(body["data_key"])), dict(env))
+
+
+OWNER_VERBS = ("status", "logs", "cancel", "resubmit", "run-key")
+
+
+@dataclass(frozen=True)
+class OwnerRequest:
+    """A user at home asking about her own jobs and runs (`slurm-geo status`, `logs`,
+    `cancel`, `resubmit`, `ckpt ls/verify/pull`), by MUNGE: `job` a reference as the CLI
+    takes it (logical job id, CLUSTER:JOBID, job id or run name; none: all hers), `run`
+    the run whose data key she asks for. Replies are JSON objects; a refusal is
+    {reason, exit_code} (slurm_geo.exitcodes)."""
+
+    verb: str
+    job: str = ""
+    run: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"protocol": PROTOCOL_VERSION, "verb": self.verb, "job": self.job,
+                "run": self.run}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> OwnerRequest:
+        _check_version(body)
+        verb = _text(body, "verb")
+        if verb not in OWNER_VERBS:
+            raise ProtocolError(f"verb {verb!r:.40} is not one of {', '.join(OWNER_VERBS)}")
+        job = _text(body, "job", allow_empty=True, default="")
+        if len(job) > 200 or not job.isprintable():
+            raise ProtocolError("job must be a printable reference of at most 200 characters")
+        run = _text(body, "run", allow_empty=True, default="")
+        if verb in ("logs", "cancel", "resubmit") and not job:
+            raise ProtocolError(f"{verb} names a job")
+        if verb == "run-key":
+            check_run(run)
+        return cls(verb, job, run)
 
 
 RUN_RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"

@@ -1,0 +1,173 @@
+"""What a user at home may ask the daemon about her own jobs and runs (POST /v1/owner,
+slurm_geo.lease.protocol.OwnerRequest): `status`, `logs`, `cancel`, `resubmit`, and her
+run's data key for `ckpt ls/verify/pull` (`run-key`).
+
+She proves who she is with a MUNGE credential, as her home jobs do (federation.authn);
+the daemon's files and keys stay its own: she never reads `federation.db`, the audit log
+or the master key. What she may ask for is decided from the job's recorded owner (the uid
+Slurm's record named at registration), never from the request: another user's job or run
+is refused (403, one line, `NOT_OWNER`). Admins, root and the daemon's own account, are
+answered for every job; a run's data key still goes only to a run's owner or an admin,
+never the master key to anyone. An incarnation's signature (away from home) is refused:
+these are a person's verbs.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from typing import TYPE_CHECKING, Any
+
+from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.runkey import unwrap_run_key
+from slurm_geo.errors import SlurmGeoError
+from slurm_geo.exitcodes import ExitCode
+from slurm_geo.federation.authn import Caller
+from slurm_geo.federation.etcd.records import incarnation_record, job_record
+from slurm_geo.federation.leaseservice import Reply
+from slurm_geo.federation.model import LogicalJob
+from slurm_geo.federation.refusals import REFUSED, Refusal, clip
+from slurm_geo.lease.protocol import KeyReply, OwnerRequest
+from slurm_geo.lease.signing import Credentials, Forbidden, Refused
+
+if TYPE_CHECKING:
+    from slurm_geo.federation.core import Federation
+
+
+class NotOwner(Forbidden):
+    """Another user's job or run."""
+
+
+def is_admin(uid: int, daemon_uid: int | None = None) -> bool:
+    """Root and the account the daemon runs as (the service account) are admins."""
+    return uid == 0 or uid == (os.getuid() if daemon_uid is None else daemon_uid)
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def answer(federation: Federation, request: OwnerRequest, credentials: Credentials) -> Reply:
+    """The reply to an authenticated owner's request; 401/403 with one line otherwise."""
+    try:
+        caller = federation.authenticator.authenticate(credentials)
+        if not caller.at_home or caller.uid is None:
+            raise Forbidden("a job's signature does not speak for a person: ask from a login "
+                            "shell at home (MUNGE)")
+        return _VERBS[request.verb](federation, request, caller)
+    except Refused as exc:
+        return _refusal(exc, request)
+    except SlurmGeoError as exc:
+        if exc.exit_code >= ExitCode.SLURM and exc.exit_code not in (
+                ExitCode.NOT_ACTIONABLE, ExitCode.RESUBMIT_FAILED, ExitCode.OBJECT_MISSING):
+            raise  # the daemon cannot answer now: 503, as for a lease (federation.service)
+        status = 404 if exc.exit_code in (ExitCode.USAGE, ExitCode.OBJECT_MISSING) else 409
+        return Reply(status, {"reason": str(exc), "exit_code": int(exc.exit_code)})
+
+
+def _refusal(exc: Refused, request: OwnerRequest) -> Reply:
+    code = ExitCode.LEASE_UNREACHABLE if exc.status >= 500 else ExitCode.NOT_OWNER
+    what = f"refused {request.verb} {clip(request.job or request.run, 64)}".rstrip()
+    return Reply(exc.status, {"reason": str(exc), "exit_code": int(code)},
+                 Refusal(REFUSED, None, f"{what} ({exc.status})", str(exc)))
+
+
+def _owned(federation: Federation, ref: str, caller: Caller, verb: str) -> LogicalJob:
+    from slurm_geo.federation.operations import resolve
+
+    job = resolve(federation.state, ref)
+    assert caller.uid is not None
+    if not is_admin(caller.uid) and (job.owner is None or job.owner.uid != caller.uid):
+        raise NotOwner(f"{job.logical_job} is another user's job: only its owner or an admin "
+                       f"may {verb} it")
+    return job
+
+
+def _status(federation: Federation, request: OwnerRequest, caller: Caller) -> Reply:
+    from slurm_geo.federation.operations import current_in_slurm, display_state
+    from slurm_geo.federation.views import job_view
+
+    assert caller.uid is not None
+    state = federation.state
+    if request.job:
+        jobs = [_owned(federation, request.job, caller, "see")]
+    else:
+        jobs = [j for j in state.jobs() if is_admin(caller.uid)
+                or (j.owner is not None and j.owner.uid == caller.uid)]
+    health = state.health()
+    slurm = current_in_slurm(federation.wiring.clients, jobs, health)
+    return Reply(200, {"views": [
+        job_view(state, j, display_state(j, health, slurm.get(j.logical_job)),
+                 slurm.get(j.logical_job)) for j in jobs]})
+
+
+def _logs(federation: Federation, request: OwnerRequest, caller: Caller) -> Reply:
+    """Where each incarnation wrote its output: the job and its incarnations, which the
+    CLI reads the files of as the user (federation.output)."""
+    job = _owned(federation, request.job, caller, "read the output of")
+    return Reply(200, {"job": job_record(job), "incarnations": [
+        incarnation_record(i) for i in federation.state.incarnations(job.logical_job)]})
+
+
+def _cancel(federation: Federation, request: OwnerRequest, caller: Caller) -> Reply:
+    from slurm_geo.federation import operations
+
+    assert caller.uid is not None
+    job = _owned(federation, request.job, caller, "cancel")
+    report = operations.cancel(federation, job, _who(caller.uid))
+    return Reply(200, report.to_json())
+
+
+def _resubmit(federation: Federation, request: OwnerRequest, caller: Caller) -> Reply:
+    from slurm_geo.federation import operations
+
+    assert caller.uid is not None
+    job = _owned(federation, request.job, caller, "resubmit")
+    moved = operations.resubmit(federation, job, _who(caller.uid))
+    return Reply(200, {"logical_job": moved.logical_job, "status": moved.status.value,
+                       "generation": moved.generation, "cluster": moved.cluster,
+                       "job_id": moved.job_id, "resume_step": moved.resume_step,
+                       "run": moved.run})
+
+
+def _run_key(federation: Federation, request: OwnerRequest, caller: Caller) -> Reply:
+    """The run's data key, to the owner of a job that names it (or an admin): read from
+    the first store of the federation that holds it, never created."""
+    assert caller.uid is not None
+    w = federation.wiring
+    jobs = w.state.find_by_run(request.run)
+    if not jobs:
+        return Reply(404, {"reason": f"no job of the federation names run {request.run}; a "
+                           "run's key goes only to the owner of a job that names it",
+                           "exit_code": int(ExitCode.OBJECT_MISSING)})
+    mine = [j for j in jobs if is_admin(caller.uid)
+            or (j.owner is not None and j.owner.uid == caller.uid)]
+    if not mine:
+        raise NotOwner(f"run {request.run} is another user's: only its owner or an admin may "
+                       "have its key")
+    stores = list(dict.fromkeys([w.store_of(mine[0].home), w.store_of(mine[0].cluster),
+                                 *w.stores]))
+    failures: list[str] = []
+    for name in stores:
+        try:
+            data_key = unwrap_run_key(w.stores[name], w.master_keys, request.run)
+        except CkptError as exc:
+            failures.append(f"{name}: {exc}")
+            continue
+        w.audit.append("key", mine[0].logical_job, f"released run {request.run}'s data key "
+                       f"to its owner {_who(caller.uid)}", "asked by MUNGE from a login "
+                       "shell (ckpt ls/verify/pull)", uid=caller.uid, store=name)
+        return Reply(200, KeyReply(request.run, data_key).to_json())
+    return Reply(404, {"reason": f"no store holds run {request.run}'s key: "
+                       + "; ".join(failures), "exit_code": int(ExitCode.OBJECT_MISSING)})
+
+
+def _who(uid: int) -> str:
+    return f"{user_name(uid)} (uid {uid}, MUNGE)"
+
+
+_VERBS: dict[str, Any] = {"status": _status, "logs": _logs, "cancel": _cancel,
+                          "resubmit": _resubmit, "run-key": _run_key}

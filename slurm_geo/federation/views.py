@@ -1,0 +1,54 @@
+"""A logical job as `slurm-geo status` shows it (`job_view`, pure): built where the state
+is read, by the CLI of an admin who reads it, or by the daemon for an owner who asks it
+(federation.ownerverbs), so both print the same thing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from slurm_geo.federation.model import LogicalJob
+from slurm_geo.federation.operations import Display
+from slurm_geo.federation.wiring import State
+from slurm_geo.slurm import JobInfo
+
+
+def job_view(state: State, job: LogicalJob, display: Display,
+             slurm: JobInfo | None) -> dict[str, Any]:
+    lease = state.lease(job.logical_job)
+    return {
+        "logical_job": job.logical_job, "run": job.run, "home": job.home,
+        "status": job.status.value, "shown": {"state": display.state,
+                                              "reason": display.reason},
+        "generation": job.generation, "cluster": job.cluster, "job_id": job.job_id,
+        "where": where(job.cluster, job.job_id), "resume_step": job.resume_step,
+        "recoveries": job.recoveries, "lost_restarts": job.lost_restarts,
+        "left_home": None if job.left_home is None else job.left_home.value,
+        "awaiting_approval": job.awaiting_approval, "move_to": job.move_to,
+        "move_after_step": job.move_after_step, "created_at": iso(job.created_at),
+        "updated_at": iso(job.updated_at), "directives": job.directives,
+        "options": job.spec, "script": job.script,
+        "owner": None if job.owner is None else {"user": job.owner.user, "uid": job.owner.uid,
+                                                 "gid": job.owner.gid},
+        "owner_env": job.owner_env,
+        "slurm": None if slurm is None else {"state": slurm.state.value,
+                                             "reason": slurm.reason, "held": slurm.held},
+        "lease": None if lease is None else {
+            "generation": lease.generation, "cluster": lease.cluster, "job_id": lease.job_id,
+            "restart": lease.restart, "renewed_at": iso(lease.renewed_at),
+            "last_step": lease.last_step, "released": lease.released},
+        "incarnations": [{
+            "generation": i.generation, "cluster": i.cluster, "job_id": i.job_id,
+            "resume_step": i.resume_step, "submitted_at": iso(i.submitted_at),
+            "training_at": iso(i.training_at), "ended_at": iso(i.ended_at),
+            "end_reason": i.end_reason} for i in state.incarnations(job.logical_job)],
+    }
+
+
+def where(cluster: str, job_id: int | None) -> str:
+    return f"{cluster}:{'-' if job_id is None else job_id}"
+
+
+def iso(epoch: float | None) -> str | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, UTC).isoformat(
+        timespec="seconds")

@@ -1,0 +1,130 @@
+"""An owner's verbs on her own job, through the federation daemon (issue 29, item 3), on
+the real sandbox: alice, who reads neither the daemon's state nor the master key, sees her
+job (`status`, `logs`), lists, verifies and pulls her run's checkpoints (`ckpt ls`,
+`verify`, `pull` to .pt, loaded with `torch.load(weights_only=True)`), resubmits and
+cancels it, each by MUNGE to the daemon (federation.ownerverbs); bob's attempts at each
+are refused in one line with `NOT_OWNER`, and nothing is a traceback."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import user_dir
+from helpers import eventually, sbatch_as
+
+from slurm_geo.drills import drill
+from slurm_geo.exitcodes import ExitCode
+from slurm_geo.federation.state import FederationState
+from slurm_geo.sandbox import Sandbox
+from slurm_geo.sandbox.sites import Site
+from slurm_geo.sandbox.stages import federation_daemon_name
+from slurm_geo.sandbox.users import ALICE, BOB, SandboxUser, job_environment, run_as
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+SETTINGS = drill.DrillSettings(steps=6000, ckpt_every=40, step_delay_s=0.05)
+
+
+def geo(sandbox: Sandbox, person: SandboxUser, *args: str, cwd: Path | None = None):
+    """`slurm-geo ARGS` as `person` types it: her uid, her login environment."""
+    return run_as(person, [str(sandbox.layout.site_python), "-m", "slurm_geo", *args],
+                  env=job_environment(sandbox.layout, person), capture_output=True,
+                  text=True, timeout=120, check=False, cwd=cwd)
+
+
+def one_line_refusal(done, code: ExitCode) -> None:
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slurm-geo: error: "), done.stderr
+
+
+@pytest.fixture(scope="module")
+def alice_job(sandbox: Sandbox, site):
+    """alice's training job at home, typed with plain sbatch; the daemon runs this
+    checkout's code (started again once the site Python holds it)."""
+    sandbox.processes.stop(federation_daemon_name(Site.HOME))
+    sandbox.up(progress=lambda _msg: None)
+    work = user_dir(sandbox, ALICE, "owner-verbs")
+    run = f"alice-{uuid.uuid4().hex[:8]}"
+    trace = work / "trace.log"
+    submitted = sbatch_as(sandbox, ALICE, drill.training_script(site, run, SETTINGS, work,
+                                                                 trace))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = int(submitted.stdout.strip())
+
+    def steps() -> int:
+        return max((line.step for line in drill.trace_lines(trace)), default=0)
+
+    eventually(steps, lambda n: n >= 2 * SETTINGS.ckpt_every, 180)
+    yield f"onprem-{job_id}", run, work
+    state = FederationState(site.federation.state, readonly=True)
+    if not state.job(f"onprem-{job_id}").status.is_final():
+        geo(sandbox, ALICE, "cancel", f"onprem-{job_id}")
+
+
+def test_alice_sees_her_job_and_bob_is_refused(sandbox, alice_job):
+    logical_job, run, _work = alice_job
+    listed = geo(sandbox, ALICE, "status", "--json")
+    assert listed.returncode == 0, listed.stderr
+    views = json.loads(listed.stdout)
+    assert logical_job in [v["logical_job"] for v in views]
+    assert {v["owner"]["user"] for v in views} == {"alice"}  # hers alone
+    one = geo(sandbox, ALICE, "status", logical_job)
+    assert one.returncode == 0 and one.stderr == "", one.stderr
+    assert one.stdout.startswith(f"{logical_job}  run {run}")
+    logs = geo(sandbox, ALICE, "logs", logical_job)
+    assert logs.returncode == 0 and "Traceback" not in logs.stderr, logs.stderr
+    assert logs.stdout.startswith(f"==> onprem:{logical_job.split('-')[1]} generation 0")
+
+    theirs = geo(sandbox, BOB, "status", "--json")
+    assert theirs.returncode == 0, theirs.stderr
+    assert logical_job not in theirs.stdout
+    for verb in ("status", "logs", "cancel", "resubmit"):
+        refused = geo(sandbox, BOB, verb, logical_job)
+        one_line_refusal(refused, ExitCode.NOT_OWNER)
+        assert "another user's" in refused.stderr
+
+
+def test_alice_lists_verifies_and_pulls_her_run_and_bob_is_refused(sandbox, alice_job):
+    import torch
+
+    _logical_job, run, work = alice_job
+    listed = geo(sandbox, ALICE, "ckpt", "ls", run, "--store", "pfs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    steps = [row["step"] for row in json.loads(listed.stdout)]
+    assert steps and all(row["run"] == run for row in json.loads(listed.stdout))
+    mine = geo(sandbox, ALICE, "ckpt", "ls", "--store", "pfs", "--json")
+    assert mine.returncode == 0, mine.stderr
+    assert run in {r["run"] for r in json.loads(mine.stdout)}
+
+    verified = geo(sandbox, ALICE, "ckpt", "verify", f"{run}@{steps[0]}", "--store", "pfs")
+    assert verified.returncode == 0, verified.stderr
+    pulled = geo(sandbox, ALICE, "ckpt", "pull", f"{run}@{steps[0]}", "--from", "pfs",
+                 "--to", str(work / "weights.pt"))
+    assert pulled.returncode == 0, pulled.stderr
+    state = torch.load(work / "weights.pt", weights_only=True)
+    assert "model" in state and state["model"]
+
+    for args in (["ckpt", "ls", run, "--store", "pfs"],
+                 ["ckpt", "verify", run, "--store", "pfs"],
+                 ["ckpt", "pull", run, "--from", "pfs", "--to", "/tmp/bob-took-it.pt"]):
+        one_line_refusal(geo(sandbox, BOB, *args), ExitCode.NOT_OWNER)
+    assert not Path("/tmp/bob-took-it.pt").exists()
+
+
+def test_alice_cancels_her_job_and_it_stays_cancelled(sandbox, site, alice_job):
+    logical_job, _run, _work = alice_job
+    resubmit = geo(sandbox, ALICE, "resubmit", logical_job)  # it runs: nothing to resubmit
+    one_line_refusal(resubmit, ExitCode.NOT_ACTIONABLE)
+    cancelled = geo(sandbox, ALICE, "cancel", logical_job, "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    report = json.loads(cancelled.stdout)
+    assert report["status"] == "cancelled" and report["by"].startswith("alice")
+    state = FederationState(site.federation.state, readonly=True)
+    assert state.job(logical_job).status.value == "cancelled"
+    again = geo(sandbox, ALICE, "status", logical_job, "--json")
+    assert json.loads(again.stdout)["status"] == "cancelled"
