@@ -50,6 +50,7 @@ NAME = "onprem-7"
 TTL_S = 30.0
 MARGIN_S = 60.0
 STABLE_S = 300.0
+ALICE_UID = 2001
 
 SETTINGS = Settings(home=HOME, lease_ttl_s=TTL_S, margin_s=MARGIN_S, failback=True,
                     failback_stable_s=STABLE_S, max_restarts=2)
@@ -93,15 +94,26 @@ def released(owner: LogicalJob, **overrides: Any) -> Lease:
 
 
 def slurm(state: JobState, *, submitted: float | None = -3600.0,
-          starts: float | None = -3000.0) -> JobInfo:
-    """What Slurm says of the current incarnation; times are offsets from NOW."""
-    return JobInfo(HOME, 7, NAME, state, "None", "alice", "ml", "gpu", "node1", 0,
+          starts: float | None = -3000.0, reason: str = "None",
+          ended: float | None = None, cancelled_by: str | None = None,
+          uid: int | None = ALICE_UID) -> JobInfo:
+    """What Slurm says of the current incarnation (alice's); times are offsets from NOW.
+    `cancelled_by`: who accounting says cancelled it (a uid or a user name)."""
+    return JobInfo(HOME, 7, NAME, state, reason, "alice", "ml", "gpu", "node1", 0,
                    None if submitted is None else at(submitted),
-                   None if starts is None else at(starts), None, 60, None)
+                   None if starts is None else at(starts),
+                   None if ended is None else at(ended), 60, None, uid=uid, gid=uid,
+                   cancelled_by=cancelled_by)
 
 
-def pending(*, submitted: float | None = -600.0, starts: float | None = 900.0) -> JobInfo:
-    return slurm(JobState.PENDING, submitted=submitted, starts=starts)
+def pending(*, submitted: float | None = -600.0, starts: float | None = 900.0,
+            reason: str = "None") -> JobInfo:
+    return slurm(JobState.PENDING, submitted=submitted, starts=starts, reason=reason)
+
+
+def cancelled(by: str | None, *, ended: float = -5.0, uid: int | None = ALICE_UID) -> JobInfo:
+    """Slurm's CANCELLED record, ended `ended` s from NOW, `by` as accounting names them."""
+    return slurm(JobState.CANCELLED, ended=ended, cancelled_by=by, uid=uid)
 
 
 def up(cluster: str, *, since: float = NOW - 3600, last_ok: float | None = NOW - 10,
@@ -302,6 +314,55 @@ ENDED = [
          StepKind.GIVE_UP, replace(SETTINGS, max_restarts=0), state=JobState.PREEMPTED),
 ]
 
+# Issue 29: an owner's scancel is a cancel, never a lost job (federation/cancels.py).
+CANCELS = [
+    case("its owner's scancel (sacct: CANCELLED by her uid), lease live: cancelled",
+         snap(AT_HOME, lease=lease_of(AT_HOME), info=cancelled(str(ALICE_UID))),
+         StepKind.OWNER_CANCELLED, state=JobState.CANCELLED,
+         reason_has="alice (uid 2001) cancelled generation 0 on onprem:7"),
+    case("its owner's scancel, lease run out: still cancelled, never restarted",
+         snap(AT_HOME, lease=expired(AT_HOME), info=cancelled(str(ALICE_UID))),
+         StepKind.OWNER_CANCELLED),
+    case("its owner's scancel with restarts spent: cancelled, not failed",
+         snap(job(lost_restarts=2), lease=expired(AT_HOME), info=cancelled(str(ALICE_UID))),
+         StepKind.OWNER_CANCELLED),
+    case("its owner named by slurmdbd's JSON (kill_request_user): cancelled",
+         snap(AWAY, lease=expired(AWAY), info=cancelled("alice")), StepKind.OWNER_CANCELLED),
+    case("its owner's scancel of the job still queued: cancelled, not finished failed",
+         snap(AT_HOME, info=cancelled(str(ALICE_UID))), StepKind.OWNER_CANCELLED),
+    case("its owner's scancel after the trainer released the lease: cancelled",
+         snap(AT_HOME, lease=released(AT_HOME), info=cancelled(str(ALICE_UID))),
+         StepKind.OWNER_CANCELLED),
+    case("root's scancel (the system, an admin): lost, restarted from its checkpoint",
+         snap(AT_HOME, lease=expired(AT_HOME), info=cancelled("0")),
+         StepKind.PLAN, purpose=PlanPurpose.RESTART),
+    case("the SlurmUser's cancel: lost",
+         snap(AT_HOME, lease=expired(AT_HOME), info=cancelled("slurm")),
+         StepKind.PLAN, purpose=PlanPurpose.RESTART),
+    case("the daemon's service account's cancel: lost",
+         snap(AT_HOME, lease=expired(AT_HOME), info=cancelled("997")),
+         StepKind.PLAN, purpose=PlanPurpose.RESTART),
+    case("root's scancel, restarts spent: gives up as before",
+         snap(job(lost_restarts=2), lease=expired(AT_HOME), info=cancelled("0")),
+         StepKind.GIVE_UP, state=JobState.CANCELLED),
+    case("a root-owned job cancelled by root is no owner's cancel",
+         snap(AT_HOME, lease=expired(AT_HOME), info=cancelled("0", uid=0)),
+         StepKind.PLAN, purpose=PlanPurpose.RESTART),
+    case("accounting names nobody yet, just ended: wait for it",
+         snap(AT_HOME, lease=expired(AT_HOME), info=cancelled(None)),
+         StepKind.WAIT, reason_has="yet to say by whom"),
+    case("accounting names nobody, past the grace: lost as before",
+         snap(AT_HOME, lease=expired(AT_HOME), info=cancelled(None, ended=-121.0)),
+         StepKind.PLAN, purpose=PlanPurpose.RESTART),
+    case("a uid, and no uid in the record to compare: wait, then lost",
+         snap(AT_HOME, lease=expired(AT_HOME), info=cancelled(str(ALICE_UID), uid=None)),
+         StepKind.WAIT, reason_has="yet to say by whom"),
+    case("NODE_FAIL is no cancel: lost",
+         snap(AT_HOME, lease=expired(AT_HOME),
+              info=slurm(JobState.NODE_FAIL, cancelled_by="2001")),
+         StepKind.PLAN, purpose=PlanPurpose.RESTART),
+]
+
 QUEUE = [
     case("pending for less than the margin: wait",
          snap(AT_HOME, info=pending(submitted=-(MARGIN_S - 1))), StepKind.WAIT,
@@ -331,6 +392,29 @@ QUEUE = [
     case("pending, and the plan moves it: cancel the queued job and leave the queue",
          snap(AT_HOME, info=pending(), chosen=QUEUE_TO_CLOUD), StepKind.MOVE,
          target=CLOUD, plan=QUEUE_TO_CLOUD, cancel_current=True, left_home=LeftHome.QUEUE),
+    # Issue 29: only a busy queue is hopeless (federation/pending.py), even when Slurm's
+    # estimate (a --begin time) is far off and another cluster would start it at once.
+    case("--begin (BeginTime): never a hopeless queue",
+         snap(AT_HOME, info=pending(starts=7200.0, reason="BeginTime"),
+              chosen=QUEUE_TO_CLOUD), StepKind.WAIT, reason_has="--begin"),
+    case("a dependency: never a hopeless queue",
+         snap(AT_HOME, info=pending(reason="Dependency"), chosen=QUEUE_TO_CLOUD),
+         StepKind.WAIT, reason_has="--dependency"),
+    case("its owner's hold: never a hopeless queue",
+         snap(AT_HOME, info=pending(reason="JobHeldUser"), chosen=QUEUE_TO_CLOUD),
+         StepKind.WAIT, reason_has="its owner holds it"),
+    case("an admin's hold: never a hopeless queue",
+         snap(AT_HOME, info=pending(reason="JobHeldAdmin"), chosen=QUEUE_TO_CLOUD),
+         StepKind.WAIT, reason_has="an admin holds it"),
+    case("a reservation: never a hopeless queue",
+         snap(AT_HOME, info=pending(reason="Reservation"), chosen=QUEUE_TO_CLOUD),
+         StepKind.WAIT, reason_has="reservation"),
+    case("waiting for nodes (Resources): a queue move is planned",
+         snap(AT_HOME, info=pending(reason="Resources")), StepKind.PLAN,
+         purpose=PlanPurpose.QUEUE),
+    case("waiting its turn (Priority) and the plan moves it: leave the queue",
+         snap(AT_HOME, info=pending(reason="Priority"), chosen=QUEUE_TO_CLOUD),
+         StepKind.MOVE, target=CLOUD, cancel_current=True),
     case("pending after it trained (a requeue) is no queue move",
          snap(AT_HOME, lease=expired(AT_HOME), info=pending()), StepKind.WAIT,
          reason_has="running where it should"),
@@ -408,7 +492,7 @@ FAILBACK = [
          reason_has="running where it should"),
 ]
 
-CASES = FIRST + FAILOVER + PLANNED_MOVE + ENDED + QUEUE + FAILBACK
+CASES = FIRST + FAILOVER + PLANNED_MOVE + ENDED + CANCELS + QUEUE + FAILBACK
 
 
 @pytest.mark.parametrize(("snapshot", "settings", "kind", "fields"), CASES)

@@ -55,6 +55,7 @@ from slurm_geo.lease.protocol import KeyRequest, LeaseRequest
 from slurm_geo.lease.signing import Credentials
 from slurm_geo.policy.geo import rules_for
 from slurm_geo.slurm import JobInfo, JobState, SlurmClient, SlurmError
+from slurm_geo.slurm.client import cancel_requester
 from slurm_geo.slurm.errors import JobNotFound
 
 log = logging.getLogger("slurm_geo.federation")
@@ -202,6 +203,8 @@ class Federation:
             self.mover.complete(self.state.job(job.logical_job), step.reason)
         elif kind in (StepKind.MOVE, StepKind.RESTART_LOST):
             self._move(job, step, health)
+        elif kind is StepKind.OWNER_CANCELLED:
+            self._owner_cancelled(job, snap, step)
         elif kind in (StepKind.FINISH, StepKind.GIVE_UP):
             if kind is StepKind.GIVE_UP:
                 self.audit.append("decision", job.logical_job, "give up", step.reason,
@@ -269,6 +272,22 @@ class Federation:
                           f"{state.value}", "Slurm reports the job finished",
                           cluster=job.cluster, job_id=job.job_id,
                           last_step=lease.last_step if trained and lease else None)
+
+    def _owner_cancelled(self, job: LogicalJob, snap: Snapshot, step: Step) -> None:
+        """Its owner's scancel: cancelled as `slurm-geo cancel` would (status first, then
+        the lease), audited as a cancel by her."""
+        now = self.clock()
+        self.state.move_status(job.logical_job, JobStatus.RUNNING, JobStatus.CANCELLED, now)
+        self.state.end_incarnation(job.logical_job, job.generation, "cancelled", now)
+        self.state.release_lease(job.logical_job)
+        self._failback_planned.pop(job.logical_job, None)
+        info = snap.slurm
+        who = job.owner.user if job.owner is not None else ("" if info is None else info.user)
+        self.audit.append("cancel", job.logical_job, f"cancelled at generation {job.generation}",
+                          f"by {who} with scancel: {step.reason}; a job its owner cancelled "
+                          "is never restarted", who=who, via="scancel", cluster=job.cluster,
+                          job_id=job.job_id,
+                          cancelled_by=None if info is None else info.cancelled_by)
 
     # --- what people ask of it ----------------------------------------------------------------
 
@@ -366,10 +385,21 @@ def _checkpoint_bytes(wiring: Wiring, job: LogicalJob, store_name: str) -> int:
 def _slurm_job(clients: dict[str, SlurmClient], job: LogicalJob) -> JobInfo | None:
     if job.job_id is None:
         return None
+    client = clients[job.cluster]
     try:
-        return clients[job.cluster].job(job.job_id)
+        info = client.job(job.job_id)
     except JobNotFound:
         return None
+    if info.state is JobState.CANCELLED and info.cancelled_by is None:
+        # slurmctld does not say who cancelled a job; accounting does (federation.cancels).
+        try:
+            requester = cancel_requester(client.accounting([job.job_id]))
+        except SlurmError as exc:
+            event(log, "cancel_requester_unknown", logging.WARNING, job=job.logical_job,
+                  error=exc)
+            return info
+        info = replace(info, cancelled_by=requester)
+    return info
 
 
 def _current_step(job: LogicalJob, lease: Lease | None) -> int | None:

@@ -17,10 +17,13 @@ The order of the questions is the order of their urgency:
      (or wait for a person's approval, or stay when nowhere else is eligible);
   4. a planned move (failback, approval) happens once the trainer released its lease at
      a checkpoint;
-  5. Slurm says the job ended: released lease -> finished; unreleased -> lost: restarted
-     from its newest verified checkpoint (where the plan says) until `max_restarts`;
+  5. Slurm says the job ended: cancelled by its owner (`scancel`) -> cancelled, never
+     restarted (slurm_geo.federation.cancels); released lease -> finished; unreleased ->
+     lost: restarted from its newest verified checkpoint (where the plan says) until
+     `max_restarts`;
   6. still queued, never trained: leave a hopeless queue when another cluster starts it
-     sooner by more than the margin;
+     sooner by more than the margin, and only when it waits for home's nodes (never for
+     `--begin`, a dependency, a hold, a reservation: slurm_geo.federation.pending);
   7. away from home (not for a hopeless queue) and home stable: plan the failback once
      per checkpoint.
 """
@@ -30,6 +33,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from slurm_geo.federation.cancels import (
+    Canceller,
+    accounting_overdue,
+    cancelled_by_text,
+    canceller,
+)
 from slurm_geo.federation.model import (
     ClusterStatus,
     Health,
@@ -39,6 +48,7 @@ from slurm_geo.federation.model import (
     LeftHome,
     LogicalJob,
 )
+from slurm_geo.federation.pending import queue_move_blocker
 from slurm_geo.federation.planner import Plan
 from slurm_geo.slurm.models import JobInfo, JobState
 
@@ -52,6 +62,7 @@ class StepKind(Enum):
     RESTART_LOST = "restart-lost"      # a move after a lost incarnation (counts a restart)
     GIVE_UP = "give-up"                # lost, and max_restarts spent: failed
     FINISH = "finish"                  # Slurm says it ended after releasing its lease
+    OWNER_CANCELLED = "owner-cancelled"  # its owner's scancel: the job ends cancelled
     HOLD_FOR_LEASE = "hold-for-lease"  # its cluster is out but the lease is live
     STRANDED = "stranded"              # its cluster is out and nowhere else is eligible
     AWAIT_APPROVAL = "await-approval"  # the plan moves it; --geo-failover asks a person
@@ -131,6 +142,15 @@ def reconcile(snap: Snapshot, settings: Settings) -> Step:
                     f"{lease.last_step}", target=job.move_to)
     info = snap.slurm
     if info is not None and info.state.is_terminal():
+        by = canceller(info)
+        if by is Canceller.OWNER:
+            return Step(StepKind.OWNER_CANCELLED,
+                        f"{cancelled_by_text(info)} cancelled generation {job.generation} on "
+                        f"{job.cluster}:{job.job_id} (Slurm: CANCELLED by {info.cancelled_by})",
+                        state=info.state)
+        if by is Canceller.UNKNOWN and not accounting_overdue(info, snap.now):
+            return wait("Slurm reports the job CANCELLED; its accounting has yet to say by "
+                        "whom (its owner's scancel ends the job, anyone else's restarts it)")
         if current_lease and lease is not None and not lease.released:
             return _restart_lost(snap, settings, info, lease)
         return Step(StepKind.FINISH, "Slurm reports the job finished", state=info.state)
@@ -198,7 +218,12 @@ def _restart_lost(snap: Snapshot, settings: Settings, info: JobInfo, lease: Leas
 def _queue_move(snap: Snapshot, settings: Settings, info: JobInfo) -> Step:
     """A job still pending (never granted a lease) moves when another cluster would
     start it sooner by more than the margin. Its own wait is Slurm's estimate of its
-    start; a job pending for less than the margin, or not yet estimated, stays."""
+    start; a job pending for less than the margin, or not yet estimated, stays. So does a
+    job pending for a reason other than a busy queue (`--begin`, a dependency, a hold, a
+    reservation, a limit: slurm_geo.federation.pending)."""
+    blocker = queue_move_blocker(info.reason)
+    if blocker is not None:
+        return wait(f"stays queued: {blocker}")
     if info.submit_time is None or snap.now - info.submit_time.timestamp() < settings.margin_s:
         return wait("queued for less than the margin")
     if info.start_time is None:

@@ -100,5 +100,14 @@ def job_from_records(records: list[AccountingRecord]) -> JobInfo:
         reason="", user=last.user, account=last.account, partition=last.partition,
         nodes=last.nodes, restart_count=len(records) - 1, submit_time=last.submit_time,
         start_time=last.start_time, end_time=last.end_time, time_limit_minutes=None,
-        exit_code=last.exit_code,
+        exit_code=last.exit_code, cancelled_by=cancel_requester(records),
     )
+
+
+def cancel_requester(records: list[AccountingRecord]) -> str | None:
+    """Who cancelled the job's current (last submitted) incarnation, as accounting names
+    them (a uid or a user name); None when it was not cancelled or nobody is named."""
+    if not records:
+        return None
+    last = max(records, key=lambda r: r.submit_time or datetime.min.replace(tzinfo=UTC))
+    return last.cancelled_by or None

@@ -61,6 +61,7 @@ class _Job:
     nodes: str = ""
     past: list[AccountingRecord] = field(default_factory=list)  # incarnations before requeues
     forgotten: bool = False  # slurmctld purged it (MinJobAge); only slurmdbd still knows
+    cancelled_by: str = ""  # the uid that cancelled it, as sacct's "CANCELLED by UID" says
 
 
 class FakeSlurm(SlurmClient):
@@ -117,11 +118,14 @@ class FakeSlurm(SlurmClient):
         with self._controller():
             return [self._info(j) for j in self._jobs.values() if not j.forgotten]
 
-    def cancel(self, job_id: int) -> None:
+    def cancel(self, job_id: int, by_uid: int | None = None) -> None:
+        """scancel as this client's account, or (a test's) as `by_uid`: the job's owner,
+        root; accounting names who it was, as sacct's "CANCELLED by UID"."""
         with self._controller():
             job = self._held_by_ctld(job_id)
             if not job.state.is_terminal():  # scancel on a finished job says nothing
                 self._end(job, JobState.CANCELLED, exit_code=0)
+                job.cancelled_by = str(self.uid if by_uid is None else by_uid)
 
     def requeue(self, job_id: int) -> None:
         with self._controller():
@@ -138,7 +142,7 @@ class FakeSlurm(SlurmClient):
             # A new incarnation gets its own submit time, so job_from_records finds it last.
             job.state, job.reason, job.submit_time = JobState.PENDING, IDLE_REASON, self._now()
             job.start_time = job.end_time = job.exit_code = None
-            job.nodes = ""
+            job.nodes, job.cancelled_by = "", ""
 
     def batch_script(self, job_id: int) -> str:
         with self._controller():
@@ -340,4 +344,5 @@ class FakeSlurm(SlurmClient):
             state=job.state, submit_time=job.submit_time, start_time=began,
             end_time=job.end_time, elapsed_s=elapsed, allocated_tres=tres,
             exit_code=job.exit_code, nodes=job.nodes, comment=job.spec.comment or "",
+            cancelled_by=job.cancelled_by,
         )

@@ -120,6 +120,10 @@ class JobInfo:
     exit_code: int | None
     uid: int | None = None  # the owner's, as slurmctld has them (accounting has none)
     gid: int | None = None
+    # Who asked Slurm to cancel a CANCELLED job: a uid (sacct's "CANCELLED by 2001") or a
+    # user name (slurmdbd's kill_request_user); None where nobody said (slurmctld's records
+    # never do: the daemon asks accounting, slurm_geo.slurm.client.cancel_requester).
+    cancelled_by: str | None = None
 
     @property
     def owner(self) -> Owner | None:
@@ -171,6 +175,7 @@ class AccountingRecord:
     nodes: str
     comment: str = ""
     admin_comment: str = ""  # set by job_submit.lua: "geo:cost_center=NAME"
+    cancelled_by: str = ""   # a CANCELLED incarnation's requester: a uid or a user name
 
     @property
     def settled(self) -> bool:

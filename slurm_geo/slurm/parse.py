@@ -150,6 +150,9 @@ def _record(raw: Json, cluster: str) -> AccountingRecord:
         nodes=raw.get("nodes") or "",
         comment=_comment(raw.get("comment")),
         admin_comment=_admin_comment(raw.get("comment"), raw.get("admin_comment")),
+        # slurmdbd's name of the user who cancelled it (v0.0.38 and later); "" otherwise.
+        cancelled_by=(raw.get("kill_request_user") or ""
+                      if job_state(state.get("current")) is JobState.CANCELLED else ""),
     )
 
 
@@ -251,8 +254,16 @@ def _parsable_record(fields: list[str], cluster: str, tz: Any) -> AccountingReco
         end_time=_sacct_time(end, tz), elapsed_s=int(elapsed),
         allocated_tres=dict(_sacct_tres(alloc)),
         exit_code=_sacct_exit_code(exit_code), nodes=nodes_, comment=comment,
-        admin_comment=admin_comment,
+        admin_comment=admin_comment, cancelled_by=sacct_cancelled_by(state),
     )
+
+
+def sacct_cancelled_by(state: str) -> str:
+    """The requester in sacct's "CANCELLED by 2001" (a uid); "" for any other state."""
+    words = state.split()
+    if len(words) == 3 and words[0] == "CANCELLED" and words[1] == "by":
+        return words[2]
+    return ""
 
 
 # A month of accounting repeats a few states and TRES sets many thousand times.
