@@ -49,7 +49,7 @@ from slurm_geo.federation.reconcile import (
     reconcile,
 )
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
-from slurm_geo.federation.wiring import Wiring
+from slurm_geo.federation.wiring import Audit, State, Wiring
 from slurm_geo.lease.munge import MungeCommands, munge_socket
 from slurm_geo.lease.protocol import KeyRequest, LeaseRequest
 from slurm_geo.lease.signing import Credentials
@@ -204,7 +204,8 @@ class Federation:
         elif kind in (StepKind.MOVE, StepKind.RESTART_LOST):
             self._move(job, step, health)
         elif kind is StepKind.OWNER_CANCELLED:
-            self._owner_cancelled(job, snap, step)
+            self._failback_planned.pop(job.logical_job, None)
+            _owner_cancelled(self.state, self.audit, self.clock(), job, snap.slurm, step.reason)
         elif kind in (StepKind.FINISH, StepKind.GIVE_UP):
             if kind is StepKind.GIVE_UP:
                 self.audit.append("decision", job.logical_job, "give up", step.reason,
@@ -272,22 +273,6 @@ class Federation:
                           f"{state.value}", "Slurm reports the job finished",
                           cluster=job.cluster, job_id=job.job_id,
                           last_step=lease.last_step if trained and lease else None)
-
-    def _owner_cancelled(self, job: LogicalJob, snap: Snapshot, step: Step) -> None:
-        """Its owner's scancel: cancelled as `slurm-geo cancel` would (status first, then
-        the lease), audited as a cancel by her."""
-        now = self.clock()
-        self.state.move_status(job.logical_job, JobStatus.RUNNING, JobStatus.CANCELLED, now)
-        self.state.end_incarnation(job.logical_job, job.generation, "cancelled", now)
-        self.state.release_lease(job.logical_job)
-        self._failback_planned.pop(job.logical_job, None)
-        info = snap.slurm
-        who = job.owner.user if job.owner is not None else ("" if info is None else info.user)
-        self.audit.append("cancel", job.logical_job, f"cancelled at generation {job.generation}",
-                          f"by {who} with scancel: {step.reason}; a job its owner cancelled "
-                          "is never restarted", who=who, via="scancel", cluster=job.cluster,
-                          job_id=job.job_id,
-                          cancelled_by=None if info is None else info.cancelled_by)
 
     # --- what people ask of it ----------------------------------------------------------------
 
@@ -380,6 +365,20 @@ def _checkpoint_bytes(wiring: Wiring, job: LogicalJob, store_name: str) -> int:
     except CkptError:
         return 0
     return sum({ref.id: ref.length for ref in with_bases(manifest.refs())}.values())
+
+
+def _owner_cancelled(state: State, audit: Audit, now: float, job: LogicalJob,
+                     info: JobInfo | None, reason: str) -> None:
+    """Its owner's scancel: cancelled as `slurm-geo cancel` would (status first, then the
+    lease), audited as a cancel by her (slurm_geo.federation.cancels)."""
+    state.move_status(job.logical_job, JobStatus.RUNNING, JobStatus.CANCELLED, now)
+    state.end_incarnation(job.logical_job, job.generation, "cancelled", now)
+    state.release_lease(job.logical_job)
+    who = job.owner.user if job.owner is not None else ("" if info is None else info.user)
+    audit.append("cancel", job.logical_job, f"cancelled at generation {job.generation}",
+                 f"by {who} with scancel: {reason}; a job its owner cancelled is never "
+                 "restarted", who=who, via="scancel", cluster=job.cluster, job_id=job.job_id,
+                 cancelled_by=None if info is None else info.cancelled_by)
 
 
 def _slurm_job(clients: dict[str, SlurmClient], job: LogicalJob) -> JobInfo | None:
