@@ -155,6 +155,24 @@ CASES = [
      "geo: --geo-clusters: unknown cluster 'nowhere'"),
     ("first-mistake-wins", {**OK, "geo-ckpt-dir": "x", "geo-residency": "mars"}, "onprem", 5,
      "geo: --geo-ckpt-dir: 'x' is not an absolute path"),
+    # An auto failover that can never happen (issue 29): no other cluster is eligible.
+    ("auto-residency-home", {**OK, "geo-failover": "auto", "geo-residency": "home"},
+     "onprem", 5, "geo: --geo-failover=auto can never move this job: its residency (home) "
+     "leaves no cluster but 'onprem'; write --geo-failover=never, or allow another cluster"),
+    ("auto-restricted-data", {**OK, "geo-failover": "auto", "geo-data-class": "restricted"},
+     "onprem", 5, "geo: --geo-failover=auto can never move this job: its residency (home)"),
+    ("auto-clusters-here-only", {**OK, "geo-failover": "auto", "geo-clusters": "onprem"},
+     "onprem", 5, "geo: --geo-failover=auto can never move this job: its residency (home, "
+     "remote) and --geo-clusters (onprem) leave no cluster but 'onprem'"),
+    ("auto-anywhere", {**OK, "geo-failover": "auto"}, "onprem", 0, ""),
+    ("auto-from-rented-home", {**OK, "geo-failover": "auto", "geo-residency": "home,remote",
+                               "geo-clusters": "rented,onprem"}, "rented", 0, ""),
+    ("manual-residency-home", {**OK, "geo-failover": "manual", "geo-residency": "home"},
+     "onprem", 0, ""),
+    ("never-residency-home", {**OK, "geo-failover": "never", "geo-residency": "home"},
+     "onprem", 0, ""),
+    ("residency-mistake-before-auto", {**OK, "geo-failover": "auto", "geo-residency": "mars"},
+     "onprem", 5, "geo: --geo-residency: unknown region 'mars'"),
 ]
 IDS = [case[0] for case in CASES]
 

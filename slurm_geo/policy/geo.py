@@ -83,6 +83,7 @@ def check(directives: Directives, rules: GeoRules, cluster: str) -> None:
         raise DirectiveError("geo: this site requires --geo-cost-center=NAME on jobs with "
                              "--geo-* directives")
     _check_residency(directives, rules, cluster)
+    _check_failover_possible(directives, rules, cluster)
     _check_budget(directives, rules.policy)
 
 
@@ -120,6 +121,25 @@ def _check_residency(directives: Directives, rules: GeoRules, cluster: str) -> N
             raise PolicyViolation(f"geo: --geo-clusters: cluster {quote(name)} is in region "
                                   f"{quote(rules.cluster_regions[name])}, outside the job's "
                                   f"residency ({', '.join(residency)})")
+
+
+def _check_failover_possible(directives: Directives, rules: GeoRules, cluster: str) -> None:
+    """--geo-failover=auto promises a move when `cluster` is lost; refused when the job's
+    residency (or data class) and --geo-clusters leave it no other cluster to move to."""
+    if directives.failover != "auto":
+        return
+    residency = effective_residency(directives, rules)
+    others = [name for name, region in sorted(rules.cluster_regions.items())
+              if name != cluster and region in residency
+              and (not directives.clusters or name in directives.clusters)]
+    if not others:
+        limits = f"its residency ({', '.join(residency)}) leaves"
+        if directives.clusters:
+            limits = (f"its residency ({', '.join(residency)}) and --geo-clusters "
+                      f"({','.join(directives.clusters)}) leave")
+        raise DirectiveError(f"geo: --geo-failover=auto can never move this job: {limits} "
+                             f"no cluster but {quote(cluster)}; write "
+                             "--geo-failover=never, or allow another cluster")
 
 
 def _check_budget(directives: Directives, policy: GeoPolicy) -> None:

@@ -16,7 +16,8 @@ with the same messages as slurm_geo/policy/geo.py, in the same order:
     the federation daemon reads a pending job's directives there;
   - malformed values (an option without a value, a checkpoint path with '..' or past
     PATH_MAX), unknown regions and clusters, --geo-clusters leaving out this cluster,
-    failover=auto without a checkpoint directory, a missing cost center where required:
+    failover=auto without a checkpoint directory, failover=auto where the residency and
+    --geo-clusters leave no other cluster, a missing cost center where required:
     rejected (slurm.ERROR);
   - residency outside the data class's regions or excluding this cluster, clusters
     outside the residency, unknown cost centers, budgets exceeded: rejected
@@ -248,6 +249,28 @@ local function check_residency(d, policy, cluster)
   end
 end
 
+-- --geo-failover=auto with no other cluster its residency and --geo-clusters allow.
+local function check_failover_possible(d, policy, cluster)
+  if d["geo-failover"] ~= "auto" then return end
+  local data_class = d["geo-data-class"] or policy.default_data_class
+  local residency = d["geo-residency"] or allowed_regions(policy, data_class)
+  local clusters = d["geo-clusters"]
+  for _, name in ipairs(policy.cluster_names) do
+    if name ~= cluster and contains(residency, policy.cluster_regions[name])
+        and (clusters == nil or contains(clusters, name)) then
+      return
+    end
+  end
+  local limits = "its residency (" .. table.concat(residency, ", ") .. ") leaves"
+  if clusters ~= nil then
+    limits = "its residency (" .. table.concat(residency, ", ") .. ") and --geo-clusters (" ..
+      table.concat(clusters, ",") .. ") leave"
+  end
+  malformed("geo: --geo-failover=auto can never move this job: " .. limits ..
+    " no cluster but " .. quote(cluster) .. "; write --geo-failover=never, or " ..
+    "allow another cluster")
+end
+
 local function check_budget(d, policy)
   local center = d["geo-cost-center"]
   if #policy.budget_names == 0 or center == nil then return end
@@ -283,6 +306,7 @@ local function check(d, policy, cluster)
     malformed("geo: this site requires --geo-cost-center=NAME on jobs with --geo-* directives")
   end
   check_residency(d, policy, cluster)
+  check_failover_possible(d, policy, cluster)
   check_budget(d, policy)
 end
 
