@@ -174,3 +174,51 @@ def test_roots_scancel_is_a_lost_job_restarted(site):
     job = site.job()
     assert (job.generation, job.lost_restarts) == (1, 1)
     assert not [e for e in site.federation.audit.entries() if e.kind == "cancel"]
+
+
+# --- a mistyped --geo-* option names the closest directive -------------------------------
+
+@pytest.mark.parametrize(("typed", "meant"), [
+    ("geo-failovr", "geo-failover"),
+    ("geo-fail-over", "geo-failover"),
+    ("geo-FAILOVER", "geo-failover"),
+    ("geo-resdency", "geo-residency"),
+    ("geo-residence", "geo-residency"),
+    ("geo-ckpt-intervall", "geo-ckpt-interval"),
+    ("geo-interval", "geo-ckpt-interval"),
+    ("geo-ckpt_dir", "geo-ckpt-dir"),
+    ("geo-checkpoint-dir", "geo-ckpt-dir"),
+    ("geo-cluster", "geo-clusters"),
+    ("geo-cost-centre", "geo-cost-center"),
+    ("geo-max-costs", "geo-max-cost"),
+    ("geo-data-klass", "geo-data-class"),
+    ("geo-colour", None),
+    ("geo-budget", None),
+])
+def test_a_typo_names_the_closest_directive(typed, meant):
+    from slurm_geo.policy.directives import closest_option
+
+    assert closest_option(typed) == meant
+
+
+def test_the_typo_message_is_one_line_naming_the_fix():
+    from slurm_geo.policy.directives import DirectiveError, parse_arguments
+
+    with pytest.raises(DirectiveError) as raised:
+        parse_arguments(["--geo-failovr=auto"])
+    assert str(raised.value) == "geo: unknown option --geo-failovr; did you mean --geo-failover?"
+    with pytest.raises(DirectiveError) as raised:
+        parse_arguments(["--geo-colour=blue"])
+    assert str(raised.value).startswith("geo: unknown option --geo-colour (known: --geo-ckpt")
+    assert "\n" not in str(raised.value)
+
+
+def test_the_validator_prints_the_suggestion_and_exits_directive(tmp_path):
+    import io
+
+    from slurm_geo.exitcodes import ExitCode
+    from slurm_geo.hooks.validator import run
+
+    out = io.StringIO()
+    assert run(["--geo-failovr=auto"], out) == ExitCode.DIRECTIVE
+    assert out.getvalue() == "geo: unknown option --geo-failovr; did you mean --geo-failover?\n"

@@ -298,7 +298,7 @@ def test_arguments_environment_round_trip():
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--geo-colour=blue"], "geo: --geo-colour is not a slurm-geo directive (known: "
+    (["--geo-colour=blue"], "geo: unknown option --geo-colour (known: "
                             "--geo-ckpt-dir"),
     (["geo-ckpt-dir=/x"], "geo: cannot read 'geo-ckpt-dir=/x'; expected --geo-NAME=VALUE"),
     (["--geo-ckpt-dir"], "expected --geo-NAME=VALUE"),

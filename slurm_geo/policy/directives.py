@@ -10,6 +10,7 @@ typed values or a `DirectiveError` with one line naming the option and the fix o
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -211,11 +212,33 @@ def parse_options(raw: Mapping[str, str]) -> Directives:
     for option, text in raw.items():
         spec = BY_OPTION.get(option)
         if spec is None:
-            known = ", ".join(f"--{s.option}" for s in DIRECTIVES)
-            raise DirectiveError(f"geo: --{option} is not a slurm-geo directive (known: "
-                                 f"{known})")
+            raise DirectiveError(unknown_option_message(option))
         values[spec.field] = spec.parse(_given(text, option), option)
     return replace(Directives(), **values)
+
+
+def closest_option(option: str) -> str | None:
+    """The directive `option` (without "--") most likely meant; None when none is close.
+
+    difflib's similarity (0.6 at least) of the words after "geo-", case and '_' for '-'
+    ignored: every directive shares "geo-", which would make any two look alike."""
+    def word(name: str) -> str:
+        return name.lower().replace("_", "-").removeprefix("geo-")
+
+    by_word = {word(spec.option): spec.option for spec in DIRECTIVES}
+    found = difflib.get_close_matches(word(option), list(by_word), n=1)
+    return by_word[found[0]] if found else None
+
+
+def unknown_option_message(option: str) -> str:
+    """One line for a `--geo-*` option that is no directive (`option` without "--"):
+    "geo: unknown option --geo-failovr; did you mean --geo-failover?"."""
+    shown = "--" + quote(option)[1:-1]
+    meant = closest_option(option)
+    if meant is not None:
+        return f"geo: unknown option {shown}; did you mean --{meant}?"
+    known = ", ".join(f"--{s.option}" for s in DIRECTIVES)
+    return f"geo: unknown option {shown} (known: {known})"
 
 
 def _given(value: str, option: str) -> str:
