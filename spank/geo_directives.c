@@ -3,7 +3,11 @@
  *
  * It parses and hands over; every rule lives in Python (slurm_geo.policy):
  *
- *   allocator/local context (sbatch, salloc, srun on a login node), after all options:
+ *   allocator/local context (sbatch, salloc, srun on a login node), at load:
+ *     0. a --geo-NAME on the command line or in sbatch's #SBATCH block that is no
+ *        directive: the validator names the closest one, and the command exits 1
+ *        (Slurm would only say "unrecognized option");
+ *   after all options:
  *     1. if any --geo-* option was given and plugstack.conf names a validator, run it as
  *        `VALIDATOR [--config=PATH] [--cluster=NAME] --geo-NAME=VALUE ...` (no shell) and,
  *        when it exits non-zero, print its one-line message and exit 1: nothing is queued;
@@ -25,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -101,6 +106,8 @@ static void read_arguments(int ac, char **av)
 	}
 }
 
+static void suggest_for_typos(void);
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	spank_context_t context = spank_context();
@@ -108,6 +115,8 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	read_arguments(ac, av);
 	if (context != S_CTX_ALLOCATOR && context != S_CTX_LOCAL && context != S_CTX_REMOTE)
 		return 0;
+	if ((context == S_CTX_ALLOCATOR || context == S_CTX_LOCAL) && !getenv("SLURM_JOB_ID"))
+		suggest_for_typos();
 	for (int i = 0; i < GEO_OPTION_COUNT; i++) {
 		struct spank_option option = {
 			(char *) option_names[i], (char *) arg_info[i], (char *) usage[i],
@@ -207,11 +216,11 @@ static int wait_for(pid_t pid)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* 0 when the validator accepts the directives; prints its message and returns -1 if not. */
-static int validate(void)
+/* 0 when the validator accepts `argv` (freed here); prints its message and returns -1 if
+ * not. */
+static int run_validator(char **argv)
 {
 	char message[MESSAGE_MAX];
-	char **argv = validator_argv();
 	int pipe_fds[2], code;
 	pid_t pid;
 
@@ -260,6 +269,151 @@ static int validate(void)
 		return 0;
 	slurm_error("%s", message[0] ? message : "geo: the --geo-* options were rejected");
 	return -1;
+}
+
+static int validate(void)
+{
+	return run_validator(validator_argv());
+}
+
+/*
+ * A mistyped --geo-* option: Slurm refuses it ("unrecognized option") before any plugin
+ * sees it, so at load, in sbatch/salloc/srun, the plugin reads what the user typed (its
+ * command line and, for sbatch, the script's #SBATCH block) and, for a --geo-NAME that is
+ * no directive (nor the start of one, which getopt accepts), has the validator name the
+ * closest directive and stops: "geo: unknown option --geo-failovr; did you mean
+ * --geo-failover?". Only as the user (never root, never set-uid): nothing a user controls
+ * is read with privileges. A suggestion only: what it cannot read, Slurm still refuses.
+ */
+#define SCRIPT_MAX 65536
+
+/* 1 when `word` ("--geo-NAME[=VALUE]") names no directive nor the start of one. */
+static int unknown_geo_option(const char *word)
+{
+	size_t length;
+
+	if (strncmp(word, "--geo-", 6))
+		return 0;
+	length = strcspn(word + 2, "=");
+	for (int i = 0; i < GEO_OPTION_COUNT; i++)
+		if (length <= strlen(option_names[i]) && !strncmp(word + 2, option_names[i], length))
+			return 0;
+	return 1;
+}
+
+/* Hand the first unknown option to the validator (it says what was meant); exits 1. */
+static void refuse_unknown(const char *word)
+{
+	char **argv;
+
+	if (!validator) {
+		slurm_error("geo: unknown option %.*s", (int) strcspn(word, "="), word);
+		return;  /* Slurm refuses it next */
+	}
+	argv = calloc(3, sizeof(char *));  /* run_validator frees it */
+	if (!argv)
+		return;
+	argv[0] = strdup(validator);
+	argv[1] = strchr(word, '=') ? strdup(word) : with_prefix("", word, "");
+	if (!argv[0] || !argv[1]) {
+		free(argv[1]);
+		free_argv(argv);
+		return;
+	}
+	if (run_validator(argv) < 0)
+		exit(1);
+}
+
+/*
+ * -1 when `path` is no script (not a regular file starting with "#!"); else 1 when its
+ * #SBATCH block has an unknown --geo-* word (copied to `found`), 0 when not.
+ */
+static int scan_script(const char *path, char *found, size_t size)
+{
+	char *text, *line, *next;
+	struct stat st;
+	ssize_t got = -1;
+	int fd, hit = 0;
+
+	fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	text = malloc(SCRIPT_MAX + 1);
+	if (text && fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
+		got = read(fd, text, SCRIPT_MAX);
+	close(fd);
+	if (!text || got < 2 || strncmp(text, "#!", 2)) {
+		free(text);
+		return -1;
+	}
+	text[got] = '\0';
+	for (line = text; line && !hit; line = next) {
+		next = strchr(line, '\n');
+		if (next)
+			*next++ = '\0';
+		if (line[strspn(line, " \t\r")] == '\0' ||
+		    (line[0] == '#' && strncmp(line, "#SBATCH", 7)))
+			continue;
+		if (strncmp(line, "#SBATCH", 7))
+			break;  /* sbatch stops reading options at the first command */
+		for (char *word = strtok(line + 7, " \t\r"); word; word = strtok(NULL, " \t\r"))
+			if (unknown_geo_option(word)) {
+				snprintf(found, size, "%s", word);
+				hit = 1;
+				break;
+			}
+	}
+	free(text);
+	return hit;
+}
+
+static void suggest_for_typos(void)
+{
+	char *args = malloc(SCRIPT_MAX + 1), found[MESSAGE_MAX];
+	const char *program;
+	ssize_t got = -1;
+	int fd;
+
+	if (getuid() == 0 || geteuid() == 0 || getuid() != geteuid() || !args)
+		goto done;
+	fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		got = read(fd, args, SCRIPT_MAX);
+		close(fd);
+	}
+	if (got <= 0)
+		goto done;
+	args[got] = '\0';
+	program = strrchr(args, '/') ? strrchr(args, '/') + 1 : args;
+	for (char *arg = args + strlen(args) + 1; arg < args + got; arg += strlen(arg) + 1) {
+		if (!strcmp(arg, "--"))
+			break;
+		if (unknown_geo_option(arg)) {
+			refuse_unknown(arg);
+			break;
+		}
+		if (arg[0] == '-')
+			continue;
+		/*
+		 * A word that is no option: sbatch's script (what follows is the script's own
+		 * arguments), else an option's value ("-p gpu"); for salloc and srun, the
+		 * command, or a value: either way the scan stops, never reading a command's
+		 * arguments as ours.
+		 */
+		if (strcmp(program, "sbatch"))
+			break;
+		switch (scan_script(arg, found, sizeof(found))) {
+		case 1:
+			refuse_unknown(found);
+			goto done;
+		case 0:
+			goto done;
+		default:
+			continue;
+		}
+	}
+done:
+	free(args);
 }
 
 static int hand_to_job_control(spank_t sp)

@@ -112,7 +112,25 @@ BAD = [
      "geo: data class 'restricted' may not reside in region 'remote' (allowed: home)"),
     ("over-budget", [CC, "--geo-max-cost=900"],
      "geo: --geo-max-cost=900 exceeds the budget of cost center 'ml-research' (500 USD)"),
+    # Issue 29: Slurm alone says only "unrecognized option"; the plugin names the fix.
+    ("typo", [CC, "--geo-failovr=auto"],
+     "geo: unknown option --geo-failovr; did you mean --geo-failover?"),
+    ("auto-that-never-moves", [CC, "--geo-ckpt-dir=/tmp/x", "--geo-failover=auto",
+                               "--geo-residency=home"],
+     "geo: --geo-failover=auto can never move this job: its residency (home) leaves no "
+     "cluster but 'onprem'; write --geo-failover=never, or allow another cluster"),
 ]
+
+
+def test_a_typo_in_the_scripts_sbatch_lines_names_the_directive_meant(sandbox, job_dir):
+    script = job_dir / "typo.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --geo-cost-center=ml-research\n"
+                      "#SBATCH --geo-resdency=home\ntrue\n")
+    os.chown(script, ALICE.uid, ALICE.uid)
+    result = sbatch_as(sandbox, ALICE, "", str(script))
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.strip() == ("sbatch: error: geo: unknown option --geo-resdency; "
+                                     "did you mean --geo-residency?")
 
 
 @pytest.mark.parametrize(("case", "args", "message"), BAD, ids=[b[0] for b in BAD])
