@@ -60,6 +60,7 @@ REQUEST_TIMEOUT_S = 5.0
 # How long a key request waits for an election: a follower leads within leader_ttl_s and
 # a third of the old leader's last renewal (6.7 s at the default 5 s), with room to spare.
 ELECTION_WAIT_S = 20.0
+QUIET_ACQUIRE_S = 30.0  # acquire says nothing of refusals before this
 
 
 class Fenced(SlurmGeoError):
@@ -158,9 +159,13 @@ class FederatedRun:
 
     def acquire(self, give_up_after_s: float = 300.0) -> None:
         """Block until the lease is granted; raise Fenced, or FederationUnreachable."""
-        deadline = self._clock() + give_up_after_s
+        started = self._clock()
+        deadline = started + give_up_after_s
         while True:
-            answer = self._ask(release=False)
+            # The first seconds' refusals are expected (slurmdbd records a job seconds
+            # after submission, a replica may be electing): said only once they last.
+            answer = self._ask(release=False,
+                               quiet=self._clock() - started < QUIET_ACQUIRE_S)
             if answer is not None and answer.verdict is protocol.Verdict.GRANT:
                 break
             if self.fenced_reason is not None:
@@ -205,7 +210,7 @@ class FederatedRun:
         while not self._stop.wait(max(0.2, self._ttl_s / 3)) and self.fenced_reason is None:
             self._ask(release=False, election_wait_s=ELECTION_WAIT_S)
 
-    def _ask(self, release: bool, election_wait_s: float = 0.0
+    def _ask(self, release: bool, election_wait_s: float = 0.0, quiet: bool = False
              ) -> protocol.LeaseReply | None:
         placement = self.placement
         with self._lock:
@@ -231,7 +236,8 @@ class FederatedRun:
                 if reply.action is protocol.Action.RELEASE and not release:
                     self.release_requested = True
             elif reply is None:
-                log.warning("lease renewal failed: %s", body.get("reason"))
+                log.log(logging.DEBUG if quiet else logging.WARNING,
+                        "lease renewal failed: %s", body.get("reason"))
         return reply if reply is not None and reply.verdict is not protocol.Verdict.FENCED \
             else None
 
