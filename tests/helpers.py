@@ -84,3 +84,17 @@ def process_environment(pid: int) -> dict[str, str] | None:
         return None
     return dict(entry.split("=", 1) for entry in raw.decode(errors="replace").split("\0")
                 if "=" in entry)
+
+
+def stored_packs(store) -> list[str]:
+    """Every pack object of a checkpoint store, under either prefix (the shared `packs/`
+    of formats 1-3, a run's `run-packs/<run>/` of formats 4 and 5), sorted."""
+    from slurm_geo.ckpt.names import PACK_PREFIXES
+
+    return sorted(name for prefix in PACK_PREFIXES for name in store.list(prefix))
+
+
+def pack_files(root) -> list:
+    """The pack files of a directory store at `root` (a Path), either layout."""
+    return sorted(path for top in ("packs", "run-packs") for path in (root / top).rglob("*")
+                  if path.is_file() and not path.name.startswith("."))

@@ -17,7 +17,15 @@ from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOpt
 from slurm_geo.ckpt.check import READ_ALL, PackSelection, check_store, parse_subset
 from slurm_geo.ckpt.keys import KeyFile, write_key_file
 from slurm_geo.ckpt.manifest import with_bases
-from slurm_geo.ckpt.names import key_name, latest_name, manifest_name, pack_name, promoted_name
+from slurm_geo.ckpt.names import (
+    PACK_PREFIXES,
+    key_name,
+    latest_name,
+    manifest_name,
+    pack_name,
+    promoted_name,
+)
+from slurm_geo.ckpt.usage import pack_sizes
 from slurm_geo.cli import cli
 from slurm_geo.errors import ConfigError
 
@@ -59,8 +67,11 @@ def site_store(root: Path) -> tuple[LocalDirStore, Repository]:
 def users_of(repository: Repository, pack: str) -> list[str]:
     """The checkpoints whose reads need `pack`, from the manifests themselves."""
     return sorted(f"{run}@{step}" for run in repository.runs() for step in repository.steps(run)
-                  if pack in {pack_name(r.pack) for r in
-                              with_bases(repository.manifest(run, step).refs())})
+                  if pack in packs_of(repository.manifest(run, step)))
+
+
+def packs_of(manifest) -> set[str]:
+    return {manifest.pack_object(r.pack) for r in with_bases(manifest.refs())}
 
 
 def flip(path: Path, at: int) -> bytes:
@@ -79,7 +90,7 @@ def site(tmp_path) -> tuple[LocalDirStore, Repository]:
 def test_a_sound_store_checks_clean_reading_each_pack_once(site):
     store, repository = site
     report = check_store(store, KEY, READ_ALL, threads=1)
-    packs = store.sizes("packs/")
+    packs = pack_sizes(store)
     assert report.ok and report.damage == ()
     assert (report.runs, report.checkpoints) == (4, 10)
     assert report.packs == report.packs_read == len(packs)
@@ -99,8 +110,8 @@ def test_gets_of_each_pack_happen_once_even_with_deltas_and_dedup(site, monkeypa
 
     monkeypatch.setattr(LocalDirStore, "get", counting_get)
     assert check_store(store, KEY, READ_ALL, threads=1).ok
-    assert {n: c for n, c in gets.items() if n.startswith("packs/") and c != 1} == {}
-    assert len([n for n in gets if n.startswith("packs/")]) == len(store.sizes("packs/"))
+    assert {n: c for n, c in gets.items() if n.startswith(PACK_PREFIXES) and c != 1} == {}
+    assert len([n for n in gets if n.startswith(PACK_PREFIXES)]) == len(pack_sizes(store))
 
 
 def test_a_local_stores_delta_bases_are_read_by_ranges_not_kept_as_packs(site, monkeypatch):
@@ -117,16 +128,17 @@ def test_a_local_stores_delta_bases_are_read_by_ranges_not_kept_as_packs(site, m
     monkeypatch.setattr(LocalDirStore, "get_range", counting_get_range)
     monkeypatch.setattr("slurm_geo.ckpt.check.CHECK_CACHED_PACKS", 0)
     assert check_store(store, KEY, READ_ALL, threads=1).ok
-    bases = {(pack_name(r.base.pack), r.base.offset, r.base.length)
-             for run in repository.runs() for step in repository.steps(run)
-             for r in repository.manifest(run, step).refs() if r.base is not None}
+    manifests = [repository.manifest(run, step)
+                 for run in repository.runs() for step in repository.steps(run)]
+    bases = {(m.pack_object(r.base.pack), r.base.offset, r.base.length)
+             for m in manifests for r in m.refs() if r.base is not None}
     blobs = {read for read in ranged if read[1] != 0}  # offset 0: a pack's header
     assert bases and blobs == bases
 
 
 def test_a_bit_flip_in_any_pack_is_found_naming_the_checkpoints_it_affects(site, tmp_path):
     store, repository = site
-    for i, name in enumerate(sorted(store.sizes("packs/"))):
+    for i, name in enumerate(sorted(pack_sizes(store))):
         path = tmp_path / "store" / name
         original = flip(path, random.Random(i).randrange(path.stat().st_size))
         try:
@@ -143,7 +155,7 @@ def test_each_copy_of_a_chunk_stored_by_several_ranks_is_checked(site, tmp_path)
     manifest = repository.manifest("run", 5)
     copies = Counter(r.id for r in manifest.refs())
     twice = next(i for i, n in copies.items() if n > 1)
-    packs = sorted({pack_name(r.pack) for r in manifest.refs() if r.id == twice})
+    packs = sorted({manifest.pack_object(r.pack) for r in manifest.refs() if r.id == twice})
     assert len(packs) == 2
     for name in packs:
         path = tmp_path / "store" / name
@@ -157,7 +169,7 @@ def test_each_copy_of_a_chunk_stored_by_several_ranks_is_checked(site, tmp_path)
 
 def test_a_plain_check_finds_missing_and_truncated_packs_without_reading_any(site, tmp_path):
     store, repository = site
-    missing, truncated = sorted(store.sizes("packs/"))[:2]
+    missing, truncated = sorted(pack_sizes(store))[:2]
     store.delete(missing)
     path = tmp_path / "store" / truncated
     path.write_bytes(path.read_bytes()[:-1])
@@ -173,7 +185,7 @@ def test_a_plain_check_finds_missing_and_truncated_packs_without_reading_any(sit
 
 def test_a_flip_in_the_middle_of_a_pack_is_unseen_without_read_data(site, tmp_path):
     store, _repository = site
-    name = sorted(store.sizes("packs/"))[0]
+    name = sorted(pack_sizes(store))[0]
     flip(tmp_path / "store" / name, 100)
     assert check_store(store, KEY).ok
     assert not check_store(store, KEY, READ_ALL).ok
@@ -266,7 +278,7 @@ def key_file(tmp_path) -> Path:
 
 def test_the_command_names_damage_and_checkpoints_and_exits_1(site, tmp_path, key_file):
     store, repository = site
-    name = sorted(store.sizes("packs/"))[3]
+    name = sorted(pack_sizes(store))[3]
     flip(tmp_path / "store" / name, 60)
     url = f"file://{tmp_path / 'store'}"
     runner = CliRunner()
@@ -305,5 +317,5 @@ def test_a_chunk_that_is_not_the_one_its_manifest_names_is_found_only_by_reading
                       lambda: None)
     assert check_store(store, KEY).ok  # every pack is there, whole
     report = check_store(store, KEY, READ_ALL)
-    assert [d.object for d in report.damage] == [pack_name(first.pack)]
+    assert [d.object for d in report.damage] == [manifest.pack_object(first.pack)]
     assert "alpha@1" in report.damage[0].checkpoints

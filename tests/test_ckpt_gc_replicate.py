@@ -14,6 +14,7 @@ from slurm_geo.ckpt.errors import ImmutableCheckpoint, StoreBusy
 from slurm_geo.ckpt.gc import collect_garbage
 from slurm_geo.ckpt.locks import is_fresh, parse_lock, why_stale
 from slurm_geo.ckpt.replicate import copy_checkpoint
+from tests.helpers import stored_packs
 
 KEY = bytes(range(32))
 OPTIONS = WriteOptions(chunk_size=4096, pack_size=16 * 1024)
@@ -54,13 +55,13 @@ def test_gc_drops_only_packs_of_deleted_checkpoints(tmp_path):
     for step in (1, 2, 3):
         repository.write_checkpoint("r", tensors(step), b"", metadata(step))
     repository.promote("r", 1)
-    before = set(store.list("packs/"))
+    before = set(stored_packs(store))
 
     repository.delete_checkpoint("r", 2)
     report = collect_garbage(store, repository, NOW)
 
     assert report.deleted_packs and set(report.deleted_packs) < before
-    assert set(store.list("packs/")) == before - set(report.deleted_packs)
+    assert set(stored_packs(store)) == before - set(report.deleted_packs)
     for step in (1, 3):
         assert repository.verify("r", step) == []
         assert repository.read_checkpoint("r", step).tensors == tensors(step)
@@ -72,12 +73,12 @@ def test_gc_dry_run_deletes_nothing(tmp_path):
     repository.write_checkpoint("r", tensors(1), b"", metadata(1))
     repository.write_checkpoint("r", tensors(2), b"", metadata(2))
     repository.delete_checkpoint("r", 1)
-    before = store.list("packs/")
+    before = stored_packs(store)
 
     report = collect_garbage(store, repository, NOW, dry_run=True)
 
     assert report.deleted_packs
-    assert store.list("packs/") == before
+    assert stored_packs(store) == before
 
 
 class PausingStore(LocalDirStore):

@@ -92,7 +92,8 @@ for _ in range(18):
 @pytest.mark.parametrize(
     "path, value, error, match",
     [
-        ("format", 4, UnsupportedFormat, "version 4"),
+        ("format", 6, UnsupportedFormat, "version 6"),
+        ("format", 5, CorruptObject, "'sharded' is missing"),
         ("format", 3, CorruptObject, "'sharded' is missing"),
         ("sharded", {"ranks": 1, "items": []}, CorruptObject, "needs format 3"),
         ("format", DELETE, UnsupportedFormat, "version None"),

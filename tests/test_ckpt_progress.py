@@ -14,6 +14,7 @@ from slurm_geo.ckpt.check import READ_ALL, check_store
 from slurm_geo.ckpt.files import pull_tensor_file, push_tensor_file
 from slurm_geo.ckpt.replicate import copy_checkpoint, pack_extents
 from slurm_geo.ckpt.skeleton import encode_skeleton
+from tests.helpers import pack_files
 
 KEY = bytes(range(32))
 
@@ -30,7 +31,7 @@ class Calls(list):
 
 
 def pack_bytes(root: Path) -> int:
-    return sum(f.stat().st_size for f in (root / "packs").rglob("*") if f.is_file())
+    return sum(f.stat().st_size for f in pack_files(root))
 
 
 def two_steps(root: Path) -> Repository:

@@ -22,6 +22,7 @@ from slurm_geo.ckpt.errors import StoreBusy
 from slurm_geo.ckpt.gc import collect_garbage
 from slurm_geo.ckpt.names import manifest_name
 from slurm_geo.torch.distributed import StorageWriter
+from tests.helpers import stored_packs
 
 NOTE = "resumed at step 10; it's fine"  # DCP stores a value that is no container as bytes
 
@@ -132,7 +133,7 @@ def test_a_two_rank_save_pulls_whole(tmp_path, key_file):
 def test_a_damaged_pack_fails_the_pull_naming_it_and_writes_no_checkpoint(tmp_path, key_file):
     store, repository = repo(tmp_path)
     save_through_dcp(tmp_path / "store", key_file, training_state(), 10)
-    damaged = store.list("packs/")[0]
+    damaged = stored_packs(store)[0]
     data = bytearray((tmp_path / "store" / damaged).read_bytes())
     data[len(data) // 2] ^= 0x01
     (tmp_path / "store" / damaged).write_bytes(bytes(data))
@@ -184,5 +185,5 @@ def test_gc_waits_while_the_coordinator_holds_its_push_lock(tmp_path, key_file):
     assert refused and store.list("locks/") == []
     assert store.exists(manifest_name(RUN, 10))
     report = collect_garbage(store, repository, datetime.now(UTC))
-    assert report.deleted_packs == [] and report.kept_packs == len(store.list("packs/"))
+    assert report.deleted_packs == [] and report.kept_packs == len(stored_packs(store))
     assert repository.verify(RUN, 10) == []

@@ -7,6 +7,7 @@ import os
 import random
 import struct
 from concurrent.futures import Future
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,12 +30,13 @@ from slurm_geo.ckpt import (
 from slurm_geo.ckpt.chunking import CdcParams
 from slurm_geo.ckpt.codec import Method, encode, encode_delta_parts
 from slurm_geo.ckpt.keys import SALT_SIZE, RunKeys, chunk_id
-from slurm_geo.ckpt.manifest import ChunkRef
-from slurm_geo.ckpt.names import pack_name
+from slurm_geo.ckpt.manifest import FORMAT_VERSION, ChunkRef
+from slurm_geo.ckpt.names import PACK_PREFIXES, pack_name
 from slurm_geo.ckpt.pack import HEADER_SIZE, Entry, PackReader, PackWriter
 from slurm_geo.ckpt.reader import ChunkReader
 from slurm_geo.ckpt.seal import Kind, open_sealed, seal
 from slurm_geo.ckpt.writer import DELTA_LAG, DELTA_PROBES, DeltaProbe, delta_kind
+from tests.helpers import pack_files, stored_packs
 
 RUN = "run-1"
 CHUNK = 4096
@@ -85,7 +87,7 @@ def repo(store, master) -> Repository:
 
 
 def pack_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in (root / "packs").rglob("*") if p.is_file())
+    return sum(p.stat().st_size for p in pack_files(root))
 
 
 def object_path(store: LocalDirStore, prefix: str) -> Path:
@@ -320,7 +322,7 @@ def test_a_sparse_blob_in_a_pack_older_than_version_3_is_corrupt(store, monkeypa
     store.put(pack_name(pack_id), data)
     ref = ChunkRef(cid.hex(), pack_id, entry.offset, entry.length, len(chunk))
     with pytest.raises(CorruptObject, match="SPARSE_PLANES blob in a version 2 pack"):
-        ChunkReader(store, keys, 2).read(ref)
+        ChunkReader(store, keys, 2, RUN).read(ref)
 
 
 def write_as_format_1(monkeypatch) -> None:
@@ -346,7 +348,7 @@ def test_checkpoints_of_format_1_writers_still_read(store, repo, monkeypatch):
         repo.write_checkpoint(RUN, [Tensor("w", "uint8", (3 * CHUNK,), weights)], b"",
                               metadata(step), parent=step - 1 if step > 1 else None, delta=True)
     monkeypatch.undo()
-    assert {p.read_bytes()[8] for p in (store.root / "packs").rglob("*") if p.is_file()} == {1}
+    assert {p.read_bytes()[8] for p in pack_files(store.root)} == {1}
     changed = repo.manifest(RUN, 3).tensors[0].chunks[0]
     assert repo.manifest(RUN, 3).format == 1
     assert changed.depth == 2 and changed.base is not None
@@ -359,22 +361,48 @@ def test_checkpoints_of_format_1_writers_still_read(store, repo, monkeypatch):
     before = pack_bytes(store.root)
     manifest = repo.write_checkpoint(RUN, [Tensor("w", "uint8", (3 * CHUNK,), weights)], b"",
                                      metadata(4), parent=3, delta=True)
-    assert manifest.format == 2 and all(r.base is None for r in manifest.refs())
+    assert manifest.format == FORMAT_VERSION and all(r.base is None for r in manifest.refs())
     assert pack_bytes(store.root) - before > 3 * CHUNK  # nothing shared with format 1
     assert repo.read_checkpoint(RUN, 4).tensors[0].data == weights
     assert repo.verify(RUN, 4) == []
 
 
+def test_packs_of_format_2_checkpoints_stay_shared_and_new_ones_go_under_the_run(
+        store, repo, master, monkeypatch):
+    """A store written before format 4: its packs stay in packs/, read, checked and kept
+    by gc; the next save goes under run-packs/<run>/, in full, and everything reads."""
+    for module in ("writer", "repository"):
+        monkeypatch.setattr(f"slurm_geo.ckpt.{module}.FORMAT_VERSION", 2)
+    old = repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
+    monkeypatch.undo()
+    assert old.format == 2 and all(n.startswith("packs/") for n in stored_packs(store))
+    new = repo.write_checkpoint(RUN, state(1), EXTRA, metadata(2), parent=1)
+    assert new.format == FORMAT_VERSION
+    assert {new.pack_object(r.pack) for r in new.refs()} <= set(stored_packs(store))
+    assert all(new.pack_object(r.pack).startswith(f"run-packs/{RUN}/") for r in new.refs())
+    assert not {r.pack for r in new.refs()} & {r.pack for r in old.refs()}  # shares none
+    for step in (1, 2):
+        assert repo.read_checkpoint(RUN, step).tensors == state(1)
+        assert repo.verify(RUN, step) == []
+    from slurm_geo.ckpt.check import READ_ALL, check_store
+    from slurm_geo.ckpt.gc import collect_garbage
+
+    assert check_store(store, master, READ_ALL).ok
+    kept = collect_garbage(store, repo, datetime.now(UTC), dry_run=True)
+    assert kept.deleted_packs == [] and kept.kept_packs == len(stored_packs(store))
+
+
 def _plain_blob(store: LocalDirStore, repo: Repository, ref) -> bytes:
     keys = repo._keys(RUN)  # noqa: SLF001  # a test looking inside a pack
-    reader = PackReader(keys.data_key, "p", store.get(f"packs/{ref.pack[:2]}/{ref.pack}"))
+    (name,) = [n for n in stored_packs(store) if n.endswith(ref.pack)]
+    reader = PackReader(keys.data_key, "p", store.get(name))
     return reader.blob(Entry(bytes.fromhex(ref.id), ref.offset, ref.length))
 
 
 def test_a_damaged_delta_base_is_named_when_its_delta_is_read(store, repo):
     weights = noise(3 * CHUNK, 3)
     repo.write_checkpoint(RUN, [Tensor("w", "uint8", (3 * CHUNK,), weights)], b"", metadata(1))
-    (base_pack,) = [store.root / n for n in store.list("packs/")]
+    (base_pack,) = [store.root / n for n in stored_packs(store)]
     tuned = fine_tune_step(weights, 2)
     manifest = repo.write_checkpoint(RUN, [Tensor("w", "uint8", (3 * CHUNK,), tuned)], b"",
                                      metadata(2), parent=1, delta=True)
@@ -403,9 +431,9 @@ def test_delta_chains_are_bounded(repo):
 def save_two(repo: Repository, store: LocalDirStore) -> Path:
     """Checkpoints 1 and 2 in separate packs; return the path of checkpoint 2's pack."""
     repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
-    old = set(store.list("packs/"))
+    old = set(stored_packs(store))
     repo.write_checkpoint(RUN, state(2), noise(100, 2), metadata(2))
-    (new,) = set(store.list("packs/")) - old
+    (new,) = set(stored_packs(store)) - old
     return store.root / new
 
 
@@ -534,8 +562,8 @@ def test_a_manifest_naming_an_object_outside_the_store_is_refused(store, master,
 
 def test_a_manifest_of_an_unknown_version_is_refused(store, master, repo):
     repo.write_checkpoint(RUN, state(), EXTRA, metadata(3))
-    replace_manifest(store, master, 3, lambda text: text.replace('"format":2', '"format":4'))
-    with pytest.raises(UnsupportedFormat, match="version 4"):
+    replace_manifest(store, master, 3, lambda text: text.replace('"format":4', '"format":6'))
+    with pytest.raises(UnsupportedFormat, match="version 6"):
         repo.read_checkpoint(RUN, 3)
 
 
@@ -571,11 +599,11 @@ class CrashBeforeManifest:
 
 def test_a_crash_between_packs_and_manifest_keeps_the_previous_checkpoint(store, master, repo):
     repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
-    packs_before = store.list("packs/")
+    packs_before = stored_packs(store)
     crashing = Repository(CrashBeforeManifest(store), master, OPTIONS)
     with pytest.raises(StoreUnavailable):
         crashing.write_checkpoint(RUN, state(2), EXTRA, metadata(2), parent=1)
-    assert len(store.list("packs/")) > len(packs_before)  # data went first
+    assert len(stored_packs(store)) > len(packs_before)  # data went first
     fresh = Repository(store, master, OPTIONS)
     assert (fresh.latest(RUN), fresh.steps(RUN)) == (1, [1])
     assert fresh.read_checkpoint(RUN, 1).tensors == state(1)
@@ -635,7 +663,7 @@ def test_the_parallel_writer_writes_the_same_bytes_as_the_sequential_one(tmp_pat
         root.mkdir()
     sequential = write_history(roots[0], master, workers=1, delta=delta)
     parallel = write_history(roots[1], master, workers=4, delta=delta)
-    assert len([n for n in sequential if n.startswith("packs/")]) > 3  # several packs
+    assert len([n for n in sequential if n.startswith(PACK_PREFIXES)]) > 3  # several packs
     assert sequential == parallel
 
 
@@ -657,11 +685,11 @@ def test_a_tensor_hinted_unchanged_gets_the_manifest_hashing_gives(tmp_path, mas
 
 def test_a_tensor_hinted_unchanged_is_not_read(store, repo):
     repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
-    packs = store.list("packs/")
+    packs = stored_packs(store)
     stale = state(2)  # the hint is trusted: its data is never looked at
     manifest = repo.write_checkpoint(RUN, stale, EXTRA, metadata(2), parent=1,
                                      unchanged={t.path for t in stale})
-    assert store.list("packs/") == packs
+    assert stored_packs(store) == packs
     assert repo.read_checkpoint(RUN, 2).tensors == state(1)
     assert manifest.tensors == repo.manifest(RUN, 1).tensors
 
@@ -721,7 +749,7 @@ def test_writes_and_reads_agree_for_any_number_of_workers(store, master):
 def test_a_failed_pack_upload_fails_the_save_and_commits_nothing(store, master):
     class FailingPacks(CrashBeforeManifest):
         def put(self, name, data):
-            if name.startswith("packs/"):
+            if name.startswith(PACK_PREFIXES):
                 raise StoreUnavailable(name, "disk full")
             self.inner.put(name, data)
 

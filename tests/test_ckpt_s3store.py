@@ -40,6 +40,7 @@ from slurm_geo.ckpt.transfer_plan import (
 )
 from slurm_geo.errors import ConfigError
 from slurm_geo.sandbox.layout import S3_BUCKET
+from tests.helpers import stored_packs
 
 PART = 5 * MIB  # the smallest part S3 accepts
 sandbox_only = pytest.mark.sandbox
@@ -240,7 +241,7 @@ def test_a_repository_on_s3_round_trips_and_names_a_damaged_pack(s3_prefix, sand
     assert repo.read_checkpoint("run-1", 10).tensors == tensors
     assert repo.verify("run-1", 10) == []
 
-    packs = store.list("packs/")
+    packs = stored_packs(store)
     damaged = bytearray(store.get(packs[1]))
     damaged[len(damaged) // 2] ^= 0x01
     store.put(packs[1], damaged)

@@ -26,8 +26,8 @@ from slurm_geo.ckpt.errors import ImmutableCheckpoint, StoreBusy
 from slurm_geo.ckpt.gc import collect_garbage
 from slurm_geo.ckpt.layout import Item, Layout, Shard
 from slurm_geo.ckpt.locks import push_lock
-from slurm_geo.ckpt.manifest import with_bases
-from slurm_geo.ckpt.names import manifest_name, pack_name
+from slurm_geo.ckpt.manifest import SHARDED_FORMAT, with_bases
+from slurm_geo.ckpt.names import manifest_name
 from slurm_geo.ckpt.prune import prune_run
 from slurm_geo.ckpt.replicate import copy_checkpoint
 from slurm_geo.ckpt.reseal import reseal
@@ -36,6 +36,7 @@ from slurm_geo.ckpt.seal import Kind
 from slurm_geo.ckpt.sharded import commit_sharded, write_shards
 from slurm_geo.policy.retention import RetentionPolicy
 from slurm_geo.sync.worker import Outcome
+from tests.helpers import stored_packs
 
 KEY = bytes(range(32))
 OPTIONS = WriteOptions(chunk_size=4096, pack_size=16 * 1024)
@@ -90,7 +91,7 @@ def repo(tmp_path: Path, name: str = "store") -> tuple[LocalDirStore, Repository
 
 
 def packs_of(manifest: Manifest) -> set[str]:
-    return {pack_name(r.pack) for r in with_bases(manifest.refs())}
+    return {manifest.pack_object(r.pack) for r in with_bases(manifest.refs())}
 
 
 def flip_a_bit(path: Path) -> bytes:
@@ -118,10 +119,10 @@ def test_each_rank_stores_its_own_packs_and_one_manifest_names_them_all(tmp_path
     store, repository = repo(tmp_path)
     manifest = save_on_two_ranks(repository, 10)
 
-    assert len(store.list("packs/")) == 2 and packs_of(manifest) == set(store.list("packs/"))
+    assert len(stored_packs(store)) == 2 and packs_of(manifest) == set(stored_packs(store))
     assert store.list("locks/") == []
     read = repository.manifest(RUN, 10)
-    assert read.format == 3 and read.sharded == LAYOUT
+    assert read.format == SHARDED_FORMAT and read.sharded == LAYOUT
     assert stored(repository, 10) == expected(10)
     assert repository.latest(RUN) == 10
 
@@ -132,7 +133,7 @@ def test_a_flipped_bit_in_any_ranks_pack_is_reported_naming_it(tmp_path, zeros):
     save_on_two_ranks(repository, 10, zeros=zeros)
     assert repository.verify(RUN, 10) == []
 
-    for name in store.list("packs/"):
+    for name in stored_packs(store):
         original = flip_a_bit(tmp_path / "store" / name)
         assert [fault.name for fault in repository.verify(RUN, 10)] == [name]
         (tmp_path / "store" / name).write_bytes(original)
@@ -189,7 +190,7 @@ def test_retention_then_gc_keep_every_rank_of_what_they_keep(tmp_path):
 
     assert report.local_deleted == [2, 1] and local.steps(RUN) == [3, 4]
     kept = packs_of(local.manifest(RUN, 3)) | packs_of(local.manifest(RUN, 4))
-    assert set(local_store.list("packs/")) == kept and collected.kept_packs == len(kept)
+    assert set(stored_packs(local_store)) == kept and collected.kept_packs == len(kept)
     assert collected.deleted_packs  # steps 1 and 2 held packs of their own
     for step in (3, 4):
         assert local.verify(RUN, step) == [] and stored(local, step) == expected(step)
@@ -211,7 +212,7 @@ def test_gc_waits_for_the_coordinators_push_lock_and_then_keeps_both_ranks(tmp_p
     report = collect_garbage(store, repository, NOW)
 
     assert refused and store.list("locks/") == []
-    assert set(store.list("packs/")) == packs_of(repository.manifest(RUN, 20))
+    assert set(stored_packs(store)) == packs_of(repository.manifest(RUN, 20))
     assert len(report.deleted_packs) == 2
     assert stored(repository, 20) == expected(20)
 
@@ -248,7 +249,7 @@ def test_checkpoint_sync_finds_a_damaged_pack_of_either_rank(tmp_path, rank):
     home_store, home = repo(tmp_path, "home")
     away_store, _ = repo(tmp_path, "away")
     manifest = save_on_two_ranks(home, 10, zeros=True)
-    damaged = pack_name(manifest.tensors[rank].chunks[0].pack)
+    damaged = manifest.pack_object(manifest.tensors[rank].chunks[0].pack)
     flip_a_bit(tmp_path / "home" / damaged)
     attempt, replica = attempt_on(tmp_path, home_store, away_store)
 

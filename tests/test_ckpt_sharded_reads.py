@@ -69,7 +69,7 @@ def test_a_damaged_chunk_fails_the_read_naming_its_pack(saved):
     repository, _data = saved
     manifest = repository.manifest(RUN, 1)
     ref = next(t for t in manifest.tensors if t.path == "a").chunks[1]
-    name = f"packs/{ref.pack[:2]}/{ref.pack}"
+    name = manifest.pack_object(ref.pack)
     damaged = bytearray(repository.store.get(name))
     damaged[ref.offset + 40] ^= 1
     repository.store.put(name, damaged)

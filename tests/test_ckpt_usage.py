@@ -30,12 +30,13 @@ X = ref(P1, 195, 30, 7)             # extra state
 
 
 def manifest(run: str, step: int, *tensors: tuple[ChunkRef, ...],
-             extra: tuple[ChunkRef, ...] = ()) -> Manifest:
-    """uint8 tensors, each as long as its chunks say."""
+             extra: tuple[ChunkRef, ...] = (), format: int = 2) -> Manifest:
+    """uint8 tensors, each as long as its chunks say; format 2 by default, whose packs
+    every run shares (so two runs may reference one), 4 for packs under the run."""
     entries = tuple(TensorEntry(f"t{i}", "uint8", (sum(r.size for r in chunks),), chunks)
                     for i, chunks in enumerate(tensors))
     return Manifest(run, Metadata(step, step, 0, None, "t", "c", "1"), None, 100, entries,
-                    BlobEntry(sum(r.size for r in extra), extra))
+                    BlobEntry(sum(r.size for r in extra), extra), format=format)
 
 
 @pytest.mark.parametrize("manifests, expected", [
@@ -98,6 +99,15 @@ def test_run_and_store_totals_count_each_stored_copy_once_and_whole_packs():
     assert (store.checkpoints, store.logical_bytes, store.stored_bytes) == (3, 500, 272)
     assert (store.pack_bytes, store.unreferenced_pack_bytes) == (1700, 1000)  # P3: garbage
     assert store.dedup_ratio == 500 / 272
+
+
+def test_packs_under_the_run_are_counted_under_their_own_names():
+    manifests = [manifest("r", 1, (A, B), format=4), manifest("s", 5, (C,), format=4)]
+    sizes = {pack_name(P1, "r"): 400, pack_name(P2, "s"): 300,
+             pack_name(P1): 999}                    # an older layout's copy: garbage here
+    r, s = run_usage(manifests, sizes)
+    assert (r.pack_bytes, s.pack_bytes) == (400, 300)
+    assert store_usage(manifests, sizes).unreferenced_pack_bytes == 999
 
 
 def test_a_pack_missing_from_the_listing_counts_nothing_and_an_empty_store_is_zero():

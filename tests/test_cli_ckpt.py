@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, load_master_key
+from tests.helpers import pack_files
 
 
 def slurm_geo(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -78,7 +79,7 @@ def test_push_ls_verify_pull_round_trip(tmp_path, key_file, local_run):
 
 def test_verify_names_each_damaged_pack_and_fails(tmp_path, key_file, local_run):
     url = f"file://{local_run}"
-    pack = sorted(local_run.glob("packs/*/*"))[0]
+    pack = pack_files(local_run)[0]
     data = bytearray(pack.read_bytes())
     data[len(data) // 2] ^= 0x01
     pack.write_bytes(bytes(data))

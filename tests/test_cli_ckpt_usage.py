@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor
 from slurm_geo.ckpt.keys import KeyFile, write_key_file
+from slurm_geo.ckpt.usage import pack_sizes
 from slurm_geo.cli import cli
 from slurm_geo.sync.state import StateDB, Status
 
@@ -189,7 +190,7 @@ def test_stats_per_run_and_the_store_total(store, key_file, no_config):
     assert r["logical_bytes"] == 2 * (65536 + 4096 + len(EXTRA))
     assert r["stored_bytes"] < r["pack_bytes"] and r["dedup_ratio"] > 1.5
     total = document["total"]
-    sizes = LocalDirStore(store).sizes("packs/")
+    sizes = pack_sizes(LocalDirStore(store))
     assert total["pack_bytes"] == sum(sizes.values())
     assert total["unreferenced_pack_bytes"] == (
         total["pack_bytes"] - r["pack_bytes"] - s["pack_bytes"]) > 0   # run `gone`'s

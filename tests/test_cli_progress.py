@@ -24,6 +24,7 @@ from slurm_geo.cli.progress import (
     human_seconds,
     progress,
 )
+from tests.helpers import pack_files
 
 MIB = 1024 * 1024
 
@@ -174,7 +175,7 @@ def checkpoint(tmp_path, key_file) -> Path:
 
 
 def stored_pack_bytes(root: Path) -> int:
-    return sum(f.stat().st_size for f in (root / "packs").rglob("*") if f.is_file())
+    return sum(f.stat().st_size for f in pack_files(root))
 
 
 def test_push_and_pull_draw_the_bar_on_a_terminal(tmp_path, key_file, checkpoint):

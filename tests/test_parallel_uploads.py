@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.errors import StoreUnavailable
-from slurm_geo.ckpt.names import key_name, manifest_name
+from slurm_geo.ckpt.names import PACK_PREFIXES, key_name, manifest_name
 from slurm_geo.ckpt.open_store import paced
 from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.ckpt.replicate import copy_checkpoint
@@ -23,6 +23,7 @@ from slurm_geo.ckpt.transfer_plan import MIB, TransferPlan
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX
 from slurm_geo.sync.state import StateDB, Status
 from slurm_geo.sync.worker import Attempt, Guard, Interrupted, Limits, Outcome, Route
+from tests.helpers import stored_packs
 from tests.seaweed_server import DAEMONS, needs_weed
 
 PART = 5 * MIB
@@ -111,7 +112,7 @@ def test_a_failing_part_is_raised_classified_and_the_next_put_sends_only_what_is
     assert is_permanent(info.value) is permanent and info.value.name == "packs/ab/big"
     assert code[0] in str(info.value)
     store = S3Store(S3_BUCKET, prefix, weed.client(DAEMONS), plan=FOUR_STREAMS)
-    assert not store.exists("packs/ab/big") and store.list("packs/") == []  # nothing half-seen
+    assert not store.exists("packs/ab/big") and stored_packs(store) == []  # nothing half-seen
     stored = stored_parts(store._client, key)
     assert {1, 2, 4} <= stored and 3 not in stored  # the three beside it finished
 
@@ -139,7 +140,7 @@ class RecordingStore:
     def put(self, name, data):
         with self._lock:
             self.events.append(("start", name, threading.current_thread()))
-            is_pack = name.startswith("packs/")
+            is_pack = name.startswith(PACK_PREFIXES)
             self._pack_puts += is_pack
             count = self._pack_puts
         if is_pack and self._together is not None and count <= self._together.parties:
@@ -153,7 +154,7 @@ class RecordingStore:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def moments(self, kind: str, prefix: str) -> list[int]:
+    def moments(self, kind: str, prefix: str | tuple[str, ...]) -> list[int]:
         return [i for i, (k, name, _) in enumerate(self.events)
                 if k == kind and name.startswith(prefix)]
 
@@ -167,14 +168,14 @@ def saved_run(tmp_path) -> tuple[LocalDirStore, Repository, set[str]]:
     tensors = [Tensor(f"layer{i}", "uint8", (80_000,), rng.randbytes(80_000)) for i in range(2)]
     repository.write_checkpoint(RUN, tensors, b"{}", Metadata(STEP, STEP, 0, None,
                                                               "2026-11-29T12:00:00Z", "o", "1"))
-    return store, repository, set(store.list("packs/"))
+    return store, repository, set(stored_packs(store))
 
 
 def assert_in_format_order(recording: RecordingStore) -> None:
     """docs/format.md §8: the key, then every pack, then the manifest, then the pointer."""
     key_end = recording.moments("end", key_name(RUN))
-    packs_start = recording.moments("start", "packs/")
-    packs_end = recording.moments("end", "packs/")
+    packs_start = recording.moments("start", PACK_PREFIXES)
+    packs_end = recording.moments("end", PACK_PREFIXES)
     manifest_start = recording.moments("start", manifest_name(RUN, STEP))
     manifest_end = recording.moments("end", manifest_name(RUN, STEP))
     latest_start = recording.moments("start", f"latest/{RUN}")
@@ -194,9 +195,9 @@ def test_a_copy_with_four_streams_puts_every_pack_at_once_and_the_manifest_last(
                              on_pack=lambda done, total: progress.append(
                                  (done, total, threading.current_thread())))
     assert len(packs) >= 8 and (report.packs_copied, report.packs_present) == (len(packs), 0)
-    assert set(destination.list("packs/")) == packs
+    assert set(stored_packs(destination)) == packs
     assert_in_format_order(destination)
-    pack_threads = {t for kind, name, t in destination.events if name.startswith("packs/")}
+    pack_threads = {t for kind, name, t in destination.events if name.startswith(PACK_PREFIXES)}
     assert threading.current_thread() not in pack_threads
     assert progress == [(i, len(packs), threading.current_thread())
                         for i in range(1, len(packs) + 1)]
@@ -215,7 +216,7 @@ class FailingPuts:
         self.pack_puts = 0
 
     def put(self, name, data):
-        if name.startswith("packs/"):
+        if name.startswith(PACK_PREFIXES):
             with self._lock:
                 self.pack_puts += 1
                 failing = self.pack_puts == self.fail_at
@@ -241,7 +242,7 @@ def test_a_failed_pack_stops_the_copy_before_the_manifest_and_a_second_copy_ends
         copy_checkpoint(home, home_store, failing, RUN, STEP, streams=4)
     assert not away_store.exists(manifest_name(RUN, STEP))
     assert not away_store.exists(f"latest/{RUN}")
-    left = len(away_store.list("packs/"))
+    left = len(stored_packs(away_store))
     assert left < len(packs) and failing.pack_puts < len(packs)  # the rest never started
 
     report = copy_checkpoint(home, home_store, away_store, RUN, STEP, streams=4)
@@ -258,7 +259,7 @@ def test_a_stop_during_a_parallel_copy_ends_it_before_the_next_object(tmp_path):
     with pytest.raises(Interrupted):
         copy_checkpoint(home, home_store, destination, RUN, STEP, streams=4)
     assert not away_store.exists(manifest_name(RUN, STEP))
-    assert len(recording.moments("start", "packs/")) <= 2 + 4  # those already under way
+    assert len(recording.moments("start", PACK_PREFIXES)) <= 2 + 4  # those already under way
 
 
 def test_an_attempt_with_four_streams_records_every_pack_its_threads_put(tmp_path):

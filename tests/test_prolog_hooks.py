@@ -21,6 +21,7 @@ from slurm_geo.policy.directives import Directives
 from slurm_geo.registry import IllegalTransition, IncarnationState, Registry
 from slurm_geo.slurm.errors import SlurmRejected
 from slurm_geo.sync.jobdirs import Protection
+from tests.helpers import pack_files, stored_packs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN = "train-1"
@@ -97,11 +98,11 @@ def test_resumed_incarnation_verifies_the_newest_checkpoint(tmp_path, key):
 
 def damage_newest(ckpt: Path) -> None:
     store = LocalDirStore(ckpt)
-    packs = sorted(ckpt.glob("packs/*/*"), key=lambda p: p.stat().st_mtime)
+    packs = sorted(pack_files(ckpt), key=lambda p: p.stat().st_mtime)
     data = bytearray(packs[-1].read_bytes())
     data[len(data) // 2] ^= 0x10
     packs[-1].write_bytes(bytes(data))
-    assert store.list("packs/")
+    assert stored_packs(store)
 
 
 def test_damaged_newest_is_fetched_from_the_replica(tmp_path, key):

@@ -86,7 +86,7 @@ def test_a_runs_policy_writes_only_its_own_manifests_and_pointer_and_deletes_onl
     statements = {s["Sid"]: s for s in run_policy("ckpt", "/site/", "run-a")["Statement"]}
     assert statements["WriteTheRunsObjects"]["Resource"] == [
         "arn:aws:s3:::ckpt/site/manifests/run-a/*", "arn:aws:s3:::ckpt/site/latest/run-a",
-        "arn:aws:s3:::ckpt/site/packs/*", "arn:aws:s3:::ckpt/site/locks/*"]
+        "arn:aws:s3:::ckpt/site/run-packs/run-a/*", "arn:aws:s3:::ckpt/site/locks/*"]
     assert statements["DeleteOnlyPushLocks"]["Resource"] == ["arn:aws:s3:::ckpt/site/locks/*"]
     written = {a for s in statements.values() for a in s["Action"] if s["Effect"] == "Allow"}
     assert not written & {"s3:PutBucketPolicy", "s3:DeleteBucket", "s3:*", "iam:*"}
@@ -269,6 +269,8 @@ def test_run_as_key_cannot_overwrite_or_delete_run_bs_objects(weed, prefix):
     b, _ = minted(weed, prefix, "run-b")
     b.put("manifests/run-b/00000000000000000010", b"b's manifest")
     b.put("latest/run-b", b"b's pointer")
+    b.put("run-packs/run-b/" + "cd" * 32, b"b's pack")
+    daemons.put("packs/cd/" + "cd" * 32, b"a pack of the layout every run shared")
     for name in ("keys/run-b", "fences/run-b", "promoted/run-b/00000000000000000010"):
         daemons.put(name, b"b's " + name.encode())
     theirs = {name: daemons.get(name) for name in daemons.list("")}
@@ -279,8 +281,10 @@ def test_run_as_key_cannot_overwrite_or_delete_run_bs_objects(weed, prefix):
     # Nor may A write under names of B's to come, or delete a pack.
     refused(lambda: a.put("manifests/run-b/00000000000000000020", b"evil"))
     refused(lambda: a.put("keys/run-a", b"a key only the daemons write"))
-    a.put("packs/ab/" + "ab" * 32, b"a's pack")
-    refused(lambda: a.delete("packs/ab/" + "ab" * 32))
+    refused(lambda: a.put("run-packs/run-b/" + "ef" * 32, b"evil"))
+    refused(lambda: a.put("packs/ef/" + "ef" * 32, b"evil"))  # the layout before format 4
+    a.put("run-packs/run-a/" + "ab" * 32, b"a's pack")
+    refused(lambda: a.delete("run-packs/run-a/" + "ab" * 32))
     a.put("manifests/run-a/00000000000000000010", b"a's manifest")
     refused(lambda: a.delete("manifests/run-a/00000000000000000010"))  # nor its own
     token = f"{random.getrandbits(128):032x}"

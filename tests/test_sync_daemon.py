@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_geo.ckpt import LocalDirStore, Repository
 from slurm_geo.sync.metrics import METRIC_NAMES
+from tests.helpers import pack_files
 from tests.test_sync_support import (
     ROOT,
     Trainer,
@@ -255,7 +256,7 @@ def test_the_running_daemon_scrubs_finds_a_flipped_replica_and_repairs_it(setup)
         wait_for(lambda: all_verified(state, {("run-a", step)}), 30, "verified")
         wait_for(lambda: rows(state, "SELECT scrubbed_at FROM replicas WHERE scrubbed_at "
                                      "IS NOT NULL"), 30, "scrubbed once")
-        [pack] = sorted((tmp_path / "offsite" / "packs").rglob("*"))[1:]  # under packs/xx/
+        [pack] = pack_files(tmp_path / "offsite")
         damaged = bytearray(pack.read_bytes())
         damaged[len(damaged) // 2] ^= 0x01
         pack.write_bytes(bytes(damaged))

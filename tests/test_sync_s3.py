@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from slurm_geo.ckpt import Repository, load_master_key
+from slurm_geo.ckpt.names import PACK_PREFIXES
 from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.ckpt.s3store import S3Store
 from slurm_geo.config.model import load_config
@@ -24,6 +25,7 @@ from slurm_geo.sync.daemon import Daemon
 from slurm_geo.sync.metrics import Live, SyncCollector
 from slurm_geo.sync.runtime import load_runtime
 from slurm_geo.sync.state import StateDB, Status
+from tests.helpers import pack_files
 from tests.test_sync_support import (
     MIB,
     TcpProxy,
@@ -99,7 +101,7 @@ def test_kill_9_at_random_points_always_ends_verified_and_byte_identical(
     trainer.bias += 1            # the second checkpoint shares the big pack, adds a small one
     trainer.step += 1
     expected[trainer.save()] = [bytes(t.data) for t in trainer.tensors()]
-    packs = [p.stat().st_size for p in (tmp_path / "root" / "packs").glob("*/*")]
+    packs = [p.stat().st_size for p in pack_files(tmp_path / "root")]
     assert max(packs) >= 16 * MIB  # a copy long enough for kills to land inside
 
     def configured(i: int) -> tuple[Path, Path, str]:
@@ -202,7 +204,7 @@ class CorruptFirstPack:
         self.corrupted: str | None = None
 
     def put(self, name, data):
-        if name.startswith("packs/") and self.corrupted is None:
+        if name.startswith(PACK_PREFIXES) and self.corrupted is None:
             data = bytearray(data)
             data[len(data) // 2] ^= 0x01
             self.corrupted = name

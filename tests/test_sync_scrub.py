@@ -15,7 +15,7 @@ from test_ckpt_fence import KEY, repo
 from slurm_geo.ckpt import Metadata, Repository, Tensor
 from slurm_geo.ckpt.check import READ_ALL, check_store
 from slurm_geo.ckpt.manifest import with_bases
-from slurm_geo.ckpt.names import manifest_name, pack_name
+from slurm_geo.ckpt.names import manifest_name
 from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.sync.daemon import _parse_last_scrub
 from slurm_geo.sync.metrics import Live, SyncCollector
@@ -117,8 +117,8 @@ class Site:
         return self.attempt().run(self.state.replica(replica_id))
 
     def shared_pack(self) -> str:
-        packs = [{pack_name(r.pack) for r in with_bases(self.away.manifest("run", s).refs())}
-                 for s in (10, 20)]
+        manifests = [self.away.manifest("run", s) for s in (10, 20)]
+        packs = [{m.pack_object(r.pack) for r in with_bases(m.refs())} for m in manifests]
         return sorted(packs[0] & packs[1])[0]
 
     def flip(self, name: str) -> None:

@@ -30,6 +30,7 @@ from slurm_geo.torch.checkpointer import (
 from slurm_geo.torch.example_train import TrainConfig, train
 from slurm_geo.torch.signals import RequeueOnSignal
 from slurm_geo.torch.state import unflatten_state
+from tests.helpers import pack_files
 
 RUN = "run-1"
 
@@ -133,7 +134,7 @@ def test_resume_skips_a_damaged_newest_checkpoint(
     repo = repository(store_dir, key)
     older = {ref.pack for ref in repo.manifest(RUN, 2).refs()}
     (damaged,) = {ref.pack for ref in repo.manifest(RUN, 4).refs()} - older
-    pack = store_dir / "packs" / damaged[:2] / damaged
+    pack = store_dir / repo.manifest(RUN, 4).pack_object(damaged)
     data = bytearray(pack.read_bytes())
     data[len(data) // 2] ^= 0x01
     pack.write_bytes(bytes(data))
@@ -152,9 +153,8 @@ def test_resume_raises_when_every_checkpoint_is_damaged(store_dir: Path, key: by
     model, optimizer = small_model()
     with Checkpointer(repository(store_dir, key), RUN) as checkpointer:
         checkpointer.save(0, model, optimizer)
-    for pack in (store_dir / "packs").rglob("*"):
-        if pack.is_file():
-            pack.write_bytes(pack.read_bytes()[:-1])
+    for pack in pack_files(store_dir):
+        pack.write_bytes(pack.read_bytes()[:-1])
     with pytest.raises(NoValidCheckpoint, match="step 0"):
         Checkpointer(repository(store_dir, key), RUN).resume(model, optimizer)
 

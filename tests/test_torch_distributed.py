@@ -33,7 +33,9 @@ from dcp_ranks import (
 )
 
 from slurm_geo.ckpt import LocalDirStore, Repository, create_master_key_file, load_master_key
+from slurm_geo.ckpt.manifest import SHARDED_FORMAT
 from slurm_geo.ckpt.names import manifest_name
+from tests.helpers import pack_files
 
 pytestmark = pytest.mark.slow
 
@@ -146,7 +148,7 @@ def test_saved_on_4_ranks_it_loads_on_2_and_on_4_with_another_sharding(ranks, si
     ranks.launch(4, save, store, key_file, 10, 1)
 
     manifest = repository.manifest(RUN, 10)
-    assert manifest.format == 3 and manifest.sharded is not None
+    assert manifest.format == SHARDED_FORMAT and manifest.sharded is not None
     assert manifest.sharded.ranks == 4
     weight = next(i for i in manifest.sharded.items if i.fqn == "model.layer.weight")
     assert [s.offsets for s in weight.shards] == [(0, 0), (24, 0), (48, 0), (72, 0)]
@@ -186,7 +188,7 @@ def test_a_flipped_bit_in_any_ranks_data_fails_the_load_naming_the_object(ranks,
     manifest = repository.manifest(RUN, 10)
     # The pack holding the last rank's rows of the weight (offset 72): not the coordinator's.
     stored = next(t for t in manifest.tensors if t.path == "model.layer.weight@72,0")
-    pack = f"packs/{stored.chunks[0].pack[:2]}/{stored.chunks[0].pack}"
+    pack = manifest.pack_object(stored.chunks[0].pack)
     path = Path(store.removeprefix("file://")) / pack
     data = bytearray(path.read_bytes())
     data[stored.chunks[0].offset + 40] ^= 0x01
@@ -244,8 +246,8 @@ def test_a_second_save_of_a_partly_frozen_model_writes_only_the_changed_shards(r
 
 
 def _pack_sizes(store: str) -> dict[str, int]:
-    root = Path(store.removeprefix("file://")) / "packs"
-    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+    root = Path(store.removeprefix("file://"))
+    return {str(p.relative_to(root)): p.stat().st_size for p in pack_files(root)}
 
 
 SCENARIOS = [  # (what happens, the verdicts every rank must see first)

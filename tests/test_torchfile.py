@@ -18,6 +18,7 @@ from slurm_geo.ckpt import LocalDirStore, Metadata, Repository
 from slurm_geo.ckpt.files import pull_tensor_file, push_tensor_file
 from slurm_geo.ckpt.skeleton import TensorFileError
 from slurm_geo.ckpt.torchfile import read_torch_file
+from slurm_geo.ckpt.usage import pack_sizes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -118,7 +119,7 @@ def test_the_next_step_of_a_run_takes_the_previous_as_parent_and_stores_only_cha
 
 
 def stored_bytes(repository: Repository) -> int:
-    return sum(repository.store.sizes("packs/").values())
+    return sum(pack_sizes(repository.store).values())
 
 
 def hostile_file(path: Path, pickled: bytes) -> Path:

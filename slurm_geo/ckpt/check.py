@@ -36,7 +36,7 @@ from slurm_geo.ckpt.names import (
     key_name,
     latest_name,
     manifest_name,
-    pack_name,
+    pack_id_of_name,
     step_of_manifest_name,
 )
 from slurm_geo.ckpt.open_store import paced
@@ -44,6 +44,7 @@ from slurm_geo.ckpt.parallel import run_all
 from slurm_geo.ckpt.reader import ChunkReader, ordered_map, worker_pool
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.store import LocalDirStore, Store
+from slurm_geo.ckpt.usage import pack_sizes
 from slurm_geo.errors import ConfigError
 
 # Delta bases mostly sit in the previous checkpoint's packs, checked just before: a
@@ -64,9 +65,10 @@ class PackSelection:
     groups: int = 0
 
     def choose(self, pack_ids: Sequence[str], random: _random.Random) -> list[str]:
-        """The chosen packs, in the order given."""
+        """The chosen packs (ids, or their object names), in the order given."""
         if self.groups:
-            return [p for p in pack_ids if int(p[:8], 16) % self.groups == self.group - 1]
+            return [p for p in pack_ids
+                    if int(_pack_id(p)[:8], 16) % self.groups == self.group - 1]
         if self.percent >= 100:
             return list(pack_ids)
         count = min(len(pack_ids), max(1, round(len(pack_ids) * self.percent / 100)))
@@ -124,8 +126,8 @@ class _Use(NamedTuple):
 
 
 class _Inventory:
-    """What the manifests say: checkpoints, and per pack the chunks read from it and the
-    checkpoints that need it."""
+    """What the manifests say: checkpoints, and per pack (by object name: where its
+    manifest's format places it) the chunks read from it and the checkpoints that need it."""
 
     def __init__(self) -> None:
         self.checkpoints: list[tuple[str, int]] = []
@@ -137,9 +139,10 @@ class _Inventory:
     def add(self, manifest: Manifest) -> None:
         where = f"{manifest.run}@{manifest.step}"
         for ref in with_bases(manifest.refs()):
-            self.pack_order.setdefault(ref.pack)
-            self.uses[ref.pack].add(_Use(manifest.run, manifest.format, ref))
-            self.needed_by[ref.pack].add(where)
+            name = manifest.pack_object(ref.pack)
+            self.pack_order.setdefault(name)
+            self.uses[name].add(_Use(manifest.run, manifest.format, ref))
+            self.needed_by[name].add(where)
 
     def found(self, name: str, error: CkptError, checkpoints: Iterable[str]) -> None:
         if isinstance(error, StoreUnavailable):
@@ -172,16 +175,16 @@ def check_store(store: Store, master_keys: bytes | MasterKeys,
         opened += len(steps[run])
         on_manifests(opened, manifests)
     _check_markers(repository, counted.list("promoted/"), steps, inventory)
-    sizes = counted.sizes("packs/")
+    sizes = pack_sizes(counted)
     present = [p for p in inventory.pack_order if _check_size(p, sizes, inventory)]
-    referenced = {pack_name(p) for p in inventory.pack_order}
+    referenced = set(inventory.pack_order)
     chosen = [] if read is None else read.choose(present, random or _random.Random())
     if chosen:
-        read_bytes, total = 0, sum(sizes[pack_name(p)] for p in chosen)
+        read_bytes, total = 0, sum(sizes[p] for p in chosen)
 
-        def pack_read(pack_id: str) -> None:
+        def pack_read(name: str) -> None:
             nonlocal read_bytes
-            read_bytes += sizes[pack_name(pack_id)]
+            read_bytes += sizes[name]
             on_bytes(read_bytes, total)
         local = store if isinstance(store, LocalDirStore) else None
         _read_packs(repository, counted, chosen, inventory, workers, pack_read, local)
@@ -263,60 +266,65 @@ def _manifest(repository: Repository, run: str, step: int) -> Manifest | CkptErr
         return exc
 
 
-def _check_size(pack_id: str, sizes: dict[str, int], inventory: _Inventory) -> bool:
+def _check_size(name: str, sizes: dict[str, int], inventory: _Inventory) -> bool:
     """Whether the pack is listed, long enough for every entry read from it."""
-    name = pack_name(pack_id)
-    needs = max(u.ref.offset + u.ref.length for u in inventory.uses[pack_id])
+    needs = max(u.ref.offset + u.ref.length for u in inventory.uses[name])
     if name not in sizes:
-        inventory.found(name, ObjectMissing(name), inventory.needed_by[pack_id])
+        inventory.found(name, ObjectMissing(name), inventory.needed_by[name])
         return False
     if sizes[name] < needs:
         inventory.found(name, CorruptObject(
             name, f"truncated: {sizes[name]} bytes, its entries reach byte {needs}"),
-            inventory.needed_by[pack_id])
+            inventory.needed_by[name])
         return False
     return True
+
+
+def _pack_id(name: str) -> str:
+    """The pack id of a pack's object name (or of a bare id)."""
+    return pack_id_of_name(name) or name
 
 
 def _read_packs(repository: Repository, store: Store, chosen: list[str],
                 inventory: _Inventory, workers: int, on_read: Callable[[str], None],
                 local: LocalDirStore | None) -> None:
-    """Each chosen pack read once, on `workers` threads, a few packs in flight;
-    `on_read(pack_id)` as each one is done with. `local`: the local store `store` wraps,
+    """Each chosen pack (by object name) read once, on `workers` threads, a few packs in
+    flight; `on_read(name)` as each one is done with. `local`: the local store `store` wraps,
     if it is one, from which delta bases are read by ranges."""
     readers: dict[tuple[str, int], ChunkReader] = {}
     last_use: dict[tuple[str, int], int] = {}
-    for index, pack_id in enumerate(chosen):
-        for use in inventory.uses[pack_id]:
+    for index, name in enumerate(chosen):
+        for use in inventory.uses[name]:
             key = (use.run, use.format)
             if key not in readers:
                 readers[key] = ChunkReader(store, repository.run_keys(use.run), use.format,
-                                           CHECK_CACHED_PACKS, ranges_from=local)
+                                           use.run, CHECK_CACHED_PACKS, ranges_from=local)
             last_use[key] = index
 
-    def check(pack_id: str) -> list[CkptError]:
+    def check(name: str) -> list[CkptError]:
         try:
-            data = store.get(pack_name(pack_id))
+            data = store.get(name)
         except StoreUnavailable:
             raise
         except CkptError as exc:
             return [exc]
         by_reader: dict[tuple[str, int], list[ChunkRef]] = defaultdict(list)
-        for use in inventory.uses[pack_id]:
+        for use in inventory.uses[name]:
             by_reader[(use.run, use.format)].append(use.ref)
         faults = []
         for key, refs in by_reader.items():
-            faults += readers[key].check_pack(pack_id, data, sorted(refs, key=_by_offset))
+            faults += readers[key].check_pack(_pack_id(name), data,
+                                              sorted(refs, key=_by_offset))
         return faults
 
     with worker_pool(workers, "slurm-geo-check") as pool:
         checked = ordered_map(check, chosen, pool, workers + 1)
-        for index, (pack_id, faults) in enumerate(zip(chosen, checked, strict=True)):
+        for index, (name, faults) in enumerate(zip(chosen, checked, strict=True)):
             for fault in faults:
                 # A delta's base may lie in another pack: the fault names that pack.
-                pack = fault.name.removeprefix("packs/").partition("/")[2] or pack_id
+                pack = fault.name if fault.name in inventory.needed_by else name
                 inventory.found(fault.name, fault, inventory.needed_by.get(pack, ()))
-            on_read(pack_id)
+            on_read(name)
             for key in [k for k, last in last_use.items() if last == index]:
                 del readers[key]  # its run is done: let its cached packs go
 

@@ -13,7 +13,11 @@ from datetime import datetime
 from slurm_geo.ckpt.errors import StoreBusy
 from slurm_geo.ckpt.locks import LOCK_TTL, is_fresh, locks, why_stale
 from slurm_geo.ckpt.manifest import with_bases
-from slurm_geo.ckpt.names import pack_name, run_of_manifest_name, step_of_manifest_name
+from slurm_geo.ckpt.names import (
+    PACK_PREFIXES,
+    run_of_manifest_name,
+    step_of_manifest_name,
+)
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.store import Store
 
@@ -33,7 +37,7 @@ def collect_garbage(store: Store, repository: Repository, now: datetime,
     Raises StoreBusy while a push may be in flight, and any CkptError from a manifest
     that does not open: a manifest we cannot read could reference any pack.
     """
-    candidates = store.list("packs/")
+    candidates = [name for prefix in PACK_PREFIXES for name in store.list(prefix)]
     report = GcReport()
     for lock in locks(store):
         if is_fresh(lock, now) and lock.created_at is not None:
@@ -60,6 +64,6 @@ def _referenced_packs(store: Store, repository: Repository) -> set[str]:
         step = step_of_manifest_name(run, name) if run else None
         if run is None or step is None:
             continue
-        refs = with_bases(repository.manifest(run, step).refs())
-        referenced.update(pack_name(ref.pack) for ref in refs)
+        manifest = repository.manifest(run, step)
+        referenced.update(manifest.pack_object(ref.pack) for ref in with_bases(manifest.refs()))
     return referenced

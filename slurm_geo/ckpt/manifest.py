@@ -20,17 +20,22 @@ from slurm_geo.ckpt.errors import (
     UnsupportedFormat,
 )
 from slurm_geo.ckpt.layout import Layout, layout_to_json, parse_layout
-from slurm_geo.ckpt.names import is_hex_id
+from slurm_geo.ckpt.names import is_hex_id, pack_name
 from slurm_geo.ckpt.pack import ENTRY_OVERHEAD, HEADER_SIZE
 
 # Version 2 names chunks by keyed BLAKE3 instead of HMAC-SHA256 (docs/format.md §4); a
 # manifest's version says how its chunk ids are checked, so version 1 stays readable.
 # Version 3 is a multi-rank checkpoint (§7.5): version 2 plus the "sharded" layout. Writers
 # write 3 only for those, so a version 2 reader still reads every single-process one.
-FORMAT_VERSION = 2
-SHARDED_FORMAT = 3
-FORMAT_VERSIONS = (1, 2, 3)
-LATEST_VERSIONS = (1, 2)  # a latest pointer is the same in format 3
+# Versions 4 and 5 are 2 and 3 with their packs under the run (`run-packs/<run>/`), so a
+# store key minted for one run cannot overwrite another run's packs (docs/stores.md).
+FORMAT_VERSION = 4
+SHARDED_FORMAT = 5
+FORMAT_VERSIONS = (1, 2, 3, 4, 5)
+SHARDED_FORMATS = (3, 5)
+RUN_PACKS_FROM = 4
+LATEST_FORMAT = 2
+LATEST_VERSIONS = (1, 2)  # a latest pointer is the same in formats 3 to 5
 MAX_DELTA_DEPTH = 16
 MAX_CHUNK_SIZE = 64 * 1024 * 1024
 CHUNK_SIZE_MULTIPLE = 16
@@ -99,11 +104,21 @@ class Manifest:
     def step(self) -> int:
         return self.metadata.global_step
 
+    def pack_object(self, pack_id: str) -> str:
+        """The object name of pack `pack_id` as this manifest's format places it."""
+        return pack_name(pack_id, packs_run(self.run, self.format))
+
     def refs(self) -> Iterator[ChunkRef]:
         """Every chunk ref listed, tensors first; delta bases hang off their refs."""
         for tensor in self.tensors:
             yield from tensor.chunks
         yield from self.extra_state.chunks
+
+
+def packs_run(run: str, manifest_format: int) -> str | None:
+    """The run whose own directory holds the packs of a manifest of `run` in this format;
+    None for the directory every run shares (formats 1 to 3)."""
+    return run if manifest_format >= RUN_PACKS_FROM else None
 
 
 def with_bases(refs: Iterable[ChunkRef]) -> Iterator[ChunkRef]:
@@ -185,7 +200,7 @@ def parse_manifest(payload: bytes, name: str, run: str, step: int) -> Manifest:
 
 
 def latest_to_json(run: str, step: int) -> bytes:
-    return json.dumps({"format": FORMAT_VERSION, "run": run, "step": step}).encode()
+    return json.dumps({"format": LATEST_FORMAT, "run": run, "step": step}).encode()
 
 
 def parse_latest(payload: bytes, name: str, run: str) -> int:
@@ -247,12 +262,12 @@ class _Parser:
         if len({t.path for t in tensors}) != len(tensors):
             raise MalformedData("two tensors share a path")
         sharded = None
-        if version >= SHARDED_FORMAT:
+        if version in SHARDED_FORMATS:
             sharded = parse_layout(_get(doc, "sharded", dict, "manifest"),
                                    {t.path: (t.dtype, t.shape) for t in tensors})
         elif "sharded" in doc:
             raise MalformedData(f"a multi-rank layout in a format {version} manifest "
-                                f"(it needs format {SHARDED_FORMAT})")
+                                f"(it needs format {' or '.join(map(str, SHARDED_FORMATS))})")
         return Manifest(
             run=_get(doc, "run", str, "manifest"),
             metadata=self.metadata(_get(doc, "metadata", dict, "manifest")),

@@ -88,7 +88,29 @@ def step_of_manifest_name(run: str, name: str) -> int | None:
     return int(tail)
 
 
-def pack_name(pack_id: str) -> str:
+# Where packs live (docs/format.md §2): a format 4 or 5 manifest's under its run, where a
+# key minted for that run alone may write them and no other run's key can; a format 1-3
+# manifest's in the directory every run shared.
+RUN_PACKS = "run-packs"
+PACK_PREFIXES = ("packs/", f"{RUN_PACKS}/")
+
+
+def pack_name(pack_id: str, run: str | None = None) -> str:
+    """The object holding pack `pack_id` of `run`, or (None) in the shared `packs/`."""
     if not is_hex_id(pack_id):
         raise UnsafeObjectName(str(pack_id), "a pack id is 64 lowercase hex digits")
+    if run is not None:
+        return f"{run_packs_prefix(run)}{pack_id}"
     return f"packs/{pack_id[:2]}/{pack_id}"
+
+
+def run_packs_prefix(run: str) -> str:
+    return f"{RUN_PACKS}/{check_run_id(run)}/"
+
+
+def pack_id_of_name(name: str) -> str | None:
+    """The pack id an object name under either pack prefix stands for, or None."""
+    if not name.startswith(PACK_PREFIXES):
+        return None
+    tail = name.rpartition("/")[2]
+    return tail if is_hex_id(tail) else None

@@ -26,7 +26,7 @@ from slurm_geo.ckpt.codec import (
 )
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, MalformedData
 from slurm_geo.ckpt.keys import RunKeys, chunk_id
-from slurm_geo.ckpt.manifest import ChunkRef
+from slurm_geo.ckpt.manifest import ChunkRef, packs_run
 from slurm_geo.ckpt.names import pack_name
 from slurm_geo.ckpt.pack import (
     BLAKE3_VERSION,
@@ -70,10 +70,11 @@ def default_workers() -> int:
 class ChunkReader:
     """Reads the chunks of one run; keeps the last few packs it read whole, and remembers bad ones.
 
-    `manifest_format` is the format version of the manifests whose chunks it reads, which
-    says how chunk ids are checked. `hash_packs`: check every pack it fetches against its
-    name, as a reader whose subject is the store's integrity must (docs/format.md §6); a
-    reader that decodes relies on the entries' tags and the chunks' ids (see `_load`).
+    `manifest_format` is the format version of the manifests of `run` whose chunks it
+    reads, which says how chunk ids are checked and where the packs are. `hash_packs`:
+    check every pack it fetches against its name, as a reader whose subject is the store's
+    integrity must (docs/format.md §6); a reader that decodes relies on the entries' tags
+    and the chunks' ids (see `_load`).
 
     Such a reader reads a local directory store by ranges: each blob on its own, after its
     pack's header, as the kernel's page cache makes a small read as cheap as a large one.
@@ -84,12 +85,13 @@ class ChunkReader:
     reads), for the delta bases its packs' chunks need.
     """
 
-    def __init__(self, store: Store, keys: RunKeys, manifest_format: int,
+    def __init__(self, store: Store, keys: RunKeys, manifest_format: int, run: str,
                  cached_packs: int = CACHED_PACKS, hash_packs: bool = False,
                  ranges_from: LocalDirStore | None = None):
         self._store = store
         self._keys = keys
         self._format = manifest_format
+        self._packs_run = packs_run(run, manifest_format)
         self._cached_packs = cached_packs
         self._hash_packs = hash_packs
         self._lock = threading.Lock()
@@ -99,6 +101,9 @@ class ChunkReader:
             ranges_from = store
         self._by_ranges = None if hash_packs else ranges_from
         self._headers: OrderedDict[str, PackReader] = OrderedDict()
+
+    def _pack_name(self, pack_id: str) -> str:
+        return pack_name(pack_id, self._packs_run)
 
     def read(self, ref: ChunkRef) -> bytearray:
         """The chunk's plaintext, verified against its keyed id, or a typed error."""
@@ -120,7 +125,7 @@ class ChunkReader:
         """Check a pack read whole, then every chunk of `refs` stored in it (each decrypted,
         decoded and verified against its id); one fault per damaged object. The pack then
         serves the delta bases later chunks need, from the cache, without a second read."""
-        name = pack_name(pack_id)
+        name = self._pack_name(pack_id)
         try:
             check_pack_id(name, pack_id, data)
             pack = PackReader(self._keys.data_key, name, data)
@@ -146,7 +151,8 @@ class ChunkReader:
                 return
         if ref.base is not None:
             self.read(ref.base)  # raises, naming the base's pack, if the base is damaged
-        raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id} decodes to data with another id")
+        raise CorruptObject(self._pack_name(ref.pack),
+                            f"chunk {ref.id} decodes to data with another id")
 
     def prefetch(self, ref: ChunkRef, pool: Executor) -> None:
         """Start fetching the packs `ref` and its delta bases live in, on `pool` (none to
@@ -168,7 +174,7 @@ class ChunkReader:
         try:
             decode_into(blob, out, offset, ref.size, self._base_plaintext(ref))
         except MalformedData as exc:
-            raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
+            raise CorruptObject(self._pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
 
     def _plaintext(self, ref: ChunkRef) -> Buffer:
         """A delta base's plaintext, decoded (its own bases too) but not checked."""
@@ -179,7 +185,7 @@ class ChunkReader:
                 raise MalformedData(f"it decodes to {len(data)} bytes, not {ref.size}")
             return data
         except MalformedData as exc:
-            raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
+            raise CorruptObject(self._pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
 
     def _blob(self, ref: ChunkRef, pack: PackReader | None = None) -> bytes:
         """The chunk's encoded blob (from `pack` when given, else the chunk's own pack),
@@ -197,14 +203,14 @@ class ChunkReader:
                 if pack.version < FIRST_PACK_VERSION.get(method, 1):
                     raise MalformedData(f"a {method.name} blob in a version {pack.version} pack")
         except MalformedData as exc:
-            raise CorruptObject(pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
+            raise CorruptObject(self._pack_name(ref.pack), f"chunk {ref.id}: {exc}") from None
         return blob
 
     def _read_entry(self, store: LocalDirStore, pack_id: str, entry: Entry
                     ) -> tuple[PackReader, bytes]:
         """One blob read on its own, its pack's header opened once; on any fault, the pack
         read whole, whose reader names the damage as well as it can."""
-        name = pack_name(pack_id)
+        name = self._pack_name(pack_id)
         try:
             with self._lock:
                 header = self._headers.get(pack_id)
@@ -264,7 +270,7 @@ class ChunkReader:
         tag and every chunk checked against its id, and hashing every pack cost a pull of
         300 MB 35 ms of CPU for nothing more. With `hash_packs` (verify, scrub) and in
         `check_pack` (ckpt check) every pack is hashed."""
-        name = pack_name(pack_id)
+        name = self._pack_name(pack_id)
         try:
             data = self._store.get(name)
             if self._hash_packs:

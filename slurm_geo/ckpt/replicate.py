@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from slurm_geo.ckpt.errors import UnsafeStoreDirectory
 from slurm_geo.ckpt.fence import FenceLookup, check_admitted, read_fence
 from slurm_geo.ckpt.manifest import Manifest, with_bases
-from slurm_geo.ckpt.names import key_name, manifest_name, pack_name
+from slurm_geo.ckpt.names import key_name, manifest_name
 from slurm_geo.ckpt.parallel import run_all
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.store import Store
@@ -77,7 +77,7 @@ def pack_extents(manifest: Manifest) -> dict[str, int]:
     into it the checkpoint reads: its size, unless later entries belong to others."""
     extents: dict[str, int] = {}
     for ref in with_bases(manifest.refs()):
-        name = pack_name(ref.pack)
+        name = manifest.pack_object(ref.pack)
         extents[name] = max(extents.get(name, 0), ref.offset + ref.length)
     return extents
 

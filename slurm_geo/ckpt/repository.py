@@ -151,7 +151,7 @@ class Repository:
                tally: _Tally) -> Manifest:
         parent = None if parent_manifest is None else parent_manifest.step
         chunk_size = self._options.chunk_size
-        sharing = _sharing(parent_manifest)
+        sharing = _sharing(parent_manifest, run)
         reusable = _reusable_chunks(sharing, chunk_size, unchanged)
         bases = _delta_bases(sharing, chunk_size) if delta else {}
         with self.chunk_writer(run, sharing) as writer:
@@ -195,8 +195,8 @@ class Repository:
         """A writer of `run`'s new chunks, referencing the ones `parent` already stores."""
         keys = self._keys(run, create=create)
         return ChunkWriter(self._store, keys, self._options, self._random_bytes,
-                           _known_refs(_sharing(parent)),
-                           ChunkReader(self._store, keys, FORMAT_VERSION).read)
+                           _known_refs(_sharing(parent, run)),
+                           ChunkReader(self._store, keys, FORMAT_VERSION, run).read, run)
 
     def run_keys(self, run: str) -> RunKeys:
         """The run's keys, from its wrapped key (raises if that is missing or damaged)."""
@@ -204,7 +204,8 @@ class Repository:
 
     def chunk_reader(self, manifest: Manifest) -> ChunkReader:
         """A reader of the chunks `manifest` names, each verified against its id."""
-        return ChunkReader(self._store, self._keys(manifest.run), manifest.format)
+        return ChunkReader(self._store, self._keys(manifest.run), manifest.format,
+                           manifest.run)
 
     def commit(self, manifest: Manifest, before_commit: Callable[[], None]) -> None:
         """Seal and put the manifest (the commit point, after `before_commit`), then the
@@ -218,7 +219,7 @@ class Repository:
         """The manifest's tensors one at a time, in its order, each chunk verified (the
         caller may pass a manifest cut down to the tensors it needs)."""
         return self._tensors(manifest, ChunkReader(self._store, self._keys(manifest.run),
-                                                   manifest.format))
+                                                   manifest.format, manifest.run))
 
     def point_latest(self, run: str, step: int) -> None:
         """Name `step` as the run's latest checkpoint (after its manifest is in place)."""
@@ -228,7 +229,7 @@ class Repository:
     def read_checkpoint(self, run: str, step: int) -> Checkpoint:
         """Every tensor and the extra state of a checkpoint, each chunk verified."""
         manifest = self.manifest(run, step)
-        reader = ChunkReader(self._store, self._keys(run), manifest.format)
+        reader = ChunkReader(self._store, self._keys(run), manifest.format, run)
         tensors = [t._replace(data=bytes(t.data)) for t in self._tensors(manifest, reader)]
         return Checkpoint(manifest, tensors, bytes(self._blob(manifest.extra_state, reader)))
 
@@ -243,7 +244,7 @@ class Repository:
     def read_extra_state(self, run: str, step: int) -> bytes:
         """The checkpoint's opaque non-tensor state, verified."""
         manifest = self.manifest(run, step)
-        reader = ChunkReader(self._store, self._keys(run), manifest.format)
+        reader = ChunkReader(self._store, self._keys(run), manifest.format, run)
         return bytes(self._blob(manifest.extra_state, reader))
 
     def manifest(self, run: str, step: int) -> Manifest:
@@ -331,7 +332,8 @@ class Repository:
             manifest = self.manifest(run, step)
         except CkptError as exc:
             return [exc]
-        reader = ChunkReader(self._store, self._keys(run), manifest.format, hash_packs=True)
+        reader = ChunkReader(self._store, self._keys(run), manifest.format, run,
+                             hash_packs=True)
         return _faults(manifest, reader, self._options, on_bytes)
 
     def _tensors(self, manifest: Manifest, reader: ChunkReader) -> Iterator[Tensor]:
@@ -489,10 +491,14 @@ def check_tensors(tensors: Sequence[TensorToWrite]) -> None:
                              f"{dtype}{list(shape)}")
 
 
-def _sharing(parent: Manifest | None) -> Manifest | None:
-    """The parent, when its chunk ids are computed as ours are (format 2 and 3): a parent
-    of version 1 names its chunks another way, and none are shared."""
-    return parent if parent is not None and parent.format >= FORMAT_VERSION else None
+def _sharing(parent: Manifest | None, run: str) -> Manifest | None:
+    """The parent, when it is of the same run and written as ours are (format 4 and 5): a
+    parent of version 1 names its chunks another way, and one of version 2 or 3 keeps its
+    packs where any run's key may write, so none of either is shared (the first save
+    after an upgrade is stored in full)."""
+    if parent is None or parent.run != run or parent.format < FORMAT_VERSION:
+        return None
+    return parent
 
 
 def _known_refs(parent: Manifest | None) -> dict[str, ChunkRef]:

@@ -56,11 +56,12 @@ class LocalDirStore:
     it, so a put never writes into a directory owned by a user other than root, the
     store's owner or the writer, nor into one others may write without the sticky bit
     (`directory_fault`); every directory on the way is opened without following a
-    symbolic link. The directories every run shares (`keys/`, `packs/` and its 256
-    `packs/xx/`, ...) are made by root or the store's owner when they open the store
-    (`prepare_shared_directories`), never by a user, whose directory there would let them
-    remove everyone's objects; a run's own directories (`manifests/<run>/`,
-    `promoted/<run>/`) are made with its key, by whoever writes it first.
+    symbolic link. The directories every run shares (`keys/`, `run-packs/`, the older
+    `packs/` and its 256 `packs/xx/`, ...) are made by root or the store's owner when they
+    open the store (`prepare_shared_directories`), never by a user, whose directory there
+    would let them remove everyone's objects; a run's own directories (`manifests/<run>/`,
+    `run-packs/<run>/`, `promoted/<run>/`) are made with its key, by whoever writes it
+    first.
     """
 
     def __init__(self, root: Path):
@@ -315,8 +316,8 @@ class LocalDirStore:
 
 # Directories every run of a store shares (docs/format.md §2), and those of one run.
 SHARED_DIRECTORIES = ("fences", "keys", "latest", "locks", "manifests", "packs", "probes",
-                      "promoted")
-RUN_DIRECTORIES = ("manifests", "promoted")
+                      "promoted", "run-packs")
+RUN_DIRECTORIES = ("manifests", "promoted", "run-packs")
 # Written by the daemons alone: fences (under F), promotion markers (under P) and the
 # federation daemon's bandwidth probes. A user able to create a name there could block a
 # fence of another's run (a sticky directory lets only its maker replace a file), so in a

@@ -31,9 +31,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from slurm_geo.ckpt.manifest import Manifest, tensor_nbytes, with_bases
-from slurm_geo.ckpt.names import pack_name
+from slurm_geo.ckpt.names import PACK_PREFIXES
+from slurm_geo.ckpt.store import Store
 
-StoredCopy = tuple[str, int]  # (pack id, offset)
+StoredCopy = tuple[str, int]  # (pack object name, offset)
 
 
 def dedup_ratio(logical: int, stored: int) -> float | None:
@@ -88,7 +89,8 @@ def logical_bytes(manifest: Manifest) -> int:
 
 def stored_copies(manifest: Manifest) -> dict[StoredCopy, int]:
     """Every stored copy the manifest references, delta bases included, and its bytes."""
-    return {(ref.pack, ref.offset): ref.length for ref in with_bases(manifest.refs())}
+    return {(manifest.pack_object(ref.pack), ref.offset): ref.length
+            for ref in with_bases(manifest.refs())}
 
 
 def checkpoint_usage(manifests: Iterable[Manifest]) -> list[CheckpointUsage]:
@@ -105,9 +107,14 @@ def checkpoint_usage(manifests: Iterable[Manifest]) -> list[CheckpointUsage]:
     return usage
 
 
+def pack_sizes(store: Store) -> dict[str, int]:
+    """Every pack of the store, under either prefix (names.PACK_PREFIXES), and its bytes."""
+    return {name: size for prefix in PACK_PREFIXES for name, size in store.sizes(prefix).items()}
+
+
 def run_usage(manifests: Iterable[Manifest], pack_sizes: Mapping[str, int]) -> list[RunUsage]:
     """One entry per run, sorted; `pack_sizes` is the store's listing of packs (object
-    name -> bytes, as `Store.sizes("packs/")` gives it). A pack missing from it counts 0."""
+    name -> bytes, as `pack_sizes` gives it). A pack missing from it counts 0."""
     return [_run_totals(run, run_manifests, pack_sizes)
             for run, run_manifests in _by_run(manifests).items()]
 
@@ -119,7 +126,7 @@ def store_usage(manifests: Iterable[Manifest], pack_sizes: Mapping[str, int]) ->
     copies: dict[StoredCopy, int] = {}
     for manifest in manifests:
         copies.update(stored_copies(manifest))
-    referenced = {pack_name(pack) for pack, _offset in copies}
+    referenced = {pack for pack, _offset in copies}
     return StoreUsage(
         runs=runs, checkpoints=len(manifests),
         logical_bytes=sum(r.logical_bytes for r in runs), stored_bytes=sum(copies.values()),
@@ -133,7 +140,7 @@ def _run_totals(run: str, manifests: list[Manifest], pack_sizes: Mapping[str, in
     copies: dict[StoredCopy, int] = {}
     for manifest in manifests:
         copies.update(stored_copies(manifest))
-    packs = {pack_name(pack) for pack, _offset in copies}
+    packs = {pack for pack, _offset in copies}
     return RunUsage(run, len(manifests), sum(map(logical_bytes, manifests)),
                     sum(copies.values()), sum(pack_sizes.get(name, 0) for name in packs))
 

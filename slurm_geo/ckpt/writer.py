@@ -39,6 +39,7 @@ from slurm_geo.ckpt.manifest import (
     MAX_CHUNK_SIZE,
     MAX_DELTA_DEPTH,
     ChunkRef,
+    packs_run,
 )
 from slurm_geo.ckpt.names import pack_name
 from slurm_geo.ckpt.pack import Entry, PackWriter, pack_buffer, pack_id_of
@@ -179,9 +180,10 @@ class ChunkWriter:
 
     def __init__(
         self, store: Store, keys: RunKeys, options: WriteOptions, random_bytes: RandomBytes,
-        known: dict[str, ChunkRef], read_base: Callable[[ChunkRef], Bytes],
+        known: dict[str, ChunkRef], read_base: Callable[[ChunkRef], Bytes], run: str,
     ):
         self._store = store
+        self._packs_run = packs_run(run, FORMAT_VERSION)  # where this format puts packs
         self._keys = keys
         self._options = options
         self._random_bytes = random_bytes
@@ -336,7 +338,8 @@ class ChunkWriter:
 
     def _upload(self, data: memoryview, buffer: mmap.mmap) -> str:
         pack_id = pack_id_of(data)
-        self._store.put(pack_name(pack_id), data)  # on failure the buffer is not reused
+        # On failure the buffer is not reused.
+        self._store.put(pack_name(pack_id, self._packs_run), data)
         try:
             data.release()
         except BufferError:

@@ -293,6 +293,7 @@ def stats(store_url: str, run: str | None, key_file: Path, as_json: bool) -> Non
     store's total, with the packs no checkpoint references (from manifests and one
     listing of the packs; nothing else is read)."""
     from slurm_geo.ckpt import Repository, load_master_key
+    from slurm_geo.ckpt.usage import pack_sizes
     from slurm_geo.cli import ckpt_usage as shown
 
     store = _open(store_url)

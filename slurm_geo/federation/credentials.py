@@ -2,7 +2,7 @@
 
 With `job_keys = "per-run"` the daemon mints, at each submission, a key of the job's run
 alone through the IAM API at the store's endpoint, with its own key (`IamRunKeys`): the
-key may read the store but write only its run's manifests and latest pointer, packs and
+key may read the store but write only its run's manifests, latest pointer, packs and
 push locks (`run_policy`), and minting it revokes the keys the run's earlier incarnations
 got. Else a store may name an env file of credentials scoped to its bucket
 (`job_credentials`), which every run's jobs share. The job never gets the daemon's own,
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from slurm_geo.ckpt.names import check_run_id
+from slurm_geo.ckpt.names import check_run_id, run_packs_prefix
 from slurm_geo.config.model import StoreConfig
 from slurm_geo.errors import ConfigError
 
@@ -106,10 +106,11 @@ def bucket_and_prefix(url: str) -> tuple[str, str]:
 
 def run_policy(bucket: str, store_prefix: str, run: str) -> dict[str, Any]:
     """What a run's own key may do in the store `s3://bucket/store_prefix`: read and list
-    it; put the run's manifests and latest pointer, packs and push locks; delete push
-    locks. Not another run's manifests, pointer, key, promotion or fence; nothing but a
-    push lock deleted; no bucket settings; no other bucket. Packs have shared,
-    content-addressed names (docs/stores.md says what that leaves)."""
+    it; put the run's manifests, latest pointer and packs (`run-packs/<run>/`, where
+    format 4 and 5 place them) and push locks; delete push locks. Not another run's
+    manifests, pointer, packs, key, promotion or fence; not the packs every run shared
+    before format 4; nothing but a push lock deleted; no bucket settings; no other
+    bucket."""
     check_run_id(run)
     base = f"arn:aws:s3:::{bucket}"
     prefix = store_prefix.strip("/")
@@ -121,7 +122,7 @@ def run_policy(bucket: str, store_prefix: str, run: str) -> dict[str, Any]:
         {"Sid": "WriteTheRunsObjects", "Effect": "Allow",
          "Action": ["s3:PutObject", "s3:AbortMultipartUpload"],
          "Resource": [f"{under}manifests/{run}/*", f"{under}latest/{run}",
-                      f"{under}packs/*", f"{under}{LOCKS}*"]},
+                      f"{under}{run_packs_prefix(run)}*", f"{under}{LOCKS}*"]},
         {"Sid": "DeleteOnlyPushLocks", "Effect": "Allow", "Action": ["s3:DeleteObject"],
          "Resource": [f"{under}{LOCKS}*"]},
     ]}

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, StoreUnavailable
 from slurm_geo.ckpt.keys import MasterKeys
 from slurm_geo.ckpt.manifest import with_bases
-from slurm_geo.ckpt.names import key_name, manifest_name, pack_name, promoted_name
+from slurm_geo.ckpt.names import PACK_PREFIXES, key_name, manifest_name, promoted_name
 from slurm_geo.ckpt.open_store import paced
 from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.ckpt.replicate import copy_checkpoint
@@ -214,7 +214,7 @@ class Attempt:
             raise
         except CkptError:
             return True  # its manifest is damaged too: it needs repair as well
-        needed = {pack_name(r.pack) for r in with_bases(manifest.refs())}
+        needed = {manifest.pack_object(r.pack) for r in with_bases(manifest.refs())}
         return bool(needed & names) or key_name(other.run) in names
 
     def _repair(self, replica: Replica) -> None:
@@ -300,7 +300,8 @@ class Attempt:
     def _drop_damaged(self, faults: list[CkptError]) -> None:
         """Delete damaged packs and keys, so that the next copy puts good ones in place."""
         for fault in faults:
-            if isinstance(fault, CorruptObject) and fault.name.startswith(("packs/", "keys/")):
+            if isinstance(fault, CorruptObject) and \
+                    fault.name.startswith((*PACK_PREFIXES, "keys/")):
                 self._destination.delete(fault.name)
 
     def _repoint_latest(self, replica: Replica, replica_repo: Repository) -> None:
@@ -367,7 +368,8 @@ class Attempt:
     def _record(self, name: str, size: int, started: float, finished: float) -> None:
         """Called in the thread that put the object: queued for `_write_transfers`."""
         route = self._route
-        row = {"object": name, "kind": name.split("/", 1)[0], "bytes": size,
+        kind = "packs" if name.startswith(PACK_PREFIXES) else name.split("/", 1)[0]
+        row = {"object": name, "kind": kind, "bytes": size,
                "source": route.root, "destination": route.destination,
                "source_region": route.root_region,
                "destination_region": route.destination_region,
