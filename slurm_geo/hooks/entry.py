@@ -53,7 +53,8 @@ def _dispatch(name: str, job: Any, site: Any, env: Mapping[str, str], now: float
     if name == "prolog":
         node.prolog(job, lambda: staging_for(site, job, env), now)
     elif name == "epilog":
-        node.epilog(job, protection_of(site, job), now, sync_judge(site, job))
+        node.epilog(job, protection_of(site, job), now, sync_judge(site, job),
+                    cluster_store(site, job))
     elif name in ("prolog_slurmctld", "epilog_slurmctld"):
         from slurm_geo.registry import Registry
 
@@ -119,11 +120,7 @@ def sync_judge(site: Any, job: Any) -> Any:
     checkpoint's run (slurm_geo.sync.truth). Where the state cannot be read here (it
     lives on checkpoint-sync's host), the record says so beside the configuration's
     answer."""
-    from dataclasses import replace
-
     from slurm_geo.sync.jobdirs import file_roots, job_root
-    from slurm_geo.sync.state import StateDB, SyncError
-    from slurm_geo.sync.truth import sync_verdict
 
     if site is None or site.sync is None:
         return None
@@ -136,6 +133,43 @@ def sync_judge(site: Any, job: Any) -> Any:
                       None)
     root = configured or job_root(real_path)
     kind = "root" if configured else "job"  # a root's row, never a job's that named it
+    return state_judge(site, root, kind)
+
+
+def cluster_store(site: Any, job: Any) -> Any:
+    """The store the config gives the job's cluster, where a FederatedRun saves, with
+    checkpoint-sync's answer for it (slurm_geo.lease.places): the epilog judges a
+    federated run by it."""
+    from slurm_geo.hooks.node import ClusterStore
+    from slurm_geo.lease import places
+    from slurm_geo.sync.jobdirs import Protection
+
+    if site is None:
+        return None
+    if job.cluster not in site.clusters:
+        return ClusterStore("", "", Protection(None, False, f"the slurm-geo config names no "
+                                               f"cluster '{job.cluster}', nor its store"))
+    name = site.clusters[job.cluster].store
+    url = site.stores[name].url
+    sync = None if site.sync is None else places.SyncFacts(
+        site.sync.roots, site.sync.destination, site.home_cluster)
+    place = places.where(job.cluster, name, url, sync)
+    if not place.replicated:
+        return ClusterStore(name, url, Protection(None, False, place.why))
+    assert site.sync is not None
+    root = name if name in site.sync.roots else url  # as [sync] roots names it
+    return ClusterStore(name, url, Protection(root, True, "root"),
+                        state_judge(site, root, "root"))
+
+
+def state_judge(site: Any, root: str, kind: str) -> Any:
+    """checkpoint-sync's state of one root (`kind` "root") or job directory ("job"),
+    read now as root, as a judge of the configuration's answer (slurm_geo.sync.truth)."""
+    from dataclasses import replace
+
+    from slurm_geo.sync.state import StateDB, SyncError
+    from slurm_geo.sync.truth import sync_verdict
+
     try:
         state = StateDB(site.sync.state, readonly=True)
         try:

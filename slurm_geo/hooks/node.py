@@ -9,6 +9,8 @@ Prolog, before each incarnation of a job with --geo-ckpt-dir:
   3. writes `.slurm-geo/prolog-<cluster>-<job>-<restart>.json`: what it saw and staged.
 Epilog, after each incarnation:
   1. finds the job's final checkpoint (the run with the newest manifest, its last step);
+     a job whose FederatedRun recorded its run there (`.slurm-geo/run-<cluster>-<job>.json`,
+     slurm_geo.lease.places) has it in its cluster's store, and is judged by that store;
   2. tells why the incarnation ended (requeued, completed, failed) from the restart count
      the prolog saw and the exit code;
   3. hands the checkpoint to checkpoint-sync: the directory is one of its roots, or a
@@ -42,10 +44,11 @@ from slurm_geo.ckpt.errors import WrongKey
 from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
 from slurm_geo.ckpt.store import LocalDirStore, Store
 from slurm_geo.hooks.context import JobContext
+from slurm_geo.lease import places  # imported as root: the epilog reads as the job's owner
+from slurm_geo.sync.jobdirs import Protection
 
 if TYPE_CHECKING:
     from slurm_geo.ckpt.keys import MasterKeys
-    from slurm_geo.sync.jobdirs import Protection
 
 log = logging.getLogger("slurm_geo.hooks")
 
@@ -62,6 +65,18 @@ class Staged:
     verified: bool
     source: str  # "local", "replica", or "none"
     note: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterStore:
+    """The store the site config gives the job's cluster, where a FederatedRun saves
+    (slurm_geo.lease.places), with checkpoint-sync's answer for it: `protected` as the
+    configuration says, `judge` as its state says, given the run."""
+
+    name: str
+    url: str
+    protected: Protection
+    judge: Callable[[Protection, str | None], Protection] | None = None
 
 
 @dataclass(frozen=True)
@@ -252,25 +267,33 @@ def end_reason(prolog_restart: int | None, job: JobContext) -> str:
 
 
 def epilog(job: JobContext, protected: Protection, now: float,
-           judge: Callable[[Protection, str | None], Protection] | None = None
-           ) -> dict[str, Any]:
+           judge: Callable[[Protection, str | None], Protection] | None = None,
+           cluster_store: ClusterStore | None = None) -> dict[str, Any]:
     """Record the incarnation's end and final checkpoint, and whether checkpoint-sync
     replicates the directory: `protected` as the configuration says, then as `judge`
     finds from checkpoint-sync's state, given the final checkpoint's run
-    (slurm_geo.sync.truth, read beforehand); returns the record written."""
+    (slurm_geo.sync.truth, read beforehand); returns the record written. A job whose
+    FederatedRun left its run's record in the directory has its final checkpoint in
+    `cluster_store`, and is judged by that store's replication instead."""
     assert job.directives.ckpt_dir is not None
     with as_user(job.uid, job.gid):
-        return _epilog(job, Path(job.directives.ckpt_dir), protected, now, judge)
+        return _epilog(job, Path(job.directives.ckpt_dir), protected, now, judge,
+                       cluster_store)
 
 
 def _epilog(job: JobContext, ckpt_dir: Path, protected: Protection, now: float,
-            judge: Callable[[Protection, str | None], Protection] | None = None
-            ) -> dict[str, Any]:
+            judge: Callable[[Protection, str | None], Protection] | None = None,
+            cluster_store: ClusterStore | None = None) -> dict[str, Any]:
     meta = prepare_directory(ckpt_dir)
     prolog_restart = _last_prolog_restart(meta, job)
-    final = final_checkpoint(ckpt_dir)
+    federated = _federated_final(job, ckpt_dir, cluster_store)
+    if federated is not None:
+        found, protected, judge = federated
+    else:
+        final = final_checkpoint(ckpt_dir)
+        found = None if final is None else {"run": final[0], "step": final[1]}
     if judge is not None:
-        protected = judge(protected, None if final is None else final[0])
+        protected = judge(protected, None if found is None else found["run"])
     sync: dict[str, Any] = {"root": protected.root, "replicated": True, "as": protected.how} \
         if protected.replicated else {"root": None, "replicated": False, "why": protected.how}
     if protected.note:
@@ -279,7 +302,7 @@ def _epilog(job: JobContext, ckpt_dir: Path, protected: Protection, now: float,
         "restart": prolog_restart if prolog_restart is not None else job.restart,
         "node": job.node, "ended_at": now, "reason": end_reason(prolog_restart, job),
         "exit_code": job.exit_code,
-        "final_checkpoint": None if final is None else {"run": final[0], "step": final[1]},
+        "final_checkpoint": found,
         "sync": sync,
     }
     record_path = meta / f"job-{job.tag}.json"
@@ -294,6 +317,24 @@ def _epilog(job: JobContext, ckpt_dir: Path, protected: Protection, now: float,
         log.info("job %s: checkpoint-sync does not replicate %s (%s); its checkpoints stay "
                  "on this cluster only", job.tag, ckpt_dir, protected.how)
     return record
+
+
+def _federated_final(job: JobContext, ckpt_dir: Path, cluster_store: ClusterStore | None
+                     ) -> tuple[dict[str, Any] | None, Protection, Any] | None:
+    """(final checkpoint, protection, judge) of the run a FederatedRun recorded in the
+    directory, read from the store it saves to; None when no run was recorded."""
+    record = places.read_record(ckpt_dir, job.cluster, job.job_id)
+    if record is None:
+        return None
+    if cluster_store is None:
+        final = places.final_from_record(record, "", "", None)
+        return final.as_json(), Protection(None, False, "no slurm-geo config on this node "
+                                           "names the run's store"), None
+    final = places.final_from_record(record, cluster_store.name, cluster_store.url,
+                                     places.listed_steps(cluster_store.url, record.run))
+    if final.source == "trainer" and record.store_url != cluster_store.url:
+        return final.as_json(), Protection(None, False, final.note), None
+    return final.as_json(), cluster_store.protected, cluster_store.judge
 
 
 def _last_prolog_restart(meta: Path, job: JobContext) -> int | None:

@@ -29,11 +29,13 @@ replica that does not answer is passed over for the next (slurm_geo.lease.replic
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import logging
 import os
 import ssl
+import sys
 import threading
 import time
 import urllib.error
@@ -48,7 +50,7 @@ from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
-from slurm_geo.lease import protocol
+from slurm_geo.lease import places, protocol
 from slurm_geo.lease.munge import MungeCommands, MungeUnavailable, munge_socket
 from slurm_geo.lease.protocol import TRAINER_SHARE
 from slurm_geo.lease.replicas import Answer, Move, next_hop, parse_urls, retry_after
@@ -115,8 +117,13 @@ def signer_for(placement: Placement) -> Signer:
 
 class FederatedRun:
     def __init__(self, placement: Placement, *, clock: Any = time.monotonic,
-                 signer: Signer | None = None):
+                 signer: Signer | None = None, where: places.Where | None = None,
+                 env: Mapping[str, str] = os.environ):
         self.placement = placement
+        # Where its checkpoints go (said at start, recorded for the node epilog):
+        self.where = where or places.unknown(placement.cluster, placement.store_url)
+        self._ckpt_dir = env.get(places.CKPT_DIR_ENV) or None
+        self._record: places.RunRecord | None = None
         self._signer = signer_for(placement) if signer is None else signer
         self._clock = clock
         self._lock = threading.Lock()
@@ -139,7 +146,7 @@ class FederatedRun:
         restart = int(env.get("SLURM_RESTART_COUNT") or env.get("SLURM_JOB_RESTART_COUNT")
                       or 0)
         if env.get(protocol.ENV_GENERATION):
-            return cls(_submitted_placement(run, cluster, job_id, restart, env))
+            return cls(_submitted_placement(run, cluster, job_id, restart, env), env=env)
         from slurm_geo.config.model import load_config
 
         site = load_config(None)
@@ -149,11 +156,14 @@ class FederatedRun:
                               "finds the daemon there (docs/federation.md)")
         here = site.cluster(cluster or site.home_cluster)
         store = site.stores[here.store]
+        sync = None if site.sync is None else places.SyncFacts(
+            site.sync.roots, site.sync.destination, site.home_cluster)
+        where = places.where(cluster or site.home_cluster, here.store, store.url, sync)
         return cls(Placement(run, cluster, job_id, restart, 0, None, config.url, store.url,
                              store.endpoint_url,
                              munge_socket=munge_socket(config.munge_socket, here.slurm_conf),
                              federation_ca=_read_ca(config.ca_file),
-                             federation_urls=config.job_urls))
+                             federation_urls=config.job_urls), where=where, env=env)
 
     # --- the lease ------------------------------------------------------------------------
 
@@ -196,11 +206,13 @@ class FederatedRun:
         """Report a committed checkpoint at once: a planned move waits for it."""
         with self._lock:
             self._last_step = step
+        self._note_step(step)
         self._ask(release=False)
 
     def release(self, step: int | None) -> None:
         with self._lock:
             self._last_step = step
+        self._note_step(step)
         self._stop.set()
         self._ask(release=True)
 
@@ -290,6 +302,32 @@ class FederatedRun:
         store = open_store(placement.store_url, endpoint_url=placement.store_endpoint or None)
         return RunKeyRepository(store, run, data_key)
 
+    def _announce(self, run: str) -> None:
+        """Say on stderr where the run's checkpoints go (and warn when checkpoint-sync
+        does not replicate them), and leave the job directory's record of it for the
+        node epilog (slurm_geo.lease.places)."""
+        if self._record is not None:
+            return
+        for line in places.start_lines(run, self.where, self._ckpt_dir):
+            print(line, file=sys.stderr, flush=True)
+        p, where = self.placement, self.where
+        self._record = places.RunRecord(run, p.cluster, p.job_id, p.restart, where.store,
+                                        where.store_url, None, where.replicated, where.why)
+        self._write_record()
+
+    def _note_step(self, step: int | None) -> None:
+        if self._record is not None and step is not None and step != self._record.step:
+            self._record = dataclasses.replace(self._record, step=step)
+            self._write_record()
+
+    def _write_record(self) -> None:
+        if self._ckpt_dir is None or self._record is None:
+            return
+        try:
+            places.write_record(Path(self._ckpt_dir), self._record)
+        except OSError as exc:  # a job directory the prolog did not prepare (elsewhere)
+            log.debug("no run record in %s: %s", self._ckpt_dir, exc)
+
     def run_key(self) -> tuple[str, bytes]:
         """(run, its data key): the daemon releases it to the incarnation holding the
         lease (acquire first), by MUNGE at home, elsewhere by the incarnation's signature
@@ -314,6 +352,7 @@ class FederatedRun:
         except (KeyError, TypeError, ValueError) as exc:
             raise Fenced(f"the federation daemon did not release the run key: {exc}") from None
         os.environ.update(key.store_env)
+        self._announce(key.run)
         return key.run, key.data_key
 
 
