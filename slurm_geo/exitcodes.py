@@ -32,18 +32,20 @@ class ExitCode(IntEnum):
     FAILURE = 1, "general", \
         "a failure with no code of its own; `ckpt verify` or a rotation found faults"
     USAGE = 2, "usage", \
-        "bad arguments (click's code), an unknown or ambiguous logical job, an API called " \
-        "on the wrong kind of checkpoint"
+        "bad arguments (click's code), an ambiguous logical job, an API called on the " \
+        "wrong kind of checkpoint"
     CONFIG = 3, "config", \
-        "the config file is missing, malformed or names something unknown; a bad argument " \
-        "file (torch file, path)"
+        "the config file is missing, malformed or names something unknown; a cluster or " \
+        "store name the config (or the sandbox) does not hold; a bad argument file " \
+        "(torch file, path)"
     SANDBOX = 4, "sandbox", "the local sandbox cannot be brought up, inspected or torn down"
     DIRECTIVE = 5, "policy", "a `--geo-*` directive is malformed, unknown or lacks a partner"
     POLICY_VIOLATION = 6, "policy", \
         "well-formed directives the site's policy forbids (residency, data class, budget)"
     SLURM = 10, "slurm", "Slurm failed in a way with no code of its own"
     SLURM_UNREACHABLE = 11, "slurm", "a controller, slurmrestd or slurmdbd did not answer"
-    JOB_NOT_FOUND = 12, "not found", "Slurm does not know the job"
+    JOB_NOT_FOUND = 12, "not found", \
+        "no such job: Slurm, or the federation state, does not know the job named"
     SLURM_REJECTED = 13, "slurm", \
         "Slurm answered no (invalid request, permission, token or certificate refused)"
     SLURM_COMMAND = 14, "slurm", "a Slurm command could not be run, or printed what we cannot read"
@@ -55,7 +57,9 @@ class ExitCode(IntEnum):
     WRONG_KEY = 23, "key", "an object is sealed under another key, or the key to open it is absent"
     UNSAFE_NAME = 24, "usage", "an object or run name outside the format's grammar"
     STORE_UNAVAILABLE = 25, "store", "the store cannot be reached or refuses I/O"
-    OBJECT_MISSING = 26, "not found", "a named object does not exist in the store"
+    OBJECT_MISSING = 26, "not found", \
+        "a named run, step or object does not exist in the store (or in checkpoint-sync's " \
+        "state)"
     STEP_MISMATCH = 27, "store", "weights and optimizer state are from different steps"
     KEY_FILE = 28, "key", "the master key file is missing, too open or malformed"
     IMMUTABLE = 29, "store", "a promoted checkpoint cannot be overwritten or deleted"

@@ -149,7 +149,13 @@ def test_policy_check_command(tmp_path, monkeypatch, capsys, args, code, output)
     with pytest.raises(SystemExit) as done:
         main()
     assert (done.value.code or 0) == code
-    printed = capsys.readouterr().out.strip()
+    said = capsys.readouterr()
+    if code:  # the reason, one error line on stderr; nothing on stdout
+        assert said.out == "" and said.err.startswith("slurm-geo: error: ")
+        printed = said.err.strip().removeprefix("slurm-geo: error: ")
+        output = output.removeprefix("geo: ")
+    else:
+        printed = said.out.strip()
     assert printed.startswith(output)
     assert "\n" not in printed
 
@@ -163,9 +169,9 @@ def test_policy_check_refuses_an_unknown_cluster(tmp_path, monkeypatch, capsys, 
                                      "--cluster", cluster, "--geo-cost-center=ops"])
     with pytest.raises(SystemExit) as done:
         main()
-    assert done.value.code == 5
-    assert capsys.readouterr().out == f"geo: cluster '{cluster}' is not in the slurm-geo " \
-                                      "config (known: onprem, rented)\n"
+    assert done.value.code == 3  # an unknown cluster is CONFIG in every command
+    assert capsys.readouterr().err == f"slurm-geo: error: cluster '{cluster}' is not in " \
+                                      f"{config} (known clusters: onprem, rented)\n"
 
 
 def test_user_docs_list_every_directive():

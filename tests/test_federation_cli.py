@@ -51,11 +51,11 @@ def test_status_lists_logical_jobs_and_shows_one(tmp_path):
     assert '"run": "run-x"' in one.stdout and '"generation": 0' in one.stdout
 
 
-def test_an_unknown_job_is_one_line_and_exit_2(tmp_path):
+def test_an_unknown_job_is_one_line_and_exit_12(tmp_path):
     config = tmp_path / "config.toml"
     config.write_text(CONFIG.format(root=tmp_path))
     result = slurm_geo("status", "onprem-404", config=config)
-    assert result.returncode == 2
+    assert result.returncode == 12  # JOB_NOT_FOUND
     assert result.stderr.strip().splitlines() == [
         "slurm-geo: error: no logical job 'onprem-404' in the federation state; "
         "`slurm-geo status` without an argument lists them"]
@@ -133,7 +133,7 @@ def test_every_job_command_refuses_a_bad_reference_in_one_line(tmp_path):
     config, _ = on_call_site(tmp_path)
     for command in ("status", "cancel", "resubmit", "logs", "plan"):
         unknown = slurm_geo(command, "onprem-404", config=config)
-        assert (unknown.returncode, len(unknown.stderr.splitlines())) == (2, 1), command
+        assert (unknown.returncode, len(unknown.stderr.splitlines())) == (12, 1), command
         assert "no logical job 'onprem-404'" in unknown.stderr
         ambiguous = slurm_geo(command, "3", config=config)
         assert (ambiguous.returncode, ambiguous.stderr.strip()) == (2, (

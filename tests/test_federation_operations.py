@@ -258,7 +258,7 @@ def test_a_bare_slurm_id_of_two_logical_jobs_is_ambiguous(state):
 def test_an_unknown_reference_is_one_line(state, ref):
     with pytest.raises(UnknownLogicalJob) as raised:
         resolve(state, ref)
-    assert len(str(raised.value).splitlines()) == 1 and raised.value.exit_code == 2
+    assert len(str(raised.value).splitlines()) == 1 and raised.value.exit_code == 12
 
 
 # --- what on-call sees --------------------------------------------------------------------

@@ -73,7 +73,7 @@ def test_retry_requeues_failed_and_corrupted_only(state_path):
 
 def test_mistakes_are_one_line_with_an_exit_code(state_path, tmp_path):
     unknown = slurm_geo("sync", "retry", "run-z", "--state", str(state_path))
-    assert unknown.returncode == 40 and "run 'run-z' has no replicas" in unknown.stderr
+    assert unknown.returncode == 26 and "run 'run-z' has no replicas" in unknown.stderr
     missing = slurm_geo("sync", "status", "--state", str(tmp_path / "absent.db"))
     assert missing.returncode == 40 and "no sync state database" in missing.stderr
     config = tmp_path / "site.toml"

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+from slurm_geo.cells import cell
 from slurm_geo.cli.ckpt_files import pull_multi_rank, pull_tensor_file, push_tensor_file
+from slurm_geo.cli.ckpt_targets import latest, no_run, only_run, parse_target, require_run
 from slurm_geo.cli.options import chosen_config, config_option
 from slurm_geo.cli.progress import progress
 from slurm_geo.config.paths import DEFAULT_KEY_FILE, KEY_FILE_ENV, master_key_path
@@ -182,8 +184,8 @@ def push(path: Path, store_url: str, run: str | None, step: int | None, key_file
     if path.is_dir():
         source_store = LocalDirStore(path)
         source = Repository(source_store, master_keys)
-        run = run or _only_run(source, path)
-        step = step if step is not None else _latest(source, run, str(path))
+        run = run or only_run(source, path)
+        step = step if step is not None else latest(source, run, str(path))
         report = _copy_with_progress(source, source_store, destination, run, step, "push",
                                      as_json)
         result = {"run": run, "step": step, "packs_copied": report.packs_copied,
@@ -225,7 +227,7 @@ def pull(target: str, store_url: str, path: Path, key_file: Path, as_json: bool)
         source = Repository(source_store, master_keys)
     else:
         source = ckpt_owner.run_repository(source_store, site, target.partition("@")[0])
-    run, step = _parse_target(target, source, store_url)
+    run, step = parse_target(target, source, store_url)
     started = time.monotonic()
     if source.manifest(run, step).sharded is not None:
         if site is not None:
@@ -269,6 +271,8 @@ def list_checkpoints(run: str | None, store_url: str, sync_state: Path | None, k
     repository = Repository(_open(store_url), load_master_key(key_file)) if site is None \
         else OwnedRuns(_open(store_url), site, [run] if run else owned_runs(site))
     names = [run] if run else repository.runs()
+    if run:
+        require_run(repository, run, store_url)
     offsite = shown.offsite_of(store_url, sync_state, chosen_config()) \
         if site is None or sync_state is not None else None
     rows = shown.listing_rows(shown.manifests_of(repository, names),
@@ -300,7 +304,7 @@ def stats(store_url: str, run: str | None, key_file: Path, as_json: bool) -> Non
     repository = Repository(store, load_master_key(key_file))
     manifests = shown.manifests_of(repository, [run] if run else repository.runs())
     if run and not manifests:
-        raise ConfigError(f"run '{run}' has no checkpoint in {store_url}")
+        raise no_run(run, store_url)
     document = shown.stats_document(store_url, manifests, pack_sizes(store), run is None)
     if as_json:
         click.echo(json.dumps(document, indent=2))
@@ -324,7 +328,7 @@ def verify(target: str, store_url: str, key_file: Path, as_json: bool) -> None:
     site = owner_site(key_file)  # her run's key from the daemon
     repository = Repository(_open(store_url), load_master_key(key_file)) if site is None \
         else run_repository(_open(store_url), site, target.partition("@")[0])
-    run, step = _parse_target(target, repository, store_url)
+    run, step = parse_target(target, repository, store_url)
     with progress(f"verify {run}@{step}", as_json) as bar:
         faults = repository.verify(run, step, on_bytes=bar)
     if as_json:
@@ -390,7 +394,7 @@ def promote(target: str, store_url: str, key_file: Path, as_json: bool) -> None:
     from slurm_geo.ckpt import Repository, load_master_key
 
     repository = Repository(_open(store_url), load_master_key(key_file))
-    run, step = _parse_target(target, repository, store_url)
+    run, step = parse_target(target, repository, store_url)
     repository.promote(run, step)
     _report({"run": run, "step": step, "promoted": True}, as_json, "{run}@{step}: promoted")
 
@@ -481,6 +485,8 @@ def prune(run: str, store_url: str, offsite_url: str | None, keep_local: int | N
     master_keys = load_master_key(key_file)
     local = Repository(_open(store_url), master_keys)
     remote = Repository(_open(offsite_url), master_keys) if offsite_url else None
+    if not local.steps(run) and (remote is None or not remote.steps(run)):
+        raise no_run(run, store_url)
     report = prune_run(run, local, remote, policy, datetime.now(UTC), dry_run=dry_run)
     verb = "would delete" if dry_run else "deleted"
     _report({**asdict(report), "dry_run": dry_run}, as_json,
@@ -516,29 +522,6 @@ def _open(url: str, config: Path | None = None):
     return open_store_or_named(url, config or chosen_config())
 
 
-def _parse_target(target: str, repository, store_url: str) -> tuple[str, int]:
-    run, _, step_text = target.partition("@")
-    if step_text:
-        if not step_text.isdigit():
-            raise ConfigError(f"'{target}': STEP after '@' must be a whole number")
-        return run, int(step_text)
-    return run, _latest(repository, run, store_url)
-
-
-def _latest(repository, run: str, where: str) -> int:
-    step = repository.latest(run)
-    if step is None:
-        raise ConfigError(f"run '{run}' has no checkpoint in {where}")
-    return step
-
-
-def _only_run(repository, path: Path) -> str:
-    runs = repository.runs()
-    if len(runs) != 1:
-        raise ConfigError(f"{path} holds runs {', '.join(runs) or 'none'}; choose one with --run")
-    return runs[0]
-
-
 def _copy_with_progress(source, source_store, destination, run: str, step: int, verb: str,
                         as_json: bool):
     from slurm_geo.ckpt.replicate import copy_checkpoint
@@ -568,7 +551,7 @@ def _report(result: dict, as_json: bool, template: str, **extra: str) -> None:
 
 def _table(rows: list[dict], columns: list[str]) -> str:
     cells = [[c.upper() for c in columns]] + [
-        ["-" if row[c] is None else str(row[c]) for c in columns] for row in rows]
+        [cell(row[c]) for c in columns] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
                      for r in cells)

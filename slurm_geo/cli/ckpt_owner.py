@@ -15,10 +15,17 @@ from slurm_geo.cli.options import chosen_config
 
 def owner_site(key_file: Path):  # type: ignore[no-untyped-def]
     """The site config when the master key cannot be read here but a federation daemon
-    can be asked for a run's key; None: use the key file (its errors say what is wrong)."""
+    can be asked for a run's key; None: use the key file (its errors say what is wrong).
+    A --key-file given on the command line is always used: one it cannot read is that
+    file's error (KEY_FILE, 28), never a question to the daemon."""
+    import click
+    from click.core import ParameterSource
+
     from slurm_geo.config.model import config_path_from_env, load_config
 
-    if os.access(key_file, os.R_OK):
+    ctx = click.get_current_context(silent=True)
+    given = ctx is not None and ctx.get_parameter_source("key_file") is ParameterSource.COMMANDLINE
+    if given or os.access(key_file, os.R_OK):
         return None
     path = chosen_config() or config_path_from_env()
     if not path.exists():

@@ -102,7 +102,9 @@ def _where(cluster: str, job_id: int | None) -> str:
 
 
 def _dash(value: object) -> str:
-    return "-" if value is None or value == "" else str(value)
+    from slurm_geo.cells import cell
+
+    return cell(value)
 
 
 _LIST = "{:<18} {:<20} {:<17} {:>3} {:>10} {:>10}  {:<20} {}"
@@ -114,7 +116,7 @@ def _render_list(views: list[dict[str, Any]]) -> str:
     for v in views:
         lines.append(_LIST.format(v["logical_job"], _dash(v["run"]), v["shown"]["state"],
                                   v["generation"], v["recoveries"], _dash(v["resume_step"]),
-                                  v["where"], v["shown"]["reason"]).rstrip())
+                                  v["where"], _dash(v["shown"]["reason"])).rstrip())
     return "\n".join(lines)
 
 
@@ -129,13 +131,14 @@ def _render(view: dict[str, Any]) -> str:
     if view["move_to"]:
         lines.append(f"  moving to {view['move_to']} at its next checkpoint")
     if lease:
-        lines.append(f"  lease: generation {lease['generation']} on {lease['cluster']}:"
-                     f"{lease['job_id']}, renewed {lease['renewed_at']}, last checkpoint "
-                     f"{lease['last_step']}{' (released)' if lease['released'] else ''}")
+        lines.append(f"  lease: generation {lease['generation']} on "
+                     f"{_where(lease['cluster'], lease['job_id'])}, renewed "
+                     f"{_dash(lease['renewed_at'])}, last checkpoint "
+                     f"{_dash(lease['last_step'])}{' (released)' if lease['released'] else ''}")
     lines.append(f"  {'GEN':>3}  {'WHERE':<16} {'RESUMED AT':>10}  {'TRAINING SINCE':<26} "
                  "ENDED")
     for i in view["incarnations"]:
-        ended = f"{i['ended_at']} ({i['end_reason']})" if i["ended_at"] else "-"
+        ended = f"{i['ended_at']} ({_dash(i['end_reason'])})" if i["ended_at"] else "-"
         lines.append(f"  {i['generation']:>3}  {_where(i['cluster'], i['job_id']):<16} "
                      f"{_dash(i['resume_step']):>10}  {i['training_at'] or '-':<26} {ended}")
     return "\n".join(lines)

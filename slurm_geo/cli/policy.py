@@ -51,17 +51,29 @@ def export_lua(config_path: Path | None, cluster: str, directory: Path) -> None:
 @click.argument("directives", nargs=-1, type=click.UNPROCESSED)
 def check(config_path: Path | None, cluster: str | None, as_json: bool,
           directives: tuple[str, ...]) -> None:
-    """Check --geo-NAME=VALUE directives as sbatch would; exits 5 or 6 with the reason."""
+    """Check --geo-NAME=VALUE directives as sbatch would: `accepted`, or the reason as one
+    error line on stderr, exit 5 (a mistake) or 6 (the policy forbids it); 3 for a
+    --cluster the config does not know."""
+    from slurm_geo.config import load_config
+    from slurm_geo.errors import ConfigError
     from slurm_geo.hooks.validator import run
 
-    argv = [f"--config={config_path}"] if config_path else []
-    argv += [f"--cluster={cluster}"] if cluster else []
-    said = io.StringIO()
-    code = run([*argv, *directives], out=said)
-    reason = said.getvalue().strip()
+    try:
+        if cluster is not None:  # an unknown cluster: 3, as in every command
+            load_config(config_path).cluster(cluster)
+    except ConfigError as exc:
+        code, reason = int(exc.exit_code), str(exc)
+    else:
+        argv = [f"--config={config_path}"] if config_path else []
+        argv += [f"--cluster={cluster}"] if cluster else []
+        said = io.StringIO()
+        code = run([*argv, *directives], out=said)
+        reason = said.getvalue().strip().removeprefix("geo: ")
     if as_json:
         click.echo(json.dumps({"accepted": code == 0, "exit_code": code,
                                "reason": reason or None}))
+    elif code:
+        click.echo(f"slurm-geo: error: {reason}", err=True)
     else:
-        click.echo(reason if code else "accepted")
+        click.echo("accepted")
     sys.exit(code)

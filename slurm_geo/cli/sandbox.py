@@ -91,9 +91,15 @@ def status(root: Path | None, as_json: bool) -> None:
 @click.argument("cluster")
 def env(root: Path | None, cluster: str) -> None:
     """Print `export` lines for CLUSTER: eval "$(slurm-geo sandbox env onprem)"."""
+    from slurm_geo.errors import ConfigError
     from slurm_geo.sandbox.lifecycle import Sandbox
 
-    for line in Sandbox(existing_root(root)).env_lines(cluster, as_root=os.geteuid() == 0):
+    sandbox = Sandbox(existing_root(root))
+    if sandbox.layout.cluster(cluster) is None:  # an unknown cluster: 3, as everywhere
+        names = ", ".join(c.name for c in sandbox.layout.clusters)
+        raise ConfigError(f"cluster '{cluster}' is not a sandbox cluster (known clusters: "
+                          f"{names})")
+    for line in sandbox.env_lines(cluster, as_root=os.geteuid() == 0):
         click.echo(line)
 
 

@@ -74,16 +74,17 @@ def status(state_path: Path | None, config: Path | None, as_json: bool) -> None:
 def retry(run: str, destination: str | None, wait: bool, state_path: Path | None,
           config: Path | None, as_json: bool) -> None:
     """Requeue RUN's failed and corrupted replicas with a fresh budget of attempts."""
+    from slurm_geo.cli.ckpt_targets import NoSuchCheckpoint
     from slurm_geo.cli.progress import progress
     from slurm_geo.sync.follow import Followed, follow
-    from slurm_geo.sync.state import StateDB, SyncError
+    from slurm_geo.sync.state import StateDB
 
     started = time.monotonic()
     state = StateDB(_state_path(state_path, config))
     try:
         if not state.replicas("run = ?", [run]):
-            raise SyncError(f"run '{run}' has no replicas in {state.path}; see "
-                            "`slurm-geo sync status`")
+            raise NoSuchCheckpoint(run, f"run '{run}' has no replicas in {state.path}; "
+                                        "see `slurm-geo sync status`")
         requeued = state.requeue(run, destination, time.time())
         followed = Followed({}, 0)
         if wait and requeued:

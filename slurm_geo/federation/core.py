@@ -19,7 +19,7 @@ from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.manifest import with_bases
 from slurm_geo.config.model import SiteConfig
 from slurm_geo.daemon.events import event
-from slurm_geo.errors import ConfigError, SlurmGeoError
+from slurm_geo.errors import ConfigError
 from slurm_geo.federation.authn import Authenticator
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.fencing import Refencer
@@ -31,6 +31,7 @@ from slurm_geo.federation.model import (
     Lease,
     LeftHome,
     LogicalJob,
+    NotActionable,
     NotLeader,
     Replica,
     answering,
@@ -342,10 +343,10 @@ class Federation:
         self.site.cluster(target)  # a known cluster, or ConfigError naming the known ones
         job = self.state.job(logical_job)
         if job.status.is_final():
-            raise SlurmGeoError(f"logical job {logical_job} is {job.status.value}; "
+            raise NotActionable(f"logical job {logical_job} is {job.status.value}; "
                                 "there is nothing to move")
         if target == job.cluster:
-            raise SlurmGeoError(f"logical job {logical_job} already runs on {target}")
+            raise NotActionable(f"logical job {logical_job} already runs on {target}")
         lease = self.state.lease(logical_job)
         after = _current_step(job, lease)
         job = self.state.plan_move(logical_job, job.generation, target, after, self.clock())

@@ -79,11 +79,18 @@ class FederationStateError(SlurmGeoError):
 
 
 class UnknownLogicalJob(FederationStateError):
-    exit_code = ExitCode.USAGE
+    exit_code = ExitCode.JOB_NOT_FOUND  # not found, as a job Slurm does not know
 
     def __init__(self, name: str):
         super().__init__(f"no logical job '{name}' in the federation state; `slurm-geo status` "
                          "without an argument lists them")
+
+
+class NotActionable(FederationStateError):
+    """The job's status does not allow what was asked (cancel, resubmit, approve): nothing
+    was done."""
+
+    exit_code = ExitCode.NOT_ACTIONABLE
 
 
 class IllegalTransition(FederationStateError):

@@ -23,6 +23,7 @@ from slurm_geo.federation.model import (
     JobStatus,
     LeftHome,
     LogicalJob,
+    NotActionable,
     StaleJob,
     UnknownLogicalJob,
     answering,
@@ -40,12 +41,6 @@ class AmbiguousJobReference(FederationStateError):
     def __init__(self, ref: str, candidates: Iterable[str]):
         super().__init__(f"'{ref}' names more than one logical job: {', '.join(candidates)}; "
                          "name one by its logical job id or as CLUSTER:JOBID")
-
-
-class NotActionable(FederationStateError):
-    """The job's status does not allow what was asked: nothing was done."""
-
-    exit_code = ExitCode.NOT_ACTIONABLE
 
 
 class ResubmitFailed(FederationStateError):

@@ -50,6 +50,9 @@ def user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
+NOT_FOUND = (ExitCode.JOB_NOT_FOUND, ExitCode.OBJECT_MISSING)  # 404, with its exit code
+
+
 def answer(federation: Federation, request: OwnerRequest, credentials: Credentials) -> Reply:
     """The reply to an authenticated owner's request; 401/403 with one line otherwise."""
     try:
@@ -62,9 +65,9 @@ def answer(federation: Federation, request: OwnerRequest, credentials: Credentia
         return _refusal(exc, request)
     except SlurmGeoError as exc:
         if exc.exit_code >= ExitCode.SLURM and exc.exit_code not in (
-                ExitCode.NOT_ACTIONABLE, ExitCode.RESUBMIT_FAILED, ExitCode.OBJECT_MISSING):
+                *NOT_FOUND, ExitCode.NOT_ACTIONABLE, ExitCode.RESUBMIT_FAILED):
             raise  # the daemon cannot answer now: 503, as for a lease (federation.service)
-        status = 404 if exc.exit_code in (ExitCode.USAGE, ExitCode.OBJECT_MISSING) else 409
+        status = 404 if exc.exit_code in NOT_FOUND else 409
         return Reply(status, {"reason": str(exc), "exit_code": int(exc.exit_code)})
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from slurm_geo.cells import cell
 from slurm_geo.config.daemons import FederationConfig
 from slurm_geo.federation.etcd.kv import EtcdKV
 from slurm_geo.federation.etcd.layout import Layout
@@ -122,8 +123,8 @@ def render(status: ReplicationStatus) -> str:
     lines = _columns(rows)
     leader = status.leader
     lines.append("leader: " + ("none (an election is under way, or no replica runs)"
-                               if leader is None else f"{leader.name} at site {leader.site} "
-                               f"({leader.url})"))
+                               if leader is None else f"{cell(leader.name)} at site "
+                               f"{cell(leader.site)} ({cell(leader.url)})"))
     if status.replicated:
         lines.append("")
         lines += _columns([("ETCD MEMBER", "ENDPOINT", "HEALTHY", "RAFT LEADER",
