@@ -272,3 +272,57 @@ key_file = "{tmp_path / 'no.key'}"
         "root": None, "replicated": False,
         "why": f"run {RUN}: checkpoint-sync has not replicated step 20 to offsite (gave up "
                f"after 5 failed attempts: refused)"}
+
+
+@pytest.mark.parametrize("stores, lines", [
+    ({"onprem": ("pfs", PFS), "rented": ("offsite", "s3://b/p")}, []),
+    ({"onprem": ("scratch", "file:///s")},
+     ["cluster 'onprem': the checkpoints a FederatedRun saves there are not replicated "
+      "off-site (store 'scratch' of cluster 'onprem' is not one of checkpoint-sync's roots "
+      "([sync] roots))"]),
+    ({"rented": ("scratch", "file:///s")}, []),  # not home: checkpoint-sync's to ignore
+])
+def test_sync_status_names_a_clusters_store_that_is_not_replicated(stores, lines):
+    assert places.unreplicated_stores(stores, SYNC) == lines
+
+
+def test_sync_status_warns_of_the_home_clusters_store_when_it_is_no_root(tmp_path):
+    from click.testing import CliRunner
+
+    from slurm_geo.cli.sync import sync
+    from slurm_geo.sync.state import StateDB
+
+    StateDB(tmp_path / "sync.db").close()
+    for name in ("pfs", "scratch", "offsite"):
+        (tmp_path / name).mkdir()
+    config = tmp_path / "site.toml"
+    config.write_text(f'''
+[site]
+home_cluster = "onprem"
+[clusters.onprem]
+region = "home"
+provider = "onprem"
+access = "cli"
+slurm_conf = "/etc/slurm/slurm.conf"
+store = "scratch"
+[stores.scratch]
+url = "file://{tmp_path / 'scratch'}"
+region = "home"
+[stores.pfs]
+url = "file://{tmp_path / 'pfs'}"
+region = "home"
+[stores.offsite]
+url = "file://{tmp_path / 'offsite'}"
+region = "remote"
+[sync]
+roots = ["pfs"]
+destination = "offsite"
+state = "{tmp_path / 'sync.db'}"
+key_file = "{tmp_path / 'no.key'}"
+''')
+    result = CliRunner().invoke(sync, ["status", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        "slurm-geo: warning: cluster 'onprem': the checkpoints a FederatedRun saves there "
+        "are not replicated off-site (store 'scratch' of cluster 'onprem' is not one of "
+        "checkpoint-sync's roots ([sync] roots))"]

@@ -52,6 +52,8 @@ def status(state_path: Path | None, config: Path | None, as_json: bool) -> None:
             click.echo(f"slurm-geo: warning: {_named(source)}: {source.detail}", err=True)
     for failing in failing_runs(replicas):  # a run whose checkpoints go nowhere, said so
         click.echo(f"slurm-geo: warning: {failing.line()}", err=True)
+    for line in _store_warnings(config) if config or not state_path else ():
+        click.echo(f"slurm-geo: warning: {line}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -207,6 +209,25 @@ def _summary(run: str, destination: str, rows: list[Any], now: float) -> dict[st
         "lag_s": 0.0 if since is None else round(max(0.0, now - since), 1),
         "error": errors[0].last_error if errors else None,
     }
+
+
+def _store_warnings(config: Path | None) -> list[str]:
+    """The home cluster's store, where a FederatedRun saves, when checkpoint-sync does
+    not replicate it (slurm_geo.lease.places); nothing without a readable config."""
+    from slurm_geo.config.model import load_config
+    from slurm_geo.errors import ConfigError
+    from slurm_geo.lease.places import SyncFacts, unreplicated_stores
+
+    try:
+        site = load_config(config)
+    except ConfigError:
+        return []
+    if site.sync is None:
+        return []
+    stores = {name: (cluster.store, site.stores[cluster.store].url)
+              for name, cluster in site.clusters.items() if cluster.store in site.stores}
+    return unreplicated_stores(stores, SyncFacts(site.sync.roots, site.sync.destination,
+                                                 site.home_cluster))
 
 
 def _state_path(explicit: Path | None, config: Path | None) -> Path:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -208,3 +208,18 @@ def listed_steps(store_url: str, run: str) -> list[int] | None:
         return None
     return sorted(int(name) for name in names
                   if len(name) == STEP_DIGITS and name.isascii() and name.isdigit())
+
+
+def unreplicated_stores(stores: Mapping[str, tuple[str, str]], sync: SyncFacts) -> list[str]:
+    """For `slurm-geo sync status`: one line per cluster (`stores`: cluster -> (store,
+    url)) whose store a FederatedRun saves to and checkpoint-sync does not replicate; a
+    cluster other than home, or one whose store is the destination, is no such case."""
+    lines = []
+    for cluster, (store, url) in sorted(stores.items()):
+        if (sync.home_cluster and cluster != sync.home_cluster) or store == sync.destination:
+            continue
+        place = where(cluster, store, url, sync)
+        if not place.replicated:
+            lines.append(f"cluster '{cluster}': the checkpoints a FederatedRun saves there "
+                         f"are not replicated off-site ({place.why})")
+    return lines
