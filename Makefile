@@ -81,7 +81,8 @@ lint:
 # The CI step of docs/cli.md's conventions: --help everywhere, --json on every command that
 # reports state, the docs' exit-code table equal to slurm_geo.exitcodes. Seconds, no sandbox.
 check-cli:  ## the CLI conventions of docs/cli.md
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_cli_conventions.py tests/test_exitcodes.py
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_cli_conventions.py tests/test_exitcodes.py \
+		tests/test_cli_error_classes.py
 
 test: install lint check-cli  ## the whole suite, against the real sandbox; the slowest 30 listed
 	$(PYTHON) -m pytest -q --durations=30

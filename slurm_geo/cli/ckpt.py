@@ -15,7 +15,7 @@ import click
 
 from slurm_geo.cells import cell
 from slurm_geo.cli.ckpt_files import pull_multi_rank, pull_tensor_file, push_tensor_file
-from slurm_geo.cli.ckpt_targets import latest, no_run, only_run, parse_target, require_run
+from slurm_geo.cli.ckpt_targets import no_run, only_run, parse_target, require_run
 from slurm_geo.cli.options import chosen_config, config_option
 from slurm_geo.cli.progress import progress
 from slurm_geo.config.paths import DEFAULT_KEY_FILE, KEY_FILE_ENV, master_key_path
@@ -185,7 +185,7 @@ def push(path: Path, store_url: str, run: str | None, step: int | None, key_file
         source_store = LocalDirStore(path)
         source = Repository(source_store, master_keys)
         run = run or only_run(source, path)
-        step = step if step is not None else latest(source, run, str(path))
+        run, step = parse_target(run if step is None else f"{run}@{step}", source, str(path))
         report = _copy_with_progress(source, source_store, destination, run, step, "push",
                                      as_json)
         result = {"run": run, "step": step, "packs_copied": report.packs_copied,
