@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -326,3 +327,63 @@ key_file = "{tmp_path / 'no.key'}"
         "slurm-geo: warning: cluster 'onprem': the checkpoints a FederatedRun saves there "
         "are not replicated off-site (store 'scratch' of cluster 'onprem' is not one of "
         "checkpoint-sync's roots ([sync] roots))"]
+
+
+# --- on the sandbox -------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_federated_job_with_a_ckpt_dir_ends_with_the_truth_in_its_epilog(sandbox, request):
+    """docs/training.md's first geo job, with --geo-ckpt-dir, as alice from her login
+    shell: its output says where its checkpoints go; the epilog's record names the last
+    step in the cluster's store, and its replicated flag is checkpoint-sync's state's."""
+    from slurm_geo.sandbox import login
+    from slurm_geo.sandbox.users import ALICE
+    from slurm_geo.sync.state import StateDB
+    from slurm_geo.sync.truth import failing_runs
+    from tests.conftest import user_dir
+    from tests.helpers import eventually
+    from tests.test_docs_training import first_job_blocks
+
+    trainer, script = first_job_blocks()
+    work = user_dir(sandbox, ALICE, request.node.name)
+    ckpt = work / "ckpt"
+    script = script.replace("#SBATCH --requeue\n",
+                            f"#SBATCH --requeue\n#SBATCH --geo-ckpt-dir={ckpt}\n")
+    assert str(ckpt) in script
+    for name, body in (("train.py", trainer), ("first.sh", script)):
+        (work / name).write_text(body)
+        (work / name).chmod(0o644)
+        os.chown(work / name, ALICE.uid, ALICE.uid)
+    login.ensure_profile(sandbox.layout, sandbox.env_lines(sandbox.layout.onprem.name, False))
+    done = subprocess.run(["su", "-", ALICE.name, "-c", f"cd {work} && sbatch --parsable "
+                           "first.sh"], capture_output=True, text=True, timeout=120,
+                          check=False, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout.strip().split(";")[0])
+    run, cluster = f"first-{job_id}", sandbox.layout.onprem.name
+    out = work / "first.out"
+    seen = eventually(lambda: out.read_text() if out.exists() else "",
+                      lambda t: "final step" in t or "Error" in t, timeout_s=300, interval_s=2)
+    assert seen.splitlines()[-1] == "final step 40", seen
+    assert (f"slurm-geo: run {run} saves its checkpoints to store 'pfs' "
+            f"(file://{sandbox.layout.pfs_dir}) of cluster '{cluster}', where the federation "
+            f"daemon can move it; checkpoint-sync replicates them off-site; --geo-ckpt-dir "
+            f"{ckpt} keeps this job's records, not its checkpoints") in seen.splitlines()
+    path = ckpt / ".slurm-geo" / f"job-{cluster}-{job_id}.json"
+    record = eventually(lambda: json.loads(path.read_text()) if path.exists() else None,
+                        lambda r: r is not None, timeout_s=120, interval_s=2)
+    entry = record["incarnations"][-1]
+    assert entry["final_checkpoint"] == {"run": run, "step": 40, "store": "pfs"}, entry
+    state = StateDB(load_site(sandbox).sync.state, readonly=True)
+    try:
+        failing = failing_runs(state.replicas("root = ?", ["pfs"]), run)
+    finally:
+        state.close()
+    assert entry["sync"]["replicated"] is (not failing), (entry, failing)
+    assert entry["sync"] == {"root": "pfs", "replicated": True, "as": "root"}, entry
+
+
+def load_site(sandbox):
+    from slurm_geo.config import load_config
+
+    return load_config(sandbox.layout.site_config)

@@ -95,4 +95,7 @@ def test_the_first_geo_job_runs_as_alice_from_her_login_shell(sandbox, request):
     out = work / "first.out"
     seen = eventually(lambda: out.read_text() if out.exists() else "",
                       lambda t: "final step" in t or "Error" in t, timeout_s=300, interval_s=2)
-    assert seen.splitlines() == ["started at step 0", "final step 40"], seen
+    where, *lines = seen.splitlines()  # FederatedRun's line first: where it saves (stderr)
+    assert where.startswith("slurm-geo: run first-") and " saves its checkpoints to store " \
+        "'pfs' " in where and "checkpoint-sync replicates them off-site" in where, seen
+    assert lines == ["started at step 0", "final step 40"], seen

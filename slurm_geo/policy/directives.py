@@ -181,8 +181,10 @@ def _usd(value: str, option: str) -> float:
 
 DIRECTIVES = (
     DirectiveSpec("geo-ckpt-dir", "CKPT_DIR", "ckpt_dir", _absolute_path,
-                  "Checkpoint directory of the job. Gives the job --requeue and a warning "
-                  "signal before its time limit, and lets it move with its checkpoints.",
+                  "Checkpoint directory of the job: its trainer's store, or, for a "
+                  "FederatedRun (which saves to its cluster's store), its records. Gives "
+                  "the job --requeue and a warning signal before its time limit, and lets "
+                  "it move with its checkpoints.",
                   "/pfs/ckpt/llm-7b"),
     DirectiveSpec("geo-ckpt-interval", "CKPT_INTERVAL", "ckpt_interval_min", _minutes,
                   "Minutes between checkpoints (what a failure may cost).", "30"),
