@@ -113,9 +113,10 @@ def _transparent_huge_pages() -> str:
 def test_unknown_sandbox_cluster_is_one_line_without_traceback(tmp_path):
     (tmp_path / "rented").mkdir()
     result = run("sandbox", "env", "--dir", str(tmp_path), "elsewhere")
-    assert result.returncode == 4
+    assert result.returncode == 3  # an unknown cluster is CONFIG in every command
     assert result.stderr.strip() == (
-        "slurm-geo: error: no sandbox cluster 'elsewhere'; choose one of: onprem, rented")
+        "slurm-geo: error: cluster 'elsewhere' is not a sandbox cluster (known clusters: "
+        "onprem, rented)")
 
 
 def test_env_before_up_says_to_run_up(tmp_path):
