@@ -345,6 +345,30 @@ def test_output_file(options, generation, where):
     assert output_file(job, incarnation(generation)) == where
 
 
+@pytest.mark.parametrize("options, generation, cluster, where", [
+    # the home job's submit directory, from Slurm's record: a relative --output is there
+    ({"output": "first.out", "submit_dir": "/home/a/w"}, 0, "onprem",
+     OutputFile("/home/a/w/first.out", True)),
+    # and every incarnation on the home cluster runs there again
+    ({"output": "first.out", "submit_dir": "/home/a/w"}, 2, "onprem",
+     OutputFile("/home/a/w/first.out", True)),
+    # away from home that filesystem may not exist: /tmp
+    ({"output": "first.out", "submit_dir": "/home/a/w"}, 1, "rented",
+     OutputFile("/tmp/first.out", True)),
+    # --chdir wins everywhere
+    ({"working_dir": "/c", "submit_dir": "/home/a/w"}, 0, "onprem",
+     OutputFile("/c/slurm-12.out", True)),
+    ({"working_dir": "/c", "submit_dir": "/home/a/w"}, 1, "onprem",
+     OutputFile("/c/slurm-12.out", True)),
+])
+def test_output_file_of_a_job_whose_submit_directory_is_known(options, generation, cluster,
+                                                               where):
+    job = LogicalJob("onprem-7", "r", "onprem", "", spec(**options), {}, generation,
+                     cluster, 12, None, JobStatus.RUNNING)
+    at = Incarnation("onprem-7", generation, cluster, 12, None, 0.0, None, None, None)
+    assert output_file(job, at) == where
+
+
 # --- logs -----------------------------------------------------------------------------------
 
 

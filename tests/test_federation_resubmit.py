@@ -102,6 +102,21 @@ def test_the_resubmission_carries_script_directives_and_resume_pointer():
     assert env["SLURM_GEO_CLUSTERS"] == "onprem,rented"
 
 
+@pytest.mark.parametrize("chdir, submit_dir, at_home, runs_in", [
+    (None, "/home/a/w", True, "/home/a/w"),   # a restart at home: where she ran sbatch
+    (None, "/home/a/w", False, "/tmp"),       # elsewhere that filesystem may not exist
+    (None, None, True, "/tmp"),               # registered before it was recorded
+    ("/c", "/home/a/w", True, "/c"),          # her --chdir, everywhere
+    ("/c", "/home/a/w", False, "/c"),
+])
+def test_where_a_resubmission_runs(chdir, submit_dir, at_home, runs_in):
+    incoming = Incoming("onprem-9", 1, "run-a", 10, "http://fed:9852", "tok", "s3://b/c")
+    options = ScriptOptions(working_dir=chdir, submit_dir=submit_dir)
+    spec = resubmission("#!/bin/bash\npython train.py\n", options, incoming, ("batch",),
+                        owner=ALICE, at_home=at_home)
+    assert str(spec.working_dir) == runs_in
+
+
 def test_the_environment_is_the_owners_then_the_stores_then_the_directives_then_incoming():
     incoming = Incoming("onprem-9", 2, "run-a", 120, "http://fed:9852", "tok", "s3://b/c")
     spec = resubmission(

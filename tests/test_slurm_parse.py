@@ -51,6 +51,16 @@ def test_job_reads_the_same_from_both_shapes(raw):
     assert job.owner == Owner("alice", 2001, 2100)
 
 
+@pytest.mark.parametrize("fields, work_dir", [
+    ({"current_working_directory": "/home/alice/w"}, "/home/alice/w"),  # both versions
+    ({"current_working_directory": ""}, None), ({}, None),
+])
+def test_the_working_directory_comes_from_the_job_record(fields, work_dir):
+    raw = {k: v for k, v in JOB_V41.items() if k != "current_working_directory"}
+    [job] = parse.jobs_from_ctld({"jobs": [{**raw, **fields}]}, cluster="rented")
+    assert job.work_dir == work_dir
+
+
 # The owner's fields as each version prints them (src/plugins/openapi/v0.0.38/jobs.c in
 # 22.05: plain ints, group_id null for NO_VAL; data_parser v0.0.42 in 24.11: UINT32, plain).
 @pytest.mark.parametrize("fields, uid, gid, owner", [

@@ -330,7 +330,8 @@ class Mover:
                             cluster.partitions, owner=job.owner,
                             owner_env=owner_environment(job.owner_env,
                                                         same_account=cluster.access == "cli"),
-                            store_env=job_environment(store, os.environ, job.run))
+                            store_env=job_environment(store, os.environ, job.run),
+                            at_home=job.cluster == job.home)
         try:
             w.state.confirm_leading()  # etcd cannot refuse a submission: ask it first
             job_id = w.clients[job.cluster].submit(spec)

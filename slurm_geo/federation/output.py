@@ -17,11 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from slurm_geo.federation.model import Incarnation, LogicalJob
-from slurm_geo.federation.resubmit import (
-    RESUBMIT_WORKING_DIR,
-    ScriptOptions,
-    resubmitted_name,
-)
+from slurm_geo.federation.resubmit import ScriptOptions, resubmitted_name, working_dir
 from slurm_geo.federation.wiring import State
 
 SLURM_DEFAULT_OUTPUT = "slurm-%j.out"
@@ -32,7 +28,8 @@ _PATTERN = re.compile(r"%%|%(\d*)([jxu])")
 @dataclass(frozen=True)
 class OutputFile:
     """Where an incarnation's output is: `path` is absolute when `known`; otherwise it is
-    relative to a directory the state does not record (the home job's submit directory)."""
+    relative to a directory the state does not record (the home job's submit directory, for
+    a job registered before Slurm's record of it was kept)."""
 
     path: str
     known: bool
@@ -65,7 +62,8 @@ def output_file(job: LogicalJob, incarnation: Incarnation,
     expanded = expand(options.output or SLURM_DEFAULT_OUTPUT, incarnation.job_id, name, user)
     if PurePosixPath(expanded).is_absolute():
         return OutputFile(expanded, True)
-    workdir = options.working_dir or (RESUBMIT_WORKING_DIR if resubmitted else None)
+    workdir = (working_dir(options, incarnation.cluster == job.home) if resubmitted
+               else options.working_dir or options.submit_dir)
     if workdir is None or not PurePosixPath(workdir).is_absolute():
         return OutputFile(expanded if workdir is None else f"{workdir}/{expanded}", False)
     return OutputFile(str(PurePosixPath(workdir) / expanded), True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NoReturn
 
 from slurm_geo.ckpt.errors import CkptError
@@ -305,7 +305,8 @@ class Registrar:
         now = w.clock()
         job_id = found.info.job_id
         script = w.clients[w.home].batch_script(job_id)
-        options = script_options(script).with_directives(found.directives.as_options())
+        options = replace(script_options(script), submit_dir=found.info.work_dir) \
+            .with_directives(found.directives.as_options())
         return LogicalJob(f"{w.home}-{job_id}", run, w.home, script, options.to_json(),
                           found.directives.as_options(), 0, w.home, job_id, None,
                           JobStatus.RUNNING, created_at=now, updated_at=now,

@@ -48,6 +48,11 @@ class ScriptOptions:
     partition: str | None = None
     output: str | None = None
     working_dir: str | None = None
+    # The home job's working directory from Slurm's record (where its owner ran sbatch):
+    # a relative --output of the home job is there, and an incarnation on the home
+    # cluster runs there again (its relative paths, `python train.py`, mean what they
+    # meant); elsewhere that filesystem may not exist, RESUBMIT_WORKING_DIR is used.
+    submit_dir: str | None = None
     signal: str | None = None
     gpus: int = 0  # in all, over every node
     geo: tuple[str, ...] = ()  # --geo-NAME=VALUE of the directives Slurm validated
@@ -172,6 +177,16 @@ def _minutes(text: str) -> int:
 RESUBMIT_WORKING_DIR = "/tmp"  # a resubmission's working directory when it names none
 
 
+def working_dir(options: ScriptOptions, at_home: bool) -> str:
+    """Where an incarnation runs: its --chdir; on the home cluster the directory the home
+    job was submitted from; else RESUBMIT_WORKING_DIR. Pure."""
+    if options.working_dir:
+        return options.working_dir
+    if at_home and options.submit_dir:
+        return options.submit_dir
+    return RESUBMIT_WORKING_DIR
+
+
 def resubmitted_name(options: ScriptOptions, logical_job: str) -> str:
     """The Slurm job name of a resubmission: the script's own, else the logical job id."""
     return options.name or logical_job
@@ -197,7 +212,8 @@ class Incoming:
 def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
                  partitions: tuple[str, ...], *, owner: Owner | None = None,
                  owner_env: Mapping[str, str] | None = None,
-                 store_env: Mapping[str, str] | None = None) -> JobSpec:
+                 store_env: Mapping[str, str] | None = None,
+                 at_home: bool = False) -> JobSpec:
     """The JobSpec for the new incarnation, run as `owner`, its environment built from
     the owner's allow-listed one, the store's credentials, the directives and `incoming`,
     in that order (federation.owners). A partition the target does not have is dropped
@@ -224,7 +240,7 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
     return JobSpec(
         script=script,
         name=resubmitted_name(options, incoming.logical_job),
-        working_dir=Path(options.working_dir or RESUBMIT_WORKING_DIR),
+        working_dir=Path(working_dir(options, at_home)),
         environment=env,
         owner=owner,
         partition=partition,

@@ -124,6 +124,9 @@ class JobInfo:
     # user name (slurmdbd's kill_request_user); None where nobody said (slurmctld's records
     # never do: the daemon asks accounting, slurm_geo.slurm.client.cancel_requester).
     cancelled_by: str | None = None
+    # The job's working directory (where its owner ran sbatch, or its --chdir), as
+    # slurmctld has it; None where the record has none (accounting's).
+    work_dir: str | None = None
 
     @property
     def owner(self) -> Owner | None:

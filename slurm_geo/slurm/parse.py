@@ -98,6 +98,7 @@ def _job(raw: Json, cluster: str) -> JobInfo:
         # group_id of null (v0.0.38 prints NO_VAL so) is unknown.
         uid=number(raw.get("user_id")),
         gid=number(raw.get("group_id")),
+        work_dir=raw.get("current_working_directory") or None,
     )
 
 
