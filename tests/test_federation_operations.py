@@ -218,6 +218,15 @@ def test_resubmit_refuses_a_job_that_has_not_failed(site):
     assert site.job().generation == 0 and audit(site, "resubmit") == []
 
 
+def test_resubmit_of_a_cancelled_job_says_a_cancel_is_final(site):
+    site.home_job_training()
+    cancel(site.federation, site.job(), "alice")
+    with pytest.raises(NotActionable, match="is cancelled, and a cancel is final; to train "
+                       "run .* on, submit a new job naming it"):
+        resubmit(site.federation, site.job(), "alice")
+    assert site.job().status is JobStatus.CANCELLED and audit(site, "resubmit") == []
+
+
 # --- resolve ------------------------------------------------------------------------------
 
 

@@ -257,6 +257,9 @@ def resubmit(federation: Federation, job: LogicalJob, who: str) -> LogicalJob:
     again from zero. Returns the job as it stands after the submission."""
     state = federation.state
     job = state.job(job.logical_job)
+    if job.status is JobStatus.CANCELLED:
+        raise NotActionable(f"logical job {job.logical_job} is cancelled, and a cancel is "
+                            f"final; to train run {job.run} on, submit a new job naming it")
     if job.status is not JobStatus.FAILED:
         raise NotActionable(f"logical job {job.logical_job} is {job.status.value}; only a "
                             "failed job can be resubmitted")
