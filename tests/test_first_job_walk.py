@@ -31,9 +31,12 @@ from tests.test_docs_training import first_job_blocks
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-# Long enough that no incarnation finishes before its time limit's warning; the walk
-# cancels the job once it has resumed from a time-limit checkpoint.
-STEPS, CKPT_EVERY = 10**7, 2000
+# The page's trainer trains 40 steps: here long enough that no incarnation finishes before
+# its time limit's warning (the walk cancels the job once it resumed from a checkpoint).
+# Its defaults, not arguments of the job script: the daemon's resubmissions do not carry
+# sbatch's script arguments.
+PAGE_DEFAULTS = "def main(run_name, total_steps=40, ckpt_every=10):"
+LONGER = "def main(run_name, total_steps=10**7, ckpt_every=2000):"
 
 
 def login_shell(sandbox: Sandbox, person: SandboxUser, command: str,
@@ -77,6 +80,19 @@ def incarnations(out: Path) -> list[dict[str, int]]:
     return found
 
 
+def page_job(sandbox: Sandbox, name: str) -> Path:
+    """A fresh directory of alice's with the page's train.py (trained longer) and first.sh."""
+    trainer, script = first_job_blocks()
+    assert trainer.count(PAGE_DEFAULTS) == 1, "the page's trainer changed its defaults"
+    work = user_dir(sandbox, ALICE, name)
+    for file, body in (("train.py", trainer.replace(PAGE_DEFAULTS, LONGER)),
+                       ("first.sh", script)):
+        (work / file).write_text(body)
+        (work / file).chmod(0o644)
+        os.chown(work / file, ALICE.uid, ALICE.uid)
+    return work
+
+
 @pytest.fixture(scope="module")
 def daemon_runs_this_checkout(sandbox: Sandbox) -> None:
     """The federation daemon at home runs this checkout's code: `up` copies it into the
@@ -97,19 +113,14 @@ def test_alice_walks_the_first_geo_job_page_and_bob_is_refused(sandbox, site, re
     from slurm_geo.slurm import CliSlurmClient
     from slurm_geo.slurm.models import JobState
 
-    trainer, script = first_job_blocks()
-    work = user_dir(sandbox, ALICE, request.node.name)
-    for name, body in (("train.py", trainer), ("first.sh", script)):
-        (work / name).write_text(body)
-        (work / name).chmod(0o644)
-        os.chown(work / name, ALICE.uid, ALICE.uid)
+    work = page_job(sandbox, request.node.name)
     out = work / "first.out"
     onprem = CliSlurmClient("onprem", sandbox.layout.onprem.slurm_conf, timeout_s=10)
 
     # submit: the page's job script with plain sbatch, a two-minute limit of her own (the
     # warning comes 60 s before it: a one-minute limit would signal Python before it runs)
     submitted = ok(login_shell(sandbox, ALICE, f"cd {work} && sbatch --parsable --time=2 "
-                                               f"first.sh {STEPS} {CKPT_EVERY}"))
+                                               "first.sh"))
     job_id = int(submitted.stdout.strip().split(";")[0])
     logical, run = f"onprem-{job_id}", f"first-{job_id}"
     try:
@@ -193,6 +204,41 @@ def test_alice_walks_the_first_geo_job_page_and_bob_is_refused(sandbox, site, re
             one_line_refusal(geo(sandbox, BOB, *args), ExitCode.NOT_OWNER)
         assert not (bobs / "took.pt").exists()
     finally:  # an admin's cancel: root's scancel would be a lost job, restarted
+        subprocess.run([sys.executable, "-m", "slurm_geo", "cancel", logical, "--config",
+                        str(sandbox.layout.site_config)], capture_output=True, timeout=120,
+                       check=False)
+
+
+def test_a_lost_first_job_restarted_at_home_runs_where_alice_submitted_it(
+        sandbox, site, request, daemon_runs_this_checkout):
+    """root's scancel is a lost job (federation.cancels): the daemon restarts it at home as
+    generation 1, in the directory alice ran sbatch in, so the page's `python train.py`
+    and `--output=first.out` mean what they meant (in /tmp it failed: no train.py)."""
+    from slurm_geo.federation.state import FederationState
+    from slurm_geo.slurm import CliSlurmClient
+
+    work = page_job(sandbox, request.node.name)
+    out = work / "first.out"
+    onprem = CliSlurmClient("onprem", sandbox.layout.onprem.slurm_conf, timeout_s=10)
+    submitted = ok(login_shell(sandbox, ALICE, f"cd {work} && sbatch --parsable first.sh"))
+    job_id = int(submitted.stdout.strip().split(";")[0])
+    logical = f"onprem-{job_id}"
+    state = FederationState(site.federation.state, readonly=True)
+    try:
+        eventually(lambda: incarnations(out), lambda seen: len(seen) >= 1, 300, 2)
+        eventually(lambda: geo(sandbox, ALICE, "ckpt", "ls", f"first-{job_id}", "--store",
+                               "pfs", "--json"),
+                   lambda d: d.returncode == 0 and json.loads(d.stdout) != [], 300, 3)
+        onprem.cancel(job_id)  # root's: not her cancel, a lost job
+        seen = eventually(lambda: incarnations(out),
+                          lambda s: len(s) >= 2 and s[1]["started"] > 0, 600, 3)
+        job = state.job(logical)
+        assert (job.generation, job.cluster, job.status.value) == (1, "onprem", "running")
+        assert seen[1]["started"] == job.resume_step
+        logs = ok(geo(sandbox, ALICE, "logs", logical)).stdout
+        restarted = f"==> onprem:{job.job_id} generation 1: {out} <=="
+        assert restarted in logs.splitlines(), logs
+    finally:
         subprocess.run([sys.executable, "-m", "slurm_geo", "cancel", logical, "--config",
                         str(sandbox.layout.site_config)], capture_output=True, timeout=120,
                        check=False)
