@@ -201,6 +201,24 @@ def test_a_requeued_incarnation_waits_for_the_previous_lease_to_run_out(service)
     second.release(None)
 
 
+def test_a_requeued_incarnation_keeps_its_generations_last_checkpoint_until_it_saves(service):
+    federation, url, _ = service
+    federation.wiring.clients["rented"] = Requeued()
+    first = trainer(placement(url, 1, "rented", 77, restart=0))
+    first.acquire(give_up_after_s=10)
+    first.checkpointed(40)
+    first._ask(release=False)  # noqa: SLF001  # a renewal now, not in a third of the TTL
+    assert federation.wiring.state.lease("onprem-5").last_step == 40
+    first._stop.set()
+    second = trainer(placement(url, 1, "rented", 77, restart=1))
+    second.acquire(give_up_after_s=10)  # renews with no step of its own yet
+    assert federation.wiring.state.lease("onprem-5").last_step == 40
+    second.checkpointed(60)
+    second._ask(release=False)  # noqa: SLF001
+    assert federation.wiring.state.lease("onprem-5").last_step == 60
+    second.release(None)
+
+
 def test_metrics_are_served_in_prometheus_text(service):
     import urllib.request
 

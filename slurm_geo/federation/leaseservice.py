@@ -145,8 +145,13 @@ class LeaseService:
         w = self.wiring
         first = lease is None or lease.generation != job.generation
         released = action is Action.RELEASE and request.release
+        # A requeued incarnation renews with no step until it first saves: the run's last
+        # checkpoint is still the one its generation saved before (status shows it).
+        last_step = request.last_step
+        if last_step is None and lease is not None and not first:
+            last_step = lease.last_step
         w.state.put_lease(Lease(job.logical_job, job.generation, request.cluster,
-                                request.job_id, request.restart, now, request.last_step,
+                                request.job_id, request.restart, now, last_step,
                                 released), first)
         if first:
             w.audit.append("lease", job.logical_job,
