@@ -113,7 +113,8 @@ class Sandbox:
         if made:
             progress(f"created the sandbox's users: {', '.join(made)}")
         users.share_home_store(self.layout)
-        users.ensure_site_python(self.layout, progress)
+        if users.ensure_site_python(self.layout, progress):
+            _stop_old_code(self.layout, self.processes, self._stages(version), progress)
         # The users' login shells: slurm-geo on PATH, the home cluster and the config.
         login.ensure_profile(self.layout, self.env_lines(self.layout.onprem.name, False))
         by_stage = self._stages(version)
@@ -440,6 +441,20 @@ def _install_missing_packages(progress) -> None:
                 f"missing packages {' '.join(missing)} and `{' '.join(argv[:2])}` failed; "
                 f"install them with: apt-get install -y {' '.join(DEBIAN_PACKAGES)}"
             )
+
+
+def _stop_old_code(layout: SandboxLayout, processes: ProcessTable,
+                   by_stage: list[list[Daemon]], progress) -> None:
+    """The daemons running from the site Python (the federation daemon, checkpoint-sync,
+    the TLS relay) still run the slurm_geo it held before `up` copied a new one: stopped,
+    so their stages start them on the new code (a drill after a code change otherwise
+    met a checkpoint-sync that could not read the new format)."""
+    for stage in reversed(by_stage):
+        for daemon in stage:
+            if daemon.argv[:1] == [str(layout.site_python)] and \
+                    processes.running_pid(daemon.name) is not None:
+                progress(f"restarting {daemon.name} (slurm_geo changed)")
+                processes.stop(daemon.name)
 
 
 def _require_weed() -> None:

@@ -164,14 +164,16 @@ def run_as(person: SandboxUser, argv: list[str], **kwargs) -> subprocess.Complet
 
 # --- the site Python ---------------------------------------------------------------------
 
-def ensure_site_python(layout: SandboxLayout, progress) -> None:
+def ensure_site_python(layout: SandboxLayout, progress) -> bool:
     """The venv jobs run, every user able to execute it, with this checkout's slurm_geo
-    and its user command, `slurm-geo`."""
+    and its user command, `slurm-geo`; True when it got a new copy of slurm_geo (daemons
+    running from it still run the old one)."""
     python = layout.site_python
     if not python.exists():
         _build_venv(layout.site_python_dir, progress)
-    _publish_package(python)
+    published = _publish_package(python)
     write_if_changed(python.parent / "slurm-geo", COMMAND_SCRIPT.format(python=python), 0o755)
+    return published
 
 
 # What pip's console script would be; the daemons' programs are the service account's and
@@ -230,8 +232,9 @@ def _job_requirements() -> list[str]:
     return pins
 
 
-def _publish_package(python: Path) -> None:
-    """Copy slurm_geo into the venv when the checkout's source differs from what is there.
+def _publish_package(python: Path) -> bool:
+    """Copy slurm_geo into the venv when the checkout's source differs from what is there
+    (True when it did).
 
     A new copy is built beside the old and swapped in, so a job importing at that moment
     sees one whole tree or the other.
@@ -241,7 +244,7 @@ def _publish_package(python: Path) -> None:
     digest = _source_digest(PACKAGE)
     stamp = site_packages / "slurm_geo.source-digest"
     if target.is_dir() and stamp.exists() and stamp.read_text() == digest:
-        return
+        return False
     fresh = site_packages / ".slurm_geo.new"
     old = site_packages / ".slurm_geo.old"
     for stale in (fresh, old):
@@ -254,6 +257,7 @@ def _publish_package(python: Path) -> None:
     fresh.replace(target)
     shutil.rmtree(old, ignore_errors=True)
     stamp.write_text(digest)
+    return True
 
 
 def _site_packages(python: Path) -> Path:
