@@ -10,7 +10,8 @@ from slurm_geo.sandbox.processes import Daemon
 
 class Table:
     def __init__(self, running: set[str]):
-        self.running, self.stopped = set(running), []
+        self.running = set(running)
+        self.stopped: list[str] = []
 
     def running_pid(self, name):
         return 1 if name in self.running else None
