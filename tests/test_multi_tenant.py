@@ -279,8 +279,9 @@ def test_the_service_survives_300_stalled_connections_and_still_answers_leases(
 @pytest.fixture(scope="module")
 def restarted(sandbox: Sandbox, site, alice) -> dict[str, str]:
     """alice tries to forge a generation-999 fence for her own run (refused: fences/ is
-    the daemons' alone), then cancels her job with scancel: the daemon restarts the lost
-    job at home. Returns the environment of the restarted trainer's process."""
+    the daemons' alone); then root scancels her job (a system's cancel, not hers, which
+    is final since issue 29): the daemon restarts the lost job at home, as her. Returns
+    the environment of the restarted trainer's process."""
     pfs = Path(site.stores["pfs"].url.removeprefix("file://"))
     forge = ("import json, os, sys\n"
              "from pathlib import Path\n"
@@ -294,11 +295,7 @@ def restarted(sandbox: Sandbox, site, alice) -> dict[str, str]:
                   timeout=60, check=False)
     assert done.returncode != 0 and "Permission denied" in done.stderr, done.stderr
     assert not (pfs / "fences" / alice.run).exists()
-    cancel = run_as(ALICE, ["scancel", str(alice.job_id)],
-                    env={**job_environment(sandbox.layout, ALICE),
-                         "SLURM_CONF": str(sandbox.layout.onprem.slurm_conf)},
-                    capture_output=True, text=True, timeout=30, check=False)
-    assert cancel.returncode == 0, cancel.stderr
+    onprem(sandbox).cancel(alice.job_id)
     return eventually(lambda: incarnation_environment(alice.logical_job, generation=1),
                       lambda env: env is not None, 120, 1)
 
