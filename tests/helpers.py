@@ -31,8 +31,11 @@ def sbatch_as(sandbox, person, script: str, *args: str, cluster: str = "onprem",
     layout = sandbox.layout
     env = {**job_environment(layout, person),
            "SLURM_CONF": str(slurm_conf or layout.cluster(cluster).slurm_conf)}
+    # From their home directory, as from their login shell (the job's working directory,
+    # where the daemon restarts it at home), never the test runner's.
     return run_as(person, ["sbatch", "--parsable", *args], input=script, text=True,
-                  capture_output=True, timeout=timeout_s, check=False, env=env)
+                  capture_output=True, timeout=timeout_s, check=False, env=env,
+                  cwd=str(person.home))
 
 
 def as_uid(uid: int, action: Callable[[], object], gid: int | None = None) -> str:

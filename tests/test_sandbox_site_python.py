@@ -35,3 +35,12 @@ def test_only_running_daemons_of_the_site_python_are_stopped_last_stage_first(tm
     assert table.running == {"munged", "slurmctld"}
     assert said == ["restarting federation (slurm_geo changed)",
                     "restarting relay (slurm_geo changed)"]
+
+
+def test_a_daemon_inherits_the_search_path_and_locale_of_whoever_ran_up_and_nothing_else():
+    from slurm_geo.sandbox.processes import DEFAULT_PATH, daemon_environment
+
+    shell = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PWD": "/work/main",
+             "AWS_SECRET_ACCESS_KEY": "x", "PYTHONPATH": "/home/alice", "HOME": "/root"}
+    assert daemon_environment(shell) == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    assert daemon_environment({}) == {"PATH": DEFAULT_PATH}

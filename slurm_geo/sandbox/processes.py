@@ -95,7 +95,7 @@ class ProcessTable:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if daemon.ready_path is not None:
             daemon.ready_path.unlink(missing_ok=True)  # a last run's must not read as ready
-        env = {**os.environ, **daemon.env, MARKER_ENV: str(self.root)}
+        env = {**daemon_environment(), **daemon.env, MARKER_ENV: str(self.root)}
         in_site = daemon.namespace is not None  # its command drops privileges itself
         with open(self.log_file(daemon.name), "ab") as log:
             proc = subprocess.Popen(
@@ -218,3 +218,17 @@ def wait_until(check: Callable[[], bool], timeout_s: float, interval_s: float = 
             return True
         time.sleep(interval_s)
     return check()
+
+
+# What a daemon inherits of whoever ran `sandbox up`, as a systemd unit would give it: the
+# search path and the locale; nothing else (PWD, a shell's AWS_* or PYTHON* variables).
+INHERITED = ("PATH", "LANG", "LC_ALL", "TZ")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def daemon_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment every sandbox daemon starts from (its own `env` is added)."""
+    source = os.environ if environ is None else environ
+    env = {key: source[key] for key in INHERITED if source.get(key)}
+    env.setdefault("PATH", DEFAULT_PATH)
+    return env
