@@ -82,7 +82,7 @@ def delete_run(store, key: bytes, run: str, step: int, packs: list[str]) -> None
     """The bench's run out of `store`: its packs (no other run shares them: chunk ids are
     keyed by the run's key), its manifest, pointer and key."""
     Repository(store, key).delete_checkpoint(run, step)
-    for name in [*map(pack_name, packs), latest_name(run), key_name(run)]:
+    for name in [*(pack_name(pack, run) for pack in packs), latest_name(run), key_name(run)]:
         store.delete(name)
 
 
@@ -115,7 +115,7 @@ def measure(sandbox: Sandbox, mbit: int, gb: float) -> dict:
     assert copy.started_at is not None and copy.finished_at is not None
     sync_s = copy.finished_at - copy.started_at
     pack_ids = sorted({r.pack for r in with_bases(home.manifest(run, step).refs())})
-    packs = [layout.pfs_dir / pack_name(pack) for pack in pack_ids]
+    packs = [layout.pfs_dir / pack_name(pack, run) for pack in pack_ids]
     with tempfile.TemporaryDirectory(dir="/var/tmp") as scratch:
         boto_s = boto3_seconds(sandbox, packs, Path(scratch))
     offsite = site.stores[site.sync.destination]
