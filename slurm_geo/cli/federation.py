@@ -250,12 +250,10 @@ def resubmit(job: str, config: Path | None, as_json: bool) -> None:
         moved = OwnerClient(site).ask("resubmit", job)
     else:
         federation = build(config, daemon=False)
-        job_now = operations.resubmit(federation, operations.resolve(federation.state, job),
-                                      _who())
-        moved = {"logical_job": job_now.logical_job, "status": job_now.status.value,
-                 "generation": job_now.generation, "cluster": job_now.cluster,
-                 "job_id": job_now.job_id, "resume_step": job_now.resume_step,
-                 "run": job_now.run}
+        from slurm_geo.federation.views import resubmitted_view
+
+        moved = resubmitted_view(operations.resubmit(
+            federation, operations.resolve(federation.state, job), _who()))
     if as_json:
         click.echo(json.dumps({k: v for k, v in moved.items() if k != "run"}, indent=2))
         return

@@ -129,11 +129,10 @@ def _resubmit(federation: Federation, request: OwnerRequest, caller: Caller) -> 
 
     assert caller.uid is not None
     job = _owned(federation, request.job, caller, "resubmit")
-    moved = operations.resubmit(federation, job, _who(caller.uid))
-    return Reply(200, {"logical_job": moved.logical_job, "status": moved.status.value,
-                       "generation": moved.generation, "cluster": moved.cluster,
-                       "job_id": moved.job_id, "resume_step": moved.resume_step,
-                       "run": moved.run})
+    from slurm_geo.federation.views import resubmitted_view
+
+    return Reply(200, resubmitted_view(operations.resubmit(federation, job,
+                                                           _who(caller.uid))))
 
 
 def _run_key(federation: Federation, request: OwnerRequest, caller: Caller) -> Reply:

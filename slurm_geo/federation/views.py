@@ -45,6 +45,13 @@ def job_view(state: State, job: LogicalJob, display: Display,
     }
 
 
+def resubmitted_view(job: LogicalJob) -> dict[str, Any]:
+    """A resubmitted logical job as `resubmit` answers it (the daemon's reply, the CLI)."""
+    return {"logical_job": job.logical_job, "status": job.status.value,
+            "generation": job.generation, "cluster": job.cluster, "job_id": job.job_id,
+            "resume_step": job.resume_step, "run": job.run}
+
+
 def where(cluster: str, job_id: int | None) -> str:
     return f"{cluster}:{'-' if job_id is None else job_id}"
 
