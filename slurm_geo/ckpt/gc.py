@@ -13,13 +13,10 @@ from datetime import datetime
 from slurm_geo.ckpt.errors import StoreBusy
 from slurm_geo.ckpt.locks import LOCK_TTL, is_fresh, locks, why_stale
 from slurm_geo.ckpt.manifest import with_bases
-from slurm_geo.ckpt.names import (
-    PACK_PREFIXES,
-    run_of_manifest_name,
-    step_of_manifest_name,
-)
+from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.usage import pack_sizes
 
 
 @dataclass
@@ -37,7 +34,7 @@ def collect_garbage(store: Store, repository: Repository, now: datetime,
     Raises StoreBusy while a push may be in flight, and any CkptError from a manifest
     that does not open: a manifest we cannot read could reference any pack.
     """
-    candidates = [name for prefix in PACK_PREFIXES for name in store.list(prefix)]
+    candidates = sorted(pack_sizes(store))
     report = GcReport()
     for lock in locks(store):
         if is_fresh(lock, now) and lock.created_at is not None:
