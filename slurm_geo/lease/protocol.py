@@ -123,6 +123,11 @@ class LeaseReply:
     # An incarnation's first lease: the secret to sign with from now on (64 hex digits);
     # its bootstrap secret (the one in its environment) is spent once this one is used.
     session_secret: str = ""
+    # A grant to an incarnation that has not saved yet (its request names no last_step):
+    # the newest step of the run known, outside the store, to have been saved in the
+    # store it resumes from (docs/format.md §8.6); a store holding nothing as new has
+    # rolled the run back, and the job does not resume from it (FederatedRun.checked).
+    high_water: int | None = None
 
     @property
     def http_status(self) -> int:
@@ -133,6 +138,8 @@ class LeaseReply:
         if self.verdict is Verdict.GRANT:
             body.update(action=self.action.value, logical_job=self.logical_job,
                         generation=self.generation, ttl_s=self.ttl_s)
+            if self.high_water is not None:
+                body["high_water"] = self.high_water
         elif self.verdict is Verdict.WAIT:
             body["retry_s"] = self.retry_s
         if self.session_secret and self.verdict is not Verdict.FENCED:
@@ -145,10 +152,14 @@ class LeaseReply:
         session = str(body.get("session_secret", ""))
         if session and not _HEX64.fullmatch(session):
             raise ValueError("session_secret must be 64 lower-case hex digits")
+        mark = body.get("high_water")
+        if mark is not None and (type(mark) is not int or mark < 0):
+            raise ValueError("high_water must be a non-negative integer or absent")
         return cls(verdict, str(body.get("reason", "")),
                    Action(body.get("action", Action.TRAIN.value)),
                    str(body.get("logical_job", "")), int(body.get("generation", 0)),
-                   float(body.get("ttl_s", 0.0)), float(body.get("retry_s", 1.0)), session)
+                   float(body.get("ttl_s", 0.0)), float(body.get("retry_s", 1.0)), session,
+                   mark)
 
 
 @dataclass(frozen=True)
