@@ -8,6 +8,11 @@ further. Only a party outside the store can: the federation daemon knows each ru
 resumed the run from in that store, and the newest checkpoint-sync verified there). A
 store whose newest manifest is older than that mark has lost checkpoints it held; the run
 is not resumed from it. Pure: the caller gathers the marks and the store's steps.
+
+A job that resumes by itself (a home job, a requeued incarnation) checks the same against
+the mark the daemon hands it with its lease and the step its own run record last noted
+(`resume_rollback`): there the latest pointer counts too, since a trainer may resume from
+it.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ class RolledBack(CkptError):
 
     exit_code = ExitCode.ROLLED_BACK
 
-    def __init__(self, run: str, store: str, newest: int | None, high_water: int):
+    def __init__(self, run: str, store: str, newest: int | None, high_water: int,
+                 pointer: bool = False):
         self.run, self.store, self.newest, self.high_water = run, store, newest, high_water
         held = "no checkpoint" if newest is None else f"checkpoints up to step {newest}"
+        if pointer:
+            held = f"a latest pointer naming step {newest}"
         super().__init__(
             f"manifests/{run}/",
             f"store {store} holds {held} of run {run}, but step {high_water} was saved and "
@@ -47,3 +55,15 @@ def rollback(run: str, store: str, steps: Iterable[int],
     if mark is None or (newest is not None and newest >= mark):
         return None
     return RolledBack(run, store, newest, mark)
+
+
+def resume_rollback(run: str, store: str, steps: Iterable[int], pointer: int | None,
+                    mark: int | None) -> RolledBack | None:
+    """What a job resuming by itself meets (docs/format.md §8.6): the store's newest
+    listed step and, where the store has one, the step its latest pointer names (a trainer
+    may resume from either), each against the high-water `mark`; None when neither is
+    older than it."""
+    found = rollback(run, store, steps, mark)
+    if found is not None or pointer is None or mark is None or pointer >= mark:
+        return found
+    return RolledBack(run, store, pointer, mark, pointer=True)

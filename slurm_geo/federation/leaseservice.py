@@ -21,9 +21,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.rollback import high_water
 from slurm_geo.ckpt.runkey import unwrap_run_key
 from slurm_geo.federation.authn import Authenticator, Caller
 from slurm_geo.federation.credentials import PER_RUN, job_environment
+from slurm_geo.federation.highwater import lease_marks, sync_marks
 from slurm_geo.federation.leases import Verdict, decide
 from slurm_geo.federation.model import JobStatus, Lease, LogicalJob
 from slurm_geo.federation.refusals import REFUSED, Refusal, clip
@@ -65,7 +67,9 @@ class LeaseService:
         except Refused as exc:
             return _refused(exc, "a lease", request.cluster, request.job_id)
         if reply.verdict is not Said.FENCED:
-            return Reply(reply.http_status, replace(reply, session_secret=session).to_json())
+            mark = self._high_water(job, request) if reply.verdict is Said.GRANT else None
+            return Reply(reply.http_status, replace(reply, session_secret=session,
+                                                    high_water=mark).to_json())
         return Reply(reply.http_status, reply.to_json(), Refusal(
             "fence", None if job is None else job.logical_job,
             f"refused a lease to {clip(request.cluster, 64)}:{request.job_id} generation "
@@ -96,6 +100,19 @@ class LeaseService:
                                          stored_in)
                 job = w.state.name_run(job.logical_job, request.run, now)
             return self._grant(job, lease, request, answer.action, answer.reason, now), job
+
+    def _high_water(self, job: LogicalJob | None, request: LeaseRequest) -> int | None:
+        """For a grant to an incarnation that has not saved yet (its request names no
+        last_step: it is about to resume), the run's high-water mark in the store of its
+        cluster (federation.highwater); None otherwise. Reads the state and
+        checkpoint-sync's: not under the lock."""
+        if job is None or not job.run or request.last_step is not None:
+            return None
+        w = self.wiring
+        store = w.store_of(request.cluster)
+        jobs = [(j, w.state.lease(j.logical_job)) for j in w.state.find_by_run(job.run)]
+        return high_water([*lease_marks(jobs, store, w.store_of),
+                           *sync_marks(w, job.run, store)])
 
     def _stored_in(self, request: LeaseRequest, caller: Caller) -> str | None:
         """The store already holding the run the request names, when the job names no run

@@ -43,6 +43,7 @@ from slurm_geo.ckpt.runkey import unwrap_run_key
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.credentials import job_environment
 from slurm_geo.federation.fencing import daemon_lookup, known_fence, set_fence
+from slurm_geo.federation.highwater import sync_marks
 from slurm_geo.federation.model import (
     Health,
     Incarnation,
@@ -63,8 +64,6 @@ from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.signing import new_secret
 from slurm_geo.slurm import SlurmError
 from slurm_geo.slurm.errors import JobNotFound
-from slurm_geo.sync.reader import SyncStateReader, SyncStateUnreadable
-from slurm_geo.sync.state import Status
 
 log = logging.getLogger("slurm_geo.federation")
 
@@ -271,15 +270,7 @@ class Mover:
         checkpoint-sync verified there (docs/format.md §8.6)."""
         w = self.wiring
         marks = [job.resume_step if w.store_of(job.cluster) == store_name else None]
-        if w.site.sync is not None and w.site.sync.destination == store_name:
-            try:
-                replicas = SyncStateReader(w.site.sync.state, missing_ok=True).replicas(job.run)
-            except SyncStateUnreadable as exc:
-                log.warning("no rollback mark from checkpoint-sync: %s", exc)
-                replicas = []
-            marks += [r.step for r in replicas
-                      if r.destination == store_name and r.status is Status.VERIFIED]
-        return high_water(marks)
+        return high_water([*marks, *sync_marks(w, job.run, store_name)])
 
     def _nodes_up(self, cluster: str) -> int | None:
         """Nodes of `cluster` that can take a job now; None when it does not say."""

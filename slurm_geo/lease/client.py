@@ -46,7 +46,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slurm_geo.ckpt import Repository
+from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.open_store import open_store
+from slurm_geo.ckpt.rollback import high_water, resume_rollback
 from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
@@ -130,6 +132,12 @@ class FederatedRun:
         self._last_ok: float | None = None
         self._ttl_s = 0.0
         self._last_step: int | None = None
+        # The run's high-water mark in its store (docs/format.md §8.6): the greatest the
+        # daemon's grants named, and the step this job's own record noted at an earlier
+        # start (a requeue), read before this start rewrites it (`checked`).
+        self.high_water: int | None = None
+        self._own_record = None if self._ckpt_dir is None else places.read_record(
+            Path(self._ckpt_dir), placement.cluster, placement.job_id)
         self.fenced_reason: str | None = None
         self.release_requested = False
         self._stop = threading.Event()
@@ -245,6 +253,7 @@ class FederatedRun:
             if reply is not None and reply.verdict is protocol.Verdict.GRANT:
                 self._last_ok = sent  # measured from when we asked: the safe side
                 self._ttl_s = reply.ttl_s
+                self.high_water = high_water([self.high_water, reply.high_water])
                 if reply.action is protocol.Action.RELEASE and not release:
                     self.release_requested = True
             elif reply is None:
@@ -300,7 +309,31 @@ class FederatedRun:
         placement = self.placement
         run, data_key = self.run_key()  # first: it may bring the store's key (run_key)
         store = open_store(placement.store_url, endpoint_url=placement.store_endpoint or None)
-        return RunKeyRepository(store, run, data_key)
+        return self.checked(RunKeyRepository(store, run, data_key), run)
+
+    def checked(self, repository: Repository, run: str) -> Repository:
+        """`repository`, unless its store rolled `run` back (RolledBack, exit code 35): the
+        newest checkpoint it lists, or the step its latest pointer names, is older than
+        the run's high-water mark there, the greater of the daemon's (with its grant) and
+        this job's own record's (docs/format.md §8.6). A generation the daemon placed
+        starts exactly at the step it verified against its own mark: not checked again."""
+        p = self.placement
+        if p.generation > 0 and p.restart == 0:
+            return repository
+        with self._lock:
+            mark = high_water([self.high_water,
+                               places.own_mark(self._own_record, run, p.store_url)])
+        if mark is None:
+            return repository
+        try:
+            pointer = repository.pointer(run)
+        except CkptError:  # a pointer that does not open: the listing still counts
+            pointer = None
+        found = resume_rollback(run, self.where.store or p.store_url, repository.steps(run),
+                                pointer, mark)
+        if found is not None:
+            raise found
+        return repository
 
     def _announce(self, run: str) -> None:
         """Say on stderr where the run's checkpoints go (and warn when checkpoint-sync

@@ -144,6 +144,16 @@ def write_record(ckpt_dir: Path, record: RunRecord) -> None:
     os.replace(tmp, path)
 
 
+def own_mark(record: RunRecord | None, run: str, store_url: str) -> int | None:
+    """The step a job's own record, left by an earlier start of the same Slurm job (a
+    requeue), last noted committed for `run` in `store_url`: part of the run's high-water
+    mark there (docs/format.md §8.6); None when the record names another run or store.
+    The user's own file: it protects the user against the store, nothing more."""
+    if record is None or record.run != run or record.store_url != store_url:
+        return None
+    return record.step
+
+
 def read_record(ckpt_dir: Path, cluster: str, job_id: int) -> RunRecord | None:
     try:
         return RunRecord.from_json(json.loads(

@@ -182,7 +182,9 @@ class RankedRun:
             candidates = [] if placement.resume_step is None else [placement.resume_step]
         else:
             store = open_store(placement.store_url, endpoint_url=placement.store_endpoint or None)
-            candidates = list(reversed(RunKeyRepository(store, run, key).steps(run)))
+            # Its own newest: unless the store rolled the run back (RolledBack, on every rank)
+            repository = federated.checked(RunKeyRepository(store, run, key), run)
+            candidates = list(reversed(repository.steps(run)))
         return _Start(run, shares, candidates)
 
     def _share_key(self) -> bytes:
