@@ -110,3 +110,45 @@ def test_the_daemons_run_no_code_a_user_controls(sandbox: Sandbox, name):
     executable = Path(process.exe())
     info = executable.stat()
     assert info.st_uid == 0 and not info.st_mode & 0o022
+
+
+def test_the_s3_server_runs_as_its_own_account_with_its_files_private_to_it(sandbox: Sandbox):
+    """The object store is not the daemons': SeaweedFS runs as `slurm-geo-s3`, with no
+    capability, owning its data, security files, identities and TLS key (0600 in 0700),
+    while the daemons' key beside them stays root's; its unix sockets are in a /tmp of its
+    own, none in the machine's /tmp, where a user could take their names first."""
+    from slurm_geo.sandbox import service_account, stages
+    from slurm_geo.sandbox.seaweed import private_tmp, sandbox_tls
+
+    layout = sandbox.layout
+    process = running(sandbox)[stages.S3_DAEMON]
+    account = pwd.getpwnam(service_account.S3_NAME)
+    assert set(process.uids()) == {account.pw_uid} and set(process.gids()) == {account.pw_gid}
+    for which in ("CapEff", "CapPrm"):
+        assert capabilities(process, which) == 0
+
+    def owner_mode(path: Path) -> tuple[str, int]:
+        info = path.lstat()
+        return user_of(info.st_uid), info.st_mode & 0o7777
+
+    tls = sandbox_tls(layout)
+    assert owner_mode(layout.s3_dir) == ("root", 0o710)
+    assert layout.s3_dir.stat().st_gid == account.pw_gid
+    assert owner_mode(layout.s3_daemon_credentials) == ("root", 0o600)
+    for directory in (layout.s3_data_dir, tls.config_dir, private_tmp(layout)):
+        assert owner_mode(directory) == (service_account.S3_NAME, 0o700), directory
+    for path in (layout.s3_identities, tls.s3_key, tls.s3_cert, *tls.config_dir.iterdir()):
+        assert owner_mode(path) == (service_account.S3_NAME, 0o600), path
+    foreign = [path for path in layout.s3_data_dir.rglob("*")
+               if path.lstat().st_uid != account.pw_uid]
+    assert foreign == []
+    ports = {layout.s3_port, *layout.s3_internal_ports}
+
+    def ours(directory: Path) -> list[Path]:
+        return [p for p in directory.glob("seaweedfs-*.sock")
+                if int(p.stem.rsplit("-", 1)[1]) in ports]
+
+    sockets = ours(private_tmp(layout))
+    assert sockets and all(owner_mode(p)[0] == service_account.S3_NAME for p in sockets)
+    started = process.create_time()
+    assert [p for p in ours(Path("/tmp")) if p.lstat().st_mtime >= started] == []

@@ -5,6 +5,7 @@ identity may do, S3Store's paths against it, and objects surviving a restart."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -15,16 +16,22 @@ from slurm_geo.ckpt.retry import is_permanent
 from slurm_geo.ckpt.s3store import S3Store, S3Unavailable
 from slurm_geo.ckpt.transfer_plan import MIB, TransferPlan
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import Sandbox
+from slurm_geo.sandbox import Sandbox, service_account, stages
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX, SandboxLayout
 from slurm_geo.sandbox.seaweed import (
     S3Credentials,
     SeaweedServer,
     bucket_policy,
     ensure_credentials,
+    hand_over,
+    install_program,
+    installed_program,
     prepare_sandbox_files,
+    private_tmp,
     s3_config,
+    sandbox_tls,
 )
+from slurm_geo.sandbox.sites import Site
 from tests.helpers import eventually
 from tests.seaweed_server import (
     DAEMONS,
@@ -120,6 +127,74 @@ def test_the_sandbox_makes_its_keys_once_and_hands_the_daemons_theirs(tmp_path):
     assert f"export AWS_SECRET_ACCESS_KEY={daemons.secret_access_key}" in sandbox.env_lines(
         "onprem")
     assert job.secret_access_key != daemons.secret_access_key
+
+
+def test_the_sandboxs_server_runs_as_its_account_with_a_tmp_of_its_own():
+    """Dropped as the other daemons of a site are (setpriv), from the site's copy of weed,
+    with its own directory bound over /tmp before it drops: weed's fixed socket names
+    there are no other account's to take or reach."""
+    layout = SandboxLayout(Path("/srv/box"), 20000)
+    (daemon,) = [d for stage in stages.daemons_by_stage(layout, None, {}) for d in stage
+                 if d.name == stages.S3_DAEMON]
+    assert (daemon.user, daemon.group) == (service_account.S3_NAME, service_account.S3_NAME)
+    command = daemon.command
+    tmp = str(private_tmp(layout))
+    assert command[:2] == ["nsenter", "--net=/run/netns/" + layout.namespace(Site.REMOTE)]
+    assert command[2:9] == ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            'mount --bind -- "$0" /tmp && exec "$@"']
+    assert command[9] == tmp == "/srv/box/s3/tmp"
+    assert command[10:16] == ["setpriv", "--reuid", service_account.S3_NAME, "--regid",
+                              service_account.S3_NAME, "--clear-groups"]
+    assert command[16] == str(installed_program(layout))
+    assert not str(installed_program(layout)).startswith("/root")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files away")
+def test_an_older_sandboxs_root_owned_server_files_are_handed_to_its_account(tmp_path):
+    """A sandbox brought up before the server had an account of its own left its data,
+    keys and identities root's: `up` hands them all over (the daemons' key excepted),
+    private to the account, and the S3 directory only traversable by its group."""
+    layout = SandboxLayout(tmp_path / "box", 20000)
+    layout.root.mkdir()
+    prepare_sandbox_files(layout)
+    tls = sandbox_tls(layout)
+    tls.s3_cert.write_text("cert")
+    tls.s3_key.write_text("key")
+    volume = layout.s3_data_dir / "vol" / "1.dat"  # as a root-run server left it
+    volume.parent.mkdir()
+    volume.write_text("objects")
+    (layout.s3_data_dir / "link").symlink_to("/etc/passwd")
+    account = service_account.ensure(service_account.S3_NAME)
+    hand_over(layout, account.uid, account.gid)
+    hand_over(layout, account.uid, account.gid)  # again: each `up` does
+
+    def owner_mode(path: Path) -> tuple[int, int, int]:
+        info = os.lstat(path)
+        return info.st_uid, info.st_gid, info.st_mode & 0o7777
+
+    mine = (account.uid, account.gid)
+    assert owner_mode(layout.s3_dir) == (0, account.gid, 0o710)
+    assert owner_mode(layout.s3_daemon_credentials) == (0, 0, 0o600)
+    for directory in (layout.s3_data_dir, tls.config_dir, private_tmp(layout)):
+        assert owner_mode(directory) == (*mine, 0o700)
+    for path in (layout.s3_identities, tls.s3_cert, tls.s3_key, *tls.config_dir.iterdir()):
+        assert owner_mode(path) == (*mine, 0o600), path
+    assert owner_mode(volume)[:2] == owner_mode(volume.parent)[:2] == mine
+    assert owner_mode(layout.s3_data_dir / "link")[:2] == mine  # the link, not its target
+    assert os.stat("/etc/passwd").st_uid == 0
+
+
+def test_weed_is_copied_once_where_its_account_can_run_it(tmp_path):
+    source = tmp_path / "weed"
+    source.write_bytes(b"binary")
+    target = tmp_path / "site" / "weed"
+    target.parent.mkdir()
+    assert install_program(source, target) is True
+    assert target.read_bytes() == b"binary" and target.stat().st_mode & 0o777 == 0o755
+    assert install_program(source, target) is False
+    source.write_bytes(b"binary, a new version")
+    assert install_program(source, target) is True
+    assert target.read_bytes() == b"binary, a new version"
 
 
 # --- a real server (tests.seaweed_server) ------------------------------------------------------

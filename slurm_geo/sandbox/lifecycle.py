@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.ckpt.keys import create_master_key_file
 from slurm_geo.config import load_config
@@ -107,6 +109,8 @@ class Sandbox:
         _require_weed()
         _require_sync_program()
         version = admin.installed_slurm_version()
+        s3_account = service_account.ensure(service_account.S3_NAME)
+        _stop_stale_s3(self.layout, self.processes, s3_account.uid, progress)
         netns.up_sites(self.layout, wan_mbit)  # before any daemon: they run in the sites
         to_reconfigure = self._prepare_files(version, progress)
         made = users.ensure_accounts(self.layout)
@@ -115,6 +119,8 @@ class Sandbox:
         users.share_home_store(self.layout)
         if users.ensure_site_python(self.layout, progress):
             _stop_old_code(self.layout, self.processes, self._stages(version), progress)
+        seaweed.install_program(Path(stages.program(seaweed.WEED_PROGRAM)),
+                                seaweed.installed_program(self.layout))
         # The users' login shells: slurm-geo on PATH, the home cluster and the config.
         login.ensure_profile(self.layout, self.env_lines(self.layout.onprem.name, False))
         by_stage = self._stages(version)
@@ -280,6 +286,8 @@ class Sandbox:
         if not layout.master_key.exists():
             create_master_key_file(layout.master_key)
         seaweed.prepare_sandbox_files(layout)
+        s3_account = service_account.ensure(service_account.S3_NAME)
+        seaweed.hand_over(layout, s3_account.uid, s3_account.gid)
         layout.etcd_dir.mkdir(mode=0o700, exist_ok=True)
         for member in layout.etcd_cluster.members:  # etcd warns of a data dir others read
             member.data_dir.mkdir(mode=0o700, exist_ok=True)
@@ -455,6 +463,21 @@ def _stop_old_code(layout: SandboxLayout, processes: ProcessTable,
                     processes.running_pid(daemon.name) is not None:
                 progress(f"restarting {daemon.name} (slurm_geo changed)")
                 processes.stop(daemon.name)
+
+
+def _stop_stale_s3(layout: SandboxLayout, processes: ProcessTable, uid: int,
+                   progress) -> None:
+    """An S3 server running as another account (root, in a sandbox brought up before it
+    had its own) or from another weed than the one `up` installs is stopped before its
+    files are handed over, so stage 1 starts it as its account."""
+    pid = processes.running_pid(stages.S3_DAEMON)
+    if pid is None:
+        return
+    program = seaweed.installed_program(layout)
+    if psutil.Process(pid).uids().real != uid or seaweed.program_differs(
+            Path(stages.program(seaweed.WEED_PROGRAM)), program):
+        progress(f"restarting {stages.S3_DAEMON} as {service_account.S3_NAME}, from {program}")
+        processes.stop(stages.S3_DAEMON, grace_s=S3_STOP_GRACE_S)
 
 
 def _require_weed() -> None:

@@ -47,14 +47,22 @@ class Daemon:
     # Capabilities it keeps after dropping to `user` (setpriv's ambient set), e.g.
     # ("dac_read_search",) for checkpoint-sync; none else.
     capabilities: tuple[str, ...] = ()
+    # A directory mounted over /tmp for it alone (systemd's PrivateTmp), in a mount
+    # namespace of its own: where a daemon makes fixed names in /tmp (SeaweedFS's unix
+    # sockets), no other account can take, block or reach them. Only with a namespace.
+    private_tmp: Path | None = None
 
     @property
     def command(self) -> list[str]:
         """What is run: `nsenter` joins the namespace (as root: it needs the privilege)
         and execs, then `setpriv` drops to the daemon's user; each execs the next, so the
         pid the pid file records is the daemon's. Not `ip netns exec`, which also mounts
-        a sysfs of its own over /sys, hiding /sys/fs/cgroup from slurmd."""
+        a sysfs of its own over /sys, hiding /sys/fs/cgroup from slurmd. With a
+        `private_tmp`, `unshare` and a fixed `sh` script (root's, naming no path the
+        daemon's user controls but the directory itself) bind it over /tmp, then exec on."""
         if self.namespace is None:  # ProcessTable.start drops to `user` itself
+            if self.private_tmp is not None:
+                raise ValueError(f"{self.name}: a private /tmp needs a namespace")
             return self.argv
         drop = [] if self.user is None else \
             ["setpriv", "--reuid", self.user, "--regid", self.group or self.user,
@@ -62,7 +70,10 @@ class Daemon:
         if self.user is not None and self.capabilities:
             caps = ",".join(f"+{cap}" for cap in self.capabilities)
             drop += [f"--inh-caps={caps}", f"--ambient-caps={caps}"]
-        return ["nsenter", f"--net=/run/netns/{self.namespace}", *drop, *self.argv]
+        tmp = [] if self.private_tmp is None else \
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount --bind -- "$0" /tmp && exec "$@"', str(self.private_tmp)]
+        return ["nsenter", f"--net=/run/netns/{self.namespace}", *tmp, *drop, *self.argv]
 
 
 class ProcessTable:

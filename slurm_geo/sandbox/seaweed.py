@@ -30,7 +30,9 @@ certificate of the site CA (`SeaweedTls`).
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -291,6 +293,71 @@ def prepare_sandbox_files(layout: SandboxLayout) -> None:
     # job_credentials): the server holds them to the bucket, and to no deletes but locks.
     job = ensure_credentials(layout.offsite_job_credentials, "job")
     write_if_changed(layout.s3_identities, s3_config(daemons, {S3_BUCKET: job}), 0o600)
+
+
+def private_tmp(layout: SandboxLayout) -> Path:
+    """What the sandbox server sees as /tmp (processes.Daemon.private_tmp): weed makes its
+    gRPC and filer sockets at fixed names there, which in the machine's /tmp any user could
+    take first (a root-owned one left by an older sandbox blocked the server too)."""
+    return layout.s3_dir / "tmp"
+
+
+def hand_over(layout: SandboxLayout, uid: int, gid: int) -> None:
+    """The sandbox server's files to its own account (service_account.S3_NAME), after
+    `prepare_sandbox_files`: its data, security and /tmp directories (0700, everything in
+    them its own, a data directory an older sandbox's root-run server filled included),
+    its identities and its S3 port's key and certificate (0600). The S3 directory stays
+    root's, 0710 to its group: the daemons' key (daemons.env, which root's hooks source)
+    stays root's, and the server can neither read it nor put another in its place."""
+    tls = sandbox_tls(layout)
+    os.chown(layout.s3_dir, 0, gid)
+    layout.s3_dir.chmod(0o710)
+    for directory in (layout.s3_data_dir, tls.config_dir, private_tmp(layout)):
+        directory.mkdir(mode=0o700, exist_ok=True)
+        _own_tree(directory, uid, gid)
+        directory.chmod(0o700)
+    for path in (layout.s3_identities, tls.s3_key, tls.s3_cert,
+                 *(p for p in tls.config_dir.iterdir() if not p.is_symlink())):
+        os.chown(path, uid, gid)
+        path.chmod(0o600)
+
+
+def _own_tree(top: Path, uid: int, gid: int) -> None:
+    """`top` and everything under it owned by uid:gid; links given over, never followed."""
+    for directory, _subdirs, files in os.walk(top):
+        for path in [directory, *(os.path.join(directory, name) for name in files)]:
+            info = os.lstat(path)
+            if (info.st_uid, info.st_gid) != (uid, gid):
+                os.lchown(path, uid, gid)
+
+
+def installed_program(layout: SandboxLayout) -> Path:
+    """Where the sandbox runs weed from: the site's software tree, which its account can
+    execute (the suite's may be under root's home, 0700)."""
+    return layout.site_python_dir / "bin" / WEED_PROGRAM
+
+
+def program_differs(source: Path, target: Path) -> bool:
+    try:
+        have, want = target.stat(), source.stat()
+    except FileNotFoundError:
+        return True
+    return (have.st_size, have.st_mtime_ns) != (want.st_size, want.st_mtime_ns)
+
+
+def install_program(source: Path, target: Path) -> bool:
+    """A copy of `source` at `target`, root's, 0755, unless one is there already; True
+    when it copied."""
+    if not program_differs(source, target):
+        return False
+    temp = target.with_name(f".{target.name}.installing")
+    temp.unlink(missing_ok=True)
+    shutil.copy2(source, temp)
+    if os.geteuid() == 0:
+        os.chown(temp, 0, 0)
+    temp.chmod(0o755)
+    temp.replace(target)
+    return True
 
 
 def ensure_credentials(path: Path, name: str) -> S3Credentials:

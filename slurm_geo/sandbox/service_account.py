@@ -24,6 +24,10 @@ from slurm_geo.config import SiteConfig
 from slurm_geo.errors import SandboxError
 
 NAME = SERVICE_ACCOUNT  # user and group, as the Makefile's service-account target makes them
+# The sandbox's S3 server (sandbox.seaweed) runs as an account of its own: the object
+# store is a service of the remote site, not the daemons', and holds none of their secrets
+# but the S3 identities it checks.
+S3_NAME = "slurm-geo-s3"
 
 
 @dataclass(frozen=True)
@@ -32,23 +36,25 @@ class ServiceAccount:
     gid: int
 
 
-def ensure() -> ServiceAccount:
-    """The account and its group, created as system ones if missing."""
+def ensure(name: str = NAME) -> ServiceAccount:
+    """The account `name` and its group, created as system ones (no login shell, no home
+    of their own) if missing: the daemons' (NAME), or the sandbox's S3 server's (S3_NAME)."""
     try:
-        gid = grp.getgrnam(NAME).gr_gid
+        gid = grp.getgrnam(name).gr_gid
     except KeyError:
-        _run(["groupadd", "--system", NAME])
-        gid = grp.getgrnam(NAME).gr_gid
+        _run(["groupadd", "--system", name])
+        gid = grp.getgrnam(name).gr_gid
     try:
-        entry = pwd.getpwnam(NAME)
+        entry = pwd.getpwnam(name)
     except KeyError:
-        _run(["useradd", "--system", "--gid", NAME, "--home-dir", "/var/lib/slurm-geo",
-              "--no-create-home", "--shell", "/usr/sbin/nologin", NAME])
-        entry = pwd.getpwnam(NAME)
+        home = "/var/lib/slurm-geo" if name == NAME else "/nonexistent"
+        _run(["useradd", "--system", "--gid", name, "--home-dir", home, "--no-create-home",
+              "--shell", "/usr/sbin/nologin", name])
+        entry = pwd.getpwnam(name)
     if entry.pw_uid == 0 or entry.pw_gid != gid:
-        raise SandboxError(f"account {NAME} exists with uid {entry.pw_uid}, gid "
-                           f"{entry.pw_gid}; it must be a system account in group {NAME}: "
-                           f"userdel {NAME} and run `slurm-geo sandbox up` again")
+        raise SandboxError(f"account {name} exists with uid {entry.pw_uid}, gid "
+                           f"{entry.pw_gid}; it must be a system account in group {name}: "
+                           f"userdel {name} and run `slurm-geo sandbox up` again")
     return ServiceAccount(entry.pw_uid, gid)
 
 

@@ -87,9 +87,13 @@ def _mariadb(layout: SandboxLayout) -> Daemon:
 
 
 def _s3(layout: SandboxLayout) -> Daemon:
-    """The offsite store's S3 server, at the remote site."""
-    return Daemon(S3_DAEMON,
-                  seaweed.SeaweedServer.of_sandbox(layout).argv(program(seaweed.WEED_PROGRAM)),
+    """The offsite store's S3 server, at the remote site, as its own account (its files
+    are that account's: seaweed.hand_over), with a /tmp of its own for its sockets, from
+    the copy of weed in the site's software tree (seaweed.installed_program)."""
+    server = seaweed.SeaweedServer.of_sandbox(layout)
+    return Daemon(S3_DAEMON, server.argv(str(seaweed.installed_program(layout))),
+                  user=service_account.S3_NAME, group=service_account.S3_NAME,
+                  private_tmp=seaweed.private_tmp(layout),
                   port=layout.s3_port, extra_ports=layout.s3_internal_ports,
                   namespace=layout.namespace(Site.REMOTE), host=layout.address(Site.REMOTE))
 
