@@ -1,0 +1,263 @@
+"""The rented provider's site: a stock Slurm of today on a machine of its own.
+
+Its slurmctld, slurmd and slurmrestd run from the image of sandbox.rootfs (Debian's
+newest Slurm, 26.05) in a mount and UTS namespace of their own, and in a network namespace
+when given one (a sandbox site's). Nothing of the host's disk is visible there but the
+host's Python, read-only (provider_render.PYTHON_BINDS says why); the site's /home, /tmp,
+/scratch, state and logs are directories under `root` on the host, bound in.
+
+The mount namespace outlives its processes: it is kept by a bind mount of its nsfs file
+(`unshare --mount=FILE`), under a private mount of `root/ns`, so every daemon and every
+command `exec_in` runs enter the same site. `down` stops the daemons and unmounts both, and
+the namespace goes with its last process.
+
+The REST API is plain http on `address`:`ports.restd`, with JWTs minted by slurmctld
+(`scontrol token`) for the tenants' accounts (provider_render.ACCOUNTS).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_geo.atomic import write_if_changed
+from slurm_geo.errors import SandboxError
+from slurm_geo.sandbox import provider_render as render
+from slurm_geo.sandbox import rootfs
+from slurm_geo.sandbox.processes import Daemon, ProcessTable, wait_until
+from slurm_geo.sandbox.provider_render import ACCOUNTS, Account, Ports, SiteDirs
+
+COMMAND_TIMEOUT_S = 30
+START_TIMEOUT_S = 60
+TOKEN_LIFESPAN_S = 24 * 3600
+DAEMONS = ("slurmctld", "slurmd", "slurmrestd")  # in start order
+
+
+@dataclass(frozen=True)
+class ProviderSite:
+    """One provider site: its directory on the host, ports, address and network."""
+
+    root: Path
+    port_base: int
+    address: str = "127.0.0.1"
+    netns: str | None = None  # a sandbox site's network namespace, else the host's
+    cluster: str = "provider"
+    image: Path = rootfs.IMAGE_DIR
+
+    @property
+    def ports(self) -> Ports:
+        return Ports.from_base(self.port_base)
+
+    @property
+    def node(self) -> str:
+        return f"{self.cluster}-n1"
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://{self.address}:{self.ports.restd}"
+
+    @property
+    def dirs(self) -> SiteDirs:
+        r = self.root
+        return SiteDirs(self.image, r / "mnt", r / "etc", r / "var", r / "log", r / "home",
+                        r / "tmp", r / "scratch", r / "accounts")
+
+    @property
+    def ns_dir(self) -> Path:
+        return self.root / "ns"
+
+    @property
+    def mount_ns(self) -> Path:
+        return self.ns_dir / "mnt"
+
+    @property
+    def uts_ns(self) -> Path:
+        return self.ns_dir / "uts"
+
+    @property
+    def table(self) -> ProcessTable:
+        return ProcessTable(self.root / "host")
+
+    def token_file(self, account: str) -> Path:
+        return self.root / "tokens" / f"{account}.jwt"
+
+    def enter(self) -> list[str]:
+        """The command prefix that runs what follows inside the site (as root)."""
+        net = [f"--net=/run/netns/{self.netns}"] if self.netns else []
+        return ["nsenter", f"--mount={self.mount_ns}", f"--uts={self.uts_ns}", *net, "--"]
+
+    def daemons(self) -> list[Daemon]:
+        inside = self.enter()
+        ports = self.ports
+        restd = [*inside, "/usr/sbin/slurmrestd", "-a", "rest_auth/jwt",
+                 "-u", render.RESTD_USER[0], "-g", render.RESTD_USER[0],
+                 f"{self.address}:{ports.restd}"]
+        return [
+            Daemon("slurmctld", [*inside, "/usr/sbin/slurmctld", "-D"],
+                   health_check=lambda: self._answers(["scontrol", "ping"], "UP")),
+            Daemon("slurmd", [*inside, "/usr/sbin/slurmd", "-D", "-N", self.node],
+                   health_check=lambda: self._node_up()),
+            # SLURM_JWT=daemon: slurmrestd passes each request's JWT on to slurmctld as
+            # its credential (auth/jwt), not its own (auth/slurm: "Rejecting thread config
+            # token").
+            Daemon("slurmrestd", restd, env={"SLURM_JWT": "daemon"},
+                   health_check=lambda: self._port_open(ports.restd)),
+        ]
+
+    # --- checks run inside -------------------------------------------------------------
+
+    def _answers(self, argv: list[str], needle: str) -> bool:
+        done = exec_in(self, argv, check=False)
+        return done.returncode == 0 and needle in done.stdout
+
+    def _node_up(self) -> bool:
+        done = exec_in(self, ["sinfo", "-h", "-N", "-o", "%T"], check=False)
+        return done.returncode == 0 and any(
+            state.rstrip("*") in {"idle", "mixed", "allocated"}
+            for state in done.stdout.split())
+
+    def _port_open(self, port: int) -> bool:
+        probe = f"exec 3<>/dev/tcp/{self.address}/{port}"
+        return exec_in(self, ["bash", "-c", probe], check=False).returncode == 0
+
+
+def exec_in(site: ProviderSite, argv: list[str], *, user: str | None = None,
+            check: bool = True, timeout_s: float = COMMAND_TIMEOUT_S,
+            input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `argv` inside the site, as root or as the site's account `user`."""
+    drop = [] if user is None else ["setpriv", f"--reuid={user}", f"--regid={user}",
+                                    "--init-groups", "--reset-env"]
+    try:
+        done = subprocess.run([*site.enter(), *drop, *argv], capture_output=True, text=True,
+                              timeout=timeout_s, input=input_text, check=False,
+                              env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"{' '.join(argv)} in the provider site timed out after "
+                           f"{timeout_s:g} s") from None
+    if check and done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-2:]
+        raise SandboxError(f"{' '.join(argv)} in the provider site failed (exit "
+                           f"{done.returncode}): {' | '.join(tail)}")
+    return done
+
+
+# --- up and down ---------------------------------------------------------------------------
+
+
+def up(site: ProviderSite, progress: Callable[[str], None] = lambda _line: None) -> dict:
+    """Build the image if needed, lay out the site, start its daemons, mint the tenants'
+    tokens. Returns the image's stamp. Needs root."""
+    if os.geteuid() != 0:
+        raise SandboxError("the provider site needs root (namespaces, mounts): run as root")
+    stamp = rootfs.ensure_image(site.image, progress=progress)
+    prepare(site)
+    if not namespace_alive(site):
+        make_namespace(site)
+    table = site.table
+    for daemon in site.daemons():
+        if table.running_pid(daemon.name) is not None:
+            continue
+        table.start(daemon)
+        check = daemon.health_check
+        assert check is not None
+        if not wait_until(check, START_TIMEOUT_S, interval_s=0.5):
+            raise SandboxError(f"the provider's {daemon.name} did not come up in "
+                               f"{START_TIMEOUT_S} s; see {table.log_file(daemon.name)} and "
+                               f"{site.dirs.log}")
+    for account in ACCOUNTS:
+        mint_token(site, account)
+    return stamp
+
+
+def down(site: ProviderSite) -> None:
+    """Stop the site's daemons (and the jobs they run), then unmount its namespaces."""
+    site.table.stop_all([["slurmrestd"], ["slurmd"], ["slurmctld"]])
+    for path in (site.mount_ns, site.uts_ns, site.ns_dir):
+        if _mounted(path):
+            _host(["umount", str(path)], f"unmount {path}")
+
+
+def namespace_alive(site: ProviderSite) -> bool:
+    return _mounted(site.mount_ns) and _mounted(site.uts_ns)
+
+
+def make_namespace(site: ProviderSite) -> None:
+    site.ns_dir.mkdir(parents=True, exist_ok=True)
+    if not _mounted(site.ns_dir):  # nsfs files may only be bound under a private one
+        _host(["mount", "--bind", str(site.ns_dir), str(site.ns_dir)], "bind the ns dir")
+        _host(["mount", "--make-private", str(site.ns_dir)], "make the ns dir private")
+    for path in (site.mount_ns, site.uts_ns):
+        if _mounted(path):
+            _host(["umount", str(path)], f"unmount a stale {path}")
+        path.touch()
+    site.dirs.mnt.mkdir(exist_ok=True)
+    _host(["unshare", f"--mount={site.mount_ns}", f"--uts={site.uts_ns}",
+           "--propagation", "private", "/bin/sh", "-c", render.setup_script(site.dirs)],
+          "lay out the provider site's filesystem")
+
+
+def prepare(site: ProviderSite) -> None:
+    """The site's directories and files on the host: config, keys, accounts, homes."""
+    d = site.dirs
+    slurm_uid = render.SLURM_USER[1]
+    for path, mode, owner in [(site.root, 0o755, 0), (d.etc, 0o755, 0), (d.var, 0o755, 0),
+                              (d.var / "slurmctld", 0o700, slurm_uid),
+                              (d.var / "slurmd", 0o755, 0), (d.log, 0o755, slurm_uid),
+                              (d.home, 0o755, 0), (d.tmp, 0o1777, 0),
+                              (d.scratch, 0o1777, 0), (d.accounts, 0o755, 0), (d.mnt, 0o755, 0),
+                              (site.root / "tokens", 0o700, 0)]:
+        path.mkdir(parents=True, exist_ok=True)
+        os.chown(path, owner, owner)
+        path.chmod(mode)
+    for account in ACCOUNTS:
+        home = d.home / account.name
+        home.mkdir(exist_ok=True)
+        os.chown(home, account.uid, account.uid)
+        home.chmod(0o700)
+    image_etc = site.image / "etc"
+    write_if_changed(d.accounts / "passwd", render.passwd((image_etc / "passwd").read_text()))
+    write_if_changed(d.accounts / "group", render.group((image_etc / "group").read_text()))
+    write_if_changed(d.accounts / "hosts", render.hosts(site.address))
+    write_if_changed(d.accounts / "hostname", render.HOSTNAME + "\n")
+    write_if_changed(d.etc / "slurm.conf",
+                     render.slurm_conf(site.cluster, site.address, site.ports, site.node))
+    for key in (d.etc / "slurm.key", d.etc / "jwt.key"):
+        if not key.exists():
+            write_if_changed(key, secrets.token_bytes(64), 0o600, (slurm_uid, slurm_uid))
+
+
+def mint_token(site: ProviderSite, account: Account) -> Path:
+    """A fresh JWT for `account`, from the site's slurmctld, into its token file (0600)."""
+    done = exec_in(site, ["scontrol", "token", f"username={account.name}",
+                          f"lifespan={TOKEN_LIFESPAN_S}"])
+    found = re.search(r"SLURM_JWT=(\S+)", done.stdout)
+    if not found:
+        raise SandboxError(f"scontrol token for {account.name} in the provider site printed "
+                           "no SLURM_JWT")
+    path = site.token_file(account.name)
+    write_if_changed(path, found.group(1) + "\n", 0o600)
+    return path
+
+
+def _mounted(path: Path) -> bool:
+    """Whether something is mounted at `path` here (a bind of a directory onto itself
+    included, which os.path.ismount cannot see)."""
+    with open("/proc/self/mountinfo") as handle:
+        points = {_unescape(line.split()[4]) for line in handle}
+    return str(path) in points
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _host(argv: list[str], what: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False,
+                          timeout=COMMAND_TIMEOUT_S)
+    if done.returncode != 0:
+        raise SandboxError(f"{what} failed: {(done.stderr or done.stdout).strip()}")
