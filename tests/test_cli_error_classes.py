@@ -61,6 +61,7 @@ CASES: dict[tuple[str, str], str] = {
     ("ckpt stats", RUN): f"--run {NO_RUN} --store pfs --key-file {{key}}",
     ("ckpt push", RUN): f"{{root}}/pfs --to off --run {NO_RUN} --key-file {{key}}",
     ("sync retry", RUN): f"{NO_RUN} --state {{root}}/sync.db",
+    ("federation runs assign", RUN): f"{NO_RUN} --owner bob",
     ("ckpt verify", STEP): "r@99 --store pfs --key-file {key}",
     ("ckpt pull", STEP): "r@99 --from pfs --to {root}/out --key-file {key}",
     ("ckpt promote", STEP): "r@99 --store pfs --key-file {key}",

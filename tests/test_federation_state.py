@@ -1,6 +1,6 @@
 """The federation state against a real SQLite file and a real etcd: the lifecycle's
 transitions table and the compare-and-set writes on both backends (the `state` fixture);
-on SQLite, the schema (version 4, private file) and the migrations from versions 1 to 3.
+on SQLite, the schema (version 5, private file) and the migrations from versions 1 to 4.
 What only etcd has (leadership, sealing, a member lost) is in test_federation_etcd.py."""
 
 from __future__ import annotations
@@ -505,13 +505,13 @@ def tables(path: Path) -> set[str]:
         db.close()
 
 
-def test_a_fresh_database_is_schema_version_4_in_wal_mode(sqlite_state: FederationState,
+def test_a_fresh_database_is_schema_version_5_in_wal_mode(sqlite_state: FederationState,
                                                            path: Path) -> None:
-    assert SCHEMA_VERSION == 4
-    assert user_version(path) == 4
+    assert SCHEMA_VERSION == 5
+    assert user_version(path) == 5
     assert sqlite_state.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert tables(path) == {"jobs", "incarnations", "leases", "tokens", "health",
-                            "bandwidth", "daemon", "incarnation_secrets"}
+                            "bandwidth", "daemon", "incarnation_secrets", "run_owners"}
 
 
 def test_the_file_and_its_directory_are_private_whatever_the_umask(tmp_path: Path) -> None:
@@ -551,7 +551,7 @@ def test_reopening_keeps_everything(path: Path) -> None:
         assert again.lease(NAME) == lease()
         assert again.health()[HOME].status is ClusterStatus.UP
         assert again.bandwidth_snapshot() == [{"source": "pfs", "mbps": 200}]
-        assert user_version(path) == 4
+        assert user_version(path) == 5
     finally:
         again.close()
 
@@ -559,13 +559,13 @@ def test_reopening_keeps_everything(path: Path) -> None:
 def test_a_newer_schema_is_refused(path: Path) -> None:
     FederationState(path).close()
     db = sqlite3.connect(path)
-    db.execute("PRAGMA user_version = 5")
+    db.execute("PRAGMA user_version = 6")
     db.close()
     with pytest.raises(FederationStateError, match="newer than this slurm-geo"):
         FederationState(path)
-    with pytest.raises(FederationStateError, match="schema version 5"):
+    with pytest.raises(FederationStateError, match="schema version 6"):
         FederationState(path, readonly=True)
-    assert user_version(path) == 5
+    assert user_version(path) == 6
 
 
 # --- migration from version 1 ------------------------------------------------------------------
@@ -688,7 +688,7 @@ def test_a_version_1_database_is_migrated_on_open(path: Path, version: int) -> N
         assert "meta" not in tables(path)
         assert "daemon" in tables(path)
         assert (migrated.owner, migrated.owner_env) == (None, {})  # never recorded
-        assert user_version(path) == 4
+        assert user_version(path) == 5
     finally:
         state.close()
 
@@ -877,13 +877,13 @@ def test_a_version_2_database_gains_owners_secrets_and_token_use_its_jobs_owned_
         found = state.identities.token_owner("v2-token")
         assert found is not None and found.used_restart is None
         assert state.identities.secret(NAME, 1) is None  # submitted before secrets
-        assert "incarnation_secrets" in tables(path) and user_version(path) == 4
+        assert "incarnation_secrets" in tables(path) and user_version(path) == 5
         state.add_job(job(logical_job="onprem-11", job_id=11, owner=Owner("bob", 2002, 2002)))
         assert state.job("onprem-11").owner == Owner("bob", 2002, 2002)
     finally:
         state.close()
     FederationState(path).close()  # opens again as it is
-    assert user_version(path) == 4
+    assert user_version(path) == 5
 
 
 def test_a_job_of_version_2_claims_the_owner_slurm_names_once(path: Path) -> None:
@@ -907,10 +907,34 @@ def test_a_version_3_database_keeps_its_owners_and_gains_secrets_and_token_use(
         owned = state.job(NAME)
         assert (owned.owner, owned.owner_env) == (Owner("alice", 2001, 2100),
                                                   {"LANG": "C.UTF-8"})
-        assert user_version(path) == 4 and "incarnation_secrets" in tables(path)
+        assert user_version(path) == 5 and "incarnation_secrets" in tables(path)
         assert state.identities.secret(NAME, 1) is None
         assert state.identities.use_token("v2-token", 0)  # unused until now: once
         assert not state.identities.use_token("v2-token", 0)
+    finally:
+        state.close()
+
+
+def test_a_version_4_database_gains_run_owners_and_keeps_its_jobs(path: Path) -> None:
+    """Version 5: the runs an admin gave to an owner (federation.runowners)."""
+    from slurm_geo.federation.model import RunOwner
+
+    state = FederationState(path)
+    state.add_job(job())
+    state.close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE run_owners")
+    db.execute("PRAGMA user_version = 4")
+    db.commit()
+    db.close()
+    with pytest.raises(FederationStateError, match="schema version 4"):
+        FederationState(path, readonly=True)  # a command waits for the daemon's migration
+    state = FederationState(path)
+    try:
+        assert user_version(path) == 5 and "run_owners" in tables(path)
+        assert state.job(NAME) == job() and state.identities.run_owner("r") is None
+        state.identities.assign_run(RunOwner("r", Owner("bob", 2002, 2002), "root", NOW))
+        assert state.identities.run_owner("r") is not None
     finally:
         state.close()
 

@@ -328,3 +328,48 @@ def federation_status(config: Path | None, as_json: bool) -> None:
         if kv is not None:
             kv.close()
     click.echo(json.dumps(found.to_json(), indent=2) if as_json else render(found))
+
+
+@federation.group("runs")
+def federation_runs() -> None:
+    """Runs of the federation and their owners: an admin's verbs."""
+
+
+@federation_runs.command("assign")
+@click.argument("run")
+@click.option("--owner", "user", required=True, metavar="USER",
+              help="The user whose jobs may name RUN and get its key from now on.")
+@click.option("--force", is_flag=True,
+              help="Take RUN from the owner it has now (an earlier assignment, or the owner "
+              "of the jobs that named it) and give it to USER; audited with both.")
+@click.option("--config", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def federation_runs_assign(run: str, user: str, force: bool, config: Path | None,
+                           as_json: bool) -> None:
+    """Give RUN, a run in a store that no job of the federation names (written by an
+    operator, an older slurm-geo, a job that never leased), to USER: from then on USER's
+    jobs, and no one else's, may name it, train on and get its key. Refused while a job
+    that names RUN is active, for a run that has an owner unless --force, for a run no
+    store holds and for a name that is no user who runs jobs. Admins only (root, the
+    daemons' service account: whoever reads the federation state and the master key).
+    Audited."""
+    from slurm_geo.exitcodes import ExitCode
+    from slurm_geo.federation.runowners import AssignRefused, assign
+    from slurm_geo.federation.runtime import build
+
+    if _asks_daemon(config) is not None:
+        raise AssignRefused("federation runs assign is an admin's command: run it as root or "
+                            "the daemons' service account, which read the federation state "
+                            "and the master key", ExitCode.NOT_OWNER)
+    federation = build(config, daemon=False)
+    answer = assign(federation, run, user, force, _who())
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+        return
+    if not answer["changed"]:
+        click.echo(f"run {run} already belongs to {user}; nothing changed")
+        return
+    taken = f", taken from {answer['previous_owner']}" if answer["previous_owner"] \
+        and answer["previous_owner"] != user else ""
+    click.echo(f"run {run} now belongs to {user}{taken}: their jobs may name it and get its "
+               "key (audited)")

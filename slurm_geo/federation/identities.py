@@ -18,7 +18,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 
-from slurm_geo.federation.model import token_digest
+from slurm_geo.federation.model import RunOwner, token_digest
 from slurm_geo.slurm.models import Owner
 from slurm_geo.sqlite_tx import immediate_transaction
 
@@ -108,6 +108,23 @@ class Identities:
                        (owner.user, owner.uid, owner.gid, json.dumps(environment),
                         logical_job))
 
+
+    def run_owner(self, run: str) -> RunOwner | None:
+        """The owner an admin gave `run` to (federation.runowners); None if none."""
+        with self._lock:
+            row = self._db.execute("SELECT run, owner_user, owner_uid, owner_gid, "
+                                   "assigned_by, assigned_at FROM run_owners WHERE run = ?",
+                                   (run,)).fetchone()
+        return None if row is None else RunOwner(row[0], Owner(row[1], row[2], row[3]),
+                                                 row[4], row[5])
+
+    def assign_run(self, assignment: RunOwner) -> None:
+        """Give a run to an owner (replacing an earlier assignment): an admin's act."""
+        o = assignment.owner
+        with self._lock, immediate_transaction(self._db) as db:
+            db.execute("INSERT OR REPLACE INTO run_owners VALUES (?,?,?,?,?,?)",
+                       (assignment.run, o.user, o.uid, o.gid, assignment.assigned_by,
+                        assignment.assigned_at))
 
     def learn_environment(self, logical_job: str, environment: dict[str, str]) -> None:
         """The owner's environment, for a job registered before slurmdbd had it (it

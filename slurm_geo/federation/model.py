@@ -195,6 +195,27 @@ class Incarnation:
 
 
 @dataclass(frozen=True)
+class RunOwner:
+    """An admin's assignment of `run` to `owner` (federation.runowners)."""
+
+    run: str
+    owner: Owner
+    assigned_by: str
+    assigned_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "owner": self.owner.user, "uid": self.owner.uid,
+                "gid": self.owner.gid, "assigned_by": self.assigned_by,
+                "assigned_at": self.assigned_at}
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> RunOwner:
+        return cls(str(record["run"]), Owner(str(record["owner"]), int(record["uid"]),
+                                             int(record["gid"])),
+                   str(record["assigned_by"]), float(record["assigned_at"]))
+
+
+@dataclass(frozen=True)
 class Lease:
     logical_job: str
     generation: int

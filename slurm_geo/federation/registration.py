@@ -28,7 +28,7 @@ from slurm_geo.daemon.events import event
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.federation.authn import Caller
 from slurm_geo.federation.lookups import SlurmLookups
-from slurm_geo.federation.model import JobStatus, LogicalJob
+from slurm_geo.federation.model import JobStatus, LogicalJob, RunOwner
 from slurm_geo.federation.owners import accepted_directives, owner_environment
 from slurm_geo.federation.resubmit import script_options
 from slurm_geo.federation.wiring import Wiring
@@ -64,24 +64,48 @@ class Found:
 
 
 def run_taken_by(others: list[LogicalJob], run: str, logical_job: str | None,
-                 uid: int | None, stored_in: str | None = None) -> str | None:
+                 uid: int | None, stored_in: str | None = None,
+                 assigned: RunOwner | None = None) -> str | None:
     """Why `run` may not be named by `logical_job` of `uid`, given every job that names
-    it (`others`) and the store that already holds something of it (`stored_in`: its key,
-    latest pointer or manifests; None: nothing anywhere); None when it may. Pure.
+    it (`others`), the store that already holds something of it (`stored_in`: its key,
+    latest pointer or manifests; None: nothing anywhere) and an admin's assignment of it
+    (`assigned`, federation.runowners); None when it may. Pure.
 
-    A run's recorded owner is the owner of the jobs of the federation that name it: a run
-    already in a store that no job names has none (written by an operator, an older
-    slurm-geo, a job that never leased), and nobody may take it over, its key included."""
+    A run's recorded owner is the owner an admin gave it to, else the owner of the jobs
+    of the federation that name it: a run already in a store that no job names has none
+    (written by an operator, an older slurm-geo, a job that never leased), and nobody may
+    take it over, its key included, until an admin gives it to someone."""
     for other in others:
         if other.logical_job == logical_job:
             continue
+        if other.status.is_final() and assigned is not None:
+            continue  # the admin's assignment decides whose the run is now
         if other.status.is_final() and uid is not None and other.owner is not None \
                 and other.owner.uid == uid:
             continue  # its owner continues the run in a new job
         return f"run {run} belongs to logical job {other.logical_job}"
+    if assigned is not None:
+        if uid is not None and uid == assigned.owner.uid:
+            return None
+        return (f"run {run} belongs to {assigned.owner.user} (given by an admin), not to "
+                f"uid {uid}")
     if not others and stored_in is not None:
         return (f"run {run} is already in store {stored_in} and no job of the federation "
                 "names it, so it has no recorded owner to continue it; name a new run")
+    return None
+
+
+def store_holding(wiring: Wiring, run: str) -> str | None:
+    """The first store (by name) that holds something of `run`: its key, latest pointer
+    or a manifest; None when none does. CannotCheck (503) if a store fails."""
+    for name, store in sorted(wiring.stores.items()):
+        try:
+            if store.exists(key_name(run)) or store.exists(latest_name(run)) \
+                    or store.list(manifest_prefix(run)):
+                return name
+        except CkptError as exc:
+            raise CannotCheck(f"cannot tell whether store {name} holds run {run}: "
+                              f"{exc}") from None
     return None
 
 
@@ -118,7 +142,7 @@ class Registrar:
             return
         check_run(run)
         taken = run_taken_by(self.wiring.state.find_by_run(run), run, logical_job, uid,
-                             stored_in)
+                             stored_in, self.wiring.state.identities.run_owner(run))
         if taken is not None:
             raise Forbidden(taken)
 
@@ -128,15 +152,7 @@ class Registrar:
         stored. Store reads: never under the lock. CannotCheck (503) if a store fails."""
         if not run or self.wiring.state.find_by_run(check_run(run)):
             return None
-        for name, store in sorted(self.wiring.stores.items()):
-            try:
-                if store.exists(key_name(run)) or store.exists(latest_name(run)) \
-                        or store.list(manifest_prefix(run)):
-                    return name
-            except CkptError as exc:
-                raise CannotCheck(f"cannot tell whether store {name} holds run {run}: "
-                                  f"{exc}") from None
-        return None
+        return store_holding(self.wiring, run)
 
     def admit_home(self, request: LeaseRequest, caller: Caller) -> None:
         """A MUNGE-authenticated request: for generation 0 of a home job the caller owns.

@@ -8,8 +8,10 @@ environment (`owner_env`); a job registered before has none until its owner's ne
 MUNGE-authenticated request proves it against Slurm's record (federation.identities), and
 is never submitted again without one (federation.mover). Version 4 added each
 incarnation's lease secret (`incarnation_secrets`) and whether a key token was used
-(`tokens.used_restart`). Opening an older database migrates it in one transaction, one
-small function per version.
+(`tokens.used_restart`). Version 5 added the runs an admin gave to an owner
+(`run_owners`, federation.runowners), a new table made with the others; a database of
+version 4 has none. Opening an older database migrates it in one transaction, one small
+function per version.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from slurm_geo.federation.model import FederationStateError, LeftHome
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _JOBS = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -82,6 +84,14 @@ CREATE TABLE IF NOT EXISTS incarnation_secrets (
     generation INTEGER NOT NULL,   -- its lease-protocol requests with (64 hex digits)
     secret TEXT NOT NULL,
     PRIMARY KEY (logical_job, generation)
+);
+CREATE TABLE IF NOT EXISTS run_owners (
+    run TEXT PRIMARY KEY,          -- a run an admin gave to an owner (runs assign)
+    owner_user TEXT NOT NULL,
+    owner_uid INTEGER NOT NULL,
+    owner_gid INTEGER NOT NULL,
+    assigned_by TEXT NOT NULL,
+    assigned_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS health (
     cluster TEXT PRIMARY KEY,

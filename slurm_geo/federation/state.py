@@ -7,8 +7,9 @@ changes and generation bumps are compare-and-set on what the writer last saw, so
 daemon, `slurm-geo cancel` and `slurm-geo approve` never overwrite each other.
 
 The schema and its migrations are in federation.schema (version 3: each job's owner and
-their allow-listed environment; version 4: incarnation secrets, used tokens); who is who
-(owners claimed, secrets, key tokens) in federation.identities.
+their allow-listed environment; version 4: incarnation secrets, used tokens; version 5:
+runs an admin gave to an owner); who is who (owners claimed, runs assigned, secrets, key
+tokens) in federation.identities.
 """
 
 from __future__ import annotations

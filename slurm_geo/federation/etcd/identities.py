@@ -17,7 +17,7 @@ from slurm_geo.federation.etcd.layout import Layout
 from slurm_geo.federation.etcd.leadership import WriteGuard
 from slurm_geo.federation.etcd.transaction import Transaction, write
 from slurm_geo.federation.identities import TokenOwner
-from slurm_geo.federation.model import LogicalJob, StaleJob, token_digest
+from slurm_geo.federation.model import LogicalJob, RunOwner, StaleJob, token_digest
 from slurm_geo.slurm.models import Owner
 
 
@@ -63,6 +63,16 @@ class EtcdIdentities:
         is never replaced."""
         change_job(self.kv, self.layout, self.leadership, logical_job, lambda job: replace(
             job, owner=owner, owner_env=environment) if job.owner is None else None)
+
+    def run_owner(self, run: str) -> RunOwner | None:
+        """The owner an admin gave `run` to (federation.runowners); None if none."""
+        found = self.kv.get(self.layout.run_owner(run))
+        return None if found is None else RunOwner.from_json(records.loads(found.value))
+
+    def assign_run(self, assignment: RunOwner) -> None:
+        """Give a run to an owner (replacing an earlier assignment): an admin's act."""
+        key = self.layout.run_owner(assignment.run)
+        write(self.kv, self.leadership, lambda tx: tx.put(key, assignment.to_json()))
 
     def learn_environment(self, logical_job: str, environment: dict[str, str]) -> None:
         """The owner's environment, for a job registered before slurmdbd had it (it

@@ -70,6 +70,9 @@ class Layout:
     def secret(self, logical_job: str, generation: int) -> str:
         return f"{self.prefix}/secrets/{component(logical_job)}/{generation:010d}"
 
+    def run_owner(self, run: str) -> str:
+        return f"{self.prefix}/run-owners/{component(run)}"
+
     def health(self, cluster: str) -> str:
         return f"{self.healths}{component(cluster)}"
 

@@ -1,0 +1,181 @@
+"""An admin gives a run that no job names to an owner (`slurm-geo federation runs assign`,
+federation.runowners; issue 28, finding 7): the decision's table, the record on both
+state backends, and the lease path of the daemon: before, nobody may claim the run nor
+get its key; after, the named owner's job does and everyone else's is still refused."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from slurm_geo.exitcodes import ExitCode
+from slurm_geo.federation.model import JobStatus, RunOwner
+from slurm_geo.federation.registration import run_taken_by
+from slurm_geo.federation.runowners import AssignRefused, assign, assign_refusal
+from slurm_geo.slurm import Owner
+from tests.test_federation_authn import operator_run
+from tests.test_federation_daemon import BOB as DAEMON_BOB
+from tests.test_federation_daemon import Site
+from tests.test_federation_state import job, path, sqlite_state, state  # noqa: F401
+
+ALICE, BOB = Owner("alice", 2001, 2001), Owner("bob", 2002, 2002)
+
+
+def _job(name: str, status: JobStatus, owner: Owner | None):
+    return replace(job(), logical_job=name, status=status, owner=owner)
+
+
+GIVEN_TO_ALICE = RunOwner("r", ALICE, "root", 1.0)
+
+
+@pytest.mark.parametrize("jobs, assigned, stored_in, to, force, code", [
+    ([], None, "pfs", BOB, False, None),                # in a store, nobody's: given
+    ([], None, None, BOB, False, ExitCode.OBJECT_MISSING),  # nothing to give
+    ([], GIVEN_TO_ALICE, "pfs", BOB, False, ExitCode.FEDERATION_STATE),  # alice's already
+    ([], GIVEN_TO_ALICE, "pfs", BOB, True, None),       # --force
+    ([], GIVEN_TO_ALICE, "pfs", ALICE, False, None),    # hers again: nothing to refuse
+    ([_job("onprem-1", JobStatus.COMPLETED, ALICE)], None, None, BOB, False,
+     ExitCode.FEDERATION_STATE),                        # owned by its jobs' owner
+    ([_job("onprem-1", JobStatus.COMPLETED, ALICE)], None, None, BOB, True, None),
+    ([_job("onprem-1", JobStatus.RUNNING, ALICE)], None, None, BOB, True,
+     ExitCode.NOT_ACTIONABLE),                          # in use: never, even forced
+    ([_job("onprem-1", JobStatus.FAILED, None)], None, None, BOB, False, None),  # no owner
+])
+def test_when_a_run_may_be_given_to_an_owner(jobs, assigned, stored_in, to, force, code):
+    refused = assign_refusal("r", jobs, assigned, stored_in, to, force)
+    if code is None:
+        assert refused is None
+        return
+    assert isinstance(refused, AssignRefused) and refused.exit_code == code
+    assert "\n" not in str(refused) and "run r" in str(refused)
+
+
+@pytest.mark.parametrize("others, uid, assigned, taken", [
+    ([], 2002, RunOwner("r", BOB, "root", 1.0), False),    # stored, given to bob: his
+    ([], 2001, RunOwner("r", BOB, "root", 1.0), True),     # not alice's
+    ([], None, RunOwner("r", BOB, "root", 1.0), True),     # an unknown uid: nobody's
+    # Taken from alice's finished job and given to bob: her new job is refused.
+    ([_job("onprem-1", JobStatus.COMPLETED, ALICE)], 2002, RunOwner("r", BOB, "root", 1.0),
+     False),
+    ([_job("onprem-1", JobStatus.COMPLETED, ALICE)], 2001, RunOwner("r", BOB, "root", 1.0),
+     True),
+    ([_job("onprem-1", JobStatus.RUNNING, BOB)], 2002, RunOwner("r", BOB, "root", 1.0),
+     True),                                              # still one active job per run
+])
+def test_an_assignment_decides_who_may_name_the_run(others, uid, assigned, taken):
+    reason = run_taken_by(others, "r", "onprem-9", uid, "pfs", assigned)
+    assert (reason is not None) is taken
+
+
+def test_an_assignment_is_kept_and_replaced_on_both_backends(state) -> None:  # noqa: F811
+    assert state.identities.run_owner("r") is None
+    state.identities.assign_run(RunOwner("r", ALICE, "root", 5.0))
+    assert state.identities.run_owner("r") == RunOwner("r", ALICE, "root", 5.0)
+    state.identities.assign_run(RunOwner("r", BOB, "slurm-geo", 6.0))  # --force
+    assert state.identities.run_owner("r") == RunOwner("r", BOB, "slurm-geo", 6.0)
+    assert state.identities.run_owner("other") is None
+
+
+# --- the daemon's lease path -----------------------------------------------------------------
+
+@pytest.fixture
+def site(tmp_path) -> Site:
+    return Site(tmp_path)
+
+
+def bobs_job(site: Site) -> int:
+    job_id = site.submit_home(owner=DAEMON_BOB, failover=None)
+    site.start_home(job_id)
+    return job_id
+
+
+def test_a_run_given_to_bob_is_his_jobs_and_no_one_elses(site):
+    run = operator_run(site)
+    bob = bobs_job(site)
+    assert site.lease_reply("onprem", bob, run=run, as_user="bob").status == 403
+    answer = assign(site.federation, run, "bob", False, "root")
+    assert answer == {"run": run, "owner": "bob", "uid": 2002, "previous_owner": None,
+                      "assigned_by": "root", "changed": True}
+    (entry,) = [e for e in site.federation.audit.entries() if e.kind == "assign"]
+    assert entry.detail["owner"] == "bob" and entry.detail["forced"] is False
+    assert site.lease("onprem", bob, run=run, as_user="bob")["verdict"] == "grant"
+    key = site.key("onprem", bob, as_user="bob")
+    assert key.status == 200 and "data_key" in key.body
+    # Alice's job naming it is refused, and gets no key.
+    alices = site.submit_home(failover=None)
+    site.start_home(alices)
+    refused = site.lease_reply("onprem", alices, run=run)
+    assert refused.status == 403, refused.body
+    assert site.key("onprem", alices).status in (403, 409)
+    # While bob's job holds it, not even --force gives it away.
+    with pytest.raises(AssignRefused) as busy:
+        assign(site.federation, run, "alice", True, "root")
+    assert busy.value.exit_code == ExitCode.NOT_ACTIONABLE
+
+
+def test_a_given_run_is_taken_only_with_force_and_audited(site):
+    run = operator_run(site)
+    assign(site.federation, run, "alice", False, "root")
+    assert assign(site.federation, run, "alice", False, "root")["changed"] is False
+    with pytest.raises(AssignRefused, match="belongs to alice") as owned:
+        assign(site.federation, run, "bob", False, "root")
+    assert owned.value.exit_code == ExitCode.FEDERATION_STATE
+    answer = assign(site.federation, run, "bob", True, "root (sudo by carol)")
+    assert (answer["previous_owner"], answer["changed"]) == ("alice", True)
+    forced = [e for e in site.federation.audit.entries() if e.kind == "assign"][-1]
+    assert forced.detail["forced"] is True and forced.detail["previous_owner"] == "alice"
+    assert "taken from alice" in forced.what
+    assert site.federation.state.identities.run_owner(run).owner.user == "bob"
+
+
+@pytest.mark.parametrize("user, run, code", [
+    ("no-such-user-x", "operator-run", ExitCode.USAGE),
+    ("root", "operator-run", ExitCode.USAGE),            # a system account runs no jobs
+    ("bob", "never-stored", ExitCode.OBJECT_MISSING),
+    ("bob", "../etc", ExitCode.UNSAFE_NAME),
+])
+def test_a_bad_owner_or_run_is_one_line_and_changes_nothing(site, user, run, code):
+    operator_run(site)
+    before = site.federation.audit.entries()
+    with pytest.raises(AssignRefused) as refused:
+        assign(site.federation, run, user, False, "root")
+    assert refused.value.exit_code == code and "\n" not in str(refused.value)
+    assert site.federation.state.identities.run_owner(run.strip("./")) is None
+    assert site.federation.audit.entries() == before
+
+
+# --- the command ---------------------------------------------------------------------------
+
+def test_the_admins_command_gives_run_r_and_says_so(monkeypatch, capsys, tmp_path_factory):
+    """`slurm-geo federation runs assign` through the real entry point, on a SQLite state
+    and file stores (tests/test_cli_error_classes.py's site: run r in pfs, no job names
+    it): --json, a refusal without --force, an unknown user, a user who is no admin."""
+    import json
+
+    from tests.test_cli_error_classes import run_cli
+    from tests.test_cli_error_classes import site as cli_site
+
+    site = cli_site.__wrapped__(tmp_path_factory)  # type: ignore[attr-defined]
+    code, out, err = run_cli(["federation", "runs", "assign", "r", "--owner", "bob",
+                              "--json"], monkeypatch, capsys, site)
+    assert code == 0, err
+    assert json.loads(out) | {"assigned_by": "-"} == {
+        "run": "r", "owner": "bob", "uid": 2002, "previous_owner": None,
+        "assigned_by": "-", "changed": True}
+    for argv, expected, says in [
+        (["--owner", "alice"], ExitCode.FEDERATION_STATE, "belongs to bob"),
+        (["--owner", "no-such-user-x"], ExitCode.USAGE, "no such user"),
+    ]:
+        code, out, err = run_cli(["federation", "runs", "assign", "r", *argv], monkeypatch,
+                                 capsys, site)
+        assert code == expected and out == "", err
+        assert err.count("\n") == 1 and err.startswith("slurm-geo: error: ") and says in err
+    code, out, _ = run_cli(["federation", "runs", "assign", "r", "--owner", "alice",
+                            "--force"], monkeypatch, capsys, site)
+    assert code == 0 and "now belongs to alice, taken from bob" in out
+    # Whoever cannot read the master key is no admin: one line, exit 47, nothing changed.
+    monkeypatch.setattr("slurm_geo.federation.ownerclient.can_read_key", lambda _key: False)
+    code, out, err = run_cli(["federation", "runs", "assign", "r", "--owner", "bob",
+                              "--force"], monkeypatch, capsys, site)
+    assert code == ExitCode.NOT_OWNER and "admin's command" in err and err.count("\n") == 1
