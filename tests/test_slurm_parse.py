@@ -229,18 +229,26 @@ def test_sbatch_arguments_never_name_a_uid_and_export_sbatchs_own_environment():
     assert not [a for a in owned if a.startswith(("--uid", "--gid"))]
 
 
-@pytest.mark.parametrize("version, env, nodes, limit", [
-    ("0.0.38", {"PATH": "/usr/local/bin:/usr/bin:/bin"}, [1, 1], 30),
-    ("0.0.39", {"PATH": "/usr/local/bin:/usr/bin:/bin"}, [1, 1], 30),
-    ("0.0.40", ["PATH=/usr/local/bin:/usr/bin:/bin"], "1", wrapped(30)),
-    ("0.0.42", ["PATH=/usr/local/bin:/usr/bin:/bin"], "1", wrapped(30)),
+# 0.0.40 and later have no `signal` (slurmrestd 26.05 ignores it with a warning, recorded
+# in tests/data/slurmrestd-26.05/*/submit-unknown-field.json): kill_warning_* instead.
+KILL_WARNING = {"kill_warning_signal": "USR1", "kill_warning_flags": ["BATCH_JOB"],
+                "kill_warning_delay": {"set": True, "infinite": False, "number": 90}}
+
+
+@pytest.mark.parametrize("version, env, nodes, limit, signal", [
+    ("0.0.38", {"PATH": "/usr/local/bin:/usr/bin:/bin"}, [1, 1], 30, {"signal": "B:USR1@90"}),
+    ("0.0.39", {"PATH": "/usr/local/bin:/usr/bin:/bin"}, [1, 1], 30, {"signal": "B:USR1@90"}),
+    ("0.0.40", ["PATH=/usr/local/bin:/usr/bin:/bin"], "1", wrapped(30), KILL_WARNING),
+    ("0.0.42", ["PATH=/usr/local/bin:/usr/bin:/bin"], "1", wrapped(30), KILL_WARNING),
+    ("0.0.45", ["PATH=/usr/local/bin:/usr/bin:/bin"], "1", wrapped(30), KILL_WARNING),
 ])
-def test_job_properties_follow_the_api_version(version, env, nodes, limit):
+def test_job_properties_follow_the_api_version(version, env, nodes, limit, signal):
     props = job_properties(HOSTILE, version)
     assert props["environment"] == env
     assert props["nodes"] == nodes
     assert props["time_limit"] == limit
-    assert props["signal"] == "B:USR1@90" and props["requeue"] is True and props["hold"] is True
+    assert {k: v for k, v in props.items() if "signal" in k or "kill_warning" in k} == signal
+    assert props["requeue"] is True and props["hold"] is True
     assert props["name"] == HOSTILE.name
 
 
@@ -248,6 +256,10 @@ def test_job_properties_follow_the_api_version(version, env, nodes, limit):
     (["/slurm/v0.0.38/ping", "/slurmdb/v0.0.38/jobs"], "0.0.38"),
     (["/slurm/v0.0.40/ping", "/slurm/v0.0.41/ping", "/slurm/v0.0.42/ping"], "0.0.42"),
     (["/slurm/v0.0.42/ping", "/slurm/v0.0.99/ping"], "0.0.42"),
+    # Slurm 26.05: 0.0.42-0.0.45, the newest wins.
+    (["/slurm/v0.0.42/ping", "/slurm/v0.0.43/ping", "/slurm/v0.0.44/ping",
+      "/slurm/v0.0.45/ping"], "0.0.45"),
+    (["/slurm/v0.0.43/ping", "/slurm/v0.0.44/ping", "/slurm/v0.0.46/ping"], "0.0.44"),
 ])
 def test_choose_api_version(paths, expected):
     assert choose_api_version(paths) == expected

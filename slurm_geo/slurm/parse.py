@@ -58,7 +58,18 @@ def job_state(value: Any) -> JobState:
 
 
 def errors(doc: Json) -> list[Json]:
-    return [e for e in doc.get("errors") or [] if isinstance(e, dict)]
+    """The answer's errors, with each failed job of a per-job `status` list as one: v0.0.40+
+    answer DELETE /job/{id} of an unknown job with HTTP 200, no `errors` and the error in
+    status[].error ({"code": 2017, "message": ...})."""
+    found = [e for e in doc.get("errors") or [] if isinstance(e, dict)]
+    statuses = doc.get("status")
+    for entry in statuses if isinstance(statuses, list) else []:
+        failure = entry.get("error") if isinstance(entry, dict) else None
+        if isinstance(failure, dict) and number(failure.get("code")):
+            found.append({"error_number": number(failure.get("code")),
+                          "error": failure.get("message") or failure.get("string") or "",
+                          "description": f"job {entry.get('step_id') or '?'}"})
+    return found
 
 
 def error_text(doc: Json) -> str:

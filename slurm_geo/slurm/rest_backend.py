@@ -64,8 +64,16 @@ from slurm_geo.slurm.rest_tls import certificate_fix, certificate_problem, check
 from slurm_geo.slurm.windows import STATE_FILTER, one_per_incarnation
 
 # OpenAPI versions whose shapes `parse` reads, newest first. 0.0.38: Slurm 22.05;
-# 0.0.39: 23.02; 0.0.40+: 23.11 and later.
-SUPPORTED_API_VERSIONS = ("0.0.42", "0.0.41", "0.0.40", "0.0.39", "0.0.38")
+# 0.0.39: 23.02; 0.0.40+: 23.11 and later; 26.05 serves 0.0.42-0.0.45 (their replies,
+# recorded from it, are tests/data/slurmrestd-26.05).
+SUPPORTED_API_VERSIONS = ("0.0.45", "0.0.44", "0.0.43", "0.0.42", "0.0.41", "0.0.40",
+                          "0.0.39", "0.0.38")
+# GET /slurm/vX/job/{id}/requeue: new in 0.0.45 (Slurm 26.05).
+REQUEUE_SINCE = "0.0.45"
+# sbatch --signal=[{R|B}:]<sig>[@<seconds>]; Slurm's default warning time is 60 s.
+SIGNAL_SPEC = re.compile(r"^(?:(?P<where>[RB]+):)?(?P<sig>[A-Za-z0-9]+)(?:@(?P<delay>\d+))?$")
+SIGNAL_FLAGS = {"B": "BATCH_JOB", "R": "RESERVATION_JOB"}
+DEFAULT_SIGNAL_DELAY_S = 60
 JOB_NOT_FOUND = 2017  # ESLURM_INVALID_JOB_ID
 UNREACHABLE_MARKERS = ("Unable to contact slurm controller", "Socket timed out",
                        "Communication connection failure", "Connection refused")
@@ -73,6 +81,9 @@ UNREACHABLE_MARKERS = ("Unable to contact slurm controller", "Socket timed out",
 # ESLURM_AUTH_CRED_INVALID (both); 6001 ESLURM_AUTH_EXPIRED (24.11); 6006
 # ESLURM_AUTH_INVALID (22.05); 6007 ESLURM_AUTH_UNPACK (both).
 TOKEN_ERRORS = frozenset({1007, 6000, 6001, 6006, 6007})
+# 26.05's slurmrestd answers a request slurmctld refused the JWT of with 511 (Network
+# Authentication Required), with or without error 1007 (tests/data/slurmrestd-26.05).
+TOKEN_HTTP_STATUSES = (401, 403, 511)
 TOKEN_MARKERS = ("protocol authentication error", "authentication credential")  # lower case
 # 7000 ESLURM_DB_CONNECTION, 7001 ESLURM_DB_CONNECTION_INVALID: slurmrestd could not open
 # slurmdbd for this request.
@@ -93,7 +104,7 @@ class RestLogin:
 
 def token_problem(status: int, doc: dict[str, Any]) -> str:
     """Why slurmrestd's answer is a refused token ('' if it is not one). Pure."""
-    if status in (401, 403):
+    if status in TOKEN_HTTP_STATUSES:
         return f"HTTP {status} from slurmrestd"
     codes = sorted(code for e in parse.errors(doc)
                    if (code := parse.number(e.get("error_number") or e.get("error_code")))
@@ -160,7 +171,9 @@ def job_properties(spec: JobSpec, api_version: str) -> dict[str, Any]:
     if spec.requeue is not None:
         props["requeue"] = spec.requeue
     if spec.signal:
-        props["signal"] = spec.signal
+        # 0.0.40 and later have no `signal`: they ignore it with a warning and the job
+        # would run without its warning signal.
+        props.update(kill_warning(spec.signal) if modern else {"signal": spec.signal})
     if spec.output:
         props["standard_output"] = spec.output
     if spec.hold:
@@ -168,6 +181,29 @@ def job_properties(spec: JobSpec, api_version: str) -> dict[str, Any]:
     if spec.comment:
         props["comment"] = spec.comment
     return props
+
+
+def kill_warning(signal: str) -> dict[str, Any]:
+    """sbatch's --signal as the job description's kill_warning_* fields (v0.0.40+). Pure."""
+    found = SIGNAL_SPEC.match(signal)
+    if not found:
+        raise ValueError(f"signal {signal!r} is not [{{R|B}}:]<sig>[@<seconds>]")
+    delay = int(found["delay"]) if found["delay"] else DEFAULT_SIGNAL_DELAY_S
+    fields: dict[str, Any] = {
+        "kill_warning_signal": found["sig"],
+        "kill_warning_delay": {"set": True, "infinite": False, "number": delay},
+    }
+    flags = [SIGNAL_FLAGS[letter] for letter in found["where"] or ""]
+    if flags:
+        fields["kill_warning_flags"] = flags
+    return fields
+
+
+def api_at_least(version: str, since: str) -> bool:
+    """Whether API `version` is `since` or newer ('0.0.45' > '0.0.9'). Pure."""
+    def key(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split("."))
+    return key(version) >= key(since)
 
 
 def estimate_start(
@@ -266,10 +302,14 @@ class RestSlurmClient(SlurmClient):
         self._call("DELETE", "slurm", f"job/{job_id}", "cancel", job_id=job_id)
 
     def requeue(self, job_id: int) -> None:
+        if api_at_least(self.api_version, REQUEUE_SINCE):
+            self._call("GET", "slurm", f"job/{job_id}/requeue", "requeue", job_id=job_id)
+            return
         raise SlurmRejected(
             self.cluster, "requeue",
-            f"slurmrestd (API v{self.api_version}) has no requeue operation; submit jobs "
-            "with requeue=True so Slurm requeues them itself, or resubmit",
+            f"slurmrestd (API v{self.api_version}) has no requeue operation (v{REQUEUE_SINCE}, "
+            "Slurm 26.05, has); submit jobs with requeue=True so Slurm requeues them itself, "
+            "or resubmit",
         )
 
     def batch_script(self, job_id: int) -> str:
@@ -302,9 +342,27 @@ class RestSlurmClient(SlurmClient):
         began = time.monotonic()
         doc = self._call("GET", "slurm", "ping", "ping")
         if not parse.ping_is_up_json(doc):
+            self._why_ping_down(doc)
             raise ControllerUnreachable(self.cluster, "slurmrestd reports slurmctld DOWN",
                                         self.timeout_s)
         return time.monotonic() - began
+
+    def _why_ping_down(self, doc: dict[str, Any]) -> None:
+        """Raise TokenRejected when slurmctld answered the ping "down" because it refused
+        the token: 26.05's slurmrestd answers HTTP 200 with `responding: false` either way
+        (v0.0.45 names it in the ping's `status`; v0.0.42-44 say only DOWN). Another call
+        with the same token, which names error 1007 then, tells the two apart."""
+        status = " ".join(str(p.get("status") or "") for p in doc.get("pings") or []
+                          if isinstance(p, dict))
+        if any(marker in status.lower() for marker in TOKEN_MARKERS):
+            raise TokenRejected(self.cluster, "ping", self.user, self.token_file, status)
+        if api_at_least(self.api_version, "0.0.40"):
+            try:
+                self._call("GET", "slurm", "partitions", "ping")
+            except TokenRejected:
+                raise
+            except SlurmError:
+                pass  # the outage the ping said
 
     def nodes(self) -> list[NodeInfo]:
         return parse.nodes(self._call("GET", "slurm", "nodes", "list nodes"))
@@ -425,7 +483,7 @@ class RestSlurmClient(SlurmClient):
 
     def _get_json(self, url: str, action: str) -> dict[str, Any]:
         response = self._send("GET", url, self.login)
-        if response.status_code in (401, 403):
+        if response.status_code in TOKEN_HTTP_STATUSES:
             raise TokenRejected(self.cluster, action, self.user, self.token_file,
                                 f"HTTP {response.status_code} from slurmrestd")
         if response.status_code >= 400:
