@@ -194,7 +194,7 @@ class FakeFederated:
     `resume_step`."""
 
     def __init__(self, store: str, key_file: str, *, fence_at: int = 0, release_at: int = 0,
-                 resume_step: int | None = None):
+                 resume_step: int | None = None, store_env: dict[str, str] | None = None):
         from slurm_geo.lease.client import Placement
 
         self.placement = Placement(RUN, "rented", 7, 0, 1, resume_step, "", store, "",
@@ -203,16 +203,20 @@ class FakeFederated:
         self.fence_at, self.release_at, self.checks = fence_at, release_at, 0
         self.release_requested = False
         self.reported: list[int] = []
+        # The run's own S3 key, as the daemon sends it with the run key to an incarnation
+        # submitted before its job named a run: rank 0 passes it on.
+        self.store_env = dict(store_env or {})
 
     def acquire(self) -> None:
         pass
 
-    def run_key(self) -> tuple[str, bytes]:
+    def run_key(self) -> tuple[str, Any]:
         from slurm_geo.ckpt import LocalDirStore, load_master_key
-        from slurm_geo.ckpt.runkey import unwrap_run_key
+        from slurm_geo.ckpt.runkey import unwrap_run_keys
 
         store = LocalDirStore(Path(self.store.removeprefix("file://")))
-        return RUN, unwrap_run_key(store, load_master_key(Path(self.key_file)), RUN)
+        os.environ.update(self.store_env)  # only rank 0 asks, as FederatedRun.run_key does
+        return RUN, unwrap_run_keys(store, load_master_key(Path(self.key_file)), RUN)
 
     def wait_for_lease(self) -> None:
         from slurm_geo.lease.client import Fenced
@@ -241,7 +245,8 @@ def ranked_steps(rank: int, world: int, store: str, key_file: str,
     for scenario in scenarios:
         federated = FakeFederated(store, key_file, fence_at=scenario.get("fence_at", 0),
                                   release_at=scenario.get("release_at", 0),
-                                  resume_step=scenario.get("resume_step"))
+                                  resume_step=scenario.get("resume_step"),
+                                  store_env=scenario.get("store_env"))
         ranked = RankedRun(federated)  # type: ignore[arg-type]
         ranked.acquire()
         verdicts = [ranked.step_verdict(rank == scenario.get("stop_rank")
@@ -254,7 +259,9 @@ def ranked_steps(rank: int, world: int, store: str, key_file: str,
                                       world, True), "trainer": {"step": -1, "note": ""}}
             resumed = ranked.resume(state)
             assert state["trainer"]["step"] == resumed
-        results.append({"verdicts": verdicts, "key": ranked._run_key().hex(),
+        results.append({"verdicts": verdicts,
+                        "keys": [k.hex() for k in ranked._run_key().data_keys],
+                        "store_key": os.environ.get("AWS_SECRET_ACCESS_KEY"),
                         "resumed": resumed})
     report(Path(out), rank, results=results)
 

@@ -393,7 +393,7 @@ def test_packs_of_format_2_checkpoints_stay_shared_and_new_ones_go_under_the_run
 
 
 def _plain_blob(store: LocalDirStore, repo: Repository, ref) -> bytes:
-    keys = repo._keys(RUN)  # noqa: SLF001  # a test looking inside a pack
+    keys = repo._keys(RUN).current  # noqa: SLF001  # a test looking inside a pack
     (name,) = [n for n in stored_packs(store) if n.endswith(ref.pack)]
     reader = PackReader(keys.data_key, "p", store.get(name))
     return reader.blob(Entry(bytes.fromhex(ref.id), ref.offset, ref.length))

@@ -95,7 +95,7 @@ def test_the_run_key_goes_only_to_the_current_generation_with_its_token(service)
         wrong.repository()
     repository = run.repository()
     assert repository.steps("run-a") == []
-    assert repository._run_keys["run-a"].data_key == data_key
+    assert repository._keys("run-a").current.data_key == data_key
     with pytest.raises(Fenced, match="released the key already"):
         run.repository()  # the token works once
     federation.state.begin_generation("onprem-5", 1, "onprem", None, time.time())

@@ -9,6 +9,7 @@ import hmac
 
 import pytest
 
+from slurm_geo.ckpt.keys import RunKeyRing
 from slurm_geo.lease.protocol import (
     HEADER_INCARNATION,
     HEADER_MUNGE,
@@ -172,9 +173,9 @@ def test_a_key_request_may_ask_for_the_runs_store_key_and_the_reply_carries_only
     assert KeyRequest.from_json(asked.to_json()).store_credentials is True
     plain = asked.to_json() | {"store_credentials": "yes"}
     assert KeyRequest.from_json(plain).store_credentials is False  # only a JSON true asks
-    reply = KeyReply("run-a", b"\x01" * 32, {"AWS_ACCESS_KEY_ID": "k",
-                                              "AWS_SECRET_ACCESS_KEY": "s"})
+    reply = KeyReply("run-a", RunKeyRing.of(b"\x01" * 32),
+                     {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"})
     assert KeyReply.from_json(reply.to_json()) == reply
-    assert "store_env" not in KeyReply("run-a", b"\x01" * 32).to_json()
+    assert "store_env" not in KeyReply("run-a", RunKeyRing.of(b"\x01" * 32)).to_json()
     with pytest.raises(ValueError):
         KeyReply.from_json({"run": "r", "data_key": "01", "store_env": {"LD_PRELOAD": "x"}})

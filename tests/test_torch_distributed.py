@@ -35,6 +35,7 @@ from dcp_ranks import (
 from slurm_geo.ckpt import LocalDirStore, Repository, create_master_key_file, load_master_key
 from slurm_geo.ckpt.manifest import SHARDED_FORMAT
 from slurm_geo.ckpt.names import manifest_name
+from slurm_geo.ckpt.runkey import rotate_run_keys
 from tests.helpers import pack_files
 
 pytestmark = pytest.mark.slow
@@ -254,15 +255,20 @@ SCENARIOS = [  # (what happens, the verdicts every rank must see first)
     ({"stop_rank": 2, "stop_at": 3}, ["TRAIN", "TRAIN", "STOP"]),
     ({"fence_at": 4}, ["TRAIN", "TRAIN", "TRAIN", "FENCED"]),
     ({"release_at": 2, "stop_rank": 3, "stop_at": 5}, ["TRAIN", "RELEASE"]),
+    ({"store_env": {"AWS_ACCESS_KEY_ID": "run-a-key", "AWS_SECRET_ACCESS_KEY": "s3cret"}},
+     ["TRAIN"]),
 ]
 
 
 @SRUN_ONLY
 def test_a_stop_a_release_or_a_fence_reaches_every_rank_at_the_same_step(ranks, site):
     """The verdict of each step is the same on every rank, whichever rank (or rank 0's
-    lease) caused it; and every rank holds the run key rank 0 got."""
+    lease) caused it; and every rank holds the run's key ring rank 0 got (here rotated
+    once: two keys), and the run's store key when the daemon sent one with it."""
     store, key_file, repository = site
     repository.create_run_key(RUN)
+    rotate_run_keys(repository, RUN)
+    ring = [k.hex() for k in repository.run_keys(RUN).data_keys]
     ranks.hand_over(Path(store.removeprefix("file://")))
     out = ranks.subdirectory("verdicts")
     ranks.launch(4, ranked_steps, store, key_file, [s for s, _ in SCENARIOS], str(out))
@@ -272,7 +278,8 @@ def test_a_stop_a_release_or_a_fence_reaches_every_rank_at_the_same_step(ranks, 
         firsts = {rank: r["results"][index]["verdicts"][:len(expected)]
                   for rank, r in seen.items()}
         assert all(first == expected for first in firsts.values()), (index, firsts)
-        assert len({r["results"][index]["key"] for r in seen.values()}) == 1
+        assert all(r["results"][index]["keys"] == ring for r in seen.values())
+    assert {r["results"][3]["store_key"] for r in seen.values()} == {"s3cret"}
 
 
 @SRUN_ONLY

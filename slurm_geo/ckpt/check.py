@@ -123,6 +123,7 @@ class _Use(NamedTuple):
     run: str
     format: int
     ref: ChunkRef
+    key: bytes | None  # the fingerprint of the run key its manifest (and pack) is under
 
 
 class _Inventory:
@@ -141,7 +142,7 @@ class _Inventory:
         for ref in with_bases(manifest.refs()):
             name = manifest.pack_object(ref.pack)
             self.pack_order.setdefault(name)
-            self.uses[name].add(_Use(manifest.run, manifest.format, ref))
+            self.uses[name].add(_Use(manifest.run, manifest.format, ref, manifest.key))
             self.needed_by[name].add(where)
 
     def found(self, name: str, error: CkptError, checkpoints: Iterable[str]) -> None:
@@ -291,14 +292,16 @@ def _read_packs(repository: Repository, store: Store, chosen: list[str],
     """Each chosen pack (by object name) read once, on `workers` threads, a few packs in
     flight; `on_read(name)` as each one is done with. `local`: the local store `store` wraps,
     if it is one, from which delta bases are read by ranges."""
-    readers: dict[tuple[str, int], ChunkReader] = {}
-    last_use: dict[tuple[str, int], int] = {}
+    readers: dict[tuple[str, int, bytes | None], ChunkReader] = {}
+    last_use: dict[tuple[str, int, bytes | None], int] = {}
     for index, name in enumerate(chosen):
         for use in inventory.uses[name]:
-            key = (use.run, use.format)
+            key = (use.run, use.format, use.key)
             if key not in readers:
-                readers[key] = ChunkReader(store, repository.run_keys(use.run), use.format,
-                                           use.run, CHECK_CACHED_PACKS, ranges_from=local)
+                ring = repository.run_keys(use.run)
+                keys = ring.current if use.key is None else ring.sealed_under(use.key, name)
+                readers[key] = ChunkReader(store, keys, use.format, use.run,
+                                           CHECK_CACHED_PACKS, ranges_from=local)
             last_use[key] = index
 
     def check(name: str) -> list[CkptError]:
@@ -308,9 +311,9 @@ def _read_packs(repository: Repository, store: Store, chosen: list[str],
             raise
         except CkptError as exc:
             return [exc]
-        by_reader: dict[tuple[str, int], list[ChunkRef]] = defaultdict(list)
+        by_reader: dict[tuple[str, int, bytes | None], list[ChunkRef]] = defaultdict(list)
         for use in inventory.uses[name]:
-            by_reader[(use.run, use.format)].append(use.ref)
+            by_reader[(use.run, use.format, use.key)].append(use.ref)
         faults = []
         for key, refs in by_reader.items():
             faults += readers[key].check_pack(_pack_id(name), data,

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from slurm_geo.atomic import write_if_changed
-from slurm_geo.ckpt.errors import KeyFileError
+from slurm_geo.ckpt.errors import CorruptObject, KeyFileError, WrongKey
 
 KEY_SIZE = 32
 SALT_SIZE = 16
@@ -88,6 +88,85 @@ class RunKeys:
             raise ValueError(f"a data key is {KEY_SIZE} bytes, not {len(self.data_key)}")
         object.__setattr__(self, "id_key", derive_key(self.data_key, None, INFO_CHUNK_ID))
         object.__setattr__(self, "fingerprint", fingerprint(self.data_key))
+
+
+# A run rotates its data key when it leaves a rented cluster (docs/format.md §4.2): a
+# handful of times in its life. The ring keeps every key its checkpoints may be sealed under.
+MAX_RUN_KEYS = 64
+
+
+@dataclass(frozen=True)
+class RunKeyRing:
+    """A run's data keys (docs/format.md §4.2): the one new objects are sealed under first,
+    then the ones it replaced, newest first, under which older checkpoints stay readable.
+    `keys/<run>` holds their concatenation: one key (32 bytes) until the first rotation."""
+
+    keys: tuple[RunKeys, ...]
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.keys) <= MAX_RUN_KEYS:
+            raise ValueError(f"a run key ring holds 1 to {MAX_RUN_KEYS} keys, "
+                             f"not {len(self.keys)}")
+        if len({k.fingerprint for k in self.keys}) != len(self.keys):
+            raise ValueError("a run key ring holds each key once")
+
+    @classmethod
+    def of(cls, data_keys: bytes | tuple[bytes, ...] | list[bytes]) -> RunKeyRing:
+        """The ring of `data_keys`, newest first (a bare key: a ring of one)."""
+        if isinstance(data_keys, bytes):
+            data_keys = (data_keys,)
+        return cls(tuple(RunKeys(k) for k in data_keys))
+
+    @property
+    def current(self) -> RunKeys:
+        """The key every new manifest, pack and latest pointer of the run is sealed under."""
+        return self.keys[0]
+
+    @property
+    def data_keys(self) -> tuple[bytes, ...]:
+        return tuple(k.data_key for k in self.keys)
+
+    def sealed_under(self, found: bytes | None, name: str) -> RunKeys:
+        """The key whose fingerprint an object's header names; WrongKey if none is."""
+        for keys in self.keys:
+            if keys.fingerprint == found:
+                return keys
+        raise WrongKey(name, found.hex() if found else "(none)",
+                       self.current.fingerprint.hex())
+
+    def opening(self, found: bytes | None) -> RunKeys:
+        """The key a sealed object's header names (`found`), or the current one when it
+        names none of the ring's (opening under it then fails with the error §5 gives)."""
+        return next((k for k in self.keys if k.fingerprint == found), self.current)
+
+    def holds(self, other: RunKeyRing) -> bool:
+        """Every key of `other` is in this ring."""
+        mine = {k.fingerprint for k in self.keys}
+        return all(k.fingerprint in mine for k in other.keys)
+
+    def rotated(self, new_key: bytes) -> RunKeyRing:
+        """`new_key` in front: what is sealed from now on is sealed under it."""
+        return RunKeyRing((RunKeys(new_key), *self.keys))
+
+    def merged(self, other: RunKeyRing) -> RunKeyRing:
+        """This ring, then the keys of `other` it lacks (in `other`'s order): two copies of
+        one run's ring that diverged (a store missed a rotation) lose no key."""
+        mine = {k.fingerprint for k in self.keys}
+        return RunKeyRing((*self.keys, *(k for k in other.keys if k.fingerprint not in mine)))
+
+    def to_payload(self) -> bytes:
+        return b"".join(self.data_keys)
+
+    @classmethod
+    def from_payload(cls, payload: bytes, name: str) -> RunKeyRing:
+        count, rest = divmod(len(payload), KEY_SIZE)
+        if rest or not 1 <= count <= MAX_RUN_KEYS:
+            raise CorruptObject(name, f"holds {len(payload)} bytes, not 1 to {MAX_RUN_KEYS} "
+                                f"{KEY_SIZE}-byte data keys")
+        try:
+            return cls.of([payload[i * KEY_SIZE:(i + 1) * KEY_SIZE] for i in range(count)])
+        except ValueError as exc:
+            raise CorruptObject(name, str(exc)) from None
 
 
 # --- the master key file (docs/format.md §4.1) -------------------------------------------

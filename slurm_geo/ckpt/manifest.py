@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_geo.ckpt.errors import (
@@ -99,6 +99,9 @@ class Manifest:
     extra_state: BlobEntry
     format: int = FORMAT_VERSION
     sharded: Layout | None = None  # format 3: the multi-rank layout of `tensors`
+    # The fingerprint of the run data key the manifest was read sealed under (its packs are
+    # sealed under it too: docs/format.md §4.2); None for one not read from a store.
+    key: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
     def step(self) -> int:

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from slurm_geo.ckpt.errors import UnsafeStoreDirectory
 from slurm_geo.ckpt.fence import FenceLookup, check_admitted, read_fence
 from slurm_geo.ckpt.manifest import Manifest, with_bases
-from slurm_geo.ckpt.names import key_name, manifest_name
+from slurm_geo.ckpt.names import manifest_name
 from slurm_geo.ckpt.parallel import run_all
 from slurm_geo.ckpt.repository import Repository
+from slurm_geo.ckpt.runkey import carry_run_keys
 from slurm_geo.ckpt.store import Store
 
 
@@ -48,8 +49,7 @@ def copy_checkpoint(source: Repository, source_store: Store, destination: Store,
     manifest = source.manifest(run, step)  # opens and validates: never copy a bad manifest
     extents = pack_extents(manifest)
     packs = sorted(extents)
-    if not destination.exists(key_name(run)):
-        _copy(source_store, destination, key_name(run))
+    carry_run_keys(source, destination, run)
     done = itertools.count(1)
     tally = _ByteTally(extents, on_bytes)
 

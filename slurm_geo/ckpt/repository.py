@@ -9,21 +9,20 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import NamedTuple, Protocol
 
 from slurm_geo.ckpt.chunking import content_defined_chunks, fixed_chunks
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, ImmutableCheckpoint, ObjectMissing
+from slurm_geo.ckpt.keyholder import KeyHolder, MasterKeyHolder
 from slurm_geo.ckpt.keys import (
-    KEY_SIZE,
     SALT_SIZE,
     MasterKeys,
     RandomBytes,
+    RunKeyRing,
     RunKeys,
     as_master_keys,
-    fence_key,
-    promotion_key,
 )
 from slurm_geo.ckpt.locks import Clock, push_lock
 from slurm_geo.ckpt.manifest import (
@@ -43,9 +42,7 @@ from slurm_geo.ckpt.manifest import (
     tensor_nbytes,
 )
 from slurm_geo.ckpt.names import (
-    check_run_id,
     fence_name,
-    key_name,
     latest_name,
     manifest_name,
     manifest_prefix,
@@ -60,7 +57,7 @@ from slurm_geo.ckpt.reader import (
     prefetched,
     worker_pool,
 )
-from slurm_geo.ckpt.seal import Kind, open_sealed, open_with_ring, seal
+from slurm_geo.ckpt.seal import Kind, open_sealed, open_with_ring, seal, sealing_fingerprint
 from slurm_geo.ckpt.store import Bytes, Store
 from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, ChunkWriter, WriteOptions
 
@@ -106,13 +103,13 @@ class Repository:
 
     def __init__(self, store: Store, master_key: bytes | MasterKeys,
                  options: WriteOptions = DEFAULT_OPTIONS, random_bytes: RandomBytes = os.urandom,
-                 clock: Clock = lambda: datetime.now(UTC)):
+                 clock: Clock = lambda: datetime.now(UTC), holder: KeyHolder | None = None):
         self._store = store
         self.master_keys = as_master_keys(master_key)
         self._options = options
         self._random_bytes = random_bytes
         self._clock = clock
-        self._run_keys: dict[str, RunKeys] = {}
+        self._holder = holder or MasterKeyHolder(store, self.master_keys, random_bytes)
 
     def write_checkpoint(
         self, run: str, tensors: Sequence[TensorToWrite], extra_state: Bytes, metadata: Metadata,
@@ -151,7 +148,7 @@ class Repository:
                tally: _Tally) -> Manifest:
         parent = None if parent_manifest is None else parent_manifest.step
         chunk_size = self._options.chunk_size
-        sharing = _sharing(parent_manifest, run)
+        sharing = _sharing(parent_manifest, run, self._keys(run, create=True).current)
         reusable = _reusable_chunks(sharing, chunk_size, unchanged)
         bases = _delta_bases(sharing, chunk_size) if delta else {}
         with self.chunk_writer(run, sharing) as writer:
@@ -193,43 +190,50 @@ class Repository:
     def chunk_writer(self, run: str, parent: Manifest | None, create: bool = True
                      ) -> ChunkWriter:
         """A writer of `run`'s new chunks, referencing the ones `parent` already stores."""
-        keys = self._keys(run, create=create)
+        keys = self._keys(run, create=create).current
         return ChunkWriter(self._store, keys, self._options, self._random_bytes,
-                           _known_refs(_sharing(parent, run)),
+                           _known_refs(_sharing(parent, run, keys)),
                            ChunkReader(self._store, keys, FORMAT_VERSION, run).read, run)
 
-    def run_keys(self, run: str) -> RunKeys:
-        """The run's keys, from its wrapped key (raises if that is missing or damaged)."""
+    def run_keys(self, run: str) -> RunKeyRing:
+        """The run's key ring, from its wrapped keys (raises if missing or damaged)."""
         return self._keys(run)
+
+    def keys_of(self, manifest: Manifest) -> RunKeys:
+        """The data key `manifest` was sealed under, which seals its packs too (§4.2); a
+        manifest not read from the store (being written) is under the current key."""
+        ring = self._keys(manifest.run)
+        if manifest.key is None:
+            return ring.current
+        return ring.sealed_under(manifest.key, manifest_name(manifest.run, manifest.step))
 
     def chunk_reader(self, manifest: Manifest) -> ChunkReader:
         """A reader of the chunks `manifest` names, each verified against its id."""
-        return ChunkReader(self._store, self._keys(manifest.run), manifest.format,
+        return ChunkReader(self._store, self.keys_of(manifest), manifest.format,
                            manifest.run)
 
     def commit(self, manifest: Manifest, before_commit: Callable[[], None]) -> None:
         """Seal and put the manifest (the commit point, after `before_commit`), then the
         latest pointer, which only saves readers a listing."""
         before_commit()
-        self._put_sealed(self._keys(manifest.run).data_key, Kind.MANIFEST,
+        self._put_sealed(self.keys_of(manifest).data_key, Kind.MANIFEST,
                          manifest_name(manifest.run, manifest.step), manifest_to_json(manifest))
         self.point_latest(manifest.run, manifest.step)
 
     def read_tensors(self, manifest: Manifest) -> Iterator[Tensor]:
         """The manifest's tensors one at a time, in its order, each chunk verified (the
         caller may pass a manifest cut down to the tensors it needs)."""
-        return self._tensors(manifest, ChunkReader(self._store, self._keys(manifest.run),
-                                                   manifest.format, manifest.run))
+        return self._tensors(manifest, self.chunk_reader(manifest))
 
     def point_latest(self, run: str, step: int) -> None:
         """Name `step` as the run's latest checkpoint (after its manifest is in place)."""
-        self._put_sealed(self._keys(run).data_key, Kind.LATEST, latest_name(run),
+        self._put_sealed(self._keys(run).current.data_key, Kind.LATEST, latest_name(run),
                          latest_to_json(run, step))
 
     def read_checkpoint(self, run: str, step: int) -> Checkpoint:
         """Every tensor and the extra state of a checkpoint, each chunk verified."""
         manifest = self.manifest(run, step)
-        reader = ChunkReader(self._store, self._keys(run), manifest.format, run)
+        reader = self.chunk_reader(manifest)
         tensors = [t._replace(data=bytes(t.data)) for t in self._tensors(manifest, reader)]
         return Checkpoint(manifest, tensors, bytes(self._blob(manifest.extra_state, reader)))
 
@@ -244,14 +248,15 @@ class Repository:
     def read_extra_state(self, run: str, step: int) -> bytes:
         """The checkpoint's opaque non-tensor state, verified."""
         manifest = self.manifest(run, step)
-        reader = ChunkReader(self._store, self._keys(run), manifest.format, run)
+        reader = self.chunk_reader(manifest)
         return bytes(self._blob(manifest.extra_state, reader))
 
     def manifest(self, run: str, step: int) -> Manifest:
         name = manifest_name(run, step)
         sealed = self._store.get(name)
-        payload = open_sealed(self._keys(run).data_key, Kind.MANIFEST, sealed, name)
-        return parse_manifest(payload, name, run, step)
+        keys = self._keys(run).opening(sealing_fingerprint(sealed))
+        payload = open_sealed(keys.data_key, Kind.MANIFEST, sealed, name)
+        return replace(parse_manifest(payload, name, run, step), key=keys.fingerprint)
 
     def latest(self, run: str) -> int | None:
         """The step saved last, or None if the run has no checkpoint."""
@@ -268,7 +273,8 @@ class Repository:
             sealed = self._store.get(name)
         except ObjectMissing:
             return None
-        payload = open_sealed(self._keys(run).data_key, Kind.LATEST, sealed, name)
+        keys = self._keys(run).opening(sealing_fingerprint(sealed))
+        payload = open_sealed(keys.data_key, Kind.LATEST, sealed, name)
         return parse_latest(payload, name, run)
 
     def steps(self, run: str) -> list[int]:
@@ -286,7 +292,7 @@ class Repository:
         The marker is sealed under the promotion key (§8.1): the master key's holders only."""
         self.manifest(run, step)  # only a valid checkpoint can be promoted
         body = json.dumps({"run": run, "step": step, "promoted_at": self._clock().isoformat()})
-        self._put_sealed(self._promotion_keys()[0], Kind.PROMOTED, promoted_name(run, step),
+        self._put_sealed(self._holder.promotion_keys()[0], Kind.PROMOTED, promoted_name(run, step),
                          body.encode())
 
     def is_promoted(self, run: str, step: int) -> bool:
@@ -298,13 +304,13 @@ class Repository:
             sealed = self._store.get(name)
         except ObjectMissing:
             return False
-        payload = open_with_ring(self._promotion_keys(), Kind.PROMOTED, sealed, name)
+        payload = open_with_ring(self._holder.promotion_keys(), Kind.PROMOTED, sealed, name)
         check_promotion(payload, name, run, step)
         return True
 
     def put_fence(self, run: str, payload: bytes) -> None:
         """Write the run's fence (§8.3); slurm_geo.ckpt.fence decides what it says."""
-        self._put_sealed(self._fence_keys()[0], Kind.FENCE, fence_name(run), payload)
+        self._put_sealed(self._holder.fence_keys()[0], Kind.FENCE, fence_name(run), payload)
 
     def fence_payload(self, run: str) -> bytes | None:
         """The opened payload of the run's fence, or None when the run is not fenced."""
@@ -313,7 +319,7 @@ class Repository:
             sealed = self._store.get(name)
         except ObjectMissing:
             return None
-        return open_with_ring(self._fence_keys(), Kind.FENCE, sealed, name)
+        return open_with_ring(self._holder.fence_keys(), Kind.FENCE, sealed, name)
 
     def delete_checkpoint(self, run: str, step: int) -> None:
         """Drop a checkpoint's manifest; its packs go at the next gc unless shared."""
@@ -332,7 +338,7 @@ class Repository:
             manifest = self.manifest(run, step)
         except CkptError as exc:
             return [exc]
-        reader = ChunkReader(self._store, self._keys(run), manifest.format, run,
+        reader = ChunkReader(self._store, self.keys_of(manifest), manifest.format, run,
                              hash_packs=True)
         return _faults(manifest, reader, self._options, on_bytes)
 
@@ -365,33 +371,13 @@ class Repository:
                 data += chunk
             return data
 
-    # Each of these is the key that seals first, then the one a rotation replaces (§8.5).
+    def _keys(self, run: str, create: bool = False) -> RunKeyRing:
+        return self._holder.ring(run, create)
 
-    def _fence_keys(self) -> tuple[bytes, ...]:
-        return tuple(map(fence_key, self.master_keys.keys()))
-
-    def _promotion_keys(self) -> tuple[bytes, ...]:
-        return tuple(map(promotion_key, self.master_keys.keys()))
-
-    def _keys(self, run: str, create: bool = False) -> RunKeys:
-        if run not in self._run_keys:
-            self._run_keys[run] = self._load_keys(run, create)
-        return self._run_keys[run]
-
-    def _load_keys(self, run: str, create: bool) -> RunKeys:
-        name = key_name(check_run_id(run))
-        try:
-            sealed = self._store.get(name)
-        except ObjectMissing:
-            if not create:
-                raise
-            data_key = self._random_bytes(KEY_SIZE)
-            self._put_sealed(self.master_keys.keys()[0], Kind.DATA_KEY, name, data_key)
-            return RunKeys(data_key)
-        data_key = open_with_ring(self.master_keys.keys(), Kind.DATA_KEY, sealed, name)
-        if len(data_key) != KEY_SIZE:
-            raise CorruptObject(name, f"holds a {len(data_key)}-byte key")
-        return RunKeys(data_key)
+    def put_run_keys(self, run: str, ring: RunKeyRing) -> None:
+        """Write `keys/<run>` holding `ring`, sealed under the master key (§4.2); what this
+        repository reads of the run from now on is under that ring."""
+        self._holder.put_ring(run, ring)
 
     def _put_sealed(self, key: bytes, kind: Kind, name: str, payload: bytes) -> None:
         self._store.put(name, seal(key, kind, self._random_bytes(SALT_SIZE), payload, name))
@@ -491,12 +477,15 @@ def check_tensors(tensors: Sequence[TensorToWrite]) -> None:
                              f"{dtype}{list(shape)}")
 
 
-def _sharing(parent: Manifest | None, run: str) -> Manifest | None:
-    """The parent, when it is of the same run and written as ours are (format 4 and 5): a
-    parent of version 1 names its chunks another way, and one of version 2 or 3 keeps its
-    packs where any run's key may write, so none of either is shared (the first save
-    after an upgrade is stored in full)."""
+def _sharing(parent: Manifest | None, run: str, keys: RunKeys) -> Manifest | None:
+    """The parent, when it is of the same run and written as ours are (format 4 and 5),
+    under the key ours are sealed with: a parent of version 1 names its chunks another way,
+    one of version 2 or 3 keeps its packs where any run's key may write, and one under a key
+    the run has rotated away from (§4.2) is readable by whoever held that key, so none of
+    these is shared (the first save after an upgrade or a rotation is stored in full)."""
     if parent is None or parent.run != run or parent.format < FORMAT_VERSION:
+        return None
+    if parent.key is not None and parent.key != keys.fingerprint:
         return None
     return parent
 

@@ -18,8 +18,8 @@ from slurm_geo.ckpt.errors import CkptError, LegacyObject, UnsafeObjectName
 from slurm_geo.ckpt.keys import SALT_SIZE, MasterKeys, RandomBytes, promotion_key
 from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
 from slurm_geo.ckpt.repository import Repository, check_promotion
-from slurm_geo.ckpt.runkey import unwrap_run_key
-from slurm_geo.ckpt.seal import Kind, open_legacy, seal
+from slurm_geo.ckpt.runkey import unwrap_run_keys
+from slurm_geo.ckpt.seal import Kind, open_legacy, seal, sealing_fingerprint
 from slurm_geo.ckpt.store import Store
 
 
@@ -67,8 +67,10 @@ def reseal(store: Store, master_key: bytes | MasterKeys, dry_run: bool = False,
 def _legacy_payload(store: Store, repository: Repository, name: str, run: str,
                     step: int) -> bytes:
     """The marker's payload, read under the old rule and checked; raises what is wrong."""
-    data_key = unwrap_run_key(store, repository.master_keys, run)
-    payload = open_legacy(data_key, Kind.PROMOTED, store.get(name), name)
+    sealed = store.get(name)
+    ring = unwrap_run_keys(store, repository.master_keys, run)
+    payload = open_legacy(ring.opening(sealing_fingerprint(sealed)).data_key, Kind.PROMOTED,
+                          sealed, name)
     check_promotion(payload, name, run, step)
     repository.manifest(run, step)  # a marker of a checkpoint that opens, only
     return payload

@@ -34,11 +34,12 @@ def owner_site(key_file: Path):  # type: ignore[no-untyped-def]
     return site if site.federation is not None else None
 
 
-def run_key(site: Any, run: str) -> bytes:
+def run_key(site: Any, run: str) -> Any:
+    """The run's key ring (docs/format.md §4.2), as the daemon released it to its owner."""
     from slurm_geo.federation.ownerclient import OwnerClient
     from slurm_geo.lease.protocol import KeyReply
 
-    return KeyReply.from_json(OwnerClient(site).ask("run-key", run=run)).data_key
+    return KeyReply.from_json(OwnerClient(site).ask("run-key", run=run)).data_keys
 
 
 def owned_runs(site: Any) -> list[str]:
@@ -59,7 +60,7 @@ def with_run_key_of(source: Any, store: Any, run: str):  # type: ignore[no-untyp
     """`store` (a pulled copy) read with the run key `source` holds."""
     from slurm_geo.ckpt.runkey import RunKeyRepository
 
-    return RunKeyRepository(store, run, source._keys(run).data_key)
+    return RunKeyRepository(store, run, source._keys(run))
 
 
 class OwnedRuns:

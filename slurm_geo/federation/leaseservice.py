@@ -22,7 +22,7 @@ from typing import Any
 
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.rollback import high_water
-from slurm_geo.ckpt.runkey import unwrap_run_key
+from slurm_geo.ckpt.runkey import unwrap_run_keys
 from slurm_geo.federation.authn import Authenticator, Caller
 from slurm_geo.federation.credentials import PER_RUN, job_environment
 from slurm_geo.federation.highwater import lease_marks, sync_marks
@@ -203,7 +203,7 @@ class LeaseService:
                                "run), then for the key"})
         store = w.stores[w.store_of(job.cluster)]
         try:
-            data_key = unwrap_run_key(store, w.master_keys, job.run, create=True)
+            data_keys = unwrap_run_keys(store, w.master_keys, job.run, create=True)
         except CkptError as exc:
             return Reply(503, {"reason": str(exc)})
         if request.token and not w.state.identities.use_token(request.token, request.restart):
@@ -216,7 +216,7 @@ class LeaseService:
                                                   if request.token else ""))
         store_env = self._store_env(job) if request.store_credentials and request.token \
             else {}
-        return Reply(200, KeyReply(job.run, data_key, store_env).to_json())
+        return Reply(200, KeyReply(job.run, data_keys, store_env).to_json())
 
     def _store_env(self, job: LogicalJob) -> dict[str, str]:
         """The run's own key to its cluster's store, for an incarnation submitted before

@@ -7,7 +7,9 @@ A move, in order (each step is safe to repeat if the daemon dies after it):
      renewed meanwhile: from now on the old incarnation gets no lease;
   3. the target store is fenced: only the new generation's cluster may commit past the
      resume step there (and the old store too, when it can be reached); fences are read
-     and written the daemon's way (federation.fencing: its state's word counts);
+     and written the daemon's way (federation.fencing: its state's word counts); a run
+     that leaves a rented cluster gets a new data key there (`rotates_run_key`), so the
+     provider, which held the old one, cannot open what the run saves from now on;
   4. the job is submitted on the target with its resume pointer, the secret it signs its
      lease requests with (stored first: it may ask as soon as it starts), a one-time
      token for its run's data key and the CA to verify the daemon's https against, as
@@ -39,7 +41,8 @@ from slurm_geo.ckpt.fence import Fence, unadmitted_steps
 from slurm_geo.ckpt.names import key_name
 from slurm_geo.ckpt.replicate import copy_checkpoint
 from slurm_geo.ckpt.rollback import high_water, rollback
-from slurm_geo.ckpt.runkey import unwrap_run_key
+from slurm_geo.ckpt.runkey import rotate_run_keys, unwrap_run_keys
+from slurm_geo.config.model import ClusterConfig
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.credentials import job_environment
 from slurm_geo.federation.fencing import daemon_lookup, known_fence, set_fence
@@ -122,6 +125,7 @@ class Mover:
             target_store = w.store_of(moved.cluster)
             self._ensure_run_key(moved, target_store)
             repository = Repository(w.stores[target_store], w.master_keys)
+            self._rotate_run_key(moved, repository, target_store)
             set_fence(repository, Fence(moved.run, moved.generation, moved.cluster,
                                         moved.resume_step, _utc(w.clock())))
             self._drop_unadmitted(moved, repository, target_store)
@@ -130,6 +134,24 @@ class Mover:
                            f"{moved.cluster} from step {moved.resume_step}", reason,
                            store=target_store)
         return self._submit(moved)
+
+    def _rotate_run_key(self, moved: LogicalJob, repository: Repository,
+                        store_name: str) -> None:
+        """A new data key for the run when it leaves a rented cluster (docs/format.md
+        §4.2), before the new incarnation is given its keys. Repeated when the daemon died
+        mid-move: one more key in the ring, which costs nothing but a full next save."""
+        w = self.wiring
+        left = _left(w.state.incarnations(moved.logical_job), moved.generation)
+        if left is None or not rotates_run_key(w.site.cluster(left),
+                                               w.site.cluster(moved.cluster)):
+            return
+        ring = rotate_run_keys(repository, moved.run)
+        w.audit.append("key", moved.logical_job,
+                       f"rotated run {moved.run}'s data key in {store_name} "
+                       f"({len(ring.keys)} keys in its ring)",
+                       f"the run leaves rented cluster {left}, whose jobs held its key: "
+                       "what it saves from now on is sealed under a key they never had",
+                       store=store_name, generation=moved.generation)
 
     def fence_stale(self, job: LogicalJob, stale: tuple[Incarnation, ...]) -> None:
         """Cancel older incarnations still known to Slurm (their clusters answer)."""
@@ -183,7 +205,7 @@ class Mover:
                 return
             except CkptError:
                 continue
-        unwrap_run_key(target, self.wiring.master_keys, job.run, create=True)
+        unwrap_run_keys(target, self.wiring.master_keys, job.run, create=True)
 
     def _carry_newest(self, job: LogicalJob, source_store: str, target_store: str) -> None:
         w = self.wiring
@@ -350,3 +372,17 @@ class Mover:
 
 def _utc(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat()
+
+
+def rotates_run_key(left: ClusterConfig, target: ClusterConfig) -> bool:
+    """Whether a run moving from `left` to `target` gets a new data key: when it leaves a
+    cluster someone else runs (reached through slurmrestd, `access = "rest"`), whose
+    provider held the run's key while its jobs ran there. A site's own clusters run under
+    the site's control, and a requeue on the same cluster leaves nothing."""
+    return left.access == "rest" and left.name != target.name
+
+
+def _left(incarnations: list[Incarnation], generation: int) -> str | None:
+    """The cluster of the newest incarnation before `generation`: the one the run left."""
+    older = [i for i in incarnations if i.generation < generation]
+    return max(older, key=lambda i: i.generation).cluster if older else None

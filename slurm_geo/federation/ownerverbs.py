@@ -19,7 +19,7 @@ import pwd
 from typing import TYPE_CHECKING, Any
 
 from slurm_geo.ckpt.errors import CkptError
-from slurm_geo.ckpt.runkey import unwrap_run_key
+from slurm_geo.ckpt.runkey import unwrap_run_keys
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.federation.authn import Caller
@@ -155,14 +155,14 @@ def _run_key(federation: Federation, request: OwnerRequest, caller: Caller) -> R
     failures: list[str] = []
     for name in stores:
         try:
-            data_key = unwrap_run_key(w.stores[name], w.master_keys, request.run)
+            data_keys = unwrap_run_keys(w.stores[name], w.master_keys, request.run)
         except CkptError as exc:
             failures.append(f"{name}: {exc}")
             continue
         w.audit.append("key", mine[0].logical_job, f"released run {request.run}'s data key "
                        f"to its owner {_who(caller.uid)}", "asked by MUNGE from a login "
                        "shell (ckpt ls/verify/pull)", uid=caller.uid, store=name)
-        return Reply(200, KeyReply(request.run, data_key).to_json())
+        return Reply(200, KeyReply(request.run, data_keys).to_json())
     return Reply(404, {"reason": f"no store holds run {request.run}'s key: "
                        + "; ".join(failures), "exit_code": int(ExitCode.OBJECT_MISSING)})
 

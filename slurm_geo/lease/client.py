@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 from slurm_geo.ckpt import Repository
 from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.keys import RunKeyRing
 from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.ckpt.rollback import high_water, resume_rollback
 from slurm_geo.ckpt.runkey import RunKeyRepository
@@ -145,6 +146,9 @@ class FederatedRun:
         self._tls = tls_context(placement.federation_ca)
         self._urls = placement.urls
         self._asking = 0  # the replica that led last
+        # The run's own store key (S3 variables) the daemon sent with the run key, when this
+        # incarnation asked for it: rank 0 passes it on to the other ranks (torch.ranks).
+        self.store_env: dict[str, str] = {}
 
     @classmethod
     def from_environment(cls, run: str, env: Mapping[str, str] = os.environ
@@ -307,9 +311,9 @@ class FederatedRun:
     def repository(self) -> Repository:
         """The run's store, opened with the run's data key (`run_key`)."""
         placement = self.placement
-        run, data_key = self.run_key()  # first: it may bring the store's key (run_key)
+        run, data_keys = self.run_key()  # first: it may bring the store's key (run_key)
         store = open_store(placement.store_url, endpoint_url=placement.store_endpoint or None)
-        return self.checked(RunKeyRepository(store, run, data_key), run)
+        return self.checked(RunKeyRepository(store, run, data_keys), run)
 
     def checked(self, repository: Repository, run: str) -> Repository:
         """`repository`, unless its store rolled `run` back (RolledBack, exit code 35): the
@@ -361,10 +365,11 @@ class FederatedRun:
         except OSError as exc:  # a job directory the prolog did not prepare (elsewhere)
             log.debug("no run record in %s: %s", self._ckpt_dir, exc)
 
-    def run_key(self) -> tuple[str, bytes]:
-        """(run, its data key): the daemon releases it to the incarnation holding the
-        lease (acquire first), by MUNGE at home, elsewhere by the incarnation's signature
-        and its one-time token, so it is asked once per incarnation."""
+    def run_key(self) -> tuple[str, RunKeyRing]:
+        """(run, its key ring: docs/format.md §4.2): the daemon releases it to the
+        incarnation holding the lease (acquire first), by MUNGE at home, elsewhere by the
+        incarnation's signature and its one-time token, so it is asked once per
+        incarnation."""
         placement = self.placement
         # Submitted before its job named a run, an incarnation got no store key: it asks
         # for its run's with the data key, and the reply's goes into its environment.
@@ -385,8 +390,9 @@ class FederatedRun:
         except (KeyError, TypeError, ValueError) as exc:
             raise Fenced(f"the federation daemon did not release the run key: {exc}") from None
         os.environ.update(key.store_env)
+        self.store_env = dict(key.store_env)
         self._announce(key.run)
-        return key.run, key.data_key
+        return key.run, key.data_keys
 
 
 def _submitted_placement(run: str, cluster: str, job_id: int, restart: int,

@@ -22,6 +22,7 @@ from enum import Enum
 from typing import Any
 
 from slurm_geo.ckpt.errors import UnsafeObjectName
+from slurm_geo.ckpt.keys import RunKeyRing
 from slurm_geo.ckpt.names import check_run_id
 from slurm_geo.names import NAME_RULE, is_name
 
@@ -194,15 +195,23 @@ class KeyRequest:
 
 @dataclass(frozen=True)
 class KeyReply:
-    """200 {run, data_key (hex)[, store_env]}; errors are {reason} with 401, 403, 409 or
-    503. `store_env`: the run's own store key (S3 variables), when the request asked."""
+    """200 {run, data_key (hex), data_keys (hex, newest first)[, store_env]}; errors are
+    {reason} with 401, 403, 409 or 503. `data_keys`: the run's key ring (docs/format.md
+    §4.2), of which `data_key` is the first, the one new checkpoints are sealed under (a
+    reply without `data_keys` holds that one alone). `store_env`: the run's own store key
+    (S3 variables), when the request asked."""
 
     run: str
-    data_key: bytes
+    data_keys: RunKeyRing
     store_env: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def data_key(self) -> bytes:
+        return self.data_keys.current.data_key
+
     def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"run": self.run, "data_key": self.data_key.hex()}
+        body: dict[str, Any] = {"run": self.run, "data_key": self.data_key.hex(),
+                                "data_keys": [k.hex() for k in self.data_keys.data_keys]}
         if self.store_env:
             body["store_env"] = dict(self.store_env)
         return body
@@ -214,7 +223,13 @@ class KeyReply:
                                                 and k.startswith("AWS_")
                                                 for k, v in env.items()):
             raise ValueError("store_env is not a map of AWS_* variables")
-        return cls(str(body["run"]), bytes.fromhex(str(body["data_key"])), dict(env))
+        keys = body.get("data_keys") or [body["data_key"]]
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise ValueError("data_keys is not a list of hex keys")
+        ring = RunKeyRing.of([bytes.fromhex(k) for k in keys])
+        if "data_key" in body and bytes.fromhex(str(body["data_key"])) != ring.current.data_key:
+            raise ValueError("data_key is not the first of data_keys")
+        return cls(str(body["run"]), ring, dict(env))
 
 
 OWNER_VERBS = ("status", "logs", "cancel", "resubmit", "run-key")

@@ -55,7 +55,7 @@ from torch.futures import Future
 
 from slurm_geo.ckpt import Metadata as CheckpointMetadata
 from slurm_geo.ckpt import Repository, Tensor
-from slurm_geo.ckpt.keys import load_master_key
+from slurm_geo.ckpt.keys import RunKeyRing, load_master_key
 from slurm_geo.ckpt.layout import BYTES_DTYPE, Item, Layout, Shard, shard_path
 from slurm_geo.ckpt.locks import push_lock
 from slurm_geo.ckpt.manifest import DTYPE_SIZES, Manifest, TensorEntry, tensor_nbytes
@@ -87,7 +87,7 @@ class _Keys:
     the federation daemon released to this job (FederatedRun.run_key)."""
 
     key_file: Path | None
-    run_key: bytes | None
+    run_key: bytes | RunKeyRing | None
 
     def repository(self, store_spec: str, endpoint_url: str | None, run: str,
                    options: WriteOptions) -> Repository:
@@ -99,7 +99,7 @@ class _Keys:
         return Repository(store, load_master_key(self.key_file), options)
 
 
-def _keys(key_file: str | os.PathLike[str] | None, run_key: bytes | None) -> _Keys:
+def _keys(key_file: str | os.PathLike[str] | None, run_key: bytes | RunKeyRing | None) -> _Keys:
     if (key_file is None) == (run_key is None):
         raise ValueError("give exactly one of key_file= (the site master key file) and "
                          "run_key= (the run's data key the federation daemon released)")
@@ -137,7 +137,7 @@ class StorageWriter(_DcpWriter):
     given one, is the step."""
 
     def __init__(self, store: str, *, run: str, step: int | None = None,
-                 key_file: str | os.PathLike[str] | None = None, run_key: bytes | None = None,
+                 key_file: str | os.PathLike[str] | None = None, run_key: bytes | RunKeyRing | None = None,
                  endpoint_url: str | None = None, epoch: int = 0, loss: float | None = None,
                  before_commit: Callable[[], None] | None = None,
                  options: WriteOptions = DEFAULT_OPTIONS):
@@ -246,7 +246,7 @@ class StorageReader(_DcpReader):
     a damaged one fails the load naming its object, never a silently wrong tensor."""
 
     def __init__(self, store: str, *, run: str, step: int | None = None,
-                 key_file: str | os.PathLike[str] | None = None, run_key: bytes | None = None,
+                 key_file: str | os.PathLike[str] | None = None, run_key: bytes | RunKeyRing | None = None,
                  endpoint_url: str | None = None):
         super().__init__()
         self._stored = _Stored(store, endpoint_url, run, _keys(key_file, run_key),

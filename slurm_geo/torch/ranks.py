@@ -5,11 +5,14 @@ Rank 0 alone talks to the federation daemon (slurm_geo.lease.client.FederatedRun
 acquires the lease and the run's data key and renews the lease; the other ranks learn
 what they need from it over the job's process group:
 
-* **the run key**, never in clear. An incarnation the daemon submitted seals it (AES-GCM)
-  under a key derived from the lease secret every rank of the job was given in its
-  environment; a home job, which has no secret, hands each rank a MUNGE credential of the
-  key restricted to the job's uid, which that rank decodes with its node's munged.
-  Neither a process of another user nor anyone reading the job's network can open it.
+* **the run's key ring** (docs/format.md §4.2), and the run's own store key when the
+  daemon sent one with it (an incarnation submitted before its job named a run gets its
+  S3 key then: every rank writes its shards with it), never in clear. An incarnation the
+  daemon submitted seals them (AES-GCM) under a key derived from the lease secret every
+  rank of the job was given in its environment; a home job, which has no secret, hands
+  each rank a MUNGE credential of them restricted to the job's uid, which that rank
+  decodes with its node's munged. Neither a process of another user nor anyone reading
+  the job's network can open them.
 * **the resume step**, the one the daemon verified for a new generation, else the newest
   checkpoint; every rank loads that same step (or, when it does not load, the next older).
 * **each step's verdict** (`step_verdict`, one small all-reduce per step): go on, stop
@@ -25,6 +28,7 @@ commits nothing.
 from __future__ import annotations
 
 import enum
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +40,7 @@ import torch.distributed.checkpoint as dcp
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from slurm_geo.ckpt.keys import derive_key
+from slurm_geo.ckpt.keys import RunKeyRing, derive_key
 from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.errors import SlurmGeoError
@@ -71,7 +75,7 @@ class _Start:
     """What rank 0 broadcasts once the lease is held."""
 
     run: str
-    shares: list[str]       # rank i's MUNGE credential of the run key; or one sealed copy
+    shares: list[str]       # rank i's MUNGE credential of the keys; or one sealed copy
     candidates: list[int]   # the steps to try loading, in order; none: from scratch
 
 
@@ -83,7 +87,7 @@ class RankedRun:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._munge = munge or MungeCommands(federated.placement.munge_socket)
         self.run = federated.placement.run
-        self._key: bytes | None = None
+        self._key: RunKeyRing | None = None
         self._start: _Start | None = None
 
     @classmethod
@@ -171,13 +175,15 @@ class RankedRun:
         run, key = federated.run_key()
         self._key = key
         placement = federated.placement
+        payload = _share_payload(key, federated.store_env)
         if placement.lease_secret:
             nonce = os.urandom(NONCE_SIZE)
-            shares = [(nonce + AESGCM(self._share_key()).encrypt(nonce, key, run.encode())
+            shares = [(nonce + AESGCM(self._share_key()).encrypt(nonce, payload, run.encode())
                        ).hex()]
         else:
             uid = os.getuid()
-            shares = [self._munge.encode(key.hex(), restrict_uid=uid) for _ in range(self.world)]
+            shares = [self._munge.encode(payload.decode(), restrict_uid=uid)
+                      for _ in range(self.world)]
         if placement.generation > 0 and placement.restart == 0:  # the daemon placed it
             candidates = [] if placement.resume_step is None else [placement.resume_step]
         else:
@@ -191,14 +197,14 @@ class RankedRun:
         placement = self.federated.placement
         return derive_key(secret_bytes(placement.lease_secret), None, INFO_RANK_SHARE)
 
-    def _open_share(self, share: str) -> bytes:
+    def _open_share(self, share: str) -> RunKeyRing:
         if self.is_leader and self._key is not None:
             return self._key
         if self.federated.placement.lease_secret:
             sealed = bytes.fromhex(share)
             try:
-                return AESGCM(self._share_key()).decrypt(sealed[:NONCE_SIZE],
-                                                         sealed[NONCE_SIZE:], self.run.encode())
+                return self._take(AESGCM(self._share_key()).decrypt(
+                    sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], self.run.encode()))
             except InvalidTag:
                 raise RankFailed(f"rank {self.rank} could not open the run key rank 0 sent "
                                  "(sealed under another incarnation's secret)", 34) from None
@@ -211,9 +217,30 @@ class RankedRun:
         if decoded.uid != os.getuid():
             raise RankFailed(f"rank {self.rank}: the run key came from uid {decoded.uid}, "
                              f"not this job's uid {os.getuid()}", 34)
-        return bytes.fromhex(decoded.payload)
+        return self._take(decoded.payload.encode())
 
-    def _run_key(self) -> bytes:
+    def _take(self, payload: bytes) -> RunKeyRing:
+        """The key ring of a share rank 0 sent; its store key goes into this rank's
+        environment, where the store is opened (slurm_geo.ckpt.open_store)."""
+        try:
+            body = json.loads(payload)
+            ring = RunKeyRing.of([bytes.fromhex(k) for k in body["keys"]])
+            store_env = {str(k): str(v) for k, v in body.get("store_env", {}).items()
+                         if str(k).startswith("AWS_")}
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise RankFailed(f"rank {self.rank} could not read the run key rank 0 sent: "
+                             f"{exc}", 34) from None
+        os.environ.update(store_env)
+        return ring
+
+    def _run_key(self) -> RunKeyRing:
         if self._key is None:
             raise RuntimeError("RankedRun.acquire() first: the run key comes with the lease")
         return self._key
+
+
+def _share_payload(ring: RunKeyRing, store_env: dict[str, str]) -> bytes:
+    """What rank 0 hands every other rank, before sealing: the key ring, newest first, and
+    the run's store key when the daemon sent one."""
+    return json.dumps({"keys": [k.hex() for k in ring.data_keys],
+                       "store_env": store_env}).encode()
