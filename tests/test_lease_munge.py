@@ -142,3 +142,19 @@ def test_a_credential_restricted_to_a_uid_opens_for_that_uid_only():
         munged.as_uid(2002).decode(for_alice)
     assert refused.value.status == UNAUTHORIZED
     assert munged.as_uid(2001).decode(for_alice).payload == "ab" * 32
+
+
+def test_the_payload_goes_to_munge_on_stdin_never_in_its_arguments(monkeypatch):
+    """A process's arguments are readable by every user of the node (/proc/PID/cmdline):
+    the run key rank 0 hands the other ranks must not be among them."""
+    seen: list[tuple[list[str], str]] = []
+
+    def run(argv, input, **_kwargs):  # noqa: A002  # subprocess.run's own name
+        seen.append((argv, input))
+        return subprocess.CompletedProcess(argv, 0, "MUNGE:cred:\n", "")
+    monkeypatch.setattr(subprocess, "run", run)
+    assert MungeCommands(Path("/run/x.socket")).encode("s3cret-key", restrict_uid=2001) == \
+        "MUNGE:cred:"
+    (argv, stdin), = seen
+    assert stdin == "s3cret-key" and not any("s3cret" in a for a in argv)
+    assert argv == ["munge", "-u", "2001", "-S", "/run/x.socket"]

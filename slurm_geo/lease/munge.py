@@ -72,7 +72,8 @@ class MungeCommands:
         """A credential of `payload` (encrypted by munged); with `restrict_uid`, only a
         process of that uid may decode it."""
         restrict = [] if restrict_uid is None else ["-u", str(restrict_uid)]
-        done = self._run(["munge", "-s", payload, *restrict], "")
+        # On stdin, never in argv: every user of the node may read a process's arguments.
+        done = self._run(["munge", *restrict], payload)
         if done.returncode != 0:
             raise MungeUnavailable(f"munge failed: {_last_line(done.stderr)}")
         return done.stdout.strip()
