@@ -196,10 +196,9 @@ def test_a_job_cannot_promote_and_its_forged_markers_protect_nothing(tmp_path):
         job.promote("run", 10)
     body = json.dumps({"run": "run", "step": 10, "promoted_at": "x"}).encode()
     name = "promoted/run/00000000000000000010"
-    for forged, error in ((seal(job._keys("run").current.data_key, Kind.PROMOTED, SALT, body, name),
-                           WrongKey),
-                          (legacy_seal(job._keys("run").current.data_key, Kind.PROMOTED, body, name),
-                           LegacyObject)):
+    held = job._keys("run").current.data_key
+    for forged, error in ((seal(held, Kind.PROMOTED, SALT, body, name), WrongKey),
+                          (legacy_seal(held, Kind.PROMOTED, body, name), LegacyObject)):
         store.put(name, forged)
         with pytest.raises(error):  # neither trusted nor taken as absent
             repository.is_promoted("run", 10)

@@ -137,7 +137,8 @@ class StorageWriter(_DcpWriter):
     given one, is the step."""
 
     def __init__(self, store: str, *, run: str, step: int | None = None,
-                 key_file: str | os.PathLike[str] | None = None, run_key: bytes | RunKeyRing | None = None,
+                 key_file: str | os.PathLike[str] | None = None,
+                 run_key: bytes | RunKeyRing | None = None,
                  endpoint_url: str | None = None, epoch: int = 0, loss: float | None = None,
                  before_commit: Callable[[], None] | None = None,
                  options: WriteOptions = DEFAULT_OPTIONS):
@@ -246,7 +247,8 @@ class StorageReader(_DcpReader):
     a damaged one fails the load naming its object, never a silently wrong tensor."""
 
     def __init__(self, store: str, *, run: str, step: int | None = None,
-                 key_file: str | os.PathLike[str] | None = None, run_key: bytes | RunKeyRing | None = None,
+                 key_file: str | os.PathLike[str] | None = None,
+                 run_key: bytes | RunKeyRing | None = None,
                  endpoint_url: str | None = None):
         super().__init__()
         self._stored = _Stored(store, endpoint_url, run, _keys(key_file, run_key),
