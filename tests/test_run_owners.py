@@ -179,3 +179,39 @@ def test_the_admins_command_gives_run_r_and_says_so(monkeypatch, capsys, tmp_pat
     code, out, err = run_cli(["federation", "runs", "assign", "r", "--owner", "bob",
                               "--force"], monkeypatch, capsys, site)
     assert code == ExitCode.NOT_OWNER and "admin's command" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("uid, admin, jobs, assigned, goes", [
+    (2001, False, [_job("onprem-1", JobStatus.COMPLETED, ALICE)], None, True),
+    (2002, False, [_job("onprem-1", JobStatus.COMPLETED, ALICE)], None, False),
+    (2002, False, [], RunOwner("r", BOB, "root", 1.0), True),          # given to bob
+    # given to bob over alice's finished job: hers no more
+    (2001, False, [_job("onprem-1", JobStatus.COMPLETED, ALICE)],
+     RunOwner("r", BOB, "root", 1.0), False),
+    (2001, False, [], None, False),
+    (0, True, [], None, True),                                          # an admin
+])
+def test_who_gets_a_runs_key_from_a_login_shell(uid, admin, jobs, assigned, goes):
+    from slurm_geo.federation.ownerverbs import key_goes_to
+
+    assert key_goes_to(uid, admin, jobs, assigned) is goes
+
+
+def test_a_given_run_s_key_goes_to_its_new_owner_s_login_shell_only(site):
+    """`slurm-geo ckpt ls/pull RUN` from a login shell: bob, once given the run, gets its
+    key ring before any job of his names it; alice does not."""
+    from slurm_geo.federation.ownerverbs import answer
+    from slurm_geo.lease.protocol import OWNER_PATH, OwnerRequest
+
+    run = operator_run(site)
+
+    def ask(user: str):
+        request = OwnerRequest("run-key", run=run)
+        return answer(site.federation, request, site.credentials(
+            OWNER_PATH, request.to_json(), "onprem", 0, 0, as_user=user))
+    assert ask("bob").status == 404  # no job names it, and nobody was given it
+    assign(site.federation, run, "bob", False, "root")
+    reply = ask("bob")
+    assert reply.status == 200 and reply.body["data_keys"], reply.body
+    refused = ask("alice")
+    assert refused.status == 403 and refused.body["exit_code"] == ExitCode.NOT_OWNER

@@ -25,7 +25,7 @@ from slurm_geo.exitcodes import ExitCode
 from slurm_geo.federation.authn import Caller
 from slurm_geo.federation.etcd.records import incarnation_record, job_record
 from slurm_geo.federation.leaseservice import Reply
-from slurm_geo.federation.model import LogicalJob
+from slurm_geo.federation.model import LogicalJob, RunOwner
 from slurm_geo.federation.refusals import REFUSED, Refusal, clip
 from slurm_geo.lease.protocol import KeyReply, OwnerRequest
 from slurm_geo.lease.signing import Credentials, Forbidden, Refused
@@ -136,35 +136,48 @@ def _resubmit(federation: Federation, request: OwnerRequest, caller: Caller) -> 
 
 
 def _run_key(federation: Federation, request: OwnerRequest, caller: Caller) -> Reply:
-    """The run's data key, to the owner of a job that names it (or an admin): read from
-    the first store of the federation that holds it, never created."""
+    """The run's key ring, to its owner (or an admin): the owner an admin gave the run to,
+    else the owner of a job that names it. Read from the first store of the federation
+    that holds it, never created."""
     assert caller.uid is not None
     w = federation.wiring
     jobs = w.state.find_by_run(request.run)
-    if not jobs:
+    assigned = w.state.identities.run_owner(request.run)
+    if not jobs and assigned is None:
         return Reply(404, {"reason": f"no job of the federation names run {request.run}; a "
                            "run's key goes only to the owner of a job that names it",
                            "exit_code": int(ExitCode.OBJECT_MISSING)})
-    mine = [j for j in jobs if is_admin(caller.uid)
-            or (j.owner is not None and j.owner.uid == caller.uid)]
-    if not mine:
+    if not key_goes_to(caller.uid, is_admin(caller.uid), jobs, assigned):
         raise NotOwner(f"run {request.run} is another user's: only its owner or an admin may "
                        "have its key")
-    stores = list(dict.fromkeys([w.store_of(mine[0].home), w.store_of(mine[0].cluster),
-                                 *w.stores]))
+    first = ([w.store_of(jobs[0].home), w.store_of(jobs[0].cluster)] if jobs
+             else [w.store_of(w.home)])
+    logical_job = jobs[0].logical_job if jobs else None
     failures: list[str] = []
-    for name in stores:
+    for name in dict.fromkeys([*first, *w.stores]):
         try:
             data_keys = unwrap_run_keys(w.stores[name], w.master_keys, request.run)
         except CkptError as exc:
             failures.append(f"{name}: {exc}")
             continue
-        w.audit.append("key", mine[0].logical_job, f"released run {request.run}'s data key "
+        w.audit.append("key", logical_job, f"released run {request.run}'s data key "
                        f"to its owner {_who(caller.uid)}", "asked by MUNGE from a login "
                        "shell (ckpt ls/verify/pull)", uid=caller.uid, store=name)
         return Reply(200, KeyReply(request.run, data_keys).to_json())
     return Reply(404, {"reason": f"no store holds run {request.run}'s key: "
                        + "; ".join(failures), "exit_code": int(ExitCode.OBJECT_MISSING)})
+
+
+def key_goes_to(uid: int, admin: bool, jobs: list[LogicalJob],
+                assigned: RunOwner | None) -> bool:
+    """Whether `uid` may have a run's key from a login shell: an admin; the owner an admin
+    gave the run to (an assignment replaces whoever owned the jobs that named it before);
+    else the owner of a job that names it. Pure."""
+    if admin:
+        return True
+    if assigned is not None:
+        return assigned.owner.uid == uid
+    return any(j.owner is not None and j.owner.uid == uid for j in jobs)
 
 
 def _who(uid: int) -> str:
