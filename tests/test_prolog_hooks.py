@@ -75,14 +75,17 @@ def test_prolog_creates_the_directory_and_a_marker(tmp_path):
     assert LocalDirStore(ckpt).list("") == []  # the marker is not part of the repository
 
 
-def test_the_marker_directory_of_a_shared_checkpoint_directory_is_shared_too(tmp_path):
-    """The first user's prolog makes .slurm-geo/ in a directory all users' jobs checkpoint
-    into (1777): it takes that mode, or every other user's prolog could write no marker."""
+def test_in_a_shared_checkpoint_directory_each_users_markers_lie_in_their_own(tmp_path):
+    """In a directory all users' jobs checkpoint into (1777) the prolog makes no shared
+    .slurm-geo/, whose maker could remove everyone's markers: the user's own
+    .slurm-geo-<uid>/, which no one else may write (tests/test_job_records.py is bob)."""
     shared = tmp_path / "pfs"
     shared.mkdir()
     shared.chmod(0o1777)
     node.prolog(job_context(env_for(shared)), lambda: node.Staging(None), now=100.0)
-    assert (shared / ".slurm-geo").stat().st_mode & 0o7777 == 0o1777
+    mine = shared / f".slurm-geo-{os.geteuid()}"
+    assert (mine / "prolog-onprem-42-0.json").is_file()
+    assert mine.stat().st_mode & 0o7777 == 0o755 and not (shared / ".slurm-geo").exists()
     own = tmp_path / "own"
     node.prolog(job_context(env_for(own)), lambda: node.Staging(None), now=100.0)
     assert (own / ".slurm-geo").stat().st_mode & 0o022 == 0

@@ -41,9 +41,13 @@ def run_hook(name: str, env: Mapping[str, str] = os.environ,
             return 0
         site = _site_or_none()
         _dispatch(name, job, site, env, clock())
-    except Exception:
-        log.exception("%s of job %s failed; the job goes on without it", name,
-                      env.get("SLURM_JOB_ID", "?"))
+    except Exception as exc:
+        if type(exc).__name__ == "RecordsRefused":  # slurm_geo.jobrecords, imported or not
+            # A co-tenant's directory in place of the job's records: one line, no traceback.
+            log.error("%s of job %s: %s", name, env.get("SLURM_JOB_ID", "?"), exc)
+        else:
+            log.exception("%s of job %s failed; the job goes on without it", name,
+                          env.get("SLURM_JOB_ID", "?"))
     return 0
 
 

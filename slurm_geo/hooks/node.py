@@ -1,7 +1,9 @@
 """Node Prolog and Epilog of geo jobs: the checkpoint directory before and after a job.
 
 Prolog, before each incarnation of a job with --geo-ckpt-dir:
-  1. creates the checkpoint directory (owned by the job's user) and `.slurm-geo/` in it;
+  1. creates the checkpoint directory (owned by the job's user) and the job's records
+     directory in it: `.slurm-geo/`, or in a directory users share `.slurm-geo-<uid>/`
+     (slurm_geo.jobrecords, which says which records are trusted);
   2. on a resumed incarnation (SLURM_JOB_RESTART_COUNT > 0), stages what it will resume
      from: the newest checkpoint of each run is read in full and verified; a damaged one
      is fetched again from checkpoint-sync's replica (into `.slurm-geo/staging-*`,
@@ -18,8 +20,9 @@ Epilog, after each incarnation:
      says why it is not replicated (the job's residency, no checkpoint-sync);
   4. appends all that to `.slurm-geo/job-<cluster>-<job>.json` and removes staged data.
 
-`.slurm-geo/` starts with a dot, which stores never list: it is not part of the checkpoint
-repository. Both hooks are correct to run twice.
+The records directory starts with a dot, which stores never list: it is not part of the
+checkpoint repository. Both hooks are correct to run twice. `.slurm-geo/` below stands for
+it.
 
 The hooks run as root, in a directory the job's user chose: everything they do there they
 do as that user (`as_user`), so a symbolic link planted in the directory leads nowhere
@@ -33,13 +36,13 @@ import logging
 import os
 import pwd
 import shutil
-import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurm_geo import jobrecords
 from slurm_geo.ckpt.errors import WrongKey
 from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
 from slurm_geo.ckpt.store import LocalDirStore, Store
@@ -52,7 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("slurm_geo.hooks")
 
-META_DIR = ".slurm-geo"
+META_DIR = jobrecords.META_DIR
 VERIFY_OLDER_LIMIT = 3  # older checkpoints tried when the newest is damaged
 
 
@@ -151,17 +154,13 @@ def as_user(uid: int | None, gid: int | None) -> Iterator[None]:
 
 
 def prepare_directory(ckpt_dir: Path) -> Path:
-    """Create the checkpoint directory and its `.slurm-geo/` (as the job's user: see
-    `as_user`); returns the latter."""
+    """Create the checkpoint directory and the job's records directory in it (as the job's
+    user: see `as_user`); returns the latter. In a directory users share it is the user's
+    own `.slurm-geo-<uid>/`, never a `.slurm-geo/` another user's job made (whose owner
+    could remove everyone's records in it): slurm_geo.jobrecords. RecordsRefused (one
+    line) when the one there is not the user's."""
     ckpt_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-    meta = ckpt_dir / META_DIR
-    meta.mkdir(mode=0o755, exist_ok=True)
-    # A directory every user's jobs checkpoint into (1777, or 2770 for a group) is shared:
-    # its .slurm-geo/ too, whichever user's prolog made it, as LocalDirStore's directories.
-    shared = stat.S_IMODE(ckpt_dir.stat().st_mode)
-    if shared & (stat.S_IWGRP | stat.S_IWOTH) and meta.stat().st_uid == os.geteuid():
-        meta.chmod(shared)
-    return meta
+    return jobrecords.ensure_dir(ckpt_dir)
 
 
 def stage(ckpt_dir: Path, staging: Staging, scratch: Path) -> list[Staged]:
@@ -306,10 +305,11 @@ def _epilog(job: JobContext, ckpt_dir: Path, protected: Protection, now: float,
         "sync": sync,
     }
     record_path = meta / f"job-{job.tag}.json"
-    record = read_json(record_path) or {"cluster": job.cluster, "job_id": job.job_id,
-                                        "incarnations": []}
-    record["incarnations"] = [i for i in record["incarnations"]
-                              if i.get("restart") != entry["restart"]] + [entry]
+    record = read_json(record_path)
+    if not isinstance(record, dict) or not isinstance(record.get("incarnations"), list):
+        record = {"cluster": job.cluster, "job_id": job.job_id, "incarnations": []}
+    record["incarnations"] = [i for i in record["incarnations"] if isinstance(i, dict)
+                              and i.get("restart") != entry["restart"]] + [entry]
     write_json(record_path, record)
     for staged in meta.glob(f"staging-{job.tag}-*"):
         shutil.rmtree(staged, ignore_errors=True)
@@ -341,7 +341,8 @@ def _last_prolog_restart(meta: Path, job: JobContext) -> int | None:
     restarts = []
     for marker in meta.glob(f"prolog-{job.tag}-*.json"):
         tail = marker.stem.rsplit("-", 1)[-1]
-        if tail.isdigit() and int(tail) <= job.restart:
+        # Only the user's own markers count (jobrecords.read_json): a name alone is not one.
+        if tail.isdigit() and int(tail) <= job.restart and read_json(marker) is not None:
             restarts.append(int(tail))
     return max(restarts, default=None)
 
@@ -365,7 +366,5 @@ def write_json(path: Path, value: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
+    """A record of whoever reads it (the job's user), else None: jobrecords.read_json."""
+    return jobrecords.read_json(path)

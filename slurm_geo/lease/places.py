@@ -14,7 +14,9 @@ replicas, not by an empty directory (docs/training.md, "Where the checkpoints go
 with a warning line when the checkpoints go nowhere checkpoint-sync replicates;
 `final_from_record` is the epilog's half. The record lies in a directory the user
 controls: the epilog trusts it for nothing but a run name it lists as the user, in the
-store the config gives the job's cluster.
+store the config gives the job's cluster. In a checkpoint directory users share, it lies in
+the user's own records directory (`.slurm-geo-<uid>/`), and a record in a directory or file
+of another user is never read (slurm_geo.jobrecords).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_geo import jobrecords
 from slurm_geo.ckpt.errors import UnsafeObjectName
 from slurm_geo.ckpt.names import STEP_DIGITS, check_run_id, manifest_prefix
 
-META_DIR = ".slurm-geo"  # the node hooks' (slurm_geo.hooks.node.META_DIR)
+META_DIR = jobrecords.META_DIR  # the node hooks' records directory (in a private one)
 CKPT_DIR_ENV = "SLURM_GEO_CKPT_DIR"
 FILE = "file://"
 
@@ -103,7 +106,8 @@ def start_lines(run: str, place: Where, ckpt_dir: str | None) -> list[str]:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """`.slurm-geo/run-<cluster>-<job>.json`: the run a job's FederatedRun trains."""
+    """`.slurm-geo/run-<cluster>-<job>.json` (`.slurm-geo-<uid>/` in a shared directory):
+    the run a job's FederatedRun trains."""
 
     run: str
     cluster: str
@@ -132,13 +136,22 @@ class RunRecord:
         return record
 
 
+def record_name(cluster: str, job_id: int) -> str:
+    return f"run-{cluster}-{job_id}.json"
+
+
 def record_path(ckpt_dir: Path, cluster: str, job_id: int) -> Path:
-    return ckpt_dir / META_DIR / f"run-{cluster}-{job_id}.json"
+    """Where the record of whoever runs this (the job's user) lies (jobrecords)."""
+    return jobrecords.records_dir(ckpt_dir) / record_name(cluster, job_id)
 
 
 def write_record(ckpt_dir: Path, record: RunRecord) -> None:
-    """Atomically, into the `.slurm-geo/` the prolog made (OSError when there is none)."""
-    path = record_path(ckpt_dir, record.cluster, record.job_id)
+    """Atomically, into the records directory the prolog made for the job's user (OSError
+    when there is none, or one that is not theirs)."""
+    directory = jobrecords.trusted_dir(ckpt_dir)
+    if directory is None:
+        raise FileNotFoundError(f"no records directory in {ckpt_dir}")
+    path = directory / record_name(record.cluster, record.job_id)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(asdict(record), indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
@@ -155,11 +168,16 @@ def own_mark(record: RunRecord | None, run: str, store_url: str) -> int | None:
 
 
 def read_record(ckpt_dir: Path, cluster: str, job_id: int) -> RunRecord | None:
+    """The job's user's record (whoever runs this), None when there is none they may trust:
+    in a directory, or a file, of another user (jobrecords)."""
     try:
-        return RunRecord.from_json(json.loads(
-            record_path(ckpt_dir, cluster, job_id).read_text()))
-    except (OSError, ValueError):
+        directory = jobrecords.trusted_dir(ckpt_dir)
+    except OSError:
         return None
+    if directory is None:
+        return None
+    value = jobrecords.read_json(directory / record_name(cluster, job_id))
+    return None if value is None else RunRecord.from_json(value)
 
 
 # --- the epilog's half ---------------------------------------------------------------------
