@@ -199,6 +199,24 @@ def _final_weights(training, job_id: int, cluster: str) -> str | None:
     return drill.final_line(drill.job_output(training.work, job_id, cluster))[1]
 
 
+def _provider_sees_only_what_it_held(sandbox: Sandbox, site, run: str, resumed: int) -> None:
+    from slurm_geo.ckpt.errors import WrongKey
+    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.ckpt.open_store import open_store
+    from slurm_geo.ckpt.runkey import RunKeyRepository, unwrap_run_keys
+
+    store = open_store(site.stores["pfs"].url)
+    ring = unwrap_run_keys(store, load_master_key(sandbox.layout.master_key), run)
+    assert len(ring.keys) == 2
+    provider = RunKeyRepository(store, run, ring.keys[1].data_key)
+    assert provider.manifest(run, resumed).step == resumed
+    later = [step for step in provider.steps(run) if step > resumed]
+    assert later, "generation 2 saved at home"
+    for step in later:
+        with pytest.raises(WrongKey):
+            provider.manifest(run, step)
+
+
 def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbox):
     import time
 
@@ -256,6 +274,14 @@ def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbo
     ran_as = drill.incarnation_uids(training.work)
     assert f"onprem:{home_job}" in ran_as and any(k.startswith("rented:") for k in ran_as)
     assert set(ran_as.values()) == {ALICE.uid}, ran_as
+    # Leaving the rented cluster rotated the run's key before generation 2 got its ring: the
+    # provider, holding the key its job had, opens the step it saved and nothing saved
+    # at home after it (docs/format.md 4.2).
+    rotated = [e for e in audit.entries(logical_job=logical) if e.kind == "key"
+               and e.what.startswith(f"rotated run {training.run}'s data key in pfs")]
+    assert len(rotated) == 1 and rotated[0].detail["generation"] == 2, rotated
+    _provider_sees_only_what_it_held(fed_sandbox, site, training.run,
+                                     home.detail["resume_step"])
 
 
 def test_a_hopeless_home_queue_is_left_for_rented(fed_sandbox: Sandbox):
