@@ -63,11 +63,11 @@ class LeaseService:
             caller = self.auth.authenticate(credentials)
             session = self._session(caller, request.cluster, request.job_id,
                                     request.generation, request.restart, issue=True)
-            reply, job = self._lease(request, caller)
+            reply, job, acquired = self._lease(request, caller)
         except Refused as exc:
             return _refused(exc, "a lease", request.cluster, request.job_id)
         if reply.verdict is not Said.FENCED:
-            mark = self._high_water(job, request) if reply.verdict is Said.GRANT else None
+            mark = self._high_water(job, request) if acquired else None
             return Reply(reply.http_status, replace(reply, session_secret=session,
                                                     high_water=mark).to_json())
         return Reply(reply.http_status, reply.to_json(), Refusal(
@@ -76,8 +76,9 @@ class LeaseService:
             f"{request.generation}", reply.reason))
 
     def _lease(self, request: LeaseRequest, caller: Caller
-               ) -> tuple[LeaseReply, LogicalJob | None]:
-        """The reply, and the logical job the request named (None: no such job)."""
+               ) -> tuple[LeaseReply, LogicalJob | None, bool]:
+        """The reply, the logical job the request named (None: no such job), and whether
+        the reply grants this incarnation its first lease (a renewal does not)."""
         w = self.wiring
         if caller.at_home:
             self.registrar.admit_home(request, caller)  # reads Slurm: not under the lock
@@ -88,22 +89,27 @@ class LeaseService:
             lease = None if job is None else w.state.lease(job.logical_job)
             answer = decide(job, lease, request, w.home, now, w.config.lease_ttl_s)
             if answer.verdict is Verdict.REGISTER:
-                return LeaseReply(Said.WAIT, "registering the job", retry_s=WAIT_RETRY_S), job
+                return LeaseReply(Said.WAIT, "registering the job",
+                                  retry_s=WAIT_RETRY_S), job, False
             if answer.verdict is Verdict.FENCED:
-                return LeaseReply(Said.FENCED, answer.reason), job
+                return LeaseReply(Said.FENCED, answer.reason), job, False
             if answer.verdict is Verdict.WAIT:
-                return LeaseReply(Said.WAIT, answer.reason, retry_s=WAIT_RETRY_S), job
+                return LeaseReply(Said.WAIT, answer.reason, retry_s=WAIT_RETRY_S), job, False
             assert job is not None
             if not job.run:  # discovered while pending: the job names its run now
                 self.registrar.check_run(request.run, job.logical_job,
                                          None if job.owner is None else job.owner.uid,
                                          stored_in)
                 job = w.state.name_run(job.logical_job, request.run, now)
-            return self._grant(job, lease, request, answer.action, answer.reason, now), job
+            reply = self._grant(job, lease, request, answer.action, answer.reason, now)
+            first = lease is None or (lease.generation, lease.restart) != (
+                request.generation, request.restart)
+            return reply, job, first and reply.verdict is Said.GRANT
 
     def _high_water(self, job: LogicalJob | None, request: LeaseRequest) -> int | None:
-        """For a grant to an incarnation that has not saved yet (its request names no
-        last_step: it is about to resume), the run's high-water mark in the store of its
+        """For the first grant to an incarnation that has not saved yet (its request
+        names no last_step: it is about to resume; a renewal costs no more reads), the
+        run's high-water mark in the store of its
         cluster (federation.highwater); None otherwise. Reads the state and
         checkpoint-sync's: not under the lock."""
         if job is None or not job.run or request.last_step is not None:
