@@ -117,6 +117,24 @@ def test_where_a_resubmission_runs(chdir, submit_dir, at_home, runs_in):
     assert str(spec.working_dir) == runs_in
 
 
+@pytest.mark.parametrize("chdir, output, own_dir, runs_in, writes_to", [
+    # a cluster with none of home's files: the account's own directory, outputs by name
+    ("/c", "/home/a/w/%x-%j.out", "/home/geo-a", "/home/geo-a", "%x-%j.out"),
+    (None, "logs/train.out", "/scratch/geo-a", "/scratch/geo-a", "train.out"),
+    (None, None, "/home/geo-a", "/home/geo-a", None),
+    # one that shares home's filesystem: as submitted
+    ("/c", "/home/a/w/%x-%j.out", None, "/c", "/home/a/w/%x-%j.out"),
+    (None, "logs/train.out", None, "/tmp", "logs/train.out"),
+])
+def test_a_cluster_without_homes_files_runs_the_job_in_the_accounts_directory(
+        chdir, output, own_dir, runs_in, writes_to):
+    incoming = Incoming("onprem-9", 1, "run-a", 10, "http://fed:9852", "tok", "s3://b/c")
+    options = ScriptOptions(working_dir=chdir, submit_dir="/home/a/w", output=output)
+    spec = resubmission("#!/bin/bash\npython train.py\n", options, incoming, ("batch",),
+                        owner=ALICE, own_dir=own_dir)
+    assert (str(spec.working_dir), spec.output) == (runs_in, writes_to)
+
+
 def test_the_environment_is_the_owners_then_the_stores_then_the_directives_then_incoming():
     incoming = Incoming("onprem-9", 2, "run-a", 120, "http://fed:9852", "tok", "s3://b/c")
     spec = resubmission(

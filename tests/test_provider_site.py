@@ -63,7 +63,8 @@ def test_every_python_bind_has_its_mount_point_in_the_image() -> None:
 
 def test_slurm_conf_is_stock() -> None:
     """Nothing of slurm-geo's: no plugin stack, Lua, hook or script; JWT for slurmrestd."""
-    conf = render.slurm_conf("provider", "10.77.0.2", render.Ports.from_base(24070), "p-n1")
+    conf = render.slurm_conf("provider", "10.77.0.2", render.Ports.from_base(24070),
+                             (("p-n1", 24071),), accounting=True)
     for setting in ("PlugStackConfig", "JobSubmitPlugins", "CliFilterPlugins", "Prolog",
                     "Epilog", "slurm-geo", "slurm_geo", "geo-"):
         assert setting not in conf
@@ -81,12 +82,12 @@ IMAGE_PASSWD = ("root:x:0:0:root:/root:/bin/bash\n"
 def test_accounts_are_the_providers_own() -> None:
     text = render.passwd(IMAGE_PASSWD)
     names = [line.split(":")[0] for line in text.splitlines()]
-    assert names == ["root", "slurm", "slurmrestd", "geo-alice", "geo-bob"]
+    assert names == ["root", "slurm", "slurmrestd", "slurm-geo", "geo-alice", "geo-bob"]
     assert "geo-alice:x:3101:3101::/home/geo-alice:/bin/bash" in text
     assert "alice:" not in text.replace("geo-alice:", "")
     group = render.group("root:x:0:\nslurm:x:64030:\n")
-    assert group.splitlines()[-3:] == ["slurmrestd:x:64031:", "geo-alice:x:3101:",
-                                       "geo-bob:x:3102:"]
+    assert group.splitlines()[-4:] == ["slurmrestd:x:64031:", "slurm-geo:x:3100:",
+                                       "geo-alice:x:3101:", "geo-bob:x:3102:"]
 
 
 @pytest.mark.parametrize(("address", "expected"), [

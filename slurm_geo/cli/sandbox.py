@@ -46,14 +46,19 @@ def sandbox() -> None:
               help="Run federation replicas at home and at control, their state in the "
                    "sites' etcd, as a site that must survive losing home does (fixed at "
                    "first `up`).")
+@click.option("--remote-slurm", type=click.Choice(["host", "provider"]), default=None,
+              help="The rented cluster's Slurm: the host's, with slurm-geo's plugins "
+                   "(host), or a stock Slurm 26.05 on the provider's own root filesystem, "
+                   "reached only through slurmrestd (provider) [default: host; fixed at "
+                   "first `up`].")
 def up(root: Path | None, port_base: int | None, wan_mbit: int | None,
-       replicated: bool | None) -> None:
+       replicated: bool | None, remote_slurm: str | None) -> None:
     """Make the sites (home, remote and control network namespaces joined by shaped WAN
     links) and start munge, MariaDB, the etcd members, both clusters, slurmrestd behind
     TLS, the S3 server and the slurm-geo daemons, each in its site (idempotent)."""
     from slurm_geo.sandbox.lifecycle import Sandbox
 
-    Sandbox(root_from_env(root), port_base, replicated).up(
+    Sandbox(root_from_env(root), port_base, replicated, remote_slurm).up(
         progress=lambda msg: click.echo(msg, err=True), wan_mbit=wan_mbit)
 
 

@@ -106,6 +106,7 @@ class RemoteAccount:
 
     account: str
     token_file: Path
+    work_dir: Path | None = None  # on a cluster that has none of home's files
 
 
 REMOTE_ACCOUNT_SETTINGS = (
@@ -113,6 +114,10 @@ REMOTE_ACCOUNT_SETTINGS = (
             "there.", required=True),
     Setting("token_file", path, None, "That account's slurmrestd JWT; refused at every use "
             "if the file has any group or other permission bit (chmod 600).", required=True),
+    Setting("work_dir", path, None, "Where that account's jobs run there, on the cluster's "
+            "own filesystem (its home or scratch), when the cluster has none of home's "
+            "files: a moved job runs in it, its --output and --error by file name only; "
+            "unset, it runs in /tmp with the paths it was submitted with."),
 )
 _USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}")
 

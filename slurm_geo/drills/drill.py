@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import tempfile
 import threading
@@ -54,10 +55,23 @@ class Training:
     job_id: int
     work: Path    # its outputs: train-CLUSTER-JOB.out per incarnation, trace.log
     trace: Path   # 'time generation cluster:job step' per trained step, every incarnation
+    # Where its incarnations on a cluster with none of home's files write the same (the
+    # provider's /home/geo-alice/RUN), as the sandbox's operator reads it: a test oracle;
+    # bringing outputs home is the federation's (issue 31).
+    remote_work: Path | None = None
 
     @property
     def logical_job(self) -> str:
         return f"{self.cluster}-{self.job_id}"
+
+    @property
+    def dirs(self) -> list[Path]:
+        return [self.work, *([self.remote_work] if self.remote_work else [])]
+
+    @property
+    def traces(self) -> list[Path]:
+        return [self.trace, *([self.remote_work / self.trace.name] if self.remote_work
+                              else [])]
 
 
 def run_drill(sandbox: Sandbox, settings: DrillSettings, out_dir: Path,
@@ -94,7 +108,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         if moved_from is not None:
             progress(f"{moved_from}'s replica led: restarted it, so that home's leads")
     job = submit_training(site, clients[home], settings, out_dir, sandbox.layout)
-    run, work, trace, job_id, logical = job.run, job.work, job.trace, job.job_id, \
+    run, work, trace, job_id, logical = job.run, job.dirs, job.traces, job.job_id, \
         job.logical_job
     progress(f"submitted {run} to {home} as job {job_id}")
     # Short timeouts: a dead controller must show as unreachable when it dies, not later.
@@ -204,6 +218,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         fenced_at=stale.unix_time if stale else None,
         audit_ok=view.verify_audit(),
         owner=ALICE.name, owner_uid=ALICE.uid, ran_as=incarnation_uids(work),
+        account_uids=sharded.account_uids(sandbox.layout, ALICE),
         ranks=settings.ranks, ranks_after_move=sharded.ranks_of(output) or settings.ranks,
         resumed_weights=resumed, saved_weights=saved,
         timeline=sampler.samples,
@@ -214,8 +229,8 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         provider_secrets=provider_secrets(sandbox, site, run),
         cluster_sites={c.name: c.site.value for c in sandbox.layout.clusters},
     )
-    report.picture = str(draw_timeline(report, work / "timeline.png"))
-    (work / "report.json").write_text(json.dumps(report.to_json(), indent=2))
+    report.picture = str(draw_timeline(report, job.work / "timeline.png"))
+    (job.work / "report.json").write_text(json.dumps(report.to_json(), indent=2))
     return report
 
 
@@ -280,13 +295,14 @@ def submit_training(site: SiteConfig, client: SlurmClient, settings: DrillSettin
         environment={**job_environment(layout, person), "SLURM_GEO_CONFIG": str(site.source)})
     job_id = client.submit(sharded.shaped_for_home(spec, settings) if settings.ranks > 1
                            else spec)
-    return Training(run, site.home_cluster, job_id, work, trace)
+    return Training(run, site.home_cluster, job_id, work, trace,
+                    sharded.remote_work(layout, person, run))
 
 
-def incarnation_uids(work: Path) -> dict[str, int]:
+def incarnation_uids(work: Path | list[Path]) -> dict[str, int]:
     """The uid each incarnation of a training job ran as, by 'cluster:job'."""
     found = {}
-    for path in work.glob("uid-*-*"):
+    for path in (found_path for where in _each(work) for found_path in where.glob("uid-*-*")):
         cluster, _, job_id = path.name.removeprefix("uid-").rpartition("-")
         found[f"{cluster}:{job_id}"] = int(path.read_text())
     return found
@@ -309,16 +325,23 @@ class TraceLine:
     step: int
 
 
-def trace_lines(trace: Path) -> list[TraceLine]:
-    """The trace example_train --trace wrote: one line per trained step."""
-    if not trace.exists():
-        return []
+def trace_lines(trace: Path | list[Path]) -> list[TraceLine]:
+    """The trace example_train --trace wrote: one line per trained step (of every trace
+    given, in time order: each filesystem its incarnations ran on has one)."""
     lines = []
-    for text in trace.read_text().splitlines():
-        words = text.split()
-        if len(words) == 4 and words[1] != "-":  # a line cut short by a kill is skipped
-            lines.append(TraceLine(float(words[0]), int(words[1]), words[2], int(words[3])))
-    return lines
+    for path in _each(trace):
+        if not path.exists():
+            continue
+        for text in path.read_text().splitlines():
+            words = text.split()
+            if len(words) == 4 and words[1] != "-":  # a line cut short by a kill: skipped
+                lines.append(TraceLine(float(words[0]), int(words[1]), words[2],
+                                       int(words[3])))
+    return sorted(lines, key=lambda line: line.time) if isinstance(trace, list) else lines
+
+
+def _each(paths: Path | list[Path]) -> list[Path]:
+    return paths if isinstance(paths, list) else [paths]
 
 
 def _other_cluster(site: SiteConfig) -> str:
@@ -331,11 +354,12 @@ def _other_cluster(site: SiteConfig) -> str:
 def training_script(site: SiteConfig, run: str, settings: DrillSettings, work: Path,
             trace: Path) -> str:
     pfs = site.stores[site.cluster(site.home_cluster).store].url.removeprefix("file://")
-    trainer = (sharded.trainer_command(run, settings, trace) if settings.ranks > 1 else
+    traced = f'"$work/{trace.name}"' if trace.parent == work else shlex.quote(str(trace))
+    trainer = (sharded.trainer_command(run, settings, traced) if settings.ranks > 1 else
                f"exec python -m slurm_geo.torch.example_train --run {run} --federated "
                f"--steps {settings.steps} --ckpt-every {settings.ckpt_every} "
                f"--step-delay {settings.step_delay_s} --hidden {settings.hidden} "
-               f"--trace {trace}")
+               f"--trace {traced}")
     return "\n".join([
         "#!/bin/bash",
         "#SBATCH --job-name=geo-drill",
@@ -346,16 +370,19 @@ def training_script(site: SiteConfig, run: str, settings: DrillSettings, work: P
         "#SBATCH --geo-cost-center=ml-research",
         "#SBATCH --geo-failover=auto",
         f"#SBATCH --geo-clusters={','.join(sorted(site.clusters))}",
+        f"work={shlex.quote(str(work))}",
+        # A cluster with none of home's files (the provider's): where it runs, its own.
+        f'[ -d "$work" ] || {{ work="$PWD/{work.name}"; mkdir -p "$work"; }}',
         # Whom each incarnation ran as (incarnation_uids).
-        f'id -u > "{work}/uid-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID"',
+        'id -u > "$work/uid-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID"',
         # Job ids repeat across clusters: the cluster's name keeps each output apart.
         # Appended: an incarnation Slurm requeues under the same id keeps what it said.
-        f'{trainer} >> "{work}/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
+        f'{trainer} >> "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
         "",
     ])
 
 
-def _trained_status(trace: Path) -> str:
+def _trained_status(trace: Path | list[Path]) -> str:
     """What a long wait says of the training: the newest step and where it ran."""
     lines = trace_lines(trace)
     if not lines:
@@ -364,7 +391,7 @@ def _trained_status(trace: Path) -> str:
     return f"step {last.step} on {last.incarnation}"
 
 
-def _offsite_status(site: SiteConfig, run: str, trace: Path) -> str:
+def _offsite_status(site: SiteConfig, run: str, trace: Path | list[Path]) -> str:
     """What the wait for off-site checkpoints says: how many are verified, and training."""
     steps = verified_offsite(site, run)
     done = f"verified off-site: steps {', '.join(map(str, steps))}" if steps else \
@@ -462,9 +489,12 @@ def provider_secrets(sandbox: Sandbox, site: SiteConfig, run: str) -> list[str]:
         {"the master key": master.current, f"the run key of {run}": run_key})
 
 
-def job_output(work: Path, job_id: int, cluster: str) -> str:
-    path = work / f"train-{cluster}-{job_id}.out"
-    return path.read_text() if path.exists() else ""
+def job_output(work: Path | list[Path], job_id: int, cluster: str) -> str:
+    for where in _each(work):
+        path = where / f"train-{cluster}-{job_id}.out"
+        if path.exists():
+            return path.read_text()
+    return ""
 
 
 def final_line(output: str) -> tuple[int | None, str | None]:

@@ -54,6 +54,9 @@ class DrillReport:
     owner: str = ""                 # whose job the drill submitted, and their uid
     owner_uid: int = -1
     ran_as: dict[str, int] = field(default_factory=dict)  # uid per incarnation 'cluster:job'
+    # the uid of the owner's account on each cluster (the provider's accounts are its own);
+    # a cluster not named: owner_uid
+    account_uids: dict[str, int] = field(default_factory=dict)
     ranks: int = 1
     ranks_after_move: int = 1
     resumed_weights: str | None = None  # what the moved job loaded (sharded jobs say)
@@ -137,9 +140,11 @@ class DrillReport:
 
     @property
     def ran_as_owner(self) -> bool:
-        """Every incarnation ran as the job's owner, and at least the home one and the
-        moved one said so."""
-        return len(self.ran_as) >= 2 and set(self.ran_as.values()) == {self.owner_uid}
+        """Every incarnation ran as the job's owner (as their account on its cluster), and
+        at least the home one and the moved one said so."""
+        return len(self.ran_as) >= 2 and all(
+            uid == self.account_uids.get(incarnation.partition(":")[0], self.owner_uid)
+            for incarnation, uid in self.ran_as.items())
 
     @property
     def resharded(self) -> bool:
@@ -251,6 +256,13 @@ def _leader_lines(report: DrillReport) -> list[str]:
     return lines
 
 
+def _accounts(report: DrillReport) -> str:
+    """Where the owner's account has another uid (a provider's own accounts)."""
+    others = {cluster: uid for cluster, uid in report.account_uids.items()
+              if uid != report.owner_uid}
+    return "".join(f", uid {uid} at {cluster}" for cluster, uid in sorted(others.items()))
+
+
 def render_report(report: DrillReport) -> str:
     seconds, verdict = _seconds, _verdict
     lines = [
@@ -279,7 +291,8 @@ def render_report(report: DrillReport) -> str:
         f"  stale incarnation   {report.stale_incarnation}",
         f"  audit chain         {'verifies' if report.audit_ok else 'BROKEN'}",
         f"  ran as              {report.owner:>10}   uid {report.owner_uid} in "
-        f"{len(report.ran_as)} incarnations: {verdict(report.ran_as_owner)}",
+        f"{len(report.ran_as)} incarnations{_accounts(report)}: "
+        f"{verdict(report.ran_as_owner)}",
         "",
         "  leg                 elapsed      compute        fee      total",
     ]

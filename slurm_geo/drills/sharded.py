@@ -17,8 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from slurm_geo.drills.settings import DrillSettings
+from slurm_geo.sandbox import remote_site
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.render import CPUS_PER_NODE
+from slurm_geo.sandbox.users import SandboxUser
 from slurm_geo.slurm import JobSpec
 from slurm_geo.slurm.admin import drain_node, resume_node
 
@@ -42,7 +44,7 @@ def batch_lines(settings: DrillSettings) -> list[str]:
     return [f"#SBATCH --nodes={shape} --ntasks-per-node={TASKS_PER_NODE}"]
 
 
-def trainer_command(run: str, settings: DrillSettings, trace: Path) -> str:
+def trainer_command(run: str, settings: DrillSettings, trace: str) -> str:
     return (f"srun python -m slurm_geo.torch.example_sharded_train --run {run} --federated "
             f"--steps {settings.steps} --ckpt-every {settings.ckpt_every} "
             f"--step-delay {settings.step_delay_s} --hidden {settings.hidden} --trace {trace}")
@@ -55,13 +57,40 @@ def fewer_nodes(layout: SandboxLayout, cluster: str, reshard: bool) -> Iterator[
     assert place is not None, cluster
     conf = place.slurm_conf
     drained = place.node_names[1:] if reshard else ()
+    provider = place not in layout.host_clusters  # the provider's: the operator's hand
     for node in drained:
-        drain_node(conf, node, "slurm-geo drill: a site with one node free")
+        if provider:
+            remote_site.scontrol(layout, ["update", f"nodename={node}", "state=drain",
+                                          "reason=slurm-geo drill: a site with one node free"])
+        else:
+            drain_node(conf, node, "slurm-geo drill: a site with one node free")
     try:
         yield
     finally:
         for node in drained:
-            resume_node(conf, node)
+            if provider:
+                remote_site.scontrol(layout, ["update", f"nodename={node}", "state=resume"])
+            else:
+                resume_node(conf, node)
+
+
+def remote_work(layout: SandboxLayout, person: SandboxUser, run: str) -> Path | None:
+    """Where a drill job's incarnations at the provider write (its account's home there,
+    the directory `run`), as the sandbox's operator reads it; None when rented shares
+    home's disk."""
+    if not remote_site.is_provider(layout):
+        return None
+    return remote_site.operator_path(layout, person.name,
+                                     remote_site.work_dir(person.name) / run)
+
+
+def account_uids(layout: SandboxLayout, person: SandboxUser) -> dict[str, int]:
+    """The uid `person`'s jobs run as on each cluster: their own, but at the provider's,
+    whose accounts are its own."""
+    uids = {cluster.name: person.uid for cluster in layout.clusters}
+    if remote_site.is_provider(layout):
+        uids[layout.rented.name] = remote_site.account_for(person.name).uid
+    return uids
 
 
 def reference_output(settings: DrillSettings) -> str:

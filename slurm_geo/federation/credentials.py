@@ -24,11 +24,13 @@ from typing import Any, Protocol
 from slurm_geo.ckpt.names import check_run_id, run_packs_prefix
 from slurm_geo.config.model import StoreConfig
 from slurm_geo.errors import ConfigError
+from slurm_geo.lease.protocol import ENV_CA_BUNDLE, ENV_STORE_CA
 
 SECRET_NAMES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 REQUIRED_NAMES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 REGION_NAME = "AWS_DEFAULT_REGION"
-CA_BUNDLE_NAME = "AWS_CA_BUNDLE"  # boto3 verifies https endpoints against this file
+CA_BUNDLE_NAME = ENV_CA_BUNDLE  # boto3 verifies https endpoints against this file
+STORE_CA_NAME = ENV_STORE_CA
 PER_RUN = "per-run"  # [stores.NAME] job_keys
 RUN_POLICY_NAME = "slurm-geo-run"
 LOCKS = "locks/"  # slurm_geo.ckpt.names.lock_name
@@ -87,6 +89,12 @@ def job_environment(store: StoreConfig, daemon_env: Mapping[str, str], run: str 
     env = {REGION_NAME: daemon_env[REGION_NAME]} if REGION_NAME in daemon_env else {}
     if store.ca_file is not None:
         env[CA_BUNDLE_NAME] = str(store.ca_file)
+        # and the bundle itself, for a cluster without home's files (lease.client.
+        # store_ca_here): a CA certificate is no secret
+        try:
+            env[STORE_CA_NAME] = store.ca_file.read_text()
+        except (OSError, UnicodeDecodeError):
+            pass  # the path alone, as before: the job reports a bundle it cannot read
     if store.job_keys == PER_RUN:
         if not run:
             # A job that never trained has named no run yet: its key is minted when its

@@ -58,7 +58,7 @@ from slurm_geo.federation.model import (
     answering,
     token_digest,
 )
-from slurm_geo.federation.owners import owner_environment
+from slurm_geo.federation.owners import own_dir, owner_environment
 from slurm_geo.federation.probes import nodes_up
 from slurm_geo.federation.registration import learn_environment
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, fitted, resubmission
@@ -344,7 +344,8 @@ class Mover:
                             owner_env=owner_environment(job.owner_env,
                                                         same_account=cluster.access == "cli"),
                             store_env=job_environment(store, os.environ, job.run),
-                            at_home=job.cluster == job.home)
+                            at_home=job.cluster == job.home,
+                            own_dir=own_dir(cluster, job.owner))
         try:
             w.state.confirm_leading()  # etcd cannot refuse a submission: ask it first
             job_id = w.clients[job.cluster].submit(spec)

@@ -73,3 +73,13 @@ def owner_refusal(cluster: ClusterConfig, owner: Owner | None) -> str:
         return (f"no account for {owner.user} on {cluster.name} "
                 f"([clusters.{cluster.name}.users] maps none)")
     return ""
+
+
+def own_dir(cluster: ClusterConfig, owner: Owner | None) -> str | None:
+    """Where `owner`'s jobs run on `cluster` when it has none of home's files: the
+    `work_dir` of the account `[clusters.NAME.users]` maps them to; None when it names
+    none (the cluster shares home's filesystem)."""
+    if owner is None or cluster.access != "rest" or owner.user not in cluster.users:
+        return None
+    found = cluster.users[owner.user].work_dir
+    return None if found is None else str(found)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from slurm_geo.lease.protocol import (
@@ -177,14 +177,28 @@ def _minutes(text: str) -> int:
 RESUBMIT_WORKING_DIR = "/tmp"  # a resubmission's working directory when it names none
 
 
-def working_dir(options: ScriptOptions, at_home: bool) -> str:
-    """Where an incarnation runs: its --chdir; on the home cluster the directory the home
-    job was submitted from; else RESUBMIT_WORKING_DIR. Pure."""
+def working_dir(options: ScriptOptions, at_home: bool, own_dir: str | None = None) -> str:
+    """Where an incarnation runs: on a cluster with none of home's files, the owner's
+    account's directory there (`own_dir`: home's paths mean nothing there); else its
+    --chdir; on the home cluster the directory the home job was submitted from; else
+    RESUBMIT_WORKING_DIR. Pure."""
+    if own_dir:
+        return own_dir
     if options.working_dir:
         return options.working_dir
     if at_home and options.submit_dir:
         return options.submit_dir
     return RESUBMIT_WORKING_DIR
+
+
+def output_path(options: ScriptOptions, own_dir: str | None = None) -> str | None:
+    """The incarnation's --output: as submitted; on a cluster with none of home's files
+    (`own_dir`), its file name alone, so it is written in the directory the job runs in
+    (home's directories are not there, and Slurm fails a job whose output it cannot
+    open). Slurm's %-patterns are kept. Pure."""
+    if options.output is None or not own_dir:
+        return options.output
+    return PurePosixPath(options.output).name or None
 
 
 def resubmitted_name(options: ScriptOptions, logical_job: str) -> str:
@@ -213,11 +227,12 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
                  partitions: tuple[str, ...], *, owner: Owner | None = None,
                  owner_env: Mapping[str, str] | None = None,
                  store_env: Mapping[str, str] | None = None,
-                 at_home: bool = False) -> JobSpec:
+                 at_home: bool = False, own_dir: str | None = None) -> JobSpec:
     """The JobSpec for the new incarnation, run as `owner`, its environment built from
     the owner's allow-listed one, the store's credentials, the directives and `incoming`,
     in that order (federation.owners). A partition the target does not have is dropped
-    (its default partition takes the job)."""
+    (its default partition takes the job). `own_dir`: the target has none of home's
+    files, the job runs there (`working_dir`, `output_path`)."""
     env = {
         **(owner_env or {}),
         **(store_env or {}),
@@ -240,7 +255,7 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
     return JobSpec(
         script=script,
         name=resubmitted_name(options, incoming.logical_job),
-        working_dir=Path(working_dir(options, at_home)),
+        working_dir=Path(working_dir(options, at_home, own_dir)),
         environment=env,
         owner=owner,
         partition=partition,
@@ -251,6 +266,6 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
         cpus_per_task=options.cpus_per_task,
         requeue=True,
         signal=options.signal,
-        output=options.output,
+        output=output_path(options, own_dir),
         comment=f"slurm-geo {incoming.logical_job} generation {incoming.generation}",
     )

@@ -36,6 +36,7 @@ import logging
 import os
 import ssl
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -158,6 +159,8 @@ class FederatedRun:
         restart = int(env.get("SLURM_RESTART_COUNT") or env.get("SLURM_JOB_RESTART_COUNT")
                       or 0)
         if env.get(protocol.ENV_GENERATION):
+            if isinstance(env, MutableMapping):
+                store_ca_here(env)
             return cls(_submitted_placement(run, cluster, job_id, restart, env), env=env)
         from slurm_geo.config.model import load_config
 
@@ -390,9 +393,23 @@ class FederatedRun:
         except (KeyError, TypeError, ValueError) as exc:
             raise Fenced(f"the federation daemon did not release the run key: {exc}") from None
         os.environ.update(key.store_env)
+        store_ca_here(os.environ)
         self.store_env = dict(key.store_env)
         self._announce(key.run)
         return key.run, key.data_keys
+
+
+def store_ca_here(env: MutableMapping[str, str]) -> None:
+    """The store's CA bundle the daemon named (AWS_CA_BUNDLE, a path at home) is not on a
+    cluster that has none of home's files: there, a private copy of the PEM it sent with
+    it (SLURM_GEO_STORE_CA) takes its place. Nothing changes where the path is there."""
+    named, pem = env.get(protocol.ENV_CA_BUNDLE), env.get(protocol.ENV_STORE_CA)
+    if not named or not pem or os.path.exists(named):
+        return
+    handle, copy = tempfile.mkstemp(prefix="slurm-geo-store-ca-", suffix=".pem")
+    with os.fdopen(handle, "w") as out:
+        out.write(pem)
+    env[protocol.ENV_CA_BUNDLE] = copy
 
 
 def _submitted_placement(run: str, cluster: str, job_id: int, restart: int,

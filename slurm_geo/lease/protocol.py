@@ -53,6 +53,9 @@ ENV_FEDERATION_URLS = "SLURM_GEO_FEDERATION_URLS"
 # The PEM text of the CA the daemon's https certificate is verified against; absent: the
 # system's CAs.
 ENV_FEDERATION_CA = "SLURM_GEO_FEDERATION_CA"
+# The store's CA bundle: its path, and its PEM for a cluster where that path is not there
+ENV_CA_BUNDLE = "AWS_CA_BUNDLE"
+ENV_STORE_CA = "SLURM_GEO_STORE_CA"
 ENV_KEY_TOKEN = "SLURM_GEO_KEY_TOKEN"
 ENV_LEASE_SECRET = "SLURM_GEO_LEASE_SECRET"  # signs this incarnation's requests (64 hex)
 ENV_STORE = "SLURM_GEO_STORE"

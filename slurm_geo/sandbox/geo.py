@@ -72,7 +72,7 @@ def install(layout: SandboxLayout, write: Write) -> set[str]:
                         source=str(layout.site_config))
     rules = rules_for(site)
     changed = set()
-    for cluster in layout.clusters:
+    for cluster in layout.host_clusters:
         files = {cluster.etc / "plugstack.conf": (render.plugstack_conf(layout, cluster), 0o644)}
         for name, text in export_files(rules, cluster.name, site.source).items():
             files[cluster.etc / name] = (text, 0o644)

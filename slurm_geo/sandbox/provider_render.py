@@ -23,6 +23,13 @@ JWT_KEY = SLURM_ETC / "jwt.key"
 SLURM_KEY = SLURM_ETC / "slurm.key"
 SLURM_USER = ("slurm", 64030)  # the image's (Debian's fixed id for slurm)
 RESTD_USER = ("slurmrestd", 64031)  # slurmrestd must run as neither root nor SlurmUser
+MYSQL_USER = "mysql"  # the image's MariaDB account
+# slurmrestd's unix socket (when the site serves REST on no network: a TLS proxy of the
+# provider's in front of it) and MariaDB's, and its data: under /var/lib/slurm, the site's.
+RESTD_SOCKET = Path("/var/lib/slurm/restd/slurmrestd.socket")
+MYSQL_DATA = Path("/var/lib/slurm/mysql")
+MYSQL_SOCKET = Path("/run/mariadbd/mysqld.sock")  # where its clients look by default
+DATABASE = "slurm_acct_db"
 HOSTNAME = "provider"
 CPUS_PER_NODE = 2
 MEMORY_MB_PER_NODE = 2000
@@ -52,6 +59,9 @@ class Account:
 # The provider's accounts of the sandbox's users: their own names and ids (home's alice is
 # 2001), nothing shared with home but the person.
 ACCOUNTS = (Account("geo-alice", 3101, "alice"), Account("geo-bob", 3102, "bob"))
+# The account a tenant's automation (slurm-geo's federation daemon) calls slurmrestd as: a
+# Slurm operator of the site (when it keeps accounting), no home user's, no home of its own.
+SERVICE_ACCOUNT = Account("slurm-geo", 3100, "")
 
 
 @dataclass(frozen=True)
@@ -67,13 +77,15 @@ class Ports:
         return cls(base, base + 1, base + 2, base + 3, base + 4)
 
 
-def slurm_conf(cluster: str, address: str, ports: Ports, node: str) -> str:
-    """A stock slurm.conf: auth/slurm (no MUNGE), JWT for slurmrestd, nothing of ours."""
+def slurm_conf(cluster: str, address: str, ports: Ports,
+               nodes: tuple[tuple[str, int], ...], accounting: bool = False) -> str:
+    """A stock slurm.conf: auth/slurm (no MUNGE), JWT for slurmrestd, nothing of ours;
+    `nodes` (name, slurmd port) on this one machine; with `accounting`, slurmdbd's."""
     lines = [
         f"ClusterName={cluster}",
         f"SlurmctldHost={HOSTNAME}({address})",
         f"SlurmctldPort={ports.ctld}",
-        f"SlurmdPort={ports.slurmd}",
+        f"SlurmdPort={nodes[0][1]}",
         f"SlurmUser={SLURM_USER[0]}",
         "SlurmdUser=root",
         "AuthType=auth/slurm",
@@ -82,11 +94,11 @@ def slurm_conf(cluster: str, address: str, ports: Ports, node: str) -> str:
         "AuthAltTypes=auth/jwt",
         f"AuthAltParameters=jwt_key={JWT_KEY}",
         f"StateSaveLocation={STATE_DIR}",
-        f"SlurmdSpoolDir={SPOOL_DIR}",
+        f"SlurmdSpoolDir={SPOOL_DIR}/%n",
         "SlurmctldPidFile=/run/slurmctld.pid",
-        "SlurmdPidFile=/run/slurmd.pid",
+        "SlurmdPidFile=/run/slurmd-%n.pid",
         f"SlurmctldLogFile={LOG_DIR}/slurmctld.log",
-        f"SlurmdLogFile={LOG_DIR}/slurmd.log",
+        f"SlurmdLogFile={LOG_DIR}/slurmd-%n.log",
         # One machine stands for the cluster: no cgroups to enforce with.
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
@@ -101,27 +113,62 @@ def slurm_conf(cluster: str, address: str, ports: Ports, node: str) -> str:
         "SlurmdTimeout=20",
         "InactiveLimit=0",
         "KillWait=5",
-        f"NodeName={node} NodeHostname={HOSTNAME} NodeAddr={address} Port={ports.slurmd} "
-        f"CPUs={CPUS_PER_NODE} RealMemory={MEMORY_MB_PER_NODE} State=UNKNOWN",
-        f"PartitionName=gpu Nodes={node} Default=YES MaxTime=INFINITE State=UP",
+        # A requeued job may start again this soon (the default waits 120 s).
+        "SchedulerParameters=bf_interval=5",
     ]
+    if accounting:
+        lines += ["AccountingStorageType=accounting_storage/slurmdbd",
+                  f"AccountingStorageHost={HOSTNAME}", f"AccountingStoragePort={ports.dbd}",
+                  # slurmrestd's job endpoint gives the batch environment from it
+                  "AccountingStoreFlags=job_env"]
+    lines += [f"NodeName={name} NodeHostname={HOSTNAME} NodeAddr={address} Port={port} "
+              f"CPUs={CPUS_PER_NODE} RealMemory={MEMORY_MB_PER_NODE} State=UNKNOWN"
+              for name, port in nodes]
+    lines.append(f"PartitionName=gpu Nodes={','.join(name for name, _ in nodes)} "
+                 "Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
 
 
+def slurmdbd_conf(address: str, ports: Ports) -> str:
+    """The site's slurmdbd: auth/slurm and JWT (slurmrestd's /slurmdb/ endpoints), its
+    MariaDB by the unix socket, as the slurm account (unix_socket authentication)."""
+    lines = ["AuthType=auth/slurm", "AuthAltTypes=auth/jwt",
+             f"AuthAltParameters=jwt_key={JWT_KEY}", f"DbdHost={HOSTNAME}",
+             f"DbdAddr={address}", f"DbdPort={ports.dbd}", f"SlurmUser={SLURM_USER[0]}",
+             "PidFile=/run/slurmdbd.pid", f"LogFile={LOG_DIR}/slurmdbd.log",
+             "StorageType=accounting_storage/mysql", "StorageHost=localhost",
+             f"StorageUser={SLURM_USER[0]}", f"StorageLoc={DATABASE}"]
+    return "\n".join(lines) + "\n"
+
+
+def database_sql() -> str:
+    """Slurm's database and its user, who logs in by its unix account (no password)."""
+    return (f"CREATE DATABASE IF NOT EXISTS {DATABASE}; "
+            f"CREATE USER IF NOT EXISTS '{SLURM_USER[0]}'@'localhost' IDENTIFIED VIA "
+            f"unix_socket; GRANT ALL ON {DATABASE}.* TO '{SLURM_USER[0]}'@'localhost'")
+
+
 def passwd(image_passwd: str, accounts: tuple[Account, ...] = ACCOUNTS) -> str:
-    """The image's /etc/passwd with slurmrestd's account and the tenants' added. Pure."""
+    """The image's /etc/passwd with slurmrestd's account, the tenants' and the tenants'
+    service account added. Pure."""
+    names = {RESTD_USER[0], SERVICE_ACCOUNT.name, *(a.name for a in accounts)}
     kept = [line for line in image_passwd.splitlines()
-            if line and line.split(":")[0] not in {RESTD_USER[0], *(a.name for a in accounts)}]
+            if line and line.split(":")[0] not in names]
     kept.append(f"{RESTD_USER[0]}:x:{RESTD_USER[1]}:{RESTD_USER[1]}::/nonexistent:"
+                "/usr/sbin/nologin")
+    service = SERVICE_ACCOUNT
+    kept.append(f"{service.name}:x:{service.uid}:{service.uid}::/nonexistent:"
                 "/usr/sbin/nologin")
     kept += [f"{a.name}:x:{a.uid}:{a.uid}::{a.home}:/bin/bash" for a in accounts]
     return "\n".join(kept) + "\n"
 
 
 def group(image_group: str, accounts: tuple[Account, ...] = ACCOUNTS) -> str:
+    names = {RESTD_USER[0], SERVICE_ACCOUNT.name, *(a.name for a in accounts)}
     kept = [line for line in image_group.splitlines()
-            if line and line.split(":")[0] not in {RESTD_USER[0], *(a.name for a in accounts)}]
+            if line and line.split(":")[0] not in names]
     kept.append(f"{RESTD_USER[0]}:x:{RESTD_USER[1]}:")
+    kept.append(f"{SERVICE_ACCOUNT.name}:x:{SERVICE_ACCOUNT.uid}:")
     kept += [f"{a.name}:x:{a.uid}:" for a in accounts]
     return "\n".join(kept) + "\n"
 

@@ -6,6 +6,7 @@ import json
 import shlex
 from pathlib import Path
 
+from slurm_geo.sandbox import remote_site
 from slurm_geo.sandbox.etcd_members import REPLICA_USER
 from slurm_geo.sandbox.layout import (
     REPLICA_NAMES,
@@ -279,11 +280,13 @@ def site_config(layout: SandboxLayout, replica_site: Site = Site.HOME) -> str:
         'store = "offsite"',
         _prices_table(rented.name),
         "",
-        # Each sandbox user's jobs run there as an account of the same name, with its
-        # own JWT; root has no mapping, so no job of root's can move there.
+        # Each sandbox user's jobs run there as an account of their own, with its own
+        # JWT: of the same name on the host's Slurm, the provider's (geo-alice) on its
+        # machine, in that account's home there; root has no mapping, so no job of
+        # root's can move there.
         *(line for person in SANDBOX_USERS for line in (
             f"[clusters.{rented.name}.users.{person.name}]",
-            f"account = {_q(person.name)}",
+            *_remote_account_lines(layout, person.name),
             f"token_file = {_q(rented.user_token_file(person.name))}",
             "")),
         "[stores.pfs]",
@@ -340,6 +343,13 @@ def site_config(layout: SandboxLayout, replica_site: Site = Site.HOME) -> str:
         *(_replicas_lines(layout, replica_site) if layout.replicated else []),
     ]
     return "\n".join(parts) + "\n"
+
+
+def _remote_account_lines(layout: SandboxLayout, user: str) -> list[str]:
+    if not remote_site.is_provider(layout):
+        return [f"account = {_q(user)}"]
+    account = remote_site.account_for(user)
+    return [f"account = {_q(account.name)}", f"work_dir = {_q(account.home)}"]
 
 
 def _replicas_lines(layout: SandboxLayout, replica_site: Site) -> list[str]:

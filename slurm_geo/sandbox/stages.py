@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from slurm_geo.sandbox import etcd_members, render, seaweed, service_account
+from slurm_geo.sandbox import etcd_members, remote_site, render, seaweed, service_account
 from slurm_geo.sandbox.etcd_members import EtcdCluster
 from slurm_geo.sandbox.layout import (
     REPLICA_NAMES,
@@ -45,13 +45,14 @@ def daemons_by_stage(layout: SandboxLayout, version: tuple[int, int] | None,
              *etcd_daemons(layout.etcd_cluster, user=ETCD_USER)]
     # MariaDB stands for each site's own database server: both slurmdbds reach it by
     # its unix socket (StorageHost=localhost in slurmdbd.conf).
+    # The provider's machine (remote_site) runs rented's Slurm itself, not from here.
     dbds = [_slurm_daemon(c, "slurmdbd", ["slurmdbd", "-D"], c.dbd_port,
                           {"MYSQL_UNIX_PORT": str(layout.mariadb_socket)})
-            for c in layout.clusters]
+            for c in layout.host_clusters]
     ctlds = [_slurm_daemon(c, "slurmctld", ["slurmctld", "-D", "-i"], c.ctld_port)
-             for c in layout.clusters]
+             for c in layout.host_clusters]
     nodes = [_slurm_daemon(c, node, ["slurmd", "-D", "-N", node], port)
-             for c in layout.clusters
+             for c in layout.host_clusters
              for node, port in zip(c.node_names, c.node_ports, strict=True)]
     return [infra, dbds, ctlds,
             [*nodes, *_rest_daemons(layout, version), _sync_daemon(layout, s3_env)],
@@ -125,6 +126,8 @@ def _rest_daemons(layout: SandboxLayout, version: tuple[int, int] | None) -> lis
     site's address: a JWT never crosses the WAN in clear. The relay stands for the
     provider's own TLS proxy: it runs as RELAY_USER, who alone reads its key."""
     rented = layout.rented
+    if remote_site.is_provider(layout):  # its slurmrestd is the provider's, in its root
+        return [_relay(layout, remote_site.site(layout).restd_socket)]
     restd_argv = ["slurmrestd", "-a", "rest_auth/jwt"]
     restd_argv += render.restd_plugins(version) if version else []
     restd_argv.append(f"unix:{rented.restd_socket}")
@@ -132,14 +135,18 @@ def _rest_daemons(layout: SandboxLayout, version: tuple[int, int] | None) -> lis
                    env={"SLURM_CONF": str(rented.slurm_conf), "SLURM_JWT": "daemon"},
                    user=RESTD_OS_USER, group=RESTD_OS_GROUP, ready_path=rented.restd_socket,
                    namespace=rented.namespace)
-    relay = Daemon(f"{rented.name}-rest-tls",
-                   [str(layout.site_python), "-I", "-m", "slurm_geo.sandbox.tls_relay",
-                    "--listen", f"{rented.address}:{rented.rest_port}",
-                    "--to", f"unix:{rented.restd_socket}",
-                    "--cert", str(layout.rest_cert), "--key", str(layout.rest_key)],
-                   user=RELAY_USER, group=RELAY_USER,
-                   port=rented.rest_port, namespace=rented.namespace, host=rented.address)
-    return [restd, relay]
+    return [restd, _relay(layout, rented.restd_socket)]
+
+
+def _relay(layout: SandboxLayout, upstream: Path) -> Daemon:
+    rented = layout.rented
+    return Daemon(f"{rented.name}-rest-tls",
+                  [str(layout.site_python), "-I", "-m", "slurm_geo.sandbox.tls_relay",
+                   "--listen", f"{rented.address}:{rented.rest_port}",
+                   "--to", f"unix:{upstream}",
+                   "--cert", str(layout.rest_cert), "--key", str(layout.rest_key)],
+                  user=RELAY_USER, group=RELAY_USER,
+                  port=rented.rest_port, namespace=rented.namespace, host=rented.address)
 
 
 def _sync_daemon(layout: SandboxLayout, s3_env: dict[str, str]) -> Daemon:

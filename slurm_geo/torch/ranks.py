@@ -44,7 +44,7 @@ from slurm_geo.ckpt.keys import RunKeyRing, derive_key
 from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.lease.client import FederatedRun, Fenced
+from slurm_geo.lease.client import FederatedRun, Fenced, store_ca_here
 from slurm_geo.lease.munge import BadCredential, MungeCommands
 from slurm_geo.lease.signing import secret_bytes
 from slurm_geo.torch.distributed import StorageReader, StorageWriter
@@ -231,6 +231,7 @@ class RankedRun:
             raise RankFailed(f"rank {self.rank} could not read the run key rank 0 sent: "
                              f"{exc}", 34) from None
         os.environ.update(store_env)
+        store_ca_here(os.environ)
         return ring
 
     def _run_key(self) -> RunKeyRing:
