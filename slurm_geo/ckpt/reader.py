@@ -82,16 +82,19 @@ class ChunkReader:
     bases (measured: a pull of 300 MB held 106 MB of packs at its peak). On any fault the
     pack is read whole, so the error is the one a whole read gives (`_damage`).
     `ranges_from`: the local store under a wrapped `store` (`ckpt check` counts what it
-    reads), for the delta bases its packs' chunks need.
+    reads), for the delta bases its packs' chunks need. `pack_object` names the object of
+    a pack id where it is not the run's (a staged tree's packs: slurm_geo.stage).
     """
 
     def __init__(self, store: Store, keys: RunKeys, manifest_format: int, run: str,
                  cached_packs: int = CACHED_PACKS, hash_packs: bool = False,
-                 ranges_from: LocalDirStore | None = None):
+                 ranges_from: LocalDirStore | None = None,
+                 pack_object: Callable[[str], str] | None = None):
         self._store = store
         self._keys = keys
         self._format = manifest_format
-        self._packs_run = packs_run(run, manifest_format)
+        packs = packs_run(run, manifest_format)
+        self._pack_object = pack_object or (lambda pack_id: pack_name(pack_id, packs))
         self._cached_packs = cached_packs
         self._hash_packs = hash_packs
         self._lock = threading.Lock()
@@ -103,7 +106,7 @@ class ChunkReader:
         self._headers: OrderedDict[str, PackReader] = OrderedDict()
 
     def _pack_name(self, pack_id: str) -> str:
-        return pack_name(pack_id, self._packs_run)
+        return self._pack_object(pack_id)
 
     def read(self, ref: ChunkRef) -> bytearray:
         """The chunk's plaintext, verified against its keyed id, or a typed error."""

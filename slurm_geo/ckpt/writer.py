@@ -176,14 +176,18 @@ class ChunkWriter:
     `known` holds refs already stored (the parent's), so those chunks are not stored again.
     `read_base` returns the plaintext of a stored chunk, for delta encoding; it is called
     from worker threads. Use as a context manager, so threads stop on errors.
+    `pack_object` names the object of a pack id: a run's own packs by default
+    (`run-packs/<run>/<id>`), a staged tree's elsewhere (slurm_geo.stage).
     """
 
     def __init__(
         self, store: Store, keys: RunKeys, options: WriteOptions, random_bytes: RandomBytes,
         known: dict[str, ChunkRef], read_base: Callable[[ChunkRef], Bytes], run: str,
+        pack_object: Callable[[str], str] | None = None,
     ):
         self._store = store
-        self._packs_run = packs_run(run, FORMAT_VERSION)  # where this format puts packs
+        packs = packs_run(run, FORMAT_VERSION)  # where this format puts packs
+        self._pack_object = pack_object or (lambda pack_id: pack_name(pack_id, packs))
         self._keys = keys
         self._options = options
         self._random_bytes = random_bytes
@@ -339,7 +343,7 @@ class ChunkWriter:
     def _upload(self, data: memoryview, buffer: mmap.mmap) -> str:
         pack_id = pack_id_of(data)
         # On failure the buffer is not reused.
-        self._store.put(pack_name(pack_id, self._packs_run), data)
+        self._store.put(self._pack_object(pack_id), data)
         try:
             data.release()
         except BufferError:

@@ -1,0 +1,292 @@
+"""Staged trees in a checkpoint store (docs/format.md §11): stage a snapshot of a directory
+tree or one file, read it back, verify it, materialise it.
+
+A snapshot is written as a checkpoint is: the domain's key (once), then the packs of the
+chunks not stored yet, then the tree manifest, then the tree's latest pointer; a crash
+leaves the previous snapshot whole and still the latest. Snapshots are numbered from 1 and
+never rewritten. A new snapshot takes the chunks of the latest one under the same key: a
+file whose size, modification time, change time and inode are unchanged is not read at
+all (restic's parent snapshot), a changed one is read and cut again, and only chunks not
+stored yet are stored. A snapshot of a tree in which nothing changed stores nothing: the
+latest one stands. One stager per tree at a time (checkpoint-sync is one per site); two
+racing would be refused by the second's manifest name, not merged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from functools import partial
+
+from slurm_geo.ckpt.errors import CkptError, CorruptObject, ObjectMissing
+from slurm_geo.ckpt.keys import SALT_SIZE, RandomBytes, RunKeys
+from slurm_geo.ckpt.manifest import FORMAT_VERSION, ChunkRef
+from slurm_geo.ckpt.reader import ChunkReader, default_workers, ordered_map, worker_pool
+from slurm_geo.ckpt.seal import Kind, open_sealed, seal, sealing_fingerprint
+from slurm_geo.ckpt.store import Bytes, Store
+from slurm_geo.ckpt.writer import ChunkWriter, WriteOptions
+from slurm_geo.exitcodes import ExitCode
+from slurm_geo.stage.cdc import stream_chunks
+from slurm_geo.stage.keys import TreeKeyHolder
+from slurm_geo.stage.manifest import (
+    DIR,
+    FILE,
+    LINK_MODE,
+    SYMLINK,
+    TreeEntry,
+    TreeManifest,
+    keep_mode,
+    parse_tree,
+    tree_to_payload,
+)
+from slurm_geo.stage.materialise import Materialised, materialise
+from slurm_geo.stage.names import (
+    check_tree_id,
+    snapshot_name,
+    snapshot_of_name,
+    snapshot_prefix,
+    tree_latest_name,
+    tree_pack_name,
+)
+from slurm_geo.stage.walk import OTHER, Found, Opener, walk
+
+LATEST_FORMAT = 1
+DEFAULT_TREE_OPTIONS = WriteOptions()
+
+
+class ImmutableSnapshot(CkptError):
+    exit_code = ExitCode.IMMUTABLE
+
+    def __init__(self, name: str):
+        super().__init__(name, f"snapshot '{name}' exists and is never rewritten; another "
+                         "stager of this tree wrote it meanwhile: stage again")
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What staging did. `new`: False where nothing had changed and the latest snapshot
+    stands as `manifest`."""
+
+    manifest: TreeManifest
+    new: bool
+    stored_bytes: int  # bytes put in the store: packs, manifest, pointer (a new key aside)
+    files_read: int
+    bytes_read: int
+    files_reused: int  # unchanged by their stat: their chunks taken without a read
+    bytes_reused: int
+    skipped: tuple[str, ...]  # devices, FIFOs, sockets: not staged
+
+
+@dataclass(frozen=True)
+class Verified:
+    chunks: int
+    bytes: int  # of the distinct chunks read
+
+
+class _Counting:
+    """A store that counts the bytes put through it."""
+
+    def __init__(self, store: Store):
+        self._store = store
+        self.put_bytes = 0
+
+    def put(self, name: str, data: Bytes) -> None:
+        self._store.put(name, data)
+        self.put_bytes += len(data)
+
+    def get(self, name: str) -> bytes:
+        return self._store.get(name)
+
+    def list(self, prefix: str) -> list[str]:
+        return self._store.list(prefix)
+
+    def delete(self, name: str) -> None:
+        self._store.delete(name)
+
+    def exists(self, name: str) -> bool:
+        return self._store.exists(name)
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return self._store.sizes(prefix)
+
+
+def _no_delta_base(ref: ChunkRef) -> bytes:
+    raise AssertionError("staged trees take no deltas")
+
+
+class Trees:
+    """The staged trees of one store, under the keys a `TreeKeyHolder` gives."""
+
+    def __init__(self, store: Store, keys: TreeKeyHolder,
+                 options: WriteOptions = DEFAULT_TREE_OPTIONS,
+                 random_bytes: RandomBytes = os.urandom,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+        self._store = store
+        self._keys = keys
+        self._options = options
+        self._random_bytes = random_bytes
+        self._clock = clock
+
+    # Reading.
+
+    def snapshots(self, tree: str) -> list[int]:
+        names = self._store.list(snapshot_prefix(tree))
+        return sorted(n for n in (snapshot_of_name(tree, name) for name in names) if n)
+
+    def latest(self, tree: str, domain: str | None = None) -> int | None:
+        """The snapshot the tree's latest pointer names; None for a tree never staged."""
+        name = tree_latest_name(tree)
+        try:
+            sealed = self._store.get(name)
+        except ObjectMissing:
+            return None
+        ring = self._keys.ring(domain or tree)
+        payload = open_sealed(ring.opening(sealing_fingerprint(sealed)).data_key, Kind.LATEST,
+                              sealed, name)
+        try:
+            document = json.loads(payload)
+            snapshot = document["snapshot"]
+            if document.get("format") != LATEST_FORMAT or document.get("tree") != tree \
+                    or isinstance(snapshot, bool) or not isinstance(snapshot, int) \
+                    or snapshot < 1:
+                raise ValueError(document)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            raise CorruptObject(name, "invalid tree latest pointer") from None
+        return snapshot
+
+    def manifest(self, tree: str, snapshot: int, domain: str | None = None) -> TreeManifest:
+        domain = domain or tree
+        name = snapshot_name(tree, snapshot)
+        sealed = self._store.get(name)
+        keys = self._keys.ring(domain).opening(sealing_fingerprint(sealed))
+        manifest = parse_tree(open_sealed(keys.data_key, Kind.MANIFEST, sealed, name),
+                              name, tree, snapshot)
+        if manifest.domain != domain:
+            raise CorruptObject(name, f"names domain {manifest.domain!r}, not {domain!r}")
+        return replace(manifest, key=keys.fingerprint)
+
+    def reader(self, manifest: TreeManifest, hash_packs: bool = False) -> ChunkReader:
+        """A reader of the manifest's chunks: every chunk it returns is checked by its id."""
+        keys = self._keys.ring(manifest.domain).sealed_under(
+            manifest.key, snapshot_name(manifest.tree, manifest.snapshot))
+        return ChunkReader(self._store, keys, FORMAT_VERSION, manifest.domain,
+                           hash_packs=hash_packs,
+                           pack_object=partial(tree_pack_name, manifest.domain))
+
+    def verify(self, tree: str, snapshot: int, domain: str | None = None) -> Verified:
+        """Read every chunk of the snapshot (packs hashed, chunks checked against their ids)
+        without writing anything; the first fault raises, naming its object."""
+        manifest = self.manifest(tree, snapshot, domain)
+        reader = self.reader(manifest, hash_packs=True)
+        refs = list({r.id: r for r in manifest.refs()}.values())
+        workers = default_workers()
+        pool = worker_pool(workers, "slurm-geo-verify")
+        try:
+            total = sum(len(data) for data in ordered_map(reader.read, refs, pool, 2 * workers))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        return Verified(len(refs), total)
+
+    def materialise(self, tree: str, snapshot: int, target: str | os.PathLike[str],
+                    domain: str | None = None) -> Materialised:
+        """Write the snapshot at `target` (which must not exist), every chunk verified."""
+        manifest = self.manifest(tree, snapshot, domain)
+        return materialise(manifest, self.reader(manifest), target)
+
+    # Staging.
+
+    def stage(self, tree: str, opener: Opener, source: str,
+              domain: str | None = None) -> Staged:
+        """A new snapshot of the tree `opener` opens (`source` names it: a path at home)."""
+        check_tree_id(tree)
+        domain = domain or tree
+        counting = _Counting(self._store)
+        keys = self._keys.ring(domain, create=True).current
+        listed = self.snapshots(tree)
+        latest = self.latest(tree, domain)
+        parent = None if latest is None else self.manifest(tree, latest, domain)
+        sharing = parent if parent is not None and parent.key == keys.fingerprint \
+            and parent.chunking == self._options.cdc else None
+        build = _Build(sharing)
+        with ChunkWriter(counting, keys, self._options, self._random_bytes,
+                         build.known, _no_delta_base, domain,
+                         pack_object=partial(tree_pack_name, domain)) as writer:
+            for found in walk(opener, source):
+                build.add(found, writer, self._options)
+            writer.close()
+            entries = build.entries(writer)
+        number = max([*listed, latest or 0]) + 1
+        manifest = TreeManifest(tree, domain, number, latest,
+                                self._clock().isoformat(timespec="seconds"), source,
+                                self._options.cdc, entries)
+        if parent is not None and parent.domain == domain and parent.entries == entries:
+            return build.staged(parent, False, counting.put_bytes)
+        self._commit(manifest, keys, counting)
+        return build.staged(replace(manifest, key=keys.fingerprint), True, counting.put_bytes)
+
+    def _commit(self, manifest: TreeManifest, keys: RunKeys, store: _Counting) -> None:
+        name = snapshot_name(manifest.tree, manifest.snapshot)
+        if self._store.exists(name):
+            raise ImmutableSnapshot(name)
+        store.put(name, seal(keys.data_key, Kind.MANIFEST, self._random_bytes(SALT_SIZE),
+                             tree_to_payload(manifest), name))
+        latest = tree_latest_name(manifest.tree)
+        pointer = json.dumps({"format": LATEST_FORMAT, "tree": manifest.tree,
+                              "snapshot": manifest.snapshot}).encode()
+        store.put(latest, seal(keys.data_key, Kind.LATEST, self._random_bytes(SALT_SIZE),
+                               pointer, latest))
+
+
+class _Build:
+    """The entries of a snapshot as the walk finds them, and their chunks' slots."""
+
+    def __init__(self, parent: TreeManifest | None):
+        self.known = {} if parent is None else {r.id: r for r in parent.refs()}
+        self._previous = {} if parent is None else {e.path: e for e in parent.entries}
+        self._entries: list[tuple[TreeEntry, list[int]]] = []
+        self._skipped: list[str] = []
+        self.files_read = self.bytes_read = self.files_reused = self.bytes_reused = 0
+
+    def add(self, found: Found, writer: ChunkWriter, options: WriteOptions) -> None:
+        info = found.info
+        if found.kind == OTHER:
+            self._skipped.append(found.path)
+        elif found.kind == SYMLINK:
+            assert found.target is not None
+            self._entries.append((TreeEntry(found.path, SYMLINK, LINK_MODE, info.st_mtime_ns,
+                                            target=found.target), []))
+        elif found.kind == DIR:
+            self._entries.append((TreeEntry(found.path, DIR, keep_mode(info.st_mode),
+                                            info.st_mtime_ns), []))
+        else:
+            self._entries.append(self._file(found, writer, options))
+
+    def _file(self, found: Found, writer: ChunkWriter, options: WriteOptions
+              ) -> tuple[TreeEntry, list[int]]:
+        info, fd = found.info, found.fd
+        assert fd is not None
+        entry = TreeEntry(found.path, FILE, keep_mode(info.st_mode), info.st_mtime_ns,
+                          info.st_size, ino=info.st_ino, ctime_ns=info.st_ctime_ns)
+        before = self._previous.get(found.path)
+        if before is not None and entry.unchanged_as(before):
+            self.files_reused += 1
+            self.bytes_reused += before.size
+            return replace(entry, chunks=before.chunks), [writer.reuse(r) for r in before.chunks]
+        slots, size = [], 0
+        for chunk in stream_chunks(partial(os.read, fd), options.cdc):
+            slots.append(writer.add(memoryview(chunk), 1))
+            size += len(chunk)
+        self.files_read += 1
+        self.bytes_read += size
+        return replace(entry, size=size), slots  # what was read, if it changed meanwhile
+
+    def entries(self, writer: ChunkWriter) -> tuple[TreeEntry, ...]:
+        return tuple(replace(entry, chunks=tuple(map(writer.ref, slots))) if entry.type == FILE
+                     else entry for entry, slots in self._entries)
+
+    def staged(self, manifest: TreeManifest, new: bool, stored: int) -> Staged:
+        return Staged(manifest, new, stored, self.files_read, self.bytes_read,
+                      self.files_reused, self.bytes_reused, tuple(self._skipped))
