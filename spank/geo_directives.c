@@ -39,7 +39,7 @@
 
 SPANK_PLUGIN(geo_directives, 1);
 
-#define GEO_OPTION_COUNT 8
+#define GEO_OPTION_COUNT 11
 #define MESSAGE_MAX 1024
 #define VALIDATOR_TIMEOUT_MS 30000
 
@@ -47,14 +47,17 @@ SPANK_PLUGIN(geo_directives, 1);
 static const char *const option_names[GEO_OPTION_COUNT] = {
 	"geo-ckpt-dir", "geo-ckpt-interval", "geo-residency", "geo-data-class",
 	"geo-cost-center", "geo-max-cost", "geo-failover", "geo-clusters",
+	"geo-inputs", "geo-env", "geo-outputs",
 };
 static const char *const env_names[GEO_OPTION_COUNT] = {
 	"CKPT_DIR", "CKPT_INTERVAL", "RESIDENCY", "DATA_CLASS",
 	"COST_CENTER", "MAX_COST", "FAILOVER", "CLUSTERS",
+	"INPUTS", "ENV", "OUTPUTS",
 };
 static const char *const arg_info[GEO_OPTION_COUNT] = {
 	"path", "minutes", "region[,region...]", "public|internal|restricted",
 	"name", "usd", "auto|manual|never", "cluster[,cluster...]",
+	"path[:class][,path[:class]...]", "path", "path[,path...]",
 };
 static const char *const usage[GEO_OPTION_COUNT] = {
 	"slurm-geo: checkpoint directory of this job (enables requeue on time limit)",
@@ -65,6 +68,9 @@ static const char *const usage[GEO_OPTION_COUNT] = {
 	"slurm-geo: most the job may cost, in USD",
 	"slurm-geo: what to do when the cluster is lost",
 	"slurm-geo: clusters the job may run on",
+	"slurm-geo: what the job reads (datasets, code), read-only where it moves",
+	"slurm-geo: the job's virtualenv/conda directory or container image",
+	"slurm-geo: what the job writes, brought home",
 };
 
 static char *values[GEO_OPTION_COUNT];

@@ -98,6 +98,17 @@ CASES = [
          "stay on onprem: no other cluster is eligible", directives={
              "data_class": "restricted"}, views={"onprem": {"queue_wait_s": 7200.0}},
          why_not={"rented": "outside the job's residency (home)"}),
+    Case("restricted-input-keeps-the-job-home", "onprem",
+         "home onprem is down and no other cluster is eligible", directives={
+             "inputs": ("/home/alice/llm", "/pfs/data/tokens:restricted")},
+         views={"onprem": DOWN},
+         why_not={"rented": "geo: --geo-inputs: '/pfs/data/tokens' is data class "
+                            "'restricted', which may not reside in region 'eu' of cluster "
+                            "'rented' (allowed: home)",
+                  "spare": "may not reside in region 'us'"}),
+    Case("public-input-moves-with-its-job", "rented", "home onprem is down; rented",
+         directives={"inputs": ("/pfs/data/tokens:public",), "env": "/home/alice/venv"},
+         views={"onprem": DOWN}, why_not={"rented": "", "spare": ""}),
     Case("geo-clusters-limits-the-choice", "spare", "home onprem is down; spare",
          directives={"clusters": ("onprem", "spare")}, views={"onprem": DOWN},
          why_not={"rented": "not in --geo-clusters (onprem,spare)", "spare": ""}),

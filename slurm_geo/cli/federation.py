@@ -128,6 +128,7 @@ def _render(view: dict[str, Any]) -> str:
              f"{view['where']}",
              f"  recoveries {view['recoveries']}, resumed at step {_dash(view['resume_step'])}"
              + (f", away from home ({view['left_home']})" if view["left_home"] else "")]
+    lines += _world_lines(view.get("world"))
     if view["move_to"]:
         lines.append(f"  moving to {view['move_to']} at its next checkpoint")
     if lease:
@@ -142,6 +143,19 @@ def _render(view: dict[str, Any]) -> str:
         lines.append(f"  {i['generation']:>3}  {_where(i['cluster'], i['job_id']):<16} "
                      f"{_dash(i['resume_step']):>10}  {i['training_at'] or '-':<26} {ended}")
     return "\n".join(lines)
+
+
+def _world_lines(world: dict[str, Any] | None) -> list[str]:
+    """inputs, env, outputs: a line each, '-' when none (a daemon too old to say: none)."""
+    from slurm_geo.policy.world import Input, World
+
+    if not world:
+        return []
+    if world.get("error"):
+        return [f"  inputs, env, outputs: unreadable ({world['error']})"]
+    declared = World(tuple(Input(i["path"], i["data_class"]) for i in world["inputs"]),
+                     world["env"], tuple(world["outputs"]))
+    return [f"  {label:<8}{text}" for label, text in declared.lines()]
 
 
 def _who() -> str:

@@ -35,6 +35,7 @@ from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.policy.world import World
 from slurm_geo.slurm.models import Owner
 
 
@@ -179,6 +180,12 @@ class LogicalJob:
     # The allow-listed part of the environment the owner submitted with
     # (federation.owners), which later incarnations get again.
     owner_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def world(self) -> World:
+        """What it reads, runs in and writes, as Slurm validated its directives
+        (`DirectiveError` if a recorded one no longer parses)."""
+        return World.from_options(self.directives)
 
 
 @dataclass(frozen=True)

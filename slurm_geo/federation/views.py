@@ -10,6 +10,7 @@ from typing import Any
 from slurm_geo.federation.model import LogicalJob
 from slurm_geo.federation.operations import Display
 from slurm_geo.federation.wiring import State
+from slurm_geo.policy.directives import DirectiveError
 from slurm_geo.slurm import JobInfo
 
 
@@ -27,6 +28,7 @@ def job_view(state: State, job: LogicalJob, display: Display,
         "awaiting_approval": job.awaiting_approval, "move_to": job.move_to,
         "move_after_step": job.move_after_step, "created_at": iso(job.created_at),
         "updated_at": iso(job.updated_at), "directives": job.directives,
+        "world": world_view(job),
         "options": job.spec, "script": job.script,
         "owner": None if job.owner is None else {"user": job.owner.user, "uid": job.owner.uid,
                                                  "gid": job.owner.gid},
@@ -43,6 +45,15 @@ def job_view(state: State, job: LogicalJob, display: Display,
             "training_at": iso(i.training_at), "ended_at": iso(i.ended_at),
             "end_reason": i.end_reason} for i in state.incarnations(job.logical_job)],
     }
+
+
+def world_view(job: LogicalJob) -> dict[str, Any]:
+    """Its declared inputs, env and outputs; with "error" instead where a recorded
+    directive no longer parses (recorded by an older version)."""
+    try:
+        return job.world.to_json()
+    except DirectiveError as exc:
+        return {"inputs": [], "env": None, "outputs": [], "error": str(exc)}
 
 
 def resubmitted_view(job: LogicalJob) -> dict[str, Any]:

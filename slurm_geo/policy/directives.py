@@ -55,6 +55,9 @@ class Directives:
     max_cost_usd: float | None = None
     failover: str | None = None
     clusters: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()    # "PATH" or "PATH:CLASS", normalised (policy.world)
+    env: str | None = None
+    outputs: tuple[str, ...] = ()
 
     @property
     def is_geo(self) -> bool:
@@ -142,6 +145,65 @@ def _absolute_path(value: str, option: str) -> str:
     return normal
 
 
+MAX_WORLD_PATHS = 32       # entries of --geo-inputs or --geo-outputs
+MAX_WORLD_BYTES = 16384    # bytes of a whole --geo-inputs or --geo-outputs value
+
+
+def _world_path(path: str, option: str) -> str:
+    """A path of the job's world: absolute and normalised (`_absolute_path`), not `/`."""
+    normal = _absolute_path(path, option)
+    if normal == "/":
+        raise _reject(option, path, "is the root directory; name the directories and files "
+                      "the job uses")
+    return normal
+
+
+def _path_list(value: str, option: str, classes: bool) -> tuple[str, ...]:
+    """Comma-separated paths, each normalised; with `classes`, an entry may end in
+    `:CLASS` (its data class), and one containing ':' must."""
+    if _utf8_len(value) > MAX_WORLD_BYTES:
+        raise _reject(option, value, f"is {_utf8_len(value)} bytes long; a list is at most "
+                      f"{MAX_WORLD_BYTES}: name the directories that hold the files")
+    entries = value.split(",")
+    if len(entries) > MAX_WORLD_PATHS:
+        raise _reject(option, value, f"names {len(entries)} paths; at most {MAX_WORLD_PATHS}: "
+                      "name the directories that hold them")
+    out: list[str] = []
+    seen: set[str] = set()
+    for entry in entries:
+        if entry == "":
+            raise _reject(option, value, "has an empty entry (two commas, or one at an end)")
+        path, data_class = entry, ""
+        if classes and ":" in entry:
+            path, _, data_class = entry.rpartition(":")
+            if data_class not in DATA_CLASSES:
+                raise _reject(option, entry, f"ends in {quote(':' + data_class)}, not a data "
+                              f"class ({', '.join(DATA_CLASSES)}): write PATH or PATH:CLASS "
+                              "(a path with ':' needs its class after it)")
+        if not path.startswith("/"):
+            raise _reject(option, entry, "is not an absolute path")
+        normal = _world_path(path, option)
+        if normal in seen:
+            raise _reject(option, value, f"names {quote(normal)} twice")
+        seen.add(normal)
+        out.append(normal + (":" + data_class if data_class else ""))
+    return tuple(out)
+
+
+def _inputs(value: str, option: str) -> tuple[str, ...]:
+    return _path_list(value, option, classes=True)
+
+
+def _outputs(value: str, option: str) -> tuple[str, ...]:
+    return _path_list(value, option, classes=False)
+
+
+def _env(value: str, option: str) -> str:
+    if "," in value:
+        raise _reject(option, value, "names more than one path; a job has one environment")
+    return _world_path(value, option)
+
+
 def _minutes(value: str, option: str) -> int:
     if not re.fullmatch(r"[0-9]{1,6}", value) or not 1 <= int(value) <= MAX_INTERVAL_MIN:
         raise _reject(option, value, f"is not a whole number of minutes from 1 to "
@@ -204,6 +266,16 @@ DIRECTIVES = (
     DirectiveSpec("geo-clusters", "CLUSTERS", "clusters", _names,
                   "Clusters the job may run on. Default: every cluster its residency "
                   "allows.", "onprem,rented"),
+    DirectiveSpec("geo-inputs", "INPUTS", "inputs", _inputs,
+                  "What the job reads (datasets, code, configs): absolute paths, read-only "
+                  "where it moves. An entry may end in :CLASS, its own data class; without, "
+                  "it has the job's.", "/pfs/data/tokens:restricted,/home/alice/llm"),
+    DirectiveSpec("geo-env", "ENV", "env", _env,
+                  "The job's software: a virtualenv or conda directory, or a container image "
+                  "file (.sqsh, .squashfs, .sif).", "/home/alice/venvs/llm"),
+    DirectiveSpec("geo-outputs", "OUTPUTS", "outputs", _outputs,
+                  "What the job writes, brought home: absolute paths, outside its inputs "
+                  "and --geo-env.", "/pfs/results/llm-7b"),
 )
 BY_OPTION = {spec.option: spec for spec in DIRECTIVES}
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurm_geo.policy.directives import DirectiveError, Directives, PolicyViolation, quote
+from slurm_geo.policy.world import Input, World, check_world
 
 DEFAULT_SIGNAL_LEAD_S = 120
 DEFAULT_MAX_RESTARTS = 10
@@ -82,7 +83,9 @@ def check(directives: Directives, rules: GeoRules, cluster: str) -> None:
     if rules.policy.require_cost_center and directives.cost_center is None:
         raise DirectiveError("geo: this site requires --geo-cost-center=NAME on jobs with "
                              "--geo-* directives")
+    check_world(directives)
     _check_residency(directives, rules, cluster)
+    _check_inputs(directives, rules, cluster)
     _check_failover_possible(directives, rules, cluster)
     _check_budget(directives, rules.policy)
 
@@ -91,6 +94,31 @@ def effective_residency(directives: Directives, rules: GeoRules) -> tuple[str, .
     """The regions the job may use: as asked, else every region its data class allows."""
     data_class = directives.data_class or rules.policy.default_data_class
     return directives.residency or rules.allowed_regions(data_class)
+
+
+def narrowing_inputs(directives: Directives,
+                     rules: GeoRules) -> list[tuple[Input, tuple[str, ...]]]:
+    """`(input, its class's regions)` of the inputs whose own data class keeps the job out
+    of some region of its residency: the job runs only where its inputs may be."""
+    residency = effective_residency(directives, rules)
+    found = []
+    for given in World.of(directives).inputs:
+        if given.data_class is None:
+            continue
+        allowed = rules.allowed_regions(given.data_class)
+        if any(region not in allowed for region in residency):
+            found.append((given, allowed))
+    return found
+
+
+def placement_regions(directives: Directives, rules: GeoRules) -> tuple[str, ...]:
+    """The regions the job may run in: its residency, less those an input's own data class
+    forbids (its checkpoints may still go wherever the residency allows: a job with a
+    restricted dataset stays home, its model need not)."""
+    regions = effective_residency(directives, rules)
+    for _, allowed in narrowing_inputs(directives, rules):
+        regions = tuple(r for r in regions if r in allowed)
+    return regions
 
 
 def _check_known(directives: Directives, rules: GeoRules) -> None:
@@ -123,20 +151,39 @@ def _check_residency(directives: Directives, rules: GeoRules, cluster: str) -> N
                                   f"residency ({', '.join(residency)})")
 
 
+def _check_inputs(directives: Directives, rules: GeoRules, cluster: str) -> None:
+    """An input whose own data class may not reside in `cluster`'s region keeps the job
+    out of it."""
+    here = rules.cluster_regions[cluster]
+    for given in World.of(directives).inputs:
+        if given.data_class is None:
+            continue
+        allowed = rules.allowed_regions(given.data_class)
+        if here not in allowed:
+            raise PolicyViolation(f"geo: --geo-inputs: {quote(given.path)} is data class "
+                                  f"{quote(given.data_class)}, which may not reside in region "
+                                  f"{quote(here)} of cluster {quote(cluster)} (allowed: "
+                                  f"{', '.join(allowed)})")
+
+
 def _check_failover_possible(directives: Directives, rules: GeoRules, cluster: str) -> None:
     """--geo-failover=auto promises a move when `cluster` is lost; refused when the job's
-    residency (or data class) and --geo-clusters leave it no other cluster to move to."""
+    residency (or data class), its inputs' data classes and --geo-clusters leave it no
+    other cluster to move to."""
     if directives.failover != "auto":
         return
-    residency = effective_residency(directives, rules)
+    regions = placement_regions(directives, rules)
     others = [name for name, region in sorted(rules.cluster_regions.items())
-              if name != cluster and region in residency
+              if name != cluster and region in regions
               and (not directives.clusters or name in directives.clusters)]
     if not others:
-        limits = f"its residency ({', '.join(residency)}) leaves"
+        parts = [f"its residency ({', '.join(effective_residency(directives, rules))})"]
+        parts += [f"input {quote(given.path)} of data class {quote(str(given.data_class))} "
+                  f"({', '.join(allowed)})"
+                  for given, allowed in narrowing_inputs(directives, rules)]
         if directives.clusters:
-            limits = (f"its residency ({', '.join(residency)}) and --geo-clusters "
-                      f"({','.join(directives.clusters)}) leave")
+            parts.append(f"--geo-clusters ({','.join(directives.clusters)})")
+        limits = " and ".join(parts) + (" leaves" if len(parts) == 1 else " leave")
         raise DirectiveError(f"geo: --geo-failover=auto can never move this job: {limits} "
                              f"no cluster but {quote(cluster)}; write "
                              "--geo-failover=never, or allow another cluster")

@@ -15,11 +15,14 @@ with the same messages as slurm_geo/policy/geo.py, in the same order:
     not hand over (the user's own export, a client skipping the plugin): rejected, since
     the federation daemon reads a pending job's directives there;
   - malformed values (an option without a value, a checkpoint path with '..' or past
-    PATH_MAX), unknown regions and clusters, --geo-clusters leaving out this cluster,
+    PATH_MAX, a --geo-inputs/--geo-env/--geo-outputs path likewise, or a list too long),
+    an output overlapping an input or the env (syntax only: the paths of a job's world
+    are never looked up here, as root), unknown regions and clusters, --geo-clusters leaving out this cluster,
     failover=auto without a checkpoint directory, failover=auto where the residency and
     --geo-clusters leave no other cluster, a missing cost center where required:
     rejected (slurm.ERROR);
-  - residency outside the data class's regions or excluding this cluster, clusters
+  - residency outside the data class's regions or excluding this cluster, an input whose
+    own data class may not reside in this cluster's region, clusters
     outside the residency, unknown cost centers, budgets exceeded: rejected
     (slurm.ESLURM_ACCESS_DENIED);
   - a job with a checkpoint directory gets --requeue unless it said --no-requeue;
@@ -38,6 +41,9 @@ local SPECS = {
   { option = "geo-max-cost", env = "MAX_COST" },
   { option = "geo-failover", env = "FAILOVER" },
   { option = "geo-clusters", env = "CLUSTERS" },
+  { option = "geo-inputs", env = "INPUTS" },
+  { option = "geo-env", env = "ENV" },
+  { option = "geo-outputs", env = "OUTPUTS" },
 }
 local DATA_CLASSES = { "public", "internal", "restricted" }
 local FAILOVER_MODES = { "auto", "manual", "never" }
@@ -45,6 +51,7 @@ local MAX_INTERVAL_MIN = 10080
 local USD_DECIMALS = 6
 local SHOWN_BYTES, HEAD_BYTES, TAIL_BYTES = 72, 48, 16
 local PATH_MAX, NAME_MAX = 4096, 255
+local MAX_WORLD_PATHS, MAX_WORLD_BYTES = 32, 16384
 
 local function here()
   local source = debug.getinfo(1, "S").source
@@ -109,7 +116,7 @@ local function reject(option, value, why)
 end
 
 local PARSE = {}
-PARSE["geo-ckpt-dir"] = function(value, option)
+local function absolute_path(value, option)
   if string.sub(value, 1, 1) ~= "/" or string.find(value, "[%z\n\r]") then
     reject(option, value, "is not an absolute path")
   end
@@ -131,6 +138,57 @@ PARSE["geo-ckpt-dir"] = function(value, option)
       (PATH_MAX - 1) .. " (PATH_MAX)")
   end
   return normal
+end
+PARSE["geo-ckpt-dir"] = absolute_path
+
+-- The paths of a job's world (--geo-inputs, --geo-env, --geo-outputs): only their syntax
+-- is checked here, as root on the controller; nothing is looked up on disk.
+local function world_path(path, option)
+  local normal = absolute_path(path, option)
+  if normal == "/" then
+    reject(option, path, "is the root directory; name the directories and files the job uses")
+  end
+  return normal
+end
+-- A list of {path = ..., class = ... or nil}; with `classes`, an entry may end in :CLASS.
+local function path_list(value, option, classes)
+  if #value > MAX_WORLD_BYTES then
+    reject(option, value, "is " .. #value .. " bytes long; a list is at most " ..
+      MAX_WORLD_BYTES .. ": name the directories that hold the files")
+  end
+  local entries, out, seen = split(value), {}, {}
+  if #entries > MAX_WORLD_PATHS then
+    reject(option, value, "names " .. #entries .. " paths; at most " .. MAX_WORLD_PATHS ..
+      ": name the directories that hold them")
+  end
+  for _, entry in ipairs(entries) do
+    if entry == "" then
+      reject(option, value, "has an empty entry (two commas, or one at an end)")
+    end
+    local path, class = entry, nil
+    if classes and string.find(entry, ":", 1, true) then
+      path, class = string.match(entry, "^(.*):([^:]*)$")
+      if not contains(DATA_CLASSES, class) then
+        reject(option, entry, "ends in " .. quote(":" .. class) .. ", not a data class (" ..
+          table.concat(DATA_CLASSES, ", ") .. "): write PATH or PATH:CLASS (a path with " ..
+          "':' needs its class after it)")
+      end
+    end
+    if string.sub(path, 1, 1) ~= "/" then reject(option, entry, "is not an absolute path") end
+    local normal = world_path(path, option)
+    if seen[normal] then reject(option, value, "names " .. quote(normal) .. " twice") end
+    seen[normal] = true
+    table.insert(out, { path = normal, class = class })
+  end
+  return out
+end
+PARSE["geo-inputs"] = function(value, option) return path_list(value, option, true) end
+PARSE["geo-outputs"] = function(value, option) return path_list(value, option, false) end
+PARSE["geo-env"] = function(value, option)
+  if string.find(value, ",", 1, true) then
+    reject(option, value, "names more than one path; a job has one environment")
+  end
+  return world_path(value, option)
 end
 PARSE["geo-ckpt-interval"] = function(value, option)
   local minutes = string.find(value, "^%d+$") and #value <= 6 and tonumber(value)
@@ -225,6 +283,83 @@ local function check_known(d, policy)
   end
 end
 
+-- An output overlapping what is read-only where the job moves: its inputs, its env.
+local function inside(path, other)
+  return string.sub(path, 1, #other + 1) == other .. "/"
+end
+local function check_world(d)
+  local read_only = {}
+  for _, input in ipairs(d["geo-inputs"] or {}) do
+    table.insert(read_only, { what = "the input", path = input.path })
+  end
+  if d["geo-env"] ~= nil then
+    table.insert(read_only, { what = "the --geo-env", path = d["geo-env"] })
+  end
+  for _, output in ipairs(d["geo-outputs"] or {}) do
+    for _, item in ipairs(read_only) do
+      local relation = nil
+      if output.path == item.path then relation = "is"
+      elseif inside(output.path, item.path) then relation = "is inside"
+      elseif inside(item.path, output.path) then relation = "holds" end
+      if relation ~= nil then
+        malformed("geo: --geo-outputs: " .. quote(output.path) .. " " .. relation .. " " ..
+          item.what .. " " .. quote(item.path) .. ", read-only where the job moves; " ..
+          "write the outputs outside it")
+      end
+    end
+  end
+end
+
+local function effective_residency(d, policy)
+  return d["geo-residency"] or
+    allowed_regions(policy, d["geo-data-class"] or policy.default_data_class)
+end
+
+-- {input, regions} of the inputs whose own data class keeps the job out of some region
+-- of its residency.
+local function narrowing_inputs(d, policy)
+  local residency, found = effective_residency(d, policy), {}
+  for _, input in ipairs(d["geo-inputs"] or {}) do
+    if input.class ~= nil then
+      local allowed = allowed_regions(policy, input.class)
+      for _, region in ipairs(residency) do
+        if not contains(allowed, region) then
+          table.insert(found, { input = input, allowed = allowed })
+          break
+        end
+      end
+    end
+  end
+  return found
+end
+
+local function placement_regions(d, policy)
+  local regions = effective_residency(d, policy)
+  for _, narrowing in ipairs(narrowing_inputs(d, policy)) do
+    local kept = {}
+    for _, region in ipairs(regions) do
+      if contains(narrowing.allowed, region) then table.insert(kept, region) end
+    end
+    regions = kept
+  end
+  return regions
+end
+
+local function check_inputs(d, policy, cluster)
+  local here = policy.cluster_regions[cluster]
+  for _, input in ipairs(d["geo-inputs"] or {}) do
+    if input.class ~= nil then
+      local allowed = allowed_regions(policy, input.class)
+      if not contains(allowed, here) then
+        forbidden("geo: --geo-inputs: " .. quote(input.path) .. " is data class " ..
+          quote(input.class) .. ", which may not reside in region " .. quote(here) ..
+          " of cluster " .. quote(cluster) .. " (allowed: " .. table.concat(allowed, ", ") ..
+          ")")
+      end
+    end
+  end
+end
+
 local function check_residency(d, policy, cluster)
   local data_class = d["geo-data-class"] or policy.default_data_class
   local allowed = allowed_regions(policy, data_class)
@@ -252,20 +387,23 @@ end
 -- --geo-failover=auto with no other cluster its residency and --geo-clusters allow.
 local function check_failover_possible(d, policy, cluster)
   if d["geo-failover"] ~= "auto" then return end
-  local data_class = d["geo-data-class"] or policy.default_data_class
-  local residency = d["geo-residency"] or allowed_regions(policy, data_class)
+  local regions = placement_regions(d, policy)
   local clusters = d["geo-clusters"]
   for _, name in ipairs(policy.cluster_names) do
-    if name ~= cluster and contains(residency, policy.cluster_regions[name])
+    if name ~= cluster and contains(regions, policy.cluster_regions[name])
         and (clusters == nil or contains(clusters, name)) then
       return
     end
   end
-  local limits = "its residency (" .. table.concat(residency, ", ") .. ") leaves"
-  if clusters ~= nil then
-    limits = "its residency (" .. table.concat(residency, ", ") .. ") and --geo-clusters (" ..
-      table.concat(clusters, ",") .. ") leave"
+  local parts = { "its residency (" .. table.concat(effective_residency(d, policy), ", ") .. ")" }
+  for _, narrowing in ipairs(narrowing_inputs(d, policy)) do
+    table.insert(parts, "input " .. quote(narrowing.input.path) .. " of data class " ..
+      quote(narrowing.input.class) .. " (" .. table.concat(narrowing.allowed, ", ") .. ")")
   end
+  if clusters ~= nil then
+    table.insert(parts, "--geo-clusters (" .. table.concat(clusters, ",") .. ")")
+  end
+  local limits = table.concat(parts, " and ") .. (#parts == 1 and " leaves" or " leave")
   malformed("geo: --geo-failover=auto can never move this job: " .. limits ..
     " no cluster but " .. quote(cluster) .. "; write --geo-failover=never, or " ..
     "allow another cluster")
@@ -305,7 +443,9 @@ local function check(d, policy, cluster)
   if policy.require_cost_center and d["geo-cost-center"] == nil then
     malformed("geo: this site requires --geo-cost-center=NAME on jobs with --geo-* directives")
   end
+  check_world(d)
   check_residency(d, policy, cluster)
+  check_inputs(d, policy, cluster)
   check_failover_possible(d, policy, cluster)
   check_budget(d, policy)
 end
