@@ -140,6 +140,14 @@ def test_export_lua_writes_next_to_slurm_conf(tmp_path, monkeypatch, capsys):
      "geo: --geo-clusters: 'rented' leaves out 'onprem', the cluster this job is submitted"),
     (["--geo-cost-center=ops", "--geo-ckpt-dir=/pfs/" + "x/" * 2500], 5,
      "geo: --geo-ckpt-dir: '/pfs/x/x/"),
+    (["--geo-cost-center=ops", "--geo-inputs=/pfs/ds:restricted,/home/alice/p",
+      "--geo-outputs=/pfs/out"], 0, "accepted"),
+    (["--geo-cost-center=ops", "--geo-inputs=/pfs/run:12"], 5,
+     "geo: --geo-inputs: '/pfs/run:12' ends in ':12', not a data class"),
+    (["--geo-cost-center=ops", "--geo-inputs=/pfs/ds:restricted", "--geo-failover=auto",
+      "--geo-ckpt-dir=/pfs/c"], 5,
+     "geo: --geo-failover=auto can never move this job: its residency (home, remote) and "
+     "input '/pfs/ds' of data class 'restricted' (home) leave no cluster but 'onprem'"),
 ])
 def test_policy_check_command(tmp_path, monkeypatch, capsys, args, code, output):
     config = tmp_path / "config.toml"

@@ -157,6 +157,57 @@ def test_the_spank_plugin_registers_every_directive():
         assert len(_c_array(source, array)) == count
 
 
+@pytest.fixture(scope="module")
+def spank_harness(tmp_path_factory) -> Path:
+    """tests/spank_harness.c (the plugin's source with Slurm's calls stubbed), built with
+    the Makefile's flags."""
+    from slurm_geo.sandbox import render
+
+    if not Path("/usr/include/slurm/spank.h").exists():
+        pytest.skip("no Slurm headers (apt-get install libslurm-dev)")
+    out = tmp_path_factory.mktemp("spank") / "harness"
+    argv = [*render.spank_build_argv("cc", REPO / "tests" / "spank_harness.c", out)]
+    argv.remove("-shared")
+    subprocess.run(argv, check=True, capture_output=True, text=True)
+    return out
+
+
+def _harness(binary: Path, *args: str) -> list[str]:
+    return subprocess.run([str(binary), *args], capture_output=True, text=True, check=True,
+                          timeout=30).stdout.splitlines()
+
+
+def test_the_built_plugin_registers_every_directive(spank_harness):
+    registered = [line.split("\t")[0] for line in _harness(spank_harness, "options")]
+    assert registered == [spec.option for spec in DIRECTIVES]
+
+
+@pytest.mark.parametrize(("word", "unknown"), [
+    ("--geo-inputs=/pfs/ds:restricted", "0"), ("--geo-env=/v", "0"), ("--geo-outputs", "0"),
+    ("--geo-input", "0"),  # the start of one: getopt takes it
+    ("--geo-inputz=/x", "1"), ("--geo-envs=/v", "1"), ("--geo-output-dir=/o", "1"),
+])
+def test_the_plugin_knows_the_world_directives(spank_harness, word, unknown):
+    assert _harness(spank_harness, "unknown", word) == [unknown]
+
+
+def test_the_plugin_hands_the_world_on(spank_harness):
+    """To the validator as --geo-NAME=VALUE, to Slurm's hooks as GEO_NAME, to the job as
+    SLURM_GEO_NAME: values untouched (the validator and job_submit.lua judge them)."""
+    said = _harness(spank_harness, "hand", "geo-inputs=/pfs/ds:restricted,/home/a b",
+                    "geo-env=/v/t.sif", "geo-outputs=/o")
+    assert said == ["argv /bin/validator",
+                    "argv --geo-inputs=/pfs/ds:restricted,/home/a b",
+                    "argv --geo-env=/v/t.sif", "argv --geo-outputs=/o",
+                    "control GEO_INPUTS=/pfs/ds:restricted,/home/a b",
+                    "control GEO_ENV=/v/t.sif", "control GEO_OUTPUTS=/o",
+                    "job SLURM_GEO_INPUTS=/pfs/ds:restricted,/home/a b",
+                    "job SLURM_GEO_ENV=/v/t.sif", "job SLURM_GEO_OUTPUTS=/o"]
+    validated = parse_options({a.split("=", 1)[0].removeprefix("argv --"): a.split("=", 1)[1]
+                               for a in said[1:4]})
+    assert World.of(validated).inputs[1] == Input("/home/a b")
+
+
 def test_job_submit_lua_reads_every_directive():
     source = (REPO / "slurm_geo" / "policy" / "job_submit.lua").read_text()
     specs = re.findall(r'\{ option = "([a-z-]+)", env = "([A-Z_]+)" \}', source)
