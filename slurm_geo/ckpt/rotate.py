@@ -62,9 +62,11 @@ def _master(key: bytes) -> bytes:
     return key
 
 
-# What the master key seals, directly or through a key derived from it (format.md §2, §5).
+# What the master key seals, directly or through a key derived from it (format.md §2, §5);
+# `tree-keys/` holds the staged trees' domain key rings (format.md §11.2).
 SEALED_UNDER_MASTER: tuple[tuple[str, Kind, Callable[[bytes], bytes]], ...] = (
     ("keys/", Kind.DATA_KEY, _master),
+    ("tree-keys/", Kind.DATA_KEY, _master),
     ("fences/", Kind.FENCE, fence_key),
     ("promoted/", Kind.PROMOTED, promotion_key),
 )
