@@ -451,3 +451,26 @@ def test_a_master_key_rotation_seals_tree_keys_again(store, tmp_path):
     assert (tmp_path / "out/f").read_bytes() == b"x" * 5000
     with pytest.raises(WrongKey):
         MasterTreeKeys(store, KeyFile(MASTER)).ring("t")
+
+
+def test_trees_of_one_domain_share_chunks_when_named(store, tmp_path):
+    """Two environments of one user in one domain: the second stores its difference only
+    when it names the first; in a domain of its own it stores everything again."""
+    common = {f"lib/pkg{i}/mod.py": os.urandom(20_000) for i in range(10)}
+    env_a = write_tree(tmp_path / "env-a", common)
+    env_b = write_tree(tmp_path / "env-b", {**common, "lib/extra/new.py": os.urandom(20_000)})
+    trees = trees_of(store)
+    trees.stage("env-a", LocalOpener(env_a), "home:env-a", domain="envs-alice")
+    store.counted()
+    alone = trees.stage("env-b-alone", LocalOpener(env_b), "home:env-b")
+    assert store.counted() > 200_000 and alone.stored_bytes > 200_000
+    shared = trees.stage("env-b", LocalOpener(env_b), "home:env-b", domain="envs-alice",
+                         shares_with=["env-a"])
+    assert 20_000 < store.counted() == shared.stored_bytes < 30_000
+    trees.materialise("env-b", 1, tmp_path / "out", domain="envs-alice")
+    assert listing(tmp_path / "out") == listing(env_b)
+    job = Trees(store, GivenTreeKeys({"envs-alice": MasterTreeKeys(
+        store, KeyFile(MASTER)).ring("envs-alice")}))
+    assert job.verify("env-a", 1, domain="envs-alice").bytes == 200_000  # its key reads both
+    with pytest.raises(NoTreeKey):
+        job.manifest("env-b-alone", 1)

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 
+from slurm_geo.ckpt.chunking import CdcParams
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, ObjectMissing
 from slurm_geo.ckpt.keys import SALT_SIZE, RandomBytes, RunKeys
 from slurm_geo.ckpt.manifest import FORMAT_VERSION, ChunkRef
@@ -198,9 +199,13 @@ class Trees:
 
     # Staging.
 
-    def stage(self, tree: str, opener: Opener, source: str,
-              domain: str | None = None) -> Staged:
-        """A new snapshot of the tree `opener` opens (`source` names it: a path at home)."""
+    def stage(self, tree: str, opener: Opener, source: str, domain: str | None = None,
+              shares_with: Sequence[str] = ()) -> Staged:
+        """A new snapshot of the tree `opener` opens (`source` names it: a path at home).
+
+        Its chunks already in the tree's latest snapshot are referenced, not stored; so
+        are those in the latest snapshots of the trees `shares_with` names, which must be
+        of the same `domain` (e.g. a user's other environments: docs/format.md §11.2)."""
         check_tree_id(tree)
         domain = domain or tree
         counting = _Counting(self._store)
@@ -208,9 +213,10 @@ class Trees:
         listed = self.snapshots(tree)
         latest = self.latest(tree, domain)
         parent = None if latest is None else self.manifest(tree, latest, domain)
-        sharing = parent if parent is not None and parent.key == keys.fingerprint \
-            and parent.chunking == self._options.cdc else None
-        build = _Build(sharing)
+        usable = partial(_shares, keys, self._options.cdc, domain)
+        others = (self._latest_manifest(domain, other) for other in shares_with)
+        build = _Build(parent if parent is not None and usable(parent) else None,
+                       [m for m in others if m is not None and usable(m)])
         with ChunkWriter(counting, keys, self._options, self._random_bytes,
                          build.known, _no_delta_base, domain,
                          pack_object=partial(tree_pack_name, domain)) as writer:
@@ -227,6 +233,10 @@ class Trees:
         self._commit(manifest, keys, counting)
         return build.staged(replace(manifest, key=keys.fingerprint), True, counting.put_bytes)
 
+    def _latest_manifest(self, domain: str, tree: str) -> TreeManifest | None:
+        latest = self.latest(tree, domain)
+        return None if latest is None else self.manifest(tree, latest, domain)
+
     def _commit(self, manifest: TreeManifest, keys: RunKeys, store: _Counting) -> None:
         name = snapshot_name(manifest.tree, manifest.snapshot)
         if self._store.exists(name):
@@ -240,11 +250,18 @@ class Trees:
                                pointer, latest))
 
 
+def _shares(keys: RunKeys, chunking: CdcParams, domain: str, manifest: TreeManifest) -> bool:
+    """Whether a new snapshot may reference `manifest`'s chunks: sealed under the key it
+    is written under (§11.2), in its domain, cut the same way."""
+    return (manifest.key == keys.fingerprint and manifest.domain == domain
+            and manifest.chunking == chunking)
+
+
 class _Build:
     """The entries of a snapshot as the walk finds them, and their chunks' slots."""
 
-    def __init__(self, parent: TreeManifest | None):
-        self.known = {} if parent is None else {r.id: r for r in parent.refs()}
+    def __init__(self, parent: TreeManifest | None, others: Sequence[TreeManifest] = ()):
+        self.known = {r.id: r for m in (*others, *([parent] if parent else ())) for r in m.refs()}
         self._previous = {} if parent is None else {e.path: e for e in parent.entries}
         self._entries: list[tuple[TreeEntry, list[int]]] = []
         self._skipped: list[str] = []
