@@ -5,6 +5,8 @@ run only when the sandbox under test has the provider remote)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from pathlib import Path
 
@@ -12,9 +14,10 @@ import pytest
 
 from slurm_geo.config import load_config
 from slurm_geo.federation.owners import own_dir
-from slurm_geo.sandbox import provider, remote_site, stages
+from slurm_geo.sandbox import provider, remote_site, rootfs, stages
 from slurm_geo.sandbox import provider_render as prender
 from slurm_geo.sandbox.layout import SandboxLayout
+from slurm_geo.sandbox.processes import MARKER_ENV
 from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import JobSpec, connect
 from slurm_geo.slurm.rest_backend import RestSlurmClient
@@ -130,3 +133,35 @@ def test_tokens_are_the_daemons_alone(live) -> None:
     for path in (rented.token_file, *(rented.user_token_file(u) for u in ("alice", "bob"))):
         mode = path.stat()
         assert mode.st_mode & 0o077 == 0 and mode.st_uid != 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and mounts need root")
+def test_the_sandbox_provider_site_comes_up_and_down_leaves_nothing(tmp_path: Path) -> None:
+    """The site as the sandbox makes it (its own MariaDB and slurmdbd, two slurmds,
+    slurmrestd on a unix socket), on loopback ports of its own, without a sandbox: the
+    service account is an operator there; `down` leaves no mount, namespace or process."""
+    from tests.test_provider_rest import _free_base
+
+    base = _free_base(24600, 6)
+    layout = SandboxLayout(tmp_path, base, remote_slurm="provider")
+    made = dataclasses.replace(remote_site.site(layout), address="127.0.0.1", netns=None,
+                               fixed_ports=prender.Ports(base, base + 1, base + 2, base + 3,
+                                                         base + 4),
+                               node_ports=(base + 1, base + 5))
+    try:
+        try:
+            provider.up(made)
+        except rootfs.RegistryUnreachable as exc:
+            pytest.skip(f"no provider image: {exc}")
+        assert made.restd_socket.is_socket()
+        admins = provider.exec_in(made, ["sacctmgr", "-n", "-P", "list", "user",
+                                         "format=user,adminlevel"]).stdout
+        assert f"{prender.SERVICE_ACCOUNT.name}|Operator" in admins.splitlines()
+        nodes = provider.exec_in(made, ["sinfo", "-h", "-N", "-o", "%N"]).stdout.split()
+        assert sorted(set(nodes)) == ["rented-n1", "rented-n2"]
+    finally:
+        provider.down(made)
+    with open("/proc/self/mountinfo") as handle:
+        assert str(tmp_path) not in handle.read(), "down left a mount of the site behind"
+    assert not made.table.marked_processes(), f"down left a process ({MARKER_ENV})"

@@ -116,8 +116,8 @@ REMOTE_ACCOUNT_SETTINGS = (
             "if the file has any group or other permission bit (chmod 600).", required=True),
     Setting("work_dir", path, None, "Where that account's jobs run there, on the cluster's "
             "own filesystem (its home or scratch), when the cluster has none of home's "
-            "files: a moved job runs in it, its --output and --error by file name only; "
-            "unset, it runs in /tmp with the paths it was submitted with."),
+            "files: a moved job runs in it, its --output by file name only; unset, it "
+            "runs in /tmp with the paths it was submitted with."),
 )
 _USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}")
 
