@@ -94,7 +94,7 @@ def test_rented_is_slurm_26_05_with_no_plugin_of_ours(live) -> None:
         assert setting not in conf
     client = connect(load_config(live.layout.site_config).clusters["rented"])
     assert isinstance(client, RestSlurmClient)
-    assert client.api_version == "v0.0.45"
+    assert client.api_version == "0.0.45"
 
 
 @pytest.mark.sandbox
