@@ -22,6 +22,7 @@ from slurm_geo.federation.planner import (
     ClusterView,
     Cost,
     JobNeeds,
+    WorldStaging,
     plan,
     plan_to_json,
     prefers_home,
@@ -290,3 +291,77 @@ def test_plan_rejects_inputs_that_cannot_be_planned():
         plan(replace(JOB, current="nowhere"), list(CLUSTERS.values()), RULES, lambda *_: 1.0)
     with pytest.raises(ValueError, match="share a name"):
         plan(JOB, [CLUSTERS["onprem"], CLUSTERS["onprem"]], RULES, lambda *_: 1.0)
+
+
+# --- the job's world (issue 31: inputs and env, staged ahead) --------------------------------
+
+WORLD_TRANSFERS = {("pfs", "offsite"): 80.0, ("pfs", "spare-s3"): 100.0}
+GB = 10**9
+
+
+def run_world(world: WorldStaging, home_up: bool = True, current: str = "onprem",
+              rented_wait: float = 30.0):
+    views = [replace(view, up=home_up if name == "onprem" else view.up,
+                     queue_wait_s=rented_wait if name == "rented" else view.queue_wait_s)
+             for name, view in CLUSTERS.items()]
+    transfers = {**TRANSFERS, **WORLD_TRANSFERS}
+    asked: list[tuple[str, str, int]] = []
+
+    def predict(src: str, dst: str, n: int) -> float | None:
+        asked.append((src, dst, n))
+        return transfers.get((src, dst))
+    job = replace(JOB, world=world, current=current)
+    return plan(job, views, RULES, predict, store_regions=STORE_REGIONS), asked
+
+
+@pytest.mark.parametrize("world, home_up, choice, why_rented, why_spare", [
+    # Staged everywhere: the world changes nothing.
+    (WorldStaging("pfs", 2 * GB, {"offsite": 2 * GB, "spare-s3": 2 * GB}), False,
+     "rented", "", ""),
+    # Staged on offsite only, home lost: spare would need 2 GB from a lost home.
+    (WorldStaging("pfs", 2 * GB, {"offsite": 2 * GB}), False, "rented", "",
+     "2000 MB of its inputs and env are not staged in spare-s3 and home onprem, where they "
+     "are, is down"),
+    # Staged nowhere, size unknown, home lost: the job is not moved at all.
+    (WorldStaging("pfs"), False, "onprem",
+     "staged nowhere yet and home onprem, where they are, is down",
+     "staged nowhere yet and home onprem, where they are, is down"),
+])
+def test_a_job_whose_world_is_not_staged_is_not_moved_off_a_lost_home(
+        world, home_up, choice, why_rented, why_spare):
+    result, _ = run_world(world, home_up)
+    assert result.choice == choice, result.reason
+    for cluster, why in (("rented", why_rented), ("spare", why_spare)):
+        candidate = result.candidate(cluster)
+        assert candidate.eligible is (why == ""), candidate.why_not
+        assert why in candidate.why_not
+
+
+def test_the_world_not_yet_staged_counts_in_time_and_egress_and_the_staged_site_wins():
+    """Home up, a hopeless home queue: rented lacks 1 GB of the world (80 s from pfs),
+    spare has it all; each candidate's transfer and egress count what is missing."""
+    world = WorldStaging("pfs", 3 * GB, {"offsite": 2 * GB, "spare-s3": 3 * GB})
+    views = {name: replace(view, queue_wait_s=5000.0 if name == "onprem" else
+                           view.queue_wait_s) for name, view in CLUSTERS.items()}
+    transfers = {**TRANSFERS, **WORLD_TRANSFERS}
+    result = plan(replace(JOB, world=world), list(views.values()), RULES,
+                  lambda s, d, _n: transfers.get((s, d)), store_regions=STORE_REGIONS)
+    rented, spare = result.candidate("rented"), result.candidate("spare")
+    assert rented.transfer_s == 0.0 + 80.0 and spare.transfer_s == 500.0
+    home_egress = CLUSTERS["onprem"].prices.egress_per_gb
+    assert rented.cost_breakdown.egress == pytest.approx(1 * home_egress)
+    assert spare.cost_breakdown.egress == pytest.approx(50 * 0.09)  # the checkpoint's only
+    # With the world staged at rented too, it starts 80 s sooner.
+    staged, _ = run_world(WorldStaging("pfs", 3 * GB, {"offsite": 3 * GB}), home_up=True)
+    assert staged.candidate("rented").transfer_s == 0.0
+
+
+def test_a_world_of_unknown_size_keeps_a_running_job_where_it_is_and_says_why():
+    result, _ = run_world(WorldStaging("pfs"), home_up=True, rented_wait=30.0)
+    assert result.choice == "onprem"
+    assert "not staged yet: their size is unknown" in result.candidate("rented").why_not
+
+
+def test_the_missing_world_is_read_from_home_s_store_at_the_link_s_rate():
+    _, asked = run_world(WorldStaging("pfs", 2 * GB, {"offsite": GB}), home_up=True)
+    assert ("pfs", "offsite", GB) in asked and ("pfs", "spare-s3", 2 * GB) in asked

@@ -38,7 +38,7 @@ from slurm_geo.federation.model import (
 )
 from slurm_geo.federation.mover import Mover
 from slurm_geo.federation.owners import owner_refusal
-from slurm_geo.federation.planner import ClusterView, JobNeeds, Plan, plan
+from slurm_geo.federation.planner import ClusterView, JobNeeds, Plan, WorldStaging, plan
 from slurm_geo.federation.probes import BandwidthProbes, HealthProbes
 from slurm_geo.federation.reconcile import (
     PlanPurpose,
@@ -55,6 +55,7 @@ from slurm_geo.lease.munge import MungeCommands, munge_socket
 from slurm_geo.lease.protocol import KeyRequest, LeaseRequest
 from slurm_geo.lease.signing import Credentials
 from slurm_geo.policy.geo import rules_for
+from slurm_geo.policy.world import World
 from slurm_geo.slurm import JobInfo, JobState, SlurmClient, SlurmError
 from slurm_geo.slurm.client import cancel_requester
 from slurm_geo.slurm.errors import JobNotFound
@@ -295,7 +296,8 @@ class Federation:
             nodes=options.nodes, cpus=options.nodes * options.cpus_per_task,
             gpus=options.gpus, remaining_s=60.0 * (options.time_limit_minutes or 60),
             checkpoint_bytes=_checkpoint_bytes(self.wiring, job, source_store),
-            checkpoint_store=source_store, directives=options.directives())
+            checkpoint_store=source_store, directives=options.directives(),
+            world=_world_staging(self.wiring, job, options))
         views = [self._view(name, health, options, job,
                             current_wait if name == job.cluster else None)
                  for name in self.clients]
@@ -414,3 +416,14 @@ def _plan_summary(chosen: Plan | None) -> dict[str, Any] | None:
         {"cluster": c.cluster, "eligible": c.eligible, "why_not": c.why_not,
          "transfer_s": c.transfer_s, "queue_wait_s": c.queue_wait_s,
          "cost_usd": round(c.cost_usd, 4)} for c in chosen.candidates]}
+
+
+def _world_staging(wiring: Wiring, job: LogicalJob, options: ScriptOptions
+                   ) -> WorldStaging | None:
+    """The job's inputs and env as staging has them (federation.planner.WorldStaging);
+    None when it declares neither. Nothing stages them yet (issue 31): their size is
+    unknown and no store holds them, so such a job is not moved off a lost home."""
+    world = World.of(options.directives())
+    if not world.inputs and world.env is None:
+        return None
+    return WorldStaging(source_store=wiring.store_of(job.home))

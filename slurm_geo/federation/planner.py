@@ -3,7 +3,8 @@
 The rule (docs/federation.md, "Placement planner"): remaining training is the same
 everywhere, so a cluster's cost in time is what it takes the job to *start* there:
 
-    total_s = predicted transfer of the newest verified checkpoint + queue wait
+    total_s = predicted transfer of the newest verified checkpoint
+              + predicted transfer of its world not yet staged there + queue wait
 
 - The current cluster is usable (up and able to run the job): move only when the best
   other eligible cluster satisfies `total_s + margin_s < current queue wait` (the current
@@ -38,6 +39,14 @@ all its nodes, not per node):
 
 The source region's price is that of the current cluster when it is in that region, else
 of the first cluster by name in it, else the current cluster's. Staying costs no egress.
+
+A job's *world* (its `--geo-inputs` and `--geo-env`: docs/directives.md) lives at home
+and is staged to other sites' stores ahead of a loss (`WorldStaging`). At a candidate, the
+bytes not yet staged in its store are read from home's store at the link's predicted rate,
+and charged as egress from home's region; a candidate where the world is missing, or of
+unknown size, is ineligible while home is down (nothing can be read from home then), so
+a job whose world is staged nowhere else is not moved off a lost home. A candidate where
+the world already is starts sooner, and so ranks first.
 """
 
 from __future__ import annotations
@@ -58,6 +67,25 @@ PredictTransfer = Callable[[str, str, int], float | None]
 
 
 @dataclass(frozen=True)
+class WorldStaging:
+    """The job's inputs and software environment as staging has them: their size at home
+    (`total_bytes`; None while no staging has measured it), the bytes verified in each
+    store by name (`staged`), and `source_store`, home's store, where they are read from."""
+
+    source_store: str
+    total_bytes: int | None = None
+    staged: Mapping[str, int] = field(default_factory=dict)
+
+    def missing(self, store: str) -> int | None:
+        """Bytes still to stage into `store`; None when the size is unknown."""
+        if store == self.source_store:
+            return 0
+        if self.total_bytes is None:
+            return None
+        return max(0, self.total_bytes - self.staged.get(store, 0))
+
+
+@dataclass(frozen=True)
 class JobNeeds:
     """What the job needs to continue. `checkpoint_store` is "" when no verified
     checkpoint exists (the job cannot move). `spent_usd` counts against --geo-max-cost."""
@@ -73,6 +101,7 @@ class JobNeeds:
     checkpoint_store: str
     directives: Directives = field(default_factory=Directives)
     spent_usd: float = 0.0
+    world: WorldStaging | None = None  # None: the job declares no inputs and no env
 
 
 @dataclass(frozen=True)
@@ -153,8 +182,12 @@ def plan(job: JobNeeds, clusters: Sequence[ClusterView], rules: GeoRules,
     usable = current.up and current.fits
     regions = _store_regions(clusters, store_regions or {})
     egress_price = _egress_price(regions.get(job.checkpoint_store), clusters, current)
-    candidates = [_candidate(job, view, rules, predict_transfer, regions, egress_price,
-                             usable) for view in clusters]
+    home_up = job.home in views and views[job.home].up
+    world_price = (0.0 if job.world is None else
+                   _egress_price(regions.get(job.world.source_store), clusters, current))
+    candidates = [_candidate(job, view, rules, predict_transfer, regions,
+                             (egress_price, world_price), usable, home_up)
+                  for view in clusters]
     choice, reason = (_choose_while_up(job, current, candidates, margin_s, failback_s)
                       if usable else _choose_while_down(job, current, candidates))
     mode = job.directives.failover
@@ -171,29 +204,59 @@ def prefers_home(plan: Plan, home: str) -> bool:
 # --- candidates ----------------------------------------------------------------------
 
 def _candidate(job: JobNeeds, view: ClusterView, rules: GeoRules, predict: PredictTransfer,
-               regions: Mapping[str, str], egress_price: float, usable: bool) -> Candidate:
+               regions: Mapping[str, str], prices: tuple[float, float], usable: bool,
+               home_up: bool) -> Candidate:
     staying = view.name == job.current
-    transfer = 0.0 if staying else _transfer_s(job, view, predict)
+    world_missing = 0 if staying or job.world is None else job.world.missing(view.store)
+    transfer = 0.0 if staying else _transfer_s(job, view, predict, world_missing)
     wait = view.queue_wait_s
     total = None if transfer is None or wait is None else transfer + wait
     moves_data = not staying and regions.get(job.checkpoint_store) != regions.get(view.store)
-    cost = _cost(job, view.prices, egress_price if moves_data else 0.0)
+    world_moves = job.world is not None and regions.get(job.world.source_store) != \
+        regions.get(view.store)
+    cost = _cost(job, view.prices, prices[0] if moves_data else 0.0,
+                 (world_missing or 0) / 1e9 * (prices[1] if world_moves else 0.0))
     why_not = (_why_not_stay(view) if staying
-               else _why_not_move(job, view, rules, cost, transfer, usable))
+               else _why_not_move(job, view, rules, cost, transfer, usable,
+                                  _why_not_world(job, view, world_missing, home_up, usable)))
     return Candidate(view.name, not why_not, why_not, transfer, wait, total, cost.total, cost)
 
 
-def _transfer_s(job: JobNeeds, view: ClusterView, predict: PredictTransfer) -> float | None:
-    if view.store == job.checkpoint_store or job.checkpoint_bytes == 0:
-        return 0.0
-    return predict(job.checkpoint_store, view.store, job.checkpoint_bytes)
+def _transfer_s(job: JobNeeds, view: ClusterView, predict: PredictTransfer,
+                world_missing: int | None) -> float | None:
+    checkpoint = (0.0 if view.store == job.checkpoint_store or job.checkpoint_bytes == 0
+                  else predict(job.checkpoint_store, view.store, job.checkpoint_bytes))
+    if job.world is None or world_missing == 0:
+        return checkpoint
+    world = (None if world_missing is None
+             else predict(job.world.source_store, view.store, world_missing))
+    return None if checkpoint is None or world is None else checkpoint + world
 
 
-def _cost(job: JobNeeds, prices: Prices, egress_per_gb: float) -> Cost:
+def _why_not_world(job: JobNeeds, view: ClusterView, missing: int | None, home_up: bool,
+                   usable: bool) -> str:
+    """Why the job's world keeps it from `view`: missing there while home, the only place
+    it can be read from, is down; or of a size no staging has measured yet, while the
+    current cluster runs the job (no move can be shown to help)."""
+    if job.world is None or missing == 0:
+        return ""
+    if home_up:
+        return ("its inputs and env (--geo-inputs, --geo-env) are not staged yet: their "
+                "size is unknown") if missing is None and usable else ""
+    if missing is None:
+        return (f"its inputs and env (--geo-inputs, --geo-env) are staged nowhere yet and "
+                f"home {job.home}, where they are, is down")
+    return (f"{missing / 1e6:.0f} MB of its inputs and env are not staged in {view.store} "
+            f"and home {job.home}, where they are, is down")
+
+
+def _cost(job: JobNeeds, prices: Prices, egress_per_gb: float,
+          world_egress: float = 0.0) -> Cost:
     hours = job.remaining_s / 3600
     gpu = hours * job.gpus * prices.gpu_hour
     cpu = hours * job.cpus * prices.cpu_hour
-    return Cost(gpu=gpu, cpu=cpu, egress=job.checkpoint_bytes / 1e9 * egress_per_gb,
+    return Cost(gpu=gpu, cpu=cpu,
+                egress=job.checkpoint_bytes / 1e9 * egress_per_gb + world_egress,
                 fee=prices.marketplace_fee_pct / 100 * (gpu + cpu))
 
 
@@ -206,7 +269,7 @@ def _why_not_stay(view: ClusterView) -> str:
 
 
 def _why_not_move(job: JobNeeds, view: ClusterView, rules: GeoRules, cost: Cost,
-                  transfer: float | None, usable: bool) -> str:
+                  transfer: float | None, usable: bool, world: str = "") -> str:
     directives = job.directives
     if directives.failover == "never":
         return "--geo-failover=never: the job stays on its cluster"
@@ -230,6 +293,8 @@ def _why_not_move(job: JobNeeds, view: ClusterView, rules: GeoRules, cost: Cost,
     if limit is not None and job.spent_usd + cost.total > limit:
         return (f"predicted cost {job.spent_usd + cost.total:.2f} USD exceeds "
                 f"--geo-max-cost={limit:g}")
+    if world:
+        return world
     if usable and view.queue_wait_s is None:
         return "queue wait unknown"
     if usable and transfer is None:
