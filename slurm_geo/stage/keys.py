@@ -14,9 +14,9 @@ import os
 from collections.abc import Mapping
 from typing import Protocol
 
-from slurm_geo.ckpt.errors import CkptError, ObjectMissing
-from slurm_geo.ckpt.keys import KEY_SIZE, SALT_SIZE, MasterKeys, RandomBytes, RunKeyRing
-from slurm_geo.ckpt.seal import Kind, open_with_ring, seal
+from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.keyholder import SealedKeyRings
+from slurm_geo.ckpt.keys import MasterKeys, RandomBytes, RunKeyRing
 from slurm_geo.ckpt.store import Store
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.stage.names import tree_key_name
@@ -40,35 +40,12 @@ class TreeKeyHolder(Protocol):
         ...
 
 
-class MasterTreeKeys:
+class MasterTreeKeys(SealedKeyRings):
     """Domain key rings opened from `tree-keys/<domain>` under the master key, each once."""
 
     def __init__(self, store: Store, master_keys: MasterKeys,
                  random_bytes: RandomBytes = os.urandom):
-        self._store = store
-        self._master = master_keys
-        self._random_bytes = random_bytes
-        self._rings: dict[str, RunKeyRing] = {}
-
-    def ring(self, domain: str, create: bool = False) -> RunKeyRing:
-        if domain not in self._rings:
-            self._rings[domain] = self._load(domain, create)
-        return self._rings[domain]
-
-    def _load(self, domain: str, create: bool) -> RunKeyRing:
-        name = tree_key_name(domain)
-        try:
-            sealed = self._store.get(name)
-        except ObjectMissing:
-            if not create:
-                raise
-            ring = RunKeyRing.of(self._random_bytes(KEY_SIZE))
-            salt = self._random_bytes(SALT_SIZE)
-            self._store.put(name, seal(self._master.keys()[0], Kind.DATA_KEY, salt,
-                                       ring.to_payload(), name))
-            return ring
-        return RunKeyRing.from_payload(
-            open_with_ring(self._master.keys(), Kind.DATA_KEY, sealed, name), name)
+        super().__init__(store, master_keys, tree_key_name, random_bytes)
 
 
 class GivenTreeKeys:
