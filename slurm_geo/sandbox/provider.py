@@ -55,6 +55,11 @@ class ProviderSite:
     node_ports: tuple[int, ...] = ()  # a slurmd on each; none: one at ports.slurmd
     rest_socket: bool = False  # slurmrestd on a unix socket (host path: restd_socket)
     accounting: bool = False  # MariaDB and slurmdbd in the root
+    # The image's recipe (a home cluster of Slurm 24.11: rootfs.HOME_2411), the site's
+    # users (their own ids), and whether it serves REST (a home cluster reached by CLI not).
+    recipe: rootfs.Recipe = rootfs.Recipe()
+    accounts: tuple[Account, ...] = ACCOUNTS
+    rest: bool = True
 
     @property
     def ports(self) -> Ports:
@@ -143,6 +148,8 @@ class ProviderSite:
         ] if self.accounting else []
         rest_up = ((lambda: self.restd_socket.exists()) if self.rest_socket
                    else (lambda: self._port_open(ports.restd)))
+        rest = [Daemon("slurmrestd", restd, env={"SLURM_JWT": "daemon"},
+                       health_check=rest_up)] if self.rest else []
         return [
             *database,
             Daemon("slurmctld", [*inside, "/usr/sbin/slurmctld", "-D"],
@@ -150,10 +157,10 @@ class ProviderSite:
             *(Daemon(name, [*inside, "/usr/sbin/slurmd", "-D", "-N", name],
                      health_check=lambda name=name: self._node_up(name))  # type: ignore[misc]
               for name, _port in self.nodes),
-            # SLURM_JWT=daemon: slurmrestd passes each request's JWT on to slurmctld as
-            # its credential (auth/jwt), not its own (auth/slurm: "Rejecting thread config
-            # token").
-            Daemon("slurmrestd", restd, env={"SLURM_JWT": "daemon"}, health_check=rest_up),
+            # SLURM_JWT=daemon (above): slurmrestd passes each request's JWT on to
+            # slurmctld as its credential (auth/jwt), not its own (auth/slurm: "Rejecting
+            # thread config token").
+            *rest,
         ]
 
     # --- checks run inside -------------------------------------------------------------
@@ -201,7 +208,7 @@ def up(site: ProviderSite, progress: Callable[[str], None] = lambda _line: None)
     tokens. Returns the image's stamp. Needs root."""
     if os.geteuid() != 0:
         raise SandboxError("the provider site needs root (namespaces, mounts): run as root")
-    stamp = rootfs.ensure_image(site.image, progress=progress)
+    stamp = rootfs.ensure_image(site.image, site.recipe, progress=progress)
     prepare(site)
     if not namespace_alive(site):
         make_namespace(site)
@@ -214,6 +221,9 @@ def up(site: ProviderSite, progress: Callable[[str], None] = lambda _line: None)
         if daemon.name == "slurmdbd":  # its run directory, on the site's own /run
             exec_in(site, ["install", "-d", "-o", render.SLURM_USER[0], "-g",
                            render.SLURM_USER[0], "/run/slurmdbd"])
+            # trixie's MariaDB client library looks for the server's socket under
+            # /run/mysqld, sid's under /run/mariadbd (slurmdbd.conf cannot name it).
+            exec_in(site, ["ln", "-sfn", str(render.MYSQL_SOCKET.parent), "/run/mysqld"])
         table.start(daemon)
         check = daemon.health_check
         assert check is not None
@@ -226,7 +236,7 @@ def up(site: ProviderSite, progress: Callable[[str], None] = lambda _line: None)
                            "-u", "root", "-e", render.database_sql()])
         if daemon.name == "slurmdbd":
             _register(site)
-    for account in (*ACCOUNTS, render.SERVICE_ACCOUNT):
+    for account in (*site.accounts, render.SERVICE_ACCOUNT) if site.rest else ():
         mint_token(site, account)
     return stamp
 
@@ -262,7 +272,7 @@ def _register(site: ProviderSite) -> None:
     exec_in(site, [*sacctmgr, "add", "cluster", site.cluster], check=False)
     exec_in(site, [*sacctmgr, "add", "account", "tenants", f"cluster={site.cluster}"],
             check=False)
-    names = ",".join(a.name for a in (*ACCOUNTS, render.SERVICE_ACCOUNT))
+    names = ",".join(a.name for a in (*site.accounts, render.SERVICE_ACCOUNT))
     exec_in(site, [*sacctmgr, "add", "user", names, "account=tenants",
                    f"cluster={site.cluster}"])
     exec_in(site, [*sacctmgr, "modify", "user", render.SERVICE_ACCOUNT.name, "set",
@@ -302,14 +312,16 @@ def prepare(site: ProviderSite) -> None:
         path.mkdir(parents=True, exist_ok=True)
         os.chown(path, owner, owner)
         path.chmod(mode)
-    for account in ACCOUNTS:
+    for account in site.accounts:
         home = d.home / account.name
         home.mkdir(exist_ok=True)
         os.chown(home, account.uid, account.uid)
         home.chmod(0o700)
     image_etc = site.image / "etc"
-    write_if_changed(d.accounts / "passwd", render.passwd((image_etc / "passwd").read_text()))
-    write_if_changed(d.accounts / "group", render.group((image_etc / "group").read_text()))
+    write_if_changed(d.accounts / "passwd", render.passwd((image_etc / "passwd").read_text(),
+                                                           site.accounts))
+    write_if_changed(d.accounts / "group", render.group((image_etc / "group").read_text(),
+                                                         site.accounts))
     write_if_changed(d.accounts / "hosts", render.hosts(site.address))
     write_if_changed(d.accounts / "hostname", render.HOSTNAME + "\n")
     write_if_changed(d.etc / "slurm.conf",

@@ -46,6 +46,11 @@ PACKAGES = (
     "libexpat1", "libffi8", "libssl3t64", "libsqlite3-0", "libbz2-1.0", "liblzma5",
     "libuuid1", "libgomp1", "libncursesw6", "libreadline8t64",
 )
+# Home's Slurm of Debian 13 (trixie: 24.11), for the CLI backend's tests against it: the
+# same image without slurmrestd (home is reached by Slurm's own commands) or MUNGE
+# (auth/slurm), kept beside the provider's under its own name.
+HOME_2411_IMAGE_DIR = Path("/var/lib/slurm-geo/home-root-trixie")
+HOME_2411_PACKAGES = tuple(p for p in PACKAGES if p not in ("slurmrestd", "munge"))
 # Bump when the hook below or what the provider site expects of the image changes: an
 # image of another layout is rebuilt.
 LAYOUT = 1
@@ -71,6 +76,9 @@ class Recipe:
     mirror: str = MIRROR
     packages: tuple[str, ...] = PACKAGES
     layout: int = LAYOUT
+
+
+HOME_2411 = Recipe(suite="trixie", packages=HOME_2411_PACKAGES)
 
 
 @dataclass(frozen=True)
@@ -146,8 +154,8 @@ def ensure_image(image: Path = IMAGE_DIR, recipe: Recipe = Recipe(),
         if stamp_fits(stamp, recipe):
             assert stamp is not None
             return stamp
-        progress(f"building the provider's root filesystem ({recipe.suite}, Slurm from "
-                 f"Debian) into {image}")
+        progress(f"building a root filesystem ({recipe.suite}, Slurm from Debian) into "
+                 f"{image}")
         return _build(image, recipe)
 
 

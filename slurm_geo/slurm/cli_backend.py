@@ -16,6 +16,11 @@ Submissions (checked in Slurm's source, tags slurm-22-05-8-1 and slurm-24-11-4-1
   job's environment as its own - none of the calling process's variables - plus the
   cluster's SLURM_CONF, and `--export=ALL` passes that on whatever SBATCH_EXPORT says.
   Found by the caller's PATH, sbatch is named by its absolute path.
+
+Where Slurm's commands run: by default on this machine. `command_prefix` runs each of them
+(the helper included) behind a prefix instead, e.g. `nsenter ...` into a machine image
+whose Slurm is another version than this host's (tests: a Debian 13 root with 24.11,
+sandbox.home24); `sbatch` then names the sbatch there (the helper has its own, built in).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -103,11 +108,14 @@ def sbatch_environment(spec: JobSpec, slurm_conf: Path) -> dict[str, str]:
 
 class CliSlurmClient(SlurmClient):
     def __init__(self, cluster: str, slurm_conf: Path, timeout_s: float,
-                 submit_as: Path = SUBMIT_AS_PATH):
+                 submit_as: Path = SUBMIT_AS_PATH, command_prefix: Sequence[str] = (),
+                 sbatch: str | None = None):
         self.cluster = cluster
-        self.slurm_conf = slurm_conf
+        self.slurm_conf = slurm_conf  # as the commands see it (behind the prefix)
         self.timeout_s = timeout_s
         self.submit_as = submit_as
+        self.command_prefix = tuple(command_prefix)
+        self.sbatch = sbatch
 
     def submit(self, spec: JobSpec) -> int:
         return parse.submitted_job_id(self._sbatch_for(spec, ["--parsable"], "submit"))
@@ -117,7 +125,7 @@ class CliSlurmClient(SlurmClient):
         """sbatch for `spec`: as its owner through the helper, else as this process."""
         options = [*extra, *sbatch_arguments(spec)]
         if spec.owner is None:
-            return self._run([self._sbatch(), *options], action, stdin=spec.script,
+            return self._run([self.sbatch or self._sbatch(), *options], action, stdin=spec.script,
                              env=sbatch_environment(spec, self.slurm_conf),
                              merge_stderr=merge_stderr)
         environment = {"PATH": DEFAULT_JOB_PATH, **spec.environment}
@@ -259,8 +267,9 @@ class CliSlurmClient(SlurmClient):
         data = stdin_bytes if stdin_bytes is not None else \
             (None if stdin is None else stdin.encode())
         try:
-            raw = subprocess.run(argv, input=data, capture_output=True, env=env,
-                                 timeout=self.timeout_s, check=False)
+            raw = subprocess.run([*self.command_prefix, *argv], input=data,
+                                 capture_output=True, env=env, timeout=self.timeout_s,
+                                 check=False)
         except PermissionError:
             raise SlurmCommandError(argv[0], "may not be run by this account (the service "
                                     "account's group runs it; docs/install.md)") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -38,9 +39,16 @@ def number(value: Any) -> int | None:
     return None
 
 
+# Slurm's NO_VAL and INFINITE as 32-bit times: 24.11's `sacct --json` prints a start time of
+# 4294967294 for an incarnation that never started (22.05 and slurmrestd print 0).
+_NO_TIME = 0xFFFFFFFE
+
+
 def timestamp(value: Any) -> datetime | None:
     seconds = number(value)
-    return datetime.fromtimestamp(seconds, UTC) if seconds else None
+    if not seconds or seconds >= _NO_TIME:
+        return None
+    return datetime.fromtimestamp(seconds, UTC)
 
 
 def words(value: Any) -> list[str]:
@@ -55,6 +63,22 @@ def words(value: Any) -> list[str]:
 def job_state(value: Any) -> JobState:
     states = words(value)
     return JobState.parse(states[0]) if states else JobState.UNKNOWN
+
+
+# The state flags an accounting record's state is named by, before its base state, in the
+# order `sacct` names them (slurm_protocol_defs.c: job_state_string).
+_RECORD_FLAG_STATES = ("REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "REVOKED")
+
+
+def record_state(value: Any) -> JobState:
+    """An accounting record's state as sacct names it: 24.11's `sacct --json` says
+    ["PENDING", "REQUEUED"] of an incarnation that ended in a requeue, sacct's text and
+    22.05's JSON "REQUEUED". (A job slurmctld reports is PENDING so: `job_state`.)"""
+    flags = words(value)[1:]
+    for flag in _RECORD_FLAG_STATES:
+        if flag in flags:
+            return JobState(flag)
+    return job_state(value)
 
 
 def errors(doc: Json) -> list[Json]:
@@ -121,6 +145,8 @@ def _exit_code(value: Any) -> int | None:
 
 def nodes(doc: Json) -> list[NodeInfo]:
     """Nodes from `sinfo --json` or slurmrestd /slurm/vX/nodes."""
+    if not doc.get("nodes") and isinstance(doc.get("sinfo"), list):
+        return _sinfo_nodes(doc["sinfo"])
     found = []
     for raw in doc.get("nodes") or []:
         states = words(raw.get("state"))
@@ -137,6 +163,35 @@ def nodes(doc: Json) -> list[NodeInfo]:
     return found
 
 
+def _sinfo_nodes(entries: list[Any]) -> list[NodeInfo]:
+    """Nodes from 23.02+'s `sinfo --json` (24.11: v0.0.42): not one entry per node as 22.05
+    and slurmrestd print, but one per group of nodes alike (state, reason, partition), its
+    node names in nodes.nodes; a node in several partitions is in several groups."""
+    found: dict[str, NodeInfo] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        states = words((entry.get("node") or {}).get("state"))
+        reason = entry.get("reason")
+        partition = (entry.get("partition") or {}).get("name") or ""
+        for name in words((entry.get("nodes") or {}).get("nodes")):
+            known = found.get(name)
+            if known is not None:
+                if partition and partition not in known.partitions:
+                    found[name] = replace(known, partitions=(*known.partitions, partition))
+                continue
+            found[name] = NodeInfo(
+                name=name,
+                state=states[0].lower() if states else "unknown",
+                flags=tuple(s.upper() for s in states[1:]),
+                reason=(reason.get("description") or "" if isinstance(reason, dict)
+                        else reason or ""),
+                cpus=number((entry.get("cpus") or {}).get("maximum")) or 0,
+                partitions=(partition,) if partition else (),
+            )
+    return list(found.values())
+
+
 def accounting(doc: Json, cluster: str) -> list[AccountingRecord]:
     """Job records from `sacct --json` or slurmrestd /slurmdb/vX/job(s)."""
     return [_record(raw, cluster) for raw in doc.get("jobs") or []]
@@ -145,6 +200,7 @@ def accounting(doc: Json, cluster: str) -> list[AccountingRecord]:
 def _record(raw: Json, cluster: str) -> AccountingRecord:
     times = raw.get("time") or {}
     state = raw.get("state") or {}
+    current = record_state(state.get("current"))
     return AccountingRecord(
         cluster=raw.get("cluster") or cluster,
         job_id=int(number(raw.get("job_id")) or 0),
@@ -152,7 +208,7 @@ def _record(raw: Json, cluster: str) -> AccountingRecord:
         user=raw.get("user") or "",
         account=raw.get("account") or "",
         partition=raw.get("partition") or "",
-        state=job_state(state.get("current")),
+        state=current,
         submit_time=timestamp(times.get("submission")),
         start_time=timestamp(times.get("start")),
         end_time=timestamp(times.get("end")),
@@ -164,16 +220,17 @@ def _record(raw: Json, cluster: str) -> AccountingRecord:
         admin_comment=_admin_comment(raw.get("comment"), raw.get("admin_comment")),
         # slurmdbd's name of the user who cancelled it (v0.0.38 and later); "" otherwise.
         cancelled_by=(raw.get("kill_request_user") or ""
-                      if job_state(state.get("current")) is JobState.CANCELLED else ""),
+                      if current is JobState.CANCELLED else ""),
     )
 
 
 def tres(entries: Any) -> dict[str, int]:
-    """{"cpu": 2, "node": 1, "gres/gpu": 1} from a TRES list; counts of None are dropped."""
+    """{"cpu": 2, "node": 1, "gres/gpu": 1} from a TRES list; counts of None are dropped,
+    and negative ones (24.11's `sacct --json` counts energy never measured as -2)."""
     found: dict[str, int] = {}
     for entry in entries or []:
         count = number(entry.get("count"))
-        if count is None:
+        if count is None or count < 0:
             continue
         key = entry.get("type") or ""
         if entry.get("name"):
