@@ -2,7 +2,7 @@
 PYTHON ?= python3
 # mmdebstrap builds the rented provider's root filesystem (Debian sid, Slurm 26.05;
 # slurm_geo/sandbox/rootfs.py) from Debian's registry, once per machine.
-DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic lua5.1 python3-venv iproute2 util-linux etcd-server etcd-client prometheus mmdebstrap
+DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic lua5.1 python3-venv iproute2 util-linux etcd-server etcd-client prometheus mmdebstrap squashfs-tools
 SLURM_GEO = $(PYTHON) -m slurm_geo
 # Where bash-completion looks; without the package installed there is nothing to add to.
 BASH_COMPLETIONS = /usr/share/bash-completion/completions

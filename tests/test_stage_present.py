@@ -380,3 +380,32 @@ def test_a_squashfs_image_unpacked_and_run_as_the_root(base: Path) -> None:
     assert lines[0].startswith("slurm-geo: world: container (")
     assert lines[1:3] == ["inside the image", "the dataset"]
     assert lines[3] == "/pfs/data" and lines[-1] == "read-only", lines
+
+
+def test_a_home_path_under_an_existing_directory_keeps_the_nodes_entries(base: Path) -> None:
+    """/home/alice missing under the node's /home: the node's /home/geo-alice stays."""
+    if not userns_works(base):
+        pytest.skip("this machine allows no unprivileged user namespace")
+    (base / "node-entry").mkdir()
+    (base / "node-entry" / "f").write_text("the node's\n")
+    subprocess.run(["chmod", "-R", "a+rX", str(base / "node-entry")], check=True)
+    data = base / "data"
+    data.mkdir()
+    (data / "x").write_text("presented\n")
+    subprocess.run(["chmod", "-R", "a+rX", str(data)], check=True)
+    home = str(base / "absent" / "data")
+    out = base / "shadow-out.txt"
+    out.touch()
+    out.chmod(0o666)
+
+    def alice() -> None:
+        with Workspace(base, "shadow") as workspace:
+            presentation = prepare(World((Input(home),)), {home: data}, workspace, OPEN)
+            with open(out, "w") as sink:
+                rc = run(presentation, ["sh", "-c", f"cat {home}/x {base}/node-entry/f"],
+                         sink, PYTHON)
+            assert rc == 0, out.read_text()
+    answer = as_uid(ALICE.uid, alice)
+    assert answer == "ok", answer
+    assert out.read_text().splitlines()[1:] == ["presented", "the node's"]
+    assert not (base / "absent").exists(), "a home path made on the node's disk"
