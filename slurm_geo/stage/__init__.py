@@ -6,6 +6,9 @@ same format: content-defined chunks, AES-GCM packs, sealed manifests.
 `trees.Trees` stages, reads, verifies and materialises; `walk` reads a tree only through
 a caller's opener, never following a link; `keys` holds the per-domain key rings;
 `manifest` is the tree manifest; `names` the objects' names; `cdc` the vectorised cuts.
-Not wired yet: checkpoint-sync does not stage what `--geo-inputs`/`--geo-env` name, the
-daemon hands no tree key to a job, and no job's preamble materialises (format.md §11.7).
+At the destination, `present` materialises a job's world into a private `workspace` and
+shows it at its home paths (`nsexec`: an unprivileged user and mount namespace), as
+`node` allows. Not wired yet: checkpoint-sync does not stage what `--geo-inputs`/`--geo-env`
+name, the daemon hands no tree key to a job, and no job's preamble calls `present`
+(format.md §11.7).
 """
