@@ -243,11 +243,20 @@ class Trees:
             raise ImmutableSnapshot(name)
         store.put(name, seal(keys.data_key, Kind.MANIFEST, self._random_bytes(SALT_SIZE),
                              tree_to_payload(manifest), name))
-        latest = tree_latest_name(manifest.tree)
-        pointer = json.dumps({"format": LATEST_FORMAT, "tree": manifest.tree,
-                              "snapshot": manifest.snapshot}).encode()
-        store.put(latest, seal(keys.data_key, Kind.LATEST, self._random_bytes(SALT_SIZE),
-                               pointer, latest))
+        self.point_latest(manifest.tree, manifest.snapshot, keys, store)
+
+    def point_latest(self, tree: str, snapshot: int, keys: RunKeys,
+                     store: Store | None = None) -> None:
+        """Name `snapshot` as the tree's newest, sealed under `keys` (its domain's)."""
+        latest = tree_latest_name(tree)
+        pointer = json.dumps({"format": LATEST_FORMAT, "tree": tree,
+                              "snapshot": snapshot}).encode()
+        (store or self._store).put(latest, seal(keys.data_key, Kind.LATEST,
+                                                self._random_bytes(SALT_SIZE), pointer, latest))
+
+    def domain_keys(self, domain: str) -> RunKeys:
+        """The key this store's trees of `domain` are sealed under now."""
+        return self._keys.ring(domain).current
 
 
 def _shares(keys: RunKeys, chunking: CdcParams, domain: str, manifest: TreeManifest) -> bool:
