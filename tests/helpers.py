@@ -101,3 +101,23 @@ def pack_files(root) -> list:
     """The pack files of a directory store at `root` (a Path), either layout."""
     return sorted(path for top in ("packs", "run-packs") for path in (root / top).rglob("*")
                   if path.is_file() and not path.name.startswith("."))
+
+
+def daemon_pid(sandbox, name: str) -> int | None:
+    """The pid of sandbox daemon `name`, whether the host runs it or the provider's
+    machine (`--remote-slurm provider`: rented's Slurm)."""
+    from slurm_geo.sandbox import remote_site
+
+    if remote_site.provider_daemon(sandbox.layout, name) is not None:
+        return remote_site.running_pid(sandbox.layout, name)
+    return sandbox.processes.running_pid(name)
+
+
+def stop_daemon(sandbox, name: str) -> None:
+    """Stop sandbox daemon `name` wherever it runs; the sandbox's `up` starts it again."""
+    from slurm_geo.sandbox import remote_site
+
+    if remote_site.provider_daemon(sandbox.layout, name) is not None:
+        remote_site.stop_daemon(sandbox.layout, name)
+    else:
+        sandbox.processes.stop(name)

@@ -9,6 +9,7 @@ import pytest
 
 from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import ControllerUnreachable, JobSpec, connect
+from tests.helpers import stop_daemon
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -51,7 +52,7 @@ def test_stopped_slurmctld_gives_controller_unreachable(site, sandbox, restore, 
     client = client_for(site, cluster_name)
     client.ping()  # warm: the REST client discovers its API version while all is well
 
-    sandbox.processes.stop(f"{cluster_name}-slurmctld")
+    stop_daemon(sandbox, f"{cluster_name}-slurmctld")
 
     for name, operation in OPERATIONS.items():
         try:
@@ -62,7 +63,7 @@ def test_stopped_slurmctld_gives_controller_unreachable(site, sandbox, restore, 
 
 def test_stopped_slurmrestd_gives_controller_unreachable_at_once(site, sandbox, restore):
     client = client_for(site, "rented")
-    sandbox.processes.stop("rented-slurmrestd")
+    stop_daemon(sandbox, "rented-slurmrestd")
 
     for operation in (OPERATIONS["ping"], OPERATIONS["submit"]):
         assert_unreachable_in_time(client, operation)

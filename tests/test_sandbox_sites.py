@@ -11,6 +11,7 @@ import pytest
 from slurm_geo.sandbox import netns
 from slurm_geo.sandbox.render import federation_port
 from slurm_geo.sandbox.sites import Site
+from tests.helpers import daemon_pid
 
 pytestmark = pytest.mark.sandbox
 
@@ -39,7 +40,7 @@ def reaches(sandbox, site: Site, host: str, port: int) -> bool:
     ("etcd-home", Site.HOME), ("etcd-control", Site.CONTROL), ("etcd-remote", Site.REMOTE),
 ])
 def test_each_daemon_runs_in_its_site(sandbox, daemon, site):
-    pid = sandbox.processes.running_pid(daemon)
+    pid = daemon_pid(sandbox, daemon)
 
     assert pid is not None, f"{daemon} is not running"
     assert network_namespace_of(pid) == named_namespace(sandbox.layout.namespace(site))

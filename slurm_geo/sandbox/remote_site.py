@@ -120,6 +120,28 @@ def daemon_states(layout: SandboxLayout) -> list[tuple[str, bool, int | None, st
     return rows
 
 
+def provider_daemon(layout: SandboxLayout, name: str) -> str | None:
+    """The provider's own name of the sandbox daemon `name` ("rented-slurmctld" is its
+    "slurmctld"; nodes keep theirs), None when the provider does not run it."""
+    if not is_provider(layout):
+        return None
+    names = site(layout).daemon_names
+    inner = name if name in names else name.removeprefix(f"{layout.rented.name}-")
+    return inner if inner in names else None
+
+
+def running_pid(layout: SandboxLayout, name: str) -> int | None:
+    inner = provider_daemon(layout, name)
+    return None if inner is None else site(layout).table.running_pid(inner)
+
+
+def stop_daemon(layout: SandboxLayout, name: str) -> None:
+    """Stop one of the provider's daemons (a test's outage); `up` starts it again."""
+    inner = provider_daemon(layout, name)
+    if inner is not None:
+        site(layout).table.stop(inner)
+
+
 def scontrol(layout: SandboxLayout, args: list[str]) -> None:
     """An operator's `scontrol` at the provider (root there: the drill's own hand)."""
     provider.exec_in(site(layout), ["scontrol", *args])
