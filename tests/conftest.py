@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.config import SiteConfig, load_config
-from slurm_geo.sandbox import Sandbox, root_from_env
+from slurm_geo.sandbox import Sandbox, remote_site, root_from_env
 from slurm_geo.sandbox.layout import S3_BUCKET
 from slurm_geo.sandbox.users import ALICE, SandboxUser
 from slurm_geo.slurm import CliSlurmClient, SlurmClient, SlurmError, connect
@@ -84,6 +84,33 @@ def shared_dir(sandbox: Sandbox, request) -> Path:
     """A directory of alice's that her jobs on either cluster write to (in her project
     directory on the sandbox's shared filesystem)."""
     return user_dir(sandbox, ALICE, request.node.name)
+
+
+@pytest.fixture
+def run_dir(sandbox: Sandbox, cluster, shared_dir: Path, request) -> Path:
+    """Where a test's job of alice's on `cluster` runs and writes: `shared_dir`, but on
+    the provider's machine (`--remote-slurm provider`), which has none of home's files,
+    her account's own directory there (read it from here with `host_path`)."""
+    layout = sandbox.layout
+    if cluster.cluster != layout.rented.name or not remote_site.is_provider(layout):
+        return shared_dir
+    inside = remote_site.work_dir(ALICE.name) / "tests" / request.node.name.replace("/", "_")
+    account = remote_site.account_for(ALICE.name)
+    for directory in (inside.parent, inside):
+        there = remote_site.operator_path(layout, ALICE.name, directory)
+        there.mkdir(exist_ok=True)
+        os.chown(there, account.uid, account.uid)
+    return inside
+
+
+def host_path(sandbox: Sandbox, path: Path) -> Path:
+    """A path a job wrote, as the test reads it: on the provider's machine, through the
+    operator's view of its disk; else the path itself."""
+    layout = sandbox.layout
+    if remote_site.is_provider(layout) and path.is_relative_to(
+            remote_site.work_dir(ALICE.name)):
+        return remote_site.operator_path(layout, ALICE.name, path)
+    return path
 
 
 def user_dir(sandbox: Sandbox, person: SandboxUser, name: str) -> Path:

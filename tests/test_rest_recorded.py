@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from slurm_geo.slurm import parse
+from slurm_geo.slurm import parse, rest_backend, windows
 from slurm_geo.slurm.errors import (
     ControllerUnreachable,
     JobNotFound,
@@ -258,3 +258,16 @@ def test_a_refused_token_on_ping_is_a_token_problem_never_an_outage(tmp_path, ve
     with pytest.raises(TokenRejected) as raised:
         rest.ping()
     assert not isinstance(raised.value, ControllerUnreachable)
+
+
+@pytest.mark.parametrize(("api", "query"), [
+    ("0.0.38", [("state", "BF,CA,CD,DL,F,NF,OOM,PR,RQ,TO")]),
+    ("0.0.39", [("state", "BF,CA,CD,DL,F,NF,OOM,PR,RQ,TO")]),
+    ("0.0.40", [("state", name) for name in windows.ENDED_STATE_NAMES]),
+    ("0.0.45", [("state", name) for name in windows.ENDED_STATE_NAMES]),
+])
+def test_the_ended_states_query_is_one_the_version_parses(api: str, query: list) -> None:
+    """26.05's slurmrestd answers 500 "Unknown flag" to sacct's codes or to a list of
+    names in one `state=` (seen live on the sandbox's provider remote)."""
+    assert rest_backend.ended_states_query(api) == query
+    assert len(windows.ENDED_STATE_NAMES) == len(windows.ENDED_STATES)

@@ -7,8 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from slurm_geo.sandbox import remote_site
 from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import JobNotFound, JobSpec, JobState, SlurmRejected
+from tests.conftest import host_path
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.sandbox
@@ -20,12 +22,20 @@ def script(body: str) -> str:
     return f"#!/bin/bash\n{body}\n"
 
 
+def account_of(sandbox, cluster: str) -> tuple[int, str]:
+    """alice's uid and user name on `cluster`: the provider's accounts are its own."""
+    if cluster == sandbox.layout.rented.name and remote_site.is_provider(sandbox.layout):
+        account = remote_site.account_for(ALICE.name)
+        return account.uid, account.name
+    return ALICE.uid, ALICE.name
+
+
 def test_submitted_job_runs_as_alice_with_its_environment_and_reports_completion(
-        cluster, shared_dir):
-    out = shared_dir / "env value.txt"
+        cluster, run_dir, sandbox):
+    out = run_dir / "env value.txt"
     spec = JobSpec(script=script(f'echo "$GEO_TEST_VALUE" > "{out}"; id -u > "{out}.uid"'),
                    name=HOSTILE_NAME,
-                   working_dir=shared_dir, environment={"GEO_TEST_VALUE": "hello 'world'"},
+                   working_dir=run_dir, environment={"GEO_TEST_VALUE": "hello 'world'"},
                    time_limit_minutes=5)
     job_id = cluster.submit(spec)
 
@@ -35,13 +45,14 @@ def test_submitted_job_runs_as_alice_with_its_environment_and_reports_completion
     assert info.name == HOSTILE_NAME
     assert info.cluster == cluster.cluster
     assert info.exit_code == 0
-    assert out.read_text() == "hello 'world'\n"
-    assert (shared_dir / "env value.txt.uid").read_text() == f"{ALICE.uid}\n"
-    assert info.user == "alice"
+    assert host_path(sandbox, out).read_text() == "hello 'world'\n"
+    uid, user = account_of(sandbox, cluster.cluster)
+    assert host_path(sandbox, run_dir / "env value.txt.uid").read_text() == f"{uid}\n"
+    assert info.user == user
 
 
-def test_cancel_ends_a_running_job(cluster, shared_dir):
-    job_id = cluster.submit(JobSpec(script=script("sleep 300"), working_dir=shared_dir,
+def test_cancel_ends_a_running_job(cluster, run_dir):
+    job_id = cluster.submit(JobSpec(script=script("sleep 300"), working_dir=run_dir,
                                     time_limit_minutes=10))
     eventually(lambda: cluster.job(job_id), lambda j: j.state is JobState.RUNNING)
 
@@ -52,11 +63,11 @@ def test_cancel_ends_a_running_job(cluster, shared_dir):
 
 
 @pytest.fixture
-def occupied(cluster, shared_dir):
+def occupied(cluster, run_dir):
     """Both nodes of the cluster busy for ten minutes; yields the blocking job ids and
     cancels those still running (a blocker left behind outlived the suite's
     `sandbox down`, whose site removal then refused to go on)."""
-    blockers = [cluster.submit(JobSpec(script=script("sleep 600"), working_dir=shared_dir,
+    blockers = [cluster.submit(JobSpec(script=script("sleep 600"), working_dir=run_dir,
                                        cpus_per_task=2, time_limit_minutes=10))
                 for _ in range(2)]
     for job_id in blockers:
@@ -67,8 +78,8 @@ def occupied(cluster, shared_dir):
             cluster.cancel(job_id)
 
 
-def test_hold_and_release_a_pending_job(cluster, shared_dir, occupied):
-    job_id = cluster.submit(JobSpec(script=script("true"), working_dir=shared_dir,
+def test_hold_and_release_a_pending_job(cluster, run_dir, occupied):
+    job_id = cluster.submit(JobSpec(script=script("true"), working_dir=run_dir,
                                     time_limit_minutes=5))
     assert cluster.job(job_id).state is JobState.PENDING
 
@@ -82,8 +93,8 @@ def test_hold_and_release_a_pending_job(cluster, shared_dir, occupied):
     eventually(lambda: cluster.job(job_id), lambda j: j.state is JobState.COMPLETED)
 
 
-def test_job_submitted_held_starts_only_after_release(cluster, shared_dir):
-    job_id = cluster.submit(JobSpec(script=script("true"), working_dir=shared_dir, hold=True,
+def test_job_submitted_held_starts_only_after_release(cluster, run_dir):
+    job_id = cluster.submit(JobSpec(script=script("true"), working_dir=run_dir, hold=True,
                                     time_limit_minutes=5))
     assert cluster.job(job_id).held
 
@@ -133,9 +144,9 @@ def test_nodes_and_ping_report_a_healthy_cluster(cluster):
     assert all(n.available and n.cpus == 2 for n in nodes)
 
 
-def test_accounting_window_and_job_ids_agree(cluster, shared_dir):
+def test_accounting_window_and_job_ids_agree(cluster, run_dir, sandbox):
     before = datetime.now(UTC) - timedelta(seconds=1)
-    job_id = cluster.submit(JobSpec(script=script("sleep 2"), working_dir=shared_dir,
+    job_id = cluster.submit(JobSpec(script=script("sleep 2"), working_dir=run_dir,
                                     time_limit_minutes=5))
     eventually(lambda: cluster.job(job_id), lambda j: j.state is JobState.COMPLETED)
 
@@ -146,7 +157,9 @@ def test_accounting_window_and_job_ids_agree(cluster, shared_dir):
     earlier = cluster.accounting(start=before - timedelta(hours=2),
                                  end=before - timedelta(hours=1))
 
-    assert record.name == "slurm-geo" and record.partition == "batch"
+    # the host's clusters' partition is batch; the provider's machine names its own gpu
+    provider = cluster.cluster == "rented" and remote_site.is_provider(sandbox.layout)
+    assert record.name == "slurm-geo" and record.partition == ("gpu" if provider else "batch")
     assert record in window
     assert record not in earlier
     assert record.elapsed_s >= 2
@@ -156,13 +169,13 @@ def test_accounting_window_and_job_ids_agree(cluster, shared_dir):
 
 
 def test_requeued_job_keeps_its_id_and_accounting_shows_each_incarnation(
-        cluster, provider_admin, shared_dir):
-    job_id = cluster.submit(JobSpec(script=script("sleep 300"), working_dir=shared_dir,
+        cluster, provider_admin, run_dir, sandbox):
+    job_id = cluster.submit(JobSpec(script=script("sleep 300"), working_dir=run_dir,
                                     time_limit_minutes=10, requeue=True))
     eventually(lambda: cluster.job(job_id), lambda j: j.state is JobState.RUNNING)
     time.sleep(2)  # so the first incarnation has run time of its own in accounting
 
-    if cluster.cluster == "rented":
+    if cluster.cluster == "rented" and not remote_site.is_provider(sandbox.layout):
         # slurmrestd has no requeue verb: the REST backend says so, and the provider's
         # own Slurm requeues (as on preemption); slurm-geo still sees it all through REST.
         with pytest.raises(SlurmRejected, match="no requeue"):

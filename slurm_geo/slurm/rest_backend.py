@@ -61,7 +61,7 @@ from slurm_geo.slurm.models import (
     Owner,
 )
 from slurm_geo.slurm.rest_tls import certificate_fix, certificate_problem, check_ca_file
-from slurm_geo.slurm.windows import STATE_FILTER, one_per_incarnation
+from slurm_geo.slurm.windows import ENDED_STATE_NAMES, STATE_FILTER, one_per_incarnation
 
 # OpenAPI versions whose shapes `parse` reads, newest first. 0.0.38: Slurm 22.05;
 # 0.0.39: 23.02; 0.0.40+: 23.11 and later; 26.05 serves 0.0.42-0.0.45 (their replies,
@@ -197,6 +197,15 @@ def kill_warning(signal: str) -> dict[str, Any]:
     if flags:
         fields["kill_warning_flags"] = flags
     return fields
+
+
+def ended_states_query(api_version: str) -> list[tuple[str, str]]:
+    """The `state` part of a /slurmdb/jobs query for the states an incarnation ends in:
+    sacct's codes in one list up to v0.0.39 (22.05, 23.02); from v0.0.40 each full name
+    in a `state=` of its own, which is all the data parser takes. Pure."""
+    if api_at_least(api_version, "0.0.40"):
+        return [("state", name) for name in ENDED_STATE_NAMES]
+    return [("state", STATE_FILTER)]
 
 
 def api_at_least(version: str, since: str) -> bool:
@@ -391,7 +400,8 @@ class RestSlurmClient(SlurmClient):
                   "end_time": _server_time(end + WINDOW_SLACK)}
         found: list[AccountingRecord] = []
         # The plain window, and what ended in it (slurm_geo.slurm.windows).
-        for query in (window, {**window, "state": STATE_FILTER}):
+        plain = list(window.items())
+        for query in (plain, plain + ended_states_query(self.api_version)):
             doc = self._call("GET", "slurmdb", "jobs", "accounting", params=urlencode(query))
             found += parse.accounting(doc, self.cluster)
         return [r for r in one_per_incarnation(found) if overlaps(r, start, end)]

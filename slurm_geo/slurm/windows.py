@@ -21,6 +21,10 @@ from slurm_geo.slurm.models import AccountingRecord
 # The states an incarnation's record ends in, as `sacct --state` and slurmrestd take them.
 ENDED_STATES = ("BF", "CA", "CD", "DL", "F", "NF", "OOM", "PR", "RQ", "TO")
 STATE_FILTER = ",".join(ENDED_STATES)
+# The same by name: slurmrestd's data parser (REST API v0.0.40 on, Slurm 23.11 on) takes
+# one full state name per `state=` (26.05 answers 500 "Unknown flag" for codes or a list).
+ENDED_STATE_NAMES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+                     "OUT_OF_MEMORY", "PREEMPTED", "REQUEUED", "TIMEOUT")
 
 IncarnationKey = tuple[int, datetime | None]
 
