@@ -91,10 +91,15 @@ def run_dir(sandbox: Sandbox, cluster, shared_dir: Path, request) -> Path:
     """Where a test's job of alice's on `cluster` runs and writes: `shared_dir`, but on
     the provider's machine (`--remote-slurm provider`), which has none of home's files,
     her account's own directory there (read it from here with `host_path`)."""
+    return cluster_dir(sandbox, cluster.cluster, shared_dir, request.node.name)
+
+
+def cluster_dir(sandbox: Sandbox, cluster: str, shared_dir: Path, name: str) -> Path:
+    """`shared_dir`, or on the provider's machine alice's account's directory `name`."""
     layout = sandbox.layout
-    if cluster.cluster != layout.rented.name or not remote_site.is_provider(layout):
+    if cluster != layout.rented.name or not remote_site.is_provider(layout):
         return shared_dir
-    inside = remote_site.work_dir(ALICE.name) / "tests" / request.node.name.replace("/", "_")
+    inside = remote_site.work_dir(ALICE.name) / "tests" / name.replace("/", "_")
     account = remote_site.account_for(ALICE.name)
     for directory in (inside.parent, inside):
         there = remote_site.operator_path(layout, ALICE.name, directory)

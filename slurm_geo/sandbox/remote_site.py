@@ -147,6 +147,19 @@ def scontrol(layout: SandboxLayout, args: list[str]) -> None:
     provider.exec_in(site(layout), ["scontrol", *args])
 
 
+def admin_output(layout: SandboxLayout, argv: list[str]) -> str:
+    """What one of the provider's admin commands prints (sacct, scontrol), run there as
+    root: its own hand, as a test's oracle."""
+    return provider.exec_in(site(layout), argv).stdout
+
+
+def issue_token(layout: SandboxLayout, user: str, lifespan_s: int) -> str:
+    """A JWT for `user` from the provider's slurmctld (a test's expired token)."""
+    printed = admin_output(layout, ["scontrol", "token", f"username={user}",
+                                    f"lifespan={lifespan_s}"])
+    return printed.strip().removeprefix("SLURM_JWT=")
+
+
 def operator_path(layout: SandboxLayout, home_user: str, inside: Path) -> Path:
     """A path inside the provider's site, for a user's files there, as the sandbox's
     operator reads it from the host (a test oracle; bringing outputs home is the
