@@ -49,8 +49,8 @@ def sandbox() -> None:
 @click.option("--remote-slurm", type=click.Choice(["host", "provider"]), default=None,
               help="The rented cluster's Slurm: the host's, with slurm-geo's plugins "
                    "(host), or a stock Slurm 26.05 on the provider's own root filesystem, "
-                   "reached only through slurmrestd (provider) [default: host; fixed at "
-                   "first `up`].")
+                   "reached only through slurmrestd (provider) [default: provider; fixed at "
+                   "first `up`; a sandbox made before this option keeps host].")
 def up(root: Path | None, port_base: int | None, wan_mbit: int | None,
        replicated: bool | None, remote_slurm: str | None) -> None:
     """Make the sites (home, remote and control network namespaces joined by shaped WAN

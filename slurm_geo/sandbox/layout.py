@@ -110,7 +110,8 @@ class SandboxLayout:
     port_base: int = DEFAULT_PORT_BASE
     replicated: bool = False  # `up --replicated`: federation replicas at home and control
     # `up --remote-slurm`: rented is Debian's Slurm from the host's disk ("host"), or the
-    # provider's stock Slurm on a machine of its own ("provider", sandbox.remote_site)
+    # provider's stock Slurm on a machine of its own ("provider", sandbox.remote_site; what
+    # `Sandbox` makes by default)
     remote_slurm: str = "host"
 
     @property

@@ -6,7 +6,9 @@ TLS relay (stages); its own MariaDB and slurmdbd. Nothing of home's disk is ther
 slurm.conf names no file of slurm-geo's.
 
 `host` is the older remote site: Debian's Slurm from the host's disk, with slurm-geo's
-plugins (sandbox.render), kept while the provider's is proved.
+plugins (sandbox.render); a sandbox made before `--remote-slurm` existed keeps it, and a
+harness that reads a moved job's outputs at home needs it until they come home (issue
+31).
 
 The federation daemon reaches the provider as its tenants' service account
 (provider_render.SERVICE_ACCOUNT, a Slurm operator there), and submits each sandbox user's
@@ -31,7 +33,7 @@ from slurm_geo.slurm.errors import SlurmError
 
 HOST, PROVIDER = "host", "provider"
 REMOTE_SLURM = (HOST, PROVIDER)
-DEFAULT_REMOTE_SLURM = HOST
+DEFAULT_REMOTE_SLURM = PROVIDER  # a sandbox made before the option keeps host
 # REST_USER's JWT on the rented cluster: short-lived, as alice's and bob's; every `up`
 # mints it again (docs/sandbox.md).
 TOKEN_LIFESPAN_S = 24 * 3600
