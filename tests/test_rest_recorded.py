@@ -116,6 +116,29 @@ def test_the_newest_version_26_05_offers_is_chosen(spec):
     assert choose_api_version(spec["paths"]) == "0.0.45"
 
 
+def _paths(*versions: str) -> list[str]:
+    return [f"/slurm/v{v}/{endpoint}" for v in versions for endpoint in ("ping", "jobs")]
+
+
+@pytest.mark.parametrize("release, offered, chosen", [
+    ("22.05 (Debian 12, home)", ("0.0.36", "0.0.37", "0.0.38"), "0.0.38"),
+    ("23.02", ("0.0.37", "0.0.38", "0.0.39"), "0.0.39"),
+    ("24.11 (Debian 13)", ("0.0.40", "0.0.41", "0.0.42"), "0.0.42"),
+    ("25.05", ("0.0.40", "0.0.41", "0.0.42", "0.0.43"), "0.0.43"),
+    ("25.11", ("0.0.41", "0.0.42", "0.0.43", "0.0.44"), "0.0.44"),
+    ("26.05 (the provider)", ("0.0.42", "0.0.43", "0.0.44", "0.0.45"), "0.0.45"),
+    ("26.11 (newer than slurm-geo)", ("0.0.43", "0.0.44", "0.0.45", "0.0.46"), "0.0.45"),
+])
+def test_the_newest_version_both_sides_speak_is_chosen_for_each_release(release, offered,
+                                                                         chosen):
+    assert choose_api_version(_paths(*offered)) == chosen, release
+
+
+def test_a_server_offering_no_version_slurm_geo_reads_is_one_clear_error():
+    with pytest.raises(ValueError, match="server offers API versions"):
+        choose_api_version(_paths("0.0.35", "0.0.99"))
+
+
 # --- requests against each version's schema --------------------------------------------------
 
 SPEC = JobSpec(name="train", script="#!/bin/bash\ntrue\n", working_dir=Path("/home/geo-alice"),
