@@ -17,7 +17,6 @@ ones from $SLURM_GEO_HOME24_TEST_PORT, default 24670) and directory
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -26,12 +25,12 @@ from typing import TypeVar
 
 import pytest
 
-from slurm_geo.sandbox import home24, provider, rootfs
-from slurm_geo.sandbox.processes import MARKER_ENV
+from slurm_geo.sandbox import home24, rootfs
 from slurm_geo.sandbox.provider import ProviderSite, exec_in
 from slurm_geo.slurm.cli_backend import CliSlurmClient
 from slurm_geo.slurm.errors import JobNotFound, SlurmRejected
 from slurm_geo.slurm.models import JobSpec, JobState, MalformedAccountingRow, Owner
+from tests.provider_sites import free_base, running
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and mounts need root")]
@@ -40,37 +39,14 @@ ALICE = Owner("alice", 2001, 2001)
 T = TypeVar("T")
 
 
-def _free_base(start: int, count: int = 6) -> int:
-    for base in range(start, start + 400, count):
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {count} free ports from {start}")
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProviderSite]:
     root = Path(os.environ.get("SLURM_GEO_HOME24_TEST_DIR")
                 or tmp_path_factory.mktemp("home24"))
-    made = home24.site(root, _free_base(int(os.environ.get("SLURM_GEO_HOME24_TEST_PORT")
-                                            or 24670)))
-    try:
-        home24.up(made)
-    except rootfs.RegistryUnreachable as exc:
-        provider.down(made)
-        pytest.skip(f"no Debian 13 image: {exc}")
-    except BaseException:
-        provider.down(made)
-        raise
-    yield made
-    provider.down(made)
-    with open("/proc/self/mountinfo") as handle:
-        assert str(root) not in handle.read(), "down left a mount of the site behind"
-    assert not made.table.marked_processes(), f"down left a process ({MARKER_ENV})"
+    made = home24.site(root, free_base(int(os.environ.get("SLURM_GEO_HOME24_TEST_PORT")
+                                           or 24670), 6))
+    with running(made, home24.up, root) as site:
+        yield site
 
 
 @pytest.fixture(scope="module")

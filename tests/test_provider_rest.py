@@ -14,7 +14,6 @@ ones found from 24570; nothing of a sandbox is used or touched.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.sandbox import provider, rootfs
-from slurm_geo.sandbox.processes import MARKER_ENV
 from slurm_geo.sandbox.provider import ProviderSite
 from slurm_geo.slurm.errors import JobNotFound
 from slurm_geo.slurm.models import JobSpec, JobState, Owner
 from slurm_geo.slurm.rest_backend import RestLogin, RestSlurmClient
+from tests.provider_sites import free_base, running
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and mounts need root")]
@@ -35,36 +34,13 @@ ALICE = Owner("alice", 2001, 2001)
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _free_base(start: int, count: int = 5) -> int:
-    for base in range(start, start + 400, count):
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {count} free ports from {start}")
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProviderSite]:
     root = Path(os.environ.get("SLURM_GEO_PROVIDER_TEST_DIR")
                 or tmp_path_factory.mktemp("provider"))
-    made = ProviderSite(root, _free_base(24570), cluster="provider")
-    try:
-        provider.up(made)
-    except rootfs.RegistryUnreachable as exc:
-        provider.down(made)
-        pytest.skip(f"no provider image: {exc}")
-    except BaseException:
-        provider.down(made)
-        raise
-    yield made
-    provider.down(made)
-    with open("/proc/self/mountinfo") as handle:
-        assert str(root) not in handle.read(), "down left a mount of the site behind"
-    assert not made.table.marked_processes(), f"down left a process ({MARKER_ENV})"
+    with running(ProviderSite(root, free_base(24570, 5), cluster="provider"),
+                 watched=root) as site:
+        yield site
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,13 @@ import pytest
 
 from slurm_geo.config import load_config
 from slurm_geo.federation.owners import own_dir
-from slurm_geo.sandbox import provider, remote_site, rootfs, stages
+from slurm_geo.sandbox import provider, remote_site, stages
 from slurm_geo.sandbox import provider_render as prender
 from slurm_geo.sandbox.layout import SandboxLayout
-from slurm_geo.sandbox.processes import MARKER_ENV
 from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import JobSpec, connect
 from slurm_geo.slurm.rest_backend import RestSlurmClient
+from tests.provider_sites import free_base, running
 
 LAYOUT = SandboxLayout(Path("/var/tmp/sgX"), 25000, remote_slurm="provider")
 # What of slurm-geo's a slurm.conf could name: its plugin stack, Lua, hooks, the sandbox.
@@ -141,27 +141,16 @@ def test_the_sandbox_provider_site_comes_up_and_down_leaves_nothing(tmp_path: Pa
     """The site as the sandbox makes it (its own MariaDB and slurmdbd, two slurmds,
     slurmrestd on a unix socket), on loopback ports of its own, without a sandbox: the
     service account is an operator there; `down` leaves no mount, namespace or process."""
-    from tests.test_provider_rest import _free_base
-
-    base = _free_base(24600, 6)
+    base = free_base(24600, 6)
     layout = SandboxLayout(tmp_path, base, remote_slurm="provider")
     made = dataclasses.replace(remote_site.site(layout), address="127.0.0.1", netns=None,
                                fixed_ports=prender.Ports(base, base + 1, base + 2, base + 3,
                                                          base + 4),
                                node_ports=(base + 1, base + 5))
-    try:
-        try:
-            provider.up(made)
-        except rootfs.RegistryUnreachable as exc:
-            pytest.skip(f"no provider image: {exc}")
+    with running(made, watched=tmp_path):
         assert made.restd_socket.is_socket()
         admins = provider.exec_in(made, ["sacctmgr", "-n", "-P", "list", "user",
                                          "format=user,adminlevel"]).stdout
         assert f"{prender.SERVICE_ACCOUNT.name}|Operator" in admins.splitlines()
         nodes = provider.exec_in(made, ["sinfo", "-h", "-N", "-o", "%N"]).stdout.split()
         assert sorted(set(nodes)) == ["rented-n1", "rented-n2"]
-    finally:
-        provider.down(made)
-    with open("/proc/self/mountinfo") as handle:
-        assert str(tmp_path) not in handle.read(), "down left a mount of the site behind"
-    assert not made.table.marked_processes(), f"down left a process ({MARKER_ENV})"
