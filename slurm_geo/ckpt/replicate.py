@@ -56,12 +56,12 @@ def copy_checkpoint(source: Repository, source_store: Store, destination: Store,
     def handled(name: str, moved: int | None) -> None:
         on_pack(next(done), len(packs))
         tally.handled(name, moved)
-    moved = run_all(lambda name: _copy_if_missing(source_store, destination, name), packs,
+    moved = run_all(lambda name: copy_if_missing(source_store, destination, name), packs,
                     streams, on_done=handled)
     copied = [size for size in moved if size is not None]
     # Checked last, right before the commit point: a fence set during the copy still holds.
     check_admitted(Repository(destination, source.master_keys), manifest, fence)
-    _copy(source_store, destination, manifest_name(run, step))
+    copy_object(source_store, destination, manifest_name(run, step))
     latest_left = False
     if _destination_latest(source, destination, run) < step:
         try:
@@ -98,12 +98,13 @@ class _ByteTally:
         self._on_bytes(self._done, self._total)
 
 
-def _copy_if_missing(source: Store, destination: Store, name: str) -> int | None:
+def copy_if_missing(source: Store, destination: Store, name: str) -> int | None:
     """The bytes copied; None when the destination has the object already."""
-    return None if destination.exists(name) else _copy(source, destination, name)
+    return None if destination.exists(name) else copy_object(source, destination, name)
 
 
-def _copy(source: Store, destination: Store, name: str) -> int:
+def copy_object(source: Store, destination: Store, name: str) -> int:
+    """Object `name`, as its bytes are, from `source` to `destination`; the bytes copied."""
     data = source.get(name)
     destination.put(name, data)
     return len(data)

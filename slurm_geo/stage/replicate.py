@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from slurm_geo.ckpt.errors import CkptError, StoreUnavailable
 from slurm_geo.ckpt.parallel import run_all
+from slurm_geo.ckpt.replicate import copy_if_missing, copy_object
 from slurm_geo.ckpt.store import Store
 from slurm_geo.stage.keys import TreeKeyHolder
 from slurm_geo.stage.names import (
@@ -49,19 +50,19 @@ def copy_snapshot(source: Trees, source_store: Store, destination: Store,
     domain = manifest.domain
     key = tree_key_name(domain)
     if not destination.exists(key):
-        _copy(source_store, destination, key)
+        copy_object(source_store, destination, key)
     packs = sorted({tree_pack_name(domain, ref.pack) for ref in manifest.refs()})
     done = [0]
 
     def handled(_name: str, _moved: int | None) -> None:
         done[0] += 1
         on_pack(done[0], len(packs))
-    moved = run_all(lambda name: _copy_if_missing(source_store, destination, name), packs,
+    moved = run_all(lambda name: copy_if_missing(source_store, destination, name), packs,
                     streams, on_done=handled)
     copied = [size for size in moved if size is not None]
     name = snapshot_name(tree, snapshot)
     if not destination.exists(name):
-        _copy(source_store, destination, name)
+        copy_object(source_store, destination, name)
     there = Trees(destination, destination_keys)
     latest_there = _latest_or_none(there, tree, domain)
     latest_moved = latest_there is None or latest_there < snapshot
@@ -80,13 +81,3 @@ def _latest_or_none(trees: Trees, tree: str, domain: str) -> int | None:
         raise
     except CkptError:
         return None
-
-
-def _copy_if_missing(source: Store, destination: Store, name: str) -> int | None:
-    return None if destination.exists(name) else _copy(source, destination, name)
-
-
-def _copy(source: Store, destination: Store, name: str) -> int:
-    data = source.get(name)
-    destination.put(name, data)
-    return len(data)
