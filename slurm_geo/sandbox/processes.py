@@ -95,8 +95,11 @@ class ProcessTable:
         try:
             written, *rest = self.pid_file(name).read_text().split()
             pid, started = int(written), [float(value) for value in rest[:1]]
+            ticks = [int(value) for value in rest[1:2]]
         except (FileNotFoundError, ValueError):
             return None
+        if ticks:  # the kernel's own start time, in ticks since boot: no clock moves it
+            return pid if start_ticks(pid) == ticks[0] and self._alive(pid) else None
         if not started:  # a pid file of an older slurm-geo, without the start time
             return pid if self._is_ours(pid) else None
         return pid if _alive_since(pid, started[0]) else None
@@ -122,8 +125,11 @@ class ProcessTable:
                 cwd=self.root,
             )
         # Our child cannot be reaped before we wait for it, so its start time is there.
+        # The wall-clock start is for people; the start in ticks since boot names the process:
+        # the wall clock (and with it psutil's create_time) moves when NTP steps it.
         started = psutil.Process(proc.pid).create_time()
-        self.pid_file(daemon.name).write_text(f"{proc.pid} {started!r}\n")
+        self.pid_file(daemon.name).write_text(
+            f"{proc.pid} {started!r} {start_ticks(proc.pid)}\n")
         return proc.pid
 
     def stop(self, name: str, grace_s: float = 10.0) -> None:
@@ -147,12 +153,25 @@ class ProcessTable:
         return [proc for proc in psutil.process_iter() if self._is_ours(proc.pid)]
 
     def _is_ours(self, pid: int) -> bool:
+        return self._alive(pid) and has_marker(pid, self.root)
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
         try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return False
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return False
-        return has_marker(pid, self.root)
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat):
+    fixed for the life of the process, whatever the wall clock does."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or parentheses.
+    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 def has_marker(pid: int, root: Path) -> bool:
