@@ -9,6 +9,7 @@ stores; the daemon's failback from a rented (slurmrestd) cluster through FakeSlu
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 
@@ -236,3 +237,19 @@ def test_a_run_never_rotated_keeps_the_key_object_every_release_reads(tmp_path):
     store = dirstore(tmp_path / "s")
     save(Repository(store, KEY, OPTIONS), 10)
     assert len(unwrap_run_keys(store, KEY, "run").to_payload()) == KEY_SIZE
+
+
+def test_a_key_reply_carries_the_tree_grants_of_the_jobs_world_and_refuses_bad_ones():
+    from slurm_geo.lease.protocol import KeyReply, TreeGrant
+
+    grant = TreeGrant("input", "/home/alice/data", "a" * 32, "b" * 32,
+                      RunKeyRing.of([os.urandom(32), os.urandom(32)]))
+    reply = KeyReply("run-1", RunKeyRing.of(os.urandom(32)), {}, (grant,))
+    again = KeyReply.from_json(reply.to_json())
+    assert again.trees == (grant,)
+    assert "trees" not in KeyReply("run-1", reply.data_keys).to_json()  # older readers
+    assert KeyReply.from_json(KeyReply("run-1", reply.data_keys).to_json()).trees == ()
+    for bad in ({**grant.to_json(), "tree": "../x"}, {**grant.to_json(), "keys": []},
+                {"what": "input"}):
+        with pytest.raises(ValueError):
+            KeyReply.from_json({**reply.to_json(), "trees": [bad]})

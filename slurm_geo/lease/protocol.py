@@ -197,6 +197,39 @@ class KeyRequest:
 
 
 @dataclass(frozen=True)
+class TreeGrant:
+    """One root of the job's world (`--geo-inputs`, `--geo-env`, its working directory,
+    its script) as the daemon names it (docs/format.md §11): the home path, the tree id and
+    domain the daemon derived for it (per owner and root; the shared domain for a root the
+    job found world-readable throughout), and the domain's key ring. Only the domains of
+    the job's own roots are ever granted."""
+
+    what: str   # input, env, workdir or script
+    path: str
+    tree: str
+    domain: str
+    ring: RunKeyRing
+
+    def to_json(self) -> dict[str, Any]:
+        return {"what": self.what, "path": self.path, "tree": self.tree,
+                "domain": self.domain, "keys": [k.hex() for k in self.ring.data_keys]}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> TreeGrant:
+        if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in
+                                                ("what", "path", "tree", "domain")):
+            raise ValueError("a tree grant is {what, path, tree, domain, keys}")
+        keys = raw.get("keys")
+        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+            raise ValueError("a tree grant's keys are a list of hex keys")
+        for name in ("tree", "domain"):
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", raw[name]):
+                raise ValueError(f"a tree grant's {name} is not an id")
+        return cls(raw["what"], raw["path"], raw["tree"], raw["domain"],
+                   RunKeyRing.of([bytes.fromhex(k) for k in keys]))
+
+
+@dataclass(frozen=True)
 class KeyReply:
     """200 {run, data_key (hex), data_keys (hex, newest first)[, store_env]}; errors are
     {reason} with 401, 403, 409 or 503. `data_keys`: the run's key ring (docs/format.md
@@ -207,6 +240,8 @@ class KeyReply:
     run: str
     data_keys: RunKeyRing
     store_env: dict[str, str] = field(default_factory=dict)
+    # The key rings of the job's world's trees (TreeGrant), when the daemon grants any.
+    trees: tuple[TreeGrant, ...] = ()
 
     @property
     def data_key(self) -> bytes:
@@ -217,6 +252,8 @@ class KeyReply:
                                 "data_keys": [k.hex() for k in self.data_keys.data_keys]}
         if self.store_env:
             body["store_env"] = dict(self.store_env)
+        if self.trees:
+            body["trees"] = [grant.to_json() for grant in self.trees]
         return body
 
     @classmethod
@@ -232,7 +269,11 @@ class KeyReply:
         ring = RunKeyRing.of([bytes.fromhex(k) for k in keys])
         if "data_key" in body and bytes.fromhex(str(body["data_key"])) != ring.current.data_key:
             raise ValueError("data_key is not the first of data_keys")
-        return cls(str(body["run"]), ring, dict(env))
+        trees = body.get("trees") or []
+        if not isinstance(trees, list):
+            raise ValueError("trees is not a list of tree grants")
+        return cls(str(body["run"]), ring, dict(env),
+                   tuple(TreeGrant.from_json(raw) for raw in trees))
 
 
 OWNER_VERBS = ("status", "logs", "cancel", "resubmit", "run-key")
