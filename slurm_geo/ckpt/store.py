@@ -316,7 +316,11 @@ class LocalDirStore:
 
 # Directories every run of a store shares (docs/format.md §2), and those of one run.
 SHARED_DIRECTORIES = ("fences", "keys", "latest", "locks", "manifests", "packs", "probes",
-                      "promoted", "run-packs")
+                      "promoted", "run-packs",
+                      # staged trees and runs' world records (docs/format.md §11: made
+                      # here so that a home job stages its world as its owner; a tree's
+                      # own trees/<tree>/ and tree-packs/<domain>/ are its stager's)
+                      "tree-keys", "tree-latest", "tree-packs", "trees", "worlds")
 RUN_DIRECTORIES = ("manifests", "promoted", "run-packs")
 # Written by the daemons alone: fences (under F), promotion markers (under P) and the
 # federation daemon's bandwidth probes. A user able to create a name there could block a

@@ -15,6 +15,7 @@ either changes nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field, replace
@@ -32,11 +33,20 @@ from slurm_geo.federation.refusals import REFUSED, Refusal, clip
 from slurm_geo.federation.registration import Registrar
 from slurm_geo.federation.sessions import Sessions
 from slurm_geo.federation.wiring import Wiring
-from slurm_geo.lease.protocol import Action, KeyReply, KeyRequest, LeaseReply, LeaseRequest
+from slurm_geo.federation.worldgrants import tree_grants
+from slurm_geo.lease.protocol import (
+    Action,
+    KeyReply,
+    KeyRequest,
+    LeaseReply,
+    LeaseRequest,
+    TreeGrant,
+)
 from slurm_geo.lease.protocol import Verdict as Said
 from slurm_geo.lease.signing import Credentials, Forbidden, Refused
 
 WAIT_RETRY_S = 1.0
+log = logging.getLogger("slurm_geo.federation")
 
 
 @dataclass(frozen=True)
@@ -222,7 +232,22 @@ class LeaseService:
                                                   if request.token else ""))
         store_env = self._store_env(job) if request.store_credentials and request.token \
             else {}
-        return Reply(200, KeyReply(job.run, data_keys, store_env).to_json())
+        return Reply(200, KeyReply(job.run, data_keys, store_env,
+                                   self._tree_grants(job)).to_json())
+
+    def _tree_grants(self, job: LogicalJob) -> tuple[TreeGrant, ...]:
+        """The key rings of the staged trees of the job's own world (federation.
+        worldgrants): at home from the home store, made there the first time (the home
+        job stages into it); elsewhere from its cluster's store, those copied there. A
+        store fault grants none: the run key still goes out, the job trains unstaged."""
+        w = self.wiring
+        at_home = job.cluster == w.home
+        try:
+            return tree_grants(job, w.stores[w.store_of(job.cluster)], w.master_keys,
+                               create=at_home)
+        except CkptError as exc:
+            log.warning("%s: no staged tree granted: %s", job.logical_job, exc)
+            return ()
 
     def _store_env(self, job: LogicalJob) -> dict[str, str]:
         """The run's own key to its cluster's store, for an incarnation submitted before

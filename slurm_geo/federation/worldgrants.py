@@ -1,0 +1,110 @@
+"""The staged trees a job's key reply grants (issue 31: a job's world staged ahead): one
+per root of its world, each in the domain of its owner and that root, with that domain's
+key ring (docs/format.md §11.2, §11.8; slurm_geo.lease.protocol.TreeGrant).
+
+The daemon never reads a user's path: it names the roots the job's record holds (its
+`--geo-inputs`, its `--geo-env`, the working directory Slurm recorded) and derives their
+tree ids from the site master key; the home job stages them itself, as its owner
+(slurm_geo.stage.home). A tree's label is `uid:<uid>:<path>`, so two users who declare
+the same path get two trees in two domains: bob's job is never granted the key of
+alice's (and dedup is across one user's jobs). A shared domain for a world-readable
+root (dedup across users) is not granted yet: every root is in its owner's domain.
+
+`world_roots` is pure; `tree_grants` opens (or, at home, makes) the domains' rings.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import PurePosixPath
+
+from slurm_geo.ckpt.errors import CkptError, ObjectMissing
+from slurm_geo.ckpt.keys import MasterKeys, as_master_keys
+from slurm_geo.ckpt.store import Store
+from slurm_geo.federation.model import LogicalJob
+from slurm_geo.federation.resubmit import ScriptOptions
+from slurm_geo.lease.protocol import TreeGrant
+from slurm_geo.policy.directives import DirectiveError
+from slurm_geo.stage.keys import MasterTreeKeys
+from slurm_geo.stage.names import tree_id, tree_naming_key
+
+log = logging.getLogger("slurm_geo.federation")
+
+Root = tuple[str, str]  # (what: input, env or workdir; absolute home path)
+
+
+def world_roots(job: LogicalJob) -> tuple[Root, ...]:
+    """The roots of the job's world that its jobs stage and a moved incarnation
+    materialises: each `--geo-inputs` path, the `--geo-env`, and the working directory
+    (its --chdir, else where its owner ran sbatch), each path once, absolute only. A job
+    that declares neither inputs nor an environment has none (its working directory is
+    staged only for a job that declared a world). Its script needs no tree: the daemon
+    holds its text and submits it again. A recorded directive that no longer parses gives
+    none (said in the log). Pure."""
+    try:
+        world = job.world
+    except DirectiveError as exc:
+        log.warning("%s: no world staged: %s", job.logical_job, exc)
+        return ()
+    if not world.inputs and world.env is None:
+        return ()
+    options = ScriptOptions.from_json(job.spec) if job.spec else ScriptOptions()
+    found: list[Root] = [("input", i.path) for i in world.inputs]
+    if world.env is not None:
+        found.append(("env", world.env))
+    workdir = options.working_dir or options.submit_dir
+    if workdir:
+        found.append(("workdir", workdir))
+    roots: list[Root] = []
+    for what, path in found:
+        normal = _normal(path)
+        if normal is not None and normal not in (p for _, p in roots):
+            roots.append((what, normal))
+    return tuple(roots)
+
+
+def _normal(path: str) -> str | None:
+    """The absolute path without a trailing '/' or '.' parts; None for a relative one."""
+    pure = PurePosixPath(path)
+    if not pure.is_absolute() or ".." in pure.parts:
+        return None
+    return str(pure)
+
+
+def tree_label(uid: int, path: str) -> str:
+    """The label of the tree of `path` as `uid`'s (its id is the label's HMAC, §11.1)."""
+    return f"uid:{uid}:{path}"
+
+
+def grant_ids(master_key: bytes, uid: int, roots: Sequence[Root]) -> tuple[tuple[str, str,
+                                                                               str], ...]:
+    """`(what, path, tree id)` of each root as `uid`'s; each tree is its own domain."""
+    naming = tree_naming_key(master_key)
+    return tuple((what, path, tree_id(naming, tree_label(uid, path))) for what, path in roots)
+
+
+def tree_grants(job: LogicalJob, store: Store, master_keys: bytes | MasterKeys,
+                create: bool) -> tuple[TreeGrant, ...]:
+    """The job's grants, the rings from `store`: at home `create` makes a domain's ring
+    the first time (the home job stages into it); elsewhere a domain without a ring there
+    was never copied there and is left out (nothing of it is there to read). A job with
+    no recorded owner gets none: its trees could not be told apart from another user's."""
+    if job.owner is None:
+        return ()
+    roots = world_roots(job)
+    if not roots:
+        return ()
+    keys = as_master_keys(master_keys)
+    rings = MasterTreeKeys(store, keys)
+    grants = []
+    for what, path, tree in grant_ids(keys.keys()[0], job.owner.uid, roots):
+        try:
+            ring = rings.ring(tree, create=create)
+        except ObjectMissing:
+            continue
+        except CkptError as exc:
+            log.warning("%s: no key of the staged tree of %s: %s", job.logical_job, path, exc)
+            continue
+        grants.append(TreeGrant(what, path, tree, tree, ring))
+    return tuple(grants)

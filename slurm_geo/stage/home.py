@@ -1,0 +1,203 @@
+"""The home job stages its own world (issue 31: staged ahead, not on demand).
+
+The federation daemon's key reply grants a job of a run with a declared world one tree
+per root (`TreeGrant`: its inputs, environment and working directory, each in its owner's
+domain, with the domain's key ring; federation.worldgrants). The daemon never reads those
+paths: the home job does, as its owner, so it reads exactly what its owner may. For each
+grant it stages a snapshot into the home store (`Trees.stage`, through a `LocalOpener`:
+this process's own system calls, never following a link) and then pins what it staged
+in the run's world record (`worlds/<run>`, sealed under the run key, docs/format.md
+§11.8), which a moved incarnation materialises and checks. checkpoint-sync copies the
+sealed objects on; nothing here talks to another site.
+
+Staging runs in a background thread of the trainer's process (`start`), at low CPU
+priority, never before the first step: a first staging of a large dataset takes as long
+as reading it, and training does not wait for it. Then again every `interval_s`
+(`SLURM_GEO_STAGE_INTERVAL_S`, default 1800; 0: once), each pass incremental (files
+unchanged by their stat are not read again; a changed file stores its new chunks only;
+an unchanged tree writes nothing). A root that cannot be staged (unreadable, gone) is
+said once per pass in the log and keeps its earlier pin, if any; it never stops training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from slurm_geo.ckpt.errors import CkptError
+from slurm_geo.ckpt.keys import RandomBytes, RunKeyRing
+from slurm_geo.ckpt.store import Store
+from slurm_geo.errors import SlurmGeoError
+from slurm_geo.lease.protocol import TreeGrant
+from slurm_geo.stage.keys import GivenTreeKeys
+from slurm_geo.stage.record import (
+    PinnedTree,
+    WorldRecord,
+    manifest_digest,
+    read_world_record,
+    write_world_record,
+)
+from slurm_geo.stage.trees import Staged, Trees
+from slurm_geo.stage.walk import LocalOpener, Opener
+
+log = logging.getLogger("slurm_geo.stage")
+
+INTERVAL_ENV = "SLURM_GEO_STAGE_INTERVAL_S"
+DEFAULT_INTERVAL_S = 1800.0
+NICE = 10  # the stager's threads yield the CPU to the trainer's
+WHATS = ("input", "env", "workdir", "script")
+
+
+@dataclass(frozen=True)
+class RootStaged:
+    """One root's outcome in a pass: what staging did, or why it failed."""
+
+    grant: TreeGrant
+    staged: Staged | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Pass:
+    roots: tuple[RootStaged, ...]
+    record: WorldRecord | None  # as written (or left standing); None: nothing pinned
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(r.staged.stored_bytes for r in self.roots if r.staged is not None)
+
+    @property
+    def failed(self) -> tuple[RootStaged, ...]:
+        return tuple(r for r in self.roots if r.error is not None)
+
+
+def interval_from(env: Mapping[str, str]) -> float:
+    """The restaging interval the environment asks for (seconds; 0: stage once)."""
+    raw = env.get(INTERVAL_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_INTERVAL_S
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds: staging every %g s", INTERVAL_ENV,
+                    raw, DEFAULT_INTERVAL_S)
+        return DEFAULT_INTERVAL_S
+    return max(0.0, value)
+
+
+class HomeStager:
+    """Stages the granted roots of one run's world into `store` as this process's user,
+    and keeps the run's world record pinning the latest snapshot of each."""
+
+    def __init__(self, store: Store, run: str, run_ring: RunKeyRing,
+                 grants: Sequence[TreeGrant], *,
+                 opener_for: Callable[[str], Opener] = LocalOpener,
+                 clock: Callable[[], float] = time.time,
+                 random_bytes: RandomBytes = os.urandom):
+        self.store = store
+        self.run = run
+        self.run_ring = run_ring
+        self.grants = tuple(g for g in grants if g.what in WHATS and g.path.startswith("/"))
+        self._opener_for = opener_for
+        self._clock = clock
+        self._random_bytes = random_bytes
+        self._trees = Trees(store, GivenTreeKeys({g.domain: g.ring for g in self.grants}),
+                            random_bytes=random_bytes)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last: Pass | None = None
+
+    def stage_once(self) -> Pass:
+        """Stage every root once, then write the world record if any pin changed."""
+        results = tuple(self._stage(grant) for grant in self.grants)
+        earlier = self._earlier_record()
+        pins: list[PinnedTree] = []
+        for result in results:
+            pin = self._pin(result) if result.staged is not None else (
+                None if earlier is None else earlier.pinned(result.grant.path))
+            if pin is not None and pin.tree == result.grant.tree:
+                pins.append(pin)
+        record = earlier
+        if pins and (earlier is None or earlier.trees != tuple(pins)):
+            record = WorldRecord(self.run, tuple(pins), self._clock())
+            write_world_record(self.store, self.run_ring, record, self._random_bytes)
+        self.last = Pass(results, record)
+        return self.last
+
+    def _stage(self, grant: TreeGrant) -> RootStaged:
+        try:
+            staged = self._trees.stage(grant.tree, self._opener_for(grant.path), grant.path,
+                                       grant.domain)
+        except (SlurmGeoError, OSError) as exc:
+            log.warning("not staged: %s %s: %s", grant.what, grant.path, exc)
+            return RootStaged(grant, None, str(exc))
+        if staged.skipped:
+            log.info("staged %s %s without %d device(s), FIFO(s) or socket(s): %s",
+                     grant.what, grant.path, len(staged.skipped), ", ".join(staged.skipped[:5]))
+        return RootStaged(grant, staged)
+
+    def _pin(self, result: RootStaged) -> PinnedTree:
+        assert result.staged is not None
+        grant, snapshot = result.grant, result.staged.manifest.snapshot
+        return PinnedTree(grant.what, grant.path, grant.tree, grant.domain,  # type: ignore[arg-type]
+                          snapshot, manifest_digest(self.store, grant.tree, snapshot))
+
+    def _earlier_record(self) -> WorldRecord | None:
+        try:
+            return read_world_record(self.store, self.run_ring, self.run)
+        except CkptError as exc:  # another key's, or damaged: this pass writes a new one
+            log.warning("the world record of run %s does not open (%s): writing it anew",
+                        self.run, exc)
+            return None
+
+    # --- in the background -------------------------------------------------------------
+
+    def start(self, interval_s: float = DEFAULT_INTERVAL_S) -> threading.Thread:
+        """Stage in a daemon thread now, then every `interval_s` (0: once) until `stop`."""
+        self._thread = threading.Thread(target=self._loop, args=(interval_s,),
+                                        name="slurm-geo-stage", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self, wait_s: float = 0.0) -> None:
+        """No further pass; wait up to `wait_s` for the one under way (it is cut where the
+        process exits: the snapshot it was writing is never committed, the last stands)."""
+        self._stop.set()
+        if self._thread is not None and wait_s > 0:
+            self._thread.join(wait_s)
+
+    def _loop(self, interval_s: float) -> None:
+        _lower_priority()
+        while not self._stop.is_set():
+            try:
+                done = self.stage_once()
+                log.info("staged the world of run %s: %d root(s), %d new byte(s), %d "
+                         "failed", self.run, len(done.roots), done.stored_bytes,
+                         len(done.failed))
+            except Exception:  # noqa: BLE001 - staging never stops training
+                log.exception("staging the world of run %s failed", self.run)
+            if interval_s <= 0 or self._stop.wait(interval_s):
+                return
+
+
+def _lower_priority() -> None:
+    """This thread (and the threads it starts, which inherit it) at a lower CPU priority:
+    Linux keeps a nice value per thread."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    except (AttributeError, OSError):
+        pass
+
+
+def start_home_staging(store: Store, run: str, run_ring: RunKeyRing,
+                       grants: Sequence[TreeGrant],
+                       env: Mapping[str, str] = os.environ) -> HomeStager | None:
+    """What a home job's FederatedRun calls once it holds its run key: a stager running
+    in the background for the grants of its key reply; None where there are none."""
+    if not grants:
+        return None
+    stager = HomeStager(store, run, run_ring, grants)
+    stager.start(interval_from(env))
+    return stager
