@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,21 @@ def test_a_key_reply_grants_exactly_the_jobs_own_roots(tmp_path):
     assert plain.trees == ()  # no world declared, none granted
     again = KeyReply.from_json(site.key("onprem", alice_id).body)
     assert again.trees == alice.trees  # the same domains and keys at every start
+
+
+def test_a_moved_incarnation_is_granted_the_trees_copied_to_its_store(tmp_path):
+    """Away from home the rings come from the incarnation's cluster's store, where
+    checkpoint-sync copies a domain's key with its snapshots; none is made there."""
+    site = Site(tmp_path)
+    home_id = world_job(site, ALICE, RUN, {"geo-inputs": DATA})
+    at_home = KeyReply.from_json(site.key("onprem", home_id).body).trees
+    moved = replace(site.job(), cluster="rented", generation=1, job_id=7)
+    assert site.federation.leases._tree_grants(moved) == ()  # nothing copied there yet
+    assert site.stores["away"].list("tree-keys/") == []
+    for grant in at_home:
+        name = f"tree-keys/{grant.domain}"
+        site.stores["away"].put(name, site.stores["pfs"].get(name))
+    assert site.federation.leases._tree_grants(moved) == at_home
 
 
 # --- staging at home, as the owner --------------------------------------------------------
