@@ -39,7 +39,8 @@ put it, and the trial is checked:
     ("no checkpoint" when S is none), and that incarnation printed "started at step S";
 (c) final weights bit-identical to an uninterrupted run (drill.reference_weights);
 (d) detection, RTO (fault -> the new generation's first lease), steps lost;
-(e) every incarnation ran as alice, whose job it is (each records `id -u`).
+(e) every incarnation ran as alice's account on its cluster (`id -u`: hers at home, geo-alice
+    at the provider, whose home there holds that incarnation's outputs: Training.dirs).
 
 Run: python bench/federation_chaos.py [--trials 20] [--seed N]; writes
 bench/results/federation_chaos-<time>.json, prints a table and Markdown for
@@ -66,7 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from slurm_geo.config.model import SiteConfig, load_config  # noqa: E402
-from slurm_geo.drills import drill, losses  # noqa: E402
+from slurm_geo.drills import drill, losses, sharded  # noqa: E402
 from slurm_geo.federation.audit import Entry  # noqa: E402
 from slurm_geo.federation.model import answering  # noqa: E402
 from slurm_geo.sandbox import Sandbox, netns  # noqa: E402
@@ -173,6 +174,8 @@ class Chaos:
         self.view = losses.FederationView(self.site)  # SQLite, or the replicas' etcd
         self.audit = self.view  # its entries ride out an etcd election
         self.wan = netns.sandbox_topology(sandbox.layout)
+        self.accounts = sharded.account_uids(sandbox.layout, ALICE)
+        self.jobs: dict[int, drill.Training] = {}  # each trial's job, where it wrote
 
     def run(self, index: int, fault: Fault) -> Trial:
         trial = Trial(index, fault)
@@ -183,6 +186,7 @@ class Chaos:
             job = drill.submit_training(self.site, self.clients[self.home], self.settings,
                                         self.out_dir, self.sandbox.layout, prefix="chaos")
             trial.run, trial.logical_job = job.run, job.logical_job
+            self.jobs[index] = job
             deadline = time.time() + self.settings.timeout_s
             frozen = self._inject(trial, job, deadline)
             self._recover(trial, job, frozen, deadline)
@@ -224,7 +228,7 @@ class Chaos:
                 sync = self.sandbox.processes.running_pid("checkpoint-sync")
                 losses.signal_pids(set() if sync is None else {sync}, signal.SIGKILL)
             drill.kill_cluster(self.sandbox, self.home)
-        lines = drill.trace_lines(job.trace)
+        lines = drill.trace_lines(job.traces)
         trial.fault_step = lines[-1].step if lines else 0
         trial.offsite_at_fault = max(drill.verified_offsite(self.site, job.run), default=None)
         if fault.kind == "kill-transfer":
@@ -271,7 +275,7 @@ class Chaos:
     def _check(self, trial: Trial, job: drill.Training) -> None:
         entries = list(self.audit.entries(logical_job=job.logical_job))
         assert self.site.federation is not None
-        lines = drill.trace_lines(job.trace)
+        lines = drill.trace_lines(job.traces)
         hit = [line for line in lines if line.time <= trial.fault_at][-1]  # who the fault hit
         after = [e for e in entries if e.unix_time >= trial.fault_at]
         # partition-rented's cut hides rented (where the job then is), not home
@@ -285,10 +289,9 @@ class Chaos:
         trial.overlap = overlaps(lines)
         if lease is not None and hit.incarnation.startswith(f"{self.home}:"):
             trial.overlap += self._stale_commits(job, hit, lease.unix_time)
-        trial.unverified = unverified_resumes(entries, job.work)
-        trial.not_started = failed_resumes(entries, job.work)
-        trial.not_as_owner = [f"{incarnation} as uid {uid}" for incarnation, uid
-                              in drill.incarnation_uids(job.work).items() if uid != ALICE.uid]
+        trial.unverified = unverified_resumes(entries, job.dirs)
+        trial.not_started = failed_resumes(entries, job.dirs)
+        trial.not_as_owner = not_as_owner(drill.incarnation_uids(job.dirs), self.accounts)
         trial.moves = [{"generation": e.detail.get("generation"),
                         "cluster": e.detail.get("cluster"), "job_id": e.detail.get("job_id"),
                         "resume_step": e.detail.get("resume_step"),
@@ -301,7 +304,7 @@ class Chaos:
             trial.steps_lost = trial.last_step_home - (move.detail.get("resume_step") or 0)
         finished = next(e for e in reversed(entries) if e.kind == "finished")
         trial.finished = finished.what
-        output = drill.job_output(job.work, int(finished.detail["job_id"]),
+        output = drill.job_output(job.dirs, int(finished.detail["job_id"]),
                                   str(finished.detail["cluster"]))
         _, trial.final_weights = drill.final_line(output)
         trial.bit_identical = trial.final_weights == self.reference
@@ -317,7 +320,7 @@ class Chaos:
         fence = next((e for e in entries if e.kind == "fence"
                       and e.detail.get("cluster") == cluster
                       and e.detail.get("generation") == hit.generation), None)
-        output = drill.job_output(job.work, job_id, cluster)
+        output = drill.job_output(job.dirs, job_id, cluster)
         try:
             records = self.clients[cluster].accounting([job_id])
         except SlurmError:
@@ -361,7 +364,7 @@ class Chaos:
         return None
 
     def _reached(self, job: drill.Training, step: int) -> bool:
-        lines = drill.trace_lines(job.trace)
+        lines = drill.trace_lines(job.traces)
         return bool(lines) and lines[-1].step >= step \
             and lines[-1].incarnation.startswith(f"{self.home}:")
 
@@ -429,7 +432,13 @@ def overlaps(lines: list[drill.TraceLine]) -> list[str]:
     return found
 
 
-def unverified_resumes(entries: list[Entry], work: Path) -> list[str]:
+def not_as_owner(ran_as: dict[str, int], accounts: dict[str, int]) -> list[str]:
+    """(e): incarnations ('cluster:job') run as anyone but alice's account on its cluster."""
+    return [f"{incarnation} as uid {uid}" for incarnation, uid in ran_as.items()
+            if uid != accounts.get(incarnation.partition(":")[0], ALICE.uid)]
+
+
+def unverified_resumes(entries: list[Entry], work: Path | list[Path]) -> list[str]:
     """(b): each requeue resumes from the step the daemon's last verify before it verified
     (or, for a job that never trained, from nothing), and the incarnation says it started
     there."""
@@ -459,7 +468,7 @@ def unverified_resumes(entries: list[Entry], work: Path) -> list[str]:
     return found
 
 
-def failed_resumes(entries: list[Entry], work: Path) -> list[str]:
+def failed_resumes(entries: list[Entry], work: Path | list[Path]) -> list[str]:
     """Incarnations the daemon submitted that never started training: superseded before
     they ran (a move for the queue, then another), or unable to (no run key). Not (b):
     nothing was resumed; the job is lost only if it did not complete."""

@@ -132,7 +132,7 @@ class SiteChaos(chaos.Chaos):
             netns.isolate_site(self.wan, PARTITIONED[kind])
             if kind == "partition-home":
                 self.watch.enter()
-        lines = drill.trace_lines(job.trace)
+        lines = drill.trace_lines(job.traces)
         trial.fault_step = lines[-1].step if lines else 0
         trial.offsite_at_fault = max(drill.verified_offsite(self.site, job.run), default=None)
         return set()

@@ -2,7 +2,9 @@
 etcd (`sandbox up --replicated`): losing the home site, a partition of home that heals,
 failback and a hopeless queue. They kill, freeze or cut off home, so they run on a
 throw-away sandbox of their own (/var/tmp/sg-fedtest, port base 24800), never the suite's
-shared one.
+shared one. Its rented is the provider's machine (stock Slurm 26.05 on a root of its own,
+its own accounts: a moved incarnation runs as geo-alice and writes in her home there), and
+the checks read every incarnation's outputs and trace where it wrote them.
 
 - the drill, `--lose site`: home cut off and every process there SIGKILLed (onprem, the
   job, checkpoint-sync, the home replica, home's etcd member) after two checkpoints are
@@ -32,8 +34,8 @@ from types import ModuleType
 import pytest
 
 from slurm_geo.billing.ingest import federation_transfers
-from slurm_geo.drills import drill, losses
-from slurm_geo.sandbox import Sandbox
+from slurm_geo.drills import drill, losses, sharded
+from slurm_geo.sandbox import Sandbox, remote_site
 from slurm_geo.sandbox.seaweed import S3Credentials
 from slurm_geo.sandbox.users import ALICE, BOB
 from tests.conftest import user_dir
@@ -52,13 +54,13 @@ def fed_sandbox():
     if os.geteuid() != 0:
         pytest.fail("sandbox tests need root (they start munge, MariaDB and Slurm)")
     up = subprocess.run([sys.executable, "-m", "slurm_geo", "sandbox", "up", "--dir",
-                         str(ROOT), "--port-base", str(PORT_BASE), "--replicated",
-                         # its harness (bench/federation_chaos.py) reads a moved job's
-                         # outputs at home: the host's rented until issue 31 brings them
-                         "--remote-slurm", "host"],
+                         str(ROOT), "--port-base", str(PORT_BASE), "--replicated"],
                         capture_output=True, text=True, timeout=300, check=False)
     assert up.returncode == 0, up.stderr
     box = Sandbox(ROOT)
+    # rented is the provider's machine (Slurm 26.05, its own disks and accounts): the
+    # tests read each incarnation's outputs where it wrote them (drill.Training.dirs)
+    assert remote_site.is_provider(box.layout), box.layout.remote_slurm
     yield box
     box.down(purge=True)
 
@@ -151,11 +153,10 @@ def test_partition_thawed_trainer_is_fenced_and_cancelled(partition_trial):
     _chaos, runner, trial = partition_trial
     assert trial.error is None, trial.error
     assert trial.healed_at is not None and trial.moves[0]["cluster"] == "rented"
-    work = ROOT / "chaos" / trial.run
     # The incarnation the freeze hit: "generation G on onprem:J" (the daemon may have moved
     # the job for its queue and back before, so G is not always 0).
     generation, home_job = int(trial.hit.split()[1]), int(trial.hit.rsplit(":", 1)[1])
-    stale_output = drill.job_output(work, home_job, "onprem")
+    stale_output = drill.job_output(runner.jobs[trial.index].dirs, home_job, "onprem")
     # Printed only by example_train's `except SlurmGeoError` on Fenced, which returns 33.
     assert "error: this incarnation is fenced" in stale_output, stale_output
     assert "final step" not in stale_output
@@ -199,7 +200,7 @@ def _site_and_clients(box: Sandbox):
 
 
 def _final_weights(training, job_id: int, cluster: str) -> str | None:
-    return drill.final_line(drill.job_output(training.work, job_id, cluster))[1]
+    return drill.final_line(drill.job_output(training.dirs, job_id, cluster))[1]
 
 
 def _provider_sees_only_what_it_held(sandbox: Sandbox, site, run: str, resumed: int) -> None:
@@ -267,16 +268,19 @@ def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbo
     drill.wait_for(lambda: drill.audit_entry(audit, "finished", logical, "onprem", killed),
                    deadline, "the job to finish at home")
     home_job = int(home.detail["job_id"])
-    output = drill.job_output(training.work, home_job, "onprem")
+    output = drill.job_output(training.dirs, home_job, "onprem")
     assert f"started at step {home.detail['resume_step']}" in output
     assert _final_weights(training, home_job, "onprem") == drill.reference_weights(settings)
-    lines = drill.trace_lines(training.trace)
+    lines = drill.trace_lines(training.traces)
     rented_steps = [line.step for line in lines if line.generation == 1]
     assert max(rented_steps) == home.detail["resume_step"]  # nothing trained twice, or lost
-    # Every incarnation, the moved one and the one failed back, ran as alice.
-    ran_as = drill.incarnation_uids(training.work)
+    # Every incarnation, the moved one and the one failed back, ran as alice: her own uid
+    # at home, her account's at the provider (geo-alice, when rented is the provider's).
+    ran_as = drill.incarnation_uids(training.dirs)
     assert f"onprem:{home_job}" in ran_as and any(k.startswith("rented:") for k in ran_as)
-    assert set(ran_as.values()) == {ALICE.uid}, ran_as
+    accounts = sharded.account_uids(fed_sandbox.layout, ALICE)
+    assert {k: accounts[k.partition(":")[0]] for k in ran_as} == ran_as, (ran_as, accounts)
+    assert accounts["onprem"] == ALICE.uid
     # Leaving the rented cluster rotated the run's key before generation 2 got its ring: the
     # provider, holding the key its job had, opens the step it saved and nothing saved
     # at home after it (docs/format.md 4.2).
