@@ -54,7 +54,8 @@ from slurm_geo.ckpt.rollback import high_water, resume_rollback
 from slurm_geo.ckpt.runkey import RunKeyRepository
 from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
-from slurm_geo.lease import places, protocol
+from slurm_geo.lease import handoff, places, protocol
+from slurm_geo.lease.handoff import ENV_KEY_HANDOFF
 from slurm_geo.lease.munge import MungeCommands, MungeUnavailable, munge_socket
 from slurm_geo.lease.protocol import TRAINER_SHARE
 from slurm_geo.lease.replicas import Answer, Move, next_hop, parse_urls, retry_after
@@ -150,6 +151,9 @@ class FederatedRun:
         # The run's own store key (S3 variables) the daemon sent with the run key, when this
         # incarnation asked for it: rank 0 passes it on to the other ranks (torch.ranks).
         self.store_env: dict[str, str] = {}
+        # A key reply the moved job's preamble fetched and handed on: lease.handoff.
+        self._handed = _take(env, ENV_KEY_HANDOFF) if env.get(ENV_KEY_HANDOFF) else None
+        self._reply: protocol.KeyReply | None = None
 
     @classmethod
     def from_environment(cls, run: str, env: Mapping[str, str] = os.environ
@@ -373,6 +377,30 @@ class FederatedRun:
         incarnation holding the lease (acquire first), by MUNGE at home, elsewhere by the
         incarnation's signature and its one-time token, so it is asked once per
         incarnation."""
+        reply = self.key_reply()
+        return reply.run, reply.data_keys
+
+    def key_reply(self) -> protocol.KeyReply:
+        """The daemon's whole key reply (`run_key`, and the rings of the job's world's trees:
+        `trees`), or the one the moved job's preamble handed this process."""
+        self._reply = reply = (_handed(self.placement, self._handed) if self._handed
+                               else self._ask_key())
+        os.environ.update(reply.store_env)
+        store_ca_here(os.environ)
+        self.store_env = dict(reply.store_env)
+        self._announce(reply.run)
+        return reply
+
+    def hand_over(self) -> str:
+        """Stop renewing the lease here (not releasing it): the key reply (`key_reply`
+        first), sealed for the process this one starts, which holds the lease from then on
+        (its ENV_KEY_HANDOFF: lease.handoff)."""
+        assert self._reply is not None and self.placement.lease_secret
+        self._stop.set()
+        return handoff.seal_reply(self._reply, self.placement.lease_secret,
+                                  _bound(self.placement))
+
+    def _ask_key(self) -> protocol.KeyReply:
         placement = self.placement
         # Submitted before its job named a run, an incarnation got no store key: it asks
         # for its run's with the data key, and the reply's goes into its environment.
@@ -389,14 +417,24 @@ class FederatedRun:
         try:
             if status != 200:
                 raise ValueError(body.get("reason"))
-            key = protocol.KeyReply.from_json(body)
+            return protocol.KeyReply.from_json(body)
         except (KeyError, TypeError, ValueError) as exc:
             raise Fenced(f"the federation daemon did not release the run key: {exc}") from None
-        os.environ.update(key.store_env)
-        store_ca_here(os.environ)
-        self.store_env = dict(key.store_env)
-        self._announce(key.run)
-        return key.run, key.data_keys
+
+
+def _bound(p: Placement) -> bytes:
+    return handoff.bound_to(p.logical_job, p.generation, p.cluster, p.job_id, p.restart)
+
+
+def _handed(placement: Placement, sealed: str) -> protocol.KeyReply:
+    """The key reply the preamble handed this process; Fenced where it does not open."""
+    if not placement.lease_secret:
+        raise Fenced(f"{ENV_KEY_HANDOFF} is set but this incarnation has no lease secret "
+                     "to open it with")
+    try:
+        return handoff.open_reply(sealed, placement.lease_secret, _bound(placement))
+    except handoff.HandoffError as exc:
+        raise Fenced(str(exc)) from None
 
 
 def store_ca_here(env: MutableMapping[str, str]) -> None:

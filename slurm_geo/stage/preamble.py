@@ -1,0 +1,205 @@
+"""A moved job's preamble: its world materialised and presented, then its own script run in
+it, as the job's user (issue 31 item 3; docs/training.md "A moved job's world").
+
+On a cluster with none of home's files the daemon submits a small wrapper instead of the
+job's script (federation.resubmit.wrapped_script); it runs `python -m slurm_geo.stage.run`
+(the thin CLI), which gets the incarnation's key reply (lease.client: the run's key ring
+and the key rings of its world's trees), opens the site's store and calls `enter_world`:
+
+1. the run's world record (`worlds/<run>`, stage.record), sealed under the run key: the
+   pinned snapshot and manifest hash of each root; none: the script runs as before,
+   without its world (one line says so);
+2. every pinned manifest read is checked against its pin (`PinnedStore`): a snapshot put
+   in its place (by another holder of a shared domain's key) is refused, `CorruptObject`,
+   exit 21, never followed to `tree-latest`;
+3. each root materialised into the job's private workspace (stage.present.prepare,
+   stage.trees: every chunk checked against its keyed id); a damaged or unreadable chunk
+   fails that root, which is fetched once more from scratch (`RefetchingTrees`), then
+   refused: never used;
+4. the job's script (the text Slurm held for the job at home, carried in the wrapper) run
+   in the presented world, signals passed on to it; its exit code is the job's;
+5. `at_exit` (the outputs' uploader, stage.outputs, hooks in here) with the presentation
+   and the exit code, before the workspace is removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from slurm_geo.ckpt.errors import CorruptObject, StoreUnavailable
+from slurm_geo.ckpt.store import Store
+from slurm_geo.lease.protocol import KeyReply
+from slurm_geo.policy.world import World
+from slurm_geo.stage.keys import GivenTreeKeys
+from slurm_geo.stage.materialise import Materialised
+from slurm_geo.stage.names import snapshot_name
+from slurm_geo.stage.node import Node
+from slurm_geo.stage.present import Presentation, Source, StagedRoot, prepare
+from slurm_geo.stage.record import WorldRecord, read_world_record
+from slurm_geo.stage.trees import Trees
+from slurm_geo.stage.workspace import Workspace, default_base
+
+SCRIPT_NAME = "job-script"  # the job's script, in its workspace
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2, signal.SIGCONT, signal.SIGALRM)
+
+
+class PinMismatch(CorruptObject):
+    """A pinned snapshot's manifest is not the one its run recorded."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What `at_exit` is told: the presentation (None where no world was staged), the
+    workspace (still there), the job's exit code."""
+
+    presentation: Presentation | None
+    workspace: Workspace
+    returncode: int
+
+
+AtExit = Callable[[Finished], None]
+
+
+class PinnedStore:
+    """The site's store, every read of a pinned snapshot's manifest checked against the
+    SHA-256 the run's world record holds for it (docs/format.md §11.8). Whatever reads the
+    manifest (a first fetch, a second one) reads it through here."""
+
+    def __init__(self, store: Store, record: WorldRecord):
+        self._store = store
+        self._pins = {snapshot_name(p.tree, p.snapshot): p for p in record.trees}
+        self._run = record.run
+
+    def get(self, name: str) -> bytes:
+        data = self._store.get(name)
+        pin = self._pins.get(name)
+        if pin is not None:
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != pin.manifest_sha256:
+                raise PinMismatch(name, f"the staged {pin.what} '{pin.path}': its snapshot "
+                                  f"{pin.snapshot} hashes to {digest[:16]}, not the "
+                                  f"{pin.manifest_sha256[:16]} run {self._run} pinned; "
+                                  "it was replaced in the store: stage it again at home")
+        return data
+
+    def __getattr__(self, name: str) -> Any:  # put, list, exists, sizes, get_range ...
+        return getattr(self._store, name)
+
+
+class RefetchingTrees(Trees):
+    """Trees whose materialisation is tried once more from scratch where a chunk failed
+    its check or the store failed a read (a cut transfer, a flipped bit on the way); the
+    failed attempt left nothing behind (docs/format.md §11.6). A manifest that is not
+    the pinned one is not fetched again."""
+
+    def __init__(self, *args: Any, err: TextIO = sys.stderr, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._err = err
+
+    def materialise(self, tree: str, snapshot: int, target: str | os.PathLike[str],
+                    domain: str | None = None) -> Materialised:
+        try:
+            return super().materialise(tree, snapshot, target, domain)
+        except PinMismatch:
+            raise
+        except (CorruptObject, StoreUnavailable) as exc:
+            print(f"slurm-geo: world: {exc}; fetching it once more", file=self._err,
+                  flush=True)
+            return super().materialise(tree, snapshot, target, domain)
+
+
+def tree_keys(reply: KeyReply) -> GivenTreeKeys:
+    """The domain rings the daemon granted this job (and nothing else opens with them)."""
+    return GivenTreeKeys({grant.domain: grant.ring for grant in reply.trees})
+
+
+def sources_of(record: WorldRecord, script_file: Path) -> tuple[dict[str, Source], str | None,
+                                                               str | None]:
+    """`(sources, workdir, script)` for stage.present.prepare from the record's pins: each
+    pinned root's staged snapshot, except the script, which is the text Slurm held (in
+    the workspace) presented at the script's home path. Pure."""
+    sources: dict[str, Source] = {}
+    workdir = script = None
+    for pin in record.trees:
+        if pin.what == "script":
+            script = pin.path
+            sources[pin.path] = script_file
+            continue
+        if pin.what == "workdir":
+            workdir = pin.path
+        sources[pin.path] = StagedRoot(pin.tree, pin.snapshot, pin.domain)
+    return sources, workdir, script
+
+
+def enter_world(reply: KeyReply, store: Store, script: bytes, world: World, job: str, *,
+                base: Path | None = None, environ: Mapping[str, str] | None = None,
+                out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+                python: str = sys.executable, at_exit: AtExit | None = None) -> int:
+    """Materialise and present the run's world, run `script` in it; its exit code."""
+    environ = dict(os.environ if environ is None else environ)
+    record = read_world_record(store, reply.data_keys, reply.run)
+    with Workspace(base or default_base(environ), job) as workspace:
+        script_file = _write_script(workspace, script)
+        presentation = None
+        if record is None or not record.trees:
+            print(f"slurm-geo: world: run {reply.run} has no staged world yet: the job runs "
+                  "without it (its inputs and environment are not on this cluster)",
+                  file=out, flush=True)
+            command, env, cwd = [str(script_file)], environ, None
+        else:
+            sources, workdir, script_home = sources_of(record, script_file)
+            trees = RefetchingTrees(PinnedStore(store, record), tree_keys(reply), err=err)
+            probe = workspace.path / "probe"
+            probe.mkdir(mode=0o700)
+            presentation = prepare(world, sources, workspace, Node.probe(probe, python),
+                                   trees, workdir, script_home)
+            shown = next((r for r in presentation.roots if r.what == "script"), None)
+            argv = [presentation.where(shown) if shown else str(script_file)]
+            print(presentation.line(), file=out, flush=True)
+            command, env, cwd = presentation.command(argv, environ, python)
+        returncode = supervise(command, env, cwd, out)
+        if at_exit is not None:
+            at_exit(Finished(presentation, workspace, returncode))
+        return returncode
+
+
+def _write_script(workspace: Workspace, script: bytes) -> Path:
+    path = workspace.path / SCRIPT_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o700)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(script)
+    os.chmod(path, 0o700)
+    return path
+
+
+def supervise(command: list[str], env: Mapping[str, str], cwd: str | None,
+              out: TextIO) -> int:
+    """Run `command`, passing on the signals Slurm sends the batch step (a `--signal`
+    the trainer checkpoints on, the TERM of a cancel or a time limit); its exit code, as
+    a shell gives it (128 + N for a signal)."""
+    child = subprocess.Popen(command, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                             stdout=out)
+
+    def forward(number: int, _frame: object) -> None:
+        try:
+            child.send_signal(number)
+        except ProcessLookupError:
+            pass
+
+    previous = {number: signal.signal(number, forward) for number in FORWARDED}
+    try:
+        returncode = child.wait()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    return 128 - returncode if returncode < 0 else returncode
