@@ -23,7 +23,7 @@ from slurm_geo.lease.protocol import KeyReply, TreeGrant
 from slurm_geo.sandbox.users import ALICE as ALICE_USER
 from slurm_geo.sandbox.users import BOB as BOB_USER
 from slurm_geo.slurm import Owner
-from slurm_geo.stage.home import HomeStager, interval_from
+from slurm_geo.stage.home import HomeStager, for_key_reply, interval_from
 from slurm_geo.stage.keys import GivenTreeKeys, MasterTreeKeys, NoTreeKey
 from slurm_geo.stage.record import manifest_digest, read_world_record
 from slurm_geo.stage.trees import Trees
@@ -259,6 +259,25 @@ def test_a_root_that_cannot_be_staged_keeps_its_earlier_pin(tmp_path):
     assert record.staged_at == 200.0
     # Nothing changed: no new snapshot, the record is not rewritten.
     assert HomeStager(store, RUN, ring, grants, clock=clock).stage_once().record == record
+
+
+def test_only_the_home_job_stages_what_its_key_reply_grants(tmp_path):
+    (tmp_path / "pfs").mkdir()
+    store = LocalDirStore(tmp_path / "pfs")
+    data = dataset(tmp_path / "data", files=1)
+    ring = RunKeyRing.of(os.urandom(32))
+    reply = KeyReply(RUN, ring, {}, grants_for(store.root, ALICE, [("input", str(data))]))
+    url = f"file://{store.root}"
+    once = {"SLURM_GEO_STAGE_INTERVAL_S": "0"}
+    assert for_key_reply(reply, 1, url, env=once) is None  # a moved incarnation
+    assert for_key_reply(KeyReply(RUN, ring), 0, url, env=once) is None  # nothing granted
+    assert read_world_record(store, ring, RUN) is None
+    stager = for_key_reply(reply, 0, url, env=once)
+    assert stager is not None and stager._thread is not None
+    stager._thread.join(60)  # one pass in the background, then it ends
+    record = read_world_record(store, ring, RUN)
+    assert record is not None and record.pinned(str(data)).snapshot == 1
+    assert stager.last is not None and not stager.last.failed
 
 
 def test_a_grant_of_nothing_the_stager_knows_is_left_out(tmp_path):

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.keys import RandomBytes, RunKeyRing
+from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.ckpt.store import Store
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.lease.protocol import TreeGrant
+from slurm_geo.lease.protocol import KeyReply, TreeGrant
 from slurm_geo.stage.keys import GivenTreeKeys
 from slurm_geo.stage.record import (
     PinnedTree,
@@ -194,10 +195,25 @@ def _lower_priority() -> None:
 def start_home_staging(store: Store, run: str, run_ring: RunKeyRing,
                        grants: Sequence[TreeGrant],
                        env: Mapping[str, str] = os.environ) -> HomeStager | None:
-    """What a home job's FederatedRun calls once it holds its run key: a stager running
-    in the background for the grants of its key reply; None where there are none."""
+    """A stager running in the background for `grants`; None where there are none."""
     if not grants:
         return None
     stager = HomeStager(store, run, run_ring, grants)
     stager.start(interval_from(env))
     return stager
+
+
+def for_key_reply(reply: KeyReply, generation: int, store_url: str, store_endpoint: str = "",
+                  env: Mapping[str, str] = os.environ) -> HomeStager | None:
+    """What a FederatedRun calls with its key reply: the home job (generation 0, the one
+    its owner submitted, where its paths are) stages the trees the reply grants into its
+    store, in the background; a moved incarnation (or a job granted none) stages
+    nothing: None. A store that does not open is said in the log; training goes on."""
+    if generation != 0 or not reply.trees:
+        return None
+    try:
+        store = open_store(store_url, endpoint_url=store_endpoint or None)
+    except (SlurmGeoError, OSError) as exc:
+        log.warning("the world of run %s is not staged: %s", reply.run, exc)
+        return None
+    return start_home_staging(store, reply.run, reply.data_keys, reply.trees, env)
