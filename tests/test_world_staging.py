@@ -280,6 +280,32 @@ def test_only_the_home_job_stages_what_its_key_reply_grants(tmp_path):
     assert stager.last is not None and not stager.last.failed
 
 
+def test_a_home_federated_run_starts_staging_with_its_key_reply(tmp_path, monkeypatch):
+    from slurm_geo.lease.client import FederatedRun, Placement
+
+    (tmp_path / "pfs").mkdir()
+    store = LocalDirStore(tmp_path / "pfs")
+    data = dataset(tmp_path / "data", files=1)
+    ring = RunKeyRing.of(os.urandom(32))
+    reply = KeyReply(RUN, ring, {}, grants_for(store.root, ALICE, [("input", str(data))]))
+    monkeypatch.setenv("SLURM_GEO_STAGE_INTERVAL_S", "0")
+    runs = {}
+    for generation in (0, 1):
+        placement = Placement(RUN, "onprem", 5, 0, generation, None, "http://127.0.0.1:9",
+                              f"file://{store.root}", "")
+        federated = FederatedRun(placement, signer=object(), env={})  # type: ignore[arg-type]
+        monkeypatch.setattr(federated, "_ask_key", lambda: reply)  # the daemon's answer
+        assert federated.run_key() == (RUN, ring)
+        runs[generation] = federated
+    assert runs[1].stager is None  # a moved incarnation stages nothing
+    stager = runs[0].stager
+    assert stager is not None
+    stager._thread.join(60)
+    assert read_world_record(store, ring, RUN).pinned(str(data)).snapshot == 1
+    runs[0].key_reply()
+    assert runs[0].stager is stager  # asked again: still the one stager
+
+
 def test_a_grant_of_nothing_the_stager_knows_is_left_out(tmp_path):
     ring = RunKeyRing.of(os.urandom(32))
     grant = TreeGrant("output", "/home/alice/out", "a" * 32, "a" * 32, ring)

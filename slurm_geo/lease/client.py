@@ -154,6 +154,9 @@ class FederatedRun:
         # A key reply the moved job's preamble fetched and handed on: lease.handoff.
         self._handed = _take(env, ENV_KEY_HANDOFF) if env.get(ENV_KEY_HANDOFF) else None
         self._reply: protocol.KeyReply | None = None
+        # The home job's stager of its world (the trees its key reply grants: stage.home),
+        # running in the background once it has its key; None elsewhere and without any.
+        self.stager: Any = None
 
     @classmethod
     def from_environment(cls, run: str, env: Mapping[str, str] = os.environ
@@ -389,6 +392,11 @@ class FederatedRun:
         store_ca_here(os.environ)
         self.store_env = dict(reply.store_env)
         self._announce(reply.run)
+        if reply.trees and self.stager is None and self.placement.generation == 0:
+            from slurm_geo.stage.home import for_key_reply  # only a job granted a world
+
+            self.stager = for_key_reply(reply, self.placement.generation,
+                                        self.placement.store_url, self.placement.store_endpoint)
         return reply
 
     def hand_over(self) -> str:
