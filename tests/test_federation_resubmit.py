@@ -12,8 +12,10 @@ from slurm_geo.federation.resubmit import (
     Incoming,
     ScriptOptions,
     fitted,
+    needs_preamble,
     resubmission,
     script_options,
+    wrapped_script,
 )
 from slurm_geo.policy.directives import DirectiveError
 from slurm_geo.slurm.models import Owner
@@ -168,3 +170,50 @@ def test_a_node_range_and_tasks_per_node_are_carried_over():
 def test_a_node_range_is_fitted_to_the_nodes_up_where_the_job_moves(asked, up, nodes):
     options = fitted(script_options(f"#!/bin/bash\n#SBATCH {asked}\n"), up)
     assert (options.nodes, options.max_nodes) == (nodes, None)
+
+
+# A moved job's world (issue 31 item 3): the preamble runs first where home's files are not.
+
+WORLD = {**VALIDATED, "geo-inputs": "/pfs/data/tokens", "geo-env": "/home/alice/venv"}
+
+
+@pytest.mark.parametrize("directives, own_dir, wrapped", [
+    (WORLD, "/home/geo-alice", True),        # a world, a cluster with none of home's files
+    ({**VALIDATED, "geo-outputs": "/pfs/out"}, "/home/geo-alice", True),  # outputs alone
+    (VALIDATED, "/home/geo-alice", False),   # no world declared: the script as it is
+    (WORLD, None, False),                    # home's filesystem is there: as it is
+])
+def test_a_job_with_a_world_runs_the_preamble_where_homes_files_are_not(
+        directives, own_dir, wrapped):
+    incoming = Incoming("onprem-9", 1, "run-a", 10, "http://fed:9852", "tok", "s3://b/c")
+    options = script_options(SCRIPT).with_directives(directives)
+    spec = resubmission(SCRIPT, options, incoming, ("gpu",), owner=ALICE, own_dir=own_dir)
+    assert needs_preamble(options, own_dir) is wrapped
+    assert (spec.script == wrapped_script(SCRIPT)) is wrapped
+    assert (spec.script == SCRIPT) is not wrapped
+    assert spec.environment["SLURM_GEO_INPUTS" if "geo-inputs" in directives
+                            else ENV_GENERATION]  # the directives travel either way
+
+
+@pytest.mark.parametrize("script", [
+    SCRIPT,
+    "#!/bin/bash\necho 'SLURM_GEO_JOB_SCRIPT'\nexit 0",  # the heredoc's end, no newline
+    "#!/usr/bin/env python3\nprint('caf\u00e9 \\u2603')\n" + "x" * 300_000 + "\n",
+])
+def test_the_wrapper_hands_the_preamble_the_scripts_exact_text(tmp_path, script):
+    """Run the wrapper with bash, a stand-in for the preamble's Python recording what it
+    is given: the module, the option, and the script on stdin (base64)."""
+    import base64
+    import subprocess
+
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f'#!/bin/bash\necho "$@" > {tmp_path}/argv\ncat > {tmp_path}/stdin\n')
+    stand_in.chmod(0o755)
+    wrapper = tmp_path / "job.sh"
+    wrapper.write_text(wrapped_script(script))
+    done = subprocess.run(["bash", str(wrapper)], env={"SLURM_GEO_PYTHON": str(stand_in)},
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "argv").read_text() == "-m slurm_geo.stage.run --script-base64-stdin\n"
+    assert base64.b64decode((tmp_path / "stdin").read_bytes()).decode() == script
+    assert wrapped_script(script).startswith("#!/bin/bash\n")

@@ -12,6 +12,7 @@ four parts federation.owners lists, nothing else.
 
 from __future__ import annotations
 
+import base64
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -32,6 +33,7 @@ from slurm_geo.lease.protocol import (
     ENV_STORE_ENDPOINT,
 )
 from slurm_geo.policy.directives import Directives, parse_arguments, to_environment
+from slurm_geo.policy.world import World
 from slurm_geo.slurm.models import JobSpec, Owner
 
 
@@ -206,6 +208,36 @@ def resubmitted_name(options: ScriptOptions, logical_job: str) -> str:
     return options.name or logical_job
 
 
+PREAMBLE_PYTHON = "SLURM_GEO_PYTHON"  # the Python the wrapper runs; python3 on PATH else
+_SCRIPT_END = "SLURM_GEO_JOB_SCRIPT"  # ends the heredoc; base64 lines never equal it
+
+
+def wrapped_script(script: str) -> str:
+    """The script submitted in place of `script` where the job's world must be
+    materialised first: a bash wrapper that runs the preamble as the job's user
+    (`python3 -m slurm_geo.stage.run`, stage.preamble) with the job's own script on its
+    stdin, in base64 (any byte of it travels as is; the heredoc cannot end early). The
+    preamble writes it into the job's private workspace and runs it in the presented
+    world, so the job runs the very script Slurm held for it at home, not a later edit
+    of the file. `exec`: Slurm's signals to the batch step reach the preamble, which
+    passes them on. Pure."""
+    encoded = base64.encodebytes(script.encode("utf-8", "surrogateescape")).decode()
+    return ("#!/bin/bash\n"
+            "# slurm-geo: this incarnation's world (inputs, environment, working directory)\n"
+            "# is materialised from the site's store first; then the job's own script, below\n"
+            "# in base64, runs in it (docs/training.md, \"A moved job's world\").\n"
+            f'exec "${{{PREAMBLE_PYTHON}:-python3}}" -m slurm_geo.stage.run '
+            f"--script-base64-stdin <<'{_SCRIPT_END}'\n{encoded}{_SCRIPT_END}\n")
+
+
+def needs_preamble(options: ScriptOptions, own_dir: str | None) -> bool:
+    """Whether the incarnation runs the preamble before its script: on a cluster with
+    none of home's files (`own_dir`), for a job that declared a world (`--geo-inputs`,
+    `--geo-env`, `--geo-outputs`). Elsewhere the job finds its files where they were.
+    Pure."""
+    return bool(own_dir) and not World.of(options.directives()).empty
+
+
 @dataclass(frozen=True)
 class Incoming:
     """What the new incarnation is told, beyond its directives."""
@@ -232,7 +264,8 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
     the owner's allow-listed one, the store's credentials, the directives and `incoming`,
     in that order (federation.owners). A partition the target does not have is dropped
     (its default partition takes the job). `own_dir`: the target has none of home's
-    files, the job runs there (`working_dir`, `output_path`)."""
+    files, the job runs there (`working_dir`, `output_path`), and a job that declared a
+    world gets it first (`wrapped_script`)."""
     env = {
         **(owner_env or {}),
         **(store_env or {}),
@@ -253,7 +286,7 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
         env[ENV_FEDERATION_URLS] = ",".join(incoming.federation_urls)
     partition = options.partition if options.partition in partitions else None
     return JobSpec(
-        script=script,
+        script=wrapped_script(script) if needs_preamble(options, own_dir) else script,
         name=resubmitted_name(options, incoming.logical_job),
         working_dir=Path(working_dir(options, at_home, own_dir)),
         environment=env,
