@@ -237,6 +237,26 @@ def test_the_home_job_stages_its_world_as_its_owner_and_pins_it(top):
     assert pin.snapshot == 2 and pin.manifest_sha256 == manifest_digest(store, grant.tree, 2)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root does")
+def test_a_domains_directories_come_with_its_key_so_no_other_user_can_take_them(top):
+    """In a shared store the daemon makes a domain's tree-packs/ and trees/ directories
+    with its key (as a run's with its key), root's and sticky: alice's job writes in them,
+    bob can neither make them first nor remove what she staged."""
+    pfs = world_store(top)
+    data = dataset(top / "alice" / "data", files=1)
+    owned_by(top / "alice", ALICE_USER.uid)
+    (grant,) = grants_for(pfs, ALICE, [("input", str(data))])
+    for prefix in ("tree-packs", "trees"):
+        info = (pfs / prefix / grant.domain).stat()
+        assert info.st_uid == 0 and info.st_mode & 0o1777 == 0o1777
+    assert stage_as(ALICE_USER.uid, pfs, RunKeyRing.of(os.urandom(32)), (grant,)) == "ok"
+    staged = [*(pfs / "tree-packs" / grant.domain).iterdir(),
+              *(pfs / "trees" / grant.tree).iterdir(), pfs / "tree-latest" / grant.tree]
+    assert staged and all(p.stat().st_uid == ALICE_USER.uid for p in staged)
+    for found in staged:
+        assert "PermissionError" in as_uid(BOB_USER.uid, found.unlink)
+
+
 def test_a_root_that_cannot_be_staged_keeps_its_earlier_pin(tmp_path):
     (tmp_path / "pfs").mkdir()
     store = LocalDirStore(tmp_path / "pfs")

@@ -97,6 +97,11 @@ class LocalDirStore:
                     if per_run in DAEMON_DIRECTORIES and not self._is_daemon:
                         continue  # the daemons make it when they first mark the run
                     os.close(self._directory(name, [per_run, parts[1]], create=True))
+            if self._shared and parts[0] == "tree-keys" and len(parts) == 2:
+                # A staged tree domain's, likewise with its key (docs/format.md §11): its
+                # packs, and the snapshots of its tree of the same id (the default domain)
+                for per_tree in TREE_DIRECTORIES:
+                    os.close(self._directory(name, [per_tree, parts[1]], create=True))
             directory = self._directory(name, parts[:-1], create=True)
             try:
                 self._put_in(directory, name, parts[-1], data)
@@ -318,10 +323,10 @@ class LocalDirStore:
 SHARED_DIRECTORIES = ("fences", "keys", "latest", "locks", "manifests", "packs", "probes",
                       "promoted", "run-packs",
                       # staged trees and runs' world records (docs/format.md §11: made
-                      # here so that a home job stages its world as its owner; a tree's
-                      # own trees/<tree>/ and tree-packs/<domain>/ are its stager's)
+                      # here so that a home job stages its world as its owner)
                       "tree-keys", "tree-latest", "tree-packs", "trees", "worlds")
 RUN_DIRECTORIES = ("manifests", "promoted", "run-packs")
+TREE_DIRECTORIES = ("tree-packs", "trees")  # made with a domain's key, as a run's with its
 # Written by the daemons alone: fences (under F), promotion markers (under P) and the
 # federation daemon's bandwidth probes. A user able to create a name there could block a
 # fence of another's run (a sticky directory lets only its maker replace a file), so in a
