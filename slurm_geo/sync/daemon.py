@@ -39,6 +39,8 @@ from slurm_geo.sync.scrub import LastScrub, pick_scrub, scrub_due_at
 from slurm_geo.sync.sources import Sources
 from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status, SyncError
 from slurm_geo.sync.worker import Outcome, Result
+from slurm_geo.sync.worldpass import WORLD_PASS_BYTES, WorldTurns
+from slurm_geo.sync.worldstate import create_worlds_table
 
 log = logging.getLogger("slurm_geo.sync")
 
@@ -57,7 +59,8 @@ class Daemon:
                  notifier: Notifier | None = None, metrics_port: int = 0,
                  metrics_address: str = "127.0.0.1", clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
-                 handle_signals: bool = True, set_priority: bool = True):
+                 handle_signals: bool = True, set_priority: bool = True,
+                 world_pass_bytes: int = WORLD_PASS_BYTES):
         self._load = reload
         self.runtime = runtime
         self.state_path = state_path
@@ -75,6 +78,8 @@ class Daemon:
         self._bucket = TokenBucket(self.runtime.sync.bandwidth_mb_s * 1e6, monotonic)
         self._inflight = InFlight(state_path, self._stop, self._bucket, self._wakeup.wake,
                                   clock, monotonic)
+        self._worlds = WorldTurns(state_path, self._stop, self._bucket, self._wakeup.wake,
+                                  clock, monotonic, world_pass_bytes)
         self._sources = Sources()
         self._scans: list[RootScan] = []
         self._next_scan = 0.0
@@ -112,6 +117,7 @@ class Daemon:
             event(log, "recovered", logging.WARNING, run=replica.run, step=replica.step,
                   destination=replica.destination, reason="attempt cut short")
         self._scrub.resume(self._state)
+        create_worlds_table(self._state)
         if self._metrics_port:
             collector = SyncCollector(self.state_path, self._live_now, self._clock)
             try:
@@ -145,15 +151,21 @@ class Daemon:
             self._drain_signals()
             self._notifier.watchdog()
             self._collect()
-            if self._inflight.is_stuck():
+            if self._inflight.is_stuck() or self._worlds.is_stuck():
                 return EXIT_STUCK
             if self._stop.is_set():
-                if not self._inflight.busy or self._monotonic() > (self._stop_deadline or 0):
+                idle = not self._inflight.busy and not self._worlds.busy
+                if idle or self._monotonic() > (self._stop_deadline or 0):
                     return EXIT_OK
             else:
                 if self._monotonic() >= self._next_scan:
                     self._scan()
-                if not self._inflight.busy and not self._dispatch():
+                if self._worlds.busy:
+                    if checkpoint_due(self._state, self.runtime, self._scans, self._clock()):
+                        self._worlds.give_way()  # a checkpoint never waits behind a world
+                elif not self._inflight.busy and not self._dispatch() and not (
+                        self._monotonic() >= self._down_until
+                        and self._worlds.start_due(self._state, self.runtime, once)):
                     if once:
                         return self._once_exit_code()
                     self._dispatch_scrub()
@@ -227,29 +239,7 @@ class Daemon:
         changes = reconcile(scans, rows, self._state.max_sequences(runtime.destination),
                             runtime.policy)
         if changes:
-            self._apply_changes(changes)
-
-    def _apply_changes(self, changes: Any) -> None:
-        assert self._state is not None
-        now = self._clock()
-        destination = self.runtime.destination
-        self._state.add([{"root": n.root, "run": n.run, "step": n.step,
-                          "destination": destination, "sequence": n.sequence,
-                          "status": n.status.value, "promoted": n.promoted}
-                         for n in changes.new], now)
-        for n in changes.new:
-            event(log, "discovered", run=n.run, step=n.step, root=n.root,
-                  destination=destination, status=n.status.value)
-        for replica, wanted in [*((r, Status.SKIPPED) for r in changes.skip),
-                                *((r, Status.PENDING) for r in changes.unskip)]:
-            try:
-                self._state.move(replica.id, replica.status, wanted, now, next_attempt_at=now)
-            except StaleStatus:
-                continue
-            event(log, "skipped" if wanted is Status.SKIPPED else "requeued", run=replica.run,
-                  step=replica.step, destination=destination,
-                  reason="retention tier 2 no longer wants it, or it left the root"
-                  if wanted is Status.SKIPPED else "retention tier 2 wants it again")
+            apply_changes(self._state, runtime.destination, changes, self._clock())
 
     def _dispatch(self) -> bool:
         """Start the first due replica; False when nothing is due."""
@@ -287,6 +277,7 @@ class Daemon:
     # --- results ----------------------------------------------------------------------
 
     def _collect(self) -> None:
+        self._worlds.collect()
         scrubbed = self._inflight.scrubbing
         finished = self._inflight.collect()
         if finished is None:
@@ -328,6 +319,10 @@ class Daemon:
                 candidates.append(self._next_due - self._clock())
             if self._scrub.due is not None:
                 candidates.append(self._scrub.due - self._clock())
+            if self._worlds.due is not None:
+                candidates.append(self._worlds.due - self._clock())
+        if self._worlds.stuck_at is not None:
+            candidates.append(self._worlds.stuck_at - now)
             if self._down_until > now:
                 candidates.append(self._down_until - now)
         return max(0.0, min(candidates))
@@ -388,3 +383,32 @@ def _parse_last_scrub(mark: str | None) -> LastScrub | None:
     except ValueError:
         return None
 
+
+
+def apply_changes(state: StateDB, destination: str, changes: Any, now: float) -> None:
+    """Write the planner's `reconcile` changes into the state, an event for each."""
+    state.add([{"root": n.root, "run": n.run, "step": n.step, "destination": destination,
+                "sequence": n.sequence, "status": n.status.value, "promoted": n.promoted}
+               for n in changes.new], now)
+    for n in changes.new:
+        event(log, "discovered", run=n.run, step=n.step, root=n.root,
+              destination=destination, status=n.status.value)
+    for replica, wanted in [*((r, Status.SKIPPED) for r in changes.skip),
+                            *((r, Status.PENDING) for r in changes.unskip)]:
+        try:
+            state.move(replica.id, replica.status, wanted, now, next_attempt_at=now)
+        except StaleStatus:
+            continue
+        event(log, "skipped" if wanted is Status.SKIPPED else "requeued", run=replica.run,
+              step=replica.step, destination=destination,
+              reason="retention tier 2 no longer wants it, or it left the root"
+              if wanted is Status.SKIPPED else "retention tier 2 wants it again")
+
+
+def checkpoint_due(state: StateDB | None, runtime: Runtime, scans: list[RootScan],
+                   now: float) -> bool:
+    """Whether a replica is due now (read-only: nothing moves): a world pass gives way."""
+    assert state is not None
+    rows = state.for_planning(runtime.destination, lowest_steps(scans))
+    return any(runtime.reads(r.root) for r in next_work(
+        rows, [s.root for s in scans if s.ok], now).due)

@@ -35,7 +35,8 @@ METRIC_NAMES = (
     f"{PREFIX}_last_lag_seconds", f"{PREFIX}_runs", f"{PREFIX}_transferred_bytes",
     f"{PREFIX}_failures", f"{PREFIX}_destination_up", f"{PREFIX}_last_scan_timestamp_seconds",
     f"{PREFIX}_scrubbed_bytes", f"{PREFIX}_scrub_full_pass_timestamp_seconds",
-    f"{PREFIX}_scrub_findings", f"{PREFIX}_unsafe_files_skipped",
+    f"{PREFIX}_scrub_findings", f"{PREFIX}_unsafe_files_skipped", f"{PREFIX}_world_bytes",
+    f"{PREFIX}_worlds",
 )
 
 _PER_RUN = """
@@ -110,9 +111,11 @@ class SyncCollector:
             yield from self._runs(conn, self._clock())
             yield from self._totals(conn)
             yield from self._scrub(conn)
+            live = self._live()
+            yield from self._worlds(conn, live.destination_up)
         finally:
             conn.close()
-        yield from self._live_metrics(self._live())
+        yield from self._live_metrics(live)
 
     def _statuses(self, conn: sqlite3.Connection) -> Iterator[Metric]:
         replicas = GaugeMetricFamily(f"{PREFIX}_replicas", "Replicas by status.",
@@ -195,6 +198,38 @@ class SyncCollector:
             if row["oldest"] is not None:
                 full_pass.add_metric([row["destination"]], row["oldest"])
         yield from (scrubbed, findings, full_pass)
+
+    def _worlds(self, conn: sqlite3.Connection, destinations: Iterable[str]
+                ) -> Iterator[Metric]:
+        """The runs' worlds (docs/checkpoint-sync.md, "A run's world"), summed up per
+        destination: the pack bytes of the pinned snapshots there and still to copy, and
+        the runs whose world is whole there or not yet."""
+        staged = GaugeMetricFamily(
+            f"{PREFIX}_world_bytes", "Pack bytes of the runs' pinned world snapshots at the "
+            "destination (staged) and still to copy there (pending).",
+            labels=["destination", "state"])
+        worlds = GaugeMetricFamily(
+            f"{PREFIX}_worlds", "Runs with a world record whose world is whole and verified "
+            "at the destination (complete), or not yet (incomplete).",
+            labels=["destination", "state"])
+        found: dict[str, list[int]] = {d: [0, 0, 0, 0] for d in destinations}
+        try:
+            rows = list(conn.execute(
+                "SELECT destination, SUM(bytes_there) AS there, SUM(MAX(bytes_total - "
+                "bytes_there, 0)) AS pending, SUM(complete) AS complete, COUNT(*) AS n FROM "
+                "worlds WHERE record_sha256 IS NOT NULL GROUP BY destination"))
+        except sqlite3.OperationalError:
+            rows = []  # a state the daemon has not opened since worlds were added
+        for row in rows:
+            found[row["destination"]] = [row["there"] or 0, row["pending"] or 0,
+                                         row["complete"] or 0,
+                                         (row["n"] or 0) - (row["complete"] or 0)]
+        for destination, (there, pending, complete, incomplete) in sorted(found.items()):
+            staged.add_metric([destination, "staged"], there)
+            staged.add_metric([destination, "pending"], pending)
+            worlds.add_metric([destination, "complete"], complete)
+            worlds.add_metric([destination, "incomplete"], incomplete)
+        yield from (staged, worlds)
 
     def _live_metrics(self, live: Live) -> Iterator[Metric]:
         up = GaugeMetricFamily(f"{PREFIX}_destination_up", "1 while the destination answers, "
