@@ -275,8 +275,10 @@ def test_the_key_reply_is_handed_to_the_trainer_for_this_incarnation_only() -> N
     reply = KeyReply("run-1", ring, {"AWS_ACCESS_KEY_ID": "k"},
                      (TreeGrant("input", "/d", "a" * 32, "a" * 32, ring),))
     bound = bound_to("lj-1", 2, "rented", 17, 0)
-    sealed = seal_reply(reply, secret, bound)
-    assert open_reply(sealed, secret, bound) == reply
+    session = os.urandom(32).hex()
+    sealed = seal_reply(reply, session, secret, bound)
+    assert open_reply(sealed, secret, bound) == (reply, session)
+    assert session not in sealed
     assert ring.current.data_key.hex() not in sealed
     for other_secret, other_bound in ((os.urandom(32).hex(), bound),
                                       (secret, bound_to("lj-1", 2, "rented", 17, 1))):
@@ -291,9 +293,11 @@ def test_the_key_reply_is_handed_to_the_trainer_for_this_incarnation_only() -> N
         federated = FederatedRun.from_environment("run-1", dict(env))
         assert federated.run_key() == ("run-1", ring)  # no daemon asked: none listens there
         assert federated.key_reply().trees == reply.trees
+        # The preamble's first lease spent the bootstrap secret: the session's signs.
+        assert federated._signer._secret == bytes.fromhex(session)  # type: ignore[attr-defined]
         env["SLURM_JOB_RESTART_COUNT"] = "1"  # a requeue asks the daemon again
         with pytest.raises(Fenced):
-            FederatedRun.from_environment("run-1", dict(env)).run_key()
+            FederatedRun.from_environment("run-1", dict(env))
     finally:
         os.environ.clear()
         os.environ.update(saved)

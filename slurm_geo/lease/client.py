@@ -151,9 +151,13 @@ class FederatedRun:
         # The run's own store key (S3 variables) the daemon sent with the run key, when this
         # incarnation asked for it: rank 0 passes it on to the other ranks (torch.ranks).
         self.store_env: dict[str, str] = {}
-        # A key reply the moved job's preamble fetched and handed on: lease.handoff.
-        self._handed = _take(env, ENV_KEY_HANDOFF) if env.get(ENV_KEY_HANDOFF) else None
+        # A key reply (and session) the moved job's preamble handed on: lease.handoff.
+        self._handed = _handed(placement, _take(env, ENV_KEY_HANDOFF)) \
+            if env.get(ENV_KEY_HANDOFF) else None
         self._reply: protocol.KeyReply | None = None
+        self._session = "" if self._handed is None else self._handed[1]
+        if self._session:
+            self._signer = _session_signer(placement, self._session)
         # The home job's stager of its world (the trees its key reply grants: stage.home),
         # running in the background once it has its key; None elsewhere and without any.
         self.stager: Any = None
@@ -262,8 +266,8 @@ class FederatedRun:
             if reply is not None and reply.session_secret and placement.logical_job:
                 # The daemon's session secret, over TLS: the bootstrap one in the
                 # environment (and in slurmdbd's records) is spent once this is used.
-                self._signer = SecretSigner(placement.logical_job, placement.generation,
-                                            secret_bytes(reply.session_secret))
+                self._signer = _session_signer(placement, reply.session_secret)
+                self._session = reply.session_secret
             if reply is not None and reply.verdict is protocol.Verdict.GRANT:
                 self._last_ok = sent  # measured from when we asked: the safe side
                 self._ttl_s = reply.ttl_s
@@ -386,8 +390,8 @@ class FederatedRun:
     def key_reply(self) -> protocol.KeyReply:
         """The daemon's whole key reply (`run_key`, and the rings of the job's world's trees:
         `trees`), or the one the moved job's preamble handed this process."""
-        self._reply = reply = (_handed(self.placement, self._handed) if self._handed
-                               else self._ask_key())
+        self._reply = reply = (self._handed[0] if self._handed
+                               else _ask_key(self.placement, self._call))
         os.environ.update(reply.store_env)
         store_ca_here(os.environ)
         self.store_env = dict(reply.store_env)
@@ -405,37 +409,41 @@ class FederatedRun:
         (its ENV_KEY_HANDOFF: lease.handoff)."""
         assert self._reply is not None and self.placement.lease_secret
         self._stop.set()
-        return handoff.seal_reply(self._reply, self.placement.lease_secret,
+        return handoff.seal_reply(self._reply, self._session, self.placement.lease_secret,
                                   _bound(self.placement))
 
-    def _ask_key(self) -> protocol.KeyReply:
-        placement = self.placement
-        # Submitted before its job named a run, an incarnation got no store key: it asks
-        # for its run's with the data key, and the reply's goes into its environment.
-        needs_store_key = bool(placement.key_token) and not os.environ.get("AWS_ACCESS_KEY_ID") \
-            and placement.store_url.startswith("s3://")
-        request = protocol.KeyRequest(placement.cluster, placement.job_id, placement.restart,
-                                      placement.generation, placement.key_token,
-                                      store_credentials=needs_store_key)
-        status, body = self._call(protocol.KEY_PATH, request.to_json(),
-                                  election_wait_s=ELECTION_WAIT_S)
-        if status is None or (status == 503 and "leader" in body):
-            raise FederationUnreachable(f"no replica of the federation daemon released the "
-                                        f"run key: {body.get('reason')}")
-        try:
-            if status != 200:
-                raise ValueError(body.get("reason"))
-            return protocol.KeyReply.from_json(body)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise Fenced(f"the federation daemon did not release the run key: {exc}") from None
+def _ask_key(placement: Placement, call: Any) -> protocol.KeyReply:
+    """The daemon's key reply for this incarnation (`call`: FederatedRun._call)."""
+    # Submitted before its job named a run, an incarnation got no store key: it asks
+    # for its run's with the data key, and the reply's goes into its environment.
+    needs_store_key = bool(placement.key_token) and not os.environ.get("AWS_ACCESS_KEY_ID") \
+        and placement.store_url.startswith("s3://")
+    request = protocol.KeyRequest(placement.cluster, placement.job_id, placement.restart,
+                                  placement.generation, placement.key_token,
+                                  store_credentials=needs_store_key)
+    status, body = call(protocol.KEY_PATH, request.to_json(), election_wait_s=ELECTION_WAIT_S)
+    if status is None or (status == 503 and "leader" in body):
+        raise FederationUnreachable(f"no replica of the federation daemon released the "
+                                    f"run key: {body.get('reason')}")
+    try:
+        if status != 200:
+            raise ValueError(body.get("reason"))
+        return protocol.KeyReply.from_json(body)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Fenced(f"the federation daemon did not release the run key: {exc}") from None
 
 
 def _bound(p: Placement) -> bytes:
     return handoff.bound_to(p.logical_job, p.generation, p.cluster, p.job_id, p.restart)
 
 
-def _handed(placement: Placement, sealed: str) -> protocol.KeyReply:
-    """The key reply the preamble handed this process; Fenced where it does not open."""
+def _session_signer(placement: Placement, session: str) -> SecretSigner:
+    return SecretSigner(placement.logical_job, placement.generation, secret_bytes(session))
+
+
+def _handed(placement: Placement, sealed: str) -> tuple[protocol.KeyReply, str]:
+    """The key reply and session secret the preamble handed this process; Fenced where
+    they do not open."""
     if not placement.lease_secret:
         raise Fenced(f"{ENV_KEY_HANDOFF} is set but this incarnation has no lease secret "
                      "to open it with")

@@ -6,13 +6,17 @@ lease (its one-time token). On a cluster with none of home's files the preamble
 the job's script starts, so it asks first; the trainer the script starts then finds the
 reply in its environment instead of asking again:
 
-    SLURM_GEO_KEY_HANDOFF = hex(nonce || AES-GCM(K, nonce, reply JSON, aad))
+    SLURM_GEO_KEY_HANDOFF = hex(nonce || AES-GCM(K, nonce, payload, aad))
+    payload = {"reply": the key reply's JSON, "session_secret": hex or ""}
     K   = HKDF-SHA256(lease secret, no salt, "slurm-geo/v1/key-handoff")
     aad = "<logical job>:<generation>:<cluster>:<job id>:<restart>"
 
 Only a holder of the incarnation's lease secret (already in the job's environment, which
 signs its lease requests) opens it, for that incarnation and restart only; a requeued
-restart asks the daemon again. The reply is never in the environment in clear.
+restart asks the daemon again. The reply is never in the environment in clear. The
+session secret the daemon handed the preamble with its first lease goes with it: that
+lease spent the bootstrap secret (federation.sessions), so the trainer signs with the
+session's from its first request.
 """
 
 from __future__ import annotations
@@ -46,19 +50,24 @@ def bound_to(logical_job: str, generation: int, cluster: str, job_id: int,
     return f"{logical_job}:{generation}:{cluster}:{job_id}:{restart}".encode()
 
 
-def seal_reply(reply: KeyReply, lease_secret: str, bound: bytes,
+def seal_reply(reply: KeyReply, session_secret: str, lease_secret: str, bound: bytes,
                nonce: bytes | None = None) -> str:
     nonce = os.urandom(NONCE_SIZE) if nonce is None else nonce
-    payload = json.dumps(reply.to_json(), sort_keys=True).encode()
+    payload = json.dumps({"reply": reply.to_json(), "session_secret": session_secret},
+                         sort_keys=True).encode()
     return (nonce + AESGCM(_key(lease_secret)).encrypt(nonce, payload, bound)).hex()
 
 
-def open_reply(sealed: str, lease_secret: str, bound: bytes) -> KeyReply:
+def open_reply(sealed: str, lease_secret: str, bound: bytes) -> tuple[KeyReply, str]:
+    """(the key reply, the session secret to sign with: "" where none was handed out)."""
     try:
         raw = bytes.fromhex(sealed)
-        payload = AESGCM(_key(lease_secret)).decrypt(raw[:NONCE_SIZE], raw[NONCE_SIZE:],
-                                                     bound)
-        return KeyReply.from_json(json.loads(payload))
+        body = json.loads(AESGCM(_key(lease_secret)).decrypt(raw[:NONCE_SIZE],
+                                                             raw[NONCE_SIZE:], bound))
+        session = body["session_secret"]
+        if not isinstance(session, str):
+            raise TypeError("session_secret")
+        return KeyReply.from_json(body["reply"]), session
     except (InvalidTag, ValueError, KeyError, TypeError) as exc:
         raise HandoffError(f"{ENV_KEY_HANDOFF} does not open for this incarnation "
                            f"({type(exc).__name__}); it was handed to another") from None

@@ -17,7 +17,9 @@ and the key rings of its world's trees), opens the site's store and calls `enter
    fails that root, which is fetched once more from scratch (`RefetchingTrees`), then
    refused: never used;
 4. the job's script (the text Slurm held for the job at home, carried in the wrapper) run
-   in the presented world, signals passed on to it; its exit code is the job's;
+   in the presented world, signals passed on to it; its exit code is the job's. The
+   preamble holds the lease (renewing it) until then, and hands the key reply and the
+   lease on to the trainer right before (`handover`, lease.handoff);
 5. `at_exit` (the outputs' uploader, stage.outputs, hooks in here) with the presentation
    and the exit code, before the workspace is removed.
 """
@@ -143,8 +145,11 @@ def sources_of(record: WorldRecord, script_file: Path) -> tuple[dict[str, Source
 def enter_world(reply: KeyReply, store: Store, script: bytes, world: World, job: str, *,
                 base: Path | None = None, environ: Mapping[str, str] | None = None,
                 out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-                python: str = sys.executable, at_exit: AtExit | None = None) -> int:
-    """Materialise and present the run's world, run `script` in it; its exit code."""
+                python: str = sys.executable, at_exit: AtExit | None = None,
+                handover: Callable[[], Mapping[str, str]] = dict) -> int:
+    """Materialise and present the run's world, run `script` in it; its exit code.
+    `handover`: called right before the script starts (the preamble renews the lease
+    until then), the variables it returns go into the script's environment."""
     environ = dict(os.environ if environ is None else environ)
     record = read_world_record(store, reply.data_keys, reply.run)
     with Workspace(base or default_base(environ), job) as workspace:
@@ -166,7 +171,7 @@ def enter_world(reply: KeyReply, store: Store, script: bytes, world: World, job:
             argv = [presentation.where(shown) if shown else str(script_file)]
             print(presentation.line(), file=out, flush=True)
             command, env, cwd = presentation.command(argv, environ, python)
-        returncode = supervise(command, env, cwd, out)
+        returncode = supervise(command, {**env, **handover()}, cwd, out)
         if at_exit is not None:
             at_exit(Finished(presentation, workspace, returncode))
         return returncode

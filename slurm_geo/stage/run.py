@@ -64,13 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         federated = FederatedRun.from_environment(env.get(protocol.ENV_RUN, ""), dict(env))
         federated.acquire()
         reply = federated.key_reply()
-        handed = federated.hand_over()
         store = open_store(env[protocol.ENV_STORE],
                            endpoint_url=env.get(protocol.ENV_STORE_ENDPOINT) or None)
         job = env.get("SLURM_JOB_ID") or str(os.getpid())
         return enter_world(reply, store, script, world, job,
-                           environ={**os.environ, ENV_KEY_HANDOFF: handed},
-                           at_exit=upload_outputs)
+                           at_exit=upload_outputs,
+                           handover=lambda: {ENV_KEY_HANDOFF: federated.hand_over()})
     except SlurmGeoError as exc:
         print(f"slurm-geo: error: {exc}", file=sys.stderr, flush=True)
         return int(exc.exit_code)
