@@ -314,7 +314,8 @@ def test_a_home_federated_run_starts_staging_with_its_key_reply(tmp_path, monkey
         placement = Placement(RUN, "onprem", 5, 0, generation, None, "http://127.0.0.1:9",
                               f"file://{store.root}", "")
         federated = FederatedRun(placement, signer=object(), env={})  # type: ignore[arg-type]
-        monkeypatch.setattr(federated, "_ask_key", lambda: reply)  # the daemon's answer
+        monkeypatch.setattr(federated, "_call",  # the daemon's answer, as it sends it
+                            lambda path, body, election_wait_s=0.0: (200, reply.to_json()))
         assert federated.run_key() == (RUN, ring)
         runs[generation] = federated
     assert runs[1].stager is None  # a moved incarnation stages nothing
