@@ -35,6 +35,8 @@ SUBCOMMANDS = {
                  "Resubmit a failed logical job from its newest verified checkpoint."),
     "logs": ("slurm_geo.cli.federation", "logs",
              "A logical job's output, incarnation by incarnation."),
+    "outputs": ("slurm_geo.cli.outputs", "outputs",
+                "Fetch what a job's moved incarnations shipped home (--geo-outputs)."),
     "federation": ("slurm_geo.cli.federation", "federation",
                    "The daemon's replicas: who leads; etcd's members and their lag."),
     "drill": ("slurm_geo.cli.drill", "drill",

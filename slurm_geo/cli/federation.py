@@ -284,8 +284,9 @@ def resubmit(job: str, config: Path | None, as_json: bool) -> None:
 @click.option("--config", type=click.Path(path_type=Path), default=None, help=CONFIG_HELP)
 def logs(job: str, follow: bool, config: Path | None) -> None:
     """Logical job JOB's output across its incarnations and clusters, in generation order,
-    each under a header line (CLUSTER:JOBID, generation, file). An incarnation whose file
-    is on another site's filesystem says where it would be."""
+    each under a header line (CLUSTER:JOBID, generation, file). A moved incarnation's log
+    is read as it shipped it home (from the home store, under the run's key: yours, or an
+    admin's); one that shipped none says where its file would be."""
     from slurm_geo.config.model import load_config
     from slurm_geo.federation.model import UnknownLogicalJob
     from slurm_geo.federation.operations import resolve
@@ -295,16 +296,20 @@ def logs(job: str, follow: bool, config: Path | None) -> None:
     site = load_config(config)
     users = {name: c.rest_user for name, c in site.clusters.items()
              if c.access == "rest" and c.rest_user}
+    from slurm_geo.cli.outputs import shipped_logs
+
     if not reads_daemon_files(site):  # a user: the daemon says where her job's output is
         asked = AskedState(OwnerClient(site), job)
+        shipped = shipped_logs(site, asked.job(asked.logical_job))
         output = JobOutput(asked, asked.logical_job,  # type: ignore[arg-type]
-                           lambda text: click.echo(text, nl=False), users)
+                           lambda text: click.echo(text, nl=False), users, shipped)
     else:
         state = _open_state(site)
         if state is None:
             raise UnknownLogicalJob(job)
-        output = JobOutput(state, resolve(state, job).logical_job,
-                           lambda text: click.echo(text, nl=False), users)
+        logical_job = resolve(state, job).logical_job
+        output = JobOutput(state, logical_job, lambda text: click.echo(text, nl=False), users,
+                           shipped_logs(site, state.job(logical_job)))
     if follow:
         output.follow()
     else:

@@ -87,6 +87,18 @@ class _Tail:
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
 
+    def read_shipped(self, shipped: Callable[[Incarnation], bytes | None]) -> str | None:
+        """What was appended to the log the incarnation shipped home (docs/format.md
+        §11.9) since the last read; None when it shipped none."""
+        data = shipped(self.incarnation)
+        if data is None:
+            return None
+        new, self.offset = data[self.offset:], max(self.offset, len(data))
+        text = self.decoder.decode(new)
+        if text:
+            self.ends_line = text.endswith("\n")
+        return text
+
     def read_new(self) -> str | None:
         """What was appended since the last read; None when the file cannot be read."""
         if not self.where.known or self.incarnation.job_id is None:
@@ -110,9 +122,11 @@ class JobOutput:
     (%u); the home job's user is not recorded."""
 
     def __init__(self, state: State, logical_job: str, write: Callable[[str], None],
-                 users: Mapping[str, str] | None = None):
+                 users: Mapping[str, str] | None = None,
+                 shipped: Callable[[Incarnation], bytes | None] | None = None):
         self.state, self.logical_job, self.write = state, logical_job, write
         self.users = dict(users or {})
+        self.shipped = shipped  # a moved incarnation's log as it shipped it home
 
     def print_all(self) -> None:
         """Every incarnation's output as it stands now."""
@@ -173,6 +187,8 @@ class JobOutput:
         """Write what is new; `finished`: nothing more is awaited, so end the text with a
         newline and say once if the file could not be read at all."""
         text = tail.read_new()
+        if text is None and self.shipped is not None:
+            text = tail.read_shipped(self.shipped)
         if text:
             self.write(text)
         if text is None and not tail.said_unreadable and (finished or tail.offset == 0):
