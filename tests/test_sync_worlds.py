@@ -16,6 +16,7 @@ from slurm_geo.ckpt.keys import KeyFile
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.store import LocalDirStore
 from slurm_geo.stage.keys import MasterTreeKeys
+from slurm_geo.stage.outputs import read_log, ship
 from slurm_geo.stage.record import (
     PinnedTree,
     WorldRecord,
@@ -25,6 +26,7 @@ from slurm_geo.stage.record import (
 )
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.walk import LocalOpener
+from slurm_geo.sync import worldpass
 from slurm_geo.sync.daemon import Daemon
 from slurm_geo.sync.metrics import Live, SyncCollector
 from slurm_geo.sync.runtime import load_runtime
@@ -256,3 +258,32 @@ def test_the_world_queue_looks_at_new_runs_first_then_retries_then_rechecks():
     assert queue.due(runs, rows, 200.0) == [("pfs", "b"), ("pfs", "c"), ("pfs", "a")]
     assert queue.next_due(runs[:1], rows) == 150.0
     assert queue.next_due(runs[:1], rows, once=True) is None
+
+
+def test_a_moved_incarnations_outputs_come_home_parts_before_index(tmp_path, monkeypatch):
+    config, state_path, home, away, key = daemon_site(tmp_path)
+    ring = Repository(home, key).run_keys("run-a")
+    job = tmp_path / "rented-job"
+    (job / "results").mkdir(parents=True)
+    (job / "results" / "metrics.json").write_text("{}\n")
+    (job / "log.out").write_text("step 3\n")
+    ship(away, ring, "run-a", "rented-7", job / "log.out", {"/home/alice/r": job / "results"})
+    order: list[str] = []
+
+    class Watching(LocalDirStore):
+        def put(self, name, data):
+            order.append(name)
+            super().put(name, data)
+
+    runtime = load_runtime(config)
+    monkeypatch.setattr(worldpass, "LocalDirStore", Watching)  # the home store's writer
+    state = StateDB(state_path)
+    state.add([{"root": "pfs", "run": "run-a", "step": 2, "destination": "offsite",
+                "sequence": 0, "status": "verified"}], 0.0)
+    guard = PassGuard(Guard(threading.Event(), float("inf")), threading.Event(), 1 << 40)
+    run_pass(state, [("pfs", "run-a")], runtime, guard, None)
+    [row] = world_rows(state, "offsite")
+    state.close()
+    assert row.outputs_home == 3 and row.complete
+    assert [n.split("/")[3] for n in order] == ["parts", "parts", "index"]
+    assert read_log(home, ring, "run-a", "rented-7") == b"step 3\n"

@@ -296,7 +296,7 @@ def logs(job: str, follow: bool, config: Path | None) -> None:
     site = load_config(config)
     users = {name: c.rest_user for name, c in site.clusters.items()
              if c.access == "rest" and c.rest_user}
-    from slurm_geo.cli.outputs import shipped_logs
+    from slurm_geo.cli.shipped import shipped_logs
 
     if not reads_daemon_files(site):  # a user: the daemon says where her job's output is
         asked = AskedState(OwnerClient(site), job)

@@ -1,36 +1,21 @@
-"""`slurm-geo outputs fetch JOB`, and the shipped logs `slurm-geo logs` reads: what moved
-incarnations shipped (docs/format.md §11.9), read from the home store (checkpoint-sync
-brings it there) under the run's key. An admin (who reads the master key) opens the key
-with it; a user asks the federation daemon for her run's key (`run-key`, an owner verb:
-released only for a run one of her jobs names)."""
+"""`slurm-geo outputs fetch JOB`: what moved incarnations shipped (docs/format.md §11.9),
+read from the home store (checkpoint-sync brings it there) under the run's key
+(slurm_geo.cli.shipped), written where the job named it at home."""
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
 from slurm_geo.cli.federation import CONFIG_HELP, JSON_HELP
+from slurm_geo.cli.shipped import run_ring, shipped_of
 
 STORE_HELP = ("Read from this store (a URL or a [stores] name) instead of the home "
               "cluster's: the off-site store, or a job's checkpoint directory at home, "
               "which checkpoint-sync never writes into.")
-
-
-@dataclass
-class Shipped:
-    """Where a logical job's shipped objects are, and the run key that opens them."""
-
-    logical_job: str
-    run: str
-    home: str
-    store: Any
-    ring: Any
 
 
 def job_of(site: Any, job: str) -> Any:
@@ -48,69 +33,6 @@ def job_of(site: Any, job: str) -> Any:
     if state is None:
         raise UnknownLogicalJob(job)
     return state.job(resolve(state, job).logical_job)
-
-
-def run_ring(site: Any, store: Any, run: str) -> Any:
-    """The run's key ring: from the master key where this process reads it, else asked
-    of the federation daemon as the run's owner."""
-    from slurm_geo.ckpt.keys import LiveKeyFile, RunKeyRing
-    from slurm_geo.ckpt.repository import Repository
-    from slurm_geo.cli.ckpt_owner import run_key
-    from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.runtime import federation_config
-
-    key_file = master_key_path(federation_config(site).key_file, os.environ)
-    if os.access(key_file, os.R_OK):
-        return Repository(store, LiveKeyFile(key_file)).run_keys(run)
-    keys = run_key(site, run)
-    return keys if isinstance(keys, RunKeyRing) else RunKeyRing.of(keys)
-
-
-def shipped_of(site: Any, job: Any, store_spec: str | None, with_key: bool = True) -> Shipped:
-    from slurm_geo.ckpt.open_store import open_store, open_store_or_named
-    from slurm_geo.errors import ConfigError
-
-    if store_spec is not None:
-        store = open_store_or_named(store_spec, site.source)
-    else:
-        name = site.cluster(job.home).store
-        if not name or name not in site.stores:
-            raise ConfigError(f"home cluster {job.home} names no store in {site.source}; "
-                              "give one with --store")
-        config = site.stores[name]
-        store = open_store(config.url, endpoint_url=config.endpoint_url or None,
-                           ca_file=config.ca_file)
-    if not job.run:
-        raise ConfigError(f"job {job.logical_job} names no run (--geo-run): nothing of it "
-                          "is shipped under a run key")
-    return Shipped(job.logical_job, job.run, job.home, store,
-                   run_ring(site, store, job.run) if with_key else None)
-
-
-def shipped_logs(site: Any, job: Any) -> Callable[[Any], bytes | None]:
-    """For `slurm-geo logs`: an incarnation's log as it shipped it home, or None (not
-    moved, nothing shipped, or the store or key cannot be had; the caller then says where
-    the file would be). The key is asked once, when a moved incarnation needs it."""
-    from slurm_geo.errors import SlurmGeoError
-    from slurm_geo.stage.outputs import incarnation_name, read_log
-
-    opened: list[Shipped | None] = []
-
-    def log_of(incarnation: Any) -> bytes | None:
-        if incarnation.cluster == job.home or incarnation.job_id is None or not job.run:
-            return None
-        try:
-            if not opened:
-                opened.append(None)
-                opened[0] = shipped_of(site, job, None)
-            shipped = opened[0]
-            if shipped is None:
-                return None
-            return read_log(shipped.store, shipped.ring, shipped.run,
-                            incarnation_name(incarnation.cluster, incarnation.job_id))
-        except SlurmGeoError:
-            return None
-    return log_of
 
 
 @click.group("outputs")

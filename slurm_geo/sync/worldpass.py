@@ -24,13 +24,14 @@ from pathlib import Path
 from slurm_geo.ckpt.errors import CkptError, StoreUnavailable
 from slurm_geo.ckpt.open_store import paced
 from slurm_geo.ckpt.pacing import TokenBucket
+from slurm_geo.ckpt.store import LocalDirStore, Store
 from slurm_geo.daemon.events import event
-from slurm_geo.sync.ownedfiles import OwnedDirStore
+from slurm_geo.sync.jobdirs import FILE
 from slurm_geo.sync.planner import retry_delay_s
 from slurm_geo.sync.runtime import Runtime
 from slurm_geo.sync.state import StateDB
 from slurm_geo.sync.worker import AttemptTimedOut, Guard, Interrupted
-from slurm_geo.sync.worlds import WorldCopy
+from slurm_geo.sync.worlds import WorldCopy, read_only
 from slurm_geo.sync.worldstate import (
     WorldQueue,
     WorldRow,
@@ -217,12 +218,14 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
     looked = failed = 0
     for root, run in runs:
         row = rows.get((root, run)) or WorldRow(root, run, destination)
-        source_store = runtime.root_store(root)
-        copier = WorldCopy(paced(source_store, "root", guard=guard, clock=clock),
+        writer = home_writer(runtime, root)
+        source = paced(runtime.root_store(root), "root", guard=guard, clock=clock)
+        copier = WorldCopy(source if writer is not None else read_only(source),
                            paced(runtime.destination_store, "destination", bucket, guard=guard,
                                  on_put=guard.count, clock=clock),
                            runtime.master_keys, runtime.transfer_plan.streams,
-                           outputs_home=not isinstance(source_store, OwnedDirStore))
+                           None if writer is None else paced(writer, "root", guard=guard,
+                                                             clock=clock))
         progress = _Progress(state, guard, row, clock)
         try:
             done = copier.copy(row, progress)
@@ -255,6 +258,19 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
                   bytes=done.bytes_total)
         looked += 1
     return PassResult(looked, None, guard.sent, failed)
+
+
+def home_writer(runtime: Runtime, root: str) -> Store | None:
+    """Where outputs come home for `root`: a configured root's store (a local directory
+    through a plain store at its real path, as its other writers write it: a shared store
+    keeps its own modes); None for a job's own checkpoint directory, which checkpoint-sync
+    never writes into."""
+    if root not in runtime.root_urls:
+        return None
+    url, _endpoint = runtime.root_urls[root]
+    if url.startswith(FILE):
+        return LocalDirStore(Path(url.removeprefix(FILE)).resolve())
+    return runtime.root_store(root)
 
 
 class _Progress:

@@ -55,7 +55,11 @@ class WorldCopy:
     destination: Store
     master_keys: MasterKeys
     streams: int = 1
-    outputs_home: bool = True  # False where checkpoint-sync may not write the source
+    home_writer: Store | None = None  # writes outputs home; None: the source may not be
+
+    def __post_init__(self) -> None:
+        if self.home_writer is None and not isinstance(self.source, _NeverWritten):
+            object.__setattr__(self, "home_writer", self.source)
 
     def copy(self, row: WorldRow, progress: Callable[[WorldRow], None]) -> WorldRow:
         """Bring `row`'s outputs home, then copy its world, calling `progress` with the row
@@ -146,13 +150,14 @@ class WorldCopy:
     def _outputs_home(self, run: str) -> int:
         """Copy the destination's `outputs/<run>/` objects the home store lacks, every part
         before any index; the count copied."""
-        if not self.outputs_home:
+        writer = self.home_writer
+        if writer is None:
             return 0
         prefix = f"{OUTPUTS}/{run}/"
         missing = set(self.destination.list(prefix)) - set(self.source.list(prefix))
         ordered = sorted(missing, key=lambda n: (INDEX in n, n))
         for name in ordered:
-            copy_object(self.destination, self.source, name)
+            copy_object(self.destination, writer, name)
         return len(ordered)
 
 
@@ -162,6 +167,37 @@ def _check_pin(store: Store, pin: PinnedTree, where: str) -> None:
     if digest != pin.manifest_sha256:
         raise CorruptObject(name, f"its manifest in {where} hashes to {digest[:12]}…, not to "
                             f"the {pin.manifest_sha256[:12]}… its run's world record pins")
+
+
+class _NeverWritten:
+    """A home store checkpoint-sync must not write (a job's own directory): outputs stay
+    off-site, where the owner reads them (`slurm-geo outputs fetch --store`)."""
+
+    def __init__(self, inner: Store):
+        self.inner = inner
+
+    def put(self, name: str, data: Bytes) -> None:
+        raise CkptError(name, "checkpoint-sync never writes into a job's directory")
+
+    def get(self, name: str) -> bytes:
+        return self.inner.get(name)
+
+    def list(self, prefix: str) -> list[str]:
+        return self.inner.list(prefix)
+
+    def delete(self, name: str) -> None:
+        raise CkptError(name, "checkpoint-sync never writes into a job's directory")
+
+    def exists(self, name: str) -> bool:
+        return self.inner.exists(name)
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return self.inner.sizes(prefix)
+
+
+def read_only(store: Store) -> Store:
+    """`store` as a world copy's source it may never write (no outputs come home)."""
+    return _NeverWritten(store)
 
 
 class _OneObject:
