@@ -142,21 +142,26 @@ def sources_of(record: WorldRecord, script_file: Path) -> tuple[dict[str, Source
     return sources, workdir, script
 
 
-def enter_world(reply: KeyReply, store: Store, script: bytes, world: World, job: str, *,
+def enter_world(reply: KeyReply | None, store: Store | None, script: bytes, world: World,
+                job: str, *,
                 base: Path | None = None, environ: Mapping[str, str] | None = None,
                 out: TextIO = sys.stdout, err: TextIO = sys.stderr,
                 python: str = sys.executable, at_exit: AtExit | None = None,
                 handover: Callable[[], Mapping[str, str]] = dict) -> int:
     """Materialise and present the run's world, run `script` in it; its exit code.
     `handover`: called right before the script starts (the preamble renews the lease
-    until then), the variables it returns go into the script's environment."""
+    until then), the variables it returns go into the script's environment. No `reply`:
+    the job named no run before it moved (a job moved while pending at home), so nothing
+    of its world can have been staged: the script runs without it."""
     environ = dict(os.environ if environ is None else environ)
-    record = read_world_record(store, reply.data_keys, reply.run)
+    record = None if reply is None or store is None else \
+        read_world_record(store, reply.data_keys, reply.run)
     with Workspace(base or default_base(environ), job) as workspace:
         script_file = _write_script(workspace, script)
         presentation = None
-        if record is None or not record.trees:
-            print(f"slurm-geo: world: run {reply.run} has no staged world yet: the job runs "
+        if reply is None or store is None or record is None or not record.trees:
+            which = "the job named no run" if reply is None else f"run {reply.run}"
+            print(f"slurm-geo: world: {which} has no staged world yet: the job runs "
                   "without it (its inputs and environment are not on this cluster)",
                   file=out, flush=True)
             command, env, cwd = [str(script_file)], environ, None

@@ -60,15 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         script = _script(args)
         world = World.of(from_environment(env, JOB_PREFIX))
+        job = env.get("SLURM_JOB_ID") or str(os.getpid())
+        if not env.get(protocol.ENV_RUN):  # moved before it named its run: nothing staged
+            return enter_world(None, None, script, world, job, at_exit=upload_outputs)
         # A copy: the secret and token stay in the environment the trainer inherits.
-        federated = FederatedRun.from_environment(env.get(protocol.ENV_RUN, ""), dict(env))
+        federated = FederatedRun.from_environment(env[protocol.ENV_RUN], dict(env))
         federated.acquire()
         reply = federated.key_reply()
         store = open_store(env[protocol.ENV_STORE],
                            endpoint_url=env.get(protocol.ENV_STORE_ENDPOINT) or None)
-        job = env.get("SLURM_JOB_ID") or str(os.getpid())
-        return enter_world(reply, store, script, world, job,
-                           at_exit=upload_outputs,
+        return enter_world(reply, store, script, world, job, at_exit=upload_outputs,
                            handover=lambda: {ENV_KEY_HANDOFF: federated.hand_over()})
     except SlurmGeoError as exc:
         print(f"slurm-geo: error: {exc}", file=sys.stderr, flush=True)
