@@ -7,14 +7,18 @@ the wall time). Moved jobs' outputs come home the other way (item 6)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import threading
 from pathlib import Path
 
+from click.testing import CliRunner
+
 from slurm_geo.ckpt.keys import KeyFile
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.cli import cli
 from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.outputs import read_log, ship
 from slurm_geo.stage.record import (
@@ -180,6 +184,12 @@ def test_a_pass_cut_by_its_budget_resumes_with_what_is_missing(tmp_path):
     assert sent_first + second.bytes_sent < packs + 200_000  # no pack sent twice
     state.close()
     assert world_offsite(read_worlds(state_path), "run-a") is True
+    shown = CliRunner().invoke(cli, ["sync", "status", "--state", str(state_path), "--json"])
+    [listed] = [r for r in json.loads(shown.stdout) if r["run"] == "run-a"]
+    assert listed["world"] == {"world": "complete", "trees": 1, "pending_bytes": 0,
+                               "staged_bytes": row.bytes_total, "error": None}
+    table = CliRunner().invoke(cli, ["sync", "status", "--state", str(state_path)]).stdout
+    assert "run-a  offsite      complete  1" in table
     assert world_offsite(read_worlds(state_path), "run-x") is None
 
 

@@ -40,13 +40,18 @@ def status(state_path: Path | None, config: Path | None, as_json: bool) -> None:
     registered job's checkpoint directory, with what checkpoint-sync sees there."""
     from slurm_geo.sync.state import StateDB
     from slurm_geo.sync.truth import failing_runs
+    from slurm_geo.sync.worldstate import read_worlds
 
-    state = StateDB(_state_path(state_path, config), readonly=True)
+    path = _state_path(state_path, config)
+    state = StateDB(path, readonly=True)
     try:
         replicas, sources = state.replicas(), state.sources()
     finally:
         state.close()
     rows = status_rows(replicas, sources, time.time())
+    worlds = world_summaries(read_worlds(path))
+    for row in rows:
+        row["world"] = worlds.get((row["run"], row["destination"]))
     for source in sources:
         if source.status.is_problem:  # on stderr too: never lost in a long table
             click.echo(f"slurm-geo: warning: {_named(source)}: {source.detail}", err=True)
@@ -60,6 +65,14 @@ def status(state_path: Path | None, config: Path | None, as_json: bool) -> None:
     runs = [r for r in rows if r["run"] is not None]
     shown = [s for s in sources if _listed(s)]
     click.echo(_table(runs, _COLUMNS) if runs else "no checkpoints seen yet")
+    from slurm_geo.cli.progress import human_bytes
+
+    staged = [{"run": r["run"], "destination": r["destination"], **r["world"],
+               "staged": human_bytes(r["world"]["staged_bytes"]),
+               "pending": human_bytes(r["world"]["pending_bytes"])}
+              for r in runs if r["world"] is not None]
+    if staged:
+        click.echo("\n" + _table(staged, _WORLD_COLUMNS, wrap=False))
     if shown:
         click.echo("\n" + _table([_source_row(s) for s in shown], _SOURCE_COLUMNS, wrap=False))
 
@@ -126,6 +139,24 @@ def _say_followed(run: str, rows: list[dict[str, Any]], followed: Followed, seco
                    f"{seconds:.1f} s")
     if again:
         raise SystemExit(1)
+
+
+_WORLD_COLUMNS = ["run", "destination", "world", "trees", "staged", "pending", "error"]
+
+
+def world_summaries(rows: list[Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(run, destination) -> what checkpoint-sync copied of the run's world there
+    (docs/checkpoint-sync.md, "A run's world"): complete or not, pinned trees, pack bytes
+    there and still to copy; runs that staged no world are left out."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        if row.record_sha256 is None:
+            continue
+        found[(row.run, row.destination)] = {
+            "world": "complete" if row.complete else "copying", "trees": row.trees,
+            "staged_bytes": row.bytes_there, "pending_bytes": row.pending_bytes,
+            "error": row.last_error}
+    return found
 
 
 def run_summaries(replicas: list[Any], now: float) -> list[dict[str, Any]]:
