@@ -77,9 +77,11 @@ def trained(root: Path, key: bytes, run: str) -> Trainer:
     return trainer
 
 
-def copy_world(home, away, key, run: str) -> WorldRow:
-    return WorldCopy(home, away, KeyFile(key)).copy(WorldRow("pfs", run, "offsite"),
-                                                    lambda _row: None)
+def copy_world(home, away, key, run: str, sound: set[str] | None = None,
+               read: list[int] | None = None) -> WorldRow:
+    copier = WorldCopy(home, away, KeyFile(key), verified_packs=set() if sound is None
+                       else sound, on_read=([] if read is None else read).append)
+    return copier.copy(WorldRow("pfs", run, "offsite"), lambda _row: None)
 
 
 def test_a_world_reaches_the_offsite_store_and_materialises_byte_identical(tmp_path):
@@ -116,13 +118,17 @@ def test_a_second_run_on_the_same_dataset_copies_no_new_pack(tmp_path):
     for run in ("run-a", "run-b"):
         trained(tmp_path / "home", key, run)
     stage_world(home, key, "run-a", source)
-    copy_world(home, away, key, "run-a")
+    sound: set[str] = set()
+    first_reads: list[int] = []
+    copy_world(home, away, key, "run-a", sound, first_reads)
+    assert sum(first_reads) > 0 and sound  # each pack read back once
     home.puts.clear()
     stage_world(home, key, "run-b", source)  # the same root: the same tree, no new chunk
     assert not [n for n in home.puts if n.startswith("tree-packs/")]
     away.puts.clear()
-    row = copy_world(home, away, key, "run-b")
-    assert row.complete and row.bytes_copied == 0
+    reads: list[int] = []
+    row = copy_world(home, away, key, "run-b", sound, reads)
+    assert row.complete and row.bytes_copied == 0 and reads == []  # nor read back again
     assert not [n for n in away.puts if n.startswith("tree-packs/")]
     assert world_record_name("run-b") in away.puts and "keys/run-b" in away.puts
 
@@ -181,7 +187,7 @@ def test_a_pass_cut_by_its_budget_resumes_with_what_is_missing(tmp_path):
     assert second.yielded is None and row.complete and row.bytes_there == row.bytes_total
     packs = sum(os.path.getsize(p) for p in (tmp_path / "away" / "tree-packs").rglob("*")
                 if p.is_file())
-    assert sent_first + second.bytes_sent < packs + 200_000  # no pack sent twice
+    assert sent_first + second.bytes_sent < 2 * packs + 200_000  # put once, read once
     state.close()
     assert world_offsite(read_worlds(state_path), "run-a") is True
     shown = CliRunner().invoke(cli, ["sync", "status", "--state", str(state_path), "--json"])

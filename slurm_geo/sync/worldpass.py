@@ -35,9 +35,11 @@ from slurm_geo.sync.worlds import WorldCopy, read_only
 from slurm_geo.sync.worldstate import (
     WorldQueue,
     WorldRow,
+    add_verified_pack,
     create_worlds_table,
     put_world_row,
     synced_runs,
+    verified_packs,
     world_rows,
 )
 
@@ -71,6 +73,11 @@ class PassGuard:
         self._guard.sleep(seconds)
         self.check()
 
+    def read(self, size: int) -> None:
+        """Bytes read back to verify count against the budget as bytes put do."""
+        with self._lock:
+            self.sent += size
+
     def count(self, _name: str, size: int, _started: float, _finished: float) -> None:
         with self._lock:
             self.sent += size
@@ -82,7 +89,7 @@ class PassGuard:
 class PassResult:
     runs: int = 0            # runs looked at
     yielded: str | None = None
-    bytes_sent: int = 0
+    bytes_sent: int = 0      # put, and read back to verify
     failed: int = 0
 
 
@@ -215,6 +222,7 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
     create_worlds_table(state)
     destination = runtime.destination
     rows = {(r.root, r.run): r for r in world_rows(state, destination)}
+    sound = verified_packs(state, destination)
     looked = failed = 0
     for root, run in runs:
         row = rows.get((root, run)) or WorldRow(root, run, destination)
@@ -225,7 +233,9 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
                                  on_put=guard.count, clock=clock),
                            runtime.master_keys, runtime.transfer_plan.streams,
                            None if writer is None else paced(writer, "root", guard=guard,
-                                                             clock=clock))
+                                                             clock=clock),
+                           sound, lambda name: add_verified_pack(state, destination, name,
+                                                                 clock()), guard.read)
         progress = _Progress(state, guard, row, clock)
         try:
             done = copier.copy(row, progress)

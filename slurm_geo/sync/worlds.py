@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, ObjectMissing, StoreUnavailable
 from slurm_geo.ckpt.keys import MasterKeys, RunKeyRing
+from slurm_geo.ckpt.pack import check_pack_id
 from slurm_geo.ckpt.replicate import copy_object
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.runkey import carry_run_keys
@@ -56,6 +57,11 @@ class WorldCopy:
     master_keys: MasterKeys
     streams: int = 1
     home_writer: Store | None = None  # writes outputs home; None: the source may not be
+    # Packs already read back whole at the destination (any run's: a shared dataset's are
+    # read once), and what to call as each is, and with the bytes each read took.
+    verified_packs: set[str] = field(default_factory=set)
+    on_verified: Callable[[str], None] = lambda _name: None
+    on_read: Callable[[int], None] = lambda _size: None
 
     def __post_init__(self) -> None:
         if self.home_writer is None and not isinstance(self.source, _NeverWritten):
@@ -82,7 +88,7 @@ class WorldCopy:
                       len(verified) == len(record.trees))
         if row.complete:
             return row
-        home, there = self._trees(self.source), self._trees(self.destination)
+        home = self._trees(self.source)
         total, held = self._sizes(home, record)
         row = replace(row, bytes_total=total, bytes_there=held)
         progress(row)
@@ -98,7 +104,7 @@ class WorldCopy:
             row = replace(row, bytes_copied=row.bytes_copied + report.bytes_copied,
                           bytes_total=total, bytes_there=held)
             progress(row)
-            self._verify_there(there, pin)
+            self._verify_there(home, pin)
             verified.add(pin_label(pin))
             row = replace(row, verified=tuple(sorted(verified)))
             progress(row)
@@ -132,12 +138,25 @@ class WorldCopy:
             there += sum(at_home.get(n, 0) for n in names if n in at_destination)
         return total, there
 
-    def _verify_there(self, there: Trees, pin: PinnedTree) -> None:
-        """Read the snapshot back whole at the destination; a damaged pack or manifest is
-        deleted there (the next copy puts a good one) and raised."""
+    def _verify_there(self, home: Trees, pin: PinnedTree) -> None:
+        """Check the snapshot at the destination: its manifest hashes to the pin, and each
+        of its packs not read back yet is read whole and hashes to its name (so it is the
+        pack staging wrote at home, bit for bit; a reader there checks every chunk against
+        its id again). A damaged pack or manifest is deleted there (the next copy puts a
+        good one) and raised. Packs are read one by one, each remembered once sound, so a
+        pass cut short (a checkpoint due) does not read them again."""
+        manifest = home.manifest(pin.tree, pin.snapshot, pin.domain)
+        names = sorted({tree_pack_name(pin.domain, ref.pack) for ref in manifest.refs()})
         try:
             _check_pin(self.destination, pin, "the destination")
-            there.verify(pin.tree, pin.snapshot, pin.domain)
+            for name in names:
+                if name in self.verified_packs:
+                    continue
+                data = self.destination.get(name)
+                self.on_read(len(data))
+                check_pack_id(name, name.rpartition("/")[2], data)
+                self.verified_packs.add(name)
+                self.on_verified(name)
         except StoreUnavailable:
             raise
         except CorruptObject as exc:

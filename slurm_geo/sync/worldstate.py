@@ -70,9 +70,27 @@ class WorldRow:
         return values
 
 
+_WORLD_PACKS = """CREATE TABLE IF NOT EXISTS world_packs (
+    destination TEXT NOT NULL, name TEXT NOT NULL, verified_at REAL NOT NULL,
+    PRIMARY KEY (destination, name))"""
+
+
 def create_worlds_table(state: StateDB) -> None:
     with state.db.conn:
         state.db.execute(_WORLDS)
+        state.db.execute(_WORLD_PACKS)
+
+
+def verified_packs(state: StateDB, destination: str) -> set[str]:
+    """The tree packs read back whole and sound at `destination` (any run's)."""
+    return {r["name"] for r in state.db.query(
+        "SELECT name FROM world_packs WHERE destination = ?", [destination])}
+
+
+def add_verified_pack(state: StateDB, destination: str, name: str, now: float) -> None:
+    with state.db.conn:
+        state.db.execute("INSERT OR REPLACE INTO world_packs VALUES (?, ?, ?)",
+                         [destination, name, now])
 
 
 def world_rows(state: StateDB, destination: str | None = None) -> list[WorldRow]:
