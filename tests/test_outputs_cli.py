@@ -83,3 +83,23 @@ def test_fetch_mistakes_are_one_line(tmp_path):
     bad_key = slurm_geo("outputs", "fetch", "onprem-7", config=config)
     assert bad_key.returncode != 0 and len(bad_key.stderr.splitlines()) == 1
     assert "Traceback" not in bad_key.stderr
+
+
+def test_fetch_reads_another_store_when_told(tmp_path):
+    config, home = shipped_site(tmp_path)
+    other = tmp_path / "offsite"
+    other.mkdir()
+    pfs, away = LocalDirStore(tmp_path / "pfs"), LocalDirStore(other)
+    for name in pfs.list("keys/") + pfs.list("outputs/"):  # as checkpoint-sync carries them
+        away.put(name, pfs.get(name))
+        if name.startswith("outputs/"):
+            pfs.delete(name)
+    at_home = slurm_geo("outputs", "fetch", "onprem-7", config=config)
+    assert at_home.stdout.strip() == "onprem-7: no moved incarnation shipped outputs"
+    told = slurm_geo("outputs", "fetch", "onprem-7", "--store", f"file://{other}",
+                     config=config)
+    assert told.returncode == 0, told.stderr
+    assert (home / "metrics.json").exists()
+    unknown = slurm_geo("outputs", "fetch", "onprem-7", "--store", "nowhere", config=config)
+    assert unknown.returncode != 0 and len(unknown.stderr.splitlines()) == 1
+    assert "store 'nowhere'" in unknown.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -43,7 +44,8 @@ def shipped_of(site: Any, job: Any, store_spec: str | None, with_key: bool = Tru
     from slurm_geo.errors import ConfigError
 
     if store_spec is not None:
-        store = open_store_or_named(store_spec, site.source)
+        store = open_store_or_named(store_spec, None if site.source.startswith("<")
+                                    else Path(site.source))
     else:
         name = site.cluster(job.home).store
         if not name or name not in site.stores:
