@@ -60,8 +60,8 @@ class LocalDirStore:
     `packs/` and its 256 `packs/xx/`, ...) are made by root or the store's owner when they
     open the store (`prepare_shared_directories`), never by a user, whose directory there
     would let them remove everyone's objects; a run's own directories (`manifests/<run>/`,
-    `run-packs/<run>/`, `promoted/<run>/`) are made with its key, by whoever writes it
-    first.
+    `run-packs/<run>/`, `promoted/<run>/`, `outputs/<run>/`) are made with its key, by
+    whoever writes it first.
     """
 
     def __init__(self, root: Path):
@@ -324,8 +324,10 @@ SHARED_DIRECTORIES = ("fences", "keys", "latest", "locks", "manifests", "packs",
                       "promoted", "run-packs",
                       # staged trees and runs' world records (docs/format.md §11: made
                       # here so that a home job stages its world as its owner)
-                      "tree-keys", "tree-latest", "tree-packs", "trees", "worlds")
-RUN_DIRECTORIES = ("manifests", "promoted", "run-packs")
+                      "tree-keys", "tree-latest", "tree-packs", "trees", "worlds",
+                      # what moved incarnations ship home (docs/format.md §11.9)
+                      "outputs")
+RUN_DIRECTORIES = ("manifests", "promoted", "run-packs", "outputs")
 TREE_DIRECTORIES = ("tree-packs", "trees")  # made with a domain's key, as a run's with its
 # Written by the daemons alone: fences (under F), promotion markers (under P) and the
 # federation daemon's bandwidth probes. A user able to create a name there could block a
