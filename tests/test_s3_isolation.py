@@ -86,7 +86,8 @@ def test_a_runs_policy_writes_only_its_own_manifests_and_pointer_and_deletes_onl
     statements = {s["Sid"]: s for s in run_policy("ckpt", "/site/", "run-a")["Statement"]}
     assert statements["WriteTheRunsObjects"]["Resource"] == [
         "arn:aws:s3:::ckpt/site/manifests/run-a/*", "arn:aws:s3:::ckpt/site/latest/run-a",
-        "arn:aws:s3:::ckpt/site/run-packs/run-a/*", "arn:aws:s3:::ckpt/site/locks/*"]
+        "arn:aws:s3:::ckpt/site/run-packs/run-a/*", "arn:aws:s3:::ckpt/site/locks/*",
+        "arn:aws:s3:::ckpt/site/outputs/run-a/*"]
     assert statements["DeleteOnlyPushLocks"]["Resource"] == ["arn:aws:s3:::ckpt/site/locks/*"]
     written = {a for s in statements.values() for a in s["Action"] if s["Effect"] == "Allow"}
     assert not written & {"s3:PutBucketPolicy", "s3:DeleteBucket", "s3:*", "iam:*"}

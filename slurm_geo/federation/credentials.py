@@ -115,7 +115,8 @@ def bucket_and_prefix(url: str) -> tuple[str, str]:
 def run_policy(bucket: str, store_prefix: str, run: str) -> dict[str, Any]:
     """What a run's own key may do in the store `s3://bucket/store_prefix`: read and list
     it; put the run's manifests, latest pointer and packs (`run-packs/<run>/`, where
-    format 4 and 5 place them) and push locks; delete push locks. Not another run's
+    format 4 and 5 place them), push locks, and what a moved incarnation ships home
+    (`outputs/<run>/`, docs/format.md §11.9); delete push locks. Not another run's
     manifests, pointer, packs, key, promotion or fence; not the packs every run shared
     before format 4; nothing but a push lock deleted; no bucket settings; no other
     bucket."""
@@ -130,7 +131,8 @@ def run_policy(bucket: str, store_prefix: str, run: str) -> dict[str, Any]:
         {"Sid": "WriteTheRunsObjects", "Effect": "Allow",
          "Action": ["s3:PutObject", "s3:AbortMultipartUpload"],
          "Resource": [f"{under}manifests/{run}/*", f"{under}latest/{run}",
-                      f"{under}{run_packs_prefix(run)}*", f"{under}{LOCKS}*"]},
+                      f"{under}{run_packs_prefix(run)}*", f"{under}{LOCKS}*",
+                      f"{under}outputs/{run}/*"]},
         {"Sid": "DeleteOnlyPushLocks", "Effect": "Allow", "Action": ["s3:DeleteObject"],
          "Resource": [f"{under}{LOCKS}*"]},
     ]}
