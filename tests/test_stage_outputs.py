@@ -14,6 +14,7 @@ from slurm_geo.ckpt.errors import CorruptObject, UnsafeObjectName, WrongKey
 from slurm_geo.ckpt.keys import RunKeyRing
 from slurm_geo.stage import outputs as out
 from slurm_geo.stage.outputs_fetch import fetch_outputs, shipped_indexes
+from tests.helpers import eventually
 from tests.test_stage_trees import CountingStore
 
 RUN, INC = "run-a", "rented-42"
@@ -159,3 +160,19 @@ def test_a_relative_home_path_is_one_clear_error(site):
     store, ring, job = site
     with pytest.raises(out.OutputsError, match="absolute"):
         ship(store, ring, job, home="results")
+
+
+def test_a_periodic_shipper_ships_while_the_job_runs_and_once_more_at_stop(site):
+    store, ring, job = site
+    shipper = out.PeriodicShipper(store, ring, RUN, INC, job / "slurm-42.out",
+                                  {"/home/alice/results": job / "results"},
+                                  every_s=0.05).start()
+    eventually(lambda: out.read_log(store, ring, RUN, INC), lambda log: log == b"epoch 1\n")
+    with open(job / "slurm-42.out", "a") as log:
+        log.write("epoch 2\n")
+    eventually(lambda: out.read_log(store, ring, RUN, INC),
+               lambda log: log == b"epoch 1\nepoch 2\n")
+    final = shipper.stop()
+    assert final.index is not None and shipper.last_error is None
+    [index] = shipped_indexes(store, ring, RUN)
+    assert index.final and index.number == final.index

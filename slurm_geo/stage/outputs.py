@@ -27,6 +27,7 @@ import hmac
 import json
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -357,3 +358,47 @@ def read_log(store: Store, ring: RunKeyRing, run: str, incarnation: str) -> byte
     if index is None or index.log is None:
         return None
     return b"".join(read_file(store, ring, run, incarnation, index.log))
+
+
+class PeriodicShipper:
+    """`ship` every `every_s` seconds on a thread of its own while the job runs, and once
+    more, final, at `stop()`. A failed periodic call (the store unreachable for a while)
+    is kept in `last_error` and tried again at the next period: shipping never stops the
+    job; the final call's failure is raised to the caller."""
+
+    def __init__(self, store: Store, run_ring: RunKeyRing, run: str, incarnation: str,
+                 log_path: str | os.PathLike[str] | None,
+                 outputs: Mapping[str, str | os.PathLike[str]], every_s: float = 60.0):
+        self._args = (store, run_ring, run, incarnation, log_path, dict(outputs))
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one ship at a time: the final one waits its turn
+        self._thread = threading.Thread(target=self._loop, name="slurm-geo-ship",
+                                        daemon=True)
+        self.last_error: Exception | None = None
+        self.shipped = 0  # indexes written
+
+    def start(self) -> PeriodicShipper:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every_s):
+            try:
+                self._ship(final=False)
+            except Exception as exc:  # kept and retried: shipping never stops the job
+                self.last_error = exc
+
+    def _ship(self, final: bool) -> ShipReport:
+        with self._lock:
+            report = ship(*self._args, final=final)
+            if report.index is not None:
+                self.shipped += 1
+            return report
+
+    def stop(self) -> ShipReport:
+        """Stop the periodic calls and ship once more, final."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        return self._ship(final=True)
