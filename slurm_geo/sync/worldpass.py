@@ -46,6 +46,7 @@ from slurm_geo.sync.worldstate import (
 log = logging.getLogger("slurm_geo.sync")
 
 WORLD_PASS_BYTES = 256 * 1024 * 1024  # put by one pass at most (a pack may overshoot it)
+WORLD_RECHECK_S = 30.0  # a complete world (or none) is looked at again after this
 
 
 class Yielded(Exception):
@@ -185,7 +186,8 @@ class WorldTurns:
     def start_due(self, state: StateDB | None, runtime: Runtime, once: bool) -> bool:
         """Start a pass over the worlds of the runs due; False when none is."""
         assert state is not None
-        self.queue.recheck_s = self._recheck_s or runtime.sync.poll_interval_s
+        self.queue.recheck_s = self._recheck_s or max(runtime.sync.poll_interval_s,
+                                                      WORLD_RECHECK_S)
         runs = [key for key in synced_runs(state, runtime.destination)
                 if runtime.reads(key[0])]
         rows = world_rows(state, runtime.destination)
@@ -202,8 +204,9 @@ class WorldTurns:
         done = self.passes.collect()
         if done is None:
             return
-        event(log, "world_pass", runs=done.runs, bytes=done.bytes_sent, failed=done.failed,
-              gave_way=done.yielded or "-")
+        if done.bytes_sent or done.failed or done.yielded:  # a recheck that found all well
+            event(log, "world_pass", runs=done.runs, bytes=done.bytes_sent,  # says nothing
+                  failed=done.failed, gave_way=done.yielded or "-")
         if done.yielded and done.yielded != "stopping":
             self.queue.seen.clear()  # the next pass resumes where this one stopped
 
