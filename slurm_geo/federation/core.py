@@ -51,6 +51,7 @@ from slurm_geo.federation.reconcile import (
 )
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
 from slurm_geo.federation.wiring import Audit, State, Wiring
+from slurm_geo.federation.worldstaged import world_staging
 from slurm_geo.lease.munge import MungeCommands, munge_socket
 from slurm_geo.lease.protocol import KeyRequest, LeaseRequest
 from slurm_geo.lease.signing import Credentials
@@ -421,9 +422,11 @@ def _plan_summary(chosen: Plan | None) -> dict[str, Any] | None:
 def _world_staging(wiring: Wiring, job: LogicalJob, options: ScriptOptions
                    ) -> WorldStaging | None:
     """The job's inputs and env as staging has them (federation.planner.WorldStaging);
-    None when it declares neither. Nothing stages them yet (issue 31): their size is
-    unknown and no store holds them, so such a job is not moved off a lost home."""
+    None when it declares neither. Complete in each store that holds the run's world
+    record (federation.worldstaged); of unknown size while none does, so such a job is
+    not moved off a lost home before its world is off-site."""
     world = World.of(options.directives())
     if not world.inputs and world.env is None:
         return None
-    return WorldStaging(source_store=wiring.store_of(job.home))
+    return world_staging(wiring.stores, wiring.master_keys, wiring.store_of(job.home),
+                         job.run)
