@@ -72,3 +72,74 @@ def test_a_queue_move_of_a_job_with_a_world_runs_its_script_through_the_preamble
     finally:
         for blocker in blockers:
             onprem.cancel(blocker)
+
+
+WORLD_SETTINGS = drill.DrillSettings(steps=240, ckpt_every=40, step_delay_s=0.25)
+
+
+def test_a_job_moved_off_a_lost_cluster_reads_its_staged_input_at_its_home_path(
+        sandbox: Sandbox) -> None:
+    """The whole path of a world: alice's job at home declares a dataset only her account
+    at home may read; it stages it (stage.home) and checkpoint-sync copies it and the
+    run's world record to rented's store; onprem is lost; the daemon resubmits on the
+    provider through the wrapper; the preamble materialises the pinned snapshot as
+    geo-alice, presents it, and the script hashes the dataset at its home path (or
+    $SLURM_GEO_WORLD_ROOT's): byte-identical; training ends bit-identical."""
+    import hashlib
+
+    from slurm_geo.config.model import load_config
+    from slurm_geo.slurm import connect
+    from slurm_geo.sync.worldstate import read_worlds, world_offsite
+
+    if not remote_site.is_provider(sandbox.layout):
+        pytest.skip("rented is not the provider's machine in this sandbox")
+    site = load_config(sandbox.layout.site_config)
+    assert site.sync is not None
+    state = site.sync.state
+    onprem = connect(site.cluster("onprem"))
+    data = user_dir(sandbox, ALICE, "world-data")
+    tokens = os.urandom(3 << 20)
+    (data / "tokens.bin").write_bytes(tokens)
+    (data / "tokens.bin").chmod(0o600)
+    os.chown(data / "tokens.bin", ALICE.uid, ALICE.uid)
+    out_dir = user_dir(sandbox, ALICE, "preamble-world")
+    run = f"world-{int(time.time())}"
+    work = out_dir / run
+    work.mkdir(parents=True, exist_ok=True)
+    os.chown(work, ALICE.uid, ALICE.uid)
+    script = drill.training_script(site, run, WORLD_SETTINGS, work, work / "trace.log")
+    script = script.replace("#SBATCH --geo-failover=auto",
+                            f"#SBATCH --geo-failover=auto\n#SBATCH --geo-inputs={data}")
+    lines = script.splitlines()
+    trainer = next(i for i, line in enumerate(lines) if "example_train" in line)
+    lines[trainer] = lines[trainer].replace(
+        ' >> "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
+        ' 2>&1 | tee -a "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out"')
+    lines.insert(trainer, f'echo "data-sha $(sha256sum < "$SLURM_GEO_WORLD_ROOT{data}'
+                          '/tokens.bin")"')
+    job_id = onprem.submit(JobSpec(
+        script="\n".join(lines) + "\n", name="geo-drill", working_dir=work,
+        owner=ALICE.owner, environment={**job_environment(sandbox.layout, ALICE),
+                                        "SLURM_GEO_CONFIG": str(site.source)}))
+    logical = f"onprem-{job_id}"
+    audit = losses.FederationView(site)
+    deadline = time.time() + 420
+    try:
+        drill.wait_for(lambda: world_offsite(read_worlds(state, run), run)
+                       and len(drill.verified_offsite(site, run)) >= 2 or None,
+                       deadline, f"{run}'s world and two checkpoints off-site")
+        killed_at = time.time()
+        drill.kill_cluster(sandbox, "onprem")
+        moved = drill.wait_for(lambda: drill.audit_entry(audit, "requeue", logical, "rented",
+                                                         killed_at), deadline, "the move")
+        moved_id = int(moved.detail["job_id"])
+        drill.wait_for(lambda: drill.audit_entry(audit, "finished", logical, None,
+                                                 killed_at), deadline, "the job to finish")
+    finally:
+        sandbox.up(progress=lambda _msg: None)  # onprem back
+    account_dir = remote_site.operator_path(sandbox.layout, ALICE.name,
+                                            remote_site.work_dir(ALICE.name))
+    said = (account_dir / f"geo-drill-{moved_id}.slurm.out").read_text()
+    assert "slurm-geo: world: namespace (" in said or "slurm-geo: world: mapped (" in said, said
+    assert f"data-sha {hashlib.sha256(tokens).hexdigest()}  -" in said, said
+    assert drill.final_line(said)[1] == drill.reference_weights(WORLD_SETTINGS), said
