@@ -248,6 +248,8 @@ def test_failback_brings_the_job_home_at_its_next_checkpoint(fed_sandbox: Sandbo
         job_key.access_key_id, fed_sandbox.s3_env()["AWS_ACCESS_KEY_ID"]), moved_env.get(
         "AWS_ACCESS_KEY_ID")
     assert moved_env["AWS_CA_BUNDLE"] == str(fed_sandbox.layout.ca_cert)
+    # and the CA itself: home's path to it is not on the provider's machine
+    assert moved_env["SLURM_GEO_STORE_CA"] == fed_sandbox.layout.ca_cert.read_text()
     fed_sandbox.up(progress=lambda _m: None)  # home is back
     planned = drill.wait_for(
         lambda: next((e for e in audit.entries(logical_job=logical)

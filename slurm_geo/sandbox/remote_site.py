@@ -6,9 +6,9 @@ TLS relay (stages); its own MariaDB and slurmdbd. Nothing of home's disk is ther
 slurm.conf names no file of slurm-geo's.
 
 `host` is the older remote site: Debian's Slurm from the host's disk, with slurm-geo's
-plugins (sandbox.render); a sandbox made before `--remote-slurm` existed keeps it, and a
-harness that reads a moved job's outputs at home needs it until they come home (issue
-31).
+plugins (sandbox.render); a sandbox made before `--remote-slurm` existed keeps it. The
+drill and the chaos harness read a moved job's outputs at the provider (operator_path)
+until they come home (issue 31).
 
 The federation daemon reaches the provider as its tenants' service account
 (provider_render.SERVICE_ACCOUNT, a Slurm operator there), and submits each sandbox user's
