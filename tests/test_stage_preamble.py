@@ -320,3 +320,56 @@ def test_signals_slurm_sends_the_batch_step_reach_the_script(tmp_path: Path) -> 
     with open(os.devnull, "w") as sink:
         assert supervise([str(script)], dict(os.environ), None, sink) == 0
     assert got.read_text() == "usr1\n"
+
+
+def test_a_squashfs_environment_runs_the_script_inside_the_image(base: Path) -> None:
+    """--geo-env an enroot squashfs image, staged as a one-file tree: the preamble unpacks
+    it as the root and runs the job's script inside it (a copy in the image's root: the
+    workspace is not there), the dataset at its home path in it."""
+    from tests.test_stage_present import build_image, userns_works
+
+    if not (shutil.which("mksquashfs") and shutil.which("unsquashfs")):
+        pytest.skip("squashfs-tools is not installed (make install adds it)")
+    if not userns_works(base):
+        pytest.skip("this machine allows no unprivileged user namespace")
+    staged = stage_world(base, "img")
+    image_root = base / "image-root"
+    for sub in ("bin", "etc", "dev", "proc", "sys", "tmp"):
+        (image_root / sub).mkdir(parents=True)
+    build_image(image_root)
+    (image_root / "bin" / "sh").symlink_to("dash")
+    (image_root / "etc" / "geo-image").write_text("inside the image\n")
+    image = base / "trainer.sqsh"
+    subprocess.run(["mksquashfs", str(image_root), str(image), "-quiet", "-noappend",
+                    "-all-root"], check=True, capture_output=True)
+    image_home = home_path("img") + "/images/trainer.sqsh"
+    master = MasterTreeKeys(staged.store, KeyFile(MASTER))
+    tree = "f" * 32
+    done = Trees(staged.store, master).stage(tree, LocalOpener(image), f"home:{image_home}")
+    pin = PinnedTree("env", image_home, tree, tree, done.manifest.snapshot,
+                     manifest_digest(staged.store, tree, done.manifest.snapshot))
+    write_world_record(staged.store, staged.reply.data_keys,
+                       replace(staged.record, trees=(*staged.record.trees, pin)), os.urandom)
+    subprocess.run(["chmod", "-R", "a+rX", str(base / "store")], check=True)
+    reply = replace(staged.reply, trees=(*staged.reply.trees,
+                                          TreeGrant("env", image_home, tree, tree,
+                                                    master.ring(tree))))
+    world = World((Input(staged.data_home),), image_home)
+    script = (b"#!/bin/sh\ncat /etc/geo-image\ncat \"$DATA_HOME/sub/labels.txt\"\n"
+              b"echo \"$SLURM_GEO_WORLD_MODE $0\"\nexit 7\n")
+    out = base / "img-out.txt"
+    out.touch()
+    out.chmod(0o666)
+
+    def alice() -> None:
+        with open(out, "w") as job_out, open(os.devnull, "w") as job_err:
+            rc = enter_world(reply, staged.store, script, world, "44", base=base,
+                             environ={"PATH": "/bin", "DATA_HOME": staged.data_home},
+                             out=job_out, err=job_err, python=PYTHON)
+        assert rc == 7, rc
+    answer = as_uid(ALICE.uid, alice)
+    assert answer == "ok", (answer, out.read_text())
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("slurm-geo: world: container ("), lines
+    assert lines[1:] == ["inside the image", "cat", "dog",
+                         "container /.slurm-geo-job-script"], lines

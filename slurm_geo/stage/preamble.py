@@ -43,13 +43,14 @@ from slurm_geo.policy.world import World
 from slurm_geo.stage.keys import GivenTreeKeys
 from slurm_geo.stage.materialise import Materialised
 from slurm_geo.stage.names import snapshot_name
-from slurm_geo.stage.node import Node
+from slurm_geo.stage.node import Node, choose
 from slurm_geo.stage.present import Presentation, Source, StagedRoot, prepare
 from slurm_geo.stage.record import WorldRecord, read_world_record
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.workspace import Workspace, default_base
 
 SCRIPT_NAME = "job-script"  # the job's script, in its workspace
+CONTAINED_SCRIPT = "/.slurm-geo-job-script"  # where an image's root gets it
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2, signal.SIGCONT, signal.SIGALRM)
 
@@ -170,10 +171,13 @@ def enter_world(reply: KeyReply | None, store: Store | None, script: bytes, worl
             trees = RefetchingTrees(PinnedStore(store, record), tree_keys(reply), err=err)
             probe = workspace.path / "probe"
             probe.mkdir(mode=0o700)
-            presentation = prepare(world, sources, workspace, Node.probe(probe, python),
-                                   trees, workdir, script_home)
-            shown = next((r for r in presentation.roots if r.what == "script"), None)
-            argv = [presentation.where(shown) if shown else str(script_file)]
+            node = Node.probe(probe, python)
+            if script_home is None and choose(node, world.env).mode == "apptainer":
+                script_home = CONTAINED_SCRIPT  # bound into the image, which has no workspace
+                sources[script_home] = script_file
+            presentation = prepare(world, sources, workspace, node, trees, workdir,
+                                   script_home)
+            argv = [_script_in(presentation, script_file)]
             print(presentation.line(), file=out, flush=True)
             command, env, cwd = presentation.command(argv, environ, python)
         returncode = supervise(command, {**env, **handover()}, cwd, out)
@@ -182,8 +186,24 @@ def enter_world(reply: KeyReply | None, store: Store | None, script: bytes, worl
         return returncode
 
 
+def _script_in(presentation: Presentation, script_file: Path) -> str:
+    """The path the job's script runs at: its presented root; in container mode a copy in
+    the unpacked image's root (the node's disk, the workspace included, is not in it);
+    else its file in the workspace."""
+    shown = next((r for r in presentation.roots if r.what == "script"), None)
+    if shown is not None:
+        return presentation.where(shown)
+    if presentation.mode == "container" and presentation.image is not None:
+        _write(presentation.image / CONTAINED_SCRIPT.lstrip("/"), script_file.read_bytes())
+        return CONTAINED_SCRIPT
+    return str(script_file)
+
+
 def _write_script(workspace: Workspace, script: bytes) -> Path:
-    path = workspace.path / SCRIPT_NAME
+    return _write(workspace.path / SCRIPT_NAME, script)
+
+
+def _write(path: Path, script: bytes) -> Path:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o700)
     with os.fdopen(fd, "wb") as handle:
