@@ -101,9 +101,9 @@ def test_each_mistake_has_its_own_message(changes, message):
 
 @pytest.mark.parametrize("bandwidth_mb_s, wan_rtt_ms, streams, part_mib", [
     (0, 80, 1, 8),        # no cap: the link's rate is unknown, today's defaults
-    (25, 0, 1, 8),        # 200 Mbit/s without latency: one stream fills it
-    (25, None, 1, 10),    # the same at the default 20 ms
-    (12.5, 80, 1, 20),    # 100 Mbit/s at 80 ms: one stream, longer parts
+    (25, 0, 2, 8),        # 200 Mbit/s without latency: two, one hides the other's turnaround
+    (25, None, 2, 8),     # the same at the default 20 ms
+    (12.5, 80, 2, 10),    # 100 Mbit/s at 80 ms: two streams, longer parts
     (1250, 50, 15, 80),   # 10 Gbit/s at 50 ms
 ])
 def test_the_cap_and_the_round_trip_size_the_uploads(bandwidth_mb_s, wan_rtt_ms, streams,
