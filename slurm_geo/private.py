@@ -128,9 +128,27 @@ def private_file(path: Path, group: bool = False) -> Path:
 def private_database(path: Path, *, timeout_s: float, group: bool = False,
                      **options: Any) -> sqlite3.Connection:
     """A connection to the SQLite database at `path`, its file, its directory and its
-    companions private (as `private_file`) before SQLite creates or opens anything."""
-    private_file(path, group)
+    companions private (as `private_file`) before SQLite creates or opens anything.
+
+    An existing database is tightened by its path, never opened here: closing any
+    descriptor of a file drops every POSIX lock this process holds on it, so opening and
+    closing the file while another connection of the process (a daemon's main thread)
+    has it open would leave that connection unlocked, and another process could then
+    checkpoint and remove the WAL under it (seen: checkpoint-sync's "disk I/O error",
+    then "database disk image is malformed", once its world passes opened the state from
+    a thread every pass)."""
     mode = file_mode(group)
+    if os.path.lexists(path):
+        private_dir(path.parent, group)
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refused(path, "is a symbolic link" if stat.S_ISLNK(info.st_mode)
+                           else "is not a regular file", "remove it" if
+                           stat.S_ISLNK(info.st_mode) else "move it away")
+        _check_and_chmod(path, info, wanted_mode(info.st_mode, mode, directory=False),
+                         lambda bits: os.chmod(path, bits))
+    else:
+        private_file(path, group)
     for suffix in SQLITE_COMPANIONS:
         companion = path.with_name(path.name + suffix)
         if os.path.lexists(companion):

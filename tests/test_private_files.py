@@ -327,3 +327,33 @@ def test_a_shared_directory_is_never_tightened_but_refused_in_one_line(
         private_database(shared / "state.db", timeout_s=1)
     assert mode(shared) == 0o1777 and not (shared / "state.db").exists()
     assert "\n" not in str(caught.value) and "directory of its own" in str(caught.value)
+
+
+def test_reopening_a_database_keeps_the_locks_of_a_connection_already_open(
+        tmp_path: Path) -> None:
+    """A thread of a daemon opening its state again (a sync worker, a world pass) must not
+    open and close the file itself: closing any descriptor of it drops every POSIX lock
+    the process holds there, the other connection's SHARED lock among them, and another
+    process could then remove the WAL under it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "state" / "s.db"
+    held = private_database(path, timeout_s=1)
+    held.execute("PRAGMA journal_mode=wal")
+    held.execute("CREATE TABLE t (x)")
+    held.commit()
+    held.execute("SELECT * FROM t").fetchall()
+    probe = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\ntry:\n"
+             "    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 510, 0x40000002)\n"
+             "    print('granted')\nexcept OSError:\n    print('refused')\n")
+
+    def exclusive() -> str:
+        return subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True,
+                              text=True, check=True, timeout=30).stdout.strip()
+
+    assert exclusive() == "refused"
+    again = private_database(path, timeout_s=1)
+    again.close()
+    assert exclusive() == "refused"  # the first connection still holds its lock
+    held.close()
