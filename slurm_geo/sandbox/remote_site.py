@@ -23,7 +23,7 @@ from pathlib import Path
 
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.errors import SandboxError
-from slurm_geo.sandbox import provider, users
+from slurm_geo.sandbox import provider, rootfs, users
 from slurm_geo.sandbox import provider_render as prender
 from slurm_geo.sandbox.layout import REST_USER, SandboxLayout
 from slurm_geo.sandbox.provider import ProviderSite
@@ -52,7 +52,8 @@ def site(layout: SandboxLayout) -> ProviderSite:
                   dbd=rented.dbd_port, mariadb=base + 26)
     return ProviderSite(layout.provider_dir, base, address=rented.address,
                         netns=rented.namespace, cluster=rented.name, fixed_ports=ports,
-                        node_ports=rented.node_ports, rest_socket=True, accounting=True)
+                        node_ports=rented.node_ports, rest_socket=True, accounting=True,
+                        image=rootfs.provider_image_dir())
 
 
 def account_for(home_user: str) -> Account:

@@ -25,7 +25,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,10 @@ from typing import Any
 from slurm_geo.errors import SandboxError
 
 IMAGE_DIR = Path("/var/lib/slurm-geo/provider-root")
+# Where a sandbox's provider image is, when not IMAGE_DIR: a benchmark that times `sandbox
+# up` from scratch, image included, builds one of its own there and leaves the shared one
+# to the sandboxes running on it. Read from the sandbox operator's (root's) own shell.
+IMAGE_DIR_ENV = "SLURM_GEO_PROVIDER_IMAGE"
 STAMP = Path("etc/slurm-geo-image.json")  # inside the image
 SUITE = "sid"  # Debian's newest: Slurm 26.05.5 (trixie has 24.11, bookworm 22.05)
 MIRROR = "http://deb.debian.org/debian"
@@ -129,6 +133,14 @@ def stamp_fits(stamp: dict[str, Any] | None, recipe: Recipe) -> bool:
     return (stamp.get("suite") == recipe.suite and stamp.get("layout") == recipe.layout
             and sorted(stamp.get("packages") or []) == sorted(recipe.packages)
             and bool(stamp.get("slurm_version")))
+
+
+def provider_image_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """The provider image a sandbox uses: IMAGE_DIR, or $SLURM_GEO_PROVIDER_IMAGE."""
+    named = environ.get(IMAGE_DIR_ENV, "")
+    if named and not named.startswith("/"):
+        raise SandboxError(f"${IMAGE_DIR_ENV}={named!r}: give an absolute path")
+    return Path(named) if named else IMAGE_DIR
 
 
 def read_stamp(image: Path = IMAGE_DIR) -> dict[str, Any] | None:
