@@ -20,8 +20,9 @@ and the key rings of its world's trees), opens the site's store and calls `enter
    in the presented world, signals passed on to it; its exit code is the job's. The
    preamble holds the lease (renewing it) until then, and hands the key reply and the
    lease on to the trainer right before (`handover`, lease.handoff);
-5. `at_exit` (the outputs' uploader, stage.outputs, hooks in here) with the presentation
-   and the exit code, before the workspace is removed.
+5. `at_start` with the presentation right before the script starts, and `at_exit` with
+   it and the exit code, before the workspace is removed: the outputs' uploader
+   (stage.shipping) ships the job's log and outputs home from there.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Finished:
 
 
 AtExit = Callable[[Finished], None]
+AtStart = Callable[[Presentation | None], None]
 
 
 class PinnedStore:
@@ -148,6 +150,7 @@ def enter_world(reply: KeyReply | None, store: Store | None, script: bytes, worl
                 base: Path | None = None, environ: Mapping[str, str] | None = None,
                 out: TextIO = sys.stdout, err: TextIO = sys.stderr,
                 python: str = sys.executable, at_exit: AtExit | None = None,
+                at_start: AtStart | None = None,
                 handover: Callable[[], Mapping[str, str]] = dict) -> int:
     """Materialise and present the run's world, run `script` in it; its exit code.
     `handover`: called right before the script starts (the preamble renews the lease
@@ -180,6 +183,8 @@ def enter_world(reply: KeyReply | None, store: Store | None, script: bytes, worl
             argv = [_script_in(presentation, script_file)]
             print(presentation.line(), file=out, flush=True)
             command, env, cwd = presentation.command(argv, environ, python)
+        if at_start is not None:
+            at_start(presentation)
         returncode = supervise(command, {**env, **handover()}, cwd, out)
         if at_exit is not None:
             at_exit(Finished(presentation, workspace, returncode))

@@ -27,13 +27,8 @@ from slurm_geo.lease.client import FederatedRun
 from slurm_geo.lease.handoff import ENV_KEY_HANDOFF
 from slurm_geo.policy.directives import JOB_PREFIX, from_environment
 from slurm_geo.policy.world import World
-from slurm_geo.stage.preamble import Finished, enter_world
-
-
-def upload_outputs(finished: Finished) -> None:
-    """HOOK (issue 31 item 6): stage.outputs' uploader is called here, once the job's
-    script ended and before its workspace is removed (`finished.presentation` names each
-    output's directory, `finished.returncode` how the script ended). Nothing yet."""
+from slurm_geo.stage.preamble import enter_world
+from slurm_geo.stage.shipping import OutputsUploader
 
 
 def _script(args: argparse.Namespace) -> bytes:
@@ -62,14 +57,20 @@ def main(argv: list[str] | None = None) -> int:
         world = World.of(from_environment(env, JOB_PREFIX))
         job = env.get("SLURM_JOB_ID") or str(os.getpid())
         if not env.get(protocol.ENV_RUN):  # moved before it named its run: nothing staged
-            return enter_world(None, None, script, world, job, at_exit=upload_outputs)
+            return enter_world(None, None, script, world, job)
         # A copy: the secret and token stay in the environment the trainer inherits.
         federated = FederatedRun.from_environment(env[protocol.ENV_RUN], dict(env))
         federated.acquire()
         reply = federated.key_reply()
         store = open_store(env[protocol.ENV_STORE],
                            endpoint_url=env.get(protocol.ENV_STORE_ENDPOINT) or None)
-        return enter_world(reply, store, script, world, job, at_exit=upload_outputs,
+        # The job's log and outputs, shipped home while it runs and at its end
+        # (stage.shipping): under the run key, into this site's store.
+        uploader = OutputsUploader.from_environment(store, reply.data_keys, reply.run, env,
+                                                    job)
+        return enter_world(reply, store, script, world, job,
+                           at_start=uploader.start if uploader else None,
+                           at_exit=uploader.finish if uploader else None,
                            handover=lambda: {ENV_KEY_HANDOFF: federated.hand_over()})
     except SlurmGeoError as exc:
         print(f"slurm-geo: error: {exc}", file=sys.stderr, flush=True)
