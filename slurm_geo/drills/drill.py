@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slurm_geo.config.model import SiteConfig, load_config
-from slurm_geo.drills import losses, sharded
+from slurm_geo.drills import figures, losses, sharded
 from slurm_geo.drills.picture import draw_timeline
 from slurm_geo.drills.report import DrillReport, Sample
 from slurm_geo.drills.settings import DrillSettings
@@ -211,9 +211,9 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         steps_lost=None if resume_step is None else max(home_steps, default=0) - resume_step,
         final_step=final_step, final_weights=final_weights, reference_weights=reference,
         bit_identical=final_weights == reference,
-        **_replication(site, view, run, resume_step),
+        **figures.replication(site, view, run, resume_step),
         link_mbit=settings.link_mbit,
-        legs=_legs(site, clients, incarnations),
+        legs=figures.legs(site, clients, incarnations),
         stale_incarnation=stale.what if stale else "not seen within 60 s",
         fenced_at=stale.unix_time if stale else None,
         audit_ok=view.verify_audit(),
@@ -503,50 +503,6 @@ def final_line(output: str) -> tuple[int | None, str | None]:
             words = line.split()
             return int(words[2]), words[4]
     return None, None
-
-
-def _replication(site: SiteConfig, view: losses.FederationView, run: str,
-                 resume_step: int | None) -> dict[str, Any]:
-    """Bytes checkpoint-sync moved off-site for the run; each checkpoint's copy, actual
-    and predicted by the daemon's bandwidth model (as it stands after the drill), and its
-    lag (committed at home to verified off-site); and the same for the resume's."""
-    if site.sync is None:
-        return {"replicated_bytes": 0, "replication_seconds": 0.0, "replications": [],
-                "predicted_transfer_s": None, "actual_transfer_s": None}
-    from slurm_geo.federation.bandwidth import BandwidthModel
-
-    state = SyncStateReader(site.sync.state)  # it verified checkpoints: it must be there
-    model = BandwidthModel.restore(view.bandwidth_snapshot())
-    source, destination = site.sync.roots[0], site.sync.destination
-    lags = {r.step: r.lag_s for r in state.replicas(run)}
-    replications = []
-    for step, lag in sorted(lags.items()):
-        copy = state.copied(run, step)
-        actual = None if copy.started_at is None or copy.finished_at is None \
-            else round(copy.finished_at - copy.started_at, 3)
-        predicted = model.predict_seconds(source, destination, copy.bytes)
-        replications.append({
-            "step": step, "bytes": copy.bytes, "actual_s": actual,
-            "predicted_s": None if predicted is None else round(predicted, 3),
-            "lag_s": None if lag is None else round(lag, 3)})
-    resumed = next((r for r in replications if r["step"] == resume_step), None)
-    total = state.copied(run)
-    return {"replicated_bytes": total.bytes, "replication_seconds": total.seconds,
-            "replications": replications,
-            "predicted_transfer_s": None if resumed is None else resumed["predicted_s"],
-            "actual_transfer_s": None if resumed is None else resumed["actual_s"]}
-
-
-def _legs(site: SiteConfig, clients: dict[str, SlurmClient],
-          jobs: list[tuple[str, int]]) -> list[dict[str, Any]]:
-    """Elapsed time and cost of each leg as billing bills it (`billing.legs`, ingest's own
-    arithmetic): a leg lost with its cluster is billed to the cluster's last answer,
-    flagged estimated, not Slurm's elapsed time."""
-    from slurm_geo.billing.config import billing_config
-    from slurm_geo.billing.legs import leg_costs
-
-    return [leg.as_dict() for leg in leg_costs(billing_config(site), clients, jobs,
-                                               int(time.time()))]
 
 
 class _Sampler:
