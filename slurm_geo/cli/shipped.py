@@ -64,24 +64,41 @@ def shipped_of(site: Any, job: Any, store_spec: str | None, with_key: bool = Tru
 def shipped_logs(site: Any, job: Any) -> Callable[[Any], bytes | None]:
     """For `slurm-geo logs`: an incarnation's log as it shipped it home, or None (not
     moved, nothing shipped, or the store or key cannot be had; the caller then says where
-    the file would be). The key is asked once, when a moved incarnation needs it."""
+    the file would be). The run key is asked once, and only when a moved incarnation
+    shipped something; parts once read are kept (they never change), so `--follow`
+    fetches what is new only."""
     from slurm_geo.errors import SlurmGeoError
-    from slurm_geo.stage.outputs import incarnation_name, read_log
+    from slurm_geo.stage.outputs import incarnation_name, latest_index, outputs_prefix, read_part
 
     opened: list[Shipped | None] = []
+    parts: dict[tuple[str, str], bytes] = {}
 
     def log_of(incarnation: Any) -> bytes | None:
         if incarnation.cluster == job.home or incarnation.job_id is None or not job.run:
             return None
+        name = incarnation_name(incarnation.cluster, incarnation.job_id)
         try:
             if not opened:
                 opened.append(None)
-                opened[0] = shipped_of(site, job, None)
+                opened[0] = shipped_of(site, job, None, with_key=False)
             shipped = opened[0]
-            if shipped is None:
+            if shipped is None or not shipped.store.list(
+                    f"{outputs_prefix(shipped.run, name)}index/"):
                 return None
-            return read_log(shipped.store, shipped.ring, shipped.run,
-                            incarnation_name(incarnation.cluster, incarnation.job_id))
+            if shipped.ring is None:
+                try:
+                    shipped.ring = run_ring(site, shipped.store, shipped.run)
+                except SlurmGeoError:
+                    opened[0] = None  # asked once: a refusal is not asked again each poll
+                    raise
+            index = latest_index(shipped.store, shipped.ring, shipped.run, name)
+            if index is None or index.log is None:
+                return None
+            for part in index.log.parts:
+                if (name, part[0]) not in parts:
+                    parts[(name, part[0])] = read_part(shipped.store, shipped.ring,
+                                                       shipped.run, name, part)
+            return b"".join(parts[(name, p[0])] for p in index.log.parts)
         except SlurmGeoError:
             return None
     return log_of
