@@ -103,3 +103,32 @@ def test_fetch_reads_another_store_when_told(tmp_path):
     unknown = slurm_geo("outputs", "fetch", "onprem-7", "--store", "nowhere", config=config)
     assert unknown.returncode != 0 and len(unknown.stderr.splitlines()) == 1
     assert "store 'nowhere'" in unknown.stderr
+
+
+def test_a_followed_log_fetches_only_its_new_parts(tmp_path, monkeypatch):
+    from slurm_geo.cli.shipped import shipped_logs
+    from slurm_geo.config.model import load_config
+    from slurm_geo.federation.model import Incarnation
+    from slurm_geo.federation.state import FederationState
+    from slurm_geo.stage import outputs
+
+    config, home = shipped_site(tmp_path)
+    state = FederationState(tmp_path / "fed.db", readonly=True)
+    job = state.job("onprem-7")
+    moved = next(i for i in state.incarnations("onprem-7") if i.cluster == "rented")
+    state.close()
+    assert isinstance(moved, Incarnation)
+    read: list[str] = []
+    real = outputs.read_part
+    monkeypatch.setattr(outputs, "read_part", lambda *a: read.append(a[-1][0]) or real(*a))
+    log_of = shipped_logs(load_config(config), job)
+    assert log_of(moved) == b"resumed at step 40\nstep 50\n" and len(read) == 1
+    job_dir = tmp_path / "rented-job"
+    with open(job_dir / "out-3.txt", "a") as log:
+        log.write("step 60\n")
+    store = LocalDirStore(tmp_path / "pfs")
+    ring = unwrap_run_keys(store, KeyFile(bytes(range(32))), "run-7")
+    ship(store, ring, "run-7", "rented-3", job_dir / "out-3.txt",
+         {str(home): job_dir / "results"})
+    assert log_of(moved) == b"resumed at step 40\nstep 50\nstep 60\n"
+    assert len(read) == 2  # the one part that changed, not the log again

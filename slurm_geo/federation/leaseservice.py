@@ -44,6 +44,7 @@ from slurm_geo.lease.protocol import (
 )
 from slurm_geo.lease.protocol import Verdict as Said
 from slurm_geo.lease.signing import Credentials, Forbidden, Refused
+from slurm_geo.policy.geo import rules_for
 
 WAIT_RETRY_S = 1.0
 log = logging.getLogger("slurm_geo.federation")
@@ -244,7 +245,7 @@ class LeaseService:
         at_home = job.cluster == w.home
         try:
             return tree_grants(job, w.stores[w.store_of(job.cluster)], w.master_keys,
-                               create=at_home)
+                               create=at_home, rules=rules_for(w.site))
         except CkptError as exc:
             log.warning("%s: no staged tree granted: %s", job.logical_job, exc)
             return ()
