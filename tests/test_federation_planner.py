@@ -363,5 +363,6 @@ def test_a_world_of_unknown_size_keeps_a_running_job_where_it_is_and_says_why():
 
 
 def test_the_missing_world_is_read_from_home_s_store_at_the_link_s_rate():
+    """Twice: checkpoint-sync puts each pack, then reads it back whole to verify it."""
     _, asked = run_world(WorldStaging("pfs", 2 * GB, {"offsite": GB}), home_up=True)
-    assert ("pfs", "offsite", GB) in asked and ("pfs", "spare-s3", 2 * GB) in asked
+    assert ("pfs", "offsite", 2 * GB) in asked and ("pfs", "spare-s3", 4 * GB) in asked

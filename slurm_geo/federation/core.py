@@ -52,6 +52,7 @@ from slurm_geo.federation.reconcile import (
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
 from slurm_geo.federation.wiring import Audit, State, Wiring
 from slurm_geo.federation.worldstaged import world_staging
+from slurm_geo.federation.worldwait import world_wait
 from slurm_geo.lease.munge import MungeCommands, munge_socket
 from slurm_geo.lease.protocol import KeyRequest, LeaseRequest
 from slurm_geo.lease.signing import Credentials
@@ -174,6 +175,7 @@ class Federation:
         self.refencer.round(self.state.jobs())
 
     def reconcile_job(self, job: LogicalJob, health: dict[str, Health]) -> Step:
+        _hold_for_world(self, job, job.move_to, health)  # before the trainer is released
         snapshot = self.snapshot(job, health)
         step = reconcile(snapshot, self._settings)
         if step.kind is StepKind.PLAN:
@@ -205,7 +207,9 @@ class Federation:
         elif kind is StepKind.COMPLETE_MOVE:
             self.mover.complete(self.state.job(job.logical_job), step.reason)
         elif kind in (StepKind.MOVE, StepKind.RESTART_LOST):
-            self._move(job, step, health)
+            assert step.target is not None
+            if not _hold_for_world(self, job, step.target, health):
+                self._move(job, step, health)
         elif kind is StepKind.OWNER_CANCELLED:
             self._failback_planned.pop(job.logical_job, None)
             _owner_cancelled(self.state, self.audit, self.clock(), job, snap.slurm, step.reason)
@@ -298,7 +302,7 @@ class Federation:
             gpus=options.gpus, remaining_s=60.0 * (options.time_limit_minutes or 60),
             checkpoint_bytes=_checkpoint_bytes(self.wiring, job, source_store),
             checkpoint_store=source_store, directives=options.directives(),
-            world=_world_staging(self.wiring, job, options))
+            world=_world_staging(self.wiring, job, options, answering(health, self.home)))
         views = [self._view(name, health, options, job,
                             current_wait if name == job.cluster else None)
                  for name in self.clients]
@@ -419,14 +423,45 @@ def _plan_summary(chosen: Plan | None) -> dict[str, Any] | None:
          "cost_usd": round(c.cost_usd, 4)} for c in chosen.candidates]}
 
 
-def _world_staging(wiring: Wiring, job: LogicalJob, options: ScriptOptions
-                   ) -> WorldStaging | None:
+def _world_staging(wiring: Wiring, job: LogicalJob, options: ScriptOptions,
+                   home_up: bool) -> WorldStaging | None:
     """The job's inputs and env as staging has them (federation.planner.WorldStaging);
     None when it declares neither. Complete in each store that holds the run's world
-    record (federation.worldstaged); of unknown size while none does, so such a job is
-    not moved off a lost home before its world is off-site."""
+    record (federation.worldstaged); its size read from home's store while home answers;
+    of unknown size while no store holds it, so such a job is not moved off a lost home
+    before its world is off-site."""
     world = World.of(options.directives())
     if not world.inputs and world.env is None:
         return None
     return world_staging(wiring.stores, wiring.master_keys, wiring.store_of(job.home),
-                         job.run)
+                         job.run, source_up=home_up)
+
+
+def _hold_for_world(fed: Federation, job: LogicalJob, target: str | None,
+                    health: dict[str, Health]) -> str:
+    """Why a move of `job` to `target`, decided while its cluster answers, waits for the
+    job's world there ('' when it need not: federation.worldwait). Kept for the lease
+    service (a trainer asked to move keeps training meanwhile) and said once in the audit
+    log with the plan's prediction for the target."""
+    waits = fed.leases.move_waits
+    if target is None or target == job.cluster or not answering(health, job.cluster):
+        waits.pop(job.logical_job, None)
+        return ""
+    world = _world_staging(fed.wiring, job, ScriptOptions.from_json(job.spec),
+                           answering(health, fed.home))
+    store = fed.wiring.store_of(target)
+    why = world_wait(world, target, store, fed.bandwidth.predict_seconds)
+    if not why:
+        waits.pop(job.logical_job, None)
+        return ""
+    if job.logical_job not in waits:
+        chosen = fed.plan_for(job, health)
+        there = next((c for c in chosen.candidates if c.cluster == target), None)
+        fed.wiring.say_once(
+            ("world", job.logical_job, str(job.generation), target), "decision",
+            job.logical_job, f"move to {target} waits for its world", why, target=target,
+            missing_bytes=None if world is None else world.missing(store),
+            predicted_s=None if there is None else there.total_s,
+            plan=_plan_summary(chosen))
+    waits[job.logical_job] = why
+    return why

@@ -37,7 +37,9 @@ class Answer:
 
 
 def decide(job: LogicalJob | None, lease: Lease | None, request: LeaseRequest, home: str,
-           now: float, ttl_s: float) -> Answer:
+           now: float, ttl_s: float, move_waits: str = "") -> Answer:
+    """`move_waits`: why the job's planned move cannot happen yet (its world is not at the
+    target: federation.worldwait); the trainer then keeps training instead of releasing."""
     if job is None:
         if request.generation == 0 and request.cluster == home:
             return Answer(Verdict.REGISTER, "first lease of a job on the home cluster")
@@ -67,6 +69,9 @@ def decide(job: LogicalJob | None, lease: Lease | None, request: LeaseRequest, h
     if request.release:
         return Answer(Verdict.GRANT, "lease released", Action.RELEASE)
     if job.move_to is not None and (request.last_step or -1) > (job.move_after_step or -1):
+        if move_waits:
+            return Answer(Verdict.GRANT, f"lease renewed; the move to {job.move_to} waits: "
+                          f"{move_waits}")
         return Answer(Verdict.GRANT, f"moving to {job.move_to} from checkpoint "
                       f"{request.last_step}", Action.RELEASE)
     return Answer(Verdict.GRANT, "lease renewed")

@@ -68,6 +68,9 @@ class LeaseService:
         self.auth = authenticator
         self.registrar = Registrar(wiring, generation_lock)
         self.sessions = Sessions(wiring, self.registrar.lookups)
+        # logical job -> why its planned move waits (its world is not at the target yet):
+        # set by the daemon's rounds (federation.core._hold_for_world), read at each renewal.
+        self.move_waits: dict[str, str] = {}
 
     def lease(self, request: LeaseRequest, credentials: Credentials) -> Reply:
         try:
@@ -98,7 +101,8 @@ class LeaseService:
             now = w.clock()
             job = self._job_of(request.cluster, request.job_id, request.generation, caller)
             lease = None if job is None else w.state.lease(job.logical_job)
-            answer = decide(job, lease, request, w.home, now, w.config.lease_ttl_s)
+            answer = decide(job, lease, request, w.home, now, w.config.lease_ttl_s,
+                            "" if job is None else self.move_waits.get(job.logical_job, ""))
             if answer.verdict is Verdict.REGISTER:
                 return LeaseReply(Said.WAIT, "registering the job",
                                   retry_s=WAIT_RETRY_S), job, False

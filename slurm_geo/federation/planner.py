@@ -43,7 +43,9 @@ of the first cluster by name in it, else the current cluster's. Staying costs no
 A job's *world* (its `--geo-inputs` and `--geo-env`: docs/directives.md) lives at home
 and is staged to other sites' stores ahead of a loss (`WorldStaging`). At a candidate, the
 bytes not yet staged in its store are read from home's store at the link's predicted rate,
-and charged as egress from home's region; a candidate where the world is missing, or of
+twice (`stage_s`: checkpoint-sync reads each pack back to verify it), and charged as
+egress from home's region; a move while home is up waits until they are there
+(federation.worldwait); a candidate where the world is missing, or of
 unknown size, is ineligible while home is down (nothing can be read from home then), so
 a job whose world is staged nowhere else is not moved off a lost home. A candidate where
 the world already is starts sooner, and so ranks first.
@@ -62,6 +64,7 @@ from slurm_geo.policy.geo import GeoRules, check
 
 DEFAULT_MARGIN_S = 60.0
 DEFAULT_FAILBACK_S = 600.0
+WORLD_CROSSINGS = 2  # a staged byte is put at the destination, then read back to verify
 
 PredictTransfer = Callable[[str, str, int], float | None]
 
@@ -228,9 +231,21 @@ def _transfer_s(job: JobNeeds, view: ClusterView, predict: PredictTransfer,
                   else predict(job.checkpoint_store, view.store, job.checkpoint_bytes))
     if job.world is None or world_missing == 0:
         return checkpoint
-    world = (None if world_missing is None
-             else predict(job.world.source_store, view.store, world_missing))
+    world = stage_s(job.world, view.store, predict)
     return None if checkpoint is None or world is None else checkpoint + world
+
+
+def stage_s(world: WorldStaging, store: str, predict: PredictTransfer) -> float | None:
+    """Seconds to stage what `store` lacks of the world from home's store: each byte
+    crosses the link twice (checkpoint-sync puts a pack, then reads it back whole to
+    verify it, before the world's record is written there); 0 when nothing is missing,
+    None when the size or the link's rate is unknown."""
+    missing = world.missing(store)
+    if missing == 0:
+        return 0.0
+    if missing is None:
+        return None
+    return predict(world.source_store, store, WORLD_CROSSINGS * missing)
 
 
 def _why_not_world(job: JobNeeds, view: ClusterView, missing: int | None, home_up: bool,

@@ -43,10 +43,13 @@ def staged_bytes(store: Store, master_keys: MasterKeys, run: str) -> int | None:
 
 
 def world_staging(stores: Mapping[str, Store], master_keys: MasterKeys, source_store: str,
-                  run: str | None) -> WorldStaging:
+                  run: str | None, *, source_up: bool = False) -> WorldStaging:
     """The job's world as the stores hold it: complete (missing 0) in each store other
     than `source_store` (home's) that holds the run's record; of unknown size while none
-    does."""
+    does. `source_up`: home answers, so its store is read too: a world its job staged
+    there has that size (what a move while home is up must stage first), and is missing
+    in full from every store that does not hold the record yet."""
+    at_home = _at_home(stores, master_keys, source_store, run) if source_up else None
     staged: dict[str, int] = {}
     for name, store in stores.items():
         if name == source_store or not run:
@@ -64,6 +67,23 @@ def world_staging(stores: Mapping[str, Store], master_keys: MasterKeys, source_s
                     _found[(name, run)] = known
         if known is not None:
             staged[name] = known
-    if not staged:
+    sizes = [*staged.values(), *([] if at_home is None else [at_home])]
+    if not sizes:
         return WorldStaging(source_store=source_store)
-    return WorldStaging(source_store, max(staged.values()), staged)
+    total = max(sizes)
+    # A store holding the record holds the whole world (its pinned domains may hold fewer
+    # of the owner's other packs than home's): complete there.
+    return WorldStaging(source_store, total, {name: total for name in staged})
+
+
+def _at_home(stores: Mapping[str, Store], master_keys: MasterKeys, source_store: str,
+             run: str | None) -> int | None:
+    """The bytes of the world in home's store (never remembered: the home job restages
+    it); None when it holds no record yet or does not answer."""
+    if not run or source_store not in stores:
+        return None
+    try:
+        return staged_bytes(stores[source_store], master_keys, run)
+    except (CkptError, OSError) as exc:
+        log.debug("world of %s in %s not read: %s", run, source_store, exc)
+        return None
