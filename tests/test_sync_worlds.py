@@ -28,6 +28,7 @@ from slurm_geo.stage.record import (
     world_record_name,
     write_world_record,
 )
+from slurm_geo.stage.residency import TreeResidency, write_residency
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.walk import LocalOpener
 from slurm_geo.sync import worldpass
@@ -58,7 +59,10 @@ def dataset(root: Path, files: int = 3, size: int = 300_000) -> Path:
 
 def stage_world(store: LocalDirStore, key: bytes, run: str, source: Path,
                 tree: str = TREE) -> WorldRecord:
-    """What the home job does: stage the root, pin it in the run's world record."""
+    """What the home job does: stage the root, pin it in the run's world record (and the
+    daemon's part: the domain's residency, anywhere, as its grant writes it)."""
+    write_residency(store, KeyFile(key), TreeResidency(tree, ("internal",),
+                                                       ("home", "remote")))
     trees = Trees(store, MasterTreeKeys(store, KeyFile(key)), OPTIONS)
     staged = trees.stage(tree, LocalOpener(source), f"home:{source}")
     snapshot = staged.manifest.snapshot

@@ -32,6 +32,7 @@ INFO_SEAL = b"slurm-geo/v1/seal"
 # daemons hold and no job does (a job holds its run's data key): docs/format.md §4, §8.4.
 INFO_FENCE = b"slurm-geo/v1/fence"
 INFO_PROMOTION = b"slurm-geo/v1/promotion"
+INFO_TREE_RESIDENCY = b"slurm-geo/v1/tree-residency"
 # The federation state's values in etcd, where the rented site's member must read nothing.
 INFO_FEDERATION_STATE = b"slurm-geo/v1/federation-state"
 _FINGERPRINT_MESSAGE = b"slurm-geo/v1/fingerprint"
@@ -51,6 +52,11 @@ def fence_key(master_key: bytes) -> bytes:
 def promotion_key(master_key: bytes) -> bytes:
     """`P`: seals every promotion marker of the site."""
     return derive_key(master_key, None, INFO_PROMOTION)
+
+
+def residency_key(master_key: bytes) -> bytes:
+    """`R`: seals every staged tree domain's residency (format.md §11.10); no job holds it."""
+    return derive_key(master_key, None, INFO_TREE_RESIDENCY)
 
 
 def federation_state_key(master_key: bytes) -> bytes:

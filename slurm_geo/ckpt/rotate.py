@@ -45,6 +45,7 @@ from slurm_geo.ckpt.keys import (
     fingerprint,
     load_master_key,
     promotion_key,
+    residency_key,
     write_key_file,
 )
 from slurm_geo.ckpt.seal import Kind, open_with_ring, seal, sealing_fingerprint
@@ -63,12 +64,14 @@ def _master(key: bytes) -> bytes:
 
 
 # What the master key seals, directly or through a key derived from it (format.md §2, §5);
-# `tree-keys/` holds the staged trees' domain key rings (format.md §11.2).
+# `tree-keys/` holds the staged trees' domain key rings (format.md §11.2), `tree-residency/`
+# where each domain may reside (§11.10).
 SEALED_UNDER_MASTER: tuple[tuple[str, Kind, Callable[[bytes], bytes]], ...] = (
     ("keys/", Kind.DATA_KEY, _master),
     ("tree-keys/", Kind.DATA_KEY, _master),
     ("fences/", Kind.FENCE, fence_key),
     ("promoted/", Kind.PROMOTED, promotion_key),
+    ("tree-residency/", Kind.MANIFEST, residency_key),
 )
 
 

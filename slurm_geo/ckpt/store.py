@@ -325,15 +325,17 @@ SHARED_DIRECTORIES = ("fences", "keys", "latest", "locks", "manifests", "packs",
                       # staged trees and runs' world records (docs/format.md §11: made
                       # here so that a home job stages its world as its owner)
                       "tree-keys", "tree-latest", "tree-packs", "trees", "worlds",
+                      "tree-residency",
                       # what moved incarnations ship home (docs/format.md §11.9)
                       "outputs")
 RUN_DIRECTORIES = ("manifests", "promoted", "run-packs", "outputs")
 TREE_DIRECTORIES = ("tree-packs", "trees")  # made with a domain's key, as a run's with its
-# Written by the daemons alone: fences (under F), promotion markers (under P) and the
-# federation daemon's bandwidth probes. A user able to create a name there could block a
-# fence of another's run (a sticky directory lets only its maker replace a file), so in a
-# shared store they belong to the daemons' account, mode 0755.
-DAEMON_DIRECTORIES = ("fences", "probes", "promoted")
+# Written by the daemons alone: fences (under F), promotion markers (under P), staged
+# trees' residency (under R) and the federation daemon's bandwidth probes. A user able to
+# create a name there could block a fence of another's run (a sticky directory lets only
+# its maker replace a file), so in a shared store they belong to the daemons' account,
+# mode 0755.
+DAEMON_DIRECTORIES = ("fences", "probes", "promoted", "tree-residency")
 
 
 class DirectoryFault(NamedTuple):

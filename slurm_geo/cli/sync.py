@@ -147,15 +147,18 @@ _WORLD_COLUMNS = ["run", "destination", "world", "trees", "staged", "pending", "
 def world_summaries(rows: list[Any]) -> dict[tuple[str, str], dict[str, Any]]:
     """(run, destination) -> what checkpoint-sync copied of the run's world there
     (docs/checkpoint-sync.md, "A run's world"): complete or not, pinned trees, pack bytes
-    there and still to copy; runs that staged no world are left out."""
+    there and still to copy, or refused (a root's data class may not reside in the
+    destination's region; the reason in `error`); runs that staged no world are left
+    out."""
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         if row.record_sha256 is None:
             continue
         found[(row.run, row.destination)] = {
-            "world": "complete" if row.complete else "copying", "trees": row.trees,
+            "world": "complete" if row.complete else "copying" if row.refused is None
+            else "refused", "trees": row.trees,
             "staged_bytes": row.bytes_there, "pending_bytes": row.pending_bytes,
-            "error": row.last_error}
+            "error": row.last_error or row.refused}
     return found
 
 

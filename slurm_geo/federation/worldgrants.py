@@ -10,7 +10,13 @@ the same path get two trees in two domains: bob's job is never granted the key o
 alice's (and dedup is across one user's jobs). A shared domain for a world-readable
 root (dedup across users) is not granted yet: every root is in its owner's domain.
 
-`world_roots` is pure; `tree_grants` opens (or, at home, makes) the domains' rings.
+At home, a grant also narrows the domain's residency (`tree-residency/<domain>`, sealed
+under the master key; slurm_geo.stage.residency): the data class of the root (an input's
+own, else the job's) and the regions it may reside in, which checkpoint-sync reads before
+it copies any snapshot of the domain off-site (docs/format.md §11.10).
+
+`world_roots` and `root_residency` are pure; `tree_grants` opens (or, at home, makes) the
+domains' rings.
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ from slurm_geo.ckpt.store import Store
 from slurm_geo.federation.model import LogicalJob
 from slurm_geo.federation.resubmit import ScriptOptions
 from slurm_geo.lease.protocol import TreeGrant
-from slurm_geo.policy.directives import DirectiveError
+from slurm_geo.policy.directives import DirectiveError, parse_options
+from slurm_geo.policy.geo import GeoRules, effective_residency
 from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.names import tree_id, tree_naming_key
+from slurm_geo.stage.residency import TreeResidency, write_residency
 
 log = logging.getLogger("slurm_geo.federation")
 
@@ -84,12 +92,34 @@ def grant_ids(master_key: bytes, uid: int, roots: Sequence[Root]) -> tuple[tuple
     return tuple((what, path, tree_id(naming, tree_label(uid, path))) for what, path in roots)
 
 
+def root_residency(job: LogicalJob, rules: GeoRules) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """`{path: (data class, regions)}` of each root of the job's world: an input's own
+    class, else the job's (its --geo-data-class, else the site's default), for the env
+    and working directory the job's; the regions that class allows within the job's
+    residency. A job whose directives no longer parse gets no region but its home's
+    (nothing of it leaves). Pure."""
+    try:
+        directives = parse_options(job.directives)
+    except DirectiveError:
+        return {path: ("-", ()) for _, path in world_roots(job)}
+    job_class = directives.data_class or rules.policy.default_data_class
+    residency = effective_residency(directives, rules)
+    classes = {_normal(i.path): i.class_given(job_class) for i in job.world.inputs}
+    found = {}
+    for _, path in world_roots(job):
+        data_class = classes.get(path) or job_class
+        allowed = rules.allowed_regions(data_class)
+        found[path] = (data_class, tuple(sorted(r for r in residency if r in allowed)))
+    return found
+
+
 def tree_grants(job: LogicalJob, store: Store, master_keys: bytes | MasterKeys,
-                create: bool) -> tuple[TreeGrant, ...]:
+                create: bool, rules: GeoRules | None = None) -> tuple[TreeGrant, ...]:
     """The job's grants, the rings from `store`: at home `create` makes a domain's ring
-    the first time (the home job stages into it); elsewhere a domain without a ring there
-    was never copied there and is left out (nothing of it is there to read). A job with
-    no recorded owner gets none: its trees could not be told apart from another user's."""
+    the first time (the home job stages into it) and, given the site's `rules`, narrows
+    its residency; elsewhere a domain without a ring there was never copied there and is
+    left out (nothing of it is there to read). A job with no recorded owner gets none:
+    its trees could not be told apart from another user's."""
     if job.owner is None:
         return ()
     roots = world_roots(job)
@@ -97,10 +127,14 @@ def tree_grants(job: LogicalJob, store: Store, master_keys: bytes | MasterKeys,
         return ()
     keys = as_master_keys(master_keys)
     rings = MasterTreeKeys(store, keys)
+    residency = root_residency(job, rules) if create and rules is not None else {}
     grants = []
     for what, path, tree in grant_ids(keys.keys()[0], job.owner.uid, roots):
         try:
             ring = rings.ring(tree, create=create)
+            if path in residency:
+                data_class, regions = residency[path]
+                write_residency(store, keys, TreeResidency(tree, (data_class,), regions))
         except ObjectMissing:
             continue
         except CkptError as exc:

@@ -36,7 +36,7 @@ METRIC_NAMES = (
     f"{PREFIX}_failures", f"{PREFIX}_destination_up", f"{PREFIX}_last_scan_timestamp_seconds",
     f"{PREFIX}_scrubbed_bytes", f"{PREFIX}_scrub_full_pass_timestamp_seconds",
     f"{PREFIX}_scrub_findings", f"{PREFIX}_unsafe_files_skipped", f"{PREFIX}_world_bytes",
-    f"{PREFIX}_worlds",
+    f"{PREFIX}_worlds", f"{PREFIX}_world_staging_lag_seconds",
 )
 
 _PER_RUN = """
@@ -112,7 +112,7 @@ class SyncCollector:
             yield from self._totals(conn)
             yield from self._scrub(conn)
             live = self._live()
-            yield from self._worlds(conn, live.destination_up)
+            yield from self._worlds(conn, live.destination_up, self._clock())
         finally:
             conn.close()
         yield from self._live_metrics(live)
@@ -199,37 +199,50 @@ class SyncCollector:
                 full_pass.add_metric([row["destination"]], row["oldest"])
         yield from (scrubbed, findings, full_pass)
 
-    def _worlds(self, conn: sqlite3.Connection, destinations: Iterable[str]
+    def _worlds(self, conn: sqlite3.Connection, destinations: Iterable[str], now: float
                 ) -> Iterator[Metric]:
         """The runs' worlds (docs/checkpoint-sync.md, "A run's world"), summed up per
-        destination: the pack bytes of the pinned snapshots there and still to copy, and
-        the runs whose world is whole there or not yet."""
+        destination: the pack bytes of the pinned snapshots there and still to copy, the
+        runs whose world is whole there, not yet, or kept from there by residency, and
+        the staging lag of the one that has waited longest (no series names a run)."""
         staged = GaugeMetricFamily(
             f"{PREFIX}_world_bytes", "Pack bytes of the runs' pinned world snapshots at the "
             "destination (staged) and still to copy there (pending).",
             labels=["destination", "state"])
         worlds = GaugeMetricFamily(
             f"{PREFIX}_worlds", "Runs with a world record whose world is whole and verified "
-            "at the destination (complete), or not yet (incomplete).",
+            "at the destination (complete), not yet (incomplete), or never while a root's "
+            "data class may not reside in its region (refused).",
             labels=["destination", "state"])
-        found: dict[str, list[int]] = {d: [0, 0, 0, 0] for d in destinations}
+        lag = GaugeMetricFamily(
+            f"{PREFIX}_world_staging_lag_seconds", "Seconds the oldest world record not yet "
+            "whole at the destination has waited since checkpoint-sync first read it (0: "
+            "every world there is whole or refused).", labels=["destination"])
+        found: dict[str, list[float]] = {d: [0, 0, 0, 0, 0, 0.0] for d in destinations}
         try:
             rows = list(conn.execute(
                 "SELECT destination, SUM(bytes_there) AS there, SUM(MAX(bytes_total - "
-                "bytes_there, 0)) AS pending, SUM(complete) AS complete, COUNT(*) AS n FROM "
+                "bytes_there, 0)) AS pending, SUM(complete) AS complete, COUNT(*) AS n, "
+                "SUM(refused IS NOT NULL AND NOT complete) AS refused, MIN(CASE WHEN NOT "
+                "complete AND refused IS NULL THEN record_seen_at END) AS oldest FROM "
                 "worlds WHERE record_sha256 IS NOT NULL GROUP BY destination"))
         except sqlite3.OperationalError:
             rows = []  # a state the daemon has not opened since worlds were added
         for row in rows:
-            found[row["destination"]] = [row["there"] or 0, row["pending"] or 0,
-                                         row["complete"] or 0,
-                                         (row["n"] or 0) - (row["complete"] or 0)]
-        for destination, (there, pending, complete, incomplete) in sorted(found.items()):
+            complete, refused = row["complete"] or 0, row["refused"] or 0
+            oldest = row["oldest"]
+            found[row["destination"]] = [row["there"] or 0, row["pending"] or 0, complete,
+                                         (row["n"] or 0) - complete - refused, refused,
+                                         0.0 if oldest is None else max(0.0, now - oldest)]
+        for destination, (there, pending, complete, incomplete, refused, waited) \
+                in sorted(found.items()):
             staged.add_metric([destination, "staged"], there)
             staged.add_metric([destination, "pending"], pending)
             worlds.add_metric([destination, "complete"], complete)
             worlds.add_metric([destination, "incomplete"], incomplete)
-        yield from (staged, worlds)
+            worlds.add_metric([destination, "refused"], refused)
+            lag.add_metric([destination], waited)
+        yield from (staged, worlds, lag)
 
     def _live_metrics(self, live: Live) -> Iterator[Metric]:
         up = GaugeMetricFamily(f"{PREFIX}_destination_up", "1 while the destination answers, "

@@ -26,6 +26,7 @@ from slurm_geo.ckpt.open_store import paced
 from slurm_geo.ckpt.pacing import TokenBucket
 from slurm_geo.ckpt.store import LocalDirStore, Store
 from slurm_geo.daemon.events import event
+from slurm_geo.stage.residency import checker as residency_checker
 from slurm_geo.sync.jobdirs import FILE
 from slurm_geo.sync.planner import retry_delay_s
 from slurm_geo.sync.runtime import Runtime
@@ -238,7 +239,10 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
                            None if writer is None else paced(writer, "root", guard=guard,
                                                              clock=clock),
                            sound, lambda name: add_verified_pack(state, destination, name,
-                                                                 clock()), guard.read)
+                                                                 clock()), guard.read,
+                           residency_checker(runtime.root_store(root), runtime.master_keys,
+                                             runtime.destination_region,
+                                             runtime.geo_policy.data_classes), clock)
         progress = _Progress(state, guard, row, clock)
         try:
             done = copier.copy(row, progress)
@@ -264,6 +268,18 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
             looked += 1
             continue
         now = clock()
+        if done.refused is not None:
+            # Not a failure to back off from: looked at again as a complete world is (its
+            # record may change, or the daemon's residency record be written).
+            put_world_row(state, replace(done, checked_at=now, updated_at=now, failures=0,
+                                         last_error=None, next_attempt_at=now +
+                                         max(runtime.sync.poll_interval_s, WORLD_RECHECK_S)))
+            if done.refused != row.refused:
+                event(log, "world_residency_refused", logging.WARNING, run=run,
+                      destination=destination, region=runtime.destination_region,
+                      reason=done.refused)
+            looked += 1
+            continue
         put_world_row(state, replace(done, checked_at=now, updated_at=now, last_error=None,
                                      failures=0 if done.complete else done.failures))
         if done.complete and not row.complete and done.record_sha256 is not None:

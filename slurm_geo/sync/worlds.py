@@ -22,6 +22,7 @@ byte budget is spent.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -62,6 +63,10 @@ class WorldCopy:
     verified_packs: set[str] = field(default_factory=set)
     on_verified: Callable[[str], None] = lambda _name: None
     on_read: Callable[[int], None] = lambda _size: None
+    # `domain -> why it may not go to the destination` (slurm_geo.stage.residency.checker);
+    # None: not asked (a library copy; checkpoint-sync always asks).
+    why_not: Callable[[str], str | None] | None = None
+    clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
         if self.home_writer is None and not isinstance(self.source, _NeverWritten):
@@ -75,14 +80,22 @@ class WorldCopy:
         name = world_record_name(row.run)
         if not self.source.exists(name):
             return replace(row, record_sha256=None, trees=0, verified=(), bytes_total=0,
-                           bytes_there=0, complete=False, last_error=None)
+                           bytes_there=0, complete=False, last_error=None, refused=None,
+                           record_seen_at=None)
         sealed = self.source.get(name)
         digest = hashlib.sha256(sealed).hexdigest()
         repository = Repository(self.source, self.master_keys)
         record = _open_record(sealed, repository.run_keys(row.run), row.run)
+        seen = row.record_seen_at if digest == row.record_sha256 and \
+            row.record_seen_at is not None else self.clock()
+        row = replace(row, record_seen_at=seen)
+        refused = self._refused(record)
+        if refused is not None:
+            return replace(row, record_sha256=digest, trees=len(record.trees), verified=(),
+                           complete=False, refused=refused)
         verified = {label for label in row.verified
                     if label in {pin_label(p) for p in record.trees}}
-        row = replace(row, record_sha256=digest, trees=len(record.trees),
+        row = replace(row, record_sha256=digest, trees=len(record.trees), refused=None,
                       verified=tuple(sorted(verified)),
                       complete=self._record_there(name, sealed) and
                       len(verified) == len(record.trees))
@@ -113,6 +126,18 @@ class WorldCopy:
         return replace(row, complete=True)
 
     # --- the world ----------------------------------------------------------------------
+
+    def _refused(self, record: WorldRecord) -> str | None:
+        """Why nothing of the world may go to the destination: the first pinned root whose
+        domain's residency keeps it out (a world is copied whole or not at all: a record
+        naming a snapshot the destination may not hold is of no use there)."""
+        if self.why_not is None:
+            return None
+        for pin in record.trees:
+            why = self.why_not(pin.domain)
+            if why is not None:
+                return f"{pin.what} {pin.path}: {why}"
+        return None
 
     def _trees(self, store: Store) -> Trees:
         return Trees(store, MasterTreeKeys(store, self.master_keys))

@@ -28,7 +28,8 @@ _WORLDS = """CREATE TABLE IF NOT EXISTS worlds (
     bytes_copied INTEGER NOT NULL DEFAULT 0, complete INTEGER NOT NULL DEFAULT 0,
     outputs_home INTEGER NOT NULL DEFAULT 0, failures INTEGER NOT NULL DEFAULT 0,
     last_error TEXT, next_attempt_at REAL NOT NULL DEFAULT 0, checked_at REAL,
-    updated_at REAL NOT NULL DEFAULT 0, PRIMARY KEY (root, run, destination))"""
+    updated_at REAL NOT NULL DEFAULT 0, refused TEXT, record_seen_at REAL,
+    PRIMARY KEY (root, run, destination))"""
 
 
 @dataclass(frozen=True)
@@ -51,14 +52,23 @@ class WorldRow:
     next_attempt_at: float = 0.0
     checked_at: float | None = None
     updated_at: float = 0.0
+    refused: str | None = None  # why residency keeps the world from the destination
+    record_seen_at: float | None = None  # when this daemon first read this record at home
 
     @property
     def pending_bytes(self) -> int:
         return max(0, self.bytes_total - self.bytes_there)
 
+    def lag_s(self, now: float) -> float:
+        """Staging lag: how long the home record it last read has waited to be whole at
+        the destination (0 when it is, or none, or residency keeps it from there)."""
+        if self.complete or self.refused is not None or self.record_seen_at is None:
+            return 0.0
+        return max(0.0, now - self.record_seen_at)
+
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> WorldRow:
-        values = {name: row[name] for name in cls.__dataclass_fields__}
+        values = {name: row[name] for name in cls.__dataclass_fields__ if name in row}
         values["verified"] = tuple(json.loads(row["verified"] or "[]"))
         values["complete"] = bool(row["complete"])
         return cls(**values)
@@ -79,6 +89,10 @@ def create_worlds_table(state: StateDB) -> None:
     with state.db.conn:
         state.db.execute(_WORLDS)
         state.db.execute(_WORLD_PACKS)
+        columns = {r["name"] for r in state.db.query("PRAGMA table_info(worlds)")}
+        for column, kind in (("refused", "TEXT"), ("record_seen_at", "REAL")):
+            if column not in columns:  # a table of an earlier release
+                state.db.execute(f"ALTER TABLE worlds ADD COLUMN {column} {kind}")
 
 
 def verified_packs(state: StateDB, destination: str) -> set[str]:
