@@ -70,8 +70,35 @@ def status(job: str | None, config: Path | None, as_json: bool) -> None:
         clients = {name: slurm_client(c, fed) for name, c in site.clusters.items()}
         slurm = current_in_slurm(clients, jobs, health)
         views = [job_view(state, j, display_state(j, health, slurm.get(j.logical_job)),
-                          slurm.get(j.logical_job)) for j in jobs]
+                          slurm.get(j.logical_job), _world_staging(site, j) if job else None)
+                 for j in jobs]
     _print_views(views, job, as_json)
+
+
+def _world_staging(site: SiteConfig, job: Any) -> dict[str, Any] | None:
+    """Where an admin's job's world is staged, read from the stores with the master key
+    (federation.worldstatus, as the daemon reads it for an owner)."""
+    import os
+    import time
+
+    from slurm_geo.ckpt.errors import CkptError
+    from slurm_geo.ckpt.keys import LiveKeyFile
+    from slurm_geo.ckpt.open_store import DECIDING, open_store
+    from slurm_geo.config.paths import master_key_path
+    from slurm_geo.federation.runtime import federation_config
+    from slurm_geo.federation.worldgrants import world_roots
+    from slurm_geo.federation.worldstatus import job_world_status
+
+    if not job.run or not world_roots(job):
+        return None
+    try:
+        keys = LiveKeyFile(master_key_path(federation_config(site).key_file, os.environ))
+        stores = {name: open_store(store.url, endpoint_url=store.endpoint_url or None,
+                                   patience=DECIDING, ca_file=store.ca_file)
+                  for name, store in site.stores.items()}
+        return job_world_status(stores, keys, site, job, time.time())
+    except (CkptError, OSError) as exc:
+        return {"error": str(exc)}
 
 
 def _print_views(views: list[dict[str, Any]], job: str | None, as_json: bool) -> None:
@@ -129,6 +156,7 @@ def _render(view: dict[str, Any]) -> str:
              f"  recoveries {view['recoveries']}, resumed at step {_dash(view['resume_step'])}"
              + (f", away from home ({view['left_home']})" if view["left_home"] else "")]
     lines += _world_lines(view.get("world"))
+    lines += staging_lines(view.get("world_staging"))
     if view["move_to"]:
         lines.append(f"  moving to {view['move_to']} at its next checkpoint")
     if lease:
@@ -156,6 +184,37 @@ def _world_lines(world: dict[str, Any] | None) -> list[str]:
     declared = World(tuple(Input(i["path"], i["data_class"]) for i in world["inputs"]),
                      world["env"], tuple(world["outputs"]))
     return [f"  {label:<8}{text}" for label, text in declared.lines()]
+
+
+def staging_lines(staging: dict[str, Any] | None) -> list[str]:
+    """Where the world is staged (federation.worldstatus): the lag and bytes pending, a
+    line per root with its size and its state at each other store, and why the job is
+    not movable while its world is staged nowhere but home."""
+    from slurm_geo.cli.progress import human_bytes, human_seconds
+
+    if not staging:
+        return []
+    if "roots" not in staging:
+        return [f"  staging: not read ({staging.get('error', '-')})"]
+    pending = ", ".join(f"{name} {human_bytes(n)}"
+                        for name, n in sorted(staging["pending_bytes"].items())) or "-"
+    lag = staging["lag_s"]
+    lines = [f"  staging: home store {staging['home_store']}, lag "
+             f"{'-' if lag is None else human_seconds(lag)}, pending {pending}"]
+    stores = sorted({name for r in staging["roots"] for name in r["stores"]})
+    width = max([len(r["path"]) for r in staging["roots"]] + [4])
+    lines.append(f"    {'ROOT':<{width}}  {'WHAT':<7} {'CLASS':<10} {'SIZE':>9}  "
+                 + "  ".join(stores))
+    for r in staging["roots"]:
+        size = "-" if r["bytes"] is None else human_bytes(r["bytes"])
+        where = "  ".join(f"{name}: {r['stores'].get(name, '-')}" for name in stores)
+        lines.append(f"    {r['path']:<{width}}  {r['what']:<7} {r['data_class']:<10} "
+                     f"{size:>9}  {where}".rstrip())
+    for name, error in sorted(staging.get("errors", {}).items()):
+        lines.append(f"    {name}: not read ({error})")
+    if staging["why_not_movable"]:
+        lines.append(f"  not movable: {staging['why_not_movable']}")
+    return lines
 
 
 def _who() -> str:

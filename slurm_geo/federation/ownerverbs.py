@@ -104,7 +104,19 @@ def _status(federation: Federation, request: OwnerRequest, caller: Caller) -> Re
     slurm = current_in_slurm(federation.wiring.clients, jobs, health)
     return Reply(200, {"views": [
         job_view(state, j, display_state(j, health, slurm.get(j.logical_job)),
-                 slurm.get(j.logical_job)) for j in jobs]})
+                 slurm.get(j.logical_job), _world_staging(federation, j) if request.job
+                 else None) for j in jobs]})
+
+
+def _world_staging(federation: Federation, job: LogicalJob) -> dict[str, Any] | None:
+    """Where the job's world is staged, read from the stores (one job asked by name)."""
+    from slurm_geo.federation.worldstatus import job_world_status
+
+    w = federation.wiring
+    try:
+        return job_world_status(w.stores, w.master_keys, w.site, job, w.clock())
+    except (CkptError, OSError) as exc:
+        return {"error": str(exc)}
 
 
 def _logs(federation: Federation, request: OwnerRequest, caller: Caller) -> Reply:

@@ -15,7 +15,10 @@ from slurm_geo.slurm import JobInfo
 
 
 def job_view(state: State, job: LogicalJob, display: Display,
-             slurm: JobInfo | None) -> dict[str, Any]:
+             slurm: JobInfo | None, world_staging: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
+    """`world_staging`: where its world is staged (federation.worldstatus), read from the
+    stores for one job asked for by name; None otherwise."""
     lease = state.lease(job.logical_job)
     return {
         "logical_job": job.logical_job, "run": job.run, "home": job.home,
@@ -28,7 +31,7 @@ def job_view(state: State, job: LogicalJob, display: Display,
         "awaiting_approval": job.awaiting_approval, "move_to": job.move_to,
         "move_after_step": job.move_after_step, "created_at": iso(job.created_at),
         "updated_at": iso(job.updated_at), "directives": job.directives,
-        "world": world_view(job),
+        "world": world_view(job), "world_staging": world_staging,
         "options": job.spec, "script": job.script,
         "owner": None if job.owner is None else {"user": job.owner.user, "uid": job.owner.uid,
                                                  "gid": job.owner.gid},
