@@ -149,3 +149,40 @@ def test_the_drill_submits_its_training_job_as_alice_with_her_login_environment(
     assert "SLURM_JOB_ID" not in spec.environment
     assert "exec python -m slurm_geo.torch.example_train" in spec.script
     assert training.work.stat().st_uid == ALICE.uid
+
+
+SHA = "c" * 64
+
+
+def world(**changes: object) -> dict[str, object]:
+    figures: dict[str, object] = {
+        "root": "/home/alice/geo-drill-x", "mb": 256.0, "files": 4, "sha256": SHA,
+        "job_sha256": {"onprem:1": [SHA], "rented:1": [SHA]}, "staged_bytes": 268_500_000,
+        "outputs_home": True, "outputs_fetched": ["train-rented-1.out"], "log_home": True,
+        "log_said": ""}
+    return {**figures, **changes}
+
+
+@pytest.mark.parametrize("changes, passed, line", [
+    ({}, True, "data read            identical"),
+    ({"job_sha256": {"onprem:1": [SHA], "rented:1": ["d" * 64]}}, False,
+     "data read            DIFFERENT"),
+    ({"job_sha256": {"onprem:1": [SHA], "rented:1": []}}, False,  # it never said
+     "data read            DIFFERENT"),
+    ({"job_sha256": {"onprem:1": [SHA]}}, False, "data read            DIFFERENT"),
+    ({"outputs_home": False}, False, "outputs home           MISSING"),
+    ({"log_home": False}, False, "log home               MISSING"),
+])
+def test_a_world_drill_passes_only_with_identical_data_and_outputs_and_log_home(
+        changes, passed, line):
+    drilled = report()
+    drilled.world = world(**changes)
+    assert drilled.passed is passed
+    assert drilled.to_json()["data_identical"] is drilled.data_identical
+    text = render_report(drilled)
+    assert line in text, text
+    assert "world staged          268.5 MB   a 256 MiB dataset in 4 files" in text, text
+
+
+def test_a_drill_without_a_world_says_nothing_of_one():
+    assert report().world_ok and "data read" not in render_report(report())

@@ -15,10 +15,19 @@ import click
                    "/var/lib/slurm-geo/sandbox).")
 @click.option("--sandbox-dir", "old_sandbox_dir", type=click.Path(path_type=Path),
               default=None, hidden=True)  # its spelling before every command said --dir
-@click.option("--state-mb", type=click.FloatRange(0.01), default=128, show_default=True,
+@click.option("--state-mb", type=click.FloatRange(0.01), default=None,
               help="Size of the job's checkpoints (weights and AdamW moments) in MiB. The "
                    "job is paced so that checkpoint-sync keeps up over the sandbox's link: "
-                   "large states train fewer, longer steps.")
+                   "large states train fewer, longer steps [default: 128, 1 with --world].")
+@click.option("--world", is_flag=True,
+              help="The job carries its world (docs/directives.md): it reads a dataset from "
+                   "alice's home and runs a copy of the trainer from her project directory "
+                   "in a virtualenv that exists only at home. The loss comes once the world "
+                   "is complete off-site too; the report adds whether the moved job read "
+                   "identical data (the SHA-256 it printed) and whether its outputs and log "
+                   "came home (outputs fetch, logs, as alice).")
+@click.option("--world-mb", type=click.FloatRange(1), default=None,
+              help="With --world: the dataset's size in MiB [default: 256].")
 @click.option("--steps", type=click.IntRange(10), default=None,
               help="Training steps of the drill job [default: 400, 60 above 16 MiB].")
 @click.option("--ckpt-every", type=click.IntRange(1), default=None,
@@ -45,10 +54,10 @@ import click
               help="Bring home back this many seconds after the loss (once the job trains "
                    "elsewhere) [default: when the job has finished].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def drill(sandbox_dir: Path | None, old_sandbox_dir: Path | None, state_mb: float,
+def drill(sandbox_dir: Path | None, old_sandbox_dir: Path | None, state_mb: float | None,
           steps: int | None, ckpt_every: int | None, step_delay: float | None, ranks: int,
           reshard: bool, out: Path | None, lose: str, return_after: float | None,
-          as_json: bool) -> None:
+          as_json: bool, world: bool = False, world_mb: float | None = None) -> None:
     """Lose the home cluster (or site, or leader) on purpose: submit a real training job
     to onprem, strike once two checkpoints are verified off-site, and let the federation
     move the job to rented. Prints the DR report (detection, leader failover, RTO, steps
@@ -66,9 +75,17 @@ def drill(sandbox_dir: Path | None, old_sandbox_dir: Path | None, state_mb: floa
     if reshard and ranks < 4:
         raise click.UsageError("--reshard needs --ranks 4 or more (2 ranks per node, and "
                                "one node fewer after the move)")
-    settings = sized(state_mb, remembered_wan_mbit(sandbox.layout), ranks=ranks, reshard=reshard,
-                     steps=steps, ckpt_every=ckpt_every, step_delay_s=step_delay,
-                     lose=lose, return_after_s=return_after)
+    if world_mb is not None and not world:
+        raise click.UsageError("--world-mb goes with --world")
+    if world and ranks > 1:
+        raise click.UsageError("--world runs a one-rank job: leave --ranks out")
+    link = remembered_wan_mbit(sandbox.layout)
+    settings = sized(state_mb or (1.0 if world else 128.0), link, ranks=ranks,
+                     reshard=reshard, steps=steps, ckpt_every=ckpt_every,
+                     step_delay_s=step_delay, lose=lose, return_after_s=return_after)
+    if world:
+        from slurm_geo.drills.world import DEFAULT_WORLD_MB, paced
+        settings = paced(settings, world_mb or DEFAULT_WORLD_MB, link, step_delay is not None)
     progress = (lambda _msg: None) if as_json else \
         (lambda msg: click.echo(f"drill: {msg}", err=True))
     report = run_drill(sandbox, settings, out or sandbox.layout.root / "drills", progress)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slurm_geo.config.model import SiteConfig, load_config
-from slurm_geo.drills import figures, losses, sharded
+from slurm_geo.drills import figures, losses, sharded, world
 from slurm_geo.drills.picture import draw_timeline
 from slurm_geo.drills.report import DrillReport, Sample
 from slurm_geo.drills.settings import DrillSettings
@@ -107,7 +107,13 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
             check, time.time() + 60, what))
         if moved_from is not None:
             progress(f"{moved_from}'s replica led: restarted it, so that home's leads")
-    job = submit_training(site, clients[home], settings, out_dir, sandbox.layout)
+    drill_world = None
+    if settings.world_mb is not None:
+        progress(f"making {ALICE.name}'s world at home: a {settings.world_mb:g} MiB dataset, "
+                 "her project and a virtualenv")
+        drill_world = world.make_world(sandbox.layout, ALICE, settings.world_mb)
+    job = submit_training(site, clients[home], settings, out_dir, sandbox.layout,
+                          drill_world=drill_world)
     run, work, trace, job_id, logical = job.run, job.dirs, job.traces, job.job_id, \
         job.logical_job
     progress(f"submitted {run} to {home} as job {job_id}")
@@ -123,9 +129,12 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
     try:
         deadline = time.time() + settings.timeout_s
         enough = settings.verified_before_kill
-        wait_for(lambda: len(verified_offsite(site, run)) >= enough, deadline,
-                 f"{enough} checkpoints of {run} verified off-site", progress,
-                 lambda: _offsite_status(site, run, trace))
+        wait_for(lambda: len(verified_offsite(site, run)) >= enough
+                 and world.offsite(site, run, drill_world), deadline,
+                 f"{enough} checkpoints of {run} verified off-site"
+                 + (" and its world complete there" if drill_world else ""), progress,
+                 lambda: _offsite_status(site, run, trace) + (
+                     f"; {world.offsite_status(site, run)}" if drill_world else ""))
         offsite = verified_offsite(site, run)
         leader_before = view.leader()
         progress(f"{len(offsite)} checkpoints verified off-site; {LOSS_SAYS[settings.lose]}")
@@ -179,6 +188,13 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
             returned_at = _bring_home_back(sandbox, settings, watch, progress, home)
         stale = wait_or_none(lambda: audit_entry(view, "fence", logical, home, killed_at),
                              time.time() + 60)
+        if drill_world is not None:
+            progress("fetching the moved job's outputs and log home as its owner")
+            last = (str(finished.detail.get("cluster") or target),
+                    finished.detail.get("job_id") or new_job)
+            world_said = world.check(sandbox.layout, site, ALICE, drill_world, logical, run,
+                                     {f"{home}:{job_id}": job_output(work, job_id, home)},
+                                     f"{last[0]}:{last[1]}")
     finally:
         sampler.stop()
         if watch is not None:
@@ -228,7 +244,10 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         offsite_kept=offsite_kept(sandbox, site, view, run, offsite),
         provider_secrets=provider_secrets(sandbox, site, run),
         cluster_sites={c.name: c.site.value for c in sandbox.layout.clusters},
+        world=world_said if drill_world is not None else None,
     )
+    if drill_world is not None:
+        world.remove_dataset(drill_world)
     report.picture = str(draw_timeline(report, job.work / "timeline.png"))
     (job.work / "report.json").write_text(json.dumps(report.to_json(), indent=2))
     return report
@@ -279,23 +298,26 @@ def reference_weights(settings: DrillSettings) -> str:
 
 def submit_training(site: SiteConfig, client: SlurmClient, settings: DrillSettings,
                     out_dir: Path, layout: SandboxLayout, person: SandboxUser = ALICE,
-                    prefix: str = "drill") -> Training:
+                    prefix: str = "drill", drill_world: world.DrillWorld | None = None
+                    ) -> Training:
     """Submit a federated example_train job of `person`'s to the home cluster, with a
     fresh run id. It runs as that user, with the environment their login shell would
     hand sbatch: the site Python is `python` on its PATH, wherever the job runs."""
     run = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    work = out_dir / run
+    work = out_dir / run if drill_world is None else drill_world.outputs
     work.mkdir(parents=True, exist_ok=True)
     os.chown(work, person.uid, person.uid)
     work.chmod(0o700)
     trace = work / "trace.log"
     spec = JobSpec(
-        script=training_script(site, run, settings, work, trace), name="geo-drill",
-        working_dir=work, owner=person.owner,
+        script=training_script(site, run, settings, work, trace, drill_world),
+        name="geo-drill", working_dir=drill_world.job_dir if drill_world else work,
+        owner=person.owner,
         environment={**job_environment(layout, person), "SLURM_GEO_CONFIG": str(site.source)})
     job_id = client.submit(sharded.shaped_for_home(spec, settings) if settings.ranks > 1
                            else spec)
     return Training(run, site.home_cluster, job_id, work, trace,
+                    drill_world.remote_work if drill_world else
                     sharded.remote_work(layout, person, run))
 
 
@@ -352,14 +374,15 @@ def _other_cluster(site: SiteConfig) -> str:
 
 
 def training_script(site: SiteConfig, run: str, settings: DrillSettings, work: Path,
-            trace: Path) -> str:
+                    trace: Path, drill_world: world.DrillWorld | None = None) -> str:
     pfs = site.stores[site.cluster(site.home_cluster).store].url.removeprefix("file://")
     traced = f'"$work/{trace.name}"' if trace.parent == work else shlex.quote(str(trace))
+    arguments = (f"--run {run} --federated --steps {settings.steps} --ckpt-every "
+                 f"{settings.ckpt_every} --step-delay {settings.step_delay_s} --hidden "
+                 f"{settings.hidden} --trace {traced}")
     trainer = (sharded.trainer_command(run, settings, traced) if settings.ranks > 1 else
-               f"exec python -m slurm_geo.torch.example_train --run {run} --federated "
-               f"--steps {settings.steps} --ckpt-every {settings.ckpt_every} "
-               f"--step-delay {settings.step_delay_s} --hidden {settings.hidden} "
-               f"--trace {traced}")
+               f"exec python -m slurm_geo.torch.example_train {arguments}")
+    out = '"$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out"'
     return "\n".join([
         "#!/bin/bash",
         "#SBATCH --job-name=geo-drill",
@@ -369,15 +392,17 @@ def training_script(site: SiteConfig, run: str, settings: DrillSettings, work: P
         f"#SBATCH --geo-ckpt-dir={pfs}",
         "#SBATCH --geo-cost-center=ml-research",
         "#SBATCH --geo-failover=auto",
+        *(drill_world.directives() if drill_world else []),
         f"#SBATCH --geo-clusters={','.join(sorted(site.clusters))}",
-        f"work={shlex.quote(str(work))}",
+        drill_world.work_line() if drill_world else f"work={shlex.quote(str(work))}",
         # A cluster with none of home's files (the provider's): where it runs, its own.
         f'[ -d "$work" ] || {{ work="$PWD/{work.name}"; mkdir -p "$work"; }}',
         # Whom each incarnation ran as (incarnation_uids).
         'id -u > "$work/uid-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID"',
         # Job ids repeat across clusters: the cluster's name keeps each output apart.
         # Appended: an incarnation Slurm requeues under the same id keeps what it said.
-        f'{trainer} >> "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
+        *(drill_world.run_lines(arguments, out) if drill_world else
+          [f"{trainer} >> {out} 2>&1"]),
         "",
     ])
 

@@ -81,6 +81,23 @@ class DrillReport:
     provider_secrets: list[str] = field(default_factory=list)
     cluster_sites: dict[str, str] = field(default_factory=dict)  # the site each cluster is at
     fenced_at: float | None = None     # the stale incarnation was fenced (audit entry)
+    # drill --world (drills.world.check): the dataset, each incarnation's hash of it, what
+    # came home; None: the job carried no world.
+    world: dict[str, Any] | None = None
+
+    @property
+    def data_identical(self) -> bool:
+        """Every incarnation hashed the dataset it read once, as home's (two at least)."""
+        if self.world is None:
+            return True
+        found = self.world["job_sha256"]
+        return len(found) >= 2 and all(shas == [self.world["sha256"]]
+                                        for shas in found.values())
+
+    @property
+    def world_ok(self) -> bool:
+        return self.world is None or (self.data_identical and self.world["outputs_home"]
+                                      and self.world["log_home"])
 
     @property
     def failover_s(self) -> float | None:
@@ -170,7 +187,7 @@ class DrillReport:
         return self.weights_ok and self.shape_ok and self.rto_met and self.steps_lost_met and \
             self.audit_ok and self.ran_as_owner and self.prediction_met and \
             self.failover_met and self.offsite_kept and self.successor_moved and \
-            not self.provider_secrets
+            not self.provider_secrets and self.world_ok
 
     @property
     def successor_moved(self) -> bool:
@@ -187,6 +204,7 @@ class DrillReport:
                     prediction_met=self.prediction_met, failover_s=self.failover_s,
                     failover_met=self.failover_met, moved_by=self.moved_by,
                     successor_moved=self.successor_moved, passed=self.passed,
+                    data_identical=self.data_identical, world_ok=self.world_ok,
                     # every command's --json names what it moved, and for how long
                     bytes=self.replicated_bytes, seconds=self.replication_seconds)
         return data
@@ -256,6 +274,27 @@ def _leader_lines(report: DrillReport) -> list[str]:
     return lines
 
 
+def _world_lines(report: DrillReport) -> list[str]:
+    """drill --world: the dataset read, what it staged, and what came home."""
+    world = report.world
+    if world is None:
+        return []
+    hashed = ", ".join(f"{where} {shas[0][:12] if len(shas) == 1 else shas or '-'}"
+                       for where, shas in world["job_sha256"].items())
+    return [
+        f"  world staged        {world['staged_bytes'] / 1e6:>7.1f} MB   a {world['mb']:g} "
+        f"MiB dataset in {world['files']} files, the project and a venv, off-site before "
+        "the loss",
+        f"  data read           {'identical' if report.data_identical else 'DIFFERENT':>10}"
+        f"   sha256 {world['sha256'][:12]} at home; as each job hashed it: {hashed}",
+        f"  outputs home        {'fetched' if world['outputs_home'] else 'MISSING':>10}   "
+        f"slurm-geo outputs fetch as {report.owner}: "
+        f"{len(world['outputs_fetched'])} file(s)",
+        f"  log home            {'shown' if world['log_home'] else 'MISSING':>10}   "
+        f"slurm-geo logs as {report.owner}: the moved incarnation's log, its data-sha",
+    ]
+
+
 def _accounts(report: DrillReport) -> str:
     """Where the owner's account has another uid (a provider's own accounts)."""
     others = {cluster: uid for cluster, uid in report.account_uids.items()
@@ -288,6 +327,7 @@ def render_report(report: DrillReport) -> str:
         f"  provider's disks    {'no secret' if not report.provider_secrets else 'SECRETS':>10}"
         f"   remote's etcd member and S3 scanned for the master key and the run key"
         + "".join(f"\n    {found}" for found in report.provider_secrets),
+        *_world_lines(report),
         f"  stale incarnation   {report.stale_incarnation}",
         f"  audit chain         {'verifies' if report.audit_ok else 'BROKEN'}",
         f"  ran as              {report.owner:>10}   uid {report.owner_uid} in "

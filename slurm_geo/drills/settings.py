@@ -37,6 +37,7 @@ class DrillSettings:
     link_mbit: float | None = None  # the home -> remote rate the pace was chosen for
     lose: str = "cluster"  # what is taken away: drills.losses.LOSSES
     return_after_s: float | None = None  # home back this long after the loss; else at the end
+    world_mb: float | None = None  # the job reads a dataset this large from its world
 
 
 def hidden_for(state_mb: float, ranks: int = 1) -> int:
