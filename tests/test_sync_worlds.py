@@ -197,7 +197,7 @@ def test_a_pass_cut_by_its_budget_resumes_with_what_is_missing(tmp_path):
     shown = CliRunner().invoke(cli, ["sync", "status", "--state", str(state_path), "--json"])
     [listed] = [r for r in json.loads(shown.stdout) if r["run"] == "run-a"]
     assert listed["world"] == {"world": "complete", "trees": 1, "pending_bytes": 0,
-                               "staged_bytes": row.bytes_total, "error": None}
+                               "staged_bytes": row.bytes_total, "lag_s": 0.0, "error": None}
     table = CliRunner().invoke(cli, ["sync", "status", "--state", str(state_path)]).stdout
     assert "run-a  offsite      complete  1" in table
     assert world_offsite(read_worlds(state_path), "run-x") is None

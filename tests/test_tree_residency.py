@@ -235,7 +235,7 @@ def test_sync_status_shows_a_refused_world_and_why(tmp_path):
                    "'remote' (allowed: home)")
     assert world_summaries([row])[("run-a", "offsite")] == {
         "world": "refused", "trees": 1, "staged_bytes": 0, "pending_bytes": 0,
-        "error": row.refused}
+        "lag_s": 0.0, "error": row.refused}
     assert row.lag_s(100.0) == 0.0  # refused: no lag to alert on
     waiting = WorldRow("pfs", "run-b", "offsite", record_sha256="0" * 64, record_seen_at=40.0)
     assert waiting.lag_s(100.0) == 60.0

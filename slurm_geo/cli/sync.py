@@ -49,7 +49,7 @@ def status(state_path: Path | None, config: Path | None, as_json: bool) -> None:
     finally:
         state.close()
     rows = status_rows(replicas, sources, time.time())
-    worlds = world_summaries(read_worlds(path))
+    worlds = world_summaries(read_worlds(path), time.time())
     for row in rows:
         row["world"] = worlds.get((row["run"], row["destination"]))
     for source in sources:
@@ -65,11 +65,12 @@ def status(state_path: Path | None, config: Path | None, as_json: bool) -> None:
     runs = [r for r in rows if r["run"] is not None]
     shown = [s for s in sources if _listed(s)]
     click.echo(_table(runs, _COLUMNS) if runs else "no checkpoints seen yet")
-    from slurm_geo.cli.progress import human_bytes
+    from slurm_geo.cli.progress import human_bytes, human_seconds
 
     staged = [{"run": r["run"], "destination": r["destination"], **r["world"],
                "staged": human_bytes(r["world"]["staged_bytes"]),
-               "pending": human_bytes(r["world"]["pending_bytes"])}
+               "pending": human_bytes(r["world"]["pending_bytes"]),
+               "lag": human_seconds(r["world"]["lag_s"])}
               for r in runs if r["world"] is not None]
     if staged:
         click.echo("\n" + _table(staged, _WORLD_COLUMNS, wrap=False))
@@ -141,15 +142,18 @@ def _say_followed(run: str, rows: list[dict[str, Any]], followed: Followed, seco
         raise SystemExit(1)
 
 
-_WORLD_COLUMNS = ["run", "destination", "world", "trees", "staged", "pending", "error"]
+_WORLD_COLUMNS = ["run", "destination", "world", "trees", "staged", "pending", "lag",
+                  "error"]
 
 
-def world_summaries(rows: list[Any]) -> dict[tuple[str, str], dict[str, Any]]:
+def world_summaries(rows: list[Any], now: float = 0.0) -> dict[tuple[str, str],
+                                                               dict[str, Any]]:
     """(run, destination) -> what checkpoint-sync copied of the run's world there
     (docs/checkpoint-sync.md, "A run's world"): complete or not, pinned trees, pack bytes
     there and still to copy, or refused (a root's data class may not reside in the
-    destination's region; the reason in `error`); runs that staged no world are left
-    out."""
+    destination's region; the reason in `error`), and the staging lag at `now` (seconds
+    the home record it last read has waited to be whole there); runs that staged no world
+    are left out."""
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         if row.record_sha256 is None:
@@ -158,7 +162,7 @@ def world_summaries(rows: list[Any]) -> dict[tuple[str, str], dict[str, Any]]:
             "world": "complete" if row.complete else "copying" if row.refused is None
             else "refused", "trees": row.trees,
             "staged_bytes": row.bytes_there, "pending_bytes": row.pending_bytes,
-            "error": row.last_error or row.refused}
+            "lag_s": round(row.lag_s(now), 1), "error": row.last_error or row.refused}
     return found
 
 
