@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from slurm_geo.drills import drill
 from slurm_geo.sandbox import Sandbox
-from slurm_geo.sandbox.users import ALICE, job_environment
+from slurm_geo.sandbox.users import ALICE, job_environment, run_as
 from slurm_geo.slurm import JobSpec
 from tests.conftest import user_dir
 
@@ -76,5 +76,13 @@ def test_a_restricted_input_is_never_staged_offsite_and_status_says_why(
         text = CliRunner().invoke(cli, ["status", f"onprem-{job_id}", "--config",
                                         str(site.source)]).stdout
         assert "not movable: its world may not leave home" in text, text
+        # alice asks the daemon, which reads the stores for her (never her paths)
+        mine = run_as(ALICE, [str(sandbox.layout.site_python.parent / "slurm-geo"), "status",
+                              f"onprem-{job_id}", "--json"],
+                      env=job_environment(sandbox.layout, ALICE), capture_output=True,
+                      text=True, timeout=60)
+        assert mine.returncode == 0, mine.stderr
+        hers = json.loads(mine.stdout)["world_staging"]
+        assert hers["why_not_movable"] == staging["why_not_movable"], hers
     finally:
         onprem.cancel(job_id)
