@@ -239,3 +239,37 @@ def test_sync_status_shows_a_refused_world_and_why(tmp_path):
     assert row.lag_s(100.0) == 0.0  # refused: no lag to alert on
     waiting = WorldRow("pfs", "run-b", "offsite", record_sha256="0" * 64, record_seen_at=40.0)
     assert waiting.lag_s(100.0) == 60.0
+
+
+def test_an_older_wider_residency_put_back_gains_nothing_with_checkpoint_sync(tmp_path):
+    """Where users may write the store (a bucket-wide key): alice keeps the daemon's first
+    object of her domain (internal: anywhere), the domain is then narrowed (a job declares
+    the root restricted), and she puts the old object back. checkpoint-sync narrows what it
+    reads by what it read before, so the world is still refused."""
+    home, away, key, key_file = stores(tmp_path)
+    data = dataset(tmp_path / "data")
+    domain = granted(home, key, data, "internal")
+    wide = home.get(residency_name(domain))
+    alice_stages(home, key, domain, data)
+    config = site_config(tmp_path / "site.toml", {"pfs": tmp_path / "home"},
+                         f"file://{tmp_path / 'away'}", key_file=key_file,
+                         state=tmp_path / "state.db")
+    runtime = load_runtime(config)
+    state = StateDB(tmp_path / "state.db")
+
+    def one_pass() -> WorldRow:
+        run_pass(state, [("pfs", "run-a")], runtime,
+                 PassGuard(Guard(threading.Event(), float("inf")), threading.Event(),
+                           budget=1 << 40), None)
+        [row] = world_rows(state, "offsite")
+        return row
+
+    # checkpoint-sync reads the wide one first (the world is copied: internal may go there)
+    assert one_pass().complete
+    granted(home, key, data, "restricted")  # narrowed by the daemon
+    assert "restricted" in (one_pass().refused or "")
+    home.put(residency_name(domain), wide)  # the daemon's own older object, put back
+    assert read_residency(home, as_master_keys(key), domain).regions == ANYWHERE
+    row = one_pass()
+    assert row.refused is not None and "restricted" in row.refused
+    state.close()

@@ -136,8 +136,13 @@ def write_residency(store: Store, master_keys: MasterKeys, residency: TreeReside
 
 
 def checker(store: Store, master_keys: MasterKeys, region: str,
-            class_regions: Mapping[str, tuple[str, ...]]) -> Callable[[str], str | None]:
-    """`domain -> why not` for copies from `store` to a store in `region`."""
+            class_regions: Mapping[str, tuple[str, ...]],
+            remember: Callable[[TreeResidency], TreeResidency] | None = None
+            ) -> Callable[[str], str | None]:
+    """`domain -> why not` for copies from `store` to a store in `region`. `remember`
+    narrows what was read by what the reader read of the domain before and keeps the
+    result (checkpoint-sync's state): an older, wider object of the daemon's put back in
+    place of the current one (where users may write the store) gains nothing."""
     def why_not(domain: str) -> str | None:
         try:
             residency, error = read_residency(store, master_keys, domain), None
@@ -145,5 +150,7 @@ def checker(store: Store, master_keys: MasterKeys, region: str,
             raise
         except CkptError as exc:
             residency, error = None, f"its residency record is refused: {exc}"
+        if residency is not None and remember is not None:
+            residency = remember(residency)
         return decide(residency, error, region, class_regions)
     return why_not

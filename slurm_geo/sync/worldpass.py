@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from slurm_geo.ckpt.errors import CkptError, StoreUnavailable
@@ -39,6 +40,7 @@ from slurm_geo.sync.worldstate import (
     add_verified_pack,
     create_worlds_table,
     put_world_row,
+    remember_residency,
     synced_runs,
     verified_packs,
     world_rows,
@@ -242,7 +244,8 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
                                                                  clock()), guard.read,
                            residency_checker(runtime.root_store(root), runtime.master_keys,
                                              runtime.destination_region,
-                                             runtime.geo_policy.data_classes), clock)
+                                             runtime.geo_policy.data_classes,
+                                             partial(remember_residency, state)), clock)
         progress = _Progress(state, guard, row, clock)
         try:
             done = copier.copy(row, progress)

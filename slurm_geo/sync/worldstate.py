@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_geo.stage.residency import TreeResidency, narrowed
 from slurm_geo.sync.state import StateDB, SyncError
 
 _WORLDS = """CREATE TABLE IF NOT EXISTS worlds (
@@ -85,10 +86,15 @@ _WORLD_PACKS = """CREATE TABLE IF NOT EXISTS world_packs (
     PRIMARY KEY (destination, name))"""
 
 
+_DOMAIN_RESIDENCY = """CREATE TABLE IF NOT EXISTS domain_residency (
+    domain TEXT PRIMARY KEY, classes TEXT NOT NULL, regions TEXT NOT NULL)"""
+
+
 def create_worlds_table(state: StateDB) -> None:
     with state.db.conn:
         state.db.execute(_WORLDS)
         state.db.execute(_WORLD_PACKS)
+        state.db.execute(_DOMAIN_RESIDENCY)
         columns = {r["name"] for r in state.db.query("PRAGMA table_info(worlds)")}
         for column, kind in (("refused", "TEXT"), ("record_seen_at", "REAL")):
             if column not in columns:  # a table of an earlier release
@@ -105,6 +111,22 @@ def add_verified_pack(state: StateDB, destination: str, name: str, now: float) -
     with state.db.conn:
         state.db.execute("INSERT OR REPLACE INTO world_packs VALUES (?, ?, ?)",
                          [destination, name, now])
+
+
+def remember_residency(state: StateDB, read: TreeResidency) -> TreeResidency:
+    """The narrowest residency of the domain seen yet: `read` narrowed by what this
+    daemon read of it before (slurm_geo.stage.residency.narrowed), kept."""
+    old = next((TreeResidency(read.domain, tuple(json.loads(r["classes"])),
+                              tuple(json.loads(r["regions"])))
+                for r in state.db.query("SELECT * FROM domain_residency WHERE domain = ?",
+                                        [read.domain])), None)
+    now = narrowed(old, read)
+    if now != old:
+        with state.db.conn:
+            state.db.execute("INSERT OR REPLACE INTO domain_residency VALUES (?, ?, ?)",
+                             [now.domain, json.dumps(list(now.classes)),
+                              json.dumps(list(now.regions))])
+    return now
 
 
 def world_rows(state: StateDB, destination: str | None = None) -> list[WorldRow]:
