@@ -58,6 +58,8 @@ def test_staging_time_counts_the_copy_and_its_read_back(world, store, seconds):
 
 @pytest.mark.parametrize("waits, step, action, reason", [
     ("", 80, Action.RELEASE, "moving to rented from checkpoint 80"),
+    # The daemon has not looked at the target yet (the move was just planned): train on.
+    (None, 80, Action.TRAIN, "waits for the daemon to look for the job's world there"),
     ("staging the world to rented: 1000 MB left, ~80 s", 80, Action.TRAIN,
      "the move to rented waits: staging the world to rented"),
     ("staging the world to rented: 1000 MB left, ~80 s", 40, Action.TRAIN, "lease renewed"),

@@ -236,6 +236,7 @@ class Federation:
             assert step.target is not None
             self.state.plan_move(job.logical_job, job.generation, step.target,
                                  step.after_step, self.clock())
+            _hold_for_world(self, job, step.target, health)  # before its next renewal
             self.audit.append("decision", job.logical_job, f"fail back to {step.target} at "
                               "the next checkpoint", step.reason, after_step=step.after_step,
                               plan=_plan_summary(step.plan))
@@ -444,17 +445,21 @@ def _hold_for_world(fed: Federation, job: LogicalJob, target: str | None,
     service (a trainer asked to move keeps training meanwhile) and said once in the audit
     log with the plan's prediction for the target."""
     waits = fed.leases.move_waits
-    if target is None or target == job.cluster or not answering(health, job.cluster):
+    if target is None:
         waits.pop(job.logical_job, None)
+        return ""
+    if target == job.cluster or not answering(health, job.cluster):
+        waits[job.logical_job] = (target, "")
         return ""
     world = _world_staging(fed.wiring, job, ScriptOptions.from_json(job.spec),
                            answering(health, fed.home))
     store = fed.wiring.store_of(target)
     why = world_wait(world, target, store, fed.bandwidth.predict_seconds)
+    said = waits.get(job.logical_job, ("", ""))
+    waits[job.logical_job] = (target, why)
     if not why:
-        waits.pop(job.logical_job, None)
         return ""
-    if job.logical_job not in waits:
+    if said[0] != target or not said[1]:  # a new wait: its prediction on record
         chosen = fed.plan_for(job, health)
         there = next((c for c in chosen.candidates if c.cluster == target), None)
         fed.wiring.say_once(
@@ -463,5 +468,4 @@ def _hold_for_world(fed: Federation, job: LogicalJob, target: str | None,
             missing_bytes=None if world is None else world.missing(store),
             predicted_s=None if there is None else there.total_s,
             plan=_plan_summary(chosen))
-    waits[job.logical_job] = why
     return why

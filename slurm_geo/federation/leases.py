@@ -37,9 +37,10 @@ class Answer:
 
 
 def decide(job: LogicalJob | None, lease: Lease | None, request: LeaseRequest, home: str,
-           now: float, ttl_s: float, move_waits: str = "") -> Answer:
+           now: float, ttl_s: float, move_waits: str | None = "") -> Answer:
     """`move_waits`: why the job's planned move cannot happen yet (its world is not at the
-    target: federation.worldwait); the trainer then keeps training instead of releasing."""
+    target: federation.worldwait), '' when it can; None while the daemon has not looked
+    at the target yet. Unless it can, the trainer keeps training instead of releasing."""
     if job is None:
         if request.generation == 0 and request.cluster == home:
             return Answer(Verdict.REGISTER, "first lease of a job on the home cluster")
@@ -69,6 +70,9 @@ def decide(job: LogicalJob | None, lease: Lease | None, request: LeaseRequest, h
     if request.release:
         return Answer(Verdict.GRANT, "lease released", Action.RELEASE)
     if job.move_to is not None and (request.last_step or -1) > (job.move_after_step or -1):
+        if move_waits is None:
+            return Answer(Verdict.GRANT, f"lease renewed; the move to {job.move_to} waits "
+                          "for the daemon to look for the job's world there")
         if move_waits:
             return Answer(Verdict.GRANT, f"lease renewed; the move to {job.move_to} waits: "
                           f"{move_waits}")

@@ -68,9 +68,17 @@ class LeaseService:
         self.auth = authenticator
         self.registrar = Registrar(wiring, generation_lock)
         self.sessions = Sessions(wiring, self.registrar.lookups)
-        # logical job -> why its planned move waits (its world is not at the target yet):
-        # set by the daemon's rounds (federation.core._hold_for_world), read at each renewal.
-        self.move_waits: dict[str, str] = {}
+        # logical job -> (target, why its planned move there waits: its world is not there
+        # yet; '' when it need not), set by the daemon's rounds as it looks
+        # (federation.core._hold_for_world), read at each renewal.
+        self.move_waits: dict[str, tuple[str, str]] = {}
+
+    def _move_waits(self, job: LogicalJob | None) -> str | None:
+        """Why the job's planned move waits ('' it need not; None: not looked at yet)."""
+        if job is None or job.move_to is None:
+            return ""
+        target, why = self.move_waits.get(job.logical_job, ("", ""))
+        return why if target == job.move_to else None
 
     def lease(self, request: LeaseRequest, credentials: Credentials) -> Reply:
         try:
@@ -102,7 +110,7 @@ class LeaseService:
             job = self._job_of(request.cluster, request.job_id, request.generation, caller)
             lease = None if job is None else w.state.lease(job.logical_job)
             answer = decide(job, lease, request, w.home, now, w.config.lease_ttl_s,
-                            "" if job is None else self.move_waits.get(job.logical_job, ""))
+                            self._move_waits(job))
             if answer.verdict is Verdict.REGISTER:
                 return LeaseReply(Said.WAIT, "registering the job",
                                   retry_s=WAIT_RETRY_S), job, False
