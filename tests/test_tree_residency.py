@@ -273,3 +273,37 @@ def test_an_older_wider_residency_put_back_gains_nothing_with_checkpoint_sync(tm
     row = one_pass()
     assert row.refused is not None and "restricted" in row.refused
     state.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root does")
+def test_no_user_writes_tree_residency_in_a_shared_local_store():
+    """tree-residency/ of a shared store (1777, as the sandbox's pfs) is the daemons' (0755):
+    alice can neither put her own object there first nor replace the daemon's."""
+    import shutil
+    import stat
+    import tempfile
+
+    from slurm_geo.sandbox.users import ALICE as USER
+    from tests.helpers import as_uid
+
+    top = Path(tempfile.mkdtemp(prefix="slurm-geo-residency-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        pfs = top / "pfs"
+        pfs.mkdir()
+        pfs.chmod(0o1777)
+        LocalDirStore(pfs)  # as a daemon opening it makes its shared directories
+        info = (pfs / "tree-residency").stat()
+        assert info.st_uid != USER.uid and stat.S_IMODE(info.st_mode) == 0o755  # daemons'
+
+        name = residency_name("d" * 32)
+        forged = TreeResidency("d" * 32, ("public",), ANYWHERE).to_payload()
+        assert as_uid(USER.uid, lambda: LocalDirStore(pfs).put(name, forged)) != "ok"
+        write_residency(LocalDirStore(pfs), KeyFile(bytes(32)),
+                        TreeResidency("d" * 32, ("restricted",), ("home",)))
+        before = (pfs / name).read_bytes()
+        assert as_uid(USER.uid, lambda: LocalDirStore(pfs).put(name, forged)) != "ok"
+        assert as_uid(USER.uid, lambda: LocalDirStore(pfs).delete(name)) != "ok"
+        assert (pfs / name).read_bytes() == before
+    finally:
+        shutil.rmtree(top)
