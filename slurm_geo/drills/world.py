@@ -185,11 +185,13 @@ def offsite_status(site: SiteConfig, run: str) -> str:
 
 
 def staged_bytes(site: SiteConfig, run: str) -> int:
-    """The bytes of the run's world that checkpoint-sync put off-site (every pass)."""
+    """The bytes of the run's world off-site: its pinned packs at each destination, as
+    stored (ciphertext), by checkpoint-sync's worlds table. (Not the table's bytes_copied,
+    which leaves out what a pass cut short for a checkpoint had copied.)"""
     from slurm_geo.sync.worldstate import read_worlds
 
     assert site.sync is not None
-    return sum(r.bytes_copied for r in read_worlds(site.sync.state, run))
+    return sum(r.bytes_there for r in read_worlds(site.sync.state, run))
 
 
 def shas(output: str) -> list[str]:
