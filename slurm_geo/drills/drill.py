@@ -117,6 +117,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
     run, work, trace, job_id, logical = job.run, job.dirs, job.traces, job.job_id, \
         job.logical_job
     progress(f"submitted {run} to {home} as job {job_id}")
+    world_offsite = world.OffsiteWatch(site, run, drill_world)
     # Short timeouts: a dead controller must show as unreachable when it dies, not later.
     quick = {name: connect(replace(cluster, timeout_s=1.0))
              for name, cluster in site.clusters.items()}
@@ -129,8 +130,8 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
     try:
         deadline = time.time() + settings.timeout_s
         enough = settings.verified_before_kill
-        wait_for(lambda: len(verified_offsite(site, run)) >= enough
-                 and world.offsite(site, run, drill_world), deadline,
+        wait_for(lambda: world_offsite() and len(verified_offsite(site, run)) >= enough,
+                 deadline,
                  f"{enough} checkpoints of {run} verified off-site"
                  + (" and its world complete there" if drill_world else ""), progress,
                  lambda: _offsite_status(site, run, trace) + (
@@ -195,6 +196,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
             world_said = world.check(sandbox.layout, site, ALICE, drill_world, logical, run,
                                      {f"{home}:{job_id}": job_output(work, job_id, home)},
                                      f"{last[0]}:{last[1]}")
+            world_said["offsite_s"] = world_offsite.seconds
     finally:
         sampler.stop()
         if watch is not None:

@@ -172,6 +172,27 @@ def offsite(site: SiteConfig, run: str, world: DrillWorld | None) -> bool:
     return bool(world_offsite(read_worlds(site.sync.state, run), run))
 
 
+class OffsiteWatch:
+    """Whether the run's world is complete off-site (no world: True), and how long after
+    the job's submission that was first seen (the drill polls it)."""
+
+    def __init__(self, site: SiteConfig, run: str, world: DrillWorld | None):
+        self._site, self._run, self._world = site, run, world
+        self.submitted_at = time.time()
+        self.seen_at: float | None = None
+
+    def __call__(self) -> bool:
+        if self._world is None:
+            return True
+        if self.seen_at is None and offsite(self._site, self._run, self._world):
+            self.seen_at = time.time()
+        return self.seen_at is not None
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.seen_at is None else round(self.seen_at - self.submitted_at, 1)
+
+
 def offsite_status(site: SiteConfig, run: str) -> str:
     from slurm_geo.sync.worldstate import read_worlds
 
