@@ -50,6 +50,7 @@ CASES: dict[tuple[str, str], str] = {
     ("approve", JOB): f"{NO_JOB} rented",
     ("cancel", JOB): NO_JOB,
     ("logs", JOB): NO_JOB,
+    ("outputs fetch", JOB): NO_JOB,
     ("plan", JOB): NO_JOB,
     ("resubmit", JOB): NO_JOB,
     ("status", JOB): NO_JOB,
