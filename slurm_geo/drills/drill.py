@@ -246,7 +246,8 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         offsite_kept=offsite_kept(sandbox, site, view, run, offsite),
         provider_secrets=provider_secrets(sandbox, site, run),
         cluster_sites={c.name: c.site.value for c in sandbox.layout.clusters},
-        world=world_said if drill_world is not None else None,
+        world=world.with_first_step(world_said, lines, home, killed_at)
+        if drill_world is not None else None,
     )
     if drill_world is not None:
         world.remove_dataset(drill_world)

@@ -285,6 +285,9 @@ def _world_lines(report: DrillReport) -> list[str]:
         f"  world staged        {world['staged_bytes'] / 1e6:>7.1f} MB   a {world['mb']:g} "
         f"MiB dataset in {world['files']} files, the project and a venv, off-site "
         f"{_seconds(world.get('offsite_s'))} after submission, before the loss",
+        f"  first step moved    {_seconds(world.get('first_step_s')):>10}   after the loss, "
+        "the world materialised from the target's store and hashed (RTO ends before: at the "
+        "preamble's lease)",
         f"  data read           {'identical' if report.data_identical else 'DIFFERENT':>10}"
         f"   sha256 {world['sha256'][:12]} at home; as each job hashed it: {hashed}",
         f"  outputs home        {'fetched' if world['outputs_home'] else 'MISSING':>10}   "

@@ -256,6 +256,16 @@ def check(layout: SandboxLayout, site: SiteConfig, person: SandboxUser, world: D
             "log_said": logs.stderr.strip()[-300:] if logs.returncode else ""}
 
 
+def with_first_step(said: dict[str, Any], lines: list[Any], home: str,
+                    killed_at: float) -> dict[str, Any]:
+    """`said` with `first_step_s`: the loss to the first step trained elsewhere (the
+    drill's RTO ends at the new incarnation's lease, which its preamble takes before it
+    materialises the world; this ends after it). `lines`: drill.trace_lines."""
+    after = [line.time for line in lines
+             if line.time > killed_at and not line.incarnation.startswith(f"{home}:")]
+    return {**said, "first_step_s": round(min(after) - killed_at, 1) if after else None}
+
+
 def remove_dataset(world: DrillWorld) -> None:
     """The dataset and the venv go (the figures stay in the report); the outputs stay."""
     for path in (world.data, world.venv):
