@@ -23,6 +23,7 @@ from slurm_geo.federation.planner import (
     Cost,
     JobNeeds,
     WorldStaging,
+    materialise_s,
     plan,
     plan_to_json,
     prefers_home,
@@ -366,3 +367,31 @@ def test_the_missing_world_is_read_from_home_s_store_at_the_link_s_rate():
     """Twice: checkpoint-sync puts each pack, then reads it back whole to verify it."""
     _, asked = run_world(WorldStaging("pfs", 2 * GB, {"offsite": GB}), home_up=True)
     assert ("pfs", "offsite", 2 * GB) in asked and ("pfs", "spare-s3", 4 * GB) in asked
+
+
+@pytest.mark.parametrize("fetch_mb_s, staged_at_rented, transfer_s", [
+    (None, 3 * GB, 0.0),         # rented runs on home's files: nothing to materialise
+    (50.0, 3 * GB, 60.0),        # its own files: 3 GB fetched at 50 MB/s before the trainer
+    (50.0, 2 * GB, 80.0 + 60.0),  # and 1 GB still to stage first (80 s from pfs)
+    (100.0, 3 * GB, 30.0),
+])
+def test_a_cluster_without_home_s_files_counts_materialising_the_whole_world(
+        fetch_mb_s, staged_at_rented, transfer_s):
+    """The moved job's preamble fetches its whole world from the cluster's store before
+    the trainer starts (bench/world_move.py: 18-20 s for 1 GB): the time to resume there
+    counts it, staged or not; home, which has the files, counts none."""
+    world = WorldStaging("pfs", 3 * GB, {"offsite": staged_at_rented})
+    views = [replace(view, world_fetch_mb_s=fetch_mb_s if name == "rented" else None,
+                     queue_wait_s=5000.0 if name == "onprem" else view.queue_wait_s)
+             for name, view in CLUSTERS.items()]
+    transfers = {**TRANSFERS, **WORLD_TRANSFERS}
+    result = plan(replace(JOB, world=world), views, RULES,
+                  lambda s, d, _n: transfers.get((s, d)), store_regions=STORE_REGIONS)
+    assert result.candidate("rented").transfer_s == pytest.approx(transfer_s)
+    assert result.candidate("onprem").transfer_s == 0.0
+
+
+def test_materialising_a_world_of_unknown_size_is_unknown_not_free():
+    view = replace(CLUSTERS["rented"], world_fetch_mb_s=50.0)
+    assert materialise_s(WorldStaging("pfs"), view) is None
+    assert materialise_s(WorldStaging("pfs", GB), replace(view, world_fetch_mb_s=None)) == 0.0

@@ -161,6 +161,11 @@ class ClusterConfig:
     compliance: str = ""  # compliance domain, e.g. "eu-gdpr"; informational
     slurm_federation: str = ""  # native Slurm federation it belongs to: Slurm moves jobs
     users: Mapping[str, RemoteAccount] = field(default_factory=dict)  # home user -> account
+    # How fast a moved job's preamble fetches its world from the cluster's store and
+    # materialises it, where the cluster has none of home's files (MB/s). 50: a 1 GB world
+    # took 18-20 s on the sandbox's provider (docs/benchmarks.md, "Resuming a job whose
+    # world is not staged at its target").
+    world_fetch_mb_s: float = 50.0
 
 
 CLUSTER_SETTINGS = (
@@ -199,6 +204,10 @@ CLUSTER_SETTINGS = (
                                 key=_user_name), None,
             "[clusters.NAME.users.USER]: the account and token each home user's jobs run "
             "with (access rest); a user without one cannot run there.", subtable=True),
+    Setting("world_fetch_mb_s", number(0, above=True, unit="MB/s"), ClusterConfig.world_fetch_mb_s,
+            "How fast a moved job's preamble fetches its world (--geo-inputs, --geo-env) from "
+            "the cluster's store and materialises it, where the cluster has none of home's "
+            "files (users with a work_dir): the planner counts it in the time to resume."),
 )
 
 

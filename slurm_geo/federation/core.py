@@ -37,7 +37,7 @@ from slurm_geo.federation.model import (
     answering,
 )
 from slurm_geo.federation.mover import Mover
-from slurm_geo.federation.owners import owner_refusal
+from slurm_geo.federation.owners import own_dir, owner_refusal
 from slurm_geo.federation.planner import ClusterView, JobNeeds, Plan, WorldStaging, plan
 from slurm_geo.federation.probes import BandwidthProbes, HealthProbes
 from slurm_geo.federation.reconcile import (
@@ -326,7 +326,9 @@ class Federation:
         return ClusterView(name=name, region=cluster.region, store=cluster.store,
                            prices=cluster.prices, up=up, queue_wait_s=wait, fits=True,
                            federation_sibling=sibling,
-                           owner_refused=owner_refusal(cluster, job.owner))
+                           owner_refused=owner_refusal(cluster, job.owner),
+                           world_fetch_mb_s=None if own_dir(cluster, job.owner) is None
+                           else cluster.world_fetch_mb_s)
 
     def _queue_wait(self, name: str, options: ScriptOptions, job: LogicalJob) -> float | None:
         if name == job.cluster and job.status is JobStatus.RUNNING:

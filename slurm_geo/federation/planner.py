@@ -120,6 +120,9 @@ class ClusterView:
     fits: bool
     federation_sibling: bool = False
     owner_refused: str = ""  # why the job's owner cannot run there ('' if they can)
+    # Where the cluster has none of home's files, how fast a moved job's preamble fetches
+    # and materialises its world there (MB/s); None: it runs on home's files.
+    world_fetch_mb_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -229,10 +232,23 @@ def _transfer_s(job: JobNeeds, view: ClusterView, predict: PredictTransfer,
                 world_missing: int | None) -> float | None:
     checkpoint = (0.0 if view.store == job.checkpoint_store or job.checkpoint_bytes == 0
                   else predict(job.checkpoint_store, view.store, job.checkpoint_bytes))
-    if job.world is None or world_missing == 0:
+    if job.world is None:
         return checkpoint
-    world = stage_s(job.world, view.store, predict)
-    return None if checkpoint is None or world is None else checkpoint + world
+    world = 0.0 if world_missing == 0 else stage_s(job.world, view.store, predict)
+    fetch = materialise_s(job.world, view)
+    return None if checkpoint is None or world is None or fetch is None \
+        else checkpoint + world + fetch
+
+
+def materialise_s(world: WorldStaging, view: ClusterView) -> float | None:
+    """Seconds the moved job's preamble spends fetching its whole world from the
+    cluster's store into its workspace before the trainer starts: 0 on a cluster with
+    home's files, None when the world's size is unknown."""
+    if view.world_fetch_mb_s is None:
+        return 0.0
+    if world.total_bytes is None:
+        return None
+    return world.total_bytes / (view.world_fetch_mb_s * 1e6)
 
 
 def stage_s(world: WorldStaging, store: str, predict: PredictTransfer) -> float | None:
