@@ -162,10 +162,11 @@ class ClusterConfig:
     slurm_federation: str = ""  # native Slurm federation it belongs to: Slurm moves jobs
     users: Mapping[str, RemoteAccount] = field(default_factory=dict)  # home user -> account
     # How fast a moved job's preamble fetches its world from the cluster's store and
-    # materialises it, where the cluster has none of home's files (MB/s). 50: a 1 GB world
-    # took 18-20 s on the sandbox's provider (docs/benchmarks.md, "Resuming a job whose
-    # world is not staged at its target").
-    world_fetch_mb_s: float = 50.0
+    # materialises it, where the cluster has none of home's files (MB/s). 100: on the
+    # sandbox's provider a 1 GB world took 7 s on the idle VM (146 MB/s) and 18-20 s at
+    # load 4-6 (50 MB/s) (docs/benchmarks.md, "Resuming a job whose world is not staged at
+    # its target"); a site sets its own cluster's measured figure.
+    world_fetch_mb_s: float = 100.0
 
 
 CLUSTER_SETTINGS = (
