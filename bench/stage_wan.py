@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from stage_trees import dataset  # noqa: E402
+from sync_wan import BOTO3_UPLOAD  # noqa: E402
 
 from slurm_geo.ckpt.keys import load_master_key  # noqa: E402
 from slurm_geo.ckpt.store import LocalDirStore  # noqa: E402
@@ -81,17 +82,6 @@ print(json.dumps({"seconds": time.monotonic() - began, "bytes": report.bytes_cop
                   "packs": report.packs_copied}))
 """
 
-BOTO3_UPLOAD = """
-import json, sys, time, boto3
-from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
-client = boto3.client("s3", endpoint_url=sys.argv[1],
-                      config=Config(s3={"addressing_style": "path"}))
-began = time.monotonic()
-client.upload_file(sys.argv[2], sys.argv[3], sys.argv[4], Config=TransferConfig())
-print(json.dumps({"seconds": time.monotonic() - began}))
-client.delete_object(Bucket=sys.argv[3], Key=sys.argv[4])
-"""
 
 
 def in_home(sandbox: Sandbox, argv: list[str]) -> dict[str, Any]:
