@@ -36,6 +36,7 @@ from slurm_geo.sandbox.users import ALICE, job_environment  # noqa: E402
 from slurm_geo.slurm import JobSpec, connect  # noqa: E402
 from slurm_geo.sync.worldstate import read_worlds  # noqa: E402
 from tests.conftest import user_dir  # noqa: E402
+from tests.helpers import teed_trainer, with_directive  # noqa: E402
 
 SHARD_MB = 128
 
@@ -67,15 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     run = f"world-move-{stamp}"
     settings = drill.DrillSettings(steps=4000, ckpt_every=25, step_delay_s=0.2)
     script = drill.training_script(site, run, settings, work, work / "trace.log")
-    script = script.replace("#SBATCH --geo-failover=auto",
-                            f"#SBATCH --geo-failover=auto\n#SBATCH --geo-inputs={data}")
     # The trainer's lines into the job's Slurm output too, which rented writes on the
     # provider's disk: its "started at step N" is the new incarnation's first step.
-    lines = script.splitlines()
-    trainer = next(i for i, line in enumerate(lines) if "example_train" in line)
-    lines[trainer] = lines[trainer].replace(
-        ' >> "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
-        ' 2>&1 | tee -a "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out"')
+    lines, _ = teed_trainer(with_directive(script, f"--geo-inputs={data}"))
     script = "\n".join(lines) + "\n"
     account_dir = remote_site.operator_path(sandbox.layout, ALICE.name,
                                             remote_site.work_dir(ALICE.name))

@@ -121,3 +121,21 @@ def stop_daemon(sandbox, name: str) -> None:
         remote_site.stop_daemon(sandbox.layout, name)
     else:
         sandbox.processes.stop(name)
+
+
+def with_directive(script: str, directive: str) -> str:
+    """A drill training script (drill.training_script) with one more `#SBATCH` line."""
+    return script.replace("#SBATCH --geo-failover=auto",
+                          f"#SBATCH --geo-failover=auto\n#SBATCH {directive}")
+
+
+def teed_trainer(script: str) -> tuple[list[str], int]:
+    """The script's lines, its trainer's output going to the job's Slurm output too (which
+    a provider's cluster writes on its own disk: its "started at step N" is the
+    incarnation's first step), and the trainer's line number."""
+    lines = script.splitlines()
+    trainer = next(i for i, line in enumerate(lines) if "example_train" in line)
+    lines[trainer] = lines[trainer].replace(
+        ' >> "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
+        ' 2>&1 | tee -a "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out"')
+    return lines, trainer

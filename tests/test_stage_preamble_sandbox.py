@@ -21,6 +21,7 @@ from slurm_geo.sandbox import Sandbox, remote_site
 from slurm_geo.sandbox.users import ALICE, BOB, job_environment
 from slurm_geo.slurm import JobSpec, JobState
 from tests.conftest import user_dir
+from tests.helpers import teed_trainer, with_directive
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -48,8 +49,7 @@ def test_a_queue_move_of_a_job_with_a_world_runs_its_script_through_the_preamble
         work.mkdir(parents=True, exist_ok=True)
         os.chown(work, ALICE.uid, ALICE.uid)
         script = drill.training_script(site, run, SETTINGS, work, work / "trace.log")
-        script = script.replace("#SBATCH --geo-failover=auto",
-                                f"#SBATCH --geo-failover=auto\n#SBATCH --geo-outputs={work}/out")
+        script = with_directive(script, f"--geo-outputs={work}/out")
         job_id = onprem.submit(JobSpec(
             script=script, name="geo-drill", working_dir=work, owner=ALICE.owner,
             environment={**job_environment(sandbox.layout, ALICE),
@@ -108,13 +108,7 @@ def test_a_job_moved_off_a_lost_cluster_reads_its_staged_input_at_its_home_path(
     work.mkdir(parents=True, exist_ok=True)
     os.chown(work, ALICE.uid, ALICE.uid)
     script = drill.training_script(site, run, WORLD_SETTINGS, work, work / "trace.log")
-    script = script.replace("#SBATCH --geo-failover=auto",
-                            f"#SBATCH --geo-failover=auto\n#SBATCH --geo-inputs={data}")
-    lines = script.splitlines()
-    trainer = next(i for i, line in enumerate(lines) if "example_train" in line)
-    lines[trainer] = lines[trainer].replace(
-        ' >> "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
-        ' 2>&1 | tee -a "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out"')
+    lines, trainer = teed_trainer(with_directive(script, f"--geo-inputs={data}"))
     lines.insert(trainer, f'echo "data-sha $(sha256sum < "$SLURM_GEO_WORLD_ROOT{data}'
                           '/tokens.bin")"')
     job_id = onprem.submit(JobSpec(
