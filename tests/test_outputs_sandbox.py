@@ -8,20 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 
 import pytest
-from conftest import user_dir
-from helpers import eventually, sbatch_as
-from test_owner_verbs import geo, one_line_refusal
+from test_owner_verbs import alices_training_job, geo, one_line_refusal
 
 from slurm_geo.drills import drill
 from slurm_geo.exitcodes import ExitCode
-from slurm_geo.federation.state import FederationState
 from slurm_geo.sandbox import Sandbox
-from slurm_geo.sandbox.sites import Site
-from slurm_geo.sandbox.stages import federation_daemon_name
 from slurm_geo.sandbox.users import ALICE, BOB, job_environment, run_as
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -43,24 +37,7 @@ print(report.index, report.files_read)
 
 @pytest.fixture(scope="module")
 def alice_job(sandbox: Sandbox, site):
-    sandbox.processes.stop(federation_daemon_name(Site.HOME))
-    sandbox.up(progress=lambda _msg: None)
-    work = user_dir(sandbox, ALICE, "outputs-fetch")
-    run = f"alice-{uuid.uuid4().hex[:8]}"
-    trace = work / "trace.log"
-    submitted = sbatch_as(sandbox, ALICE, drill.training_script(site, run, SETTINGS, work,
-                                                                 trace))
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = int(submitted.stdout.strip())
-
-    def steps() -> int:
-        return max((line.step for line in drill.trace_lines(trace)), default=0)
-
-    eventually(steps, lambda n: n >= SETTINGS.ckpt_every + 1, 180)
-    yield f"onprem-{job_id}", run, work
-    state = FederationState(site.federation.state, readonly=True)
-    if not state.job(f"onprem-{job_id}").status.is_final():
-        geo(sandbox, ALICE, "cancel", f"onprem-{job_id}")
+    yield from alices_training_job(sandbox, site, "outputs-fetch", SETTINGS.ckpt_every + 1)
 
 
 def test_alice_fetches_what_her_job_shipped_and_bob_is_refused(sandbox, alice_job):

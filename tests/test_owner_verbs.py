@@ -42,13 +42,13 @@ def one_line_refusal(done, code: ExitCode) -> None:
     assert len(lines) == 1 and lines[0].startswith("slurm-geo: error: "), done.stderr
 
 
-@pytest.fixture(scope="module")
-def alice_job(sandbox: Sandbox, site):
-    """alice's training job at home, typed with plain sbatch; the daemon runs this
-    checkout's code (started again once the site Python holds it)."""
+def alices_training_job(sandbox: Sandbox, site, directory: str, trained_steps: int):
+    """alice's training job at home, typed with plain sbatch, yielded (logical job, run,
+    work directory) once it has trained `trained_steps`, cancelled after unless it ended;
+    the daemon runs this checkout's code (started again once the site Python holds it)."""
     sandbox.processes.stop(federation_daemon_name(Site.HOME))
     sandbox.up(progress=lambda _msg: None)
-    work = user_dir(sandbox, ALICE, "owner-verbs")
+    work = user_dir(sandbox, ALICE, directory)
     run = f"alice-{uuid.uuid4().hex[:8]}"
     trace = work / "trace.log"
     submitted = sbatch_as(sandbox, ALICE, drill.training_script(site, run, SETTINGS, work,
@@ -59,11 +59,16 @@ def alice_job(sandbox: Sandbox, site):
     def steps() -> int:
         return max((line.step for line in drill.trace_lines(trace)), default=0)
 
-    eventually(steps, lambda n: n >= 2 * SETTINGS.ckpt_every, 180)
+    eventually(steps, lambda n: n >= trained_steps, 180)
     yield f"onprem-{job_id}", run, work
     state = FederationState(site.federation.state, readonly=True)
     if not state.job(f"onprem-{job_id}").status.is_final():
         geo(sandbox, ALICE, "cancel", f"onprem-{job_id}")
+
+
+@pytest.fixture(scope="module")
+def alice_job(sandbox: Sandbox, site):
+    yield from alices_training_job(sandbox, site, "owner-verbs", 2 * SETTINGS.ckpt_every)
 
 
 def test_alice_sees_her_job_and_bob_is_refused(sandbox, alice_job):
