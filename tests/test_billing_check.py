@@ -26,8 +26,11 @@ INC = check.Incarnation(job_id=7, submit_ts=T0, start_ts=T0 + 60, end_ts=T0 + 60
     (INC._replace(end_ts=None, as_of=T0 + 20 * HOUR), (2 * (10 * HOUR - 60), 10 * HOUR - 60)),
     (INC._replace(start_ts=None, end_ts=None), None),  # never started
     (INC._replace(start_ts=T0 + 10 * HOUR, end_ts=T0 + 11 * HOUR), None),  # after the window
+    (INC._replace(end_ts=T0 + 60, elapsed_s=0), (0, 0)),  # requeued itself within a second
+    (INC._replace(start_ts=T0, end_ts=T0, elapsed_s=0), (0, 0)),  # ... at the window's start
+    (INC._replace(start_ts=T0 + 10 * HOUR, end_ts=T0 + 10 * HOUR, elapsed_s=0), None),
 ], ids=["whole", "suspended", "cut", "running", "running past the window", "pending",
-        "outside"])
+        "outside", "zero seconds", "zero seconds at the start", "zero seconds at the end"])
 def test_usage_counts_what_the_cost_lines_count(inc, expected):
     assert check.usage([inc], W).get((7, T0)) == expected
 
@@ -170,6 +173,34 @@ def test_requeues_and_jobs_still_running_agree(tmp_path, clusters, clock):  # no
         again = service.run_check(db, config(tmp_path), list(clusters.values()), NOV,
                                   clock.now)
     assert again.differences == []
+
+
+def test_a_zero_second_incarnation_deleted_from_billing_is_named(tmp_path, clusters,  # noqa: F811
+                                                                  clock):  # noqa: F811
+    """A job that requeues itself within the second it started is worth nothing, yet its
+    record missing from billing is still a difference, named (it once passed unseen)."""
+    rented = clusters["rented"]
+    job = rented.submit(JobSpec(script="#!/bin/bash\n", cpus_per_task=1, requeue=True))
+    clock.now += 1
+    rented.start(job)
+    rented.requeue(job)  # in the same second
+    clock.now += 1
+    rented.start(job)
+    clock.now += 600
+    ingest_and_check(tmp_path, clusters, clock)
+    with BillingDB(tmp_path / "billing.db") as db:
+        [zero] = db.conn.execute("SELECT submit_ts FROM jobs WHERE cluster = 'rented' AND "
+                                 "job_id = ? AND elapsed_s = 0 AND end_ts IS NOT NULL",
+                                 [job]).fetchall()
+        db.conn.execute("DELETE FROM jobs WHERE cluster = 'rented' AND job_id = ? AND "
+                        "submit_ts = ?", [job, zero["submit_ts"]])
+        db.conn.commit()
+        result = service.run_check(db, config(tmp_path), list(clusters.values()), NOV,
+                                   clock.now + 60)
+    assert result.exit_code == 53
+    assert any(f"incarnation rented:{job} submitted" in d.message and "(0 cpu-s and 0 gpu-s) "
+               "is in Slurm's accounting, not in billing" in d.message
+               for d in result.differences), [d.message for d in result.differences]
 
 
 def test_a_cluster_never_ingested_shows_every_job_it_ran(tmp_path, clusters, clock):  # noqa: F811

@@ -50,12 +50,17 @@ Transfers = dict[TransferKey, int]         # -> bytes
 
 
 def usage(incarnations: Iterable[Incarnation], window: Period) -> Usage:
-    """CPU- and GPU-seconds of each incarnation that ran in `window`."""
+    """CPU- and GPU-seconds of each incarnation that ran in `window`. One that began and
+    ended within the same second there (a job requeuing itself at once) is an entry worth
+    nothing: missing on one side, it is still named."""
     found: Usage = {}
     for inc in incarnations:
         span = billed_seconds(inc.start_ts, inc.end_ts, inc.elapsed_s, inc.as_of, window)
         if span is not None:
             found[(inc.job_id, inc.submit_ts)] = (inc.cpus * span[2], inc.gpus * span[2])
+        elif inc.start_ts is not None and inc.end_ts == inc.start_ts \
+                and window.contains(inc.start_ts):
+            found[(inc.job_id, inc.submit_ts)] = (0, 0)
     return found
 
 

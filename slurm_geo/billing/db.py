@@ -215,7 +215,7 @@ class BillingDB:
         return self.conn.execute(
             "SELECT job_id, submit_ts, start_ts, end_ts, elapsed_s, cpus, gpus, as_of FROM "
             "jobs WHERE cluster = ? AND start_ts IS NOT NULL AND start_ts < ? AND "
-            "COALESCE(end_ts, as_of) > ?", [cluster, end, start])
+            "(COALESCE(end_ts, as_of) > ? OR start_ts >= ?)", [cluster, end, start, start])
 
     def jobs_by_keys(self, keys: Sequence[tuple[str, int, int]]) -> list[sqlite3.Row]:
         rows = []
