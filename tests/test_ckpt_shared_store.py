@@ -169,3 +169,44 @@ def test_locks_bob_plants_never_hold_gc_off(pfs):
     assert sorted(report.stale_locks_removed) == ["locks/" + "ab" * 16, "locks/" + "cd" * 16]
     assert all("no push wrote it" in note for note in report.notes)
     assert store.list("locks/") == []
+
+
+def test_a_copy_root_makes_leaves_the_runs_latest_pointer_to_its_owner(pfs, tmp_path):
+    """The failback finding: the daemons copied a run's checkpoints back into the shared
+    pfs before its job had ever saved there, and made `latest/<run>`, theirs; the sticky
+    `latest/` then refused the owner's every save. Root's copy makes no pointer there (a
+    reader lists the steps; a resume is told its step); alice's next save makes hers."""
+    from slurm_geo.ckpt.replicate import copy_checkpoint
+    from tests.test_ckpt_gc_replicate import KEY, OPTIONS, metadata, repo, tensors
+
+    source_store, source = repo(tmp_path, "rented")
+    for step in (1, 2):
+        source.write_checkpoint("r", tensors(step), b"", metadata(step))
+    report = copy_checkpoint(source, source_store, LocalDirStore(pfs), "r", 2)
+    assert report.latest_left
+    assert not (pfs / "latest" / "r").exists()
+    assert Repository(LocalDirStore(pfs), KEY).latest("r") == 2  # from the listing
+
+    def alice_saves_on() -> None:
+        Repository(LocalDirStore(pfs), KEY, OPTIONS).write_checkpoint(
+            "r", tensors(3), b"", metadata(3), parent=2)
+
+    assert as_uid(ALICE.uid, alice_saves_on) == "ok"
+    assert (pfs / "latest" / "r").stat().st_uid == ALICE.uid
+    assert Repository(LocalDirStore(pfs), KEY).pointer("r") == 3
+    # A later copy by root neither replaces her pointer nor fails on it.
+    source.write_checkpoint("r", tensors(4), b"", metadata(4))
+    assert copy_checkpoint(source, source_store, LocalDirStore(pfs), "r", 4).latest_left
+    assert (pfs / "latest" / "r").stat().st_uid == ALICE.uid
+
+
+def test_a_copy_into_a_private_store_still_writes_the_pointer(tmp_path):
+    from slurm_geo.ckpt.replicate import copy_checkpoint
+    from slurm_geo.ckpt.retry import RetryingStore
+    from tests.test_ckpt_gc_replicate import KEY, repo, tensors, metadata
+
+    source_store, source = repo(tmp_path, "rented")
+    source.write_checkpoint("r", tensors(1), b"", metadata(1))
+    destination = RetryingStore(repo(tmp_path, "private")[0])
+    assert not copy_checkpoint(source, source_store, destination, "r", 1).latest_left
+    assert Repository(destination, KEY).pointer("r") == 1

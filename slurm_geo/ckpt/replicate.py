@@ -2,7 +2,8 @@
 
 The order of docs/format.md §8 holds at the destination: the run's key, then the packs the
 destination lacks, then the manifest (the commit point), then the latest pointer (only if
-it moves forward). A copy cut anywhere leaves the destination's previous checkpoint
+it moves forward, and never one root or the daemons would make in a shared store: that is
+the run owner's). A copy cut anywhere leaves the destination's previous checkpoint
 intact; a repeated copy uploads only what is still missing.
 
 The packs may go `streams` at once (slurm_geo.ckpt.transfer_plan: enough to fill a link
@@ -23,7 +24,7 @@ from slurm_geo.ckpt.names import manifest_name
 from slurm_geo.ckpt.parallel import run_all
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.runkey import carry_run_keys
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.store import Store, leaves_pointers_to_owners
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,10 @@ class CopyReport:
     packs_copied: int
     packs_present: int
     bytes_copied: int
-    # The destination's latest pointer was the run owner's own file in a sticky shared
-    # directory, which only they may replace: left as it was (a resume names its step).
+    # The destination's latest pointer is the run owner's to write: theirs already, in a
+    # sticky shared directory only they may replace, or in a shared store the copy's
+    # writer (root, the daemons) must neither make nor replace, or the owner's job could
+    # never replace it after. Left as it was: a resume names its step.
     latest_left: bool = False
 
 
@@ -62,12 +65,10 @@ def copy_checkpoint(source: Repository, source_store: Store, destination: Store,
     # Checked last, right before the commit point: a fence set during the copy still holds.
     check_admitted(Repository(destination, source.master_keys), manifest, fence)
     copy_object(source_store, destination, manifest_name(run, step))
-    latest_left = False
-    if _destination_latest(source, destination, run) < step:
-        try:
-            _copy_latest_naming(source, destination, run, step)
-        except UnsafeStoreDirectory:
-            latest_left = True
+    replica = Repository(destination, source.master_keys)
+    pointed = replica.pointer(run)
+    latest_left = (pointed is None or pointed < step) and \
+        not _point_forward(replica, destination, run, step)
     return CopyReport(run, step, len(copied), len(packs) - len(copied), sum(copied),
                       latest_left)
 
@@ -110,11 +111,13 @@ def copy_object(source: Store, destination: Store, name: str) -> int:
     return len(data)
 
 
-def _destination_latest(source: Repository, destination: Store, run: str) -> int:
-    """The step the destination's pointer names; -1 when it has none."""
-    step = Repository(destination, source.master_keys).pointer(run)
-    return -1 if step is None else step
-
-
-def _copy_latest_naming(source: Repository, destination: Store, run: str, step: int) -> None:
-    Repository(destination, source.master_keys).point_latest(run, step)
+def _point_forward(replica: Repository, destination: Store, run: str, step: int) -> bool:
+    """Name `step` the run's latest at the destination; False where that is left to the
+    run's owner (root would even take over the owner's own pointer)."""
+    if leaves_pointers_to_owners(destination):
+        return False
+    try:
+        replica.point_latest(run, step)
+    except UnsafeStoreDirectory:
+        return False
+    return True

@@ -89,6 +89,13 @@ class LocalDirStore:
     def __repr__(self) -> str:
         return f"LocalDirStore({str(self.root)!r})"
 
+    @property
+    def leaves_pointers_to_owners(self) -> bool:
+        """Whether this writer leaves a run's `latest/<run>` to the run's owner: root or
+        the daemons writing a shared store, where a pointer they made in the sticky
+        `latest/` would be theirs, one the owner's job could never replace."""
+        return bool(self._shared) and self._is_daemon
+
     def put(self, name: str, data: Bytes) -> None:
         parts = self._parts(name)
         try:
@@ -317,6 +324,17 @@ class LocalDirStore:
             finally:
                 os.close(fd)
         os.fsync(parent)
+
+
+def leaves_pointers_to_owners(store: Store) -> bool:
+    """`LocalDirStore.leaves_pointers_to_owners` of the local store under any wrappers
+    (retries, breaker, pacing: each keeps the store it wraps as `inner`); False for others."""
+    while not isinstance(store, LocalDirStore):
+        inner = getattr(store, "inner", None)
+        if inner is None:
+            return False
+        store = inner
+    return store.leaves_pointers_to_owners
 
 
 # Directories every run of a store shares (docs/format.md §2), and those of one run.
