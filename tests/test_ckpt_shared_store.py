@@ -203,7 +203,7 @@ def test_a_copy_root_makes_leaves_the_runs_latest_pointer_to_its_owner(pfs, tmp_
 def test_a_copy_into_a_private_store_still_writes_the_pointer(tmp_path):
     from slurm_geo.ckpt.replicate import copy_checkpoint
     from slurm_geo.ckpt.retry import RetryingStore
-    from tests.test_ckpt_gc_replicate import KEY, repo, tensors, metadata
+    from tests.test_ckpt_gc_replicate import KEY, metadata, repo, tensors
 
     source_store, source = repo(tmp_path, "rented")
     source.write_checkpoint("r", tensors(1), b"", metadata(1))
