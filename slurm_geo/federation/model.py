@@ -63,11 +63,14 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 
 
 class LeftHome(Enum):
-    """Why a job runs away from home; a job that left a hopeless queue does not fail
-    back (home was up all along)."""
+    """Why a job runs away from home. Only a job that left because its cluster was lost
+    fails back: one that left a hopeless queue (home was up all along) or that a person
+    moved (`slurm-geo approve` while it ran) stays until moved again or its cluster is
+    lost."""
 
     OUTAGE = "outage"
     QUEUE = "queue"
+    CHOSEN = "chosen"
 
 
 class ClusterStatus(Enum):

@@ -138,8 +138,10 @@ def reconcile(snap: Snapshot, settings: Settings) -> Step:
     lease = snap.lease
     current_lease = lease is not None and lease.generation == job.generation
     if job.move_to is not None and current_lease and lease is not None and lease.released:
+        # A failback comes home; any other planned move was a person's (an approval).
         return Step(StepKind.MOVE, f"planned move to {job.move_to} at checkpoint "
-                    f"{lease.last_step}", target=job.move_to)
+                    f"{lease.last_step}", target=job.move_to,
+                    left_home=None if job.move_to == settings.home else LeftHome.CHOSEN)
     info = snap.slurm
     if info is not None and info.state.is_terminal():
         by = canceller(info)
@@ -160,9 +162,12 @@ def reconcile(snap: Snapshot, settings: Settings) -> Step:
         # Done training (no move was planned); the rest of its batch script or its epilog
         # may still run. A failback planned now would resubmit a finished job.
         return wait("its trainer released the lease; Slurm has yet to report the end")
-    if settings.failback and job.cluster != settings.home and job.move_to is None \
-            and job.left_home is not LeftHome.QUEUE:
-        return _failback(snap, settings)
+    if settings.failback and job.cluster != settings.home and job.move_to is None:
+        if job.left_home is LeftHome.CHOSEN:
+            return wait(f"moved to {job.cluster} by approval, it stays there (`slurm-geo "
+                        f"approve {job.logical_job} {settings.home}` brings it home)")
+        if job.left_home is not LeftHome.QUEUE:
+            return _failback(snap, settings)
     return wait("running where it should")
 
 

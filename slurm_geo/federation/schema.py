@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     move_after_step INTEGER,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
-    left_home TEXT,                -- outage | queue: why it runs away from home
+    left_home TEXT,                -- outage | queue | chosen: why it runs away from home
     lost_restarts INTEGER NOT NULL DEFAULT 0,
     recoveries INTEGER NOT NULL DEFAULT 0,
     awaiting_approval TEXT,        -- the target of a move waiting for `slurm-geo approve`
