@@ -133,3 +133,43 @@ def test_alice_cancels_her_job_and_it_stays_cancelled(sandbox, site, alice_job):
     assert state.job(logical_job).status.value == "cancelled"
     again = geo(sandbox, ALICE, "status", logical_job, "--json")
     assert json.loads(again.stdout)["status"] == "cancelled"
+
+
+@pytest.fixture(scope="module")
+def approved_job(sandbox: Sandbox, site):
+    yield from alices_training_job(sandbox, site, "approved-move", 2 * SETTINGS.ckpt_every)
+
+
+def test_a_job_moved_off_a_healthy_home_by_approval_stays_where_it_was_moved(
+        sandbox, site, approved_job):
+    """A person's move is not undone: before, the daemon planned a failback home at the
+    moved job's next checkpoint, 2-3 s after the move (home was healthy all along)."""
+    import subprocess
+    import sys
+    import time
+
+    from slurm_geo.drills import losses
+    from slurm_geo.federation.model import LeftHome
+
+    logical_job, _run, _work = approved_job
+    audit = losses.FederationView(site)
+    began = time.time()
+    approved = subprocess.run([sys.executable, "-m", "slurm_geo", "approve", logical_job,
+                               "rented", "--config", str(site.source)],
+                              capture_output=True, text=True, timeout=120)
+    assert approved.returncode == 0, approved.stderr
+    deadline = time.time() + 240
+    moved = drill.wait_for(lambda: drill.audit_entry(audit, "requeue", logical_job, "rented",
+                                                     began), deadline, "the move to rented")
+    resumed = moved.detail["resume_step"]
+
+    def lease():
+        return FederationState(site.federation.state, readonly=True).lease(logical_job)
+
+    # Two checkpoints on rented: a failback is planned at the first one after a move.
+    eventually(lease, lambda held: held is not None and held.generation == 1
+               and (held.last_step or 0) >= resumed + 2 * SETTINGS.ckpt_every, 180)
+    job = FederationState(site.federation.state, readonly=True).job(logical_job)
+    assert (job.cluster, job.left_home, job.move_to) == ("rented", LeftHome.CHOSEN, None)
+    assert not [e.what for e in audit.entries(logical_job=logical_job)
+                if e.kind == "decision" and "fail back" in e.what]
