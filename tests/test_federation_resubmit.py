@@ -3,6 +3,8 @@ owner, with the four parts of its environment), table-driven."""
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from slurm_geo.federation.resubmit import (
@@ -193,6 +195,31 @@ def test_a_job_with_a_world_runs_the_preamble_where_homes_files_are_not(
     assert (spec.script == SCRIPT) is not wrapped
     assert spec.environment["SLURM_GEO_INPUTS" if "geo-inputs" in directives
                             else ENV_GENERATION]  # the directives travel either way
+
+
+@pytest.mark.parametrize("directives, python, expected", [
+    (WORLD, "/opt/geo/bin/python3", "/opt/geo/bin/python3"),  # the cluster's `python`
+    (WORLD, None, None),              # none configured: the wrapper's python3 on PATH
+    (VALIDATED, "/opt/geo/bin/python3", None),  # no preamble: not set
+])
+def test_the_preamble_runs_the_python_the_cluster_names(directives, python, expected):
+    incoming = Incoming("onprem-9", 1, "run-a", 10, "http://fed:9852", "tok", "s3://b/c")
+    options = script_options(SCRIPT).with_directives(directives)
+    spec = resubmission(SCRIPT, options, incoming, ("gpu",), owner=ALICE,
+                        own_dir="/home/geo-alice", preamble_python=python)
+    assert spec.environment.get("SLURM_GEO_PYTHON") == expected
+
+
+def test_a_clusters_python_is_an_absolute_path():
+    from slurm_geo.config.tables import parse_cluster
+    from slurm_geo.errors import ConfigError
+
+    table = {"region": "eu", "access": "cli", "slurm_conf": "/etc/slurm/slurm.conf"}
+    assert parse_cluster("rented", {**table, "python": "/opt/geo/bin/python3"},
+                         "[clusters.rented]").python == pathlib.Path("/opt/geo/bin/python3")
+    assert parse_cluster("rented", table, "[clusters.rented]").python is None
+    with pytest.raises(ConfigError, match="python must be an absolute path"):
+        parse_cluster("rented", {**table, "python": "python3"}, "[clusters.rented]")
 
 
 @pytest.mark.parametrize("script", [

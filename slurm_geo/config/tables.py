@@ -167,6 +167,10 @@ class ClusterConfig:
     # load 4-6 (50 MB/s) (docs/benchmarks.md, "Resuming a job whose world is not staged at
     # its target"); a site sets its own cluster's measured figure.
     world_fetch_mb_s: float = 100.0
+    # The Python with slurm-geo that a moved job's preamble runs there (a path on the
+    # cluster's nodes), where the cluster has none of home's files; None: python3 on the
+    # job's PATH.
+    python: Path | None = None
 
 
 CLUSTER_SETTINGS = (
@@ -209,6 +213,10 @@ CLUSTER_SETTINGS = (
             "How fast a moved job's preamble fetches its world (--geo-inputs, --geo-env) from "
             "the cluster's store and materialises it, where the cluster has none of home's "
             "files (users with a work_dir): the planner counts it in the time to resume."),
+    Setting("python", path, None, "The Python interpreter, on the cluster's nodes, with "
+            "slurm-geo installed, that a moved job's preamble runs (a job with --geo-inputs, "
+            "--geo-env or --geo-outputs, where the cluster has none of home's files); "
+            "default: python3 on the job's PATH there."),
 )
 
 

@@ -345,7 +345,9 @@ class Mover:
                                                         same_account=cluster.access == "cli"),
                             store_env=job_environment(store, os.environ, job.run),
                             at_home=job.cluster == job.home,
-                            own_dir=own_dir(cluster, job.owner))
+                            own_dir=own_dir(cluster, job.owner),
+                            preamble_python=None if cluster.python is None
+                            else str(cluster.python))
         try:
             w.state.confirm_leading()  # etcd cannot refuse a submission: ask it first
             job_id = w.clients[job.cluster].submit(spec)

@@ -259,13 +259,15 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
                  partitions: tuple[str, ...], *, owner: Owner | None = None,
                  owner_env: Mapping[str, str] | None = None,
                  store_env: Mapping[str, str] | None = None,
-                 at_home: bool = False, own_dir: str | None = None) -> JobSpec:
+                 at_home: bool = False, own_dir: str | None = None,
+                 preamble_python: str | None = None) -> JobSpec:
     """The JobSpec for the new incarnation, run as `owner`, its environment built from
     the owner's allow-listed one, the store's credentials, the directives and `incoming`,
     in that order (federation.owners). A partition the target does not have is dropped
     (its default partition takes the job). `own_dir`: the target has none of home's
     files, the job runs there (`working_dir`, `output_path`), and a job that declared a
-    world gets it first (`wrapped_script`)."""
+    world gets it first (`wrapped_script`), run by `preamble_python` (the cluster's
+    `python`; None: python3 on the job's PATH)."""
     env = {
         **(owner_env or {}),
         **(store_env or {}),
@@ -284,9 +286,12 @@ def resubmission(script: str, options: ScriptOptions, incoming: Incoming,
         env[ENV_FEDERATION_CA] = incoming.federation_ca
     if len(incoming.federation_urls) > 1:  # replicas: the job follows their leader
         env[ENV_FEDERATION_URLS] = ",".join(incoming.federation_urls)
+    preamble = needs_preamble(options, own_dir)
+    if preamble and preamble_python:
+        env[PREAMBLE_PYTHON] = preamble_python
     partition = options.partition if options.partition in partitions else None
     return JobSpec(
-        script=wrapped_script(script) if needs_preamble(options, own_dir) else script,
+        script=wrapped_script(script) if preamble else script,
         name=resubmitted_name(options, incoming.logical_job),
         working_dir=Path(working_dir(options, at_home, own_dir)),
         environment=env,
