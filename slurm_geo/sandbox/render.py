@@ -278,6 +278,9 @@ def site_config(layout: SandboxLayout, replica_site: Site = Site.HOME) -> str:
         f'ca_file = {_q(layout.ca_cert)}',  # the TLS relay's certificate is the site CA's
         "timeout_s = 10",
         'store = "offsite"',
+        # The provider's image offers slurm-geo's Python at the host's path (PYTHON_BINDS):
+        # a moved job's preamble runs it.
+        *([f"python = {_q(layout.site_python)}"] if remote_site.is_provider(layout) else []),
         _prices_table(rented.name),
         "",
         # Each sandbox user's jobs run there as an account of their own, with its own
