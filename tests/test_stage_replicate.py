@@ -76,6 +76,25 @@ def test_a_second_copy_sends_nothing_and_a_changed_file_sends_its_new_packs_only
     trees(away).verify("ds", second)
 
 
+def test_packs_a_listing_showed_at_the_destination_are_not_asked_for_again(tmp_path):
+    home, away = stores(tmp_path)
+    source = dataset(tmp_path / "data")
+    first = trees(home).stage("ds", LocalOpener(source), f"home:{source}").manifest.snapshot
+    copy(home, away, "ds", first)
+    there = set(away.list("tree-packs/"))
+    asked: list[str] = []
+    original = away.exists
+
+    def exists(name: str) -> bool:
+        asked.append(name)
+        return original(name)
+    away.exists = exists  # type: ignore[method-assign]
+    report = copy_snapshot(trees(home), home, away, MasterTreeKeys(away, KeyFile(MASTER)),
+                           "ds", first, present=there)
+    assert (report.packs_copied, report.packs_present) == (0, len(there))
+    assert not [n for n in asked if n.startswith("tree-packs/")]
+
+
 def test_a_copy_cut_before_its_manifest_commits_no_snapshot(tmp_path, monkeypatch):
     home, away = stores(tmp_path)
     source = dataset(tmp_path / "data")

@@ -40,3 +40,12 @@ class Unreachable:
 def test_a_store_failure_is_reported_not_raised():
     scan = scan_root("offsite-root", Unreachable())
     assert not scan.ok and scan.found == () and "connection refused" in (scan.error or "")
+
+
+def test_a_scan_names_the_runs_whose_world_record_is_at_home(tmp_path):
+    root = tmp_path / "root"
+    (root / "worlds").mkdir(parents=True)
+    (root / "worlds" / "run-1").write_bytes(b"sealed record")
+    (root / "worlds" / ".run-2.x1y2.tmp").write_bytes(b"half written")
+    assert scan_root("pfs", LocalDirStore(root)).worlds == frozenset({"run-1"})
+    assert scan_root("pfs", LocalDirStore(tmp_path)).worlds == frozenset()

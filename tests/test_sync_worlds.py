@@ -13,6 +13,7 @@ import random
 import threading
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from slurm_geo.ckpt.keys import KeyFile
@@ -43,6 +44,7 @@ from slurm_geo.sync.worldstate import (
     WorldQueue,
     WorldRow,
     read_worlds,
+    synced_runs,
     world_offsite,
     world_rows,
 )
@@ -278,6 +280,50 @@ def test_the_world_queue_looks_at_new_runs_first_then_retries_then_rechecks():
     assert queue.due(runs, rows, 200.0) == [("pfs", "b"), ("pfs", "c"), ("pfs", "a")]
     assert queue.next_due(runs[:1], rows) == 150.0
     assert queue.next_due(runs[:1], rows, once=True) is None
+
+
+@pytest.mark.parametrize("row, scanned_at, now, due", [
+    # Looked at at 10 with no record; a scan at 12 lists it: due at once, not at 70.
+    (WorldRow("pfs", "c", "x", None, checked_at=10.0), 12.0, 13.0, True),
+    # The scan that lists it came before the look that found none: not again.
+    (WorldRow("pfs", "c", "x", None, checked_at=10.0), 9.0, 13.0, False),
+    # A failed look backs off even so; a record read already is the retry's business.
+    (WorldRow("pfs", "c", "x", None, checked_at=10.0, next_attempt_at=20.0), 12.0, 13.0,
+     False),
+    (WorldRow("pfs", "c", "x", "s", checked_at=10.0, next_attempt_at=20.0), 12.0, 13.0,
+     False),
+    # Residency keeps it out: rechecked as before.
+    (WorldRow("pfs", "c", "x", None, checked_at=10.0, refused="restricted"), 12.0, 13.0,
+     False),
+])
+def test_a_world_record_a_scan_finds_is_copied_at_once(row, scanned_at, now, due):
+    queue = WorldQueue(recheck_s=60)
+    queue.seen.add(("pfs", "c"))
+    recorded = {("pfs", "c"): scanned_at}
+    assert queue.due([("pfs", "c")], [row], now, recorded=recorded) == \
+        ([("pfs", "c")] if due else [])
+    assert queue.due([("pfs", "c")], [row], now) == []
+    if due:
+        assert queue.next_due([("pfs", "c")], [row], recorded=recorded) == 0.0
+
+
+def test_the_run_checkpointing_now_has_its_world_looked_at_first(tmp_path):
+    """A run cancelled with its world half copied (`a-old`) no longer holds up the world
+    of the job training now (`b-new` sorts after it by name)."""
+    state = StateDB(tmp_path / "state.db")
+
+    def found(run: str, step: int, now: float) -> None:
+        state.add([{"root": "pfs", "run": run, "step": step, "destination": "x",
+                    "sequence": step, "status": "pending"}], now)
+    found("a-old", 1, 10.0)
+    found("b-new", 1, 20.0)
+    found("c-other", 1, 15.0)
+    assert synced_runs(state, "x") == [("pfs", "b-new"), ("pfs", "c-other"), ("pfs", "a-old")]
+    found("a-old", 2, 30.0)  # it checkpoints again
+    assert synced_runs(state, "x")[0] == ("pfs", "a-old")
+    queue = WorldQueue(recheck_s=60)
+    assert queue.due(synced_runs(state, "x"), [], 40.0) == synced_runs(state, "x")
+    state.close()
 
 
 def test_a_moved_incarnations_outputs_come_home_parts_before_index(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ is opened (with the domain's key) only to list the packs it needs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from slurm_geo.ckpt.errors import CkptError, StoreUnavailable
@@ -41,11 +41,13 @@ class TreeCopyReport:
 def copy_snapshot(source: Trees, source_store: Store, destination: Store,
                   destination_keys: TreeKeyHolder, tree: str, snapshot: int,
                   domain: str | None = None, streams: int = 1,
-                  on_pack: Callable[[int, int], None] = lambda _d, _t: None
-                  ) -> TreeCopyReport:
+                  on_pack: Callable[[int, int], None] = lambda _d, _t: None,
+                  present: Collection[str] = frozenset()) -> TreeCopyReport:
     """Copy `tree`'s `snapshot` from `source` (read from `source_store`, which may be a
     paced view of the same store) to `destination`, whose own keys open what it holds
-    (`destination_keys`: the same domain rings, read there)."""
+    (`destination_keys`: the same domain rings, read there). `present`: pack names a
+    listing of the destination just showed, not asked for again one by one (a world
+    pass cut by a checkpoint resumes with a listing, not a request per pack)."""
     manifest = source.manifest(tree, snapshot, domain)  # opened and checked: never copy junk
     domain = manifest.domain
     key = tree_key_name(domain)
@@ -57,7 +59,8 @@ def copy_snapshot(source: Trees, source_store: Store, destination: Store,
     def handled(_name: str, _moved: int | None) -> None:
         done[0] += 1
         on_pack(done[0], len(packs))
-    moved = run_all(lambda name: copy_if_missing(source_store, destination, name), packs,
+    moved = run_all(lambda name: None if name in present
+                    else copy_if_missing(source_store, destination, name), packs,
                     streams, on_done=handled)
     copied = [size for size in moved if size is not None]
     name = snapshot_name(tree, snapshot)

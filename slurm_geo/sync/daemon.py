@@ -165,7 +165,9 @@ class Daemon:
                         self._worlds.give_way()  # a checkpoint never waits behind a world
                 elif not self._inflight.busy and not self._dispatch() and not (
                         self._monotonic() >= self._down_until
-                        and self._worlds.start_due(self._state, self.runtime, once)):
+                        and self._worlds.start_due(self._state, self.runtime, once,
+                                                   world_records(self._scans,
+                                                                 self.live.last_scan))):
                     if once:
                         return self._once_exit_code()
                     self._dispatch_scrub()
@@ -403,6 +405,11 @@ def apply_changes(state: StateDB, destination: str, changes: Any, now: float) ->
               step=replica.step, destination=destination,
               reason="retention tier 2 no longer wants it, or it left the root"
               if wanted is Status.SKIPPED else "retention tier 2 wants it again")
+
+
+def world_records(scans: list[RootScan], at: float | None) -> dict[tuple[str, str], float]:
+    """(root, run) of each world record the scans (made `at`) found at home."""
+    return {(scan.root, run): at or 0.0 for scan in scans for run in scan.worlds}
 
 
 def checkpoint_due(state: StateDB | None, runtime: Runtime, scans: list[RootScan],

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -64,6 +64,7 @@ class PassGuard:
         self._guard, self._give_way, self._budget = guard, give_way, budget
         self.sent = 0
         self.pack_bytes = 0  # of tree packs: what the world has gained off-site so far
+        self.first_put: float | None = None  # when the pass's first object went up
         self._lock = threading.Lock()
 
     def check(self) -> None:
@@ -84,6 +85,8 @@ class PassGuard:
 
     def count(self, _name: str, size: int, _started: float, _finished: float) -> None:
         with self._lock:
+            if self.first_put is None:
+                self.first_put = _started
             self.sent += size
             if _name.startswith("tree-packs/"):
                 self.pack_bytes += size
@@ -95,6 +98,8 @@ class PassResult:
     yielded: str | None = None
     bytes_sent: int = 0      # put, and read back to verify
     failed: int = 0
+    took_s: float = 0.0      # the pass, from its start to its end
+    setup_s: float | None = None  # from its start to its first object put (None: none)
 
 
 class WorldPass:
@@ -186,17 +191,19 @@ class WorldTurns:
     def give_way(self) -> None:
         self.passes.give_way()
 
-    def start_due(self, state: StateDB | None, runtime: Runtime, once: bool) -> bool:
-        """Start a pass over the worlds of the runs due; False when none is."""
+    def start_due(self, state: StateDB | None, runtime: Runtime, once: bool,
+                  recorded: Mapping[tuple[str, str], float] | None = None) -> bool:
+        """Start a pass over the worlds of the runs due; False when none is. `recorded`:
+        the (root, run) a scan found a world record for at home, and when."""
         assert state is not None
         self.queue.recheck_s = self._recheck_s or max(runtime.sync.poll_interval_s,
                                                       WORLD_RECHECK_S)
         runs = [key for key in synced_runs(state, runtime.destination)
                 if runtime.reads(key[0])]
         rows = world_rows(state, runtime.destination)
-        due = self.queue.due(runs, rows, self._clock(), once)
+        due = self.queue.due(runs, rows, self._clock(), once, recorded)
         if not due:
-            self.due = self.queue.next_due(runs, rows, once)
+            self.due = self.queue.next_due(runs, rows, once, recorded)
             return False
         self.queue.seen.update(due)
         self.due = None
@@ -209,7 +216,9 @@ class WorldTurns:
             return
         if done.bytes_sent or done.failed or done.yielded:  # a recheck that found all well
             event(log, "world_pass", runs=done.runs, bytes=done.bytes_sent,  # says nothing
-                  failed=done.failed, gave_way=done.yielded or "-")
+                  failed=done.failed, gave_way=done.yielded or "-",
+                  took_s=round(done.took_s, 2), setup_s="-" if done.setup_s is None
+                  else round(done.setup_s, 2))
         if done.yielded and done.yielded != "stopping":
             self.queue.seen.clear()  # the next pass resumes where this one stopped
 
@@ -225,8 +234,13 @@ class WorldTurns:
 def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guard: PassGuard,
              bucket: TokenBucket | None, clock: Callable[[], float] = time.time) -> PassResult:
     """Copy the worlds of `runs` in order until done, told to give way, or out of budget."""
+    started = clock()
     create_worlds_table(state)
     destination = runtime.destination
+
+    def ended(looked: int, yielded: str | None, failed: int) -> PassResult:
+        return PassResult(looked, yielded, guard.sent, failed, clock() - started,
+                          None if guard.first_put is None else guard.first_put - started)
     rows = {(r.root, r.run): r for r in world_rows(state, destination)}
     sound = verified_packs(state, destination)
     looked = failed = 0
@@ -252,10 +266,10 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
         except Yielded as exc:
             progress.cut()
             event(log, "world_yielded", run=run, destination=destination, reason=exc)
-            return PassResult(looked, str(exc), guard.sent, failed)
+            return ended(looked, str(exc), failed)
         except (Interrupted, AttemptTimedOut):
             progress.cut()
-            return PassResult(looked, "stopping", guard.sent, failed)
+            return ended(looked, "stopping", failed)
         except CkptError as exc:
             failed += 1
             now = clock()
@@ -289,7 +303,7 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
             event(log, "world_verified", run=run, destination=destination, trees=done.trees,
                   bytes=done.bytes_total)
         looked += 1
-    return PassResult(looked, None, guard.sent, failed)
+    return ended(looked, None, failed)
 
 
 def home_writer(runtime: Runtime, root: str) -> Store | None:

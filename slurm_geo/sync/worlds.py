@@ -102,7 +102,7 @@ class WorldCopy:
         if row.complete:
             return row
         home = self._trees(self.source)
-        total, held = self._sizes(home, record)
+        total, held, there = self._sizes(home, record)
         row = replace(row, bytes_total=total, bytes_there=held)
         progress(row)
         carry_run_keys(repository, self.destination, row.run)
@@ -112,8 +112,9 @@ class WorldCopy:
             _check_pin(self.source, pin, "the home store")
             report = copy_snapshot(home, self.source, self.destination,
                                    MasterTreeKeys(self.destination, self.master_keys),
-                                   pin.tree, pin.snapshot, pin.domain, self.streams)
-            total, held = self._sizes(home, record)
+                                   pin.tree, pin.snapshot, pin.domain, self.streams,
+                                   present=there)
+            total, held, there = self._sizes(home, record)
             row = replace(row, bytes_copied=row.bytes_copied + report.bytes_copied,
                           bytes_total=total, bytes_there=held)
             progress(row)
@@ -148,20 +149,23 @@ class WorldCopy:
         except ObjectMissing:
             return False
 
-    def _sizes(self, home: Trees, record: WorldRecord) -> tuple[int, int]:
-        """The pack bytes of the pinned snapshots at home, and those the destination has."""
+    def _sizes(self, home: Trees, record: WorldRecord) -> tuple[int, int, set[str]]:
+        """The pack bytes of the pinned snapshots at home, those the destination has, and
+        the names of those it has."""
         needed: dict[str, set[str]] = {}
         for pin in record.trees:
             manifest = home.manifest(pin.tree, pin.snapshot, pin.domain)
             needed.setdefault(pin.domain, set()).update(
                 tree_pack_name(pin.domain, ref.pack) for ref in manifest.refs())
         total = there = 0
+        held: set[str] = set()
         for domain, names in needed.items():
             at_home = self.source.sizes(tree_packs_prefix(domain))
             at_destination = self.destination.sizes(tree_packs_prefix(domain))
             total += sum(at_home.get(n, 0) for n in names)
             there += sum(at_home.get(n, 0) for n in names if n in at_destination)
-        return total, there
+            held.update(n for n in names if n in at_destination)
+        return total, there, held
 
     def _verify_there(self, home: Trees, pin: PinnedTree) -> None:
         """Check the snapshot at the destination: its manifest hashes to the pin, and each

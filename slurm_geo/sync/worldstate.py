@@ -13,8 +13,9 @@ a row with no record and `complete` 0. Only the daemon writes it.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,38 +147,47 @@ def put_world_row(state: StateDB, row: WorldRow) -> None:
 
 def synced_runs(state: StateDB, destination: str) -> list[tuple[str, str]]:
     """(root, run) of every run with a checkpoint bound for `destination`: the runs whose
-    worlds follow their checkpoints there."""
+    worlds follow their checkpoints there. The run whose newest checkpoint was found
+    last comes first: a training job's world, which a move may wait for, goes before
+    that of a run that stopped checkpointing (one ended, or cancelled with its world half
+    copied: in name order, a 1 GB world left so waited for another, bench/world_move.py)."""
     return [(r["root"], r["run"]) for r in state.db.query(
-        "SELECT DISTINCT root, run FROM replicas WHERE destination = ? AND status != "
-        "'skipped' ORDER BY run, root", [destination])]
+        "SELECT root, run FROM replicas WHERE destination = ? AND status != 'skipped' "
+        "GROUP BY root, run ORDER BY MAX(discovered_at) DESC, run, root", [destination])]
 
 
 @dataclass
 class WorldQueue:
-    """Which runs' worlds a pass looks at, in order: runs never looked at by this daemon
-    first, then incomplete ones whose retry is due, then complete ones not checked for
-    `recheck_s` (their home record may have moved on). Pure."""
+    """Which runs' worlds a pass looks at, in order (ties in the order of `runs`,
+    `synced_runs`': the most recently checkpointing first): runs never looked at by this daemon
+    first, and those looked at with no world record at home whose record the last scan
+    lists now (`recorded`: their job has just staged it; waiting for the recheck cost a
+    move up to `recheck_s`, bench/world_move.py), then incomplete ones whose retry is due,
+    then complete ones not checked for `recheck_s` (their home record may have moved on).
+    Pure."""
 
     recheck_s: float
     seen: set[tuple[str, str]] = field(default_factory=set)  # by this process
 
     def due(self, runs: Sequence[tuple[str, str]], rows: Iterable[WorldRow], now: float,
-            once: bool = False) -> list[tuple[str, str]]:
+            once: bool = False, recorded: Mapping[tuple[str, str], float] | None = None
+            ) -> list[tuple[str, str]]:
         by_run = {(r.root, r.run): r for r in rows}
-        ranked: list[tuple[int, float, tuple[str, str]]] = []
-        for key in runs:
+        ranked: list[tuple[int, float, int, tuple[str, str]]] = []
+        for place, key in enumerate(runs):
             row = by_run.get(key)
-            if key not in self.seen or row is None:
-                ranked.append((0, 0.0, key))
+            if key not in self.seen or row is None or _appeared(row, key, recorded, now):
+                ranked.append((0, 0.0, place, key))
             elif not row.complete and row.record_sha256 is not None \
                     and row.next_attempt_at <= now:
-                ranked.append((1, row.next_attempt_at, key))
+                ranked.append((1, row.next_attempt_at, place, key))
             elif not once and (row.checked_at or 0.0) + self.recheck_s <= now:
-                ranked.append((2, row.checked_at or 0.0, key))
-        return [key for _, _, key in sorted(ranked)]
+                ranked.append((2, row.checked_at or 0.0, place, key))
+        return [key for *_, key in sorted(ranked)]
 
     def next_due(self, runs: Sequence[tuple[str, str]], rows: Iterable[WorldRow],
-                 once: bool = False) -> float | None:
+                 once: bool = False,
+                 recorded: Mapping[tuple[str, str], float] | None = None) -> float | None:
         """When the first run not due now becomes due (None: none will by itself)."""
         by_run = {(r.root, r.run): r for r in rows}
         times = []
@@ -185,11 +195,23 @@ class WorldQueue:
             row = by_run.get(key)
             if key not in self.seen or row is None:
                 return 0.0
+            if _appeared(row, key, recorded, math.inf):
+                times.append(row.next_attempt_at)
             if not row.complete and row.record_sha256 is not None:
                 times.append(row.next_attempt_at)
             elif not once:
                 times.append((row.checked_at or 0.0) + self.recheck_s)
         return min(times, default=None)
+
+
+def _appeared(row: WorldRow, key: tuple[str, str],
+              recorded: Mapping[tuple[str, str], float] | None, now: float) -> bool:
+    """Whether a scan found the run's world record at home (`recorded`: when) after its
+    row was last checked and saw none; a failed look's retry still waits its turn."""
+    if recorded is None or key not in recorded or row.record_sha256 is not None \
+            or row.refused is not None:
+        return False
+    return (row.checked_at or 0.0) < recorded[key] and row.next_attempt_at <= now
 
 
 def read_worlds(state_path: Path, run: str | None = None) -> list[WorldRow]:
