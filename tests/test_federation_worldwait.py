@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 
 from slurm_geo.federation.leases import Action, Verdict, decide
-from slurm_geo.federation.planner import WorldStaging, stage_s
+from slurm_geo.federation.planner import (
+    WORLD_GIVE_WAY_S,
+    Cadence,
+    WorldStaging,
+    checkpoint_every_s,
+    stage_s,
+    with_checkpoints,
+)
 from slurm_geo.federation.worldwait import world_wait
 from tests.test_federation_leases import NOW, TTL, ask, job, lease
 
@@ -54,6 +61,46 @@ def test_a_move_waits_until_the_world_is_complete_at_its_target(world, target, s
 ])
 def test_staging_time_counts_the_copy_and_its_read_back(world, store, seconds):
     assert stage_s(world, store, predict) == seconds
+
+
+@pytest.mark.parametrize("cadence, seconds", [
+    # Checkpoints of unknown cadence: the link's time alone, as before.
+    (Cadence(), 80.5),
+    # One every 5 s, 17 KB each (bench/world_move.py): each takes the link ~0.5 s
+    # (this link's fixed 0.5 s) and costs the pass its give-way.
+    (Cadence(5.0, 17_000, "pfs"), 80.5 / (1 - (0.5 + 17_000 / 25e6 + WORLD_GIVE_WAY_S) / 5)),
+    # Big checkpoints every 60 s: 1 GB, 40.5 s of link each; the world has what is left.
+    (Cadence(60.0, GB, "pfs"), 80.5 / (1 - (40.5 + WORLD_GIVE_WAY_S) / 60)),
+    # Checkpoints already at the target's store cross nothing but still cut the pass.
+    (Cadence(5.0, GB, "offsite"), 80.5 / (1 - WORLD_GIVE_WAY_S / 5)),
+    # Checkpoints that would take the whole link: the world keeps a tenth of it.
+    (Cadence(30.0, GB, "pfs"), 80.5 * 10),
+])
+def test_staging_shares_the_link_with_the_job_s_own_checkpoints(cadence, seconds):
+    assert stage_s(WorldStaging("pfs", GB), "offsite", predict, cadence) == \
+        pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("link_s, every_s, checkpoint_s, seconds", [
+    (100.0, 5.0, 0.0, 100.0 / (1 - WORLD_GIVE_WAY_S / 5.0)),
+    (100.0, 10.0, 4.65, 200.0),  # half the link: twice the time
+    (100.0, 0.0, 1.0, 100.0),    # no cadence
+    (0.0, 5.0, 1.0, 0.0),
+])
+def test_with_checkpoints(link_s, every_s, checkpoint_s, seconds):
+    assert with_checkpoints(link_s, every_s, checkpoint_s) == \
+        pytest.approx(seconds, rel=1e-2 if every_s == 10.0 else 1e-9)
+
+
+@pytest.mark.parametrize("created, every", [
+    ([], None),
+    ([100.0], None),
+    ([100.0, 100.0], None),
+    ([100.0, 105.0, 111.0, 115.0, 120.0], 5.0),
+    ([120.0, 100.0, 110.0], 10.0),  # any order
+])
+def test_checkpoint_cadence_from_the_newest_checkpoints_times(created, every):
+    assert checkpoint_every_s(created) == every
 
 
 @pytest.mark.parametrize("waits, step, action, reason", [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from slurm_geo.ckpt import Repository
@@ -38,7 +39,14 @@ from slurm_geo.federation.model import (
 )
 from slurm_geo.federation.mover import Mover
 from slurm_geo.federation.owners import own_dir, owner_refusal
-from slurm_geo.federation.planner import ClusterView, JobNeeds, Plan, WorldStaging, plan
+from slurm_geo.federation.planner import (
+    ClusterView,
+    JobNeeds,
+    Plan,
+    WorldStaging,
+    checkpoint_every_s,
+    plan,
+)
 from slurm_geo.federation.probes import BandwidthProbes, HealthProbes
 from slurm_geo.federation.reconcile import (
     PlanPurpose,
@@ -297,13 +305,15 @@ class Federation:
         health = health if health is not None else self.state.health()
         options = ScriptOptions.from_json(job.spec)
         source_store = self.wiring.store_of(job.cluster)
+        world = _world_staging(self.wiring, job, options, answering(health, self.home))
         needs = JobNeeds(
             logical_job=job.logical_job, home=self.home, current=job.cluster,
             nodes=options.nodes, cpus=options.nodes * options.cpus_per_task,
             gpus=options.gpus, remaining_s=60.0 * (options.time_limit_minutes or 60),
             checkpoint_bytes=_checkpoint_bytes(self.wiring, job, source_store),
-            checkpoint_store=source_store, directives=options.directives(),
-            world=_world_staging(self.wiring, job, options, answering(health, self.home)))
+            checkpoint_store=source_store, directives=options.directives(), world=world,
+            checkpoint_every_s=None if world is None else checkpoint_every_s(
+                _checkpoint_times(self.wiring, job, source_store)))
         views = [self._view(name, health, options, job,
                             current_wait if name == job.cluster else None)
                  for name in self.clients]
@@ -376,6 +386,26 @@ def _checkpoint_bytes(wiring: Wiring, job: LogicalJob, store_name: str) -> int:
     except CkptError:
         return 0
     return sum({ref.id: ref.length for ref in with_bases(manifest.refs())}.values())
+
+
+def _checkpoint_times(wiring: Wiring, job: LogicalJob, store_name: str,
+                      newest: int = 5) -> list[float]:
+    """When the run's `newest` checkpoints were made (Unix seconds; none unreadable): how
+    often the job checkpoints, which a world staged meanwhile shares the link with."""
+    try:
+        repository = Repository(wiring.stores[store_name], wiring.master_keys)
+        made = [repository.manifest(job.run, step).metadata.created_at
+                for step in repository.steps(job.run)[-newest:]]
+    except CkptError:
+        return []
+    times = []
+    for text in made:
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            continue
+        times.append((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp())
+    return times
 
 
 def _owner_cancelled(state: State, audit: Audit, now: float, job: LogicalJob,

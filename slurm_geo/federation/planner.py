@@ -43,7 +43,10 @@ of the first cluster by name in it, else the current cluster's. Staying costs no
 A job's *world* (its `--geo-inputs` and `--geo-env`: docs/directives.md) lives at home
 and is staged to other sites' stores ahead of a loss (`WorldStaging`). At a candidate, the
 bytes not yet staged in its store are read from home's store at the link's predicted rate,
-twice (`stage_s`: checkpoint-sync reads each pack back to verify it), and charged as
+twice (`stage_s`: checkpoint-sync reads each pack back to verify it), with the link
+shared with the job's own checkpoints meanwhile (`with_checkpoints`: each one, every
+`checkpoint_every_s` of its newest checkpoints' times, is replicated first and cuts the
+world's pass), and charged as
 egress from home's region; a move while home is up waits until they are there
 (federation.worldwait); a candidate where the world is missing, or of
 unknown size, is ineligible while home is down (nothing can be read from home then), so
@@ -65,6 +68,15 @@ from slurm_geo.policy.geo import GeoRules, check
 DEFAULT_MARGIN_S = 60.0
 DEFAULT_FAILBACK_S = 600.0
 WORLD_CROSSINGS = 2  # a staged byte is put at the destination, then read back to verify
+# What each of the job's checkpoints costs a world being staged besides the checkpoint's
+# own bytes: checkpoint-sync's world pass gives way to it (the packs in flight drain,
+# the checkpoint goes, the pass starts again). bench/world_move.py at 200 Mbit/s, a
+# checkpoint every 5 s: 2048 MB crossed in 92.0 s, 85.7 s at the link's payload rate, 18
+# checkpoints: 0.35 s each.
+WORLD_GIVE_WAY_S = 0.35
+# The share of the link the job's checkpoints may be counted to take from its world at
+# most: a job that checkpoints all the time still has its world staged, slowly (10x).
+MAX_CHECKPOINT_SHARE = 0.9
 
 PredictTransfer = Callable[[str, str, int], float | None]
 
@@ -105,6 +117,9 @@ class JobNeeds:
     directives: Directives = field(default_factory=Directives)
     spent_usd: float = 0.0
     world: WorldStaging | None = None  # None: the job declares no inputs and no env
+    # How often the job checkpoints now (`checkpoint_every_s` of its newest
+    # checkpoints' times); None: unknown (fewer than two checkpoints).
+    checkpoint_every_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -234,7 +249,9 @@ def _transfer_s(job: JobNeeds, view: ClusterView, predict: PredictTransfer,
                   else predict(job.checkpoint_store, view.store, job.checkpoint_bytes))
     if job.world is None:
         return checkpoint
-    world = 0.0 if world_missing == 0 else stage_s(job.world, view.store, predict)
+    world = 0.0 if world_missing == 0 else stage_s(
+        job.world, view.store, predict,
+        Cadence(job.checkpoint_every_s, job.checkpoint_bytes, job.checkpoint_store))
     fetch = materialise_s(job.world, view)
     return None if checkpoint is None or world is None or fetch is None \
         else checkpoint + world + fetch
@@ -251,17 +268,55 @@ def materialise_s(world: WorldStaging, view: ClusterView) -> float | None:
     return world.total_bytes / (view.world_fetch_mb_s * 1e6)
 
 
-def stage_s(world: WorldStaging, store: str, predict: PredictTransfer) -> float | None:
+@dataclass(frozen=True)
+class Cadence:
+    """The job's checkpoints while its world is staged: one every `every_s` (None:
+    unknown), `bytes` each, from `store`."""
+
+    every_s: float | None = None
+    bytes: int = 0
+    store: str = ""
+
+
+def stage_s(world: WorldStaging, store: str, predict: PredictTransfer,
+            cadence: Cadence = Cadence()) -> float | None:
     """Seconds to stage what `store` lacks of the world from home's store: each byte
     crosses the link twice (checkpoint-sync puts a pack, then reads it back whole to
-    verify it, before the world's record is written there); 0 when nothing is missing,
-    None when the size or the link's rate is unknown."""
+    verify it, before the world's record is written there), while the job goes on
+    checkpointing (`cadence`: each checkpoint is replicated first, `with_checkpoints`); 0
+    when nothing is missing, None when the size or the link's rate is unknown."""
     missing = world.missing(store)
     if missing == 0:
         return 0.0
     if missing is None:
         return None
-    return predict(world.source_store, store, WORLD_CROSSINGS * missing)
+    link = predict(world.source_store, store, WORLD_CROSSINGS * missing)
+    if link is None or cadence.every_s is None:
+        return link
+    checkpoint = 0.0 if not cadence.bytes or cadence.store == store else \
+        predict(cadence.store, store, cadence.bytes)
+    return with_checkpoints(link, cadence.every_s, checkpoint or 0.0)
+
+
+def with_checkpoints(link_s: float, every_s: float, checkpoint_s: float) -> float:
+    """Wall seconds to move `link_s` of world over the link while the job checkpoints
+    every `every_s`, each checkpoint taking `checkpoint_s` of the link and costing the
+    world pass WORLD_GIVE_WAY_S (checkpoint-sync never lets a checkpoint wait behind a
+    world): the world has the link's remaining share, `1 - (checkpoint_s +
+    WORLD_GIVE_WAY_S) / every_s`, MAX_CHECKPOINT_SHARE at most taken from it."""
+    if every_s <= 0:
+        return link_s
+    share = min(MAX_CHECKPOINT_SHARE, (checkpoint_s + WORLD_GIVE_WAY_S) / every_s)
+    return link_s / (1.0 - share)
+
+
+def checkpoint_every_s(created: Sequence[float]) -> float | None:
+    """How often a job checkpoints, from its newest checkpoints' times (Unix seconds, in
+    any order): the mean gap between them; None for fewer than two, or all at once."""
+    if len(created) < 2:
+        return None
+    span = max(created) - min(created)
+    return span / (len(created) - 1) if span > 0 else None
 
 
 def _why_not_world(job: JobNeeds, view: ClusterView, missing: int | None, home_up: bool,
