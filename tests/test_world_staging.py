@@ -18,7 +18,7 @@ import pytest
 from slurm_geo.ckpt import LocalDirStore
 from slurm_geo.ckpt.keys import RunKeyRing, as_master_keys
 from slurm_geo.federation.model import JobStatus, LogicalJob
-from slurm_geo.federation.worldgrants import grant_ids, tree_grants, world_roots
+from slurm_geo.federation.worldgrants import grant_ids, shared_ids, tree_grants, world_roots
 from slurm_geo.lease.protocol import KeyReply, TreeGrant
 from slurm_geo.sandbox.users import ALICE as ALICE_USER
 from slurm_geo.sandbox.users import BOB as BOB_USER
@@ -76,7 +76,12 @@ def test_grants_carry_the_domain_ring_made_at_home_and_only_copied_elsewhere(tmp
     world = {"geo-inputs": DATA, "geo-env": VENV}
     assert tree_grants(job(world), away, KEY, create=False) == ()  # nothing copied there
     grants = tree_grants(job(world), home, KEY, create=True)
-    assert [(g.what, g.path) for g in grants] == [("input", DATA), ("env", VENV)]
+    # Each root twice: its owner's tree, then its shared one (used while all may read it).
+    assert [(g.what, g.path, g.shared) for g in grants] == [
+        ("input", DATA, False), ("env", VENV, False), ("input", DATA, True),
+        ("env", VENV, True)]
+    assert [g.tree for g in grants[2:]] == [t for _, _, t in shared_ids(
+        KEY, [("input", DATA), ("env", VENV)], {})]
     rings = MasterTreeKeys(home, as_master_keys(KEY))
     for grant in grants:
         assert grant.domain == grant.tree
@@ -108,8 +113,13 @@ def test_a_key_reply_grants_exactly_the_jobs_own_roots(tmp_path):
     assert [(g.what, g.path) for g in alice.trees][:2] == [("input", DATA), ("env", VENV)]
     assert {g.what for g in alice.trees} <= {"input", "env", "workdir"}
     assert [(g.what, g.path) for g in bob.trees][0] == ("input", DATA)
-    assert not {g.domain for g in alice.trees} & {g.domain for g in bob.trees}
-    assert not {g.ring for g in alice.trees} & {g.ring for g in bob.trees}
+    # Their own trees share nothing; the dataset's shared tree is one, granted to both.
+    own = [{g.domain for g in reply.trees if not g.shared} for reply in (alice, bob)]
+    assert not own[0] & own[1]
+    assert not {g.ring for g in alice.trees if not g.shared} & {g.ring for g in bob.trees}
+    shared = [{(g.path, g.domain) for g in reply.trees if g.shared} for reply in (alice, bob)]
+    assert shared[0] & shared[1] == {(DATA, next(g.domain for g in bob.trees if g.shared
+                                                 and g.path == DATA))}
     assert plain.trees == ()  # no world declared, none granted
     again = KeyReply.from_json(site.key("onprem", alice_id).body)
     assert again.trees == alice.trees  # the same domains and keys at every start

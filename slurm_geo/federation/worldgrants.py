@@ -5,10 +5,18 @@ key ring (docs/format.md §11.2, §11.8; slurm_geo.lease.protocol.TreeGrant).
 The daemon never reads a user's path: it names the roots the job's record holds (its
 `--geo-inputs`, its `--geo-env`, the working directory Slurm recorded) and derives their
 tree ids from the site master key; the home job stages them itself, as its owner
-(slurm_geo.stage.home). A tree's label is `uid:<uid>:<path>`, so two users who declare
-the same path get two trees in two domains: bob's job is never granted the key of
-alice's (and dedup is across one user's jobs). A shared domain for a world-readable
-root (dedup across users) is not granted yet: every root is in its owner's domain.
+(slurm_geo.stage.home). Each root is granted twice:
+
+* its owner's tree, label `uid:<uid>:<path>`: two users who declare the same path get two
+  trees in two domains, and bob's job is never granted the key of alice's;
+* the root's shared tree, label `shared:<class>:<regions>:<path>` (the data class and
+  regions the job's grant gives the root, so a grantee's narrower declaration makes
+  another domain rather than narrowing where another's job may go), one per path for
+  every user: the job stages into it only while every user may read the whole root at
+  home (slurm_geo.stage.public, judged by the job as it walks), so its key gives no
+  grantee anything it could not read at home, and a second user's job on the same
+  dataset stores no new chunk (dedup across users; the stager's rules against what
+  other grantees may write there: slurm_geo.stage.sharing).
 
 At home, a grant also narrows the domain's residency (`tree-residency/<domain>`, sealed
 under the master key; slurm_geo.stage.residency): the data class of the root (an input's
@@ -85,11 +93,26 @@ def tree_label(uid: int, path: str) -> str:
     return f"uid:{uid}:{path}"
 
 
+def shared_label(path: str, data_class: str, regions: Sequence[str]) -> str:
+    """The label of the shared tree of `path` for grants of that class and those regions."""
+    return f"shared:{data_class}:{','.join(sorted(regions))}:{path}"
+
+
 def grant_ids(master_key: bytes, uid: int, roots: Sequence[Root]) -> tuple[tuple[str, str,
                                                                                str], ...]:
     """`(what, path, tree id)` of each root as `uid`'s; each tree is its own domain."""
     naming = tree_naming_key(master_key)
     return tuple((what, path, tree_id(naming, tree_label(uid, path))) for what, path in roots)
+
+
+def shared_ids(master_key: bytes, roots: Sequence[Root],
+               residency: dict[str, tuple[str, tuple[str, ...]]]
+               ) -> tuple[tuple[str, str, str], ...]:
+    """`(what, path, tree id)` of each root's shared tree (its own domain), whoever asks:
+    by the root's class and regions in `residency` (none known: `-` and none). Pure."""
+    naming = tree_naming_key(master_key)
+    return tuple((what, path, tree_id(naming, shared_label(path, *residency.get(
+        path, ("-", ()))))) for what, path in roots)
 
 
 def root_residency(job: LogicalJob, rules: GeoRules) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -127,18 +150,22 @@ def tree_grants(job: LogicalJob, store: Store, master_keys: bytes | MasterKeys,
         return ()
     keys = as_master_keys(master_keys)
     rings = MasterTreeKeys(store, keys)
-    residency = root_residency(job, rules) if create and rules is not None else {}
+    residency = root_residency(job, rules) if rules is not None else {}
+    master = keys.keys()[0]
     grants = []
-    for what, path, tree in grant_ids(keys.keys()[0], job.owner.uid, roots):
-        try:
-            ring = rings.ring(tree, create=create)
-            if path in residency:
-                data_class, regions = residency[path]
-                write_residency(store, keys, TreeResidency(tree, (data_class,), regions))
-        except ObjectMissing:
-            continue
-        except CkptError as exc:
-            log.warning("%s: no key of the staged tree of %s: %s", job.logical_job, path, exc)
-            continue
-        grants.append(TreeGrant(what, path, tree, tree, ring))
+    for shared, ids in ((False, grant_ids(master, job.owner.uid, roots)),
+                        (True, shared_ids(master, roots, residency))):
+        for what, path, tree in ids:
+            try:
+                ring = rings.ring(tree, create=create)
+                if create and path in residency:
+                    data_class, regions = residency[path]
+                    write_residency(store, keys, TreeResidency(tree, (data_class,), regions))
+            except ObjectMissing:
+                continue
+            except CkptError as exc:
+                log.warning("%s: no key of the staged tree of %s: %s", job.logical_job, path,
+                            exc)
+                continue
+            grants.append(TreeGrant(what, path, tree, tree, ring, shared))
     return tuple(grants)

@@ -209,10 +209,14 @@ class TreeGrant:
     tree: str
     domain: str
     ring: RunKeyRing
+    # The shared tree of a root: staged into only while every user may read the root
+    # (slurm_geo.stage.public); the job is granted its own tree of the root with it.
+    shared: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"what": self.what, "path": self.path, "tree": self.tree,
-                "domain": self.domain, "keys": [k.hex() for k in self.ring.data_keys]}
+        found = {"what": self.what, "path": self.path, "tree": self.tree,
+                 "domain": self.domain, "keys": [k.hex() for k in self.ring.data_keys]}
+        return {**found, "shared": True} if self.shared else found
 
     @classmethod
     def from_json(cls, raw: Any) -> TreeGrant:
@@ -225,8 +229,10 @@ class TreeGrant:
         for name in ("tree", "domain"):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", raw[name]):
                 raise ValueError(f"a tree grant's {name} is not an id")
+        if not isinstance(raw.get("shared", False), bool):
+            raise ValueError("a tree grant's shared is true or false")
         return cls(raw["what"], raw["path"], raw["tree"], raw["domain"],
-                   RunKeyRing.of([bytes.fromhex(k) for k in keys]))
+                   RunKeyRing.of([bytes.fromhex(k) for k in keys]), raw.get("shared", False))
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from slurm_geo.ckpt.store import Store
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.lease.protocol import KeyReply, TreeGrant
 from slurm_geo.stage.keys import GivenTreeKeys
+from slurm_geo.stage.public import root_private
 from slurm_geo.stage.record import (
     PinnedTree,
     WorldRecord,
@@ -42,6 +43,7 @@ from slurm_geo.stage.record import (
     read_world_record,
     write_world_record,
 )
+from slurm_geo.stage.sharing import NotPublic, Shared
 from slurm_geo.stage.trees import Staged, Trees
 from slurm_geo.stage.walk import LocalOpener, Opener
 
@@ -101,6 +103,11 @@ class HomeStager:
         self.run = run
         self.run_ring = run_ring
         self.grants = tuple(g for g in grants if g.what in WHATS and g.path.startswith("/"))
+        self._roots: dict[str, tuple[TreeGrant | None, TreeGrant | None]] = {}
+        for g in self.grants:  # (own, shared) per path, in the grants' order
+            own, shared = self._roots.get(g.path, (None, None))
+            self._roots[g.path] = (own, g) if g.shared else (g, shared)
+        self._try_shared: dict[str, bool] = {}
         self._opener_for = opener_for
         self._clock = clock
         self._random_bytes = random_bytes
@@ -112,13 +119,15 @@ class HomeStager:
 
     def stage_once(self) -> Pass:
         """Stage every root once, then write the world record if any pin changed."""
-        results = tuple(self._stage(grant) for grant in self.grants)
         earlier = self._earlier_record()
+        results = tuple(self._stage_root(own, shared, earlier)
+                        for own, shared in self._roots.values())
         pins: list[PinnedTree] = []
         for result in results:
             pin = self._pin(result) if result.staged is not None else (
                 None if earlier is None else earlier.pinned(result.grant.path))
-            if pin is not None and pin.tree == result.grant.tree:
+            trees = {g.tree for g in self._roots[result.grant.path] if g is not None}
+            if pin is not None and pin.tree in trees:
                 pins.append(pin)
         record = earlier
         if pins and (earlier is None or earlier.trees != tuple(pins)):
@@ -127,10 +136,40 @@ class HomeStager:
         self.last = Pass(results, record)
         return self.last
 
-    def _stage(self, grant: TreeGrant) -> RootStaged:
+    def _stage_root(self, own: TreeGrant | None, shared: TreeGrant | None,
+                    earlier: WorldRecord | None) -> RootStaged:
+        """A root in its shared tree while every user may read it (slurm_geo.stage.public),
+        else in its owner's tree. One found private is staged in the owner's tree from
+        then on, each pass noting whether it became readable to all again."""
+        if shared is not None and self._try_shared.get(shared.path, True):
+            why = root_private(shared.path)
+            if why is None:
+                pin = None if earlier is None else earlier.pinned(shared.path)
+                pinned = None if pin is None or pin.tree != shared.tree else (
+                    pin.snapshot, pin.manifest_sha256)
+                try:
+                    return self._stage(shared, Shared(pinned))
+                except NotPublic as exc:
+                    why = str(exc)
+            self._try_shared[shared.path] = False
+            log.info("%s %s is staged for its owner only: %s", shared.what, shared.path,
+                     why)
+        if own is None:
+            assert shared is not None
+            return RootStaged(shared, None, f"{shared.path} is not readable by every user "
+                              "and no tree of its owner's was granted")
+        result = self._stage(own, None, note_public=shared is not None)
+        if shared is not None and result.staged is not None and result.staged.public:
+            self._try_shared[shared.path] = True  # the next pass shares it again
+        return result
+
+    def _stage(self, grant: TreeGrant, shared: Shared | None, note_public: bool = False
+               ) -> RootStaged:
         try:
             staged = self._trees.stage(grant.tree, self._opener_for(grant.path), grant.path,
-                                       grant.domain)
+                                       grant.domain, shared=shared, note_public=note_public)
+        except NotPublic:
+            raise
         except (SlurmGeoError, OSError) as exc:
             log.warning("not staged: %s %s: %s", grant.what, grant.path, exc)
             return RootStaged(grant, None, str(exc))

@@ -52,6 +52,8 @@ from slurm_geo.stage.names import (
     tree_latest_name,
     tree_pack_name,
 )
+from slurm_geo.stage.public import entry_private
+from slurm_geo.stage.sharing import NotPublic, Shared, Vetted, pinned_sealed, plan
 from slurm_geo.stage.walk import OTHER, Found, Opener, walk
 
 LATEST_FORMAT = 1
@@ -79,6 +81,10 @@ class Staged:
     files_reused: int  # unchanged by their stat: their chunks taken without a read
     bytes_reused: int
     skipped: tuple[str, ...]  # devices, FIFOs, sockets: not staged
+    private: str | None = None  # an entry not every user may read, and why (if looked)
+    public: bool | None = None  # every user may read it all (None: not looked at)
+    read_back: int = 0  # chunks of others' snapshots read back and referenced (shared)
+    refused: int = 0    # chunks of others' snapshots that did not open to their id
 
 
 @dataclass(frozen=True)
@@ -158,10 +164,12 @@ class Trees:
             raise CorruptObject(name, "invalid tree latest pointer") from None
         return snapshot
 
-    def manifest(self, tree: str, snapshot: int, domain: str | None = None) -> TreeManifest:
+    def manifest(self, tree: str, snapshot: int, domain: str | None = None,
+                 sealed: bytes | None = None) -> TreeManifest:
+        """The snapshot's manifest, from the store or from its `sealed` object as read."""
         domain = domain or tree
         name = snapshot_name(tree, snapshot)
-        sealed = self._store.get(name)
+        sealed = self._store.get(name) if sealed is None else sealed
         keys = self._keys.ring(domain).opening(sealing_fingerprint(sealed))
         manifest = parse_tree(open_sealed(keys.data_key, Kind.MANIFEST, sealed, name),
                               name, tree, snapshot)
@@ -200,27 +208,40 @@ class Trees:
     # Staging.
 
     def stage(self, tree: str, opener: Opener, source: str, domain: str | None = None,
-              shares_with: Sequence[str] = ()) -> Staged:
+              shares_with: Sequence[str] = (), shared: Shared | None = None,
+              note_public: bool = False) -> Staged:
         """A new snapshot of the tree `opener` opens (`source` names it: a path at home).
 
         Its chunks already in the tree's latest snapshot are referenced, not stored; so
         are those in the latest snapshots of the trees `shares_with` names, which must be
-        of the same `domain` (e.g. a user's other environments: docs/format.md §11.2)."""
+        of the same `domain` (e.g. a user's other environments: docs/format.md §11.2).
+
+        `shared`: the domain's key is every grantee's (slurm_geo.stage.sharing): every
+        entry must be readable by every user (else `NotPublic`, before any byte of it is
+        read), a file is taken unread only from the snapshot the stager's run pinned, and
+        another's chunks are referenced only once read back to their ids. `note_public`:
+        say in `Staged.public` whether every user may read the whole tree."""
         check_tree_id(tree)
         domain = domain or tree
         counting = _Counting(self._store)
         keys = self._keys.ring(domain, create=True).current
         listed = self.snapshots(tree)
-        latest = self.latest(tree, domain)
-        parent = None if latest is None else self.manifest(tree, latest, domain)
         usable = partial(_shares, keys, self._options.cdc, domain)
-        others = (self._latest_manifest(domain, other) for other in shares_with)
-        build = _Build(parent if parent is not None and usable(parent) else None,
-                       [m for m in others if m is not None and usable(m)])
+        if shared is None:
+            latest = self.latest(tree, domain)
+            parent = None if latest is None else self.manifest(tree, latest, domain)
+            others = (self._latest_manifest(domain, other) for other in shares_with)
+            build = _Build(parent if parent is not None and usable(parent) else None,
+                           [m for m in others if m is not None and usable(m)])
+            standing: tuple[TreeManifest | None, ...] = (parent,)
+        else:
+            build, latest, standing = self._shared_build(tree, domain, listed, shared,
+                                                         keys, usable)
+        build.watch(shared is not None, note_public or shared is not None, source)
         with ChunkWriter(counting, keys, self._options, self._random_bytes,
                          build.known, _no_delta_base, domain,
                          pack_object=partial(tree_pack_name, domain)) as writer:
-            for found in walk(opener, source):
+            for found in walk(opener, source, acls=build.watching):
                 build.add(found, writer, self._options)
             writer.close()
             entries = build.entries(writer)
@@ -228,22 +249,54 @@ class Trees:
         manifest = TreeManifest(tree, domain, number, latest,
                                 self._clock().isoformat(timespec="seconds"), source,
                                 self._options.cdc, entries)
-        if parent is not None and parent.domain == domain and parent.entries == entries:
-            return build.staged(parent, False, counting.put_bytes)
-        self._commit(manifest, keys, counting)
+        for same in standing:
+            if same is not None and same.domain == domain and same.entries == entries \
+                    and (shared is None or same.source == source):
+                return build.staged(same, False, counting.put_bytes)
+        self._commit(manifest, keys, counting, pointer_required=shared is None)
         return build.staged(replace(manifest, key=keys.fingerprint), True, counting.put_bytes)
+
+    def _shared_build(self, tree: str, domain: str, listed: list[int], shared: Shared,
+                      keys: RunKeys, usable: Callable[[TreeManifest], bool]
+                      ) -> tuple[_Build, int | None, tuple[TreeManifest | None, ...]]:
+        """The build of a shared staging: stat reuse from the pinned snapshot only, the
+        others' chunks vetted; the snapshot it numbers after and the ones that may stand."""
+        sealed = pinned_sealed(self._store, tree, shared.pinned)
+        pinned = None
+        if sealed is not None and shared.pinned is not None:
+            try:
+                pinned = self.manifest(tree, shared.pinned[0], domain, sealed)
+            except CkptError:
+                pinned = None
+        found = plan(self._store, tree, domain, listed, pinned,
+                     lambda n: self.manifest(tree, n, domain), usable)
+        reader = ChunkReader(self._store, keys, FORMAT_VERSION, domain,
+                             pack_object=partial(tree_pack_name, domain))
+        known = Vetted(() if found.trusted is None else found.trusted.refs(),
+                       (r for m in found.candidates for r in m.refs()), reader.read)
+        standing = (pinned, found.newest)
+        return _Build(found.trusted, known=known), \
+            None if pinned is None else pinned.snapshot, standing
 
     def _latest_manifest(self, domain: str, tree: str) -> TreeManifest | None:
         latest = self.latest(tree, domain)
         return None if latest is None else self.manifest(tree, latest, domain)
 
-    def _commit(self, manifest: TreeManifest, keys: RunKeys, store: _Counting) -> None:
+    def _commit(self, manifest: TreeManifest, keys: RunKeys, store: _Counting,
+                pointer_required: bool = True) -> None:
+        """The manifest, then the latest pointer. In a shared tree the pointer is a hint
+        (a grantee cannot replace another's where the store keeps owners): a stager there
+        reads the snapshots it lists, never the pointer, and a reader the pins."""
         name = snapshot_name(manifest.tree, manifest.snapshot)
         if self._store.exists(name):
             raise ImmutableSnapshot(name)
         store.put(name, seal(keys.data_key, Kind.MANIFEST, self._random_bytes(SALT_SIZE),
                              tree_to_payload(manifest), name))
-        self.point_latest(manifest.tree, manifest.snapshot, keys, store)
+        try:
+            self.point_latest(manifest.tree, manifest.snapshot, keys, store)
+        except (CkptError, OSError):
+            if pointer_required:
+                raise
 
     def point_latest(self, tree: str, snapshot: int, keys: RunKeys,
                      store: Store | None = None) -> None:
@@ -269,15 +322,32 @@ def _shares(keys: RunKeys, chunking: CdcParams, domain: str, manifest: TreeManif
 class _Build:
     """The entries of a snapshot as the walk finds them, and their chunks' slots."""
 
-    def __init__(self, parent: TreeManifest | None, others: Sequence[TreeManifest] = ()):
-        self.known = {r.id: r for m in (*others, *([parent] if parent else ())) for r in m.refs()}
+    def __init__(self, parent: TreeManifest | None, others: Sequence[TreeManifest] = (),
+                 known: dict[str, ChunkRef] | None = None):
+        self.known = known if known is not None else {
+            r.id: r for m in (*others, *([parent] if parent else ())) for r in m.refs()}
         self._previous = {} if parent is None else {e.path: e for e in parent.entries}
         self._entries: list[tuple[TreeEntry, list[int]]] = []
         self._skipped: list[str] = []
         self.files_read = self.bytes_read = self.files_reused = self.bytes_reused = 0
+        self.watching = self._require_public = False
+        self._source = ""
+        self.private: str | None = None
+
+    def watch(self, require: bool, watch: bool, source: str) -> None:
+        """Judge every entry by slurm_geo.stage.public; with `require`, stop at the first
+        one not every user may read (before reading it)."""
+        self._require_public, self.watching, self._source = require, watch or require, source
 
     def add(self, found: Found, writer: ChunkWriter, options: WriteOptions) -> None:
         info = found.info
+        if self.watching and self.private is None:
+            why = entry_private(found.kind, info.st_mode, found.acl)
+            if why is not None:
+                self.private = f"{found.path}: {why}"
+                if self._require_public:
+                    raise NotPublic(self._source, f"{self.private}; not every user may read "
+                                    "it, so it is staged in its owner's domain only")
         if found.kind == OTHER:
             self._skipped.append(found.path)
         elif found.kind == SYMLINK:
@@ -314,5 +384,9 @@ class _Build:
                      else entry for entry, slots in self._entries)
 
     def staged(self, manifest: TreeManifest, new: bool, stored: int) -> Staged:
+        vetted = self.known if isinstance(self.known, Vetted) else None
         return Staged(manifest, new, stored, self.files_read, self.bytes_read,
-                      self.files_reused, self.bytes_reused, tuple(self._skipped))
+                      self.files_reused, self.bytes_reused, tuple(self._skipped),
+                      self.private, None if not self.watching else self.private is None,
+                      0 if vetted is None else vetted.read_back,
+                      0 if vetted is None else vetted.refused)

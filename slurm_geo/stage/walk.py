@@ -23,6 +23,7 @@ from typing import Protocol
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.stage.manifest import DIR, FILE, ROOT, SYMLINK
+from slurm_geo.stage.public import has_acl
 
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 OTHER = "other"  # a device, FIFO or socket: not staged
@@ -83,11 +84,13 @@ class Found:
     info: os.stat_result
     fd: int | None = None
     target: str | None = None
+    acl: bool = False  # it has an ACL (looked at only where the walk was asked to)
 
 
-def walk(opener: Opener, source: str) -> Iterator[Found]:
+def walk(opener: Opener, source: str, acls: bool = False) -> Iterator[Found]:
     """The root (".") and, for a directory, everything under it; `source` names the tree
-    in errors."""
+    in errors. With `acls`, each file and directory says whether it has an ACL (read from
+    what was opened: slurm_geo.stage.public)."""
     try:
         fd = opener.open_root()
     except OSError as exc:
@@ -97,18 +100,20 @@ def walk(opener: Opener, source: str) -> Iterator[Found]:
         raise StageSourceError(source, exc.strerror or str(exc)) from None
     try:
         info = os.fstat(fd)
+        acl = acls and has_acl(fd)
         if stat.S_ISREG(info.st_mode):
-            yield Found(ROOT, FILE, info, fd)
+            yield Found(ROOT, FILE, info, fd, acl=acl)
         elif stat.S_ISDIR(info.st_mode):
-            yield Found(ROOT, DIR, info)
-            yield from _children(opener, fd, "", source)
+            yield Found(ROOT, DIR, info, acl=acl)
+            yield from _children(opener, fd, "", source, acls)
         else:
             raise StageSourceError(source, "neither a directory nor a regular file")
     finally:
         os.close(fd)
 
 
-def _children(opener: Opener, dir_fd: int, prefix: str, source: str) -> Iterator[Found]:
+def _children(opener: Opener, dir_fd: int, prefix: str, source: str,
+              acls: bool) -> Iterator[Found]:
     try:
         names = sorted(os.listdir(dir_fd))
     except OSError as exc:
@@ -136,18 +141,20 @@ def _children(opener: Opener, dir_fd: int, prefix: str, source: str) -> Iterator
         except OSError as exc:
             raise _unreadable(source, path, exc) from None
         try:
-            yield from _opened(opener, fd, path, source)
+            yield from _opened(opener, fd, path, source, acls)
         finally:
             os.close(fd)
 
 
-def _opened(opener: Opener, fd: int, path: str, source: str) -> Iterator[Found]:
+def _opened(opener: Opener, fd: int, path: str, source: str, acls: bool
+            ) -> Iterator[Found]:
     info = os.fstat(fd)
+    acl = acls and has_acl(fd)
     if stat.S_ISREG(info.st_mode):
-        yield Found(path, FILE, info, fd)
+        yield Found(path, FILE, info, fd, acl=acl)
     elif stat.S_ISDIR(info.st_mode):
-        yield Found(path, DIR, info)
-        yield from _children(opener, fd, path + "/", source)
+        yield Found(path, DIR, info, acl=acl)
+        yield from _children(opener, fd, path + "/", source, acls)
     else:
         yield Found(path, OTHER, info)
 
