@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +48,13 @@ from slurm_geo.stage.names import snapshot_name
 from slurm_geo.stage.node import Node, choose
 from slurm_geo.stage.present import Presentation, Source, StagedRoot, prepare
 from slurm_geo.stage.record import WorldRecord, read_world_record
+from slurm_geo.stage.steps import (
+    NOT_IN_A_JOB,
+    WorldStep,
+    start_world_step,
+    write_presentation,
+    write_shim,
+)
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.workspace import Workspace, default_base
 
@@ -151,18 +159,23 @@ def enter_world(reply: KeyReply | None, store: Store | None, script: bytes, worl
                 out: TextIO = sys.stdout, err: TextIO = sys.stderr,
                 python: str = sys.executable, at_exit: AtExit | None = None,
                 at_start: AtStart | None = None,
-                handover: Callable[[], Mapping[str, str]] = dict) -> int:
+                handover: Callable[[], Mapping[str, str]] = dict,
+                node_keys: str | None = None, srun: str | None = None) -> int:
     """Materialise and present the run's world, run `script` in it; its exit code.
     `handover`: called right before the script starts (the preamble renews the lease
     until then), the variables it returns go into the script's environment. No `reply`:
     the job named no run before it moved (a job moved while pending at home), so nothing
-    of its world can have been staged: the script runs without it."""
+    of its world can have been staged: the script runs without it. `node_keys`: the key
+    reply sealed for the world step (stage.steps), which presents the world on every node
+    of the allocation for the tasks of the script's srun steps; `srun`: the node's srun
+    (else the one on PATH)."""
     environ = dict(os.environ if environ is None else environ)
     record = None if reply is None or store is None else \
         read_world_record(store, reply.data_keys, reply.run)
-    with Workspace(base or default_base(environ), job) as workspace:
+    base = base or default_base(environ)
+    with Workspace(base, job) as workspace:
         script_file = _write_script(workspace, script)
-        presentation = None
+        presentation = step = None
         if reply is None or store is None or record is None or not record.trees:
             which = "the job named no run" if reply is None else f"run {reply.run}"
             print(f"slurm-geo: world: {which} has no staged world yet: the job runs "
@@ -183,12 +196,41 @@ def enter_world(reply: KeyReply | None, store: Store | None, script: bytes, worl
             argv = [_script_in(presentation, script_file)]
             print(presentation.line(), file=out, flush=True)
             command, env, cwd = presentation.command(argv, environ, python)
-        if at_start is not None:
-            at_start(presentation)
-        returncode = supervise(command, {**env, **handover()}, cwd, out)
-        if at_exit is not None:
-            at_exit(Finished(presentation, workspace, returncode))
+            step, env = _on_every_node(presentation, workspace, base, environ, env,
+                                       node_keys, srun, python, out)
+        try:
+            if at_start is not None:
+                at_start(presentation)
+            returncode = supervise(command, {**env, **handover()}, cwd, out)
+            if at_exit is not None:
+                at_exit(Finished(presentation, workspace, returncode))
+        finally:
+            if step is not None:
+                step.stop()
         return returncode
+
+
+def _on_every_node(presentation: Presentation, workspace: Workspace, base: Path,
+                   environ: Mapping[str, str], env: dict[str, str], node_keys: str | None,
+                   srun: str | None, python: str, out: TextIO
+                   ) -> tuple[WorldStep | None, dict[str, str]]:
+    """The world on every node of the allocation for the script's srun steps (the world
+    step, stage.steps) and the script's environment with the preamble's srun first on
+    its PATH; where that cannot be (not a Slurm job: nothing said), one line says so."""
+    write_presentation(workspace.path, presentation.to_json())
+    srun = srun or shutil.which("srun", path=environ.get("PATH"))
+    step, why = start_world_step(workspace, base, environ, node_keys, srun, python)
+    if step is None:
+        if why != NOT_IN_A_JOB:
+            print(f"slurm-geo: world: the batch step only: the tasks of srun steps run "
+                  f"without it ({why})", file=out, flush=True)
+        return None, env
+    assert srun is not None
+    shim = write_shim(workspace, python, srun, base)
+    print(f"slurm-geo: world: on every node of the allocation "
+          f"({environ.get('SLURM_JOB_NODELIST', '-')}): the tasks of srun steps run in it",
+          file=out, flush=True)
+    return step, {**env, "PATH": f"{shim}:{env.get('PATH', '')}"}
 
 
 def _script_in(presentation: Presentation, script_file: Path) -> str:

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import Any, Literal, TextIO
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
@@ -123,6 +123,26 @@ class Presentation:
                     f"$SLURM_GEO_WORLD_ROOT/P, SLURM_GEO_WORLD_ROOT={self.world_dir}; "
                     f"{shown}{venv}")
         return f"slurm-geo: world: {self.mode} ({self.choice.why}): at home paths, {shown}"
+
+    def to_json(self) -> dict[str, object]:
+        """What `from_json` reads back: the presentation of a node's world, written in its
+        workspace for the tasks of the job's steps there (stage.steps)."""
+        return {"mode": self.choice.mode, "why": self.choice.why, "uid": self.uid,
+                "gid": self.gid, "world_dir": str(self.world_dir),
+                "new_root": str(self.new_root),
+                "image": None if self.image is None else str(self.image),
+                "env_kind": self.env_kind, "extra": dict(self.extra),
+                "roots": [{"what": r.what, "home": r.home, "at": str(r.at),
+                           "read_only": r.read_only, "file": r.file} for r in self.roots]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Presentation:
+        roots = tuple(Root(r["what"], str(r["home"]), Path(r["at"]), bool(r["read_only"]),
+                           bool(r["file"])) for r in data["roots"])
+        return cls(Choice(data["mode"], str(data["why"])), roots, int(data["uid"]),
+                   int(data["gid"]), Path(data["world_dir"]), Path(data["new_root"]),
+                   None if data["image"] is None else Path(data["image"]),
+                   str(data["env_kind"]), {str(k): str(v) for k, v in data["extra"].items()})
 
     def plan(self) -> dict[str, object]:
         """What stage.nsexec mounts (namespace and container modes)."""

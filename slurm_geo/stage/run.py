@@ -7,8 +7,10 @@ The wrapper the daemon submits (federation.resubmit.wrapped_script) runs this. I
 the lease and the incarnation's key reply from the federation daemon (lease.client, with
 the SLURM_GEO_* variables the incarnation was given), hands the reply on to the trainer
 its script starts (lease.handoff: the daemon releases it once per restart), opens the
-site's store and enters the world (stage.preamble.enter_world). A fault is one line,
-`slurm-geo: error: ...`, and the exit code of its class (slurm_geo.exitcodes).
+site's store and enters the world (stage.preamble.enter_world), with the reply sealed
+for the world step that presents it on every node of the allocation (stage.steps). A
+fault is one line, `slurm-geo: error: ...`, and the exit code of its class
+(slurm_geo.exitcodes).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from slurm_geo.policy.directives import JOB_PREFIX, from_environment
 from slurm_geo.policy.world import World
 from slurm_geo.stage.preamble import enter_world
 from slurm_geo.stage.shipping import OutputsUploader
+from slurm_geo.stage.steps import seal_node_keys
 
 
 def _script(args: argparse.Namespace) -> bytes:
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         return enter_world(reply, store, script, world, job,
                            at_start=uploader.start if uploader else None,
                            at_exit=uploader.finish if uploader else None,
-                           handover=lambda: {ENV_KEY_HANDOFF: federated.hand_over()})
+                           handover=lambda: {ENV_KEY_HANDOFF: federated.hand_over()},
+                           node_keys=seal_node_keys(reply, env))
     except SlurmGeoError as exc:
         print(f"slurm-geo: error: {exc}", file=sys.stderr, flush=True)
         return int(exc.exit_code)

@@ -21,12 +21,15 @@ import fcntl
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 
 BASE_VARIABLE = "SLURM_GEO_SCRATCH"  # the site's node-local or scratch storage, if set
+NEW_PREFIX = ".new-"  # a job directory being made, renamed to job-<id> once locked
+STALE_NEW_S = 3600
 
 
 class WorkspaceError(SlurmGeoError):
@@ -98,18 +101,26 @@ class Workspace:
         return self.world / home_path.lstrip("/")
 
     def open(self) -> Workspace:
+        """Made under a name no sweep touches, locked, then renamed into place: another
+        process of the user sweeping at the same time (a step's task on another "node" of
+        the same machine) never sees it unlocked."""
         self._user_dir()
         self.sweep()
-        try:
-            self.path.mkdir(mode=0o700)
-        except FileExistsError:
-            raise WorkspaceError(f"'{self.path}' is in use by another process of this job; "
-                                 "wait for it to end") from None
-        self._lock = os.open(self.path / ".lock", os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        temp = self.user_dir / f"{NEW_PREFIX}{os.urandom(6).hex()}"
+        temp.mkdir(mode=0o700)
+        self._lock = os.open(temp / ".lock", os.O_WRONLY | os.O_CREAT | os.O_EXCL
                              | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        for directory in (self.world, self.image, self.new_root):
-            directory.mkdir(mode=0o700)
+        for name in ("world", "image", "root"):
+            (temp / name).mkdir(mode=0o700)
+        try:
+            os.rename(temp, self.path)  # fails where the job's directory exists (not empty)
+        except OSError:
+            os.close(self._lock)
+            self._lock = None
+            remove_tree(temp)
+            raise WorkspaceError(f"'{self.path}' is in use by another process of this job; "
+                                 "wait for it to end") from None
         return self
 
     def _user_dir(self) -> None:
@@ -125,10 +136,19 @@ class Workspace:
             os.chmod(self.user_dir, 0o700)
 
     def sweep(self) -> list[Path]:
-        """Remove the user's job directories that no process holds (stale); their paths."""
+        """Remove the user's job directories that no process holds (stale); their paths.
+        One still being made (NEW_PREFIX) is left alone unless it is an hour old."""
         removed = []
         for entry in sorted(self.user_dir.iterdir()):
-            if not entry.name.startswith("job-") or entry.is_symlink():
+            if entry.is_symlink():
+                continue
+            if entry.name.startswith(NEW_PREFIX):
+                try:
+                    if time.time() - os.lstat(entry).st_mtime < STALE_NEW_S:
+                        continue
+                except FileNotFoundError:
+                    continue
+            elif not entry.name.startswith("job-"):
                 continue
             if self._held(entry):
                 continue

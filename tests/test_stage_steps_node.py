@@ -1,0 +1,124 @@
+"""A moved job's world on a node other than the batch node, for the tasks of its srun
+steps (issue 31 item 3; stage.nodeworld, stage.task), without Slurm: as alice, the world
+step's share for node "n2" materialises the pinned world from the store with the keys
+sealed for it, and two tasks started there at once each enter it and hash the input at
+its home path (byte-identical), read-only, from the directory srun ran in; bob cannot
+read it; a task on a node with no world is refused in one line. The sandbox test
+(test_stage_steps_sandbox.py) runs the same through real srun steps on two nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+from slurm_geo.lease.protocol import ENV_LEASE_SECRET, ENV_STORE
+from slurm_geo.sandbox.users import ALICE, BOB
+from slurm_geo.stage import task
+from slurm_geo.stage.nodeworld import present_here
+from slurm_geo.stage.steps import node_workspace, seal_node_keys
+from tests.helpers import as_uid
+from tests.test_stage_preamble import PYTHON, base, stage_world  # noqa: F401 - a fixture
+
+TASK_SCRIPT = """
+data="$SLURM_GEO_WORLD_ROOT$DATA_HOME"
+sha256sum < "$data/tokens.bin" > "$OUT"
+echo "mode=$SLURM_GEO_WORLD_MODE input=$SLURM_GEO_INPUT_0 pwd=$(pwd)" >> "$OUT"
+touch "$data/new" 2>/dev/null && echo "wrote" >> "$OUT" || echo "read-only" >> "$OUT"
+"""
+
+
+def run_task(environ: dict[str, str], base_dir: Path, cwd: str, out: Path) -> int:
+    """One task, as the step's task would run (a forked process that becomes its
+    command); its exit code."""
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.environ.clear()
+            os.environ.update({**environ, "OUT": str(out)})
+            code = task.enter(["/bin/sh", "-c", TASK_SCRIPT], base_dir, cwd, "/ws/bin",
+                              None, python=PYTHON)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_tasks_on_another_node_read_the_world_fetched_there_at_its_home_paths(
+        base: Path) -> None:  # noqa: F811 - the fixture
+    staged = stage_world(base, "nodes")
+    environ = {"PATH": "/ws/bin:/usr/bin:/bin", "SLURM_JOB_ID": "42",
+               "SLURMD_NODENAME": "n2", "SLURM_RESTART_COUNT": "0",
+               ENV_LEASE_SECRET: os.urandom(32).hex(), ENV_STORE: f"file://{base / 'store'}",
+               "SLURM_GEO_INPUTS": staged.data_home, "DATA_HOME": staged.data_home,
+               # the batch step's, which the task's own replace
+               "SLURM_GEO_WORLD_MODE": "batch", "SLURM_GEO_INPUT_0": "/batch/data"}
+    sealed = seal_node_keys(staged.reply, environ)
+    assert sealed is not None
+    outs = [base / f"task-{n}.txt" for n in range(2)]
+    codes: list[int] = []
+
+    def alice() -> None:
+        workspace = node_workspace(base, "42", "n2").open()
+        present_here(workspace, environ, "n1", base / "batch-is-elsewhere", sealed, PYTHON)
+        # held as the world step holds it; not closed: root looks in after
+        pids = []
+        for out in outs:  # two tasks at once, each its own process and namespace
+            pid = os.fork()
+            if pid == 0:
+                os._exit(run_task(environ, base, staged.work_home, out))
+            pids.append(pid)
+        codes.extend(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids)
+        if codes != [0, 0]:
+            raise AssertionError(f"the tasks exited {codes}")
+    for out in outs:
+        out.touch()
+        out.chmod(0o666)
+    answer = as_uid(ALICE.uid, alice)
+    assert answer == "ok", answer
+    digest = hashlib.sha256(staged.files["tokens.bin"]).hexdigest()
+    said = [out.read_text().splitlines() for out in outs]
+    assert said[0] == said[1], said
+    assert said[0][0].split()[0] == digest
+    mode = said[0][1].split()[0].removeprefix("mode=")
+    assert mode in ("namespace", "mapped"), said
+    ws = base / f"slurm-geo-{ALICE.uid}" / "job-42.n2"
+    root = "" if mode != "mapped" else str(ws / "world")
+    assert said[0][1] == (f"mode={mode} input={root}{staged.data_home} "
+                          f"pwd={root}{staged.work_home}")
+    if mode == "namespace":
+        assert said[0][2] == "read-only"
+    materialised = ws / "world" / staged.data_home.lstrip("/") / "tokens.bin"
+    assert materialised.read_bytes() == staged.files["tokens.bin"]  # fetched on "n2"
+    assert (ws / "world").stat().st_uid == ALICE.uid
+    assert oct(ws.stat().st_mode & 0o777) == "0o700"
+    bob = as_uid(BOB.uid, lambda: materialised.read_bytes())
+    assert bob.startswith("PermissionError"), bob
+
+
+def test_a_task_on_a_node_without_the_job_s_world_is_refused_in_one_line(
+        base: Path) -> None:  # noqa: F811 - the fixture
+    err = base / "err.txt"
+    err.touch()
+    err.chmod(0o666)
+
+    def alice() -> None:
+        pid = os.fork()
+        if pid == 0:
+            fd = os.open(err, os.O_WRONLY)
+            os.dup2(fd, 2)
+            sys.stderr = os.fdopen(2, "w")
+            os._exit(task.enter(["true"], base, None, None, None,
+                                {"SLURM_JOB_ID": "43", "SLURMD_NODENAME": "n3",
+                                 "PATH": "/usr/bin"}))
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code == 0:
+            raise AssertionError("a task ran without its world")
+    answer = as_uid(ALICE.uid, alice)
+    assert answer == "ok", answer
+    said = err.read_text()
+    assert said.startswith("slurm-geo: error: node n3: ") and said.count("\n") == 1, said
+    assert "world" in said
