@@ -1,22 +1,25 @@
 """The home job stages its own world (issue 31: staged ahead, not on demand).
 
-The federation daemon's key reply grants a job of a run with a declared world one tree
+The federation daemon's key reply grants a job of a run with a declared world two trees
 per root (`TreeGrant`: its inputs, environment and working directory, each in its owner's
-domain, with the domain's key ring; federation.worldgrants). The daemon never reads those
-paths: the home job does, as its owner, so it reads exactly what its owner may. For each
-grant it stages a snapshot into the home store (`Trees.stage`, through a `LocalOpener`:
-this process's own system calls, never following a link) and then pins what it staged
-in the run's world record (`worlds/<run>`, sealed under the run key, docs/format.md
-§11.8), which a moved incarnation materialises and checks. checkpoint-sync copies the
-sealed objects on; nothing here talks to another site.
+domain and in the root's shared one, with the domains' key rings; federation.worldgrants).
+The daemon never reads those paths: the home job does, as its owner, so it reads exactly
+what its owner may. For each root it stages a snapshot into the home store, into the
+shared tree while every user may read the root (slurm_geo.stage.public; the rules against
+what other grantees write there: slurm_geo.stage.sharing), else into its owner's
+(`Trees.stage`, through a `LocalOpener`: this process's own system calls, never following
+a link), and then pins what it staged in the run's world record (`worlds/<run>`, sealed
+under the run key, docs/format.md §11.8), which a moved incarnation materialises and
+checks. checkpoint-sync copies the sealed objects on; nothing here talks to another site.
 
 Staging runs in a background thread of the trainer's process (`start`), at low CPU
 priority, never before the first step: a first staging of a large dataset takes as long
 as reading it, and training does not wait for it. Then again every `interval_s`
 (`SLURM_GEO_STAGE_INTERVAL_S`, default 1800; 0: once), each pass incremental (files
-unchanged by their stat are not read again; a changed file stores its new chunks only;
-an unchanged tree writes nothing). A root that cannot be staged (unreadable, gone) is
-said once per pass in the log and keeps its earlier pin, if any; it never stops training.
+unchanged by their stat are not read again, in a shared tree only since the snapshot the
+run pinned; a changed file stores its new chunks only; an unchanged tree writes
+nothing). A root that cannot be staged (unreadable, gone) is said once per pass in the log
+and keeps its earlier pin, if any; it never stops training.
 """
 
 from __future__ import annotations
