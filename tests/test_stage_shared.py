@@ -8,6 +8,7 @@ uids (tests/helpers.as_uid), so the staging tests need root, not the sandbox."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -339,3 +340,39 @@ def test_a_tree_grant_says_shared_only_when_it_is():
     assert TreeGrant.from_json(both.to_json()) == both
     with pytest.raises(ValueError):
         TreeGrant.from_json({**both.to_json(), "shared": "yes"})
+
+
+class Swapping:
+    """A store whose object `name` turns into `then` after its first read: a grantee who
+    replaces a snapshot object he wrote right after another's stager read it."""
+
+    def __init__(self, store: LocalDirStore, name: str, then: bytes):
+        self._store, self._name, self._then, self._read = store, name, then, False
+
+    def get(self, name: str) -> bytes:
+        if name == self._name and self._read:
+            return self._then
+        self._read = self._read or name == self._name
+        return self._store.get(name)
+
+    def __getattr__(self, attr: str):
+        return getattr(self._store, attr)
+
+
+def test_a_pin_binds_the_snapshot_as_staging_read_it_not_as_it_lies_later(top):
+    """bob's snapshot stands for alice's unchanged tree; he swaps its object right after
+    her stager read it: her pin keeps the digest of what she checked, so her moved job
+    refuses the swapped object instead of reading it."""
+    data = public_dataset(top / "datasets" / "x", files=1)
+    alice_grants, bob_grants = grants(top, ALICE, data), grants(top, BOB, data)
+    store = LocalDirStore(top / "pfs")
+    HomeStager(store, "run-b", RunKeyRing.of(os.urandom(32)), bob_grants).stage_once()
+    name = snapshot_name(shared(bob_grants).tree, 1)
+    sound = store.get(name)
+    ring = RunKeyRing.of(os.urandom(32))
+    done = HomeStager(Swapping(store, name, b"bob's other manifest"), "run-a", ring,
+                      alice_grants).stage_once()  # type: ignore[arg-type]
+    assert done.roots[0].staged is not None and not done.roots[0].staged.new
+    (pin,) = read_world_record(store, ring, "run-a").trees
+    assert (pin.tree, pin.snapshot) == (shared(alice_grants).tree, 1)
+    assert pin.manifest_sha256 == hashlib.sha256(sound).hexdigest()

@@ -182,10 +182,14 @@ class HomeStager:
         return RootStaged(grant, staged)
 
     def _pin(self, result: RootStaged) -> PinnedTree:
+        """The pin of what was staged, bound to the manifest object as staging read or
+        wrote it (not as it lies now: a grantee of a shared tree may replace a snapshot
+        object he wrote; then the pin refuses it, never follows it)."""
         assert result.staged is not None
         grant, snapshot = result.grant, result.staged.manifest.snapshot
         return PinnedTree(grant.what, grant.path, grant.tree, grant.domain,  # type: ignore[arg-type]
-                          snapshot, manifest_digest(self.store, grant.tree, snapshot))
+                          snapshot, result.staged.manifest.sha256
+                          or manifest_digest(self.store, grant.tree, snapshot))
 
     def _earlier_record(self) -> WorldRecord | None:
         try:

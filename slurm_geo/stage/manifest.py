@@ -84,6 +84,8 @@ class TreeManifest:
     entries: tuple[TreeEntry, ...]
     format: int = TREE_FORMAT
     key: bytes | None = field(default=None, compare=False, repr=False)  # fingerprint read under
+    # SHA-256 (hex) of the sealed object it was read from or written as: what a pin binds
+    sha256: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def root(self) -> TreeEntry:

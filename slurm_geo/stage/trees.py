@@ -14,6 +14,7 @@ racing would be refused by the second's manifest name, not merged.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -175,7 +176,8 @@ class Trees:
                               name, tree, snapshot)
         if manifest.domain != domain:
             raise CorruptObject(name, f"names domain {manifest.domain!r}, not {domain!r}")
-        return replace(manifest, key=keys.fingerprint)
+        return replace(manifest, key=keys.fingerprint,
+                       sha256=hashlib.sha256(sealed).hexdigest())
 
     def reader(self, manifest: TreeManifest, hash_packs: bool = False) -> ChunkReader:
         """A reader of the manifest's chunks: every chunk it returns is checked by its id."""
@@ -253,8 +255,9 @@ class Trees:
             if same is not None and same.domain == domain and same.entries == entries \
                     and (shared is None or same.source == source):
                 return build.staged(same, False, counting.put_bytes)
-        self._commit(manifest, keys, counting, pointer_required=shared is None)
-        return build.staged(replace(manifest, key=keys.fingerprint), True, counting.put_bytes)
+        digest = self._commit(manifest, keys, counting, pointer_required=shared is None)
+        return build.staged(replace(manifest, key=keys.fingerprint, sha256=digest), True,
+                            counting.put_bytes)
 
     def _shared_build(self, tree: str, domain: str, listed: list[int], shared: Shared,
                       keys: RunKeys, usable: Callable[[TreeManifest], bool]
@@ -283,20 +286,22 @@ class Trees:
         return None if latest is None else self.manifest(tree, latest, domain)
 
     def _commit(self, manifest: TreeManifest, keys: RunKeys, store: _Counting,
-                pointer_required: bool = True) -> None:
+                pointer_required: bool = True) -> str:
         """The manifest, then the latest pointer. In a shared tree the pointer is a hint
         (a grantee cannot replace another's where the store keeps owners): a stager there
         reads the snapshots it lists, never the pointer, and a reader the pins."""
         name = snapshot_name(manifest.tree, manifest.snapshot)
         if self._store.exists(name):
             raise ImmutableSnapshot(name)
-        store.put(name, seal(keys.data_key, Kind.MANIFEST, self._random_bytes(SALT_SIZE),
-                             tree_to_payload(manifest), name))
+        sealed = seal(keys.data_key, Kind.MANIFEST, self._random_bytes(SALT_SIZE),
+                      tree_to_payload(manifest), name)
+        store.put(name, sealed)
         try:
             self.point_latest(manifest.tree, manifest.snapshot, keys, store)
         except (CkptError, OSError):
             if pointer_required:
                 raise
+        return hashlib.sha256(sealed).hexdigest()
 
     def point_latest(self, tree: str, snapshot: int, keys: RunKeys,
                      store: Store | None = None) -> None:
