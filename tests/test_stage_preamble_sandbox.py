@@ -84,7 +84,8 @@ def test_a_job_moved_off_a_lost_cluster_reads_its_staged_input_at_its_home_path(
     run's world record to rented's store; onprem is lost; the daemon resubmits on the
     provider through the wrapper; the preamble materialises the pinned snapshot as
     geo-alice, presents it, and the script hashes the dataset at its home path (or
-    $SLURM_GEO_WORLD_ROOT's): byte-identical; training ends bit-identical."""
+    $SLURM_GEO_WORLD_ROOT's), and so does the task of an srun step (in the world step's
+    world of its node): byte-identical; training ends bit-identical."""
     import hashlib
 
     from slurm_geo.config.model import load_config
@@ -111,6 +112,9 @@ def test_a_job_moved_off_a_lost_cluster_reads_its_staged_input_at_its_home_path(
     lines, trainer = teed_trainer(with_directive(script, f"--geo-inputs={data}"))
     lines.insert(trainer, f'echo "data-sha $(sha256sum < "$SLURM_GEO_WORLD_ROOT{data}'
                           '/tokens.bin")"')
+    # A task of an srun step, which Slurm starts outside the batch step's world (stage.steps)
+    lines.insert(trainer, f"srun --ntasks=1 bash -c 'echo \"task-sha $(sha256sum < "
+                          f"\"$SLURM_GEO_WORLD_ROOT{data}/tokens.bin\") $SLURM_GEO_WORLD_MODE\"'")
     job_id = onprem.submit(JobSpec(
         script="\n".join(lines) + "\n", name="geo-drill", working_dir=work,
         owner=ALICE.owner, environment={**job_environment(sandbox.layout, ALICE),
@@ -136,4 +140,6 @@ def test_a_job_moved_off_a_lost_cluster_reads_its_staged_input_at_its_home_path(
     said = (account_dir / f"geo-drill-{moved_id}.slurm.out").read_text()
     assert "slurm-geo: world: namespace (" in said or "slurm-geo: world: mapped (" in said, said
     assert f"data-sha {hashlib.sha256(tokens).hexdigest()}  -" in said, said
+    assert f"task-sha {hashlib.sha256(tokens).hexdigest()}  - namespace" in said \
+        or f"task-sha {hashlib.sha256(tokens).hexdigest()}  - mapped" in said, said
     assert drill.final_line(said)[1] == drill.reference_weights(WORLD_SETTINGS), said
