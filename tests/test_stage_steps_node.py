@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from slurm_geo.lease.protocol import ENV_LEASE_SECRET, ENV_STORE
 from slurm_geo.sandbox.users import ALICE, BOB
 from slurm_geo.stage import task
@@ -122,3 +124,25 @@ def test_a_task_on_a_node_without_the_job_s_world_is_refused_in_one_line(
     said = err.read_text()
     assert said.startswith("slurm-geo: error: node n3: ") and said.count("\n") == 1, said
     assert "world" in said
+
+
+def test_a_workspace_being_made_is_never_swept_and_a_second_open_is_refused(
+        tmp_path: Path) -> None:
+    from slurm_geo.stage.workspace import NEW_PREFIX, Workspace, WorkspaceError
+
+    first = Workspace(tmp_path, "7.n1").open()
+    user_dir = first.user_dir
+    being_made = user_dir / f"{NEW_PREFIX}young"  # another process, between mkdir and lock
+    being_made.mkdir()
+    left = user_dir / f"{NEW_PREFIX}old"  # a process killed while making one, long ago
+    left.mkdir()
+    os.utime(left, (0, 0))
+    other = Workspace(tmp_path, "7.n2").open()  # sweeps as it opens
+    assert being_made.exists() and not left.exists()
+    assert first.path.exists(), "a held workspace was swept"
+    with pytest.raises(WorkspaceError, match="in use by another process"):
+        Workspace(tmp_path, "7.n1").open()
+    assert sorted(p.name for p in user_dir.iterdir()) == [f"{NEW_PREFIX}young", "job-7.n1",
+                                                          "job-7.n2"]
+    first.close()
+    other.close()

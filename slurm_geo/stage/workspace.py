@@ -2,6 +2,9 @@
 
     <base>/slurm-geo-<uid>/            0700, the user's own (refused if anyone else's)
     <base>/slurm-geo-<uid>/job-<id>/   0700, one per job, held by a lock while it runs
+    <base>/slurm-geo-<uid>/job-<id>.<node>/   the same, of a node's world for the tasks of
+                                       the job's srun steps (stage.steps)
+    <base>/slurm-geo-<uid>/.new-<random>/  one being made: locked, then renamed into place
         .lock                          flock(2)ed by the presenting process
         world/<home path>              each materialised tree at its home path below
         image/                         a container image's unpacked root
