@@ -227,3 +227,17 @@ def test_the_world_step_s_keys_open_for_this_job_and_restart_only() -> None:
         with pytest.raises(StepWorldError):
             open_node_keys(sealed, {**env, **other})
     assert seal_node_keys(reply, {**env, ENV_LEASE_SECRET: ""}) is None
+
+
+def test_the_preamble_waits_for_every_node_and_ends_the_world_step_with_its_input() -> None:
+    from slurm_geo.stage.steps import WorldStep
+
+    # A stand-in for srun: each "node" says READY, then holds until its input ends.
+    step = WorldStep(["sh", "-c", "echo noise; echo READY n1; echo READY n2; cat >/dev/null;"
+                      " echo ended >&2; exit 0"], {"PATH": "/usr/bin:/bin"}, "sealed", 2)
+    assert step.start() == {"n1", "n2"}
+    assert step.stop() == 0
+    failing = WorldStep(["sh", "-c", "echo READY n1; exit 21"], {"PATH": "/usr/bin:/bin"},
+                        "sealed", 2)
+    with pytest.raises(StepWorldError, match=r"1 of 2 ready, the world step ended with 21"):
+        failing.start()
