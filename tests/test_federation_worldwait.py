@@ -92,15 +92,19 @@ def test_with_checkpoints(link_s, every_s, checkpoint_s, seconds):
         pytest.approx(seconds, rel=1e-2 if every_s == 10.0 else 1e-9)
 
 
-@pytest.mark.parametrize("created, every", [
-    ([], None),
-    ([100.0], None),
-    ([100.0, 100.0], None),
-    ([100.0, 105.0, 111.0, 115.0, 120.0], 5.0),
-    ([120.0, 100.0, 110.0], 10.0),  # any order
+@pytest.mark.parametrize("created, declared_s, every", [
+    ([], None, None),
+    ([100.0], None, None),
+    ([100.0, 100.0], None, None),
+    ([100.0, 105.0, 111.0, 115.0, 120.0], None, 5.0),
+    ([120.0, 100.0, 110.0], None, 10.0),  # any order
+    # Too few to tell: what the job declared (--geo-ckpt-interval 30 -> 1800 s).
+    ([], 1800.0, 1800.0),
+    ([100.0], 1800.0, 1800.0),
+    ([100.0, 105.0], 1800.0, 5.0),  # what it does beats what it said
 ])
-def test_checkpoint_cadence_from_the_newest_checkpoints_times(created, every):
-    assert checkpoint_every_s(created) == every
+def test_checkpoint_cadence_from_the_newest_checkpoints_times(created, declared_s, every):
+    assert checkpoint_every_s(created, declared_s) == every
 
 
 @pytest.mark.parametrize("waits, step, action, reason", [

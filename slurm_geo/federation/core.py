@@ -312,8 +312,8 @@ class Federation:
             gpus=options.gpus, remaining_s=60.0 * (options.time_limit_minutes or 60),
             checkpoint_bytes=_checkpoint_bytes(self.wiring, job, source_store),
             checkpoint_store=source_store, directives=options.directives(), world=world,
-            checkpoint_every_s=None if world is None else checkpoint_every_s(
-                _checkpoint_times(self.wiring, job, source_store)))
+            checkpoint_every_s=None if world is None else _cadence_s(
+                self.wiring, job, source_store, options.directives().ckpt_interval_min))
         views = [self._view(name, health, options, job,
                             current_wait if name == job.cluster else None)
                  for name in self.clients]
@@ -386,6 +386,14 @@ def _checkpoint_bytes(wiring: Wiring, job: LogicalJob, store_name: str) -> int:
     except CkptError:
         return 0
     return sum({ref.id: ref.length for ref in with_bases(manifest.refs())}.values())
+
+
+def _cadence_s(wiring: Wiring, job: LogicalJob, store_name: str,
+               declared_min: int | None) -> float | None:
+    """How often the job checkpoints (planner.checkpoint_every_s): from its newest
+    checkpoints' times, else its --geo-ckpt-interval."""
+    return checkpoint_every_s(_checkpoint_times(wiring, job, store_name),
+                              None if declared_min is None else 60.0 * declared_min)
 
 
 def _checkpoint_times(wiring: Wiring, job: LogicalJob, store_name: str,

@@ -310,13 +310,13 @@ def with_checkpoints(link_s: float, every_s: float, checkpoint_s: float) -> floa
     return link_s / (1.0 - share)
 
 
-def checkpoint_every_s(created: Sequence[float]) -> float | None:
+def checkpoint_every_s(created: Sequence[float], declared_s: float | None = None
+                       ) -> float | None:
     """How often a job checkpoints, from its newest checkpoints' times (Unix seconds, in
-    any order): the mean gap between them; None for fewer than two, or all at once."""
-    if len(created) < 2:
-        return None
-    span = max(created) - min(created)
-    return span / (len(created) - 1) if span > 0 else None
+    any order): the mean gap between them; for fewer than two (or all at once) what the
+    job declared (`--geo-ckpt-interval`, in seconds), else None."""
+    span = max(created) - min(created) if len(created) >= 2 else 0.0
+    return span / (len(created) - 1) if span > 0 else declared_s
 
 
 def _why_not_world(job: JobNeeds, view: ClusterView, missing: int | None, home_up: bool,
