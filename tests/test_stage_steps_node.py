@@ -3,7 +3,8 @@ steps (issue 31 item 3; stage.nodeworld, stage.task), without Slurm: as alice, t
 step's share for node "n2" materialises the pinned world from the store with the keys
 sealed for it, and two tasks started there at once each enter it and hash the input at
 its home path (byte-identical), read-only, from the directory srun ran in; bob cannot
-read it; a task on a node with no world is refused in one line. The sandbox test
+read it; a task on a node with no world is refused in one line; a task's `python` is the
+venv's, staged only at home, at the venv's home path (its PATH and VIRTUAL_ENV). The sandbox test
 (test_stage_steps_sandbox.py) runs the same through real srun steps on two nodes.
 """
 
@@ -11,18 +12,33 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from slurm_geo.lease.protocol import ENV_LEASE_SECRET, ENV_STORE
+from slurm_geo.ckpt.keys import KeyFile, RunKeyRing
+from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.lease.protocol import ENV_LEASE_SECRET, ENV_STORE, KeyReply, TreeGrant
 from slurm_geo.sandbox.users import ALICE, BOB
 from slurm_geo.stage import task
+from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.nodeworld import present_here
+from slurm_geo.stage.record import PinnedTree, WorldRecord, manifest_digest, write_world_record
 from slurm_geo.stage.steps import node_workspace, seal_node_keys
+from slurm_geo.stage.trees import Trees
+from slurm_geo.stage.walk import LocalOpener
 from tests.helpers import as_uid
-from tests.test_stage_preamble import PYTHON, base, stage_world  # noqa: F401 - a fixture
+from tests.test_stage_preamble import (  # noqa: F401 - base: a fixture
+    MASTER,
+    PYTHON,
+    RUN,
+    base,
+    home_path,
+    stage_world,
+)
 
 TASK_SCRIPT = """
 data="$SLURM_GEO_WORLD_ROOT$DATA_HOME"
@@ -146,3 +162,64 @@ def test_a_workspace_being_made_is_never_swept_and_a_second_open_is_refused(
                                                           "job-7.n2"]
     first.close()
     other.close()
+
+
+def test_a_task_runs_python_from_the_venv_staged_at_its_home_path(
+        base: Path) -> None:  # noqa: F811 - the fixture
+    """The ML case: `srun python train.py` (or torchrun) from a venv that exists only
+    at home; on the task's node its python is the venv's, at the venv's home path."""
+    base_dir = base
+    venv, work = base_dir / "home-venv", base_dir / "home-llm"
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
+    work.mkdir()
+    (base_dir / "store").mkdir()
+    store = LocalDirStore(base_dir / "store")
+    master = MasterTreeKeys(store, KeyFile(MASTER))
+    trees = Trees(store, master)
+    venv_home, work_home = home_path("venv") + "/venv", home_path("venv") + "/llm"
+    pins, grants = [], []
+    for what, source, home, tree in (("env", venv, venv_home, "f" * 32),
+                                     ("workdir", work, work_home, "c" * 32)):
+        snapshot = trees.stage(tree, LocalOpener(source), f"home:{home}").manifest.snapshot
+        pins.append(PinnedTree(what, home, tree, tree, snapshot,  # type: ignore[arg-type]
+                               manifest_digest(store, tree, snapshot)))
+        grants.append(TreeGrant(what, home, tree, tree, master.ring(tree)))
+    ring = RunKeyRing.of(os.urandom(32))
+    write_world_record(store, ring, WorldRecord(RUN, tuple(pins), time.time()), os.urandom)
+    subprocess.run(["chmod", "-R", "a+rX", str(base_dir / "store")], check=True)
+    reply = KeyReply(RUN, ring, trees=tuple(grants))
+    environ = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "44", "SLURMD_NODENAME": "n2",
+               ENV_LEASE_SECRET: os.urandom(32).hex(),
+               ENV_STORE: f"file://{base_dir / 'store'}", "SLURM_GEO_ENV": venv_home}
+    sealed = seal_node_keys(reply, environ)
+    assert sealed is not None
+    out = base_dir / "venv.txt"
+    out.touch()
+    out.chmod(0o666)
+
+    def alice() -> None:
+        workspace = node_workspace(base_dir, "44", "n2").open()
+        present_here(workspace, environ, "n1", base_dir / "elsewhere", sealed, PYTHON)
+        pid = os.fork()
+        if pid == 0:
+            code = 99
+            try:
+                os.environ.clear()
+                os.environ.update(environ)
+                fd = os.open(out, os.O_WRONLY)
+                os.dup2(fd, 1)
+                code = task.enter(["sh", "-c", 'command -v python; echo "$VIRTUAL_ENV"; '
+                                   'python -c "import sys; print(sys.prefix)"'],
+                                  base_dir, work_home, None, None, python=PYTHON)
+            finally:
+                os._exit(code)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        workspace.close()
+        if code != 0:
+            raise AssertionError(f"the task exited {code}")
+    answer = as_uid(ALICE.uid, alice)
+    assert answer == "ok", answer
+    said = out.read_text().splitlines()
+    mapped = str(base_dir / f"slurm-geo-{ALICE.uid}" / "job-44.n2" / "world")
+    at = venv_home if not said[0].startswith(mapped) else mapped + venv_home
+    assert said == [f"{at}/bin/python", at, at], said
