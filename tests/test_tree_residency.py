@@ -275,6 +275,50 @@ def test_an_older_wider_residency_put_back_gains_nothing_with_checkpoint_sync(tm
     state.close()
 
 
+def test_a_world_copied_before_its_domain_was_narrowed_is_withdrawn(tmp_path, caplog):
+    """Copied off-site while internal (anywhere), then declared restricted (home only):
+    checkpoint-sync removes the run's record, the snapshots and the domain's packs from
+    the destination, says so once, and copies nothing again. A residency object that is
+    only unreadable (forged, deleted) stops copies but withdraws nothing: spoiling the
+    home store's object must not delete a site's off-site world."""
+    home, away, key, key_file = stores(tmp_path)
+    data = dataset(tmp_path / "data")
+    domain = granted(home, key, data, "internal")
+    alice_stages(home, key, domain, data)
+    config = site_config(tmp_path / "site.toml", {"pfs": tmp_path / "home"},
+                         f"file://{tmp_path / 'away'}", key_file=key_file,
+                         state=tmp_path / "state.db")
+    runtime = load_runtime(config)
+    state = StateDB(tmp_path / "state.db")
+    caplog.set_level(logging.INFO, logger="slurm_geo.sync")
+
+    def one_pass() -> WorldRow:
+        run_pass(state, [("pfs", "run-a")], runtime,
+                 PassGuard(Guard(threading.Event(), float("inf")), threading.Event(),
+                           budget=1 << 40), None)
+        [row] = world_rows(state, "offsite")
+        return row
+
+    def world_there() -> list[str]:
+        return [n for prefix in (f"tree-packs/{domain}/", f"trees/{domain}/", "worlds/")
+                for n in away.list(prefix)]
+
+    assert one_pass().complete and world_there()
+    saved = home.get(residency_name(domain))
+    home.delete(residency_name(domain))  # unreadable: copies stop, nothing is withdrawn
+    assert one_pass().refused is not None and world_there()
+    home.put(residency_name(domain), saved)
+    granted(home, key, data, "restricted")  # narrowed by the daemon
+    row = one_pass()
+    assert row.refused is not None and "restricted" in row.refused and row.bytes_there == 0
+    assert world_there() == []
+    said = [r for r in caplog.records if "world_withdrawn" in r.getMessage()]
+    assert len(said) == 1
+    assert one_pass().refused is not None and world_there() == []
+    assert len([r for r in caplog.records if "world_withdrawn" in r.getMessage()]) == 1
+    state.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root does")
 def test_no_user_writes_tree_residency_in_a_shared_local_store():
     """tree-residency/ of a shared store (1777, as the sandbox's pfs) is the daemons' (0755):

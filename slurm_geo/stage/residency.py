@@ -135,22 +135,52 @@ def write_residency(store: Store, master_keys: MasterKeys, residency: TreeReside
     return now
 
 
+class ResidencyChecker:
+    """`domain -> why not` (`__call__`) for copies from `store` to a store in `region`,
+    and whether a domain's copies already there must go (`forbids`). `remember` narrows
+    what was read by what the reader read of the domain before and keeps the result
+    (checkpoint-sync's state): an older, wider object of the daemon's put back in place of
+    the current one (where users may write the store) gains nothing. Each domain is read
+    once per checker."""
+
+    def __init__(self, store: Store, master_keys: MasterKeys, region: str,
+                 class_regions: Mapping[str, tuple[str, ...]],
+                 remember: Callable[[TreeResidency], TreeResidency] | None = None):
+        self._store, self._master_keys, self._region = store, master_keys, region
+        self._class_regions, self._remember = class_regions, remember
+        self._read: dict[str, tuple[TreeResidency | None, str | None]] = {}
+
+    def __call__(self, domain: str) -> str | None:
+        residency, error = self._residency(domain)
+        return decide(residency, error, self._region, self._class_regions)
+
+    def forbids(self, domain: str) -> bool:
+        """Whether the domain's residency, read and sound, keeps it out of the region: its
+        copies there are withdrawn. A record missing or refused (forged, unreadable) only
+        stops new copies: anyone able to spoil the home store's object must not be able
+        to delete a site's off-site world with it."""
+        residency, error = self._residency(domain)
+        return residency is not None and error is None and \
+            decide(residency, None, self._region, self._class_regions) is not None
+
+    def _residency(self, domain: str) -> tuple[TreeResidency | None, str | None]:
+        if domain not in self._read:
+            try:
+                residency, error = read_residency(self._store, self._master_keys,
+                                                  domain), None
+            except StoreUnavailable:
+                raise
+            except CkptError as exc:
+                residency, error = None, f"its residency record is refused: {exc}"
+            if residency is not None and self._remember is not None:
+                residency = self._remember(residency)
+            self._read[domain] = (residency, error)
+        return self._read[domain]
+
+
 def checker(store: Store, master_keys: MasterKeys, region: str,
             class_regions: Mapping[str, tuple[str, ...]],
             remember: Callable[[TreeResidency], TreeResidency] | None = None
-            ) -> Callable[[str], str | None]:
-    """`domain -> why not` for copies from `store` to a store in `region`. `remember`
-    narrows what was read by what the reader read of the domain before and keeps the
-    result (checkpoint-sync's state): an older, wider object of the daemon's put back in
-    place of the current one (where users may write the store) gains nothing."""
-    def why_not(domain: str) -> str | None:
-        try:
-            residency, error = read_residency(store, master_keys, domain), None
-        except StoreUnavailable:
-            raise
-        except CkptError as exc:
-            residency, error = None, f"its residency record is refused: {exc}"
-        if residency is not None and remember is not None:
-            residency = remember(residency)
-        return decide(residency, error, region, class_regions)
-    return why_not
+            ) -> ResidencyChecker:
+    """A `ResidencyChecker` for copies from `store` to a store in `region`."""
+    return ResidencyChecker(store, master_keys, region, class_regions, remember)

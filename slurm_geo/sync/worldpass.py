@@ -248,6 +248,10 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
         row = rows.get((root, run)) or WorldRow(root, run, destination)
         writer = home_writer(runtime, root)
         source = paced(runtime.root_store(root), "root", guard=guard, clock=clock)
+        residency = residency_checker(runtime.root_store(root), runtime.master_keys,
+                                      runtime.destination_region,
+                                      runtime.geo_policy.data_classes,
+                                      partial(remember_residency, state))
         copier = WorldCopy(source if writer is not None else read_only(source),
                            paced(runtime.destination_store, "destination", bucket, guard=guard,
                                  on_put=guard.count, clock=clock),
@@ -256,10 +260,8 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
                                                              clock=clock),
                            sound, lambda name: add_verified_pack(state, destination, name,
                                                                  clock()), guard.read,
-                           residency_checker(runtime.root_store(root), runtime.master_keys,
-                                             runtime.destination_region,
-                                             runtime.geo_policy.data_classes,
-                                             partial(remember_residency, state)), clock)
+                           residency, clock, residency.forbids,
+                           partial(_withdrawn, run, destination))
         progress = _Progress(state, guard, row, clock)
         try:
             done = copier.copy(row, progress)
@@ -337,3 +339,8 @@ class _Progress:
         gained = self._guard.pack_bytes - self._counted
         self(replace(self.row, bytes_there=min(self.row.bytes_total,
                                                self.row.bytes_there + gained)))
+
+
+def _withdrawn(run: str, destination: str, count: int) -> None:
+    event(log, "world_withdrawn", logging.WARNING, run=run, destination=destination,
+          objects=count, reason="its residency no longer allows the destination's region")

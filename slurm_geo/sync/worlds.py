@@ -34,7 +34,13 @@ from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.runkey import carry_run_keys
 from slurm_geo.ckpt.store import Bytes, Store
 from slurm_geo.stage.keys import MasterTreeKeys
-from slurm_geo.stage.names import snapshot_name, tree_pack_name, tree_packs_prefix
+from slurm_geo.stage.names import (
+    snapshot_name,
+    snapshot_prefix,
+    tree_latest_name,
+    tree_pack_name,
+    tree_packs_prefix,
+)
 from slurm_geo.stage.record import PinnedTree, WorldRecord, read_world_record, world_record_name
 from slurm_geo.stage.replicate import copy_snapshot
 from slurm_geo.stage.trees import Trees
@@ -67,6 +73,10 @@ class WorldCopy:
     # None: not asked (a library copy; checkpoint-sync always asks).
     why_not: Callable[[str], str | None] | None = None
     clock: Callable[[], float] = time.time
+    # `domain -> whether its copies at the destination must go` (the residency, read and
+    # sound, keeps it out: `ResidencyChecker.forbids`); None: nothing is withdrawn.
+    forbids: Callable[[str], bool] | None = None
+    on_withdrawn: Callable[[int], None] = lambda _count: None
 
     def __post_init__(self) -> None:
         if self.home_writer is None and not isinstance(self.source, _NeverWritten):
@@ -91,8 +101,10 @@ class WorldCopy:
         row = replace(row, record_seen_at=seen)
         refused = self._refused(record)
         if refused is not None:
+            withdrawn = self._withdraw(row.run, record)
             return replace(row, record_sha256=digest, trees=len(record.trees), verified=(),
-                           complete=False, refused=refused)
+                           complete=False, refused=refused,
+                           bytes_there=0 if withdrawn else row.bytes_there)
         verified = {label for label in row.verified
                     if label in {pin_label(p) for p in record.trees}}
         row = replace(row, record_sha256=digest, trees=len(record.trees), refused=None,
@@ -139,6 +151,32 @@ class WorldCopy:
             if why is not None:
                 return f"{pin.what} {pin.path}: {why}"
         return None
+
+    def _withdraw(self, run: str, record: WorldRecord) -> int:
+        """Remove what the destination holds of each pinned root whose domain it may no
+        longer hold (its residency was narrowed after the copy): the run's record there
+        first (no reader finds it naming what is going), then the tree's snapshots and
+        pointer (the commit points), then the domain's packs. The count removed."""
+        if self.forbids is None:
+            return 0
+        names: list[str] = []
+        for pin in record.trees:
+            if self.forbids(pin.domain):
+                for tree in dict.fromkeys((pin.tree, pin.domain)):
+                    names += self.destination.list(snapshot_prefix(tree))
+                    names += self._present(tree_latest_name(tree))
+                names += self.destination.list(tree_packs_prefix(pin.domain))
+        if not names:
+            return 0
+        names = [*self._present(world_record_name(run)), *dict.fromkeys(names)]
+        for name in names:
+            self.destination.delete(name)
+            self.verified_packs.discard(name)
+        self.on_withdrawn(len(names))
+        return len(names)
+
+    def _present(self, name: str) -> list[str]:
+        return [name] if self.destination.exists(name) else []
 
     def _trees(self, store: Store) -> Trees:
         return Trees(store, MasterTreeKeys(store, self.master_keys))
