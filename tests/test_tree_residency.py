@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,6 +145,24 @@ def nothing_of_it(away: LocalDirStore) -> list[str]:
             for n in away.list(prefix)]
 
 
+def checkpoint_sync(tmp_path, key_file) -> tuple[Any, StateDB]:
+    """checkpoint-sync's runtime (home `pfs`, destination `offsite` in region remote) and
+    its state database."""
+    config = site_config(tmp_path / "site.toml", {"pfs": tmp_path / "home"},
+                         f"file://{tmp_path / 'away'}", key_file=key_file,
+                         state=tmp_path / "state.db")
+    return load_runtime(config), StateDB(tmp_path / "state.db")
+
+
+def one_pass(state: StateDB, runtime: Any) -> WorldRow:
+    """One world pass over run-a, with nothing to give way to; its row after."""
+    run_pass(state, [("pfs", "run-a")], runtime,
+             PassGuard(Guard(threading.Event(), float("inf")), threading.Event(),
+                       budget=1 << 40), None)
+    [row] = world_rows(state, "offsite")
+    return row
+
+
 def test_a_restricted_input_alices_record_pins_never_reaches_a_remote_store(tmp_path):
     home, away, key, _ = stores(tmp_path)
     data = dataset(tmp_path / "data")
@@ -202,20 +221,13 @@ def test_checkpoint_sync_skips_a_refused_world_says_so_once_and_counts_it(tmp_pa
     data = dataset(tmp_path / "data")
     domain = granted(home, key, data, "restricted")
     alice_stages(home, key, domain, data)
-    config = site_config(tmp_path / "site.toml", {"pfs": tmp_path / "home"},
-                         f"file://{tmp_path / 'away'}", key_file=key_file,
-                         state=tmp_path / "state.db")
-    runtime = load_runtime(config)
+    runtime, state = checkpoint_sync(tmp_path, key_file)
     assert runtime.destination_region == "remote"
-    state = StateDB(tmp_path / "state.db")
     state.add([{"root": "pfs", "run": "run-a", "step": 2, "destination": "offsite",
                 "sequence": 0, "status": "verified"}], 0.0)
     caplog.set_level(logging.INFO, logger="slurm_geo.sync")
     for _ in range(2):
-        run_pass(state, [("pfs", "run-a")], runtime,
-                 PassGuard(Guard(threading.Event(), float("inf")), threading.Event(),
-                           budget=1 << 40), None)
-    [row] = world_rows(state, "offsite")
+        row = one_pass(state, runtime)
     assert not row.complete and row.refused is not None and "restricted" in row.refused
     assert row.failures == 0 and row.next_attempt_at > 0
     said = [r for r in caplog.records if "world_residency_refused" in r.getMessage()]
@@ -251,26 +263,15 @@ def test_an_older_wider_residency_put_back_gains_nothing_with_checkpoint_sync(tm
     domain = granted(home, key, data, "internal")
     wide = home.get(residency_name(domain))
     alice_stages(home, key, domain, data)
-    config = site_config(tmp_path / "site.toml", {"pfs": tmp_path / "home"},
-                         f"file://{tmp_path / 'away'}", key_file=key_file,
-                         state=tmp_path / "state.db")
-    runtime = load_runtime(config)
-    state = StateDB(tmp_path / "state.db")
-
-    def one_pass() -> WorldRow:
-        run_pass(state, [("pfs", "run-a")], runtime,
-                 PassGuard(Guard(threading.Event(), float("inf")), threading.Event(),
-                           budget=1 << 40), None)
-        [row] = world_rows(state, "offsite")
-        return row
+    runtime, state = checkpoint_sync(tmp_path, key_file)
 
     # checkpoint-sync reads the wide one first (the world is copied: internal may go there)
-    assert one_pass().complete
+    assert one_pass(state, runtime).complete
     granted(home, key, data, "restricted")  # narrowed by the daemon
-    assert "restricted" in (one_pass().refused or "")
+    assert "restricted" in (one_pass(state, runtime).refused or "")
     home.put(residency_name(domain), wide)  # the daemon's own older object, put back
     assert read_residency(home, as_master_keys(key), domain).regions == ANYWHERE
-    row = one_pass()
+    row = one_pass(state, runtime)
     assert row.refused is not None and "restricted" in row.refused
     state.close()
 
@@ -285,36 +286,25 @@ def test_a_world_copied_before_its_domain_was_narrowed_is_withdrawn(tmp_path, ca
     data = dataset(tmp_path / "data")
     domain = granted(home, key, data, "internal")
     alice_stages(home, key, domain, data)
-    config = site_config(tmp_path / "site.toml", {"pfs": tmp_path / "home"},
-                         f"file://{tmp_path / 'away'}", key_file=key_file,
-                         state=tmp_path / "state.db")
-    runtime = load_runtime(config)
-    state = StateDB(tmp_path / "state.db")
+    runtime, state = checkpoint_sync(tmp_path, key_file)
     caplog.set_level(logging.INFO, logger="slurm_geo.sync")
-
-    def one_pass() -> WorldRow:
-        run_pass(state, [("pfs", "run-a")], runtime,
-                 PassGuard(Guard(threading.Event(), float("inf")), threading.Event(),
-                           budget=1 << 40), None)
-        [row] = world_rows(state, "offsite")
-        return row
 
     def world_there() -> list[str]:
         return [n for prefix in (f"tree-packs/{domain}/", f"trees/{domain}/", "worlds/")
                 for n in away.list(prefix)]
 
-    assert one_pass().complete and world_there()
+    assert one_pass(state, runtime).complete and world_there()
     saved = home.get(residency_name(domain))
     home.delete(residency_name(domain))  # unreadable: copies stop, nothing is withdrawn
-    assert one_pass().refused is not None and world_there()
+    assert one_pass(state, runtime).refused is not None and world_there()
     home.put(residency_name(domain), saved)
     granted(home, key, data, "restricted")  # narrowed by the daemon
-    row = one_pass()
+    row = one_pass(state, runtime)
     assert row.refused is not None and "restricted" in row.refused and row.bytes_there == 0
     assert world_there() == []
     said = [r for r in caplog.records if "world_withdrawn" in r.getMessage()]
     assert len(said) == 1
-    assert one_pass().refused is not None and world_there() == []
+    assert one_pass(state, runtime).refused is not None and world_there() == []
     assert len([r for r in caplog.records if "world_withdrawn" in r.getMessage()]) == 1
     state.close()
 
