@@ -360,6 +360,21 @@ def test_a_move_without_consent_waits_for_approval(site):
     assert (job.cluster, job.generation, job.awaiting_approval) == ("rented", 1, None)
 
 
+def test_an_approval_never_moves_a_job_where_its_policy_forbids(site):
+    """Consent is not a way round the site's rules: a job submitted
+    --geo-failover=never (or outside its residency, --geo-clusters, an owner with no
+    account there: planner.policy_refusal) is refused in one line, nothing planned."""
+    from slurm_geo.federation.model import NotActionable
+
+    site.home_job_training(failover="never")
+    site.checkpoint("away", 40)
+    logical = site.job().logical_job
+    with pytest.raises(NotActionable, match="may not move to rented: --geo-failover=never"):
+        site.federation.approve(logical, "rented", "operator")
+    assert site.job().move_to is None
+    assert not [k for k in site.kinds() if "approv" in k]
+
+
 def test_a_move_cut_short_by_a_crash_is_finished_by_the_next_daemon(site):
     site.home_job_training()
     site.checkpoint("away", 40)

@@ -395,3 +395,25 @@ def test_materialising_a_world_of_unknown_size_is_unknown_not_free():
     view = replace(CLUSTERS["rented"], world_fetch_mb_s=50.0)
     assert materialise_s(WorldStaging("pfs"), view) is None
     assert materialise_s(WorldStaging("pfs", GB), replace(view, world_fetch_mb_s=None)) == 0.0
+
+
+# --- what no consent overrides (`slurm-geo approve`) -----------------------------------
+
+@pytest.mark.parametrize("changes, cluster, owner_refused, expected", [
+    ({}, "rented", "", ""),
+    ({"residency": ("home",)}, "rented", "", "outside the job's residency (home)"),
+    ({"residency": ("home",)}, "onprem", "", ""),
+    ({"data_class": "restricted"}, "rented", "", "outside the job's residency (home)"),
+    ({"failover": "never"}, "rented", "", "--geo-failover=never"),
+    ({"failover": "manual"}, "rented", "", ""),  # what approval is for
+    ({"clusters": ("onprem", "spare")}, "rented", "", "not in --geo-clusters"),
+    ({}, "rented", "alice has no account on rented", "alice has no account on rented"),
+], ids=["allowed", "residency", "residency at home", "data class", "never", "manual",
+        "geo-clusters", "no account"])
+def test_what_no_approval_overrides(changes, cluster, owner_refused, expected):
+    from dataclasses import replace as replaced
+
+    from slurm_geo.federation.planner import policy_refusal
+
+    found = policy_refusal(replaced(DIRECTIVES, **changes), RULES, cluster, owner_refused)
+    assert (expected in found) if expected else found == ""

@@ -142,10 +142,9 @@ def approved_job(sandbox: Sandbox, site):
 
 def test_a_job_moved_off_a_healthy_home_by_approval_stays_where_it_was_moved(
         sandbox, site, approved_job):
-    """A person's move is not undone: before, the daemon planned a failback home at the
-    moved job's next checkpoint, 2-3 s after the move (home was healthy all along)."""
-    import subprocess
-    import sys
+    """alice approves her own job's move from her login shell (bob may not); a person's
+    move is not undone: before, the daemon planned a failback home at the moved job's
+    next checkpoint, 2-3 s after the move (home was healthy all along)."""
     import time
 
     from slurm_geo.drills import losses
@@ -154,10 +153,10 @@ def test_a_job_moved_off_a_healthy_home_by_approval_stays_where_it_was_moved(
     logical_job, _run, _work = approved_job
     audit = losses.FederationView(site)
     began = time.time()
-    approved = subprocess.run([sys.executable, "-m", "slurm_geo", "approve", logical_job,
-                               "rented", "--config", str(site.source)],
-                              capture_output=True, text=True, timeout=120)
-    assert approved.returncode == 0, approved.stderr
+    one_line_refusal(geo(sandbox, BOB, "approve", logical_job, "rented"), ExitCode.NOT_OWNER)
+    approved = geo(sandbox, ALICE, "approve", logical_job, "rented")
+    assert approved.returncode == 0 and approved.stderr == "", approved.stderr
+    assert f"{logical_job}: move to rented approved by alice" in approved.stdout
     deadline = time.time() + 240
     moved = drill.wait_for(lambda: drill.audit_entry(audit, "requeue", logical_job, "rented",
                                                      began), deadline, "the move to rented")

@@ -215,3 +215,46 @@ def test_a_given_run_s_key_goes_to_its_new_owner_s_login_shell_only(site):
     assert reply.status == 200 and reply.body["data_keys"], reply.body
     refused = ask("alice")
     assert refused.status == 403 and refused.body["exit_code"] == ExitCode.NOT_OWNER
+
+
+@pytest.mark.parametrize("body, error", [
+    ({"verb": "approve", "job": "onprem-1", "cluster": "rented"}, None),
+    ({"verb": "approve", "job": "onprem-1"}, "is not a cluster name"),
+    ({"verb": "approve", "job": "onprem-1", "cluster": "../etc"}, "is not a cluster name"),
+    ({"verb": "approve", "cluster": "rented"}, "approve names a job"),
+    ({"verb": "status", "job": ""}, None),  # no cluster: as before
+])
+def test_an_owners_approval_names_a_job_and_a_cluster(body, error):
+    from slurm_geo.lease.protocol import OwnerRequest, ProtocolError
+
+    if error is None:
+        request = OwnerRequest.from_json({"protocol": 2, **body})
+        assert OwnerRequest.from_json(request.to_json()) == request
+        return
+    with pytest.raises(ProtocolError, match=error):
+        OwnerRequest.from_json({"protocol": 2, **body})
+
+
+def test_alice_approves_her_own_jobs_move_and_bob_is_refused(site):
+    """`slurm-geo approve` from a login shell, by MUNGE to the daemon: her own job's
+    move is planned; bob's approval of it is refused (NOT_OWNER), and so is any
+    approval where the job's policy forbids (NOT_ACTIONABLE, one line)."""
+    from slurm_geo.federation.ownerverbs import answer
+    from slurm_geo.lease.protocol import OWNER_PATH, OwnerRequest
+
+    site.home_job_training()
+    site.checkpoint("away", 40)
+    logical = site.job().logical_job
+
+    def ask(user: str, cluster: str):
+        request = OwnerRequest("approve", logical, cluster=cluster)
+        return answer(site.federation, request, site.credentials(
+            OWNER_PATH, request.to_json(), "onprem", 0, 0, as_user=user))
+    refused = ask("bob", "rented")
+    assert refused.status == 403 and refused.body["exit_code"] == ExitCode.NOT_OWNER
+    assert site.job().move_to is None
+    unknown = ask("alice", "nowhere")
+    assert unknown.status == 409 and "nowhere" in unknown.body["reason"]
+    reply = ask("alice", "rented")
+    assert reply.status == 200 and reply.body["approved_by"].startswith("alice"), reply.body
+    assert site.job().move_to == "rented"

@@ -235,21 +235,30 @@ def _who() -> str:
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def approve(job: str, cluster: str, config: Path | None, as_json: bool) -> None:
     """Consent to moving logical job JOB to CLUSTER, for jobs without
-    --geo-failover=auto. A job whose cluster is out, or that is still queued, moves as soon
-    as the daemon's plan chooses CLUSTER; a running job moves at its next checkpoint."""
+    --geo-failover=auto, or to move any job there (it then stays there: no failback). A
+    job whose cluster is out, or that is still queued, moves as soon as the daemon's plan
+    chooses CLUSTER; a running job moves at its next checkpoint. Never where the job's
+    policy forbids (residency, data class, --geo-clusters, --geo-failover=never). A user
+    approves moves of her own jobs (asked of the daemon); an admin, of any."""
     from slurm_geo.federation.operations import resolve
     from slurm_geo.federation.runtime import build
 
-    federation = build(config, daemon=False)
-    found = resolve(federation.state, job)
-    who = _who()
-    moved = federation.approve(found.logical_job, cluster, who)
+    site = _asks_daemon(config)
+    if site is not None:  # a user: the daemon approves her own job's move
+        from slurm_geo.federation.ownerclient import OwnerClient
+
+        report = OwnerClient(site).ask("approve", job, cluster=cluster)
+    else:
+        federation = build(config, daemon=False)
+        who = _who()
+        moved = federation.approve(resolve(federation.state, job).logical_job, cluster, who)
+        report = {"logical_job": moved.logical_job, "cluster": cluster, "approved_by": who}
     if as_json:
-        click.echo(json.dumps({"logical_job": moved.logical_job, "cluster": cluster,
-                               "approved_by": who}, indent=2))
+        click.echo(json.dumps(report, indent=2))
         return
-    click.echo(f"{moved.logical_job}: move to {cluster} approved; the federation daemon "
-               "makes it when its plan chooses it")
+    click.echo(f"{report['logical_job']}: move to {cluster} approved by "
+               f"{report['approved_by']}; the federation daemon makes it when its plan "
+               "chooses it")
 
 
 @click.command("cancel")

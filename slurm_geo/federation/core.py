@@ -46,6 +46,7 @@ from slurm_geo.federation.planner import (
     WorldStaging,
     checkpoint_every_s,
     plan,
+    policy_refusal,
 )
 from slurm_geo.federation.probes import BandwidthProbes, HealthProbes
 from slurm_geo.federation.reconcile import (
@@ -91,7 +92,7 @@ class Federation:
         self._probes = probes
         self._generation_lock = threading.Lock()
         self._assemble(bandwidth)
-        self._rules = rules_for(wiring.site)
+        self.rules = rules_for(wiring.site)
         self._settings = Settings(self.home, self.config.lease_ttl_s, self.config.margin_s,
                                   self.config.failback, self.config.failback_stable_s,
                                   self.site.policy.max_restarts)
@@ -149,7 +150,7 @@ class Federation:
         self.wiring.site, self.wiring.config = site, config
         self.site, self.config = site, config
         self.health.outage_after = config.outage_after
-        self._rules = rules_for(site)
+        self.rules = rules_for(site)
         self._settings = Settings(self.home, config.lease_ttl_s, config.margin_s,
                                   config.failback, config.failback_stable_s,
                                   site.policy.max_restarts)
@@ -318,7 +319,7 @@ class Federation:
                             current_wait if name == job.cluster else None)
                  for name in self.clients]
         regions = {name: store.region for name, store in self.site.stores.items()}
-        return plan(needs, views, self._rules, self.bandwidth.predict_seconds,
+        return plan(needs, views, self.rules, self.bandwidth.predict_seconds,
                     store_regions=regions, margin_s=self.config.margin_s)
 
     def _view(self, name: str, health: dict[str, Health], options: ScriptOptions,
@@ -357,22 +358,32 @@ class Federation:
         return max(0.0, start.timestamp() - self.clock())
 
     def approve(self, logical_job: str, target: str, who: str) -> LogicalJob:
-        """A person's consent to move a job that did not ask --geo-failover=auto. A job
-        whose cluster is out, or that is still queued, moves as soon as the plan chooses
-        `target`; a running job moves at its next checkpoint."""
-        self.site.cluster(target)  # a known cluster, or ConfigError naming the known ones
-        job = self.state.job(logical_job)
-        if job.status.is_final():
-            raise NotActionable(f"logical job {logical_job} is {job.status.value}; "
-                                "there is nothing to move")
-        if target == job.cluster:
-            raise NotActionable(f"logical job {logical_job} already runs on {target}")
-        lease = self.state.lease(logical_job)
-        after = _current_step(job, lease)
-        job = self.state.plan_move(logical_job, job.generation, target, after, self.clock())
-        self.audit.append("approval", logical_job, f"move to {target} approved",
-                          f"approved by {who}", cluster=target, after_step=after)
-        return job
+        """A person's consent to move a job (`approved_move`)."""
+        return approved_move(self, logical_job, target, who)
+
+
+def approved_move(fed: Federation, logical_job: str, target: str, who: str) -> LogicalJob:
+    """A person's consent to move a job that did not ask --geo-failover=auto. A job whose
+    cluster is out, or that is still queued, moves as soon as the plan chooses `target`;
+    a running job moves at its next checkpoint. Never where the job's policy forbids it
+    (residency, data classes, --geo-clusters, an owner with no account there): consent
+    is not a way round the site's rules."""
+    cluster = fed.site.cluster(target)  # a known cluster, or ConfigError naming them
+    job = fed.state.job(logical_job)
+    if job.status.is_final():
+        raise NotActionable(f"logical job {logical_job} is {job.status.value}; "
+                            "there is nothing to move")
+    if target == job.cluster:
+        raise NotActionable(f"logical job {logical_job} already runs on {target}")
+    refused = policy_refusal(ScriptOptions.from_json(job.spec).directives(), fed.rules,
+                             target, owner_refusal(cluster, job.owner))
+    if refused:
+        raise NotActionable(f"logical job {logical_job} may not move to {target}: {refused}")
+    after = _current_step(job, fed.state.lease(logical_job))
+    job = fed.state.plan_move(logical_job, job.generation, target, after, fed.clock())
+    fed.audit.append("approval", logical_job, f"move to {target} approved",
+                     f"approved by {who}", cluster=target, after_step=after)
+    return job
 
 
 def _checkpoint_bytes(wiring: Wiring, job: LogicalJob, store_name: str) -> int:

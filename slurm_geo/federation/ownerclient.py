@@ -63,9 +63,10 @@ class OwnerClient:
         self._signer = MungeSigner(MungeCommands(munge_socket(config.munge_socket,
                                                               here.slurm_conf)))
 
-    def ask(self, verb: str, job: str = "", run: str = "") -> dict[str, Any]:
+    def ask(self, verb: str, job: str = "", run: str = "", cluster: str = ""
+            ) -> dict[str, Any]:
         """The daemon's answer; DaemonRefused (one line, its exit code) otherwise."""
-        data = json.dumps(OwnerRequest(verb, job, run).to_json()).encode()
+        data = json.dumps(OwnerRequest(verb, job, run, cluster).to_json()).encode()
         deadline = time.monotonic() + ELECTION_WAIT_S
         asking, unanswered = 0, []
         for _hop in range(4 * len(self._urls) + 8):

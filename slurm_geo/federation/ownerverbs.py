@@ -147,6 +147,15 @@ def _resubmit(federation: Federation, request: OwnerRequest, caller: Caller) -> 
                                                            _who(caller.uid))))
 
 
+def _approve(federation: Federation, request: OwnerRequest, caller: Caller) -> Reply:
+    """Her consent to her job's move (Federation.approve: never where its policy forbids)."""
+    assert caller.uid is not None
+    job = _owned(federation, request.job, caller, "approve a move of")
+    moved = federation.approve(job.logical_job, request.cluster, _who(caller.uid))
+    return Reply(200, {"logical_job": moved.logical_job, "cluster": request.cluster,
+                       "approved_by": _who(caller.uid)})
+
+
 def _run_key(federation: Federation, request: OwnerRequest, caller: Caller) -> Reply:
     """The run's key ring, to its owner (or an admin): the owner an admin gave the run to,
     else the owner of a job that names it. Read from the first store of the federation
@@ -197,4 +206,4 @@ def _who(uid: int) -> str:
 
 
 _VERBS: dict[str, Any] = {"status": _status, "logs": _logs, "cancel": _cancel,
-                          "resubmit": _resubmit, "run-key": _run_key}
+                          "resubmit": _resubmit, "run-key": _run_key, "approve": _approve}

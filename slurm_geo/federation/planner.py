@@ -354,6 +354,24 @@ def _why_not_stay(view: ClusterView) -> str:
     return ""
 
 
+def policy_refusal(directives: Directives, rules: GeoRules, cluster: str,
+                   owner_refused: str = "") -> str:
+    """Why the job may never run on `cluster`, whatever its state or a person's consent:
+    --geo-failover=never, its owner without an account there (`owner_refused`),
+    --geo-clusters, residency and data classes (`check`); "" when none. Pure."""
+    if directives.failover == "never":
+        return "--geo-failover=never: the job stays on its cluster"
+    if owner_refused:
+        return owner_refused
+    if directives.clusters and cluster not in directives.clusters:
+        return f"not in --geo-clusters ({','.join(directives.clusters)})"
+    try:
+        check(directives, rules, cluster)
+    except DirectiveError as exc:
+        return str(exc)
+    return ""
+
+
 def _why_not_move(job: JobNeeds, view: ClusterView, rules: GeoRules, cost: Cost,
                   transfer: float | None, usable: bool, world: str = "") -> str:
     directives = job.directives
@@ -369,12 +387,9 @@ def _why_not_move(job: JobNeeds, view: ClusterView, rules: GeoRules, cost: Cost,
         return "down"
     if not view.fits:
         return "cannot run the job (no partition, GPU type or size fits)"
-    if directives.clusters and view.name not in directives.clusters:
-        return f"not in --geo-clusters ({','.join(directives.clusters)})"
-    try:
-        check(directives, rules, view.name)
-    except DirectiveError as exc:
-        return str(exc)
+    refused = policy_refusal(directives, rules, view.name)
+    if refused:
+        return refused
     limit = directives.max_cost_usd
     if limit is not None and job.spent_usd + cost.total > limit:
         return (f"predicted cost {job.spent_usd + cost.total:.2f} USD exceeds "

@@ -282,24 +282,27 @@ class KeyReply:
                    tuple(TreeGrant.from_json(raw) for raw in trees))
 
 
-OWNER_VERBS = ("status", "logs", "cancel", "resubmit", "run-key")
+OWNER_VERBS = ("status", "logs", "cancel", "resubmit", "run-key", "approve")
 
 
 @dataclass(frozen=True)
 class OwnerRequest:
     """A user at home asking about her own jobs and runs (`slurm-geo status`, `logs`,
-    `cancel`, `resubmit`, `ckpt ls/verify/pull`), by MUNGE: `job` a reference as the CLI
-    takes it (logical job id, CLUSTER:JOBID, job id or run name; none: all hers), `run`
-    the run whose data key she asks for. Replies are JSON objects; a refusal is
-    {reason, exit_code} (slurm_geo.exitcodes)."""
+    `cancel`, `resubmit`, `approve`, `ckpt ls/verify/pull`), by MUNGE: `job` a reference
+    as the CLI takes it (logical job id, CLUSTER:JOBID, job id or run name; none: all
+    hers), `run` the run whose data key she asks for, `cluster` where she consents to
+    her job's move. Replies are JSON objects; a refusal is {reason, exit_code}
+    (slurm_geo.exitcodes)."""
 
     verb: str
     job: str = ""
     run: str = ""
+    cluster: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"protocol": PROTOCOL_VERSION, "verb": self.verb, "job": self.job,
-                "run": self.run}
+        found = {"protocol": PROTOCOL_VERSION, "verb": self.verb, "job": self.job,
+                 "run": self.run}
+        return {**found, "cluster": self.cluster} if self.cluster else found
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> OwnerRequest:
@@ -311,11 +314,14 @@ class OwnerRequest:
         if len(job) > 200 or not job.isprintable():
             raise ProtocolError("job must be a printable reference of at most 200 characters")
         run = _text(body, "run", allow_empty=True, default="")
-        if verb in ("logs", "cancel", "resubmit") and not job:
+        if verb in ("logs", "cancel", "resubmit", "approve") and not job:
             raise ProtocolError(f"{verb} names a job")
         if verb == "run-key":
             check_run(run)
-        return cls(verb, job, run)
+        cluster = _text(body, "cluster", allow_empty=True, default="")
+        if verb == "approve":
+            check_cluster(cluster)
+        return cls(verb, job, run, cluster)
 
 
 RUN_RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
