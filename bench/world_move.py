@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from slurm_geo.config.model import load_config  # noqa: E402
 from slurm_geo.drills import drill, losses  # noqa: E402
 from slurm_geo.sandbox import Sandbox, remote_site  # noqa: E402
-from slurm_geo.sandbox.users import ALICE, job_environment  # noqa: E402
-from slurm_geo.slurm import JobSpec, connect  # noqa: E402
+from slurm_geo.sandbox.users import ALICE  # noqa: E402
+from slurm_geo.slurm import connect  # noqa: E402
 from slurm_geo.sync.worldstate import read_worlds  # noqa: E402
 from tests.conftest import user_dir  # noqa: E402
 from tests.helpers import teed_trainer, with_directive  # noqa: E402
@@ -74,10 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     script = "\n".join(lines) + "\n"
     account_dir = remote_site.operator_path(sandbox.layout, ALICE.name,
                                             remote_site.work_dir(ALICE.name))
-    job_id = onprem.submit(JobSpec(
-        script=script, name="geo-drill", working_dir=work, owner=ALICE.owner,
-        environment={**job_environment(sandbox.layout, ALICE),
-                     "SLURM_GEO_CONFIG": str(site.source)}))
+    job_id = onprem.submit(drill.job_spec(site, sandbox.layout, script, work))
     logical = f"onprem-{job_id}"
     audit = losses.FederationView(site)
     deadline = time.time() + args.timeout

@@ -18,7 +18,7 @@ import pytest
 
 from slurm_geo.drills import drill, losses
 from slurm_geo.sandbox import Sandbox, remote_site
-from slurm_geo.sandbox.users import ALICE, BOB, job_environment
+from slurm_geo.sandbox.users import ALICE, BOB
 from slurm_geo.slurm import JobSpec, JobState
 from tests.conftest import user_dir
 from tests.helpers import teed_trainer, with_directive
@@ -50,10 +50,7 @@ def test_a_queue_move_of_a_job_with_a_world_runs_its_script_through_the_preamble
         os.chown(work, ALICE.uid, ALICE.uid)
         script = drill.training_script(site, run, SETTINGS, work, work / "trace.log")
         script = with_directive(script, f"--geo-outputs={work}/out")
-        job_id = onprem.submit(JobSpec(
-            script=script, name="geo-drill", working_dir=work, owner=ALICE.owner,
-            environment={**job_environment(sandbox.layout, ALICE),
-                         "SLURM_GEO_CONFIG": str(site.source)}))
+        job_id = onprem.submit(drill.job_spec(site, sandbox.layout, script, work))
         logical = f"onprem-{job_id}"
         audit = losses.FederationView(site)
         deadline = time.time() + 240
@@ -115,10 +112,8 @@ def test_a_job_moved_off_a_lost_cluster_reads_its_staged_input_at_its_home_path(
     # A task of an srun step, which Slurm starts outside the batch step's world (stage.steps)
     lines.insert(trainer, f"srun --ntasks=1 bash -c 'echo \"task-sha $(sha256sum < "
                           f"\"$SLURM_GEO_WORLD_ROOT{data}/tokens.bin\") $SLURM_GEO_WORLD_MODE\"'")
-    job_id = onprem.submit(JobSpec(
-        script="\n".join(lines) + "\n", name="geo-drill", working_dir=work,
-        owner=ALICE.owner, environment={**job_environment(sandbox.layout, ALICE),
-                                        "SLURM_GEO_CONFIG": str(site.source)}))
+    job_id = onprem.submit(drill.job_spec(site, sandbox.layout, "\n".join(lines) + "\n",
+                                          work))
     logical = f"onprem-{job_id}"
     audit = losses.FederationView(site)
     deadline = time.time() + 420

@@ -312,16 +312,22 @@ def submit_training(site: SiteConfig, client: SlurmClient, settings: DrillSettin
     os.chown(work, person.uid, person.uid)
     work.chmod(0o700)
     trace = work / "trace.log"
-    spec = JobSpec(
-        script=training_script(site, run, settings, work, trace, drill_world),
-        name="geo-drill", working_dir=drill_world.job_dir if drill_world else work,
-        owner=person.owner,
-        environment={**job_environment(layout, person), "SLURM_GEO_CONFIG": str(site.source)})
+    spec = job_spec(site, layout, training_script(site, run, settings, work, trace, drill_world),
+                    drill_world.job_dir if drill_world else work, person)
     job_id = client.submit(sharded.shaped_for_home(spec, settings) if settings.ranks > 1
                            else spec)
     return Training(run, site.home_cluster, job_id, work, trace,
                     drill_world.remote_work if drill_world else
                     sharded.remote_work(layout, person, run))
+
+
+def job_spec(site: SiteConfig, layout: SandboxLayout, script: str, working_dir: Path,
+             person: SandboxUser = ALICE) -> JobSpec:
+    """A drill job of `person`'s, as their login shell would submit it: their uid, the
+    environment it hands sbatch, the site config."""
+    return JobSpec(script=script, name="geo-drill", working_dir=working_dir,
+                   owner=person.owner, environment={**job_environment(layout, person),
+                                                    "SLURM_GEO_CONFIG": str(site.source)})
 
 
 def incarnation_uids(work: Path | list[Path]) -> dict[str, int]:
