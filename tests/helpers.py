@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -139,3 +144,17 @@ def teed_trainer(script: str) -> tuple[list[str], int]:
         ' >> "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
         ' 2>&1 | tee -a "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out"')
     return lines, trainer
+
+
+@contextmanager
+def reachable_dir(prefix: str, mode: int = 0o755, under: str = "/tmp") -> Iterator[Path]:
+    """A fresh directory under `under` with `mode` (0755: every uid can reach what is made
+    in it; 1777: alice and bob may both create in it, as in /scratch), unlike pytest's
+    tmp_path, which is root's alone; removed after, whatever the users left in it."""
+    path = Path(tempfile.mkdtemp(prefix=f"slurm-geo-{prefix}-", dir=under))
+    path.chmod(mode)
+    try:
+        yield path
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwX", str(path)], check=False)
+        shutil.rmtree(path, ignore_errors=True)

@@ -6,15 +6,13 @@ sandbox's uids; no account is needed), so these need root, not the sandbox."""
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from helpers import as_uid
+from helpers import as_uid, reachable_dir
 
 from slurm_geo.ckpt.errors import UnsafeObjectName, UnsafeStoreDirectory
 from slurm_geo.ckpt.gc import collect_garbage
@@ -28,13 +26,11 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root do
 @pytest.fixture
 def pfs() -> Iterator[Path]:
     """A 1777 directory every uid can reach (pytest's tmp_path is root's alone)."""
-    top = Path(tempfile.mkdtemp(prefix="slurm-geo-pfs-", dir="/tmp"))
-    top.chmod(0o755)
-    root = top / "ckpt"
-    root.mkdir()
-    root.chmod(0o1777)
-    yield root
-    shutil.rmtree(top)
+    with reachable_dir("pfs") as top:
+        root = top / "ckpt"
+        root.mkdir()
+        root.chmod(0o1777)
+        yield root
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, bytes]]:

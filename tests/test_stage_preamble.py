@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +36,7 @@ from slurm_geo.stage.preamble import enter_world, supervise
 from slurm_geo.stage.record import PinnedTree, WorldRecord, manifest_digest, write_world_record
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.walk import LocalOpener
-from tests.helpers import as_uid
+from tests.helpers import as_uid, reachable_dir
 
 MASTER = bytes(range(32))
 PYTHON = "/usr/bin/python3"  # one alice may run
@@ -47,11 +46,8 @@ RUN = "run-preamble"
 @pytest.fixture
 def base() -> Iterator[Path]:
     """A directory alice and bob may both create in (as /scratch is), removed after."""
-    path = Path(tempfile.mkdtemp(prefix="slurm-geo-preamble-", dir="/var/tmp"))
-    path.chmod(0o1777)
-    yield path
-    subprocess.run(["chmod", "-R", "u+rwX", str(path)], check=False)
-    shutil.rmtree(path, ignore_errors=True)
+    with reachable_dir("preamble", 0o1777, "/var/tmp") as path:
+        yield path
 
 
 @dataclass

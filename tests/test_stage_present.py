@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from slurm_geo.stage.present import (
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.walk import LocalOpener
 from slurm_geo.stage.workspace import Workspace, WorkspaceError
-from tests.helpers import as_uid
+from tests.helpers import as_uid, reachable_dir
 
 MASTER = bytes(range(32))
 PYTHON = "/usr/bin/python3"  # one alice may run (the test runner's may be root's own)
@@ -49,10 +48,8 @@ CLOSED = Node(userns="unshare(user, mount namespaces): Operation not permitted")
 @pytest.fixture
 def base() -> Iterator[Path]:
     """A directory alice and bob may both create in (as /scratch is), removed after."""
-    path = Path(tempfile.mkdtemp(prefix="slurm-geo-present-", dir="/var/tmp"))
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with reachable_dir("present", 0o1777, "/var/tmp") as path:
+        yield path
 
 
 def missing_home(tag: str) -> str:

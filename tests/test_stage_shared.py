@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +33,7 @@ from slurm_geo.stage.names import snapshot_name, tree_pack_name, tree_packs_pref
 from slurm_geo.stage.public import ancestors_private, entry_private, has_acl
 from slurm_geo.stage.record import read_world_record
 from slurm_geo.stage.trees import Trees
-from tests.helpers import as_uid
+from tests.helpers import as_uid, reachable_dir
 from tests.test_federation_daemon import ALICE, BOB, KEY
 from tests.test_world_staging import job
 
@@ -107,17 +105,12 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root do
 @pytest.fixture
 def top() -> Iterator[Path]:
     """A directory every uid can reach (pytest's tmp_path is root's alone)."""
-    made = Path(tempfile.mkdtemp(prefix="slurm-geo-shared-", dir="/tmp"))
-    made.chmod(0o755)
-    out = made / "out"
-    out.mkdir()
-    out.chmod(0o1777)
-    pfs = made / "pfs"
-    pfs.mkdir()
-    pfs.chmod(0o1777)
-    LocalDirStore(pfs)
-    yield made
-    shutil.rmtree(made)
+    with reachable_dir("shared") as made:
+        for name in ("out", "pfs"):
+            (made / name).mkdir()
+            (made / name).chmod(0o1777)
+        LocalDirStore(made / "pfs")
+        yield made
 
 
 def public_dataset(root: Path, owner: int = 0, files: int = 3, size: int = 600_000) -> Path:

@@ -14,9 +14,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +25,7 @@ from slurm_geo.sandbox.users import ALICE, BOB
 from slurm_geo.slurm import CliSlurmClient
 from slurm_geo.slurm.models import JobState
 from tests.conftest import user_dir
-from tests.helpers import as_uid, eventually, sbatch_as
+from tests.helpers import as_uid, eventually, reachable_dir, sbatch_as
 from tests.test_stage_preamble import stage_world
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -65,11 +62,8 @@ echo "script done $?"
 @pytest.fixture
 def base() -> Iterator[Path]:
     """Node-local scratch for both "nodes" (one machine), as /scratch would be."""
-    path = Path(tempfile.mkdtemp(prefix="slurm-geo-steps-", dir="/var/tmp"))
-    path.chmod(0o1777)
-    yield path
-    subprocess.run(["chmod", "-R", "u+rwX", str(path)], check=False)
-    shutil.rmtree(path, ignore_errors=True)
+    with reachable_dir("steps", 0o1777, "/var/tmp") as path:
+        yield path
 
 
 def test_every_task_of_an_srun_step_on_two_nodes_reads_the_world_at_its_home_path(

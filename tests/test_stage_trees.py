@@ -10,9 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import stat
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,7 +34,7 @@ from slurm_geo.stage.names import (
 )
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.walk import LocalOpener, StageSourceError
-from tests.helpers import as_uid
+from tests.helpers import as_uid, reachable_dir
 
 SMALL = CdcParams(min_size=4096, mask_bits=13, max_size=65536)
 OPTIONS = WriteOptions(cdc=SMALL, pack_size=1 << 20, workers=2)
@@ -230,10 +228,8 @@ def test_the_same_content_under_new_inodes_stores_no_chunk(store, tmp_path):
 @pytest.fixture
 def shared_tmp():
     """A directory every user may reach (pytest's tmp_path is root's alone)."""
-    path = Path(tempfile.mkdtemp(prefix="slurm-geo-stage-", dir="/tmp"))
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with reachable_dir("stage") as path:
+        yield path
 
 
 def test_a_second_user_staging_the_same_root_stores_nothing(shared_tmp):

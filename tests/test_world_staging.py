@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from slurm_geo.stage.home import HomeStager, for_key_reply, interval_from
 from slurm_geo.stage.keys import GivenTreeKeys, MasterTreeKeys, NoTreeKey
 from slurm_geo.stage.record import manifest_digest, read_world_record
 from slurm_geo.stage.trees import Trees
-from tests.helpers import as_uid
+from tests.helpers import as_uid, reachable_dir
 from tests.test_federation_daemon import ALICE, BOB, KEY, RUN, Site, directives
 
 DATA = "/home/alice/data"
@@ -145,10 +144,8 @@ def test_a_moved_incarnation_is_granted_the_trees_copied_to_its_store(tmp_path):
 @pytest.fixture
 def top() -> Iterator[Path]:
     """A directory every uid can reach (pytest's tmp_path is root's alone)."""
-    made = Path(tempfile.mkdtemp(prefix="slurm-geo-world-", dir="/tmp"))
-    made.chmod(0o755)
-    yield made
-    shutil.rmtree(made)
+    with reachable_dir("world") as made:
+        yield made
 
 
 def world_store(top: Path) -> Path:
