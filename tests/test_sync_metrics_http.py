@@ -125,3 +125,70 @@ def test_a_stalled_connection_is_closed_after_its_idle_time(state: Path) -> None
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _checkpoints(path: Path, checkpoints: list[tuple[str, int, float | None,
+                                                      list[tuple[str, int]]]]) -> None:
+    """Replicas (destination, step, verified at or None, transfers as (kind, bytes))."""
+    db = StateDB(path)
+    try:
+        for n, (destination, step, verified_at, transfers) in enumerate(checkpoints):
+            [replica_id] = db.add([{"root": "pfs", "run": "r", "step": step,
+                                    "destination": destination, "sequence": n,
+                                    "status": "pending"}], NOW)
+            replica = db.replica(replica_id)
+            for kind, nbytes in transfers:
+                db.record_transfer(replica, {"object": f"{kind}/x", "kind": kind,
+                                             "bytes": nbytes, "started_at": NOW,
+                                             "finished_at": NOW + 1})
+            if verified_at is not None:
+                db.move(replica_id, Status.PENDING, Status.UPLOADING, NOW)
+                db.move(replica_id, Status.UPLOADING, Status.REPLICATED, NOW)
+                db.move(replica_id, Status.REPLICATED, Status.VERIFIED, verified_at,
+                        verified_at=verified_at)
+    finally:
+        db.close()
+
+
+MB = 10 ** 6
+
+
+@pytest.mark.parametrize("checkpoints, last, count, total", [
+    ([], {}, {}, {}),
+    # one crossing: the newest verified checkpoint put its packs, manifest and key, and
+    # nothing came back
+    ([("offsite", 10, NOW, [("packs", 400 * MB), ("manifests", MB), ("keys", 100)])],
+     {("offsite", "upload"): 401 * MB + 100, ("offsite", "verify"): 0},
+     {"offsite": 1}, {("offsite", "upload"): 401 * MB + 100, ("offsite", "verify"): 0}),
+    # two crossings (a read-back): the verify direction says so
+    ([("offsite", 10, NOW, [("packs", 400 * MB), ("verify", 400 * MB)]),
+      ("offsite", 20, NOW + 60, [("packs", 300 * MB), ("verify", 300 * MB)])],
+     {("offsite", "upload"): 300 * MB, ("offsite", "verify"): 300 * MB},
+     {"offsite": 2}, {("offsite", "upload"): 700 * MB, ("offsite", "verify"): 700 * MB}),
+    # the last one verified, not the highest step; one being copied counts nowhere yet
+    ([("offsite", 20, NOW, [("packs", 5)]), ("offsite", 10, NOW + 9, [("packs", 7)]),
+      ("offsite", 30, None, [("packs", 1000)])],
+     {("offsite", "upload"): 7, ("offsite", "verify"): 0},
+     {"offsite": 2}, {("offsite", "upload"): 12, ("offsite", "verify"): 0}),
+    # per destination
+    ([("offsite", 10, NOW, [("packs", 5)]), ("tape", 10, NOW, [("packs", 6)])],
+     {("offsite", "upload"): 5, ("offsite", "verify"): 0,
+      ("tape", "upload"): 6, ("tape", "verify"): 0},
+     {"offsite": 1, "tape": 1},
+     {("offsite", "upload"): 5, ("offsite", "verify"): 0,
+      ("tape", "upload"): 6, ("tape", "verify"): 0}),
+])
+def test_wan_bytes_per_verified_checkpoint(tmp_path: Path, checkpoints: Any,
+                                           last: dict[Any, int], count: dict[str, int],
+                                           total: dict[Any, int]) -> None:
+    path = tmp_path / "state.db"
+    _checkpoints(path, checkpoints)
+    families = {f.name: f for f in SyncCollector(path, Live).collect()}
+
+    def by_labels(name: str) -> dict[Any, float]:
+        return {tuple(s.labels.values()) if len(s.labels) > 1 else s.labels["destination"]:
+                s.value for s in families[name].samples}
+
+    assert by_labels("slurm_geo_sync_checkpoint_wan_bytes") == last
+    assert by_labels("slurm_geo_sync_verified_checkpoints") == count
+    assert by_labels("slurm_geo_sync_verified_checkpoint_bytes") == total

@@ -37,6 +37,8 @@ METRIC_NAMES = (
     f"{PREFIX}_scrubbed_bytes", f"{PREFIX}_scrub_full_pass_timestamp_seconds",
     f"{PREFIX}_scrub_findings", f"{PREFIX}_unsafe_files_skipped", f"{PREFIX}_world_bytes",
     f"{PREFIX}_worlds", f"{PREFIX}_world_staging_lag_seconds",
+    f"{PREFIX}_checkpoint_wan_bytes", f"{PREFIX}_verified_checkpoints",
+    f"{PREFIX}_verified_checkpoint_bytes",
 )
 
 _PER_RUN = """
@@ -53,6 +55,26 @@ SELECT runs.run, runs.destination, runs.verified, runs.seen,
       AND r.destination = runs.destination AND r.step = runs.verified
       AND r.status = 'verified' LIMIT 1) AS last_lag
 FROM runs
+"""
+
+
+DIRECTIONS = ("upload", "verify")
+_DIRECTION = "CASE WHEN t.kind = 'verify' THEN 'verify' ELSE 'upload' END"
+_VERIFIED_BYTES = f"""
+SELECT r.destination, {_DIRECTION} AS direction, SUM(t.bytes) AS n
+FROM transfers t JOIN replicas r ON r.id = t.replica_id
+WHERE r.verified_at IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2
+"""
+# Each destination's replica verified last (SQLite: the bare id is MAX's row's), both
+# directions named even when nothing was read back.
+_LAST_VERIFIED_BYTES = f"""
+WITH last AS (SELECT destination, id, MAX(verified_at) FROM replicas
+              WHERE verified_at IS NOT NULL GROUP BY destination),
+     directions(direction) AS (VALUES ('upload'), ('verify'))
+SELECT last.destination, directions.direction,
+  (SELECT SUM(t.bytes) FROM transfers t WHERE t.replica_id = last.id
+     AND {_DIRECTION} = directions.direction) AS n
+FROM last, directions ORDER BY 1, 2
 """
 
 
@@ -110,6 +132,7 @@ class SyncCollector:
             yield from self._statuses(conn)
             yield from self._runs(conn, self._clock())
             yield from self._totals(conn)
+            yield from self._per_checkpoint(conn)
             yield from self._scrub(conn)
             live = self._live()
             yield from self._worlds(conn, live.destination_up, self._clock())
@@ -174,6 +197,37 @@ class SyncCollector:
                 failures.add_metric([row["destination"], reason], row[reason] or 0)
         yield moved
         yield failures
+
+    def _per_checkpoint(self, conn: sqlite3.Connection) -> Iterator[Metric]:
+        """What each verified checkpoint cost the WAN, from `transfers`: the newest one's
+        bytes put and read back, and both summed over every verified checkpoint with
+        their count (their ratio: bytes per checkpoint; one crossing: upload about its
+        stored bytes, verify about 0)."""
+        last = GaugeMetricFamily(
+            f"{PREFIX}_checkpoint_wan_bytes", "Bytes put to the destination (upload) and "
+            "read back from it (verify) for the checkpoint verified there last.",
+            labels=["destination", "direction"])
+        count = CounterMetricFamily(
+            f"{PREFIX}_verified_checkpoints", "Checkpoints verified at the destination "
+            "(each once, however often scrubbed or repaired since).", labels=["destination"])
+        moved = CounterMetricFamily(
+            f"{PREFIX}_verified_checkpoint_bytes", "Bytes put (upload) and read back "
+            "(verify) for the checkpoints verified at the destination.",
+            labels=["destination", "direction"])
+        verified = {row["destination"]: row["n"] for row in conn.execute(
+            "SELECT destination, COUNT(*) AS n FROM replicas WHERE verified_at IS NOT NULL "
+            "GROUP BY destination ORDER BY 1")}
+        sums = {(destination, direction): 0 for destination in verified
+                for direction in DIRECTIONS}
+        sums.update(((row["destination"], row["direction"]), row["n"] or 0)
+                    for row in conn.execute(_VERIFIED_BYTES))
+        for destination, n in verified.items():
+            count.add_metric([destination], n)
+        for (destination, direction), n in sums.items():
+            moved.add_metric([destination, direction], n)
+        for row in conn.execute(_LAST_VERIFIED_BYTES):
+            last.add_metric([row["destination"], row["direction"]], row["n"] or 0)
+        yield from (last, count, moved)
 
     def _scrub(self, conn: sqlite3.Connection) -> Iterator[Metric]:
         scrubbed = CounterMetricFamily(
