@@ -61,7 +61,9 @@ def drill(sandbox_dir: Path | None, old_sandbox_dir: Path | None, state_mb: floa
     """Lose the home cluster (or site, or leader) on purpose: submit a real training job
     to onprem, strike once two checkpoints are verified off-site, and let the federation
     move the job to rented. Prints the DR report (detection, leader failover, RTO, steps
-    lost, bytes, predicted vs actual transfer, who decided what, cost per leg) and checks
+    lost, bytes, predicted vs actual transfer, bytes over the WAN per checkpoint by the
+    link's own counters and the replication lag, each against one crossing of its stored
+    bytes, who decided what, cost per leg) and checks
     that the final weights are bit-identical to an uninterrupted run (resharded: that the
     job loaded exactly the weights saved). Exits 0 when every target holds."""
     from slurm_geo.cli.sandbox import existing_root

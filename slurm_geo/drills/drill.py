@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slurm_geo.config.model import SiteConfig, load_config
-from slurm_geo.drills import figures, losses, sharded, world
+from slurm_geo.drills import figures, losses, sharded, wan, world
 from slurm_geo.drills.picture import draw_timeline
 from slurm_geo.drills.report import DrillReport, Sample
 from slurm_geo.drills.settings import DrillSettings
 from slurm_geo.drills.waits import DrillFailed, Progress, wait_for, wait_or_none
 from slurm_geo.federation.audit import Entry
 from slurm_geo.sandbox import Sandbox, netns
-from slurm_geo.sandbox.layout import S3_REGION, SandboxLayout
+from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.sites import Site
 from slurm_geo.sandbox.users import ALICE, SandboxUser, job_environment
 from slurm_geo.slurm import JobSpec, SlurmClient, SlurmError, connect
@@ -117,6 +117,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
     run, work, trace, job_id, logical = job.run, job.dirs, job.traces, job.job_id, \
         job.logical_job
     progress(f"submitted {run} to {home} as job {job_id}")
+    link_watch = wan.LinkWatch.home_remote(sandbox.layout.topology).start()
     world_offsite = world.OffsiteWatch(site, run, drill_world)
     # Short timeouts: a dead controller must show as unreachable when it dies, not later.
     quick = {name: connect(replace(cluster, timeout_s=1.0))
@@ -136,7 +137,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
                  + (" and its world complete there" if drill_world else ""), progress,
                  lambda: _offsite_status(site, run, trace) + (
                      f"; {world.offsite_status(site, run)}" if drill_world else ""))
-        offsite = verified_offsite(site, run)
+        offsite, readings = verified_offsite(site, run), link_watch.stop()
         leader_before = view.leader()
         progress(f"{len(offsite)} checkpoints verified off-site; {LOSS_SAYS[settings.lose]}")
         killed_at = time.time()
@@ -198,6 +199,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
                                      f"{last[0]}:{last[1]}")
             world_said["offsite_s"] = world_offsite.seconds
     finally:
+        link_watch.stop()
         sampler.stop()
         if watch is not None:
             watch.leave()
@@ -248,6 +250,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         cluster_sites={c.name: c.site.value for c in sandbox.layout.clusters},
         world=world.with_first_step(world_said, lines, home, killed_at)
         if drill_world is not None else None,
+        wan=wan.measured(sandbox, site, run, offsite, readings),
     )
     if drill_world is not None:
         world.remove_dataset(drill_world)
@@ -492,16 +495,7 @@ def offsite_kept(sandbox: Sandbox, site: SiteConfig, view: losses.FederationView
                  steps: list[int]) -> bool:
     """Every checkpoint verified off-site before the loss is still there, and the newest
     of them still verifies in full (read with the daemons' key to the store)."""
-    from slurm_geo.ckpt import Repository
-    from slurm_geo.ckpt.keys import load_master_key
-    from slurm_geo.ckpt.open_store import open_store
-
-    assert site.sync is not None
-    store_config, key = site.stores[site.sync.destination], sandbox.daemons_s3_key()
-    store = open_store(store_config.url, endpoint_url=store_config.endpoint_url or None,
-                       region_name=S3_REGION, access_key_id=key.access_key_id,
-                       secret_access_key=key.secret_access_key, ca_file=store_config.ca_file)
-    repository = Repository(store, load_master_key(sandbox.layout.master_key))
+    repository = wan.offsite_repository(sandbox, site)
     listed = set(repository.steps(run))
     return set(steps) <= listed and not repository.verify(run, max(steps))
 
