@@ -66,7 +66,8 @@ def test_once_replicates_verifies_and_restores_byte_identical(setup):
         checkpoint = restore(tmp_path / "offsite", trainer.repository.master_keys, "run-a", step)
         assert [bytes(t.data) for t in checkpoint.tensors] == tensors
     kinds = {r["kind"] for r in rows(tmp_path / "state.db", "SELECT kind FROM transfers")}
-    assert kinds == {"keys", "packs", "manifests", "latest", "verify"}
+    # Verified as written: nothing read back (no "verify" transfer), a record left instead
+    assert kinds == {"keys", "packs", "manifests", "latest", "verified"}
     log = (tmp_path / "log").read_text()
     assert log.count("event=verified") == 3 and "Traceback" not in log
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from slurm_geo.ckpt.digests import expected_digest, stored_digest
 from slurm_geo.ckpt.errors import CkptError, StoreUnavailable
 from slurm_geo.ckpt.retry import is_permanent
 from slurm_geo.ckpt.store import Bytes, Store
@@ -62,6 +63,12 @@ class BreakerStore:
 
     def sizes(self, prefix: str) -> dict[str, int]:
         return self._call(prefix, lambda: self.inner.sizes(prefix))
+
+    def digest(self, name: str) -> str | None:
+        return self._call(name, lambda: stored_digest(self.inner, name))
+
+    def digest_of(self, data: Bytes) -> str:
+        return expected_digest(self.inner, data)
 
     def _call(self, name: str, operation: Callable[[], T]) -> T:
         skipped = self._skip_reason(name)

@@ -64,6 +64,11 @@ def promoted_name(run: str, step: int) -> str:
     return f"promoted/{manifest_name(run, step).removeprefix('manifests/')}"
 
 
+def verified_name(run: str, step: int) -> str:
+    """Where the daemons record that a checkpoint was verified as written (format §8.7)."""
+    return f"verified/{manifest_name(run, step).removeprefix('manifests/')}"
+
+
 def fence_name(run: str) -> str:
     return f"fences/{check_run_id(run)}"
 

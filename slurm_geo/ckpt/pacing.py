@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from slurm_geo.ckpt.digests import expected_digest, stored_digest
 from slurm_geo.ckpt.errors import StoreUnavailable
 from slurm_geo.ckpt.store import Bytes, Store
 
@@ -118,6 +119,12 @@ class PacedStore:
 
     def sizes(self, prefix: str) -> dict[str, int]:
         return self._call(lambda: self.inner.sizes(prefix))
+
+    def digest(self, name: str) -> str | None:
+        return self._call(lambda: stored_digest(self.inner, name))
+
+    def digest_of(self, data: Bytes) -> str:
+        return expected_digest(self.inner, data)
 
     def _call(self, operation: Callable[[], T]) -> T:
         self._guard.check()

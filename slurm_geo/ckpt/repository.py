@@ -252,8 +252,11 @@ class Repository:
         return bytes(self._blob(manifest.extra_state, reader))
 
     def manifest(self, run: str, step: int) -> Manifest:
+        return self.open_manifest(run, step, self._store.get(manifest_name(run, step)))
+
+    def open_manifest(self, run: str, step: int, sealed: bytes) -> Manifest:
+        """The manifest of `run@step` from its sealed bytes, opened and validated."""
         name = manifest_name(run, step)
-        sealed = self._store.get(name)
         keys = self._keys(run).opening(sealing_fingerprint(sealed))
         payload = open_sealed(keys.data_key, Kind.MANIFEST, sealed, name)
         return replace(parse_manifest(payload, name, run, step), key=keys.fingerprint)
@@ -307,6 +310,20 @@ class Repository:
         payload = open_with_ring(self._holder.promotion_keys(), Kind.PROMOTED, sealed, name)
         check_promotion(payload, name, run, step)
         return True
+
+    def put_daemon_record(self, kind: Kind, name: str, payload: bytes) -> None:
+        """Seal `payload` as object `name` under the promotion key, which no job holds:
+        a record only the daemons can write (slurm_geo.ckpt.verified)."""
+        self._put_sealed(self._holder.promotion_keys()[0], kind, name, payload)
+
+    def daemon_record(self, kind: Kind, name: str) -> bytes | None:
+        """The opened payload of a record `put_daemon_record` wrote; None when there is
+        none. One that does not open raises its error."""
+        try:
+            sealed = self._store.get(name)
+        except ObjectMissing:
+            return None
+        return open_with_ring(self._holder.promotion_keys(), kind, sealed, name)
 
     def put_fence(self, run: str, payload: bytes) -> None:
         """Write the run's fence (§8.3); slurm_geo.ckpt.fence decides what it says."""

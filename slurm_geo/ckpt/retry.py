@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from slurm_geo.ckpt.digests import expected_digest, stored_digest
 from slurm_geo.ckpt.errors import StoreUnavailable
 from slurm_geo.ckpt.store import Bytes, Store
 
@@ -68,6 +69,12 @@ class RetryingStore:
 
     def sizes(self, prefix: str) -> dict[str, int]:
         return self._retry(lambda: self.inner.sizes(prefix))
+
+    def digest(self, name: str) -> str | None:
+        return self._retry(lambda: stored_digest(self.inner, name))
+
+    def digest_of(self, data: Bytes) -> str:
+        return expected_digest(self.inner, data)
 
     def _retry(self, operation: Callable[[], T]) -> T:
         for attempt in range(self._attempts - 1):

@@ -71,6 +71,7 @@ SEALED_UNDER_MASTER: tuple[tuple[str, Kind, Callable[[bytes], bytes]], ...] = (
     ("tree-keys/", Kind.DATA_KEY, _master),
     ("fences/", Kind.FENCE, fence_key),
     ("promoted/", Kind.PROMOTED, promotion_key),
+    ("verified/", Kind.VERIFIED, promotion_key),
     ("tree-residency/", Kind.MANIFEST, residency_key),
 )
 

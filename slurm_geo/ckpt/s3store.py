@@ -32,9 +32,11 @@ from slurm_geo.ckpt.errors import CkptError, ObjectMissing, StoreUnavailable
 from slurm_geo.ckpt.names import check_object_name
 from slurm_geo.ckpt.parallel import run_all
 from slurm_geo.ckpt.store import Bytes
+from slurm_geo.ckpt.sums import composite_b64, sha256_b64
 from slurm_geo.ckpt.transfer_plan import DEFAULT_PLAN, MAX_STREAMS, TransferPlan
 
-_Part = tuple[int, str]  # (size, MD5 hex or ETag) of one part of a multipart upload
+# (size, MD5 hex or ETag, base64 SHA-256) of one part of a multipart upload
+_Part = tuple[int, str, str | None]
 
 _MISSING_CODES = {"NoSuchKey", "NotFound", "404"}
 # Worth another try: throttling, server trouble, a corrupted transfer, an upload that a
@@ -94,7 +96,9 @@ def make_s3_client(endpoint_url: str | None = None, region_name: str | None = No
         "max_pool_connections": max_connections,
     }
     # Since botocore 1.36 clients add CRC checksums that many S3-compatible stores reject;
-    # we send Content-MD5 ourselves, and the checkpoint format verifies all bytes read.
+    # we send Content-MD5 and SHA-256 ourselves (S3Store.put: the server refuses a body
+    # that does not match, and keeps the SHA-256 for `digest`), and the checkpoint format
+    # verifies all bytes read.
     for option in ("request_checksum_calculation", "response_checksum_validation"):
         if option in Config.OPTION_DEFAULTS:
             options[option] = "when_required"
@@ -145,7 +149,9 @@ class S3Store:
             if len(view) < self.plan.multipart_threshold or not view:
                 body = bytes(view)  # boto3 takes bytes or files, not memoryviews
                 self._client.put_object(Bucket=self.bucket, Key=key, Body=body,
-                                        ContentMD5=_content_md5(body))
+                                        ContentMD5=_content_md5(body),
+                                        ChecksumAlgorithm="SHA256",
+                                        ChecksumSHA256=sha256_b64(body))
             else:
                 self._put_multipart(key, view)
 
@@ -187,6 +193,25 @@ class S3Store:
             return False
         return True
 
+    def digest(self, name: str) -> str | None:
+        """The SHA-256 the bucket keeps of the object (x-amz-checksum-sha256, from one HEAD:
+        the bytes stay where they are); None for an object put without one (by an older
+        slurm-geo, or a store that keeps none)."""
+        key = self._key(name)
+        with self._errors_for(name):
+            found = self._client.head_object(Bucket=self.bucket, Key=key,
+                                             ChecksumMode="ENABLED")
+        return found.get("ChecksumSHA256") or None
+
+    def digest_of(self, data: Bytes) -> str:
+        """What `digest` says of an object of `data` put by this store: the SHA-256 of a
+        single put, the composite of a multipart one (its parts as `put` cuts them)."""
+        view = memoryview(data).cast("B")
+        if len(view) < self.plan.multipart_threshold or not view:
+            return sha256_b64(view)
+        size = self.plan.part_size_for(len(view))
+        return composite_b64([view[start:start + size] for start in range(0, len(view), size)])
+
     def _key(self, name: str) -> str:
         return self.prefix + check_object_name(name)
 
@@ -196,31 +221,35 @@ class S3Store:
         size = self.plan.part_size_for(len(view))
         parts = {n: view[start:start + size]
                  for n, start in enumerate(range(0, len(view), size), start=1)}
-        wanted = {n: (len(p), hashlib.md5(p, usedforsecurity=False).hexdigest())
-                  for n, p in parts.items()}
+        wanted: dict[int, _Part] = {
+            n: (len(p), hashlib.md5(p, usedforsecurity=False).hexdigest(), sha256_b64(p))
+            for n, p in parts.items()}
         upload_id, stored = self._resumable_upload(key, wanted)
         missing = [n for n in parts if n not in stored]
-        sent = run_all(lambda n: self._upload_part(key, upload_id, n, parts[n]), missing,
-                       self.plan.streams)
+        sent = run_all(lambda n: self._upload_part(key, upload_id, n, parts[n], wanted[n][2]),
+                       missing, self.plan.streams)
         etags = {**stored, **dict(zip(missing, sent, strict=True))}
         self._client.complete_multipart_upload(
             Bucket=self.bucket, Key=key, UploadId=upload_id,
-            MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etags[n]} for n in parts]})
+            MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etags[n],
+                                        "ChecksumSHA256": wanted[n][2]} for n in parts]})
 
-    def _upload_part(self, key: str, upload_id: str, number: int, part: memoryview) -> str:
+    def _upload_part(self, key: str, upload_id: str, number: int, part: memoryview,
+                     sha256: str | None) -> str:
         with self._part_slots:
             body = bytes(part)  # boto3 takes bytes or files, not memoryviews
             return self._client.upload_part(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                Body=body, ContentMD5=_content_md5(body))["ETag"]
+                Body=body, ContentMD5=_content_md5(body), ChecksumAlgorithm="SHA256",
+                ChecksumSHA256=sha256 or sha256_b64(body))["ETag"]
 
     def _resumable_upload(self, key: str, wanted: dict[int, _Part]) -> tuple[str, dict[int, str]]:
         """The unfinished upload of `key` holding most of the `wanted` parts, and the ETags
         of those; or a new, empty upload if none holds any. Every other unfinished upload
         of `key` is a leftover of a crashed put() (one writer per run) and is aborted."""
         uploads = {u: self._stored_parts(key, u) for u in self._unfinished_uploads(key)}
-        reusable = {u: {n: etag for n, (size, etag) in stored.items()
-                        if (size, etag.strip('"')) == wanted.get(n)}
+        reusable = {u: {n: part[1] for n, part in stored.items()
+                        if _same_part(part, wanted.get(n))}
                     for u, stored in uploads.items()}
         best = max(reusable, key=lambda u: len(reusable[u]), default=None)
         for upload_id in uploads:
@@ -229,7 +258,8 @@ class S3Store:
                                                     UploadId=upload_id)
         if best is not None and reusable[best]:
             return best, reusable[best]
-        created = self._client.create_multipart_upload(Bucket=self.bucket, Key=key)
+        created = self._client.create_multipart_upload(Bucket=self.bucket, Key=key,
+                                                       ChecksumAlgorithm="SHA256")
         return created["UploadId"], {}
 
     def _unfinished_uploads(self, key: str) -> set[str]:
@@ -247,10 +277,11 @@ class S3Store:
             raise
 
     def _stored_parts(self, key: str, upload_id: str) -> dict[int, _Part]:
-        """Part number -> (size, ETag); for non-KMS S3 the ETag is the part's MD5, quoted."""
+        """Part number -> (size, ETag, SHA-256); for non-KMS S3 the ETag is the part's MD5,
+        quoted; the SHA-256 where the service lists it (SeaweedFS does not)."""
         pages = self._client.get_paginator("list_parts").paginate(
             Bucket=self.bucket, Key=key, UploadId=upload_id)
-        return {p["PartNumber"]: (p["Size"], p["ETag"])
+        return {p["PartNumber"]: (p["Size"], p["ETag"], p.get("ChecksumSHA256"))
                 for page in pages for p in page.get("Parts", ())}
 
     @contextmanager
@@ -281,6 +312,15 @@ def classify_s3_error(exc: ClientError | BotoCoreError, bucket: str, name: str) 
     # Missing credentials, an invalid endpoint: retrying cannot help.
     return S3Unavailable(name, bucket, str(exc), _CREDENTIALS_FIX + ", and the endpoint URL",
                          permanent=True)
+
+
+def _same_part(stored: _Part, wanted: _Part | None) -> bool:
+    """Whether a part an unfinished upload holds is the one wanted: same size and MD5, and
+    the same SHA-256 where the service lists one."""
+    if wanted is None:
+        return False
+    size, etag, sha256 = stored
+    return (size, etag.strip('"')) == wanted[:2] and sha256 in (None, wanted[2])
 
 
 def _content_md5(body: bytes) -> str:

@@ -5,8 +5,9 @@ Each object gets its own key, derived from a fresh salt, so the fixed all-zero n
 used once per key. The header and the object name are associated data: a sealed object
 cannot be altered or moved to another name without failing to open.
 
-Fences and promotion markers are sealed objects of version 2: the same layout, sealed under
-the fence or promotion key (docs/format.md §4), which no job holds. Their version 1 form
+Fences, promotion markers and verification records are sealed objects of version 2: the
+same layout, sealed under the fence or promotion key (docs/format.md §4), which no job
+holds. Their version 1 form
 was sealed under the run's data key, which every job of the run holds; it is refused.
 """
 
@@ -36,11 +37,12 @@ class Kind(IntEnum):
     PROMOTED = 4
     FENCE = 5
     FEDERATION_STATE = 6
+    VERIFIED = 7
 
 
 # The version each kind is written in; a reader accepts that one only.
 VERSION_OF_KIND = {Kind.DATA_KEY: 1, Kind.MANIFEST: 1, Kind.LATEST: 1, Kind.PROMOTED: 2,
-                   Kind.FENCE: 2, Kind.FEDERATION_STATE: 1}
+                   Kind.FENCE: 2, Kind.FEDERATION_STATE: 1, Kind.VERIFIED: 2}
 _VERSIONS = frozenset(VERSION_OF_KIND.values())
 _LEGACY = {
     Kind.PROMOTED: ("promotion marker", "if it was promoted before the upgrade, run "

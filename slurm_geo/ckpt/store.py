@@ -25,6 +25,7 @@ from slurm_geo.ckpt.errors import (
     UnsafeStoreDirectory,
 )
 from slurm_geo.ckpt.names import check_object_name
+from slurm_geo.ckpt.sums import sha256_b64
 
 Bytes = bytes | bytearray | memoryview
 
@@ -46,6 +47,11 @@ class Store(Protocol):
     def sizes(self, prefix: str) -> dict[str, int]:
         """Each name starting with `prefix` and its size in bytes, from one listing (what
         `slurm-geo ckpt check` compares the manifests' pack ends against)."""
+
+    # Optional (slurm_geo.ckpt.digests): a store that keeps a digest of each object says
+    # it without its bytes leaving where they are; copies are then verified as written.
+    #   def digest(self, name: str) -> str | None: the digest of the object as stored
+    #   def digest_of(self, data: Bytes) -> str: what digest() says of an object of `data`
 
 
 class LocalDirStore:
@@ -213,6 +219,17 @@ class LocalDirStore:
         finally:
             os.close(fd)
 
+    def digest(self, name: str) -> str | None:
+        """SHA-256 of the object as it is on this store's disk (base64, as S3 writes it),
+        hashed where the bytes are: a copy to this store is checked against it."""
+        with _read_errors(name):
+            fd = self._open_object(name)
+            with os.fdopen(fd, "rb") as handle:
+                return sha256_b64(handle)
+
+    def digest_of(self, data: Bytes) -> str:
+        return sha256_b64(data)
+
     def sizes(self, prefix: str) -> dict[str, int]:
         found: dict[str, int] = {}
         for name in self.list(prefix):
@@ -339,21 +356,22 @@ def leaves_pointers_to_owners(store: Store) -> bool:
 
 # Directories every run of a store shares (docs/format.md §2), and those of one run.
 SHARED_DIRECTORIES = ("fences", "keys", "latest", "locks", "manifests", "packs", "probes",
-                      "promoted", "run-packs",
+                      "promoted", "run-packs", "verified",
                       # staged trees and runs' world records (docs/format.md §11: made
                       # here so that a home job stages its world as its owner)
                       "tree-keys", "tree-latest", "tree-packs", "trees", "worlds",
                       "tree-residency",
                       # what moved incarnations ship home (docs/format.md §11.9)
                       "outputs")
-RUN_DIRECTORIES = ("manifests", "promoted", "run-packs", "outputs")
+RUN_DIRECTORIES = ("manifests", "promoted", "run-packs", "outputs", "verified")
 TREE_DIRECTORIES = ("tree-packs", "trees")  # made with a domain's key, as a run's with its
-# Written by the daemons alone: fences (under F), promotion markers (under P), staged
+# Written by the daemons alone: fences (under F), promotion markers and verification
+# records (under P), staged
 # trees' residency (under R) and the federation daemon's bandwidth probes. A user able to
 # create a name there could block a fence of another's run (a sticky directory lets only
 # its maker replace a file), so in a shared store they belong to the daemons' account,
 # mode 0755.
-DAEMON_DIRECTORIES = ("fences", "probes", "promoted", "tree-residency")
+DAEMON_DIRECTORIES = ("fences", "probes", "promoted", "tree-residency", "verified")
 
 
 class DirectoryFault(NamedTuple):

@@ -1,8 +1,10 @@
 """Moving a logical job to a new generation, and fencing the ones it leaves behind.
 
 A move, in order (each step is safe to repeat if the daemon dies after it):
-  1. the newest checkpoint of the run that verifies in the target cluster's store is
-     chosen (copied there first when the current cluster is still up: a failback);
+  1. the newest checkpoint of the run that is verified in the target cluster's store is
+     chosen (copied there first when the current cluster is still up: a failback): from
+     its verification record and a presence check of its objects, reading nothing back
+     (slurm_geo.ckpt.verified); one without a record is read and verified in full;
   2. the generation goes up, a compare-and-set that also fails if the job's lease was
      renewed meanwhile: from now on the old incarnation gets no lease;
   3. the target store is fenced: only the new generation's cluster may commit past the
@@ -34,6 +36,7 @@ from slurm_geo.ckpt.errors import (
     CkptError,
     CorruptObject,
     ImmutableCheckpoint,
+    StoreUnavailable,
     UnsupportedFormat,
     WrongKey,
 )
@@ -42,6 +45,7 @@ from slurm_geo.ckpt.names import key_name
 from slurm_geo.ckpt.replicate import copy_checkpoint
 from slurm_geo.ckpt.rollback import high_water, rollback
 from slurm_geo.ckpt.runkey import rotate_run_keys, unwrap_run_keys
+from slurm_geo.ckpt.verified import absent, read_record, record_of, write_record
 from slurm_geo.config.model import ClusterConfig
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.credentials import job_environment
@@ -217,6 +221,8 @@ class Mover:
         started = time.monotonic()
         report = copy_checkpoint(repository, source, target, job.run, steps[-1],
                                  fence=daemon_lookup(known_fence(job)))
+        write_record(Repository(target, w.master_keys), record_of(report, w.clock(),
+                                                                   "federation"))
         seconds = time.monotonic() - started
         if report.bytes_copied and seconds > 0:
             self.bandwidth.observe(source_store, target_store, report.bytes_copied, seconds)
@@ -275,15 +281,41 @@ class Mover:
                            store=store_name)
             return None
         for step in reversed(steps[-VERIFY_OLDER_LIMIT:]):
-            faults = repository.verify(job.run, step)
-            if not faults:
-                w.audit.append("verify", job.logical_job, f"{job.run}@{step} verified in "
-                               f"{store_name}", "newest checkpoint that verifies in full",
-                               run=job.run, step=step, store=store_name)
+            if self._resumable(job, repository, step, store_name):
                 return step
-            w.audit.append("verify", job.logical_job, f"{job.run}@{step} failed "
-                           f"verification in {store_name}", str(faults[0]),
-                           run=job.run, step=step, faults=len(faults))
+        return False
+
+    def _resumable(self, job: LogicalJob, repository: Repository, step: int,
+                   store_name: str) -> bool:
+        """Whether the move may resume from `run@step` in `store_name`, audited: from its
+        verification record (slurm_geo.ckpt.verified) and a presence check of what it
+        names, reading nothing; a checkpoint without a record is read in full instead."""
+        w = self.wiring
+        faults: list[str] | None
+        try:
+            record = read_record(repository, job.run, step)
+            faults = None if record is None else absent(repository, record)
+        except StoreUnavailable as exc:
+            record, faults = None, [str(exc)]
+        except CkptError as exc:  # altered, or not the daemons': trusted no more than none
+            w.audit.append("verify", job.logical_job, f"{job.run}@{step}'s verification "
+                           f"record in {store_name} is not trusted", str(exc),
+                           run=job.run, step=step)
+            record, faults = None, None
+        if faults is None:
+            faults = [str(f) for f in repository.verify(job.run, step)]
+            how = "no verification record: read back, it verifies in full"
+        else:
+            how = (f"verified as written by {record.by if record else '-'}; all "
+                   f"{len(record.objects) if record else 0} objects it names are there "
+                   "(nothing read back)")
+        if not faults:
+            w.audit.append("verify", job.logical_job, f"{job.run}@{step} verified in "
+                           f"{store_name}", how, run=job.run, step=step, store=store_name)
+            return True
+        w.audit.append("verify", job.logical_job, f"{job.run}@{step} failed "
+                       f"verification in {store_name}", faults[0],
+                       run=job.run, step=step, faults=len(faults))
         return False
 
     def _high_water(self, job: LogicalJob, store_name: str) -> int | None:

@@ -8,16 +8,22 @@ The replication lifecycle, enforced by `StateDB` on every status change:
         starts     |   |        no longer wants it; back   |              | the scrub's repair
                    v   |        to PENDING if it does)     |              | (the source still
                 UPLOADING --(attempts exhausted)--------> FAILED        CORRUPTED  has it)
-                   |   (outage, fault with attempts left,  ^              ^  ^
-                   |    clean stop, crash recovery: back   |              |  |
-                   |    to PENDING)                        |              |  |
-                   v                                       |              |  |
-                REPLICATED --(verification attempts       -+              |  |
-                   |          exhausted)                                  |  |
-                   +--(a chunk or the manifest fails to verify)----------+  |
-                   v                                                         |
-                VERIFIED --(the scrub, re-reading it later, finds damage)----+
+                   |   (outage, fault with attempts left,  ^              ^  ^  ^
+                   |    a put the destination holds other  |              |  |  |
+                   |    bytes of, clean stop, crash        |              |  |  |
+                   |    recovery: back to PENDING)         |              |  |  |
+                   +--(a pack fails its hash at the source)--------------+  |  |
+                   v                                       |                 |  |
+                REPLICATED --(verification attempts       -+                 |  |
+                   |          exhausted)                                     |  |
+                   +--(the same, found when the copy is checked again)------+  |
+                   v                                                            |
+                VERIFIED --(the scrub finds damage)-----------------------------+
                            (the only status a resume is ever offered from)
+
+Verified means verified as written (docs/checkpoint-sync.md, "What verified proves"):
+every object put was checked against the digest the destination keeps of it; nothing
+is read back.
 
 Every status change is a compare-and-set on the row's current status, so the daemon, its
 worker thread and `slurm-geo sync retry` never overwrite each other's moves. Transfers
@@ -71,7 +77,8 @@ _TERMINAL = {Status.VERIFIED, Status.CORRUPTED, Status.FAILED, Status.SKIPPED}
 
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.PENDING: frozenset({Status.UPLOADING, Status.SKIPPED}),
-    Status.UPLOADING: frozenset({Status.REPLICATED, Status.PENDING, Status.FAILED}),
+    Status.UPLOADING: frozenset({Status.REPLICATED, Status.PENDING, Status.FAILED,
+                                 Status.CORRUPTED}),
     Status.REPLICATED: frozenset({Status.VERIFIED, Status.CORRUPTED, Status.FAILED}),
     Status.VERIFIED: frozenset({Status.CORRUPTED}),
     Status.CORRUPTED: frozenset({Status.PENDING}),

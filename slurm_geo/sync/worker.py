@@ -1,13 +1,16 @@
-"""One replication attempt: copy a checkpoint to the destination, then verify it there.
+"""One replication attempt: copy a checkpoint to the destination, verified as written.
 
 The copy is `copy_checkpoint` (key, missing packs, manifest, latest pointer, in the order
 of docs/format.md §8); packs already at the destination are skipped, and an S3 multipart
-put resumes the parts an interrupted one left. The replica is then read back and every
-chunk checked (`Repository.verify`). Each status change is written as it happens, so a
-kill at any point leaves the state one step behind the truth, never ahead of it.
+put resumes the parts an interrupted one left. Each object put is checked against the
+digest the destination keeps of it, so the replica is verified without being read back
+(docs/checkpoint-sync.md, "What verified proves"), and a verification record is left next
+to it for the federation daemon's moves (slurm_geo.ckpt.verified). Each status change is
+written as it happens, so a kill at any point leaves the state one step behind the truth,
+never ahead of it.
 
 Stores are wrapped by `slurm_geo.ckpt.open_store.paced`: a token bucket caps the bytes
-sent to (and read back from) the destination, and before every object the attempt's
+sent to (and read from) the destination, and before every object the attempt's
 `Guard` checks whether it must stop (SIGTERM) or has run out of time. The copy puts up to
 `Route.streams` packs at once, from threads of its own: what they put is queued and
 written to the state database by the attempt's thread, whose connection it is.
@@ -15,7 +18,6 @@ written to the state database by the attempt's thread, whose connection it is.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -31,10 +33,11 @@ from slurm_geo.ckpt.manifest import with_bases
 from slurm_geo.ckpt.names import PACK_PREFIXES, key_name, manifest_name, promoted_name
 from slurm_geo.ckpt.open_store import paced
 from slurm_geo.ckpt.pacing import TokenBucket
-from slurm_geo.ckpt.replicate import copy_checkpoint
+from slurm_geo.ckpt.replicate import CopyReport, DamagedAtSource, copy_checkpoint
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.retry import is_permanent
 from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.verified import record_of, write_record
 from slurm_geo.daemon.events import event
 from slurm_geo.sync.planner import retry_delay_s
 from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status
@@ -129,6 +132,7 @@ class Attempt:
         self._replica: Replica | None = None
         self._unwritten: list[dict[str, Any]] = []  # transfers put, not yet in the state
         self._unwritten_lock = threading.Lock()
+        self._copy_started = 0.0
 
     def run(self, replica: Replica) -> Result:
         """Copy (when UPLOADING) and verify (always) `replica`; never raises."""
@@ -140,10 +144,9 @@ class Attempt:
 
     def _run(self, replica: Replica) -> Result:
         try:
-            if replica.status is Status.UPLOADING:
-                self._copy(replica)
-                replica = self._state.replica(replica.id)
-            return self._verify(replica)
+            report = self._copy(replica)
+            replica = self._state.replica(replica.id)
+            return self._verify(replica, report)
         except Interrupted:
             return self._interrupted(replica)
         except AttemptTimedOut:
@@ -152,6 +155,10 @@ class Attempt:
             if is_permanent(exc):
                 return self._failed(replica, str(exc))
             return self._outage(replica, str(exc), getattr(exc, "side", "destination"))
+        except DamagedAtSource as exc:
+            return self._corrupted(replica, str(exc))
+        except CorruptObject as exc:  # a put the destination holds otherwise: never counted
+            return self._failed(replica, str(exc), corrupted=True)
         except CkptError as exc:
             return self._failed(replica, str(exc))
         except Exception as exc:  # a bug must cost one attempt, not the daemon
@@ -237,14 +244,22 @@ class Attempt:
 
     # --- copy and verify ----------------------------------------------------------------
 
-    def _copy(self, replica: Replica) -> None:
+    def _copy(self, replica: Replica) -> CopyReport:
+        """Copy the checkpoint, verified as written (slurm_geo.ckpt.replicate): each object
+        put is checked against the digest the destination then keeps, none is read back. A
+        replica found REPLICATED (the daemon stopped before it was marked verified) is
+        copied again: what is there already costs a digest's comparison, not a transfer."""
         source = Repository(self._source, self._keys)
+        self._copy_started = self._clock()
+        self._destination.bytes_read = 0
         try:
             report = copy_checkpoint(source, self._source, self._destination, replica.run,
                                      replica.step, on_pack=lambda _d, _n: self._write_transfers(),
                                      streams=self._route.streams)
         finally:
             self._write_transfers()  # what was put before a failure was sent all the same
+        if replica.status is not Status.UPLOADING:
+            return report
         now = self._clock()
         moved = self._state.transferred_bytes(replica.id)
         self._state.move(replica.id, Status.UPLOADING, Status.REPLICATED, now,
@@ -252,23 +267,26 @@ class Attempt:
         event(log, "replicated", run=replica.run, step=replica.step,
               destination=replica.destination, packs_copied=report.packs_copied,
               packs_present=report.packs_present, bytes=report.bytes_copied)
+        return report
 
-    def _verify(self, replica: Replica) -> Result:
-        replica_repo, faults = self._read_back(replica)
-        if faults:
-            return self._corrupted(replica, replica_repo, faults)
-        sealed = self._destination.get(manifest_name(replica.run, replica.step))
-        metadata = replica_repo.manifest(replica.run, replica.step).metadata
+    def _verify(self, replica: Replica, report: CopyReport) -> Result:
+        """Mark the replica verified from its copy's checks, and leave the verification
+        record next to it (slurm_geo.ckpt.verified) for any daemon that later moves the
+        run there: the record, not a read, is what a move trusts."""
+        if report.bytes_read_back:  # a destination that keeps no digests
+            self._record_read(self._copy_started)
         self._carry_promotion(replica)
         now = self._clock()
-        created = _timestamp(metadata.created_at) or replica.discovered_at
+        write_record(Repository(self._destination, self._keys),
+                     record_of(report, now, "checkpoint-sync"))
+        created = _timestamp(report.created_at) or replica.discovered_at
         repaired = {"repairs": ("+", 1), "repairing": 0} if replica.repairing else {}
         self._state.move(replica.id, Status.REPLICATED, Status.VERIFIED, now, verified_at=now,
                          created_at=created, lag_s=max(0.0, now - created),
-                         manifest_sha256=hashlib.sha256(sealed).hexdigest(), last_error=None,
-                         **repaired)
+                         manifest_sha256=report.manifest_sha256, last_error=None, **repaired)
         event(log, "verified", run=replica.run, step=replica.step,
-              destination=replica.destination, lag_s=round(max(0.0, now - created), 3))
+              destination=replica.destination, lag_s=round(max(0.0, now - created), 3),
+              read_back=report.bytes_read_back)
         return Result(replica.id, Outcome.VERIFIED)
 
     def _carry_promotion(self, replica: Replica) -> None:
@@ -283,18 +301,14 @@ class Attempt:
         if not self._destination.exists(name) or self._destination.get(name) != sealed:
             self._destination.put(name, sealed)
 
-    def _corrupted(self, replica: Replica, replica_repo: Repository,
-                   faults: list[CkptError]) -> Result:
-        """Take the replica out of reach of any resume, then flag it. Damaged packs and keys
-        are deleted, so that the next copy (or `sync retry`) puts good ones in their place."""
-        self._drop_damaged(faults)
-        self._destination.delete(manifest_name(replica.run, replica.step))
-        self._repoint_latest(replica, replica_repo)
-        detail = "; ".join(str(f) for f in faults[:3])
-        self._state.move(replica.id, Status.REPLICATED, Status.CORRUPTED, self._clock(),
+    def _corrupted(self, replica: Replica, detail: str) -> Result:
+        """The checkpoint is damaged at its source: nothing of it reached the destination
+        past the damage, and no retry can mend it (`sync retry` once it is restored)."""
+        current = self._state.replica(replica.id)
+        self._state.move(replica.id, current.status, Status.CORRUPTED, self._clock(),
                          corruptions=("+", 1), last_error=detail)
         event(log, "corrupted", logging.ERROR, run=replica.run, step=replica.step,
-              destination=replica.destination, faults=len(faults), error=detail)
+              destination=replica.destination, faults=1, error=detail)
         return Result(replica.id, Outcome.CORRUPTED, detail)
 
     def _drop_damaged(self, faults: list[CkptError]) -> None:
@@ -343,14 +357,15 @@ class Attempt:
             self._state.update(replica.id, current.status, now, **changes)
         return Result(replica.id, Outcome.OUTAGE, detail, side)
 
-    def _failed(self, replica: Replica, detail: str) -> Result:
+    def _failed(self, replica: Replica, detail: str, corrupted: bool = False) -> Result:
         current = self._state.replica(replica.id)
         now = self._clock()
         charged = current.charged + 1
         exhausted = charged >= self._limits.max_attempts
         delay = retry_delay_s(charged, self._limits.retry_base_s, self._limits.retry_max_s)
         changes = {"failures": ("+", 1), "charged": charged, "last_error": detail,
-                   "next_attempt_at": now + delay}
+                   "next_attempt_at": now + delay,
+                   **({"corruptions": ("+", 1)} if corrupted else {})}
         if exhausted:
             self._state.move(replica.id, current.status, Status.FAILED, now, **changes)
         elif current.status is Status.UPLOADING:
