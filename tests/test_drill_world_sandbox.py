@@ -38,6 +38,11 @@ def test_a_world_drill_reads_identical_data_and_brings_outputs_and_log_home(
     assert any(name.startswith(f"train-{report.target}-") for name in text["outputs_fetched"])
     assert text["staged_bytes"] >= 16 << 20, text
     assert report.bit_identical and report.ran_as_owner, report.to_json()
+    # The home-remote link's own counters bracketed each checkpoint verified before the
+    # loss (1 MiB: measured, too small to judge), and carried at least its stored bytes.
+    assert report.wan and all(row["wan_bytes"] is not None and row["stored_bytes"]
+                              and row["wan_out"] >= row["stored_bytes"]
+                              for row in report.wan), report.wan
     assert report.passed, report.to_json()
     assert not Path(text["root"], "data").exists()  # the dataset goes, the outputs stay
     assert Path(text["root"], "outputs").is_dir()
