@@ -346,7 +346,7 @@ def test_sgd_without_a_step_count_saves_and_resumes_data_position_and_extra(
     assert fresh_sgd.param_groups[0]["lr"] == sgd.param_groups[0]["lr"] == 0.05
 
 
-def test_resume_at_a_step_restores_that_one_and_never_falls_back(
+def test_resume_at_a_step_restores_that_one_and_never_a_newer_one(
     store_dir: Path, key: bytes
 ) -> None:
     expected = save_steps_2_and_4(store_dir, key)
@@ -355,8 +355,31 @@ def test_resume_at_a_step_restores_that_one_and_never_falls_back(
         fresh_model, fresh_optimizer, at_step=2)
     assert resumed is not None and resumed.step == 2
     assert_same((fresh_model.state_dict(), fresh_optimizer.state_dict()), expected)
-    with pytest.raises(NoValidCheckpoint, match="step 3"):
-        Checkpointer(repository(store_dir, key), RUN).resume(*small_model(), at_step=3)
+
+
+def test_resume_at_a_damaged_step_falls_back_to_the_older_one_never_a_wrong_tensor(
+    store_dir: Path, key: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon chose step 4 from its verification record and a presence check (issue
+    32: nothing read back); a provider's store has rotted a pack of it, and its scrub
+    reported all fine. The job's own load is the last check: it refuses 4 and takes 2."""
+    expected = save_steps_2_and_4(store_dir, key)
+    repo = repository(store_dir, key)
+    older = {ref.pack for ref in repo.manifest(RUN, 2).refs()}
+    (damaged,) = {ref.pack for ref in repo.manifest(RUN, 4).refs()} - older
+    pack = store_dir / repo.manifest(RUN, 4).pack_object(damaged)
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    pack.write_bytes(bytes(data))
+    fresh_model, fresh_optimizer = small_model()
+    with caplog.at_level(logging.WARNING):
+        resumed = Checkpointer(repository(store_dir, key), RUN).resume(
+            fresh_model, fresh_optimizer, at_step=4)
+    assert resumed is not None and resumed.step == 2
+    assert_same((fresh_model.state_dict(), fresh_optimizer.state_dict()), expected)
+    assert "skipping checkpoint at step 4" in caplog.text
+    with pytest.raises(NoValidCheckpoint, match="step 1"):  # nothing older than 1: refused
+        Checkpointer(repository(store_dir, key), RUN).resume(*small_model(), at_step=1)
 
 
 def test_a_refusing_commit_guard_commits_nothing(store_dir: Path, key: bytes) -> None:

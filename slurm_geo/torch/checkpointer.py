@@ -250,8 +250,9 @@ class Checkpointer:
     ) -> ResumeState | None:
         """Restore the newest checkpoint that reads back intact; None if the run has none.
 
-        `at_step` restores that checkpoint and no other (the one the federation daemon
-        verified before moving the job): NoValidCheckpoint if it does not read back intact.
+        `at_step` restores that checkpoint (the one the federation daemon chose for a move,
+        from its verification record and a presence check, docs/format.md §8.7) or, should
+        it not read back intact, the newest older one that does: never a newer one.
 
         Every chunk is verified while it is read. A damaged checkpoint (corrupt or missing
         objects, a skeleton this module cannot read) is logged and skipped for the next
@@ -261,8 +262,9 @@ class Checkpointer:
         """
         self.wait()
         faults: list[tuple[int, Exception]] = []
-        candidates = [at_step] if at_step is not None \
-            else list(reversed(self._repository.steps(self._run)))
+        steps = list(reversed(self._repository.steps(self._run)))
+        candidates = steps if at_step is None \
+            else [at_step, *(s for s in steps if s < at_step)]
         for step in candidates:
             try:
                 layout = self._repository.manifest(self._run, step).sharded
