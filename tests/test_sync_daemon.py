@@ -178,7 +178,9 @@ def test_metrics_serve_the_documented_names(setup):
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(text) for s in family.samples}
     names = {name for name, _ in samples}
-    assert {n if n in names else n + "_total" for n in METRIC_NAMES} <= names
+    # the scrub report's age shows once a scrub turn has looked for one (a day after this)
+    assert {n if n in names else n + "_total" for n in METRIC_NAMES
+            if n != "slurm_geo_sync_scrub_report_age_seconds"} <= names
     offsite = (("destination", "offsite"),)
     assert samples[("slurm_geo_sync_replicas", (*offsite, ("status", "verified")))] == 2
     assert samples[("slurm_geo_sync_queue_depth", offsite)] == 0
@@ -250,7 +252,7 @@ def test_the_running_daemon_scrubs_finds_a_flipped_replica_and_repairs_it(setup)
     step = trainer.save()
     site_config(config, {"pfs": tmp_path / "root"}, f"file://{tmp_path / 'offsite'}",
                 key_file=tmp_path / "master.key", state=tmp_path / "state.db",
-                scrub_interval_s=0)
+                scrub_interval_s=0, scrub_at="here")
     proc = start_daemon(config, log=tmp_path / "log")
     try:
         state = tmp_path / "state.db"
@@ -268,6 +270,44 @@ def test_the_running_daemon_scrubs_finds_a_flipped_replica_and_repairs_it(setup)
     log = (tmp_path / "log").read_text()
     assert f"event=scrub_corrupted run=run-a step={step}" in log
     assert "event=repairing" in log and "Traceback" not in log
+    restored = restore(tmp_path / "offsite", trainer.repository.master_keys, "run-a", step)
+    assert [bytes(t.data) for t in restored.tensors] == [bytes(t.data)
+                                                        for t in trainer.tensors()]
+
+
+def test_the_running_daemon_repairs_what_scrub_here_finds_at_the_destination(setup):
+    """scrub_at = "destination" (the default): scrub-here, run beside the destination with
+    no key, names the flipped pack in scrub/report; the daemon reads that report, not the
+    replica, and repairs."""
+    tmp_path, trainer, config = setup
+    trainer.train(3)
+    step = trainer.save()
+    site_config(config, {"pfs": tmp_path / "root"}, f"file://{tmp_path / 'offsite'}",
+                key_file=tmp_path / "master.key", state=tmp_path / "state.db",
+                scrub_interval_s=0, retry_base_s=1)
+    proc = start_daemon(config, log=tmp_path / "log")
+    try:
+        state = tmp_path / "state.db"
+        wait_for(lambda: all_verified(state, {("run-a", step)}), 30, "verified")
+        [pack] = pack_files(tmp_path / "offsite")
+        damaged = bytearray(pack.read_bytes())
+        damaged[len(damaged) // 2] ^= 0x01
+        flipped = pack.with_name(".flipped")  # in one step: no scrub turn sees it short
+        flipped.write_bytes(bytes(damaged))
+        flipped.replace(pack)
+        here = subprocess.run([sys.executable, "-m", "slurm_geo", "sync", "scrub-here",
+                               "--store", f"file://{tmp_path / 'offsite'}"],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "SLURM_GEO_KEY_FILE": "/nonexistent"})
+        assert here.returncode == 1 and pack.name in here.stdout, (here.stdout, here.stderr)
+        wait_for(lambda: rows(state, "SELECT * FROM replicas WHERE repairs = 1 AND "
+                                     "status = 'verified'"), 30, "repaired")
+    finally:
+        assert stop(proc) == 0
+    log = (tmp_path / "log").read_text()
+    assert f"event=scrub_corrupted run=run-a step={step}" in log and "Traceback" not in log
+    scrubbed = rows(state, "SELECT SUM(scrubbed_bytes) AS n FROM replicas")[0]["n"]
+    assert 0 < scrubbed < pack.stat().st_size  # KB: the report, key, manifest; not the pack
     restored = restore(tmp_path / "offsite", trainer.repository.master_keys, "run-a", step)
     assert [bytes(t.data) for t in restored.tensors] == [bytes(t.data)
                                                         for t in trainer.tensors()]

@@ -293,3 +293,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str], wrap: bool = True) ->
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
                      for r in cells)
+
+
+from slurm_geo.cli.sync_scrub import scrub_here  # noqa: E402  (its own module: it holds no key)
+
+sync.add_command(scrub_here)

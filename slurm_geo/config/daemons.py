@@ -64,6 +64,7 @@ class SyncConfig:
     retry_max_s: float = 900.0
     scrub_gb_per_day: float = 100.0
     scrub_interval_s: float = 86400.0
+    scrub_at: str = "destination"
 
 
 SYNC_SETTINGS = (
@@ -109,13 +110,20 @@ SYNC_SETTINGS = (
     Setting("retry_max_s", seconds, SyncConfig.retry_max_s, "The longest wait between tries."),
     # 100 GB a day is 1.2 MB/s on average: a 10 TB destination is re-read every 100 days.
     Setting("scrub_gb_per_day", number(0, unit="GB/day", note="(0: no scrubbing)"),
-            SyncConfig.scrub_gb_per_day, "Rate at which verified replicas are read back "
-            "again to find damage, in GB (10^9 bytes) a day on average; each read counts "
-            "against bandwidth_mb_s too (see Scrubbing). 0: never."),
+            SyncConfig.scrub_gb_per_day, "Rate at which the scrub reads from the "
+            "destination to find damage in verified replicas, in GB (10^9 bytes) a day on "
+            "average: whole replicas with scrub_at here, a few KB a replica with destination; "
+            "each read counts against bandwidth_mb_s too (see Scrubbing). 0: never."),
     # A small destination would otherwise be re-read over and over at the full rate.
     Setting("scrub_interval_s", number(0, unit="seconds"), SyncConfig.scrub_interval_s,
-            "A replica is read back again at most this often (after its verification or "
-            "its last scrub)."),
+            "A replica is scrubbed at most this often (after its verification or its last "
+            "scrub)."),
+    # Reading a replica back crosses the WAN again; scrub-here reads it where it is.
+    Setting("scrub_at", choice("destination", "here"), SyncConfig.scrub_at,
+            "Where a scrub reads the packs: destination (the report `slurm-geo sync "
+            "scrub-here` writes there, a few KB, plus the replica's manifest, key and a "
+            "listing of its packs) or here (the whole replica read back across the WAN, as "
+            "verification did; for a destination on this host's disk). See Scrubbing."),
 )
 
 

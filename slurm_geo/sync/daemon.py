@@ -35,7 +35,13 @@ from slurm_geo.sync.metrics import Live, SyncCollector, serve_metrics
 from slurm_geo.sync.planner import lowest_steps, next_work, reconcile, retry_delay_s
 from slurm_geo.sync.runtime import Runtime
 from slurm_geo.sync.scanner import RootScan
-from slurm_geo.sync.scrub import LastScrub, pick_scrub, scrub_due_at
+from slurm_geo.sync.scrub import (
+    REPORT_RECHECK_S,
+    LastScrub,
+    pick_scrub,
+    report_recheck_s,
+    scrub_due_at,
+)
 from slurm_geo.sync.sources import Sources
 from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status, SyncError
 from slurm_geo.sync.worker import Outcome, Result
@@ -287,7 +293,9 @@ class Daemon:
         replica, result = finished
         if scrubbed:
             assert self._state is not None
-            self._scrub.finished(self._state, result, self.runtime.sync.retry_base_s)
+            sync = self.runtime.sync
+            self._scrub.finished(self._state, result, sync.retry_base_s,
+                                 report_recheck_s(sync.scrub_interval_s, sync.retry_base_s))
         destination = self.runtime.destination
         if result.outcome is Outcome.OUTAGE and result.side == "destination":
             self._outages += 1
@@ -369,9 +377,12 @@ class ScrubTurns:
         self._started = now
         return replica
 
-    def finished(self, state: StateDB, result: Result, retry_base_s: float) -> None:
+    def finished(self, state: StateDB, result: Result, retry_base_s: float,
+                 recheck_s: float = REPORT_RECHECK_S) -> None:
         if result.outcome is Outcome.RETRY:
             self._retry_at = self._clock() + retry_base_s
+        if result.outcome is Outcome.STALE:  # scrub-here has not run since: no news yet
+            self._retry_at = self._clock() + recheck_s
         if result.outcome in (Outcome.SCRUBBED, Outcome.CORRUPTED):
             self._last = LastScrub(self._started, result.bytes_read)
             state.set_mark(SCRUB_MARK, f"{self._started} {result.bytes_read}")

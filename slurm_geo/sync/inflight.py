@@ -77,7 +77,7 @@ class InFlight:
         route = Route(replica.root, runtime.root_store(replica.root),
                       runtime.region_of(replica.root), runtime.destination,
                       runtime.destination_store, runtime.destination_region,
-                      runtime.transfer_plan.streams)
+                      runtime.transfer_plan.streams, sync.scrub_at)
         deadline = self._monotonic() + sync.attempt_timeout_s
         guard = Guard(self._stop, deadline, self._monotonic)
 

@@ -10,6 +10,7 @@ replica; `slurm-geo sync status` names them to root.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 import time
@@ -22,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from slurm_geo.daemon.httpserver import BoundedHTTPServer, Limits, PrereadHandler
+from slurm_geo.sync.scrub import NO_REPORT, REPORT_MARK
 from slurm_geo.sync.state import Status
 
 RUN_WINDOW_S = 7 * 24 * 3600
@@ -37,6 +39,7 @@ METRIC_NAMES = (
     f"{PREFIX}_scrubbed_bytes", f"{PREFIX}_scrub_full_pass_timestamp_seconds",
     f"{PREFIX}_scrub_findings", f"{PREFIX}_unsafe_files_skipped", f"{PREFIX}_world_bytes",
     f"{PREFIX}_worlds", f"{PREFIX}_world_staging_lag_seconds",
+    f"{PREFIX}_scrub_report_age_seconds",
     f"{PREFIX}_checkpoint_wan_bytes", f"{PREFIX}_verified_checkpoints",
     f"{PREFIX}_verified_checkpoint_bytes",
 )
@@ -252,6 +255,25 @@ class SyncCollector:
             if row["oldest"] is not None:
                 full_pass.add_metric([row["destination"]], row["oldest"])
         yield from (scrubbed, findings, full_pass)
+        yield self._report_age(conn)
+
+    def _report_age(self, conn: sqlite3.Connection) -> Metric:
+        """How old the newest `scrub-here` report read from each destination is
+        ([sync] scrub_at = "destination"): a growing age says scrub-here no longer runs."""
+        age = GaugeMetricFamily(
+            f"{PREFIX}_scrub_report_age_seconds", "Age of the newest scrub report "
+            "(slurm-geo sync scrub-here) read from the destination: now minus when that "
+            "scrub finished, by the destination's clock; +Inf when the last scrub turn found "
+            "none there.", labels=["destination"])
+        now = self._clock()
+        for row in conn.execute("SELECT key, value FROM meta WHERE key LIKE ? ORDER BY key",
+                                [f"{REPORT_MARK}:%"]):
+            try:
+                finished = -math.inf if row["value"] == NO_REPORT else float(row["value"])
+            except ValueError:
+                continue
+            age.add_metric([row["key"].partition(":")[2]], max(0.0, now - finished))
+        return age
 
     def _worlds(self, conn: sqlite3.Connection, destinations: Iterable[str], now: float
                 ) -> Iterator[Metric]:

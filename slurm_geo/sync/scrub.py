@@ -50,3 +50,56 @@ def pick_scrub(replicas: Iterable[Replica], now: float, interval_s: float) -> Re
            if r.status is Status.VERIFIED and last_checked(r) + interval_s <= now]
     return min(due, key=lambda r: (last_checked(r), r.id), default=None)
 
+
+
+# --- scrub_at = "destination": the report of `slurm-geo sync scrub-here` ------------------
+
+# A report that says nothing new about the replica picked is looked at again at most this
+# much later (scrub-here runs once a day or so: see docs/checkpoint-sync.md, "Scrubbing").
+REPORT_RECHECK_S = 3600.0
+REPORT_MARK = "scrub_report_at"  # meta, per destination: when its newest report finished
+NO_REPORT = "none"  # ... or that the last turn found none there (its age: infinite)
+
+
+def report_recheck_s(interval_s: float, retry_base_s: float) -> float:
+    """How long the scrub waits after a report that is no news before it looks again: no
+    longer than a replica waits between scrubs (`scrub_interval_s`) nor than an hour, no
+    shorter than a failed scrub waits (`retry_base_s`)."""
+    return max(retry_base_s, min(REPORT_RECHECK_S, interval_s))
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What a scrub turn concludes from a destination's report and its own cheap checks:
+    damaged packs (name, why), packs missing there, and, when the report is no news for
+    this replica, why (`stale`; None when it counts as a check of the replica's packs)."""
+
+    damaged: tuple[tuple[str, str], ...] = ()
+    missing: tuple[str, ...] = ()
+    stale: str | None = None
+
+    @property
+    def sound(self) -> bool:
+        return not self.damaged and not self.missing
+
+
+def judge_report(report_started_at: float | None, report_damaged: Iterable[str],
+                 last_check: float, needed: dict[str, int], listed: dict[str, int]) -> Findings:
+    """The findings for a replica whose packs `needed` (name -> bytes its entries reach)
+    the destination lists with sizes `listed`, given a report that started scanning at
+    `report_started_at` (None: no report) and named `report_damaged`. A report counts only
+    when it started after the replica was last checked (`last_check`: verified or
+    scrubbed): its listing then held every pack of the replica. What is missing or short
+    counts whatever the report's age: it is the listing of now."""
+    missing = tuple(sorted(n for n in needed if n not in listed))
+    damaged = [(n, f"truncated: {listed[n]} bytes, its entries reach byte {needed[n]}")
+               for n in sorted(needed) if n in listed and listed[n] < needed[n]]
+    if report_started_at is None:
+        return Findings(tuple(damaged), missing, "the destination has no scrub report")
+    if report_started_at <= last_check:
+        return Findings(tuple(damaged), missing,
+                        "the scrub report is older than the replica's last check")
+    short = {n for n, _ in damaged}
+    damaged += [(n, "scrub-here at the destination: its bytes do not match its name")
+                for n in sorted(set(report_damaged) & set(needed)) if n not in short]
+    return Findings(tuple(damaged), missing, None)

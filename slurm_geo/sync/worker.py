@@ -40,6 +40,7 @@ from slurm_geo.ckpt.store import Store
 from slurm_geo.ckpt.verified import record_of, write_record
 from slurm_geo.daemon.events import event
 from slurm_geo.sync.planner import retry_delay_s
+from slurm_geo.sync.scrub_remote import scrub_here_report
 from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status
 
 log = logging.getLogger("slurm_geo.sync")
@@ -86,6 +87,7 @@ class Route:
     destination_store: Store
     destination_region: str
     streams: int = 1
+    scrub_at: str = "here"  # [sync] scrub_at: "destination" reads scrub-here's report
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class Outcome(Enum):
     CORRUPTED = "corrupted"
     OUTAGE = "outage"            # a store was unreachable: try again when it is back
     RETRY = "retry"              # failed; tried again after a backoff
+    STALE = "stale"              # the scrub report is no news: looked at again later
     FAILED = "failed"            # failed, and no attempts are left
     INTERRUPTED = "interrupted"  # the daemon is stopping
 
@@ -185,10 +188,14 @@ class Attempt:
             self._write_transfers()
 
     def _scrub(self, replica: Replica) -> Result:
-        replica_repo, faults = self._read_back(replica)
-        read = self._destination.bytes_read
         now = self._clock()
-        scrubbed = {"scrubbed_at": now, "scrubbed_bytes": ("+", read)}
+        replica_repo, faults, checked_at, stale = scrub_here_report(
+            self._state, self._destination, self._keys, replica, self._record_read, self._clock
+        ) if self._route.scrub_at == "destination" else (*self._read_back(replica), now, None)
+        read = self._destination.bytes_read
+        if stale and not faults:  # scrub-here has not run since the replica's last check
+            return Result(replica.id, Outcome.STALE, stale, bytes_read=read)
+        scrubbed = {"scrubbed_at": checked_at, "scrubbed_bytes": ("+", read)}
         if not faults:
             self._state.update(replica.id, Status.VERIFIED, now, **scrubbed)
             event(log, "scrubbed", run=replica.run, step=replica.step,
