@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from test_ckpt_fence import KEY
@@ -36,8 +37,9 @@ from slurm_geo.ckpt.store import LocalDirStore
 from slurm_geo.sync.metrics import Live, SyncCollector
 from slurm_geo.sync.scrub import judge_report, report_recheck_s
 from slurm_geo.sync.scrub_remote import pack_needs
-from slurm_geo.sync.state import Status
+from slurm_geo.sync.state import StateDB, Status
 from slurm_geo.sync.worker import Attempt, Guard, Limits, Outcome, Route
+from tests.seaweed_server import DAEMONS, needs_weed
 
 S = Status
 A, B, C = "run-packs/r/" + "a" * 64, "run-packs/r/" + "b" * 64, "run-packs/r/" + "c" * 64
@@ -332,3 +334,80 @@ def test_cli_help_json_report_and_exit_codes(site, tmp_path):
 ])
 def test_a_stale_report_is_looked_at_again_after_the_scrub_interval(interval, retry_base, wait):
     assert report_recheck_s(interval, retry_base) == wait
+
+
+# --- a real S3 server (SeaweedFS) -------------------------------------------------------------
+
+@needs_weed
+@pytest.mark.slow
+def test_scrub_here_on_s3_finds_a_flip_at_rest_and_the_daemon_repairs_reading_kb(
+        tmp_path, weed):
+    """The destination is a real S3 server: scrub-here (the CLI, S3 credentials from its
+    environment, no key) reads its packs; checkpoint-sync's scrub turn reads KB."""
+    from slurm_geo.ckpt.s3store import S3Store
+    from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX
+
+    prefix = f"{S3_PREFIX}/scrub-here-{os.getpid()}"
+    s3 = S3Store(S3_BUCKET, prefix, weed.client(DAEMONS))
+    site = S3Site(tmp_path, s3)
+    size = sum(s3.sizes("run-packs/").values())
+    damaged = sorted(s3.list("run-packs/"))[0]
+    rotten = bytearray(s3.get(damaged))
+    rotten[len(rotten) // 2] ^= 0x01
+    s3.put(damaged, bytes(rotten))  # bit rot at rest: the object no longer hashes to its name
+    env = {"AWS_ENDPOINT_URL": weed.server.endpoint, "AWS_CA_BUNDLE": str(weed.ca_file),
+           "AWS_ACCESS_KEY_ID": DAEMONS.access_key_id, "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_SECRET_ACCESS_KEY": DAEMONS.secret_access_key,
+           "SLURM_GEO_KEY_FILE": str(tmp_path / "absent.key")}
+    url = f"s3://{S3_BUCKET}/{prefix}"
+    found = cli("--store", url, "--json", env=env)
+    assert found.returncode == 1, found.stderr
+    assert json.loads(found.stdout)["damaged"] == [damaged]
+
+    counted = CountingS3(s3)
+    result = attempt(site, store=counted).scrub(
+        site.state.replica(site.ids[0]))
+    assert result.outcome is Outcome.CORRUPTED and damaged in result.detail
+    assert counted.read < size / 4  # the report, the key, the manifests: not the replica
+    for replica_id in site.ids:
+        assert site.replicate(replica_id).outcome is Outcome.VERIFIED
+    again = cli("--store", url, "--json", env=env)
+    assert again.returncode == 0 and json.loads(again.stdout)["damaged"] == []
+
+
+class CountingS3:
+    """An S3 destination as the daemon reaches it: every byte it reads counted."""
+
+    def __init__(self, inner):
+        self.inner, self.read = inner, 0
+
+    def get(self, name):
+        data = self.inner.get(name)
+        self.read += len(data)
+        return data
+
+    def __getattr__(self, attribute):
+        return getattr(self.inner, attribute)
+
+
+class S3Site(Site):
+    """Site's run@10 and run@20, replicated and verified at `destination` (S3)."""
+
+    def __init__(self, tmp_path: Path, destination):
+        from test_ckpt_fence import OPTIONS, repo
+        from test_sync_scrub import save
+
+        from slurm_geo.ckpt import Repository
+
+        self.home_store, self.home = repo(tmp_path, "home")
+        self.away_store, self.away = destination, Repository(destination, KEY, OPTIONS)
+        self.state_path = tmp_path / "sync.db"
+        self.state = StateDB(self.state_path)
+        save(self.home, 10, None)
+        save(self.home, 20, 10)
+        self.ids = self.state.add([{"root": "pfs", "run": "run", "step": step,
+                                    "destination": "offsite", "sequence": i,
+                                    "status": S.PENDING.value}
+                                   for i, step in enumerate((10, 20))], now=0.0)
+        for replica_id in self.ids:
+            assert self.replicate(replica_id).outcome is Outcome.VERIFIED
