@@ -267,3 +267,23 @@ def test_the_rto_line_names_its_target():
     assert "target <= 18 s (detection window + 15 s): ok" in render_report(report())
     lost = site_lost()
     assert "target <= 24 s (detection window + failover + 15 s): ok" in render_report(lost)
+
+
+@pytest.mark.parametrize("stored, poll_s, lag, judged, passed", [
+    (STORED, 2.0, 1.3, True, False),    # 15 % of 17.8 s covers a 2 s poll: judged
+    (STORED, 2.0, 1.1, True, True),
+    (STORED, 3.0, 1.3, False, True),    # 2.7 s of room, a 3 s poll: not judged
+    (55 * MB, 2.0, 1.9, False, True),   # 2.2 s a transfer: the poll is most of its lag
+    (55 * MB, None, 1.9, True, False),  # no poll known: judged from a 2 s transfer
+])
+def test_the_lag_is_judged_once_the_targets_room_covers_checkpoint_syncs_poll(
+        stored, poll_s, lag, judged, passed):
+    drilled = report()
+    drilled.wan, drilled.link_mbit, drilled.sync_poll_s = \
+        [wan_row(stored=stored, lag=lag)], 200.0, poll_s
+
+    assert drilled.wan_met and drilled.lag_met is passed and drilled.passed is passed
+    assert (drilled.lag_over_transfer is not None) is judged
+    text = render_report(drilled)
+    assert ("not judged: 15% of it is under checkpoint-sync's" in text) is (not judged), text
+    assert f"worst {lag:.3f}x one transfer of the stored bytes" in text

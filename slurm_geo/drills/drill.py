@@ -251,6 +251,7 @@ def _drill(sandbox: Sandbox, site: SiteConfig, clients: dict[str, SlurmClient], 
         world=world.with_first_step(world_said, lines, home, killed_at)
         if drill_world is not None else None,
         wan=wan.measured(sandbox, site, run, offsite, readings),
+        sync_poll_s=site.sync.poll_interval_s if site.sync else None,
     )
     if drill_world is not None:
         world.remove_dataset(drill_world)

@@ -19,7 +19,9 @@ FAILOVER_TARGET_S = 10.0  # a new leader this soon after the old one died (issue
 PREDICTION_TOLERANCE = 0.25
 MIN_JUDGED_TRANSFER_S = 2.0
 # One crossing per checkpoint (issue 32), judged like the prediction: for checkpoints whose
-# one transfer at the link's rate takes MIN_JUDGED_TRANSFER_S or more.
+# one transfer at the link's rate takes MIN_JUDGED_TRANSFER_S or more. A lag also holds
+# checkpoint-sync's discovery of the checkpoint (up to one poll): it is judged once the
+# target's room over the transfer covers a poll.
 WAN_OVER_STORED_TARGET = 1.05    # bytes over the link's counters / the stored bytes
 LAG_OVER_TRANSFER_TARGET = 1.15  # replication lag / one transfer of the stored bytes
 
@@ -96,6 +98,7 @@ class DrillReport:
     # lag_s, and what the home-remote link's own counters carried during its replication:
     # wan_bytes (both ways), wan_out (home to remote), wan_back.
     wan: list[dict[str, Any]] = field(default_factory=list)
+    sync_poll_s: float | None = None  # checkpoint-sync's poll interval ([sync])
 
     def one_transfer_s(self, stored_bytes: int | None) -> float | None:
         """Seconds `stored_bytes` take once across the link at the rate paced for."""
@@ -122,15 +125,26 @@ class DrillReport:
     def wan_met(self) -> bool:
         return self.wan_over_stored is None or self.wan_over_stored <= WAN_OVER_STORED_TARGET
 
-    @property
-    def lag_over_transfer(self) -> float | None:
-        """The worst judged checkpoint's replication lag / one transfer of its stored
-        bytes (None: nothing judged; inf: a lag unknown)."""
-        if not self.wan_judged:
+    def lags_over_transfer(self, rows: list[dict[str, Any]]) -> float | None:
+        """The worst of `rows`' replication lag / one transfer of its stored bytes (None:
+        no rows; inf: a lag unknown)."""
+        if not rows:
             return None
         return max(float("inf") if row["lag_s"] is None
                    else row["lag_s"] / (self.one_transfer_s(row["stored_bytes"]) or 1.0)
-                   for row in self.wan_judged)
+                   for row in rows)
+
+    @property
+    def lag_judged(self) -> list[dict[str, Any]]:
+        """The judged WAN rows whose target's room over one transfer covers a poll."""
+        return [row for row in self.wan_judged
+                if (LAG_OVER_TRANSFER_TARGET - 1) * (self.one_transfer_s(row["stored_bytes"])
+                                                     or 0) >= (self.sync_poll_s or 0)]
+
+    @property
+    def lag_over_transfer(self) -> float | None:
+        """The worst judged checkpoint's lag over one transfer (None: none judged)."""
+        return self.lags_over_transfer(self.lag_judged)
 
     @property
     def lag_met(self) -> bool:
@@ -295,14 +309,18 @@ def _wan_lines(report: DrillReport) -> list[str]:
                     else "link rate unknown") + ", not judged"
         return [f"  WAN per checkpoint  {mb:>10}   {counted}; {unjudged}",
                 f"  replication lag     {_seconds(lag):>10}   worst; {unjudged}"]
-    ratio, over = report.wan_over_stored, report.lag_over_transfer
+    ratio = report.wan_over_stored
     one = report.one_transfer_s(max(r["stored_bytes"] for r in report.wan_judged))
+    lag_verdict = (f"target <= {LAG_OVER_TRANSFER_TARGET:g}x: {_verdict(report.lag_met)}"
+                   if report.lag_judged else
+                   f"not judged: {LAG_OVER_TRANSFER_TARGET - 1:.0%} of it is under "
+                   f"checkpoint-sync's {report.sync_poll_s:g} s poll")
     return [
         f"  WAN per checkpoint  {mb:>10}   {counted}; worst {_ratio(ratio)} the stored "
         f"bytes, target <= {WAN_OVER_STORED_TARGET:g}x: {_verdict(report.wan_met)}",
-        f"  replication lag     {_seconds(lag):>10}   worst {_ratio(over)} one transfer of "
-        f"the stored bytes ({_seconds(one)} at {report.link_mbit:g} Mbit/s), target <= "
-        f"{LAG_OVER_TRANSFER_TARGET:g}x: {_verdict(report.lag_met)}",
+        f"  replication lag     {_seconds(lag):>10}   worst "
+        f"{_ratio(report.lags_over_transfer(report.wan_judged))} one transfer of the stored "
+        f"bytes ({_seconds(one)} at {report.link_mbit:g} Mbit/s), {lag_verdict}",
     ]
 
 
