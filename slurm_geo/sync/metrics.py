@@ -234,15 +234,16 @@ class SyncCollector:
 
     def _scrub(self, conn: sqlite3.Connection) -> Iterator[Metric]:
         scrubbed = CounterMetricFamily(
-            f"{PREFIX}_scrubbed_bytes", "Bytes the scrub read back from the destination, "
-            "re-reading verified replicas.", labels=["destination"])
+            f"{PREFIX}_scrubbed_bytes", "Bytes the scrub read from the destination: whole "
+            "replicas read back (scrub_at here), or the scrub-here report and each replica's "
+            "key and manifest (destination).", labels=["destination"])
         findings = CounterMetricFamily(
             f"{PREFIX}_scrub_findings", "Verified replicas the scrub found damaged "
             "(corrupted), and those of them copied and verified again (repaired).",
             labels=["destination", "result"])
         full_pass = GaugeMetricFamily(
             f"{PREFIX}_scrub_full_pass_timestamp_seconds", "Every verified replica has "
-            "been read whole (verified or scrubbed) since this time: the last full pass "
+            "been checked whole (verified or scrubbed) since this time: the last full pass "
             "ended after it.", labels=["destination"])
         for row in conn.execute(
                 "SELECT destination, SUM(scrubbed_bytes) AS bytes, SUM(scrub_findings) AS "
