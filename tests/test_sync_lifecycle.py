@@ -20,6 +20,7 @@ S = Status
 ALLOWED = {
     (S.PENDING, S.UPLOADING), (S.PENDING, S.SKIPPED),
     (S.UPLOADING, S.REPLICATED), (S.UPLOADING, S.PENDING), (S.UPLOADING, S.FAILED),
+    (S.UPLOADING, S.CORRUPTED),  # a pack fails its hash at the source: nothing sent
     (S.REPLICATED, S.VERIFIED), (S.REPLICATED, S.CORRUPTED), (S.REPLICATED, S.FAILED),
     (S.FAILED, S.PENDING), (S.CORRUPTED, S.PENDING), (S.SKIPPED, S.PENDING),
     (S.VERIFIED, S.CORRUPTED),  # the scrub, re-reading it, found damage

@@ -312,8 +312,7 @@ class Repository:
         return True
 
     def put_daemon_record(self, kind: Kind, name: str, payload: bytes) -> None:
-        """Seal `payload` as object `name` under the promotion key, which no job holds:
-        a record only the daemons can write (slurm_geo.ckpt.verified)."""
+        """Seal `payload` as `name` under the promotion key: a daemon's record (ckpt.verified)."""
         self._put_sealed(self._holder.promotion_keys()[0], kind, name, payload)
 
     def daemon_record(self, kind: Kind, name: str) -> bytes | None:

@@ -4,7 +4,7 @@ A move, in order (each step is safe to repeat if the daemon dies after it):
   1. the newest checkpoint of the run that is verified in the target cluster's store is
      chosen (copied there first when the current cluster is still up: a failback): from
      its verification record and a presence check of its objects, reading nothing back
-     (slurm_geo.ckpt.verified); one without a record is read and verified in full;
+     (federation.resumepoint); one without a record is read and verified in full;
   2. the generation goes up, a compare-and-set that also fails if the job's lease was
      renewed meanwhile: from now on the old incarnation gets no lease;
   3. the target store is fenced: only the new generation's cluster may commit past the
@@ -36,21 +36,18 @@ from slurm_geo.ckpt.errors import (
     CkptError,
     CorruptObject,
     ImmutableCheckpoint,
-    StoreUnavailable,
     UnsupportedFormat,
     WrongKey,
 )
 from slurm_geo.ckpt.fence import Fence, unadmitted_steps
 from slurm_geo.ckpt.names import key_name
 from slurm_geo.ckpt.replicate import copy_checkpoint
-from slurm_geo.ckpt.rollback import high_water, rollback
 from slurm_geo.ckpt.runkey import rotate_run_keys, unwrap_run_keys
-from slurm_geo.ckpt.verified import absent, read_record, record_of, write_record
+from slurm_geo.ckpt.verified import record_of, write_record
 from slurm_geo.config.model import ClusterConfig
 from slurm_geo.federation.bandwidth import BandwidthModel
 from slurm_geo.federation.credentials import job_environment
 from slurm_geo.federation.fencing import daemon_lookup, known_fence, set_fence
-from slurm_geo.federation.highwater import sync_marks
 from slurm_geo.federation.model import (
     Health,
     Incarnation,
@@ -66,6 +63,7 @@ from slurm_geo.federation.owners import own_dir, owner_environment
 from slurm_geo.federation.probes import nodes_up
 from slurm_geo.federation.registration import learn_environment
 from slurm_geo.federation.resubmit import Incoming, ScriptOptions, fitted, resubmission
+from slurm_geo.federation.resumepoint import newest_verified
 from slurm_geo.federation.tls import ca_pem
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.signing import new_secret
@@ -73,8 +71,6 @@ from slurm_geo.slurm import SlurmError
 from slurm_geo.slurm.errors import JobNotFound
 
 log = logging.getLogger("slurm_geo.federation")
-
-VERIFY_OLDER_LIMIT = 5  # checkpoints tried, newest first, before a move gives up
 
 
 class Mover:
@@ -101,7 +97,7 @@ class Mover:
         carries = bool(job.run) and current_up and source_store != target_store
         if carries:
             self._carry_newest(job, source_store, target_store)
-        resume = self._newest_verified(job, target_store) if job.run else None
+        resume = newest_verified(w, job, target_store) if job.run else None
         if resume is False:
             return None
         try:
@@ -258,73 +254,6 @@ class Mover:
                                      f"from {store_name}", "written by an incarnation the "
                                      "fence does not admit", run=job.run, step=step,
                                      store=store_name)
-
-    def _newest_verified(self, job: LogicalJob, store_name: str) -> int | None | bool:
-        """The newest step the store's fence admits that verifies in full in `store_name`;
-        None when the run has no such checkpoint there; False (and audited) when
-        checkpoints exist but none verifies."""
-        w = self.wiring
-        repository = Repository(w.paced_stores[store_name], w.master_keys)
-        listed = repository.steps(job.run)
-        rolled_back = rollback(job.run, store_name, listed, self._high_water(job, store_name))
-        if rolled_back is not None:  # never a silent resume from older data (format §8.6)
-            w.say_once(("rolled_back", job.logical_job, store_name, str(rolled_back.newest)),
-                       "verify", job.logical_job, f"{job.run} rolled back in {store_name}",
-                       str(rolled_back), run=job.run, store=store_name,
-                       newest=rolled_back.newest, high_water=rolled_back.high_water)
-            return False
-        stale = set(unadmitted_steps(repository, job.run, daemon_lookup(known_fence(job))))
-        steps = [s for s in listed if s not in stale]
-        if not steps:
-            w.audit.append("verify", job.logical_job, f"no checkpoint of {job.run} in "
-                           f"{store_name}", "the new incarnation starts from scratch",
-                           store=store_name)
-            return None
-        for step in reversed(steps[-VERIFY_OLDER_LIMIT:]):
-            if self._resumable(job, repository, step, store_name):
-                return step
-        return False
-
-    def _resumable(self, job: LogicalJob, repository: Repository, step: int,
-                   store_name: str) -> bool:
-        """Whether the move may resume from `run@step` in `store_name`, audited: from its
-        verification record (slurm_geo.ckpt.verified) and a presence check of what it
-        names, reading nothing; a checkpoint without a record is read in full instead."""
-        w = self.wiring
-        faults: list[str] | None
-        try:
-            record = read_record(repository, job.run, step)
-            faults = None if record is None else absent(repository, record)
-        except StoreUnavailable as exc:
-            record, faults = None, [str(exc)]
-        except CkptError as exc:  # altered, or not the daemons': trusted no more than none
-            w.audit.append("verify", job.logical_job, f"{job.run}@{step}'s verification "
-                           f"record in {store_name} is not trusted", str(exc),
-                           run=job.run, step=step)
-            record, faults = None, None
-        if faults is None:
-            faults = [str(f) for f in repository.verify(job.run, step)]
-            how = "no verification record: read back, it verifies in full"
-        else:
-            how = (f"verified as written by {record.by if record else '-'}; all "
-                   f"{len(record.objects) if record else 0} objects it names are there "
-                   "(nothing read back)")
-        if not faults:
-            w.audit.append("verify", job.logical_job, f"{job.run}@{step} verified in "
-                           f"{store_name}", how, run=job.run, step=step, store=store_name)
-            return True
-        w.audit.append("verify", job.logical_job, f"{job.run}@{step} failed "
-                       f"verification in {store_name}", faults[0],
-                       run=job.run, step=step, faults=len(faults))
-        return False
-
-    def _high_water(self, job: LogicalJob, store_name: str) -> int | None:
-        """The newest step of the run known, outside the store, to have been saved in it:
-        the step this daemon last resumed the run from there, and the newest one
-        checkpoint-sync verified there (docs/format.md §8.6)."""
-        w = self.wiring
-        marks = [job.resume_step if w.store_of(job.cluster) == store_name else None]
-        return high_water([*marks, *sync_marks(w, job.run, store_name)])
 
     def _nodes_up(self, cluster: str) -> int | None:
         """Nodes of `cluster` that can take a job now; None when it does not say."""

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, StoreUnavailable
 from slurm_geo.ckpt.keys import MasterKeys
@@ -42,6 +42,7 @@ from slurm_geo.daemon.events import event
 from slurm_geo.sync.planner import retry_delay_s
 from slurm_geo.sync.scrub_remote import scrub_here_report
 from slurm_geo.sync.state import Replica, StaleStatus, StateDB, Status
+from slurm_geo.sync.transfers import TransferLog
 
 log = logging.getLogger("slurm_geo.sync")
 T = TypeVar("T")
@@ -129,12 +130,11 @@ class Attempt:
         self._guard = guard
         self._limits = limits
         self._clock = clock
+        self._transfers = TransferLog(state, route, clock)
         self._source = paced(route.root_store, "root", guard=guard, clock=clock)
         self._destination = paced(route.destination_store, "destination", bucket, guard=guard,
-                                  on_put=self._record, clock=clock)
+                                  on_put=self._transfers.put, clock=clock)
         self._replica: Replica | None = None
-        self._unwritten: list[dict[str, Any]] = []  # transfers put, not yet in the state
-        self._unwritten_lock = threading.Lock()
         self._copy_started = 0.0
 
     def run(self, replica: Replica) -> Result:
@@ -387,24 +387,9 @@ class Attempt:
 
     # --- transfers ----------------------------------------------------------------------
 
-    def _record(self, name: str, size: int, started: float, finished: float) -> None:
-        """Called in the thread that put the object: queued for `_write_transfers`."""
-        route = self._route
-        kind = "packs" if name.startswith(PACK_PREFIXES) else name.split("/", 1)[0]
-        row = {"object": name, "kind": kind, "bytes": size,
-               "source": route.root, "destination": route.destination,
-               "source_region": route.root_region,
-               "destination_region": route.destination_region,
-               "started_at": started, "finished_at": finished}
-        with self._unwritten_lock:
-            self._unwritten.append(row)
-
     def _write_transfers(self) -> None:
         assert self._replica is not None
-        with self._unwritten_lock:
-            rows, self._unwritten = self._unwritten, []
-        for row in rows:
-            self._state.record_transfer(self._replica, row)
+        self._transfers.write(self._replica)
 
     def _read_back(self, replica: Replica) -> tuple[Repository, list[CkptError]]:
         """Read the replica back from the destination in full: its damage, if any. An
@@ -420,15 +405,9 @@ class Attempt:
         return replica_repo, faults
 
     def _record_read(self, started: float) -> None:
-        """Verification reads the replica back: traffic out of the destination's region."""
+        """What was read from the destination since `started` (PacedStore.bytes_read)."""
         assert self._replica is not None
-        route, replica = self._route, self._replica
-        self._state.record_transfer(replica, {
-            "object": manifest_name(replica.run, replica.step), "kind": "verify",
-            "bytes": self._destination.bytes_read, "source": route.destination,
-            "destination": route.root, "source_region": route.destination_region,
-            "destination_region": route.root_region,
-            "started_at": started, "finished_at": self._clock()})
+        self._transfers.read(self._replica, self._destination.bytes_read, started)
 
 
 def _timestamp(text: str) -> float | None:
