@@ -100,7 +100,7 @@ def test_each_mistake_has_its_own_message(changes, message):
 
 
 @pytest.mark.parametrize("bandwidth_mb_s, wan_rtt_ms, streams, part_mib", [
-    (0, 80, 1, 8),        # no cap: the link's rate is unknown, today's defaults
+    (0, 80, 2, 8),        # no cap: the rate is unknown; two, one hides the other's checks
     (25, 0, 2, 8),        # 200 Mbit/s without latency: two, one hides the other's turnaround
     (25, None, 2, 8),     # the same at the default 20 ms
     (12.5, 80, 2, 10),    # 100 Mbit/s at 80 ms: two streams, longer parts

@@ -16,6 +16,7 @@ from slurm_geo.ckpt.transfer_plan import (
     MAX_STREAMS,
     MIB,
     MIN_PART_SIZE,
+    UNKNOWN_LINK_PLAN,
     TransferPlan,
     plan_transfers,
 )
@@ -43,10 +44,10 @@ GIB = 1024 * MIB
     (10_000 * MBIT, 0.200, None, MAX_STREAMS, 80 * MIB),
     # A host whose sockets have 16 MiB windows needs a quarter of the streams.
     (10_000 * MBIT, 0.050, 16 * MIB, 4, 299 * MIB),
-    # Nothing known: today's defaults.
-    (None, 0.050, None, 1, 8 * MIB),
-    (0.0, 0.050, None, 1, 8 * MIB),
-    (10_000 * MBIT, None, None, 1, 8 * MIB),
+    # Nothing known: two streams (each put ends with its checks), default parts.
+    (None, 0.050, None, 2, 8 * MIB),
+    (0.0, 0.050, None, 2, 8 * MIB),
+    (10_000 * MBIT, None, None, 2, 8 * MIB),
 ], ids=["200mbit-lan", "200mbit-20ms", "100mbit-80ms", "1gbit-80ms", "10gbit-50ms",
         "10gbit-200ms-clamped", "10gbit-50ms-big-window", "rate-unknown", "no-cap",
         "rtt-unknown"])
@@ -58,8 +59,11 @@ def test_streams_cover_the_bandwidth_delay_product_and_parts_amortise_the_round_
     assert plan.multipart_threshold == DEFAULT_PLAN.multipart_threshold  # packs: one PUT
 
 
-def test_an_unknown_link_keeps_todays_defaults():
-    assert plan_transfers(None, None) == DEFAULT_PLAN == TransferPlan(1, 8 * MIB, 64 * MIB)
+def test_an_unknown_link_sends_two_objects_at_once():
+    """Each put ends with its checks (issue 32: verified as written): a second object in
+    flight keeps the link busy meanwhile, whatever its rate."""
+    assert plan_transfers(None, None) == UNKNOWN_LINK_PLAN == TransferPlan(2, 8 * MIB, 64 * MIB)
+    assert DEFAULT_PLAN == TransferPlan(1, 8 * MIB, 64 * MIB)  # a store with no link in mind
 
 
 @pytest.mark.parametrize("plan, size, part_size", [

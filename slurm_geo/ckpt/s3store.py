@@ -96,9 +96,9 @@ def make_s3_client(endpoint_url: str | None = None, region_name: str | None = No
         "max_pool_connections": max_connections,
     }
     # Since botocore 1.36 clients add CRC checksums that many S3-compatible stores reject;
-    # we send Content-MD5 and SHA-256 ourselves (S3Store.put: the server refuses a body
-    # that does not match, and keeps the SHA-256 for `digest`), and the checkpoint format
-    # verifies all bytes read.
+    # we send SHA-256 ourselves (S3Store.put: the server refuses a body that does not match
+    # and keeps it for `digest`; parts also carry Content-MD5, which resumption matches), and
+    # the checkpoint format verifies all bytes read.
     for option in ("request_checksum_calculation", "response_checksum_validation"):
         if option in Config.OPTION_DEFAULTS:
             options[option] = "when_required"
@@ -148,8 +148,8 @@ class S3Store:
             # S3 has no zero-part uploads
             if len(view) < self.plan.multipart_threshold or not view:
                 body = bytes(view)  # boto3 takes bytes or files, not memoryviews
+                # The server refuses a body that does not match its SHA-256 (BadDigest)
                 self._client.put_object(Bucket=self.bucket, Key=key, Body=body,
-                                        ContentMD5=_content_md5(body),
                                         ChecksumAlgorithm="SHA256",
                                         ChecksumSHA256=sha256_b64(body))
             else:

@@ -90,7 +90,7 @@ SYNC_SETTINGS = (
             "Round trip to the destination in milliseconds (as ping measures it). With "
             "bandwidth_mb_s it sets how many packs go up at once: enough TCP streams to keep "
             "bandwidth_mb_s times the round trip in flight, two at least (see Parallel "
-            "uploads); without a cap, one."),
+            "uploads); without a cap, two."),
     Setting("poll_interval_s", seconds, SyncConfig.poll_interval_s,
             "Seconds between scans of the roots."),
     Setting("nice", whole(0, 19), SyncConfig.nice, "CPU niceness the daemon gives itself "
