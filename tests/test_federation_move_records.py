@@ -5,13 +5,20 @@ previous one; a checkpoint without a (trusted) record is read in full, as before
 
 from __future__ import annotations
 
+import pytest
+
 from slurm_geo.ckpt import Repository
 from slurm_geo.ckpt.manifest import with_bases
 from slurm_geo.ckpt.names import verified_name
 from slurm_geo.ckpt.replicate import copy_checkpoint
 from slurm_geo.ckpt.verified import read_record, record_of, write_record
 from slurm_geo.federation.model import JobStatus
-from tests.test_federation_daemon import KEY, RUN, TTL, Site, site  # noqa: F401
+from tests.test_federation_daemon import KEY, RUN, TTL, Site
+
+
+@pytest.fixture
+def site(tmp_path) -> Site:
+    return Site(tmp_path)
 
 
 class Counting:
@@ -64,7 +71,7 @@ def verify_lines(site: Site) -> list[str]:
     return [f"{e.what}: {e.why}" for e in site.federation.audit.entries() if e.kind == "verify"]
 
 
-def test_a_move_resumes_from_the_verified_record_reading_no_pack(site):  # noqa: F811
+def test_a_move_resumes_from_the_verified_record_reading_no_pack(site):
     site.home_job_training()
     replicated(site, 20, 40)
     away = counted(site)
@@ -80,7 +87,7 @@ def test_a_move_resumes_from_the_verified_record_reading_no_pack(site):  # noqa:
     assert record is not None and record.by == "checkpoint-sync"
 
 
-def test_a_missing_object_blocks_the_step_and_the_move_takes_the_one_before(site):  # noqa: F811
+def test_a_missing_object_blocks_the_step_and_the_move_takes_the_one_before(site):
     site.home_job_training()
     replicated(site, 20, 40)
     site.stores["away"].delete(own_packs(site, 40)[0])
@@ -93,7 +100,7 @@ def test_a_missing_object_blocks_the_step_and_the_move_takes_the_one_before(site
     assert any("run-a@40 failed verification in away" in k for k in verify_lines(site))
 
 
-def test_a_record_the_provider_forged_is_not_trusted_and_the_checkpoint_is_read(site):  # noqa: F811
+def test_a_record_the_provider_forged_is_not_trusted_and_the_checkpoint_is_read(site):
     """A provider can write bytes under verified/ but cannot seal them: the record is not
     trusted, the checkpoint is read in full, and a damaged one is refused."""
     site.home_job_training()
@@ -113,7 +120,7 @@ def test_a_record_the_provider_forged_is_not_trusted_and_the_checkpoint_is_read(
     assert any("run-a@40 failed verification in away" in k for k in lines)
 
 
-def test_a_checkpoint_without_a_record_is_read_in_full_as_before(site):  # noqa: F811
+def test_a_checkpoint_without_a_record_is_read_in_full_as_before(site):
     site.home_job_training()
     site.checkpoint("away", 20)  # written there by a job: no daemon verified it as written
     away = counted(site)

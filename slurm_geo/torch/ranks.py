@@ -187,12 +187,13 @@ class RankedRun:
         if placement.generation > 0 and placement.restart == 0:  # the daemon placed it
             # The step it verified first (by its record and a presence check: nothing was
             # read, docs/format.md §8.7); should that one not load intact, the older ones.
-            candidates = [] if placement.resume_step is None else [placement.resume_step]
-            if candidates:
+            chosen = placement.resume_step
+            candidates = []
+            if chosen is not None:
                 store = open_store(placement.store_url,
                                    endpoint_url=placement.store_endpoint or None)
                 steps = RunKeyRepository(store, run, key).steps(run)
-                candidates += [s for s in reversed(steps) if s < placement.resume_step]
+                candidates = [chosen, *(s for s in reversed(steps) if s < chosen)]
         else:
             store = open_store(placement.store_url, endpoint_url=placement.store_endpoint or None)
             # Its own newest: unless the store rolled the run back (RolledBack, on every rank)
