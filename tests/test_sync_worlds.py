@@ -6,6 +6,7 @@ the wall time). Moved jobs' outputs come home the other way (item 6)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ from click.testing import CliRunner
 from slurm_geo.ckpt.keys import KeyFile
 from slurm_geo.ckpt.repository import Repository
 from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.transfer_plan import DEFAULT_PLAN
 from slurm_geo.cli import cli
 from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.outputs import read_log, ship
@@ -167,7 +169,8 @@ def test_a_damaged_pack_offsite_is_deleted_and_copied_again(tmp_path):
 
 def test_a_pass_cut_by_its_budget_resumes_with_what_is_missing(tmp_path):
     config, state_path, _home, away, _key = daemon_site(tmp_path, files=6)  # two packs
-    runtime = load_runtime(config)
+    # one stream (as a link of unknown rate had before issue 32): the budget cuts between them
+    runtime = dataclasses.replace(load_runtime(config), transfer_plan=DEFAULT_PLAN)
     state = StateDB(state_path)
     state.add([{"root": "pfs", "run": "run-a", "step": 2, "destination": "offsite",
                 "sequence": 0, "status": "verified"}], 0.0)

@@ -316,7 +316,7 @@ def test_metadata_and_parent_chain(store_dir: Path, key: bytes) -> None:
     checkpointer.close()
     repo = repository(store_dir, key)
     first, second = repo.manifest(RUN, 2), repo.manifest(RUN, 4)
-    assert first.metadata.created_at == "2026-11-29T15:02:11Z"
+    assert first.metadata.created_at == "2026-11-29T15:02:11.000Z"  # at its commit, to the ms
     assert (first.metadata.cluster, first.metadata.job_id) == ("rented", "4711")
     assert (first.metadata.epoch, first.metadata.loss, first.parent_step) == (1, 0.5, None)
     assert (second.metadata.loss, second.parent_step) == (0.25, 2)

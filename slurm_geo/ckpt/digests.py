@@ -15,10 +15,11 @@ and named in `CheckedWrites.read_back` (docs/checkpoint-sync.md, "What verified 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 
-from slurm_geo.ckpt.errors import CorruptObject
+from slurm_geo.ckpt.errors import CkptError, CorruptObject
 from slurm_geo.ckpt.store import Bytes, Store
 from slurm_geo.ckpt.sums import sha256_b64
 
@@ -63,9 +64,10 @@ class CheckedWrites:
         if found is None:
             self.check_by_reading(name, lambda held: sha256_b64(held) == sha256_b64(view))
         elif found != expected:
+            self._drop(name)
             raise CorruptObject(name, f"the destination reports digest {found} for what was "
-                                f"sent with digest {expected}: it holds other bytes; the "
-                                "copy puts it again")
+                                f"sent with digest {expected}: it held other bytes (deleted); "
+                                "the copy puts it again")
         with self._lock:
             self.written[name] = (len(view), expected)
 
@@ -76,8 +78,14 @@ class CheckedWrites:
             self.read_back.add(name)
             self.bytes_read_back += len(held)
         if not sound(held):
-            raise CorruptObject(name, "read back from the destination, it holds other bytes "
-                                "than were sent; the copy puts it again")
+            self._drop(name)
+            raise CorruptObject(name, "read back from the destination, it held other bytes "
+                                "than were sent (deleted); the copy puts it again")
+
+    def _drop(self, name: str) -> None:
+        """A damaged object is never left for a reader to find (best effort)."""
+        with contextlib.suppress(CkptError):
+            self.inner.delete(name)
 
     def get(self, name: str) -> bytes:
         return self.inner.get(name)

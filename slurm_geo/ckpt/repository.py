@@ -116,6 +116,7 @@ class Repository:
         parent: int | None = None, delta: bool = False, unchanged: Collection[str] = (),
         before_commit: Callable[[], None] = lambda: None,
         on_bytes: Callable[[int, int], None] = lambda _d, _t: None,
+        stamp: Callable[[Metadata], Metadata] = lambda m: m,
     ) -> Manifest:
         """Save a checkpoint at `metadata.global_step`; `parent` (a step) enables dedup/delta.
 
@@ -129,7 +130,8 @@ class Repository:
         another dtype, shape or chunk size, is read and hashed as usual. The hint is
         trusted: a tensor named but changed is saved with the parent's content.
 
-        `on_bytes(done, total)` follows the tensors' bytes handed to the writer.
+        `on_bytes(done, total)` follows the tensors' bytes handed to the writer; `stamp`
+        gives the metadata its last word once the packs are written (its commit time).
         """
         name = manifest_name(run, metadata.global_step)
         check_metadata(name, metadata)
@@ -138,12 +140,13 @@ class Repository:
             raise ImmutableCheckpoint(name)
         parent_manifest = None if parent is None else self.manifest(run, parent)
         with push_lock(self._store, self._random_bytes, self._clock):
-            return self._write(run, name, tensors, extra_state, metadata, parent_manifest,
-                               delta, frozenset(unchanged), before_commit,
+            return self._write(run, name, tensors, extra_state, (metadata, stamp),
+                               parent_manifest, delta, frozenset(unchanged), before_commit,
                                _Tally(sum(map(_nbytes, tensors)), on_bytes))
 
     def _write(self, run: str, name: str, tensors: Sequence[TensorToWrite], extra_state: Bytes,
-               metadata: Metadata, parent_manifest: Manifest | None, delta: bool,
+               stamped: tuple[Metadata, Callable[[Metadata], Metadata]],
+               parent_manifest: Manifest | None, delta: bool,
                unchanged: frozenset[str], before_commit: Callable[[], None],
                tally: _Tally) -> Manifest:
         parent = None if parent_manifest is None else parent_manifest.step
@@ -163,6 +166,8 @@ class Repository:
             extra_slots = [writer.add(c, 1)
                            for c in content_defined_chunks(extra, self._options.cdc)]
             writer.close()
+            metadata = stamped[1](stamped[0])
+            check_metadata(name, metadata)
             manifest = Manifest(
                 run=run, metadata=metadata, parent_step=parent, chunk_size=chunk_size,
                 tensors=tuple(
@@ -200,8 +205,7 @@ class Repository:
         return self._keys(run)
 
     def keys_of(self, manifest: Manifest) -> RunKeys:
-        """The data key `manifest` was sealed under, which seals its packs too (§4.2); a
-        manifest not read from the store (being written) is under the current key."""
+        """The data key sealing `manifest` and its packs (§4.2); current for one being written."""
         ring = self._keys(manifest.run)
         if manifest.key is None:
             return ring.current
@@ -221,8 +225,7 @@ class Repository:
         self.point_latest(manifest.run, manifest.step)
 
     def read_tensors(self, manifest: Manifest) -> Iterator[Tensor]:
-        """The manifest's tensors one at a time, in its order, each chunk verified (the
-        caller may pass a manifest cut down to the tensors it needs)."""
+        """The manifest's tensors in order, each chunk verified (it may be cut down to some)."""
         return self._tensors(manifest, self.chunk_reader(manifest))
 
     def point_latest(self, run: str, step: int) -> None:
@@ -255,8 +258,7 @@ class Repository:
         return self.open_manifest(run, step, self._store.get(manifest_name(run, step)))
 
     def open_manifest(self, run: str, step: int, sealed: bytes) -> Manifest:
-        """The manifest of `run@step` from its sealed bytes, opened and validated."""
-        name = manifest_name(run, step)
+        name = manifest_name(run, step)  # from its sealed bytes, opened and validated
         keys = self._keys(run).opening(sealing_fingerprint(sealed))
         payload = open_sealed(keys.data_key, Kind.MANIFEST, sealed, name)
         return replace(parse_manifest(payload, name, run, step), key=keys.fingerprint)
@@ -316,8 +318,7 @@ class Repository:
         self._put_sealed(self._holder.promotion_keys()[0], kind, name, payload)
 
     def daemon_record(self, kind: Kind, name: str) -> bytes | None:
-        """The opened payload of a record `put_daemon_record` wrote; None when there is
-        none. One that does not open raises its error."""
+        """The opened record `name`, or None when there is none; one not opening raises."""
         try:
             sealed = self._store.get(name)
         except ObjectMissing:
@@ -348,8 +349,7 @@ class Repository:
 
     def verify(self, run: str, step: int,
                on_bytes: Callable[[int, int], None] = lambda _d, _t: None) -> list[CkptError]:
-        """Read every chunk of a checkpoint; one fault per damaged or missing object.
-        `on_bytes(done, total)` follows the chunks' bytes read."""
+        """Read every chunk of a checkpoint: a fault per damaged or missing object (on_bytes)."""
         try:
             manifest = self.manifest(run, step)
         except CkptError as exc:

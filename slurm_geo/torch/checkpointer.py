@@ -33,7 +33,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -313,7 +313,7 @@ class Checkpointer:
         metadata = Metadata(
             global_step=step, optimizer_step=step if derived is None else derived, epoch=epoch,
             loss=_loss_value(loss),
-            created_at=self._clock().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            created_at=_moment(self._clock()),
             cluster=self._env.get("SLURM_CLUSTER_NAME", ""),
             job_id=self._env.get("SLURM_JOB_ID", ""),
         )
@@ -342,7 +342,19 @@ class Checkpointer:
         return self._repository.write_checkpoint(self._run, tensors, extra_state, metadata,
                                                  parent=parent, delta=self._delta,
                                                  unchanged=unchanged,
-                                                 before_commit=self._before_commit)
+                                                 before_commit=self._before_commit,
+                                                 stamp=self._committed_at)
+
+    def _committed_at(self, metadata: Metadata) -> Metadata:
+        """`created_at` is when the checkpoint is committed (its packs written, its manifest
+        next), to the millisecond: where checkpoint-sync's replication lag starts, not
+        including the job's own write of it (docs/checkpoint-sync.md, Metrics)."""
+        return replace(metadata, created_at=_moment(self._clock()))
+
+
+def _moment(when: datetime) -> str:
+    """ISO 8601 in UTC to the millisecond: 2026-12-06T17:37:25.144Z."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def _loss_value(loss: float | torch.Tensor | None) -> float | None:
