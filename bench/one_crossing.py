@@ -329,6 +329,19 @@ def print_table(report: dict[str, Any], took_s: float) -> None:
                   f"{side_['replication_s']:.2f} s | {size(side_['replication_wan_bytes'])} | "
                   f"**{side_['replication_wan_over_stored']:.3f}** | "
                   f"**{side_['replication_over_one_transfer']:.3f}** |")
+    print("\n| WAN | stored | protocol | replication (time, WAN bytes) | WAN / stored | "
+          "replication / one transfer | move decision (time, WAN bytes) | "
+          "decision / one transfer |")
+    print("|---|---|---|---|--:|--:|---|--:|")
+    for row in report["rows"]:
+        for which in ("before", "after"):
+            side_ = row[which]
+            print(f"| {row['mbit']} Mbit/s | {size(stored)} | {which} | "
+                  f"{side_['replication_s']:.1f} s, {size(side_['replication_wan_bytes'])} | "
+                  f"{side_['replication_wan_over_stored']:.3f} | "
+                  f"{side_['replication_over_one_transfer']:.3f} | "
+                  f"{side_['decision_s']:.2f} s, {size(side_['decision_wan_bytes'])} | "
+                  f"{side_['decision_over_one_transfer']:.3f} |")
 
 
 def size(count: float) -> str:
