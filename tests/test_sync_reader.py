@@ -58,13 +58,38 @@ def path(tmp_path) -> Path:
 
 def test_replication_samples_are_one_per_replica_and_route_without_verify_reads(path):
     reader = SyncStateReader(path)
+    # llm@120 is still uploading (transfer 5): from it on, nothing is a sample yet
     assert reader.replication_samples(0) == [
         ReplicationSample(2, "file:///pfs", "offsite", 305, NOW, NOW + 4),
-        ReplicationSample(4, "file:///pfs", "offsite", 200, NOW + 10, NOW + 12),
+        ReplicationSample(4, "file:///pfs", "offsite", 200, NOW + 10, NOW + 12)]
+    assert reader.replication_samples(4) == []
+    state = StateDB(path)
+    [uploading] = state.replicas("status = ?", [Status.UPLOADING.value])
+    state.move(uploading.id, Status.UPLOADING, Status.REPLICATED, NOW + 22)
+    state.close()
+    assert reader.replication_samples(4) == [
         ReplicationSample(5, "file:///pfs", "offsite", 0, NOW + 20, NOW + 21),
         ReplicationSample(6, "file:///pfs", "offsite", 7, NOW + 30, NOW + 31)]
-    assert [s.last_id for s in reader.replication_samples(4)] == [5, 6]
     assert reader.replication_samples(6) == []
+
+
+def test_a_parallel_copy_is_one_sample_of_the_link_not_one_of_each_stream(tmp_path):
+    """Two packs at once, each taking the whole attempt's time at half the link's rate:
+    while the replica uploads nothing is learned; once it is done, one sample of both."""
+    state = StateDB(tmp_path / "state.db")
+    [replica_id] = state.add([{"root": "pfs", "run": "r", "step": 1, "destination": "offsite",
+                               "sequence": 1, "status": "pending"}], NOW)
+    state.move(replica_id, Status.PENDING, Status.UPLOADING, NOW)
+    replica = state.replica(replica_id)
+    for start in (NOW, NOW):
+        state.record_transfer(replica, transfer("packs", 100, start, start + 10))
+    reader = SyncStateReader(tmp_path / "state.db")
+    assert reader.replication_samples(0) == []
+    state.record_transfer(replica, transfer("packs", 100, NOW + 10, NOW + 20))
+    state.move(replica_id, Status.UPLOADING, Status.REPLICATED, NOW + 20)
+    state.close()
+    assert reader.replication_samples(0) == [
+        ReplicationSample(3, "file:///pfs", "offsite", 300, NOW, NOW + 20)]
 
 
 @pytest.mark.parametrize("since, until, ids", [
