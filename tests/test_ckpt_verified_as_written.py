@@ -11,13 +11,15 @@ import pytest
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.digests import CheckedWrites, expected_digest, stored_digest
-from slurm_geo.ckpt.errors import CorruptObject, StoreUnavailable
-from slurm_geo.ckpt.names import PACK_PREFIXES
+from slurm_geo.ckpt.errors import CorruptObject, StoreUnavailable, WrongKey
+from slurm_geo.ckpt.keys import load_master_key
+from slurm_geo.ckpt.names import PACK_PREFIXES, verified_name
 from slurm_geo.ckpt.replicate import copy_checkpoint, needed_objects, sizes_of
 from slurm_geo.ckpt.s3store import S3Store
 from slurm_geo.ckpt.store import Bytes, Store
 from slurm_geo.ckpt.sums import composite_b64, sha256_b64
 from slurm_geo.ckpt.transfer_plan import MIN_PART_SIZE, TransferPlan
+from slurm_geo.ckpt.verified import absent, read_record, record_of, write_record
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX
 from tests.seaweed_server import DAEMONS, needs_weed
 
@@ -243,3 +245,63 @@ def test_a_copy_to_s3_is_verified_by_digest_and_a_flip_before_the_store_is_caugh
     assert report.bytes_read_back == 0
     assert counting.bytes_read < 4096  # run key and pointer only: no pack came back
     assert Repository(s3, KEY).verify("r", 1) == []
+
+
+# --- verification records -------------------------------------------------------------------
+
+def test_a_record_names_what_a_resume_reads_and_the_presence_check_reads_none_of_it(tmp_path):
+    source_store, source = source_repo(tmp_path)
+    source.write_checkpoint("r", tensors(1), b"", metadata(1))
+    (tmp_path / "dst").mkdir()
+    destination = Counting(LocalDirStore(tmp_path / "dst"))
+    report = copy_checkpoint(source, source_store, destination, "r", 1)
+    replica = Repository(destination, KEY)
+    write_record(replica, record_of(report, 5.0, "checkpoint-sync"))
+    destination.bytes_read = 0
+
+    record = read_record(replica, "r", 1)
+    assert record is not None and record.objects == report.objects and record.by == \
+        "checkpoint-sync"
+    assert absent(replica, record) == []
+    pack = next(n for n in record.objects if n.startswith("run-packs/"))
+    assert destination.bytes_read < 1024  # the record; the manifest hashed where it lies
+    destination.inner.put(pack, b"short")
+    assert absent(replica, record) == [f"{pack} holds 5 bytes, not {record.objects[pack]}"]
+    destination.inner.delete(pack)
+    assert absent(replica, record) == [f"{pack} is missing"]
+
+
+def test_a_record_opens_under_the_site_key_only_and_names_its_checkpoint(tmp_path):
+    source_store, source = source_repo(tmp_path)
+    source.write_checkpoint("r", tensors(1), b"", metadata(1))
+    (tmp_path / "dst").mkdir()
+    destination = LocalDirStore(tmp_path / "dst")
+    report = copy_checkpoint(source, source_store, destination, "r", 1)
+    write_record(Repository(destination, KEY), record_of(report, 5.0, "federation"))
+
+    with pytest.raises(WrongKey):
+        read_record(Repository(destination, bytes(32)), "r", 1)
+    destination.put(verified_name("r", 2), destination.get(verified_name("r", 1)))
+    with pytest.raises(CorruptObject):  # moved to another step's name: its seal says so
+        read_record(Repository(destination, KEY), "r", 2)
+    assert read_record(Repository(destination, KEY), "r", 3) is None
+
+
+def test_a_master_key_rotation_seals_the_records_again(tmp_path):
+    from test_ckpt_rotate import key_file_of, rotate_fully
+
+    source_store, source = source_repo(tmp_path)
+    source.write_checkpoint("r", tensors(1), b"", metadata(1))
+    (tmp_path / "dst").mkdir()
+    destination = LocalDirStore(tmp_path / "dst")
+    report = copy_checkpoint(source, source_store, destination, "r", 1)
+    write_record(Repository(destination, KEY), record_of(report, 5.0, "checkpoint-sync"))
+    key_file = key_file_of(tmp_path)
+
+    rotated = rotate_fully({"dst": destination}, key_file)
+
+    assert verified_name("r", 1) in rotated.stores[0].rewrapped
+    new = load_master_key(key_file)
+    assert read_record(Repository(destination, new.current), "r", 1) is not None
+    with pytest.raises(WrongKey):
+        read_record(Repository(destination, KEY), "r", 1)
