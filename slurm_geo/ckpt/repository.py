@@ -166,8 +166,8 @@ class Repository:
             extra_slots = [writer.add(c, 1)
                            for c in content_defined_chunks(extra, self._options.cdc)]
             writer.close()
-            metadata = stamped[1](stamped[0])
-            check_metadata(name, metadata)
+            before_commit()  # the lease check, then the stamp: moments before the commit
+            check_metadata(name, metadata := stamped[1](stamped[0]))
             manifest = Manifest(
                 run=run, metadata=metadata, parent_step=parent, chunk_size=chunk_size,
                 tensors=tuple(
@@ -177,7 +177,7 @@ class Repository:
                 extra_state=BlobEntry(len(extra), tuple(map(writer.ref, extra_slots))),
                 format=FORMAT_VERSION,
             )
-        self.commit(manifest, before_commit)
+        self.commit(manifest, lambda: None)
         return manifest
 
     @property
