@@ -66,6 +66,18 @@ class Flipping:
         return getattr(self.inner, attribute)
 
 
+class NoDigests:
+    """The Store protocol and nothing more: a store that keeps no digests."""
+
+    def __init__(self, inner: Store):
+        self.inner = inner
+
+    def __getattr__(self, attribute: str):
+        if attribute in ("digest", "digest_of"):
+            raise AttributeError(attribute)
+        return getattr(self.inner, attribute)
+
+
 class Counting:
     """Counts the bytes read from `inner` (what would cross the WAN back)."""
 
@@ -91,22 +103,28 @@ def test_a_local_store_hashes_an_object_where_it_lies(tmp_path):
 
 
 def test_a_store_without_digests_answers_none_and_writes_are_read_back(tmp_path):
-    class Plain:  # the Store protocol, no digest
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __getattr__(self, attribute):
-            if attribute in ("digest", "digest_of"):
-                raise AttributeError(attribute)
-            return getattr(self.inner, attribute)
-
-    plain = Plain(LocalDirStore(tmp_path))
+    plain = NoDigests(LocalDirStore(tmp_path))
     assert stored_digest(plain, "x") is None
     checked = CheckedWrites(plain)
     checked.put("keys/r", b"abc")
     assert checked.read_back == {"keys/r"} and checked.bytes_read_back == 3
     with pytest.raises(CorruptObject, match="read back"):
         CheckedWrites(Flipping(plain, only="keys/s")).put("keys/s", b"abcdef")
+
+
+def test_a_copy_to_a_store_without_digests_reads_each_object_back_once(tmp_path):
+    source_store, source = source_repo(tmp_path)
+    source.write_checkpoint("r", tensors(1), b"", metadata(1))
+    (tmp_path / "dst").mkdir()
+    destination = NoDigests(LocalDirStore(tmp_path / "dst"))
+
+    first = copy_checkpoint(source, source_store, destination, "r", 1)
+    again = copy_checkpoint(source, source_store, destination, "r", 1)
+
+    stored = sum(size for name, size in first.objects.items() if name.startswith("run-packs/"))
+    assert first.packs_copied >= 2 and first.bytes_read_back >= stored  # each put, read back
+    assert again.packs_copied == 0 and again.bytes_read_back >= stored  # present: read, sound
+    assert Repository(destination, KEY).verify("r", 1) == []
 
 
 def test_a_byte_flipped_on_the_way_to_a_local_store_fails_the_put(tmp_path):

@@ -168,6 +168,8 @@ def copy_pack(source: Store, destination: CheckedWrites, name: str) -> int | Non
             try:
                 destination.check_by_reading(name, lambda data: _hashes_to(name, data))
                 return None
+            except ObjectMissing:
+                there = False  # a store without digests cannot tell a missing object
             except CorruptObject:
                 pass  # damaged there: put again
     data = source.get(name)
