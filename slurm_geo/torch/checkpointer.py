@@ -347,8 +347,9 @@ class Checkpointer:
 
     def _committed_at(self, metadata: Metadata) -> Metadata:
         """`created_at` is when the checkpoint is committed (its packs written, its lease
-        checked, its manifest next), to the millisecond: where checkpoint-sync's replication lag starts, not
-        including the job's own write of it (docs/checkpoint-sync.md, Metrics)."""
+        checked, its manifest next), to the millisecond: where checkpoint-sync's
+        replication lag starts, not counting the job's own write of it
+        (docs/checkpoint-sync.md, Metrics)."""
         return replace(metadata, created_at=_moment(self._clock()))
 
 
