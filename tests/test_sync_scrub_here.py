@@ -351,7 +351,8 @@ def test_scrub_here_on_s3_finds_a_flip_at_rest_and_the_daemon_repairs_reading_kb
     s3 = S3Store(S3_BUCKET, prefix, weed.client(DAEMONS))
     site = S3Site(tmp_path, s3)
     size = sum(s3.sizes("run-packs/").values())
-    damaged = sorted(s3.list("run-packs/"))[0]
+    manifest = site.away.manifest("run", 10)  # a pack the scrubbed replica (run@10) needs
+    damaged = sorted({manifest.pack_object(r.pack) for r in manifest.refs()})[0]
     rotten = bytearray(s3.get(damaged))
     rotten[len(rotten) // 2] ^= 0x01
     s3.put(damaged, bytes(rotten))  # bit rot at rest: the object no longer hashes to its name
