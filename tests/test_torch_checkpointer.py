@@ -127,10 +127,8 @@ def save_steps_2_and_4(store_dir: Path, key: bytes) -> Any:
     return expected
 
 
-def test_resume_skips_a_damaged_newest_checkpoint(
-    store_dir: Path, key: bytes, caplog: pytest.LogCaptureFixture
-) -> None:
-    expected = save_steps_2_and_4(store_dir, key)
+def flip_a_bit_of_step_4s_own_pack(store_dir: Path, key: bytes) -> str:
+    """Damage the pack step 4 holds and step 2 does not; its id."""
     repo = repository(store_dir, key)
     older = {ref.pack for ref in repo.manifest(RUN, 2).refs()}
     (damaged,) = {ref.pack for ref in repo.manifest(RUN, 4).refs()} - older
@@ -138,6 +136,14 @@ def test_resume_skips_a_damaged_newest_checkpoint(
     data = bytearray(pack.read_bytes())
     data[len(data) // 2] ^= 0x01
     pack.write_bytes(bytes(data))
+    return damaged
+
+
+def test_resume_skips_a_damaged_newest_checkpoint(
+    store_dir: Path, key: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    expected = save_steps_2_and_4(store_dir, key)
+    damaged = flip_a_bit_of_step_4s_own_pack(store_dir, key)
 
     fresh_model, fresh_optimizer = small_model()
     with caplog.at_level(logging.WARNING, logger="slurm_geo.torch.checkpointer"):
@@ -364,13 +370,7 @@ def test_resume_at_a_damaged_step_falls_back_to_the_older_one_never_a_wrong_tens
     32: nothing read back); a provider's store has rotted a pack of it, and its scrub
     reported all fine. The job's own load is the last check: it refuses 4 and takes 2."""
     expected = save_steps_2_and_4(store_dir, key)
-    repo = repository(store_dir, key)
-    older = {ref.pack for ref in repo.manifest(RUN, 2).refs()}
-    (damaged,) = {ref.pack for ref in repo.manifest(RUN, 4).refs()} - older
-    pack = store_dir / repo.manifest(RUN, 4).pack_object(damaged)
-    data = bytearray(pack.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    pack.write_bytes(bytes(data))
+    flip_a_bit_of_step_4s_own_pack(store_dir, key)
     fresh_model, fresh_optimizer = small_model()
     with caplog.at_level(logging.WARNING):
         resumed = Checkpointer(repository(store_dir, key), RUN).resume(
