@@ -107,6 +107,14 @@ def test_one_record_per_incarnation_keeps_the_first():
     assert one_per_incarnation(records * 2) == records
 
 
+def test_incarnations_come_in_submission_order_whatever_order_the_queries_found_them():
+    # The held incarnation's record comes only from the query by state, after its successor
+    # from the plain window (tests/test_home_slurm_2411.py saw it so).
+    seen = list(CannedSacct([THIRD, HELD, FIRST], []).accounting_rows(*window()))
+    assert [r.submit_time for r in one_per_incarnation(seen + seen[:1])] == \
+        sorted(r.submit_time for r in seen)
+
+
 # --- where billing check compares ----------------------------------------------------------
 
 SETTLE = 300

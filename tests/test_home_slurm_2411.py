@@ -30,6 +30,7 @@ from slurm_geo.sandbox.provider import ProviderSite, exec_in
 from slurm_geo.slurm.cli_backend import CliSlurmClient
 from slurm_geo.slurm.errors import JobNotFound, SlurmRejected
 from slurm_geo.slurm.models import JobSpec, JobState, MalformedAccountingRow, Owner
+from slurm_geo.slurm.windows import incarnation_order
 from tests.provider_sites import free_base, running
 
 pytestmark = [pytest.mark.slow,
@@ -137,8 +138,9 @@ def test_a_job_of_alices_through_every_call(site: ProviderSite,
     assert records[1].cancelled_by == "slurm-geo"  # the service account, an operator
     end = datetime.now(UTC) + timedelta(seconds=5)
     window = [r for r in slurm.accounting(start=began, end=end) if r.job_id == job_id]
-    rows = [r for r in slurm.accounting_rows(began, end)
-            if not isinstance(r, MalformedAccountingRow) and r.job_id == job_id]
+    rows = sorted((r for r in slurm.accounting_rows(began, end)  # streamed, as seen
+                   if not isinstance(r, MalformedAccountingRow) and r.job_id == job_id),
+                  key=incarnation_order)
     assert [r.state for r in window] == [r.state for r in rows] == [r.state for r in records]
     assert [r.start_time for r in window] == [r.start_time for r in rows]
 

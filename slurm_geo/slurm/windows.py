@@ -14,7 +14,7 @@ per incarnation (slurmdbd's own key: job id, submit time).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 
 from slurm_geo.slurm.models import AccountingRecord
 
@@ -34,8 +34,15 @@ def incarnation_key(record: AccountingRecord) -> IncarnationKey:
 
 
 def one_per_incarnation(records: Iterable[AccountingRecord]) -> list[AccountingRecord]:
-    """The first record of each incarnation, in the order first seen."""
+    """The first record seen of each incarnation, each job's incarnations in the order
+    they were submitted, as `sacct -D -j ID` lists them. The order seen is no order: a
+    held incarnation comes only from the second query, after its successor."""
     found: dict[IncarnationKey, AccountingRecord] = {}
     for record in records:
         found.setdefault(incarnation_key(record), record)
-    return list(found.values())
+    return sorted(found.values(), key=incarnation_order)
+
+
+def incarnation_order(record: AccountingRecord) -> tuple[int, datetime]:
+    """Sorts by job, then by submission (a record without a submit time first)."""
+    return (record.job_id, record.submit_time or datetime.min.replace(tzinfo=UTC))
