@@ -52,6 +52,8 @@ SUBCOMMANDS = {
                "Check --geo-* directives; export the policy for job_submit.lua."),
     "sync": ("slurm_geo.cli.sync", "sync",
              "Replication state kept by checkpoint-sync; requeue failed replicas."),
+    "config": ("slurm_geo.cli.config", "config",
+               "Check the site config file: what it holds, or its first problem."),
     "completion": ("slurm_geo.cli.completion", "completion",
                    "Print the shell completion script for bash, zsh or fish."),
 }
