@@ -11,7 +11,8 @@ MAN_DIR = /usr/local/share/man/man1
 .PHONY: install drill demo test test-quick lint check-cli man bench spank submit-as service-account
 
 # The SPANK plugin of the --geo-* options, built against the installed Slurm headers.
-SPANK_SO = spank/geo_directives.so
+SPANK_SO = build/spank/geo_directives.so
+SPANK_SRC = slurm_geo/share/spank/geo_directives.c
 SLURM_INCLUDE ?= /usr/include
 SPANK_CFLAGS = -shared -fPIC -O2 -Wall -Wextra -Werror -std=gnu11
 
@@ -43,11 +44,11 @@ man:  ## man pages from the help text, into build/man
 	rm -rf build/man
 	$(PYTHON) -m slurm_geo.cli.manpages build/man
 
-spank: $(SPANK_SO)  ## the SPANK plugin (spank/geo_directives.so)
+spank: $(SPANK_SO)  ## the SPANK plugin (build/spank/geo_directives.so)
 
-$(SPANK_SO): spank/geo_directives.c
+$(SPANK_SO): $(SPANK_SRC)
 	@test -f $(SLURM_INCLUDE)/slurm/spank.h || { echo "spank: $(SLURM_INCLUDE)/slurm/spank.h is missing; install it with: apt-get install libslurm-dev" >&2; exit 1; }
-	$(CC) $(SPANK_CFLAGS) -I$(SLURM_INCLUDE) -o $@ $<
+	mkdir -p $(@D) && $(CC) $(SPANK_CFLAGS) -I$(SLURM_INCLUDE) -o $@ $<
 
 # The daemons' own account (docs/install.md, "Which account each daemon runs as"): a system
 # user and group, no login shell, no home of its own.
@@ -57,15 +58,15 @@ service-account:  ## the daemons' unprivileged service account
 	@getent passwd $(SERVICE_ACCOUNT) >/dev/null || useradd --system --gid $(SERVICE_ACCOUNT) \
 		--home-dir /var/lib/slurm-geo --no-create-home --shell /usr/sbin/nologin $(SERVICE_ACCOUNT)
 
-# The one privileged program: starts a job as its owner (libexec/submit_as.c). Installed
-# setuid root, runnable by the service account's group only.
-SUBMIT_AS = libexec/submit-as
+# The one privileged program: starts a job as its owner (slurm_geo/share/libexec/submit_as.c).
+# Installed setuid root, runnable by the service account's group only.
+SUBMIT_AS = build/libexec/submit-as
 LIBEXEC_DIR = /usr/local/libexec/slurm-geo
 SUBMIT_AS_CFLAGS = -O2 -Wall -Wextra -Werror -std=gnu11 -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fPIE -pie -Wl,-z,relro,-z,now
 submit-as: $(SUBMIT_AS)  ## the setuid helper that submits a job as its owner
 
-$(SUBMIT_AS): libexec/submit_as.c
-	$(CC) $(SUBMIT_AS_CFLAGS) -DSBATCH_PATH='"$(shell command -v sbatch || echo /usr/bin/sbatch)"' \
+$(SUBMIT_AS): slurm_geo/share/libexec/submit_as.c
+	mkdir -p $(@D) && $(CC) $(SUBMIT_AS_CFLAGS) -DSBATCH_PATH='"$(shell command -v sbatch || echo /usr/bin/sbatch)"' \
 		-DSERVICE_GROUP='"$(SERVICE_ACCOUNT)"' -o $@ $<
 
 drill: install  ## the failover drill: lose onprem, continue on rented, report

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from slurm_geo.site import HOOKS
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 0.150
 
@@ -44,7 +46,7 @@ def median_seconds(argv: list[str], env: dict[str, str], runs: int) -> float:
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 21
     wrappers = Path(sys.argv[2]) if len(sys.argv) > 2 else None
-    hooks = ROOT / "prolog_epilog"
+    hooks = HOOKS
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "ckpt"
         rows = [

@@ -100,7 +100,7 @@ poll_interval_s = 2
 def start_daemon(config: Path, log: Path, s3_env: dict[str, str]) -> subprocess.Popen:
     program = Path(sys.executable).parent / "slurm-geo-checkpoint-sync"
     argv = [str(program)] if program.exists() else [
-        sys.executable, str(ROOT / "daemons" / "checkpoint_sync.py")]
+        sys.executable, "-m", "slurm_geo.sync.entry"]
     with open(log, "ab") as out:
         proc = subprocess.Popen([*argv, "--config", str(config)], stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ, **s3_env})

@@ -1,5 +1,5 @@
 /*
- * A harness for spank/geo_directives.c without Slurm: the plugin's source is included
+ * A harness for slurm_geo/share/spank/geo_directives.c without Slurm: the plugin's source is included
  * here, the few Slurm calls it makes are stubbed, and main() drives it as sbatch would.
  *
  *   spank_harness options            the options it registers: "NAME\tARG_INFO" lines
@@ -12,7 +12,7 @@
  */
 #include <stdarg.h>
 
-#include "../spank/geo_directives.c"
+#include "../slurm_geo/share/spank/geo_directives.c"
 
 static struct spank_option registered[GEO_OPTION_COUNT];
 static int registered_count;

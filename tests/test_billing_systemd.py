@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from systemd_units import installed_here, settings
 
+from slurm_geo.site import UNITS
+
 ROOT = Path(__file__).resolve().parent.parent
-SERVICE = ROOT / "systemd" / "slurm-geo-billing-ingest.service"
-TIMER = ROOT / "systemd" / "slurm-geo-billing-ingest.timer"
+SERVICE = UNITS / "slurm-geo-billing-ingest.service"
+TIMER = UNITS / "slurm-geo-billing-ingest.timer"
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")

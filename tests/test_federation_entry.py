@@ -20,9 +20,10 @@ from slurm_geo.daemon.process import Wakeup
 from slurm_geo.errors import ConfigError
 from slurm_geo.federation.entry import live_site, run_loop
 from slurm_geo.federation.service import Metrics
+from slurm_geo.site import UNITS
 from tests.test_federation_daemon import TTL, Site, lose_home
 
-UNIT = Path(__file__).resolve().parent.parent / "systemd" / "slurm-geo-federation.service"
+UNIT = UNITS / "slurm-geo-federation.service"
 
 LOGFMT = re.compile(r'event=[a-z_]+( [a-z_]+=("([^"\\]|\\.)*"|[^ "]+))*')
 

@@ -19,6 +19,7 @@ from slurm_geo.hooks import ctld, node
 from slurm_geo.hooks.context import job_context
 from slurm_geo.policy.directives import Directives
 from slurm_geo.registry import IllegalTransition, IncarnationState, Registry
+from slurm_geo.site import HOOKS
 from slurm_geo.slurm.errors import SlurmRejected
 from slurm_geo.sync.jobdirs import Protection
 from tests.helpers import pack_files, stored_packs
@@ -412,7 +413,7 @@ def test_a_failed_hold_is_logged_not_raised(tmp_path):
 
 def run_script(name: str, env: dict[str, str]) -> tuple[int, float]:
     began = time.monotonic()
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "prolog_epilog" / name)],
+    proc = subprocess.run([sys.executable, str(HOOKS / name)],
                           env=env, capture_output=True, timeout=60, check=False)
     return proc.returncode, time.monotonic() - began
 

@@ -1,7 +1,7 @@
-"""The master key sealed at rest (systemd/sealed-master-key.conf): a key file sealed by
-systemd-creds holds no form of the key, opens only under the host's secret it was sealed
-with, and once opened as systemd opens a credential, the daemons read it as their key
-file. Run with a host secret of the test's own (SYSTEMD_CREDENTIAL_SECRET), not the
+"""The master key sealed at rest (slurm_geo/share/systemd/sealed-master-key.conf): a key
+file sealed by systemd-creds holds no form of the key, opens only under the host's secret
+it was sealed with, and once opened as systemd opens a credential, the daemons read it as
+their key file. Run with a host secret of the test's own (SYSTEMD_CREDENTIAL_SECRET), not the
 machine's."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from systemd_units import installed_here, settings
 from slurm_geo.ckpt.keys import create_master_key_file, load_master_key
 from slurm_geo.config.paths import KEY_FILE_ENV, master_key_path
 from slurm_geo.drills.losses import secrets_found
+from slurm_geo.site import UNITS
 
 ROOT = Path(__file__).resolve().parent.parent
-DROP_IN = ROOT / "systemd" / "sealed-master-key.conf"
+DROP_IN = UNITS / "sealed-master-key.conf"
 
 pytestmark = pytest.mark.skipif(shutil.which("systemd-creds") is None,
                                 reason="needs systemd-creds (Debian's systemd)")
@@ -43,7 +44,7 @@ def test_the_drop_in_opens_the_sealed_file_into_the_key_file_the_daemons_read():
 @pytest.mark.parametrize("unit", ["slurm-geo-federation.service",
                                   "slurm-geo-checkpoint-sync.service"])
 def test_systemd_analyze_verify_accepts_each_daemon_with_the_drop_in(unit, tmp_path):
-    installed = installed_here(ROOT / "systemd" / unit, tmp_path)
+    installed = installed_here(UNITS / unit, tmp_path)
     drop_ins = tmp_path / f"{unit}.d"
     drop_ins.mkdir()
     shutil.copy(DROP_IN, drop_ins)

@@ -213,7 +213,7 @@ def _scrape(port: int) -> str | None:
 def test_a_config_mistake_is_one_line_and_a_stable_exit_code(setup, mutate, code, message):
     tmp_path, _trainer, config = setup
     config.write_text(mutate(config.read_text()))
-    result = subprocess.run([sys.executable, str(ROOT / "daemons" / "checkpoint_sync.py"),
+    result = subprocess.run([sys.executable, "-m", "slurm_geo.sync.entry",
                              "--config", str(config), "--once"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == code
@@ -224,7 +224,7 @@ def test_a_config_mistake_is_one_line_and_a_stable_exit_code(setup, mutate, code
 def test_a_key_file_open_to_others_is_refused(setup):
     tmp_path, _trainer, config = setup
     os.chmod(tmp_path / "master.key", 0o644)
-    result = subprocess.run([sys.executable, str(ROOT / "daemons" / "checkpoint_sync.py"),
+    result = subprocess.run([sys.executable, "-m", "slurm_geo.sync.entry",
                              "--config", str(config), "--once"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 28 and "chmod 600" in result.stderr

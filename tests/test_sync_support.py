@@ -100,7 +100,7 @@ def start_daemon(config: Path, *args: str, log: Path, env: dict[str, str] | None
     environment = {**os.environ, **(env or {})}
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, str(ROOT / "daemons" / "checkpoint_sync.py"), "--config",
+            [sys.executable, "-m", "slurm_geo.sync.entry", "--config",
              str(config), *args], stdout=out, stderr=subprocess.STDOUT, env=environment)
 
 

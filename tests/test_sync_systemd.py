@@ -12,10 +12,11 @@ import pytest
 from systemd_units import installed_here, settings
 
 from slurm_geo.sandbox.render import SYNC_PROGRAM, sync_argv
+from slurm_geo.site import UNITS as SHIPPED_UNITS
 
 ROOT = Path(__file__).resolve().parent.parent
-UNITS = sorted((ROOT / "systemd").glob("*.service"))
-SYNC_UNIT = ROOT / "systemd" / "slurm-geo-checkpoint-sync.service"
+UNITS = sorted(SHIPPED_UNITS.glob("*.service"))
+SYNC_UNIT = SHIPPED_UNITS / "slurm-geo-checkpoint-sync.service"
 INSTALLED = Path("/usr/local/bin") / SYNC_PROGRAM
 
 

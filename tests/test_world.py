@@ -26,6 +26,7 @@ from slurm_geo.federation.state import FederationState
 from slurm_geo.hooks.validator import check_on_disk, path_kind, run
 from slurm_geo.policy.directives import DIRECTIVES, DirectiveError, parse_options
 from slurm_geo.policy.world import Input, World, env_refusal
+from slurm_geo.site import SPANK_SOURCE
 
 REPO = Path(__file__).resolve().parent.parent
 NOBODY = 65534
@@ -148,7 +149,7 @@ def _c_array(source: str, name: str) -> list[str]:
 
 
 def test_the_spank_plugin_registers_every_directive():
-    source = (REPO / "spank" / "geo_directives.c").read_text()
+    source = SPANK_SOURCE.read_text()
     count = int(re.search(r"#define GEO_OPTION_COUNT (\d+)", source).group(1))
     assert count == len(DIRECTIVES)
     assert _c_array(source, "option_names") == [spec.option for spec in DIRECTIVES]

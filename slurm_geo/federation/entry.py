@@ -11,7 +11,7 @@ A replica of a federation on etcd also keeps its leadership on a thread of its o
 (campaign, keepalive every third of leader_ttl_s, step down), and its rounds and probes
 run only while it leads; on SIGTERM it resigns, so that the other replica leads at once.
 
-The systemd unit (systemd/slurm-geo-federation.service), the sandbox and
+The systemd unit (slurm_geo/share/systemd/slurm-geo-federation.service), the sandbox and
 daemons/federation.py all run this `main`.
 """
 

@@ -4,7 +4,7 @@ A node Prolog that exits non-zero drains the node and requeues the job, so every
 here logs what went wrong and exits 0: a broken config or an unreachable store must cost
 at most the geo extras of one job, never a node. A job whose uid or gid Slurm did not
 pass gets one log line and nothing else: the hooks run as root and act as the job's user,
-never as root in its stead. The thin scripts in prolog_epilog/ call
+never as root in its stead. The thin scripts in slurm_geo/share/hooks/ call
 `run_hook` only for geo jobs; everything else has already exited.
 
 Log: $SLURM_GEO_HOOK_LOG, else /var/log/slurm-geo/hooks.log when that directory exists,

@@ -1,7 +1,7 @@
 """The `--geo-*` directives: declared once, parsed from any of the places they travel.
 
 A user writes `#SBATCH --geo-residency=home` (or passes it to sbatch). The SPANK plugin
-(spank/geo_directives.c) only carries values: to the validator as `--geo-NAME=VALUE`
+(slurm_geo/share/spank/geo_directives.c) only carries values: to the validator as `--geo-NAME=VALUE`
 arguments, to Slurm's hooks as `SPANK_GEO_<NAME>` (job_submit.lua sees `GEO_<NAME>` in
 `job_desc.spank_job_env`) and to the job as `SLURM_GEO_<NAME>`. Jobs submitted through
 slurmrestd carry `SLURM_GEO_<NAME>` in their environment. Everything here is pure: text in,

@@ -1,6 +1,6 @@
 """The controller's record of geo jobs: every incarnation, and the lineage of logical jobs.
 
-Written by PrologSlurmctld and EpilogSlurmctld (prolog_epilog/), read by slurm-geo.
+Written by PrologSlurmctld and EpilogSlurmctld (slurm_geo/share/hooks/), read by slurm-geo.
 """
 
 from slurm_geo.registry.db import (

@@ -1,9 +1,10 @@
 """The --geo-* integration on both sandbox clusters, installed as docs/admin-slurm.md says.
 
-Per cluster, next to its slurm.conf: plugstack.conf (the SPANK plugin, built from spank/
-into the sandbox's lib/), geo_policy.lua, job_submit.lua and cli_filter.lua (from the
-sandbox's slurm-geo config, as `slurm-geo policy export-lua` writes them), and wrappers
-for the prolog_epilog/ scripts and the validator. The slurm.conf lines come from
+Per cluster, next to its slurm.conf: plugstack.conf (the SPANK plugin, built from the
+package's slurm_geo/share/spank/ into the sandbox's lib/), geo_policy.lua, job_submit.lua
+and cli_filter.lua (from the sandbox's slurm-geo config, as `slurm-geo policy export-lua`
+writes them), and wrappers for the hook scripts (slurm_geo/share/hooks/, the files
+`slurm-geo site install` installs) and the validator. The slurm.conf lines come from
 `render.geo_slurm_conf_lines`.
 
 Slurm reads most of slurm.conf again on `scontrol reconfigure`, but not all: the settings
@@ -21,17 +22,17 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-import slurm_geo
 from slurm_geo.config import parse_config
 from slurm_geo.errors import SandboxError
 from slurm_geo.policy.geo import rules_for
 from slurm_geo.policy.lua import export_files
 from slurm_geo.sandbox import render
 from slurm_geo.sandbox.layout import SandboxLayout
+from slurm_geo.site import HOOKS as HOOK_SCRIPTS
+from slurm_geo.site import SHARE, SPANK_SOURCE
 
-REPO = Path(slurm_geo.__file__).resolve().parents[1]
-SPANK_SOURCE = REPO / "spank" / "geo_directives.c"
-HOOK_SCRIPTS = REPO / "prolog_epilog"
+# Where the hooks import slurm_geo from: the package the sandbox was brought up from.
+REPO = SHARE.parents[1]
 SLURM_INCLUDE = Path("/usr/include")
 RESTART_SETTINGS = frozenset({"AuthInfo", "AuthAltTypes", "AuthAltParameters", "AuthType",
                               "CredType", "SlurmctldPort", "SlurmdPort", "NodeName"})
@@ -40,11 +41,11 @@ Write = Callable[[Path, str, int], bool]  # (path, text, mode) -> changed
 
 
 def build_spank_plugin(layout: SandboxLayout) -> Path:
-    """spank/geo_directives.c compiled into the sandbox, unless it is up to date."""
+    """The package's geo_directives.c compiled into the sandbox, unless it is up to date."""
     output = render.spank_plugin_path(layout)
     if not SPANK_SOURCE.is_file():
         raise SandboxError(f"the SPANK plugin's source {SPANK_SOURCE} is missing; run the "
-                           "sandbox from a checkout of slurm-geo (pip install -e .)")
+                           "sandbox from an installed slurm-geo (pip install slurm-geo)")
     if output.exists() and output.stat().st_mtime >= SPANK_SOURCE.stat().st_mtime:
         return output
     compiler = shutil.which("cc") or shutil.which("gcc")

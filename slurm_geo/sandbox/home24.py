@@ -9,9 +9,9 @@ as its root), with auth/slurm and home's users (alice, bob) at home's uids.
 The CLI backend reaches it through `client`: every Slurm command runs inside the site
 behind `nsenter` (the root's 24.11 binaries, the site's slurm.conf), as the service account
 `slurm-geo` (a Slurm operator there), and a submission for an owner goes to the setuid
-helper slurm-geo-submit-as, built from libexec/submit_as.c and installed in the site at
-HELPER (root:slurm-geo 4750, as `make install` does at home), which drops to the owner and
-runs the root's /usr/bin/sbatch. No `sbatch --uid`.
+helper slurm-geo-submit-as, built from slurm_geo/share/libexec/submit_as.c and installed in
+the site at HELPER (root:slurm-geo 4750, as `slurm-geo site install` does at home), which
+drops to the owner and runs the root's /usr/bin/sbatch. No `sbatch --uid`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox import provider, rootfs
 from slurm_geo.sandbox import provider_render as render
 from slurm_geo.sandbox.provider_render import Account
+from slurm_geo.site import SUBMIT_AS_SOURCE
 from slurm_geo.slurm.cli_backend import CliSlurmClient
 
 CLUSTER = "home24"
@@ -33,7 +34,7 @@ ACCOUNTS = (Account("alice", 2001, "alice"), Account("bob", 2002, "bob"))
 SLURM_CONF = render.SLURM_ETC / "slurm.conf"  # inside the site
 HELPER = Path("/var/lib/slurm/libexec/submit-as")  # inside the site
 SBATCH = "/usr/bin/sbatch"  # the root's
-HELPER_SOURCE = Path(__file__).resolve().parents[2] / "libexec" / "submit_as.c"
+HELPER_SOURCE = SUBMIT_AS_SOURCE
 HELPER_CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-fPIE", "-pie")
 
 

@@ -188,10 +188,10 @@ def plugstack_conf(layout: SandboxLayout, cluster: ClusterLayout) -> str:
 def hook_wrapper(layout: SandboxLayout, cluster: ClusterLayout, python: str,
                  script: Path, s3_credentials: Path | None = None,
                  package_root: Path | None = None) -> str:
-    """A shell wrapper running a prolog_epilog/ script with the sandbox's config, and the
-    S3 key in env file `s3_credentials` if given (root's hooks: the daemons' key). With
-    `package_root`, the script imports slurm_geo from there: the checkout the sandbox was
-    brought up from, whatever else `python` has installed.
+    """A shell wrapper running a hook script (slurm_geo/share/hooks/) with the sandbox's
+    config, and the S3 key in env file `s3_credentials` if given (root's hooks: the
+    daemons' key). With `package_root`, the script imports slurm_geo from there: the
+    checkout the sandbox was brought up from, whatever else `python` has installed.
 
     Slurm runs hooks with an almost empty environment and no arguments; a site installs
     the scripts themselves with their first line pointing at its Python instead.

@@ -2,7 +2,7 @@
 
 The daemons run as an unprivileged service account; Slurm lets only root submit for
 another user (`sbatch --uid`, root only and deprecated in 26.05). So a submission for an
-owner goes to a small setuid-root program (libexec/submit_as.c, installed as
+owner goes to a small setuid-root program (slurm_geo/share/libexec/submit_as.c, installed as
 SUBMIT_AS_PATH, mode 4750 root:slurm-geo) as data on its standard input. It clears its
 environment, checks the request (the owner's passwd entry, a uid of at least 1000, the
 gid one of theirs, every sbatch option from a fixed list), drops to the owner's uid, gid
@@ -23,7 +23,7 @@ from slurm_geo.slurm.models import Owner
 SUBMIT_AS_PATH = Path("/usr/local/libexec/slurm-geo/submit-as")
 MAGIC = "slurm-geo-submit-as/1"
 
-# The helper's own exit codes (libexec/submit_as.c): anything else is sbatch's.
+# The helper's own exit codes (slurm_geo/share/libexec/submit_as.c): anything else is sbatch's.
 EXIT_MALFORMED = 64
 EXIT_REFUSED = 77
 EXIT_SYSTEM = 71

@@ -1,6 +1,6 @@
 """`slurm-geo-checkpoint-sync`: the daemon's command line (thin: parse, build, run).
 
-The systemd unit (systemd/slurm-geo-checkpoint-sync.service), the sandbox and
+The systemd unit (slurm_geo/share/systemd/slurm-geo-checkpoint-sync.service), the sandbox and
 daemons/checkpoint_sync.py all run this `main`.
 """
 
