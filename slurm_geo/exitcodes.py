@@ -90,6 +90,8 @@ class ExitCode(IntEnum):
         "`billing check --strict`: part of what was ingested could not be compared yet"
     AUDIT = 55, "audit", "the audit log cannot be opened or read"
     AUDIT_CHAIN_BROKEN = 56, "corrupt data", "an audit entry was altered, removed or reordered"
+    DOCTOR_FAILED = 60, "doctor", \
+        "`slurm-geo doctor` found at least one error in the deployment (each one a line)"
     DAEMON_STUCK = 70, "daemon", \
         "checkpoint-sync: an attempt outlived its timeout; systemd restarts the daemon"
     REQUEUE = 75, "training", \
