@@ -39,6 +39,8 @@ SUBCOMMANDS = {
                 "Fetch what a job's moved incarnations shipped home (--geo-outputs)."),
     "federation": ("slurm_geo.cli.federation", "federation",
                    "The daemon's replicas: who leads; etcd's members and their lag."),
+    "doctor": ("slurm_geo.cli.doctor", "doctor",
+               "Check this host's part of the deployment; one line per problem and its fix."),
     "drill": ("slurm_geo.cli.drill", "drill",
               "Fail the home cluster in the sandbox; report RTO, RPO, bytes and cost."),
     "audit": ("slurm_geo.cli.audit", "audit",

@@ -25,6 +25,17 @@ def installed_slurm_version() -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+def client_slurm_version(slurm_conf: Path | None = None) -> tuple[int, int]:
+    """(major, minor) of the Slurm commands of this host (`scontrol -V`, which reads
+    `slurm_conf` first): a login or a compute node has no slurmctld, and its sbatch and
+    slurmd load the SPANK plugins."""
+    out = _run(["scontrol", "-V"], timeout_s=10, slurm_conf=slurm_conf).strip()
+    match = _VERSION.search(out)
+    if not match:
+        raise SlurmCommandError("scontrol -V", f"cannot read a version from {out!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
 def registered_clusters(slurm_conf: Path, timeout_s: float = 20) -> set[str]:
     out = _run(
         ["sacctmgr", "--noheader", "--parsable2", "list", "cluster", "format=cluster"],
