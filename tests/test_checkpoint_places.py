@@ -159,7 +159,7 @@ def federated_job(tmp_path: Path, key: bytes, steps: tuple[int, ...], reported: 
     """A job directory with the run's record, and the cluster's store with its steps."""
     ckpt, store = tmp_path / "job", tmp_path / "pfs"
     store.mkdir()
-    node.prolog(job_context(env_for(ckpt)), lambda: node.Staging(key), now=1.0)
+    node.prolog(job_context(env_for(ckpt)), now=1.0)
     repo = Repository(LocalDirStore(store), key)
     for step in steps:
         save(repo, step)
@@ -217,7 +217,7 @@ def test_the_epilog_of_a_federated_run_says_why_it_is_not_replicated(tmp_path, k
 
 def test_without_a_run_record_the_epilog_reads_the_directory_as_before(tmp_path, key):
     ckpt = tmp_path / "job"
-    node.prolog(job_context(env_for(ckpt)), lambda: node.Staging(key), now=1.0)
+    node.prolog(job_context(env_for(ckpt)), now=1.0)
     save(Repository(LocalDirStore(ckpt), key), 5)
     cluster = node.ClusterStore("pfs", "file:///pfs", Protection("pfs", True, "root"))
     record = node.epilog(job_context(env_for(ckpt)), Protection(str(ckpt), True, "root"),

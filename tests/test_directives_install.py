@@ -18,6 +18,7 @@ from slurm_geo.policy.directives import directives_table
 from slurm_geo.policy.geo import rules_for
 from slurm_geo.sandbox import geo, render
 from slurm_geo.sandbox.layout import SandboxLayout
+from slurm_geo.site import plan as site_plan
 
 REPO = Path(__file__).resolve().parents[1]
 LAYOUT = SandboxLayout(Path("/srv/box"), 20000)
@@ -74,23 +75,16 @@ def test_hook_wrapper_quotes_what_it_runs():
     assert "AWS_ACCESS_KEY_ID" not in text  # no key unless one is given
 
 
-def test_a_hook_wrapper_given_an_s3_key_file_loads_it_before_running(tmp_path):
-    """Root's hooks get the daemons' key from its 0600 file, never written into the
-    world-readable wrapper; a missing file stops the hook before it runs."""
-    key = tmp_path / "it's the key.env"
-    key.write_text("AWS_ACCESS_KEY_ID=daemons-1\nAWS_SECRET_ACCESS_KEY=s3cret\n")
-    show = tmp_path / "show.py"
-    show.write_text("import os\nprint(os.environ['AWS_ACCESS_KEY_ID'], "
-                    "os.environ['AWS_SECRET_ACCESS_KEY'])\n")
-    wrapper = tmp_path / "wrapper"
-    wrapper.write_text(render.hook_wrapper(LAYOUT, LAYOUT.onprem, sys.executable, show, key))
-    wrapper.chmod(0o755)
-    assert "s3cret" not in wrapper.read_text()
-    ran = subprocess.run([str(wrapper)], capture_output=True, text=True, timeout=30)
-    assert ran.stdout.split() == ["daemons-1", "s3cret"]
-    key.unlink()
-    ran = subprocess.run([str(wrapper)], capture_output=True, text=True, timeout=30)
-    assert ran.returncode != 0 and ran.stdout == ""
+def test_no_hook_wrapper_carries_a_key():
+    """Slurm's hooks (node and controller) open neither the master key nor a store's
+    credentials (docs/security.md, "Where each secret lives"): their wrappers name
+    neither, and the sandbox's daemons' S3 key file is sourced by none."""
+    for python, script in ((sys.executable, Path("/p/prolog.py")),
+                           ("/site/python", Path("/etc/check_directives.py"))):
+        text = render.hook_wrapper(LAYOUT, LAYOUT.onprem, python, script, Path("/src"))
+        for secret in ("SLURM_GEO_KEY_FILE", str(LAYOUT.master_key), "AWS_",
+                       str(LAYOUT.s3_daemon_credentials), ". "):
+            assert secret not in text, (secret, text)
 
 
 @pytest.mark.parametrize(("old", "new", "restart"), [
@@ -102,7 +96,7 @@ def test_only_settings_read_at_start_restart_the_daemons(old, new, restart):
     assert geo.needs_restart(old, new) is restart
 
 
-def test_the_plugin_builds_with_the_makefile_flags(tmp_path):
+def test_the_plugin_builds_with_site_installs_flags(tmp_path):
     out = tmp_path / "geo_directives.so"
     argv = render.spank_build_argv("cc", geo.SPANK_SOURCE, out)
     if not (geo.SLURM_INCLUDE / "slurm" / "spank.h").exists():
@@ -113,8 +107,7 @@ def test_the_plugin_builds_with_the_makefile_flags(tmp_path):
     for symbol in ("slurm_spank_init", "slurm_spank_init_post_opt", "plugin_name",
                    "plugin_type", "spank_plugin_version"):
         assert f" {symbol}\n" in symbols + "\n"
-    makefile = (REPO / "Makefile").read_text()
-    assert " ".join(render.SPANK_CFLAGS) in makefile
+    assert argv == site_plan.spank_build_argv("cc", str(geo.SPANK_SOURCE), str(out))
 
 
 def test_export_lua_writes_next_to_slurm_conf(tmp_path, monkeypatch, capsys):

@@ -107,7 +107,7 @@ def bob_plants(shared: Path, job: int = JOB) -> None:
 
 def alice_writes_her_records(shared: Path) -> Path:
     """Her prolog (root, as her), her FederatedRun's record (her job) and her epilog."""
-    node.prolog(alices_job(shared), lambda: node.Staging(None), now=1.0)
+    node.prolog(alices_job(shared), now=1.0)
     assert as_uid(ALICE.uid, lambda: places.write_record(shared, run_record(40))) == "ok"
     node.epilog(alices_job(shared), Protection(None, False, "not a root"), now=2.0)
     return shared / f".slurm-geo-{ALICE.uid}"
@@ -172,7 +172,7 @@ def test_a_records_directory_bob_makes_under_alices_name_is_refused_never_read(s
             json.dumps(run_record(999_999, run="bobs-run").__dict__))
     assert as_uid(BOB.uid, plant) == "ok"
     with pytest.raises(jobrecords.RecordsRefused) as refused:
-        node.prolog(alices_job(shared), lambda: node.Staging(None), now=1.0)
+        node.prolog(alices_job(shared), now=1.0)
     message = str(refused.value)
     assert "\n" not in message and str(theirs) in message and "belongs to bob" in message
     assert as_uid(ALICE.uid, lambda: _assert_none(shared)) == "ok"
@@ -205,7 +205,7 @@ def test_a_private_directory_keeps_its_records_in_slurm_geo(shared):
     """A directory of alice's own (0750 as the prolog makes it) keeps the layout it had;
     a `.slurm-geo/` an older version left shared there is made hers alone again."""
     ckpt = shared / "alice-own"
-    node.prolog(alices_job(ckpt), lambda: node.Staging(None), now=1.0)
+    node.prolog(alices_job(ckpt), now=1.0)
     meta = ckpt / jobrecords.META_DIR
     assert (meta / f"prolog-{CLUSTER}-{JOB}-0.json").stat().st_uid == ALICE.uid
     assert not list(ckpt.glob(".slurm-geo-*"))

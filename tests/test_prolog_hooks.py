@@ -1,5 +1,6 @@
-"""Prolog/Epilog logic without Slurm: checkpoint directory, staging, registry, restart cap,
-and the fast path that must never fail (or slow down) a job without directives."""
+"""Prolog/Epilog logic without Slurm: checkpoint directory, what a resume finds, registry,
+restart cap, and the fast path that must never fail (or slow down) a job without
+directives."""
 
 from __future__ import annotations
 
@@ -69,10 +70,10 @@ def test_context_keeps_the_checkpoint_dir_when_a_directive_no_longer_parses(tmp_
 
 def test_prolog_creates_the_directory_and_a_marker(tmp_path):
     ckpt = tmp_path / "a dir" / "with 'quotes'"
-    marker = node.prolog(job_context(env_for(ckpt)), lambda: node.Staging(None), now=100.0)
+    marker = node.prolog(job_context(env_for(ckpt)), now=100.0)
     assert ckpt.is_dir() and (ckpt / ".slurm-geo" / "prolog-onprem-42-0.json").is_file()
     assert marker["directives"] == {"geo-ckpt-dir": str(ckpt), "geo-residency": "home"}
-    assert marker["staged"] == []
+    assert marker["newest"] == []
     assert LocalDirStore(ckpt).list("") == []  # the marker is not part of the repository
 
 
@@ -83,21 +84,23 @@ def test_in_a_shared_checkpoint_directory_each_users_markers_lie_in_their_own(tm
     shared = tmp_path / "pfs"
     shared.mkdir()
     shared.chmod(0o1777)
-    node.prolog(job_context(env_for(shared)), lambda: node.Staging(None), now=100.0)
+    node.prolog(job_context(env_for(shared)), now=100.0)
     mine = shared / f".slurm-geo-{os.geteuid()}"
     assert (mine / "prolog-onprem-42-0.json").is_file()
     assert mine.stat().st_mode & 0o7777 == 0o755 and not (shared / ".slurm-geo").exists()
     own = tmp_path / "own"
-    node.prolog(job_context(env_for(own)), lambda: node.Staging(None), now=100.0)
+    node.prolog(job_context(env_for(own)), now=100.0)
     assert (own / ".slurm-geo").stat().st_mode & 0o022 == 0
 
 
-def test_resumed_incarnation_verifies_the_newest_checkpoint(tmp_path, key):
-    save(Repository(LocalDirStore(tmp_path), key), 10)
-    marker = node.prolog(job_context(env_for(tmp_path, restart=1)),
-                         lambda: node.Staging(key), now=1.0)
-    assert marker["staged"] == [{"run": RUN, "step": 10, "verified": True, "source": "local",
-                                 "note": ""}]
+def test_resumed_incarnation_lists_each_runs_newest_step_without_a_key(tmp_path, key):
+    repo = Repository(LocalDirStore(tmp_path), key)
+    save(repo, 10)
+    save(repo, 20)
+    marker = node.prolog(job_context(env_for(tmp_path, restart=1)), now=1.0)
+    assert marker["newest"] == [{"run": RUN, "step": 20}]
+    first = node.prolog(job_context(env_for(tmp_path / "new", restart=0)), now=1.0)
+    assert first["newest"] == []
 
 
 def damage_newest(ckpt: Path) -> None:
@@ -109,30 +112,29 @@ def damage_newest(ckpt: Path) -> None:
     assert stored_packs(store)
 
 
-def test_damaged_newest_is_fetched_from_the_replica(tmp_path, key):
-    local, replica = tmp_path / "local", tmp_path / "replica"
-    local.mkdir()
-    replica.mkdir()
-    repo = Repository(LocalDirStore(local), key)
+def test_the_prolog_touches_no_checkpoint_damaged_or_under_a_users_own_key(tmp_path, key):
+    """Verifying and falling back are the job's resume's (it holds the key): the prolog
+    lists the newest steps by name and changes nothing, whatever the packs hold."""
+    ours, hers = tmp_path / "ours", tmp_path / "hers"
+    ours.mkdir()
+    hers.mkdir()
+    repo = Repository(LocalDirStore(ours), key)
     save(repo, 10)
     save(repo, 20)
-    from slurm_geo.ckpt.replicate import copy_checkpoint
+    damage_newest(ours)
+    save(Repository(LocalDirStore(hers), os.urandom(32)), 5)
+    before = {d: sorted((p.relative_to(d), p.read_bytes()) for p in d.rglob("*")
+                        if p.is_file() and ".slurm-geo" not in p.parts) for d in (ours, hers)}
+    for directory, step in ((ours, 20), (hers, 5)):
+        marker = node.prolog(job_context(env_for(directory, restart=3)), now=1.0)
+        assert marker["newest"] == [{"run": RUN, "step": step}]
+    assert before == {d: sorted((p.relative_to(d), p.read_bytes()) for p in d.rglob("*")
+                                if p.is_file() and ".slurm-geo" not in p.parts)
+                      for d in (ours, hers)}
 
-    copy_checkpoint(repo, LocalDirStore(local), LocalDirStore(replica), RUN, 20)
-    damage_newest(local)
-    assert repo.verify(RUN, 20)
-    marker = node.prolog(job_context(env_for(local, restart=1)),
-                         lambda: node.Staging(key, LocalDirStore(replica)), now=1.0)
-    (staged,) = marker["staged"]
-    assert (staged["step"], staged["verified"], staged["source"]) == (20, True, "replica")
-    assert Repository(LocalDirStore(local), key).verify(RUN, 20) == []
 
-
-STAGING_AS_THE_OWNER = """
+PROLOG_AS_THE_OWNER = """
 import contextlib, json, sys
-from pathlib import Path
-from slurm_geo.ckpt import LocalDirStore, load_master_key  # what entry.staging_for imports
-from slurm_geo.ckpt.open_store import open_store
 from slurm_geo.hooks import node
 from slurm_geo.hooks.context import job_context
 
@@ -152,70 +154,20 @@ def as_owner_who_cannot_read_python(uid, gid):
 
 
 node.as_user = as_owner_who_cannot_read_python
-local, replica, key_file = map(Path, sys.argv[1:4])
-env = json.loads(sys.argv[4])
-staging = node.Staging(load_master_key(key_file), open_store(f"file://{replica}"))
-print(json.dumps(node.prolog(job_context(env), lambda: staging, now=1.0)["staged"]))
+print(json.dumps(node.prolog(job_context(json.loads(sys.argv[1])), now=1.0)["newest"]))
 """
 
 
-def test_staging_imports_nothing_once_it_acts_as_the_jobs_owner(tmp_path, key):
+def test_the_prolog_imports_nothing_once_it_acts_as_the_jobs_owner(tmp_path, key):
     """The owner may not be able to read the Python installation (the sandbox's is under
-    /root): everything staging runs, a fetch from the replica included, is loaded as root
-    before the prolog takes the owner's uid. In a fresh interpreter, as the prolog is."""
-    from slurm_geo.ckpt.keys import create_master_key_file, load_master_key
-    from slurm_geo.ckpt.replicate import copy_checkpoint
-
-    local, replica, key_file = tmp_path / "local", tmp_path / "replica", tmp_path / "key"
-    local.mkdir()
-    replica.mkdir()
-    create_master_key_file(key_file)
-    repo = Repository(LocalDirStore(local), load_master_key(key_file))
-    save(repo, 10)
-    save(repo, 20)
-    copy_checkpoint(repo, LocalDirStore(local), LocalDirStore(replica), RUN, 20)
-    damage_newest(local)
+    /root): everything the prolog runs is loaded as root before it takes the owner's uid.
+    In a fresh interpreter, as the prolog is."""
+    save(Repository(LocalDirStore(tmp_path), key), 10)
     done = subprocess.run(
-        [sys.executable, "-c", STAGING_AS_THE_OWNER, str(local), str(replica), str(key_file),
-         json.dumps(env_for(local, restart=1))],
+        [sys.executable, "-c", PROLOG_AS_THE_OWNER, json.dumps(env_for(tmp_path, restart=1))],
         capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    (staged,) = json.loads(done.stdout)
-    assert (staged["step"], staged["verified"], staged["source"]) == (20, True, "replica")
-
-
-def test_damaged_newest_without_replica_names_the_newest_intact(tmp_path, key):
-    repo = Repository(LocalDirStore(tmp_path), key)
-    save(repo, 10)
-    save(repo, 20)
-    damage_newest(tmp_path)
-    marker = node.prolog(job_context(env_for(tmp_path, restart=3)),
-                         lambda: node.Staging(key), now=1.0)
-    (staged,) = marker["staged"]
-    assert (staged["step"], staged["verified"], staged["source"]) == (10, True, "local")
-    assert "step 20 damaged locally" in staged["note"]
-
-
-def test_without_the_key_staging_says_so(tmp_path, key):
-    save(Repository(LocalDirStore(tmp_path), key), 5)
-    marker = node.prolog(job_context(env_for(tmp_path, restart=1)),
-                         lambda: node.Staging(None), now=1.0)
-    assert marker["staged"][0]["verified"] is False
-    assert marker["staged"][0]["note"] == "no master key on this node"
-
-
-def test_a_repository_under_its_users_own_key_is_left_alone_not_called_damaged(tmp_path,
-                                                                             key):
-    """A user who keeps a repository under a key of their own (the site's master key is
-    the daemons' alone): the node cannot verify it, says so, and touches nothing."""
-    save(Repository(LocalDirStore(tmp_path), os.urandom(32)), 5)
-    before = sorted(LocalDirStore(tmp_path).list(""))
-    marker = node.prolog(job_context(env_for(tmp_path, restart=1)),
-                         lambda: node.Staging(key), now=1.0)
-    assert marker["staged"] == [{"run": RUN, "step": 5, "verified": False, "source": "local",
-                                 "note": "sealed under a key of its own, not the site's: "
-                                         "not verified here"}]
-    assert sorted(LocalDirStore(tmp_path).list("")) == before
+    assert json.loads(done.stdout) == [{"run": RUN, "step": 10}]
 
 
 # --- node epilog ------------------------------------------------------------------------------
@@ -229,7 +181,7 @@ def test_a_repository_under_its_users_own_key_is_left_alone_not_called_damaged(t
 def test_epilog_records_reason_and_final_checkpoint(tmp_path, key, restart_after, exit_code,
                                                     reason):
     repo = Repository(LocalDirStore(tmp_path), key)
-    node.prolog(job_context(env_for(tmp_path)), lambda: node.Staging(key), now=1.0)
+    node.prolog(job_context(env_for(tmp_path)), now=1.0)
     save(repo, 10)
     time.sleep(0.01)
     save(repo, 15)
@@ -465,7 +417,7 @@ def open_dir():
 def test_the_prolog_works_as_the_jobs_user(open_dir):
     ckpt = open_dir / "alice" / "ckpt"
     env = {**env_for(ckpt), "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOBODY)}
-    node.prolog(job_context(env), lambda: node.Staging(None), now=1.0)
+    node.prolog(job_context(env), now=1.0)
     assert ckpt.stat().st_uid == NOBODY
     assert (ckpt / ".slurm-geo" / "prolog-onprem-42-0.json").stat().st_uid == NOBODY
     assert os.geteuid() == 0 and os.getegid() == 0  # root's ids are back
@@ -480,7 +432,7 @@ def test_a_planted_link_leads_nowhere_the_user_could_not_write(open_dir, tmp_pat
     (ckpt / ".slurm-geo").symlink_to(protected)
     env = {**env_for(ckpt), "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOBODY)}
     with pytest.raises(PermissionError):
-        node.prolog(job_context(env), lambda: node.Staging(None), now=1.0)
+        node.prolog(job_context(env), now=1.0)
     assert list(protected.iterdir()) == []
     assert os.geteuid() == 0
 
@@ -524,7 +476,7 @@ def test_as_root_the_hooks_never_act_for_an_unknown_user(tmp_path):
     env = env_for(tmp_path / "ckpt")
     del env["SLURM_JOB_GID"]
     with pytest.raises(node.UnknownJobUser):
-        node.prolog(job_context(env), lambda: node.Staging(None), now=1.0)
+        node.prolog(job_context(env), now=1.0)
     with pytest.raises(node.UnknownJobUser):
         node.epilog(job_context(env), Protection(None, False, "-"), now=1.0)
     assert not (tmp_path / "ckpt").exists()
@@ -537,9 +489,9 @@ def test_as_root_the_hooks_never_act_for_an_unknown_user(tmp_path):
 def test_the_epilog_records_whether_checkpoint_sync_replicates_the_directory(tmp_path,
                                                                             monkeypatch):
     """A root's directory, any other directory (a registered job's: replicated too), and
-    one the job's residency keeps home; staging fetches from the replica of the first two."""
+    one the job's residency keeps home."""
     from slurm_geo.config import load_config
-    from slurm_geo.hooks.entry import protection_of, run_hook, staging_for
+    from slurm_geo.hooks.entry import protection_of, run_hook
 
     for name in ("pfs", "offsite", "jobs/a"):
         (tmp_path / name).mkdir(parents=True)
@@ -567,8 +519,6 @@ key_file = "{tmp_path / 'no.key'}"
         f"file://{tmp_path / 'jobs' / 'a'}", True, "job directory")
     home_only = job(tmp_path / "jobs" / "a", SPANK_GEO_RESIDENCY="home")
     assert not protection_of(site, home_only).replicated
-    assert staging_for(site, job(tmp_path / "jobs" / "a"), {}).replica is not None
-    assert staging_for(site, home_only, {}).replica is None
 
     monkeypatch.setenv("SLURM_GEO_CONFIG", str(config))  # the hooks read the config thus
     env = {**env_for(tmp_path / "jobs" / "a"), "SPANK_GEO_RESIDENCY": "home,remote",

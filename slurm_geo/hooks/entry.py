@@ -55,7 +55,7 @@ def _dispatch(name: str, job: Any, site: Any, env: Mapping[str, str], now: float
     from slurm_geo.hooks import ctld, node
 
     if name == "prolog":
-        node.prolog(job, lambda: staging_for(site, job, env), now)
+        node.prolog(job, now)
     elif name == "epilog":
         node.epilog(job, protection_of(site, job), now, sync_judge(site, job),
                     cluster_store(site, job))
@@ -186,23 +186,6 @@ def state_judge(site: Any, root: str, kind: str) -> Any:
         unread = f"unconfirmed: checkpoint-sync's state is not readable here ({exc})"
         return lambda meant, _run: replace(meant, note=unread) if meant.replicated else meant
     return lambda meant, run: sync_verdict(meant, source, replicas, run)
-
-
-def staging_for(site: Any, job: Any, env: Mapping[str, str]) -> Any:
-    """The master key and, for a directory checkpoint-sync replicates, its replica."""
-    from slurm_geo.ckpt import load_master_key
-    from slurm_geo.ckpt.open_store import open_store
-    from slurm_geo.config import master_key_path
-    from slurm_geo.hooks.node import Staging
-
-    key_file = master_key_path(site.sync.key_file if site and site.sync else None, env)
-    key = load_master_key(key_file) if key_file.exists() else None
-    replica = None
-    if protection_of(site, job).replicated:
-        destination = site.stores[site.sync.destination]
-        replica = open_store(destination.url, destination.endpoint_url or None,
-                             ca_file=destination.ca_file)
-    return Staging(key, replica)
 
 
 def controller_client(site: Any, cluster: str, env: Mapping[str, str]) -> Any:

@@ -4,11 +4,12 @@ Prolog, before each incarnation of a job with --geo-ckpt-dir:
   1. creates the checkpoint directory (owned by the job's user) and the job's records
      directory in it: `.slurm-geo/`, or in a directory users share `.slurm-geo-<uid>/`
      (slurm_geo.jobrecords, which says which records are trusted);
-  2. on a resumed incarnation (SLURM_JOB_RESTART_COUNT > 0), stages what it will resume
-     from: the newest checkpoint of each run is read in full and verified; a damaged one
-     is fetched again from checkpoint-sync's replica (into `.slurm-geo/staging-*`,
-     verified there, then put back), else the newest intact older one is named;
-  3. writes `.slurm-geo/prolog-<cluster>-<job>-<restart>.json`: what it saw and staged.
+  2. on a resumed incarnation (SLURM_JOB_RESTART_COUNT > 0), lists what it may resume
+     from: each run's newest step, by the manifest names alone. The node holds no key
+     (docs/security.md, "Where each secret lives"): the job's own resume verifies the
+     checkpoint as it reads it, with the key the job holds (its run's data key, from the
+     federation daemon), and falls back to the newest older one that reads back intact;
+  3. writes `.slurm-geo/prolog-<cluster>-<job>-<restart>.json`: what it saw.
 Epilog, after each incarnation:
   1. finds the job's final checkpoint (the run with the newest manifest, its last step);
      a job whose FederatedRun recorded its run there (`.slurm-geo/run-<cluster>-<job>.json`,
@@ -18,7 +19,8 @@ Epilog, after each incarnation:
   3. hands the checkpoint to checkpoint-sync: the directory is one of its roots, or a
      registered job's directory it replicates too (both on its next scan), or the record
      says why it is not replicated (the job's residency, no checkpoint-sync);
-  4. appends all that to `.slurm-geo/job-<cluster>-<job>.json` and removes staged data.
+  4. appends all that to `.slurm-geo/job-<cluster>-<job>.json` (and removes the
+     `staging-*` directories an earlier release's prolog left).
 
 The records directory starts with a dot, which stores never list: it is not part of the
 checkpoint repository. Both hooks are correct to run twice. `.slurm-geo/` below stands for
@@ -26,7 +28,8 @@ it.
 
 The hooks run as root, in a directory the job's user chose: everything they do there they
 do as that user (`as_user`), so a symbolic link planted in the directory leads nowhere
-the user could not write anyway. Only the master key is read as root, beforehand.
+the user could not write anyway. Neither opens a key or a store's credentials: a compute
+node holds no master key, no run key and no daemon's store key.
 """
 
 from __future__ import annotations
@@ -40,34 +43,28 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slurm_geo import jobrecords
-from slurm_geo.ckpt.errors import WrongKey
 from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
 from slurm_geo.ckpt.store import LocalDirStore, Store
 from slurm_geo.hooks.context import JobContext
 from slurm_geo.lease import places  # imported as root: the epilog reads as the job's owner
 from slurm_geo.sync.jobdirs import Protection
 
-if TYPE_CHECKING:
-    from slurm_geo.ckpt.keys import MasterKeys
-
 log = logging.getLogger("slurm_geo.hooks")
 
 META_DIR = jobrecords.META_DIR
-VERIFY_OLDER_LIMIT = 3  # older checkpoints tried when the newest is damaged
 
 
 @dataclass(frozen=True)
-class Staged:
-    """What an incarnation resumes from, for one run."""
+class Newest:
+    """A run's newest checkpoint in the directory, by its manifest's name: what a resumed
+    incarnation may resume from. Not verified here (the node holds no key): the job's
+    resume verifies it and falls back to an older step if it does not read back intact."""
 
     run: str
-    step: int | None
-    verified: bool
-    source: str  # "local", "replica", or "none"
-    note: str = ""
+    step: int
 
 
 @dataclass(frozen=True)
@@ -80,14 +77,6 @@ class ClusterStore:
     url: str
     protected: Protection
     judge: Callable[[Protection, str | None], Protection] | None = None
-
-
-@dataclass(frozen=True)
-class Staging:
-    """How the prolog reaches checkpoints: the master key, and a replica if there is one."""
-
-    key: MasterKeys | None
-    replica: Store | None = None
 
 
 # --- checkpoints, without the key ---------------------------------------------------------
@@ -163,94 +152,26 @@ def prepare_directory(ckpt_dir: Path) -> Path:
     return jobrecords.ensure_dir(ckpt_dir)
 
 
-def stage(ckpt_dir: Path, staging: Staging, scratch: Path) -> list[Staged]:
-    """Verify (and if need be fetch) the newest checkpoint of each run in `ckpt_dir`."""
-    store = LocalDirStore(ckpt_dir)
-    runs = newest_steps(store)
-    if staging.key is None:
-        return [Staged(run, steps[-1], False, "local", "no master key on this node")
-                for run, steps in runs.items()]
-    from slurm_geo.ckpt.repository import Repository
-
-    repo = Repository(store, staging.key)
-    return [_stage_run(repo, store, staging, scratch, run, steps) for run, steps in runs.items()]
+def newest(ckpt_dir: Path) -> list[Newest]:
+    """Each run's newest step in `ckpt_dir`, from the manifest names (no key needed)."""
+    return [Newest(run, steps[-1])
+            for run, steps in sorted(newest_steps(LocalDirStore(ckpt_dir)).items())]
 
 
-def _stage_run(repo: Any, store: Store, staging: Staging, scratch: Path, run: str,
-               steps: list[int]) -> Staged:
-    newest = steps[-1]
-    faults = repo.verify(run, newest)
-    if not faults:
-        return Staged(run, newest, True, "local")
-    if any(isinstance(fault, WrongKey) for fault in faults):
-        # A user's own repository, under their own key: nothing damaged, nothing to fetch.
-        return Staged(run, newest, False, "local",
-                      "sealed under a key of its own, not the site's: not verified here")
-    note = f"step {newest} damaged locally ({faults[0]})"
-    log.warning("run %s: %s", run, note)
-    if staging.replica is not None and _fetch(store, staging, scratch, run, newest, faults):
-        return Staged(run, newest, True, "replica", note + "; fetched from the replica")
-    for step in reversed(steps[-1 - VERIFY_OLDER_LIMIT:-1]):
-        if not repo.verify(run, step):
-            return Staged(run, step, True, "local", note + f"; resuming from step {step}")
-    return Staged(run, None, False, "none", note + "; no intact checkpoint found")
-
-
-def _fetch(store: Store, staging: Staging, scratch: Path, run: str, step: int,
-           faults: list[Any]) -> bool:
-    """Copy run@step from the replica into `scratch`, verify it there, then repair the
-    local copy (damaged objects dropped, missing ones copied). False if that failed."""
-    from slurm_geo.ckpt.errors import CkptError
-    from slurm_geo.ckpt.replicate import copy_checkpoint
-    from slurm_geo.ckpt.repository import Repository
-
-    assert staging.key is not None and staging.replica is not None
-    scratch.mkdir(parents=True, exist_ok=True)
-    staged = LocalDirStore(scratch)
-    try:
-        copy_checkpoint(Repository(staging.replica, staging.key), staging.replica, staged,
-                        run, step)
-        if Repository(staged, staging.key).verify(run, step):
-            return False
-        for fault in faults:
-            store.delete(fault.name)
-        copy_checkpoint(Repository(staged, staging.key), staged, store, run, step)
-        return not Repository(store, staging.key).verify(run, step)
-    except CkptError as exc:
-        log.warning("run %s step %d: fetching from the replica failed: %s", run, step, exc)
-        return False
-
-
-def prolog(job: JobContext, staging_for: Callable[[], Staging], now: float) -> dict[str, Any]:
+def prolog(job: JobContext, now: float) -> dict[str, Any]:
     """Prepare the job's checkpoint directory; returns the marker it wrote."""
     assert job.directives.ckpt_dir is not None
-    ckpt_dir = Path(job.directives.ckpt_dir)
-    staging = staging_for() if job.restart > 0 else None  # the key is root's to read
-    if staging is not None:
-        load_staging_code()
     with as_user(job.uid, job.gid):
-        return _prolog(job, ckpt_dir, staging, now)
+        return _prolog(job, Path(job.directives.ckpt_dir), now)
 
 
-def load_staging_code() -> None:
-    """Import, as root, the code `stage` runs as the job's owner: the owner need not be
-    able to read the Python installation (the sandbox's lives under /root, mode 0700),
-    and a module first imported under the owner's uid then fails as missing (seen: the
-    `mmap` extension, once `slurm_geo.ckpt` stopped importing everything up front)."""
-    import slurm_geo.ckpt.replicate
-    import slurm_geo.ckpt.repository  # noqa: F401
-
-
-def _prolog(job: JobContext, ckpt_dir: Path, staging: Staging | None,
-            now: float) -> dict[str, Any]:
+def _prolog(job: JobContext, ckpt_dir: Path, now: float) -> dict[str, Any]:
     meta = prepare_directory(ckpt_dir)
-    staged: list[Staged] = []
-    if staging is not None:
-        staged = stage(ckpt_dir, staging, meta / f"staging-{job.tag}-{job.restart}")
+    resumes = newest(ckpt_dir) if job.restart > 0 else []
     marker = {
         "cluster": job.cluster, "job_id": job.job_id, "restart": job.restart,
         "node": job.node, "at": now, "directives": job.directives.as_options(),
-        "staged": [asdict(s) for s in staged],
+        "newest": [asdict(n) for n in resumes],
     }
     write_json(meta / f"prolog-{job.tag}-{job.restart}.json", marker)
     return marker
@@ -311,7 +232,7 @@ def _epilog(job: JobContext, ckpt_dir: Path, protected: Protection, now: float,
     record["incarnations"] = [i for i in record["incarnations"] if isinstance(i, dict)
                               and i.get("restart") != entry["restart"]] + [entry]
     write_json(record_path, record)
-    for staged in meta.glob(f"staging-{job.tag}-*"):
+    for staged in meta.glob(f"staging-{job.tag}-*"):  # an earlier release's prolog's
         shutil.rmtree(staged, ignore_errors=True)
     if not protected.replicated:
         log.info("job %s: checkpoint-sync does not replicate %s (%s); its checkpoints stay "

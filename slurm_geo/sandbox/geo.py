@@ -77,11 +77,10 @@ def install(layout: SandboxLayout, write: Write) -> set[str]:
         files = {cluster.etc / "plugstack.conf": (render.plugstack_conf(layout, cluster), 0o644)}
         for name, text in export_files(rules, cluster.name, site.source).items():
             files[cluster.etc / name] = (text, 0o644)
-        for hook in render.GEO_HOOKS:  # Slurm runs them as root: they get the daemons' key
+        for hook in render.GEO_HOOKS:  # Slurm runs them as root: they get no key
             script = HOOK_SCRIPTS / f"{hook}.py"
             files[render.geo_hook_path(cluster, hook)] = (
-                render.hook_wrapper(layout, cluster, sys.executable, script,
-                                    layout.s3_daemon_credentials, REPO), 0o755)
+                render.hook_wrapper(layout, cluster, sys.executable, script, REPO), 0o755)
         # sbatch runs the validator as the submitting user: the site Python, and a copy of
         # the script where every user can read it (the checkout may be root's alone).
         validator = cluster.etc / f"{render.GEO_VALIDATOR}.py"
