@@ -298,7 +298,8 @@ def etcd_fact(config) -> EtcdFact:  # type: ignore[no-untyped-def]
                    default=0)
     finally:
         kv.close()
-    return EtcdFact(tuple(MemberHealth(v.endpoint, v.healthy, v.error) for v in views), size)
+    return EtcdFact(tuple(MemberHealth(v.endpoint, v.healthy, short_reason(v.error))
+                          for v in views), size)
 
 
 def store_fact(name: str, url: str, endpoint_url: str, ca_file: Path | None) -> StoreFact:
@@ -363,9 +364,18 @@ def clock_fact(url: str, ca_file: Path | None) -> ClockFact:
     return ClockFact(url, (started + ended) / 2, theirs + 0.5)
 
 
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]>]+)")
+
+
+def short_reason(text: str) -> str:
+    """The OS's words inside a client library's long message (requests, urllib3 wrap
+    `[Errno 111] Connection refused` in a paragraph), else the message cut short."""
+    found = _ERRNO.findall(text)
+    return found[-1].strip() if found else text[:200]
+
+
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:300]
+    return short_reason(" ".join(str(exc).split()) or type(exc).__name__)
 
 
 def existing(paths: Iterable[Path | None]) -> list[Path]:
