@@ -27,7 +27,12 @@ from slurm_geo.doctor.facts import (
     TlsFact,
     UnitFact,
 )
-from slurm_geo.doctor.gather import jwt_expiry, parse_slurm_conf, plugstack_plugin
+from slurm_geo.doctor.gather import (
+    jwt_expiry,
+    parse_slurm_conf,
+    plugstack_plugin,
+    short_reason,
+)
 
 NOW = 2_000_000_000.0
 DAY = 86400.0
@@ -262,3 +267,38 @@ def test_plugin_version_is_read_from_the_elf_without_loading_it(tmp_path):
         plugin_version_in(b"\x7fELF" + bytes(100))
     with pytest.raises(NotAPlugin):
         plugin_version_in(b"#!/bin/sh\n" * 10)
+
+
+@pytest.mark.parametrize("text, short", [
+    ("HTTPConnectionPool(host='127.0.0.1', port=1): Max retries exceeded (Caused by "
+     "NewConnectionError(\"...: Failed to establish a new connection: [Errno 111] "
+     "Connection refused\"))", "Connection refused"),
+    ("<urlopen error [Errno 111] Connection refused>", "Connection refused"),
+    ("store cannot access 'doctor/x' (Read-only file system)",
+     "store cannot access 'doctor/x' (Read-only file system)"),
+])
+def test_failures_are_said_in_the_os_words(text, short):
+    assert short_reason(text) == short
+
+
+def test_a_host_is_a_daemon_host_where_the_key_or_a_daemons_unit_is(tmp_path):
+    from slurm_geo.config import parse_config
+    from slurm_geo.doctor.examine import detect_roles
+
+    site = parse_config({
+        "site": {"home_cluster": "onprem"},
+        "clusters": {"onprem": {"region": "home", "access": "cli",
+                                "slurm_conf": str(tmp_path / "slurm.conf"), "store": "pfs"}},
+        "stores": {"pfs": {"url": "file:///pfs", "region": "home"}},
+        "federation": {}})
+    key = tmp_path / "master.key"
+    env = {"SLURM_GEO_KEY_FILE": str(key)}
+    assert "daemon" not in detect_roles(site, tmp_path, env)
+    assert detect_roles(site, tmp_path, env)[0] == "login"
+    key.write_bytes(b"k")
+    assert "daemon" in detect_roles(site, tmp_path, env)
+    key.unlink()
+    unit = tmp_path / "lib/systemd/system/slurm-geo-federation.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("[Service]\nUser=slurm-geo\n")
+    assert "daemon" in detect_roles(site, tmp_path, env)
