@@ -203,3 +203,36 @@ def test_the_audit_sees_a_hook_that_opens_the_key(site, tmp_path):
     done = audited(site["key"], [str(opener)], hook_env(site, 1))
     assert done.returncode == 0, done.stderr
     assert "KEY-OPENED" in done.stderr
+
+
+def test_no_hook_module_names_a_key_loader_or_a_store_opener():
+    """What the audit shows at run time, in the source: the hooks' code (slurm_geo.hooks
+    and the installed scripts) loads no master key and opens no store but the job's
+    directory, as its owner."""
+    sources = [*Path(__file__).resolve().parents[1].joinpath("slurm_geo", "hooks").glob("*.py"),
+               *HOOKS.glob("*.py")]
+    assert len(sources) >= 5
+    for source in sources:
+        text = source.read_text()
+        for name in ("load_master_key", "master_key_path", "MasterKeys", "open_store",
+                     "KEY_FILE", "key_file"):
+            assert name not in text, f"{source} names {name}"
+
+
+def secrets_table() -> dict[str, dict[str, str]]:
+    """docs/security.md's "Where each secret lives": {secret: {place: cell}}."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "security.md").read_text()
+    section = text.split("### Where each secret lives", 1)[1].split("\n### ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| ")]
+    header, body = rows[0], rows[1:]
+    return {row[0]: dict(zip(header[1:], row[1:], strict=True)) for row in body}
+
+
+def test_the_docs_say_no_node_holds_the_master_key_or_a_daemon_credential():
+    table = secrets_table()
+    places = ("compute nodes", "login nodes", "the provider")
+    for secret in ("master key `M`", "fence key `F`, promotion key `P`",
+                   "the daemons' S3 keys"):
+        (row,) = [cells for name, cells in table.items() if name.startswith(secret)]
+        assert all(row[place].startswith("-") for place in places), (secret, row)
