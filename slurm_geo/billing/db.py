@@ -80,8 +80,14 @@ class BillingDB:
         conn.row_factory = sqlite3.Row
         self.conn = conn
         self.db = Database(conn)
-        if not readonly:
-            self._create_schema()
+        try:
+            if readonly:
+                self._refuse_newer()
+            else:
+                self._create_schema()
+        except BillingError:
+            conn.close()
+            raise
 
     def close(self) -> None:
         self.conn.close()
@@ -92,7 +98,21 @@ class BillingDB:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _refuse_newer(self) -> None:
+        """Before anything changes the file: a database a newer slurm-geo wrote is refused
+        (its tables may not be this one's; moving it aside would lose what it holds)."""
+        if not self.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                 "name = 'meta'").fetchone():
+            return
+        row = self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
+                                ).fetchone()
+        if row is not None and str(row[0]).isdigit() and int(row[0]) > SCHEMA_VERSION:
+            raise BillingError(f"{self.path} has billing schema {row[0]}, written by a newer "
+                               f"slurm-geo (this one reads {SCHEMA_VERSION}); upgrade "
+                               "slurm-geo on this host")
+
     def _create_schema(self) -> None:
+        self._refuse_newer()
         self.db.enable_wal()
         # Everything here can be ingested again from Slurm: a power cut may lose the last
         # batch, never corrupt the file (WAL), so commits need not wait for the disk.

@@ -137,6 +137,7 @@ class AuditLog:
         self._lock = threading.Lock()
         self._db = self._connect(readonly)
         try:
+            self._refuse_newer()  # before anything changes the file
             if not readonly:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
@@ -151,6 +152,13 @@ class AuditLog:
         except AuditError:
             self._db.close()
             raise
+
+    def _refuse_newer(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise AuditError(f"the audit log {self.path} is schema version {version}, "
+                             f"written by a newer slurm-geo (this one reads {SCHEMA_VERSION}); "
+                             "upgrade slurm-geo on this host")
 
     def _connect(self, readonly: bool) -> sqlite3.Connection:
         try:

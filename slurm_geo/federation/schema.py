@@ -124,6 +124,7 @@ def check_version(db: sqlite3.Connection, path: Path) -> None:
         version = db.execute("PRAGMA user_version").fetchone()[0]
     except sqlite3.Error as exc:
         raise FederationStateError(f"cannot read the federation state {path}: {exc}") from None
+    refuse_newer(db, path)
     if version != SCHEMA_VERSION:
         raise FederationStateError(
             f"the federation state {path} is schema version {version}, this slurm-geo reads "
@@ -136,7 +137,8 @@ def refuse_newer(db: sqlite3.Connection, path: Path) -> None:
     if version > SCHEMA_VERSION:
         raise FederationStateError(
             f"the federation state {path} is schema version {version}, newer than this "
-            f"slurm-geo ({SCHEMA_VERSION}); upgrade slurm-geo on this host")
+            f"slurm-geo ({SCHEMA_VERSION}): written by a newer slurm-geo; upgrade slurm-geo "
+            "on this host")
 
 
 def create_or_migrate(db: sqlite3.Connection) -> None:

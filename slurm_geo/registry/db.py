@@ -115,6 +115,21 @@ CREATE INDEX IF NOT EXISTS lineage_by_logical ON lineage (logical_id);
 """
 
 
+# PRAGMA user_version. 1: the first to be numbered (0 is a registry of before, with or
+# without incarnations.planned: opening it adds the column and numbers it).
+SCHEMA_VERSION = 1
+
+
+def refuse_newer(db: sqlite3.Connection, path: Path) -> None:
+    """RegistryUnreadable when a newer slurm-geo wrote the registry: its hooks upgraded
+    before this host's slurm-geo."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise RegistryUnreadable(path, f"it is schema version {version}, written by a newer "
+                                 f"slurm-geo (this one reads {SCHEMA_VERSION}); upgrade "
+                                 "slurm-geo on this host")
+
+
 class Registry:
     def __init__(self, path: Path):
         # 0640 in 0750: its readers, the daemons (root without capabilities), read it
@@ -122,6 +137,11 @@ class Registry:
         self._db = private_database(path, timeout_s=BUSY_TIMEOUT_S, group=True,
                                     isolation_level=None)
         self._db.row_factory = sqlite3.Row
+        try:
+            refuse_newer(self._db, Path(path))  # before anything changes the file
+        except RegistryUnreadable:
+            self._db.close()
+            raise
         # A rollback journal, not WAL: its readers (the daemons, as the service account)
         # read through the directory's group and cannot write. A WAL database needs its
         # readers to make or write its -shm file, which they cannot, so they failed
@@ -130,6 +150,7 @@ class Registry:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._add_planned_column()
+        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self._db.close()
@@ -373,4 +394,5 @@ class RegistryReader:
                                     "(see [registry] path in the config)"),
                      unreadable=lambda reason: RegistryUnreadable(self.path, reason),
                      timeout_s=self.timeout_s) as db:
+            refuse_newer(db, self.path)
             return db.execute(sql, list(params)).fetchall()

@@ -213,13 +213,32 @@ class StateDB:
                                  f"no sync state database at {self.path}; is checkpoint-sync "
                                  "running there? (see [sync] state in the config)"))
         self.db = Database(conn)
-        if not readonly:
-            self._create_schema()
+        try:
+            if readonly:
+                self._refuse_newer()
+            else:
+                self._create_schema()
+        except SyncError:
+            conn.close()
+            raise
 
     def close(self) -> None:
         self.db.conn.close()
 
+    def _refuse_newer(self) -> None:
+        """Before anything changes the file: a state a newer checkpoint-sync wrote is
+        refused (this one would otherwise number it down)."""
+        if not self.db["meta"].exists():
+            return
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'"
+                              ).fetchone()
+        if row is not None and str(row[0]).isdigit() and int(row[0]) > SCHEMA_VERSION:
+            raise SyncError(f"the sync state {self.path} is schema version {row[0]}, written "
+                            f"by a newer slurm-geo (this one reads {SCHEMA_VERSION}); upgrade "
+                            "slurm-geo on this host")
+
     def _create_schema(self) -> None:
+        self._refuse_newer()
         self.db.enable_wal()
         self.db.execute("PRAGMA synchronous = FULL")  # a committed move survives power loss
         with self.db.conn:
