@@ -302,3 +302,14 @@ def test_a_host_is_a_daemon_host_where_the_key_or_a_daemons_unit_is(tmp_path):
     unit.parent.mkdir(parents=True)
     unit.write_text("[Service]\nUser=slurm-geo\n")
     assert "daemon" in detect_roles(site, tmp_path, env)
+
+
+def test_a_link_rate_is_reported_never_judged():
+    from slurm_geo.doctor.checks import INFO, check_link
+    from slurm_geo.doctor.facts import LinkFact
+
+    found = check_link(LinkFact("offsite", "s3://b/p", 4_000_000, 0.5, 0.25))
+    assert levels(found) == [INFO]
+    assert "4 MB up at 8 MB/s, read back at 16 MB/s" in found[0].line()
+    assert check_link(LinkFact("offsite", "s3://b/p", error="refused")) == []
+    assert not checks.failed(found)

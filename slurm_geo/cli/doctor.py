@@ -27,12 +27,15 @@ from slurm_geo.exitcodes import ExitCode
                    "AuthInfo=socket=, else munge's own).")
 @click.option("--no-stores", is_flag=True,
               help="Skip the write/read/list/delete probe of each store.")
+@click.option("--link-rate", is_flag=True,
+              help="Also time a write and a read back of 4 MB to each store and report the "
+                   "rates (never an error).")
 # A host whose clock is off, for the tests: never for a site's use.
 @click.option("--clock-offset-s", type=float, default=0.0, hidden=True)
 @click.option("--all", "show_all", is_flag=True, help="Also list what is fine.")
 @click.option("--json", "as_json", is_flag=True, help="Print every finding as JSON.")
 def doctor(config: Path | None, roles: tuple[str, ...], systemd_root: Path,
-           munge_socket: Path | None, no_stores: bool, clock_offset_s: float,
+           munge_socket: Path | None, no_stores: bool, link_rate: bool, clock_offset_s: float,
            show_all: bool, as_json: bool) -> None:
     """Check this host's part of the deployment: slurm.conf's lines and the SPANK plugin
     against the Slurm here, munge, the master key's and the secrets' modes, TLS chains and
@@ -42,13 +45,13 @@ def doctor(config: Path | None, roles: tuple[str, ...], systemd_root: Path,
     from dataclasses import asdict
 
     from slurm_geo.config.model import load_config
-    from slurm_geo.doctor.checks import ERROR, OK, failed
+    from slurm_geo.doctor.checks import ERROR, INFO, OK, failed
     from slurm_geo.doctor.examine import Options, detect_roles, examine
 
     site = load_config(config)
     chosen = roles or detect_roles(site, systemd_root)
     findings = examine(site, Options(chosen, systemd_root, munge_socket, clock_offset_s,
-                                     stores=not no_stores))
+                                     stores=not no_stores, link_rate=link_rate))
     if as_json:
         click.echo(json.dumps({"roles": list(chosen), "ok": not failed(findings),
                                "findings": [asdict(f) for f in findings]}, indent=2))
@@ -57,7 +60,8 @@ def doctor(config: Path | None, roles: tuple[str, ...], systemd_root: Path,
         for finding in shown:
             click.echo(f"{finding.level.upper():5}  {finding.line()}")
         errors = sum(f.level == ERROR for f in findings)
-        click.echo(f"{len(findings)} checks on this host ({', '.join(chosen)}): "
+        checked = sum(f.level != INFO for f in findings)
+        click.echo(f"{checked} checks on this host ({', '.join(chosen)}): "
                    f"{errors} error(s), {sum(f.level == 'warn' for f in findings)} "
                    "warning(s)" + ("" if errors else "; all good"))
     if failed(findings):

@@ -17,6 +17,7 @@ from slurm_geo.doctor.facts import (
     ClockFact,
     EtcdFact,
     JwtFact,
+    LinkFact,
     MungeFact,
     SecretFileFact,
     SlurmConfFact,
@@ -27,6 +28,7 @@ from slurm_geo.doctor.facts import (
 )
 
 ERROR, WARN, OK = "error", "warn", "ok"
+INFO = "info"  # a measurement, reported and never judged (the link rates)
 DAY_S = 86400.0
 # A certificate or a token that ends within this long is an error: it fails before anyone
 # who reads the doctor's output after a weekend has acted.
@@ -256,6 +258,23 @@ def check_store(fact: StoreFact) -> list[Finding]:
                             "s3://: the bucket policy)")]
     done = ", ".join(op for op, _ in fact.operations)
     return [Finding(OK, name, f"{fact.url}: {done}")]
+
+
+def check_link(fact: LinkFact) -> list[Finding]:
+    """The rate of one timed transfer to a store: reported, never judged (a link's rate
+    depends on the hour; `slurm-geo drill` measures what a move costs)."""
+    if fact.error or not fact.size:
+        return []  # check_store says why the store cannot be written
+    mb = fact.size / 1e6
+    return [Finding(INFO, f"link {fact.name}", f"{fact.url}: {mb:.0f} MB up at "
+                    f"{_rate(mb, fact.up_s)}, read back at {_rate(mb, fact.down_s)}")]
+
+
+def _rate(mb: float, seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    rate = mb / seconds
+    return f"{rate:.0f} MB/s" if rate >= 100 else f"{rate:.3g} MB/s"
 
 
 def check_clock(fact: ClockFact, clock_offset_s: float = 0.0) -> list[Finding]:

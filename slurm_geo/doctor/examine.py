@@ -34,6 +34,7 @@ class Options:
     munge_socket: Path | None = None
     clock_offset_s: float = 0.0  # added to this host's clock (tests: a skewed host)
     stores: bool = True
+    link_rate: bool = False  # time a transfer of a few MB to each store (report only)
 
 
 def detect_roles(site: SiteConfig, systemd_root: Path,
@@ -83,6 +84,9 @@ def examine(site: SiteConfig, options: Options, env: Mapping[str, str] = os.envi
             for store in site.stores.values():
                 findings += checks.check_store(gather.store_fact(
                     store.name, store.url, store.endpoint_url, store.ca_file))
+                if options.link_rate:
+                    findings += checks.check_link(gather.link_fact(
+                        store.name, store.url, store.endpoint_url, store.ca_file))
     if site.federation is not None:
         for url in site.federation.job_urls:
             findings += checks.check_clock(gather.clock_fact(url, site.federation.ca_file),

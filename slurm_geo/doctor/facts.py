@@ -108,3 +108,13 @@ class ClockFact:
     our_time: float | None = None  # this host's clock, mid-request
     their_time: float | None = None  # the daemon's Date header
     error: str = ""
+
+
+@dataclass(frozen=True)
+class LinkFact:
+    name: str
+    url: str
+    size: int = 0  # bytes sent up and read back
+    up_s: float = 0.0
+    down_s: float = 0.0
+    error: str = ""

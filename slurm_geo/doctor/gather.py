@@ -28,6 +28,7 @@ from slurm_geo.doctor.facts import (
     ClockFact,
     EtcdFact,
     JwtFact,
+    LinkFact,
     MemberHealth,
     MungeFact,
     SecretFileFact,
@@ -331,6 +332,32 @@ def store_fact(name: str, url: str, endpoint_url: str, ca_file: Path | None) -> 
         attempt("list", lambda: probe in store.list("doctor/"))
         attempt("delete", lambda: _deleted(store, probe))
     return StoreFact(name, url, tuple(operations))
+
+
+LINK_PROBE_BYTES = 4_000_000
+
+
+def link_fact(name: str, url: str, endpoint_url: str, ca_file: Path | None,
+              size: int = LINK_PROBE_BYTES) -> LinkFact:
+    """One timed write and read back of `size` random bytes under doctor/, then deleted."""
+    from slurm_geo.ckpt.open_store import Patience, open_store
+
+    probe = f"doctor/link-{socket.gethostname() or 'host'}-{secrets.token_hex(6)}"
+    body = secrets.token_bytes(size)
+    try:
+        store = open_store(url, endpoint_url=endpoint_url or None, ca_file=ca_file,
+                           patience=Patience(attempts=1, read_timeout_s=60.0))
+        started = time.monotonic()
+        store.put(probe, body)
+        sent = time.monotonic()
+        same = store.get(probe) == body
+        read = time.monotonic()
+        store.delete(probe)
+    except Exception as exc:
+        return LinkFact(name, url, error=_one_line(exc))
+    if not same:
+        return LinkFact(name, url, error="read back other bytes")
+    return LinkFact(name, url, size, sent - started, read - sent)
 
 
 def _deleted(store, name: str) -> bool:  # type: ignore[no-untyped-def]
