@@ -253,9 +253,13 @@ def unit_fact(unit: str, root: Path) -> UnitFact:
     if path is None:
         return UnitFact(unit, root, None)
     if root == Path("/") and Path("/run/systemd/system").is_dir():
-        done = subprocess.run(["systemctl", "is-enabled", unit], capture_output=True,
-                              text=True, timeout=TIMEOUT_S, check=False)
-        enabled = done.stdout.strip() in ("enabled", "enabled-runtime", "static", "alias")
+        try:
+            done = subprocess.run(["systemctl", "is-enabled", unit], capture_output=True,
+                                  text=True, timeout=TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            enabled = False
+        else:
+            enabled = done.stdout.strip() in ("enabled", "enabled-runtime", "static", "alias")
     else:
         enabled = any(link.is_symlink() or link.exists()
                       for link in (root / "etc/systemd/system").glob(f"*.wants/{unit}"))
