@@ -4,21 +4,16 @@ PYTHON ?= python3
 # slurm_geo/sandbox/rootfs.py) from Debian's registry, once per machine.
 DEB_PACKAGES = slurm-wlm slurmdbd slurmrestd munge libslurm-dev mariadb-server restic lua5.1 python3-venv iproute2 util-linux etcd-server etcd-client prometheus mmdebstrap squashfs-tools
 SLURM_GEO = $(PYTHON) -m slurm_geo
-# Where bash-completion looks; without the package installed there is nothing to add to.
-BASH_COMPLETIONS = /usr/share/bash-completion/completions
-MAN_DIR = /usr/local/share/man/man1
-
-.PHONY: install drill demo test test-quick lint check-cli man bench spank submit-as service-account
-
-# The SPANK plugin of the --geo-* options, built against the installed Slurm headers.
-SPANK_SO = build/spank/geo_directives.so
-SPANK_SRC = slurm_geo/share/spank/geo_directives.c
+# The installed Slurm's headers, which the SPANK plugin is built against.
 SLURM_INCLUDE ?= /usr/include
-SPANK_CFLAGS = -shared -fPIC -O2 -Wall -Wextra -Werror -std=gnu11
+
+.PHONY: install drill demo test test-quick lint check-cli man bench service-account
 
 # prometheus is there for promtool (the tests check contrib/ with it): the server and the
-# node exporter its install enables and starts are stopped and disabled again.
-install:  ## Debian and Python packages (only what is missing), bash completion, man pages
+# node exporter its install enables and starts are stopped and disabled again. The rest is
+# what a site runs (docs/install.md): `slurm-geo site install` puts the hooks, the units, the
+# SPANK plugin, the setuid submit-as helper, man pages and bash completion in place.
+install:  ## Debian and Python packages (only what is missing), then `slurm-geo site install`
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "apt-get install $$missing"; \
@@ -28,27 +23,13 @@ install:  ## Debian and Python packages (only what is missing), bash completion,
 		for unit in prometheus prometheus-node-exporter; do systemctl disable --now $$unit 2>/dev/null || true; done; \
 	fi
 	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[dev]' 'torch==2.13.0'
-	@if [ -d $(BASH_COMPLETIONS) ]; then \
-		$(SLURM_GEO) completion bash > $(BASH_COMPLETIONS)/slurm-geo; \
-	fi
-	@$(MAKE) --no-print-directory man
-	install -d $(MAN_DIR) && install -m 0644 build/man/*.1 $(MAN_DIR)
-	@$(MAKE) --no-print-directory spank
 	@$(MAKE) --no-print-directory service-account
-	@$(MAKE) --no-print-directory submit-as
-	install -d -m 0755 $(LIBEXEC_DIR)
-	install -o root -g $(SERVICE_ACCOUNT) -m 4750 $(SUBMIT_AS) $(LIBEXEC_DIR)/submit-as
+	$(SLURM_GEO) site install --slurm-include $(SLURM_INCLUDE)
 
 # Written afresh, so a renamed command leaves no page behind.
 man:  ## man pages from the help text, into build/man
 	rm -rf build/man
 	$(PYTHON) -m slurm_geo.cli.manpages build/man
-
-spank: $(SPANK_SO)  ## the SPANK plugin (build/spank/geo_directives.so)
-
-$(SPANK_SO): $(SPANK_SRC)
-	@test -f $(SLURM_INCLUDE)/slurm/spank.h || { echo "spank: $(SLURM_INCLUDE)/slurm/spank.h is missing; install it with: apt-get install libslurm-dev" >&2; exit 1; }
-	mkdir -p $(@D) && $(CC) $(SPANK_CFLAGS) -I$(SLURM_INCLUDE) -o $@ $<
 
 # The daemons' own account (docs/install.md, "Which account each daemon runs as"): a system
 # user and group, no login shell, no home of its own.
@@ -57,17 +38,6 @@ service-account:  ## the daemons' unprivileged service account
 	@getent group $(SERVICE_ACCOUNT) >/dev/null || groupadd --system $(SERVICE_ACCOUNT)
 	@getent passwd $(SERVICE_ACCOUNT) >/dev/null || useradd --system --gid $(SERVICE_ACCOUNT) \
 		--home-dir /var/lib/slurm-geo --no-create-home --shell /usr/sbin/nologin $(SERVICE_ACCOUNT)
-
-# The one privileged program: starts a job as its owner (slurm_geo/share/libexec/submit_as.c).
-# Installed setuid root, runnable by the service account's group only.
-SUBMIT_AS = build/libexec/submit-as
-LIBEXEC_DIR = /usr/local/libexec/slurm-geo
-SUBMIT_AS_CFLAGS = -O2 -Wall -Wextra -Werror -std=gnu11 -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fPIE -pie -Wl,-z,relro,-z,now
-submit-as: $(SUBMIT_AS)  ## the setuid helper that submits a job as its owner
-
-$(SUBMIT_AS): slurm_geo/share/libexec/submit_as.c
-	mkdir -p $(@D) && $(CC) $(SUBMIT_AS_CFLAGS) -DSBATCH_PATH='"$(shell command -v sbatch || echo /usr/bin/sbatch)"' \
-		-DSERVICE_GROUP='"$(SERVICE_ACCOUNT)"' -o $@ $<
 
 drill: install  ## the failover drill: lose onprem, continue on rented, report
 	$(SLURM_GEO) sandbox up

@@ -92,6 +92,9 @@ class ExitCode(IntEnum):
     AUDIT_CHAIN_BROKEN = 56, "corrupt data", "an audit entry was altered, removed or reordered"
     DOCTOR_FAILED = 60, "doctor", \
         "`slurm-geo doctor` found at least one error in the deployment (each one a line)"
+    SITE_INSTALL = 65, "site", \
+        "`slurm-geo site install` cannot put a piece in place (a compiler, Slurm's headers, " \
+        "the service group, a path it may not write)"
     DAEMON_STUCK = 70, "daemon", \
         "checkpoint-sync: an attempt outlived its timeout; systemd restarts the daemon"
     REQUEUE = 75, "training", \

@@ -56,6 +56,8 @@ SUBCOMMANDS = {
              "Replication state kept by checkpoint-sync; requeue failed replicas."),
     "config": ("slurm_geo.cli.config", "config",
                "Check the site config file: what it holds, or its first problem."),
+    "site": ("slurm_geo.cli.site", "site",
+             "Install the hooks, units, SPANK plugin and helper on a Slurm site."),
     "completion": ("slurm_geo.cli.completion", "completion",
                    "Print the shell completion script for bash, zsh or fish."),
 }

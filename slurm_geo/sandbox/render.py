@@ -18,6 +18,7 @@ from slurm_geo.sandbox.layout import (
 )
 from slurm_geo.sandbox.sites import Site
 from slurm_geo.sandbox.users import SANDBOX_USERS
+from slurm_geo.site import plan as site_plan
 
 # Prices the sandbox advertises so cost-aware code has something realistic to weigh.
 SANDBOX_PRICES = {
@@ -43,7 +44,6 @@ SANDBOX_FEDERATION = {"probe_interval_s": 1, "outage_after": 3, "lease_ttl_s": 4
 GEO_HOOKS = ("prolog", "epilog", "prolog_slurmctld", "epilog_slurmctld")
 GEO_VALIDATOR = "check_directives"
 SPANK_PLUGIN = "geo_directives.so"
-SPANK_CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11"]
 # A requeued job waits cred_expire + 1 s before it may start again (Slurm's default is
 # 120 s); the backfill pass every bf_interval then starts it. Both kept short here.
 CRED_EXPIRE_S = 10
@@ -174,8 +174,8 @@ def spank_plugin_path(layout: SandboxLayout) -> Path:
 
 def spank_build_argv(compiler: str, source: Path, output: Path,
                      include: Path = Path("/usr/include")) -> list[str]:
-    """The Makefile's `spank` recipe, for building the plugin into the sandbox."""
-    return [compiler, *SPANK_CFLAGS, f"-I{include}", "-o", str(output), str(source)]
+    """`slurm-geo site install`'s build of the plugin, into the sandbox."""
+    return site_plan.spank_build_argv(compiler, str(source), str(output), str(include))
 
 
 def plugstack_conf(layout: SandboxLayout, cluster: ClusterLayout) -> str:

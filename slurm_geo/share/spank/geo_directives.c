@@ -18,7 +18,8 @@
  *     3. spank_setenv("SLURM_GEO_<NAME>", value): the job's own environment.
  *
  * plugstack.conf:
- *   required /usr/lib/slurm-geo/geo_directives.so validator=/usr/local/bin/geo-check \
+ *   required /usr/local/lib/slurm-geo/geo_directives.so \
+ *            validator=/usr/local/libexec/slurm-geo/check_directives.py \
  *            config=/etc/slurm-geo/config.toml cluster=onprem
  */
 
