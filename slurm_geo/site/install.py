@@ -12,6 +12,7 @@ for the admin to add (slurm_geo.site.plan).
 from __future__ import annotations
 
 import grp
+import importlib.metadata
 import os
 import shutil
 import stat
@@ -132,9 +133,19 @@ def planned(layout: plan.Layout, options: Options, gid: int | None) -> list[plan
 
 
 def console_scripts() -> dict[str, str]:
-    """Where pip put this package's console scripts: the scripts directory of the running
-    interpreter's scheme (a virtualenv's bin/, /usr/local/bin), else beside it."""
-    found = {}
+    """Where pip put this package's console scripts: as its installation recorded them
+    (the distribution the running interpreter finds first), else in the scripts directory
+    of the interpreter's scheme (a virtualenv's bin/, /usr/local/bin), else beside it."""
+    found: dict[str, str] = {}
+    try:
+        recorded = importlib.metadata.distribution("slurm-geo").files or []
+    except importlib.metadata.PackageNotFoundError:
+        recorded = []
+    for entry in recorded:
+        if entry.name in plan.CONSOLE_SCRIPTS and entry.name not in found:
+            path = Path(os.path.normpath(str(entry.locate())))
+            if path.is_file():
+                found[entry.name] = str(path)
     for directory in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent):
         for name in plan.CONSOLE_SCRIPTS:
             if name not in found and (directory / name).is_file():
