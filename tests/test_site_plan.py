@@ -44,6 +44,16 @@ def test_action(item, present, expected):
     assert plan.action(item, present) == expected
 
 
+@pytest.mark.parametrize("euid, root, gid, setuid", [
+    (0, "/", 990, True),
+    (0, "/", None, False),  # no service group on this host (a compute node)
+    (0, "/srv/image", 990, False),  # a staging root
+    (1000, "/", 990, False),  # not root
+])
+def test_the_helper_is_setuid_only_as_root_onto_the_running_system(euid, root, gid, setuid):
+    assert plan.setuid_helper(euid, root, gid) is setuid
+
+
 @pytest.mark.parametrize("source, expected", [
     ("#!/usr/bin/env python3\nimport sys\n", "#!/venv/bin/python\nimport sys\n"),
     ('"""doc"""\n', '#!/venv/bin/python\n"""doc"""\n'),
@@ -163,6 +173,19 @@ def test_install_twice_changes_nothing_the_second_time(tmp_path):
     assert [(item.kind, act) for item, act in third.done if act != "unchanged"] == \
         [("hook", "update")]
     assert stat.S_IMODE(hook.stat().st_mode) == 0o755
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_setuid_item_keeps_its_bit_and_owner_once_written(tmp_path):
+    from slurm_geo.site.install import _present, _write
+
+    item = plan.Item("submit-as", PurePosixPath("/x/submit-as"), b"ELF", 0o4750, 0, 4242)
+    target = tmp_path / "libexec" / "submit-as"
+    _write(target, item)  # chown before chmod: chown clears the setuid bit
+    assert plan.action(item, _present(target)) == "unchanged"
+    info = target.stat()
+    assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (0o4750, 0, 4242)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["submit-as"]  # no temp left
 
 
 @needs_build

@@ -67,7 +67,7 @@ def install(options: Options) -> Report:
     """Plan every item, then write those that differ (none with dry_run)."""
     layout = plan.Layout(prefix=options.prefix)
     gid = service_gid()
-    setuid = os.geteuid() == 0 and options.root.resolve() == Path("/") and gid is not None
+    setuid = plan.setuid_helper(os.geteuid(), str(options.root.resolve()), gid)
     items = planned(layout, options, gid if setuid else None)
     report = Report(options.root, layout, setuid)
     for item in items:

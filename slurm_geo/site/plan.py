@@ -104,6 +104,13 @@ def action(item: Item, present: Present | None) -> str:
     return UNCHANGED if same else UPDATE
 
 
+def setuid_helper(euid: int, root: str, service_gid: int | None) -> bool:
+    """The helper is setuid root only when installed by root onto the running system and
+    its group exists: under a staging root, or by another user, it could not be (nor
+    should a package's build make it so)."""
+    return euid == 0 and root == "/" and service_gid is not None
+
+
 def render_hook(source: str, python: str) -> str:
     """The hook with its first line naming `python`: Slurm runs it with no PATH."""
     lines = source.split("\n")
