@@ -1,6 +1,6 @@
 """`slurm-geo completion SHELL`: click's completion script, so a package or a user installs
-it without knowing click's environment variable (`make install` puts the bash one where
-bash-completion finds it)."""
+it without knowing click's environment variable (`slurm-geo site install` puts the bash one
+where bash-completion finds it)."""
 
 from __future__ import annotations
 

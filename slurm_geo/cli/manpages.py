@@ -1,6 +1,7 @@
 """Man pages from the help text: one roff page per group and command (`slurm-geo.1`,
 `slurm-geo-ckpt-push.1`, ...), so `man` and `--help` never disagree. `make man` writes them
-into build/man (`python3 -m slurm_geo.cli.manpages DIR`); `make install` installs them.
+into build/man (`python3 -m slurm_geo.cli.manpages DIR`); `slurm-geo site install` installs
+them.
 
 A page is NAME, SYNOPSIS, DESCRIPTION, COMMANDS (groups only), OPTIONS, EXIT STATUS (the
 table of slurm_geo.exitcodes) and SEE ALSO (the parent group and the commands under it).

@@ -276,8 +276,8 @@ class CliSlurmClient(SlurmClient):
         except subprocess.TimeoutExpired:
             raise unreachable(self.cluster, f"{argv[0]} got no answer", self.timeout_s) from None
         except FileNotFoundError:
-            raise SlurmCommandError(argv[0], "not found; install Slurm's client tools "
-                                    "(and `make install` for slurm-geo-submit-as)") from None
+            raise SlurmCommandError(argv[0], "not found; install Slurm's client tools (and "
+                                    "`slurm-geo site install` for slurm-geo-submit-as)") from None
         proc = subprocess.CompletedProcess(
             argv, raw.returncode, raw.stdout.decode(errors="replace"),
             raw.stderr.decode(errors="replace"))
