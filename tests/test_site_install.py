@@ -62,20 +62,27 @@ def built(tmp_path_factory) -> dict[str, Path]:
     """The sdist built from a copy of the checkout, and the wheel built from the sdist."""
     tmp = tmp_path_factory.mktemp("artifacts")
     source = tmp / "source"
-    files = run(["git", "-C", REPO, "ls-files", "-z", "--cached", "--others",
-                 "--exclude-standard"]).stdout.split("\0")
-    for name in filter(None, files):
-        if (REPO / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, source / name)
+    listed = run(["git", "-C", REPO, "ls-files", "-z", "--cached", "--others",
+                  "--exclude-standard"])
+    if listed.returncode == 0:
+        for name in filter(None, listed.stdout.split("\0")):
+            if (REPO / name).is_file():
+                (source / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, source / name)
+    else:  # not a git checkout: the tree less what builds and runs leave
+        shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+            ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "slurm-*.out"))
     dist = tmp / "dist"
     dist.mkdir()
     done = run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
                 "print(build_meta.build_sdist(sys.argv[1]))", dist], cwd=source)
     assert done.returncode == 0, done.stderr[-2000:]
     sdist = dist / done.stdout.strip().splitlines()[-1]
-    with tarfile.open(sdist) as archive:
-        archive.extractall(tmp / "unpacked", filter="data")
+    with tarfile.open(sdist) as archive:  # filter= from 3.11.4; Debian 12 has 3.11.2
+        if hasattr(tarfile, "data_filter"):
+            archive.extractall(tmp / "unpacked", filter="data")
+        else:
+            archive.extractall(tmp / "unpacked")  # noqa: S202 - our own sdist
     [unpacked] = (tmp / "unpacked").iterdir()
     done = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                 "--disable-pip-version-check", "-w", dist, unpacked])
