@@ -16,14 +16,14 @@ def site() -> None:
 
 @site.command("install")
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("/"),
-              show_default=True,
+              show_default=True, metavar="DIR",
               help="Install under DIR (a staging or image root); the installed files still "
                    "name the paths they will have on the site.")
-@click.option("--prefix", default="/usr/local", show_default=True,
+@click.option("--prefix", default="/usr/local", show_default=True, metavar="PREFIX",
               help="Hooks and helper in PREFIX/libexec/slurm-geo, the plugin in "
                    "PREFIX/lib/slurm-geo, man pages and completion under PREFIX/share.")
 @click.option("--slurm-include", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("/usr/include"), show_default=True,
+              default=Path("/usr/include"), show_default=True, metavar="DIR",
               help="Where the installed Slurm's headers are (slurm/spank.h).")
 @click.option("--dry-run", is_flag=True, help="Say what would change; write nothing.")
 @click.option("--json", "as_json", is_flag=True,
