@@ -1,5 +1,6 @@
-"""Reading the unit files under systemd/, and installing them into a temporary directory as
-they would be installed on this host."""
+"""Reading the unit files under slurm_geo/share/systemd/, and installing them into a
+temporary directory as they would be installed on this host (`slurm-geo site install`
+renders them so for real: tests/test_site_install.py)."""
 
 from __future__ import annotations
 
