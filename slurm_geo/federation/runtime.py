@@ -32,7 +32,8 @@ from slurm_geo.federation.etcd.kv import EtcdKV, EtcdTLS
 from slurm_geo.federation.etcd.layout import Layout
 from slurm_geo.federation.etcd.leadership import Bystander, Leadership
 from slurm_geo.federation.etcd.state import EtcdFederationState
-from slurm_geo.federation.model import Replica
+from slurm_geo.federation.etcd.version import check_layout
+from slurm_geo.federation.model import Replica, StateUnavailable
 from slurm_geo.federation.state import FederationState
 from slurm_geo.federation.tls import ca_pem
 from slurm_geo.federation.wiring import Audit, State, Wiring
@@ -84,6 +85,10 @@ def open_federation_state(config: FederationConfig, master_keys: MasterKeys, *,
                            AuditLog(config.audit_path, clock=clock, readonly=readonly), None)
     kv = open_kv(config, master_keys)
     layout, me = Layout(config.etcd_prefix), config.this_replica
+    try:  # a state a newer slurm-geo laid out: one line, before anything reads it
+        check_layout(kv, layout)
+    except StateUnavailable:
+        pass  # etcd down: every read says so; the leader settles the layout once it wins
     replica = Replica(me.name, me.site, me.url)
     if not daemon:
         writer = Bystander(layout, replica)  # its audit entries say who ran it

@@ -34,6 +34,11 @@ class Layout:
     def leader(self) -> str:
         return f"{self.prefix}/leader"
 
+    @property
+    def version(self) -> str:
+        """The layout's version (federation.etcd.version)."""
+        return f"{self.prefix}/layout-version"
+
     def job(self, logical_job: str) -> str:
         return f"{self.jobs}{component(logical_job)}"
 

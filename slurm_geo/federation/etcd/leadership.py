@@ -17,6 +17,7 @@ follower leads at most about TTL + TTL/3 = 6.7 s after the leader stopped renewi
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +27,10 @@ from typing import Protocol
 
 from slurm_geo.federation.etcd.kv import ABSENT, EtcdKV, Found, Request, created_at, read
 from slurm_geo.federation.etcd.layout import Layout
+from slurm_geo.federation.etcd.version import LayoutTooNew, check_layout, settle_layout
 from slurm_geo.federation.model import NotLeader, Replica, StateUnavailable
+
+log = logging.getLogger(__name__)
 
 RENEWALS_PER_TTL = 3
 
@@ -87,6 +91,7 @@ class Leadership:
     def __init__(self, kv: EtcdKV, layout: Layout, me: Replica, *,
                  ttl_s: int, clock: Callable[[], float] = time.monotonic):
         self.kv, self.key, self.me = kv, layout.leader, me
+        self.layout = layout
         self.ttl_s = ttl_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -119,7 +124,7 @@ class Leadership:
         sent = self._clock()
         with self._lock:
             self._standing = replace(self._standing, tried_at=sent)
-        if self.kv.get(self.key) is not None:
+        if self.kv.get(self.key) is not None or self._layout_too_new():
             return False
         lease = self.kv.grant(self.ttl_s)
         outcome = self.kv.commit([created_at(self.key, 0)],
@@ -131,7 +136,23 @@ class Leadership:
         with self._lock:
             self.lease, self.term = lease, outcome.revision
             self._standing = Standing(True, renewed_at=sent, tried_at=sent)
+        try:  # the new leader writes the layout's version, or migrates an older one
+            settle_layout(self.kv, self.layout, created_at(self.key, outcome.revision))
+        except LayoutTooNew as exc:  # a newer replica wrote it since the check above
+            log.error("%s", exc)
+            self.resign()
+            return False
         return True
+
+    def _layout_too_new(self) -> bool:
+        """A state a newer slurm-geo laid out is never led by this one (one line each
+        campaign: the replica stays a follower until it is upgraded)."""
+        try:
+            check_layout(self.kv, self.layout)
+        except LayoutTooNew as exc:
+            log.error("%s", exc)
+            return True
+        return False
 
     def keepalive(self) -> bool:
         """Renew the lease; False (and no longer leading) when etcd has let it go."""
