@@ -20,9 +20,11 @@ import pytest
 
 from slurm_geo.billing.db import SCHEMA_VERSION as BILLING_VERSION
 from slurm_geo.billing.db import BillingDB
+from slurm_geo.ckpt.keys import KeyFile
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.federation.audit import SCHEMA_VERSION as AUDIT_VERSION
 from slurm_geo.federation.audit import AuditLog
+from slurm_geo.federation.runtime import open_federation_state
 from slurm_geo.federation.state import SCHEMA_VERSION as FEDERATION_VERSION
 from slurm_geo.federation.state import FederationState
 from slurm_geo.registry.db import SCHEMA_VERSION as REGISTRY_VERSION
@@ -220,7 +222,7 @@ def test_the_etcd_state_keeps_jobs_leases_fences_and_gets_a_layout_version(resto
 
 
 def test_an_etcd_layout_a_newer_slurm_geo_wrote_is_refused_and_never_led(restored: str):
-    from slurm_geo.federation.etcd.kv import created_at
+    from slurm_geo.federation.etcd.kv import ABSENT, created_at
     from slurm_geo.federation.etcd.version import LayoutTooNew, check_layout, settle_layout
     from tests.etcd_server import open_replica
 
@@ -228,7 +230,6 @@ def test_an_etcd_layout_a_newer_slurm_geo_wrote_is_refused_and_never_led(restore
     try:
         key = replica.layout.version
         newer = json.dumps({"version": 99}).encode()
-        from slurm_geo.federation.etcd.kv import ABSENT
         assert replica.kv.commit([created_at(key, 0)],
                                  [replica.kv.put(key, newer, at=ABSENT)], []).succeeded
         with pytest.raises(LayoutTooNew) as raised:
@@ -238,5 +239,17 @@ def test_an_etcd_layout_a_newer_slurm_geo_wrote_is_refused_and_never_led(restore
             settle_layout(replica.kv, replica.layout)
         assert not replica.leadership.campaign()
         assert replica.leadership.leader() is None
+        for daemon in (True, False):  # the daemon at its start, a command
+            with pytest.raises(LayoutTooNew):
+                open_federation_state(replicated_config(restored), KeyFile(u.MASTER_KEY),
+                                      daemon=daemon)
     finally:
         replica.close()
+
+
+def replicated_config(endpoint: str) -> Any:
+    from slurm_geo.config.daemons import FederationConfig, ReplicaConfig
+
+    me = ReplicaConfig("home-a", "home", "http://127.0.0.1:9852")
+    return FederationConfig(etcd_endpoints=(endpoint,), etcd_prefix=u.ETCD_PREFIX,
+                            replica=me.name, replicas=(me,))
