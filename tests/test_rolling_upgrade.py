@@ -5,13 +5,21 @@ started afresh on the state in etcd, with nothing of its own in memory; the new 
 settles the layout's version. Throughout, the job's lease keeps being granted, its
 generation, incarnations and fences stay as they were, and no round submits it again.
 
-Both the replicas before and after run this release's code, in this process (the
-clusters are tests/test_federation_daemon.py's FakeSlurm); that the state the last
-release wrote opens with this code is tests/test_upgrade.py's.
+In the first test both the replicas before and after run this release's code, in this
+process (the clusters are tests/test_federation_daemon.py's FakeSlurm), and the trainer's
+renewals go on throughout. In the second (slow) the replicas are `slurm-geo-federation`
+processes of the last release (slurm-geo 0.1, its code from git at a4963d1) upgraded to
+this one's, the follower first: the lead moves once, to the upgraded replica, which writes
+the layout version, and the job's generation, incarnations, lease, fence, secret and key
+token are as 0.1 left them. That the databases 0.1 wrote open is tests/test_upgrade.py's.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +33,10 @@ from slurm_geo.federation.etcd.version import LAYOUT_VERSION, read_version
 from slurm_geo.federation.fencing import known_fence
 from slurm_geo.federation.model import JobStatus
 from tests.etcd_server import EtcdMember, fresh_prefix
-from tests.replica_site import SITES, ReplicatedSite
+from tests.helpers import eventually
+from tests.replica_site import LEADER_TTL_S, SITES, ReplicatedSite, free_port, toml
 from tests.test_federation_daemon import KEY, OPTIONS, RUN, Clock
+from tests.test_federation_replica_daemons import says
 
 
 @pytest.fixture
@@ -96,3 +106,138 @@ def test_restarting_the_replicas_one_at_a_time_keeps_the_jobs_lease_and_fences(s
     assert leaders == ["home-a", "control-b"]
     assert set(site.daemons) == set(SITES)
     assert read_version(site.state.kv, site.state.layout) == LAYOUT_VERSION
+
+
+# --- from the last release's code to this one's, replica by replica -------------------------
+
+RELEASE_COMMIT = "a4963d1"  # slurm-geo 0.1, as tests/data/release-0.1 was made
+ROOT = Path(__file__).resolve().parent.parent
+NAME, SECRET, TOKEN = "onprem-5", "5e" * 32, "key-token-of-onprem-5"
+
+
+@pytest.fixture(scope="module")
+def release_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """slurm_geo as commit a4963d1 had it, from git (never installed)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", RELEASE_COMMIT, "slurm_geo"],
+                             capture_output=True, check=False)
+    if archive.returncode != 0:
+        pytest.skip(f"this checkout lacks commit {RELEASE_COMMIT} (a shallow clone?)")
+    root = tmp_path_factory.mktemp("release-0.1")
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
+    return root
+
+
+def replica_config(tmp_path: Path, etcd: EtcdMember, prefix: str, ports: dict[str, int],
+                   name: str) -> Path:
+    """Keys the release knows too. Clusters no process here reaches: both go out, and the
+    job's lease (an hour) keeps any move from being decided."""
+    (tmp_path / "pfs").mkdir(exist_ok=True)
+    clusters = {cluster: {"region": region, "access": "cli", "store": "pfs", "timeout_s": 1,
+                          "slurm_conf": str(tmp_path / f"{cluster}.conf")}
+                for cluster, region in (("onprem", "home"), ("rented", "eu"))}
+    path = tmp_path / f"{name}.toml"
+    path.write_text(toml({
+        "site": {"home_cluster": "onprem"}, "clusters": clusters,
+        "stores": {"pfs": {"url": f"file://{tmp_path / 'pfs'}", "region": "home"}},
+        "federation": {"key_file": str(tmp_path / "master.key"), "probe_interval_s": 1,
+                       "leader_ttl_s": LEADER_TTL_S, "lease_ttl_s": 3600,
+                       "etcd_endpoints": [etcd.client_url], "etcd_prefix": prefix,
+                       "replica": name, "listen_port": ports[name],
+                       "replicas": [{"name": n, "site": s, "url": f"http://127.0.0.1:{ports[n]}"}
+                                    for n, s in SITES.items()]}}))
+    return path
+
+
+def seed(endpoint: str, prefix: str) -> None:
+    """A job that failed over to rented (generation 1, Slurm job 77), training under its
+    lease, written as a person's command writes (no leader: no layout version either)."""
+    from slurm_geo.ckpt.keys import KeyFile
+    from slurm_geo.federation.etcd.kv import EtcdKV
+    from slurm_geo.federation.etcd.layout import Layout
+    from slurm_geo.federation.etcd.leadership import Bystander
+    from slurm_geo.federation.etcd.state import EtcdFederationState
+    from slurm_geo.federation.model import Lease, LogicalJob, Replica, token_digest
+
+    layout = Layout(prefix)
+    state = EtcdFederationState(EtcdKV([endpoint], KeyFile(KEY)), layout,
+                                Bystander(layout, Replica("seed", "home", "http://x:1")))
+    now = time.time()
+    state.add_job(LogicalJob(NAME, RUN, "onprem", "#!/bin/bash\n", {}, {}, 0, "onprem", 5,
+                             None, JobStatus.RUNNING, None, None, now, now))
+    state.begin_generation(NAME, 0, "rented", 40, now)
+    state.identities.put_secret(NAME, 1, SECRET)
+    state.submitted(NAME, 1, 77, token_digest(TOKEN), now)
+    state.put_lease(Lease(NAME, 1, "rented", 77, 0, now, 40, False), True)
+    state.close()
+
+
+def etcd_view(endpoint: str, prefix: str) -> dict[str, Any]:
+    from tests.etcd_server import open_replica
+
+    reader = open_replica([endpoint], prefix, "reader", master_key=KEY)  # never campaigns
+    try:
+        job, lease = reader.job(NAME), reader.lease(NAME)
+        assert lease is not None
+        owner = reader.identities.token_owner(TOKEN)
+        return {"job": (job.generation, job.cluster, job.job_id, job.resume_step, job.status),
+                "incarnations": [(i.generation, i.cluster, i.job_id, i.resume_step)
+                                 for i in reader.incarnations(NAME)],
+                "lease": (lease.generation, lease.cluster, lease.job_id, lease.released),
+                "fence": known_fence(job), "secret": reader.identities.secret(NAME, 1),
+                "token": None if owner is None else (owner.logical_job, owner.generation),
+                "version": read_version(reader.kv, reader.layout)}
+    finally:
+        reader.close()
+
+
+@pytest.mark.slow
+def test_replicas_of_the_last_release_upgraded_one_at_a_time_keep_the_job(
+        release_code: Path, etcd: EtcdMember, tmp_path: Path):
+    assert not (release_code / "slurm_geo/federation/etcd/version.py").exists()  # 0.1's
+    key = tmp_path / "master.key"
+    key.write_bytes(KEY)
+    key.chmod(0o600)
+    prefix, ports = fresh_prefix(), {name: free_port() for name in SITES}
+    seed(etcd.client_url, prefix)
+    before = etcd_view(etcd.client_url, prefix)
+    assert before["version"] is None and before["job"][:2] == (1, "rented")
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(name: str, code: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(code)}
+        env.pop("NOTIFY_SOCKET", None)
+        with open(tmp_path / f"{name}.log", "ab") as log:
+            processes[name] = subprocess.Popen(
+                [sys.executable, "-m", "slurm_geo.federation.entry", "--config",
+                 str(replica_config(tmp_path, etcd, prefix, ports, name))],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+
+    def leading() -> str:
+        answers = eventually(lambda: {n: says(p) for n, p in ports.items()},
+                             lambda a: all(a.values()) and any(v["leading"] for v in a.values()),
+                             timeout_s=30, interval_s=0.1)
+        return next(n for n, said in answers.items() if said["leading"])
+
+    try:
+        for name in SITES:
+            start(name, release_code)
+        first = leading()
+        assert etcd_view(etcd.client_url, prefix) == before  # 0.1 writes no version
+        follower = next(n for n in SITES if n != first)
+        leaders = []
+        for name in (follower, first):
+            os.kill(processes[name].pid, signal.SIGTERM)
+            assert processes[name].wait(30) == 0
+            start(name, ROOT)
+            leaders.append(leading())
+        assert leaders == [first, follower]  # the lead moved once, to the upgraded replica
+        after = eventually(lambda: etcd_view(etcd.client_url, prefix),
+                           lambda v: v["version"] is not None, timeout_s=10, interval_s=0.2)
+        assert after == {**before, "version": LAYOUT_VERSION}
+        for name in SITES:
+            assert "Traceback" not in (tmp_path / f"{name}.log").read_text()
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(10)
