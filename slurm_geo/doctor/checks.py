@@ -143,7 +143,7 @@ def version_text(number: int | None) -> str:
 def check_munge(fact: MungeFact) -> list[Finding]:
     if fact.ok:
         return [Finding(OK, "munge", f"a credential made and decoded at {fact.socket}")]
-    return [Finding(ERROR, "munge", f"munge at {fact.socket} failed: {fact.detail}",
+    return [Finding(ERROR, "munge", f"{fact.socket}: {fact.detail}",
                     "start munged (`systemctl enable --now munge`), or name its socket "
                     "in [federation] munge_socket / slurm.conf AuthInfo=socket=")]
 
