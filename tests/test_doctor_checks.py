@@ -274,6 +274,10 @@ def test_plugin_version_is_read_from_the_elf_without_loading_it(tmp_path):
      "NewConnectionError(\"...: Failed to establish a new connection: [Errno 111] "
      "Connection refused\"))", "Connection refused"),
     ("<urlopen error [Errno 111] Connection refused>", "Connection refused"),
+    ("HTTPSConnectionPool(host='10.77.15.3', port=27860): Max retries exceeded (Caused by "
+     "ConnectTimeoutError(<HTTPSConnection(host='10.77.15.3', port=27860) at 0x7f27",
+     "no answer in time (timed out)"),
+    ("<urlopen error timed out>", "no answer in time (timed out)"),
     ("store cannot access 'doctor/x' (Read-only file system)",
      "store cannot access 'doctor/x' (Read-only file system)"),
 ])

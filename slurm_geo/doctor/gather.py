@@ -402,7 +402,11 @@ def short_reason(text: str) -> str:
     """The OS's words inside a client library's long message (requests, urllib3 wrap
     `[Errno 111] Connection refused` in a paragraph), else the message cut short."""
     found = _ERRNO.findall(text)
-    return found[-1].strip() if found else text[:200]
+    if found:
+        return found[-1].strip()
+    if "ConnectTimeout" in text or "timed out" in text:
+        return "no answer in time (timed out)"
+    return text[:200]
 
 
 def _one_line(exc: BaseException) -> str:
