@@ -216,15 +216,26 @@ def test_stores_name_the_first_operation_refused():
     (NOW, 0.0, OK), (NOW + 3, 0.0, OK), (NOW, 10.0, WARN), (NOW, 90.0, ERROR),
     (NOW, -90.0, ERROR), (NOW - 120, 0.0, ERROR)])
 def test_clock_skew(ours, offset, level):
-    found = checks.check_clock(ClockFact("https://fed:9852", ours, NOW), offset)
+    found = checks.check_clock([ClockFact("https://fed:9852", ours, NOW)], offset)
     assert levels(found) == [level]
     if level == ERROR:
         assert "+-60 s" in found[0].line() and "NTP" in found[0].line()
 
 
 def test_an_unreachable_daemon_is_an_error_with_no_clock_verdict():
-    only_error(checks.check_clock(ClockFact("https://fed:9852", error="refused")),
+    only_error(checks.check_clock([ClockFact("https://fed:9852", error="refused")]),
                "federation daemon", "does not answer")
+
+
+def test_the_clock_is_one_verdict_on_the_replica_it_is_furthest_from():
+    replicas = [ClockFact("https://home:9852", NOW, NOW - 2),
+                ClockFact("https://control:9852", NOW, NOW + 1),
+                ClockFact("https://gone:9852", error="refused")]
+    found = checks.check_clock(replicas, 90.0)
+    assert levels(found) == [ERROR, ERROR]
+    assert "https://gone:9852" in found[0].line()
+    assert "92 s ahead of the daemon at https://home:9852" in found[1].line()
+    assert levels(checks.check_clock(replicas[:2])) == [OK]
 
 
 def test_slurm_conf_parsing():

@@ -10,7 +10,7 @@ line.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from slurm_geo.doctor.facts import (
@@ -244,7 +244,8 @@ def check_etcd(fact: EtcdFact) -> list[Finding]:
     if not healthy:
         return findings or [Finding(ERROR, "etcd", "no member answers",
                                     "start the members")]
-    return findings or [Finding(OK, "etcd", f"{len(healthy)} members healthy, {held}")]
+    return findings or [Finding(OK, "etcd", f"the {len(healthy)} members of etcd_endpoints "
+                                f"answer with a leader; {held}")]
 
 
 def check_store(fact: StoreFact) -> list[Finding]:
@@ -277,22 +278,28 @@ def _rate(mb: float, seconds: float) -> str:
     return f"{rate:.0f} MB/s" if rate >= 100 else f"{rate:.3g} MB/s"
 
 
-def check_clock(fact: ClockFact, clock_offset_s: float = 0.0) -> list[Finding]:
-    """This host's clock against the federation daemon's (its HTTP Date header)."""
-    if fact.error:
-        return [Finding(ERROR, "federation daemon", f"{fact.url} does not answer: "
-                        f"{fact.error}", "start it (`systemctl start slurm-geo-federation`) "
-                        "or correct [federation] public_url")]
-    assert fact.their_time is not None and fact.our_time is not None
-    skew = fact.our_time + clock_offset_s - fact.their_time
+def check_clock(facts: Sequence[ClockFact], clock_offset_s: float = 0.0) -> list[Finding]:
+    """This host's clock against each federation daemon's (its HTTP Date header): a daemon
+    that does not answer is an error of its own; the clock is one verdict, on the daemon it
+    is furthest from (the replicas' own clocks are their hosts' doctors' to judge)."""
+    findings = [Finding(ERROR, "federation daemon", f"{f.url} does not answer: {f.error}",
+                        "start it (`systemctl start slurm-geo-federation`) or correct "
+                        "[federation] public_url / [[federation.replicas]] url")
+                for f in facts if f.error]
+    skews = [(f.our_time + clock_offset_s - f.their_time, f.url) for f in facts
+             if not f.error and f.our_time is not None and f.their_time is not None]
+    if not skews:
+        return findings
+    skew, url = max(skews, key=lambda pair: abs(pair[0]))
     where = "ahead of" if skew > 0 else "behind"
-    said = f"this host's clock is {abs(skew):.0f} s {where} the daemon at {fact.url}"
-    fix = "sync both clocks with NTP (`chronyc tracking` shows the offset)"
+    said = f"this host's clock is {abs(skew):.0f} s {where} the daemon at {url}"
+    fix = "sync this host's clock with NTP (`chronyc tracking` shows the offset)"
     if abs(skew) > CLOCK_ERROR_S:
-        return [Finding(ERROR, "clock", said + " (lease signatures allow +-60 s)", fix)]
+        return [*findings, Finding(ERROR, "clock", said + " (lease signatures allow +-60 s)",
+                                   fix)]
     if abs(skew) > CLOCK_WARN_S:
-        return [Finding(WARN, "clock", said, fix)]
-    return [Finding(OK, "clock", said)]
+        return [*findings, Finding(WARN, "clock", said, fix)]
+    return [*findings, Finding(OK, "clock", said)]
 
 
 def _ago(seconds: float) -> str:

@@ -88,9 +88,9 @@ def examine(site: SiteConfig, options: Options, env: Mapping[str, str] = os.envi
                     findings += checks.check_link(gather.link_fact(
                         store.name, store.url, store.endpoint_url, store.ca_file))
     if site.federation is not None:
-        for url in site.federation.job_urls:
-            findings += checks.check_clock(gather.clock_fact(url, site.federation.ca_file),
-                                           options.clock_offset_s)
+        findings += checks.check_clock(
+            [gather.clock_fact(url, site.federation.ca_file) for url in site.federation.job_urls],
+            options.clock_offset_s)
     return findings
 
 
