@@ -328,3 +328,26 @@ def test_a_link_rate_is_reported_never_judged():
     assert "4 MB up at 8 MB/s, read back at 16 MB/s" in found[0].line()
     assert check_link(LinkFact("offsite", "s3://b/p", error="refused")) == []
     assert not checks.failed(found)
+
+
+def test_a_certificate_is_checked_against_its_ca_and_its_key(tmp_path):
+    from datetime import UTC, datetime
+
+    from slurm_geo.doctor.gather import tls_fact
+    from slurm_geo.sandbox.certs import issue_server, make_ca
+
+    now = datetime.now(UTC)
+    ca, other = make_ca("site CA", now), make_ca("another CA", now)
+    server, stranger = issue_server(ca, ["127.0.0.1"], now, days=3), \
+        issue_server(other, ["127.0.0.1"], now)
+    files = {"ca.pem": ca.cert_pem, "other.pem": other.cert_pem, "tls.pem": server.cert_pem,
+             "tls.key": server.key_pem, "stranger.key": stranger.key_pem}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    fact = tls_fact("t", tmp_path / "tls.pem", tmp_path / "ca.pem", tmp_path / "tls.key")
+    assert (fact.signed_by_ca, fact.key_matches) == (True, True)
+    only_error(checks.check_tls(fact, now.timestamp()), "expires in 3 days")
+    assert tls_fact("t", tmp_path / "tls.pem", tmp_path / "other.pem").signed_by_ca is False
+    assert tls_fact("t", tmp_path / "tls.pem", key=tmp_path / "stranger.key").key_matches \
+        is False
+    assert "cannot read" in tls_fact("t", tmp_path / "none.pem").error

@@ -20,9 +20,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from email.utils import parsedate_to_datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurm_geo.doctor.facts import (
     ClockFact,
@@ -38,6 +39,12 @@ from slurm_geo.doctor.facts import (
     TlsFact,
     UnitFact,
 )
+
+if TYPE_CHECKING:
+    from cryptography.x509 import Certificate
+
+    from slurm_geo.ckpt.store import Store
+    from slurm_geo.config.daemons import FederationConfig
 
 UNIT_DIRS = ("etc/systemd/system", "usr/local/lib/systemd/system", "lib/systemd/system",
              "usr/lib/systemd/system")
@@ -210,26 +217,28 @@ def tls_fact(what: str, path: Path, ca: Path | None = None, key: Path | None = N
                    _key_matches(leaf, key) if key is not None else None, renew=renew)
 
 
-def _chains_to(cert, intermediates, authorities) -> bool:  # type: ignore[no-untyped-def]
+def _chains_to(cert: Certificate, intermediates: list[Certificate],
+               authorities: list[Certificate]) -> bool:
     current = cert
     for _ in range(len(intermediates) + 1):
         if any(_issued(current, authority) for authority in authorities):
             return True
-        current = next((i for i in intermediates if _issued(current, i)), None)
-        if current is None:
+        issuer = next((i for i in intermediates if _issued(current, i)), None)
+        if issuer is None:
             return False
+        current = issuer
     return False
 
 
-def _issued(cert, issuer) -> bool:  # type: ignore[no-untyped-def]
+def _issued(cert: Certificate, issuer: Certificate) -> bool:
     try:
         cert.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, Exception):  # InvalidSignature is no ValueError
+    except Exception:  # ValueError, TypeError, InvalidSignature (none of the first two)
         return False
     return True
 
 
-def _key_matches(cert, key: Path) -> bool | None:  # type: ignore[no-untyped-def]
+def _key_matches(cert: Certificate, key: Path) -> bool | None:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
@@ -280,7 +289,7 @@ def _user_exists(name: str) -> bool:
     return True
 
 
-def etcd_fact(config) -> EtcdFact:  # type: ignore[no-untyped-def]
+def etcd_fact(config: FederationConfig) -> EtcdFact:
     """Each endpoint's /maintenance/status and the member list, through the federation's
     etcd client. No value is read or written, so no master key is opened: the client gets
     a throwaway one."""
@@ -322,7 +331,7 @@ def store_fact(name: str, url: str, endpoint_url: str, ca_file: Path | None) -> 
     probe = f"doctor/{socket.gethostname() or 'host'}-{secrets.token_hex(6)}"
     body = secrets.token_bytes(64)
 
-    def attempt(operation: str, act) -> bool:  # type: ignore[no-untyped-def]
+    def attempt(operation: str, act: Callable[[], object]) -> bool:
         try:
             outcome = act()
         except Exception as exc:
@@ -364,7 +373,7 @@ def link_fact(name: str, url: str, endpoint_url: str, ca_file: Path | None,
     return LinkFact(name, url, size, sent - started, read - sent)
 
 
-def _deleted(store, name: str) -> bool:  # type: ignore[no-untyped-def]
+def _deleted(store: Store, name: str) -> bool:
     store.delete(name)
     return not store.exists(name)
 
