@@ -351,3 +351,9 @@ def test_a_certificate_is_checked_against_its_ca_and_its_key(tmp_path):
     assert tls_fact("t", tmp_path / "tls.pem", key=tmp_path / "stranger.key").key_matches \
         is False
     assert "cannot read" in tls_fact("t", tmp_path / "none.pem").error
+
+
+def test_a_compute_or_login_node_holding_the_master_key_is_an_error():
+    only_error(checks.check_not_held(secret(), "compute"), "master key", "compute host",
+               "shred -u /etc/slurm-geo/master.key")
+    assert levels(checks.check_not_held(secret(exists=False), "login")) == [OK]

@@ -168,6 +168,16 @@ def check_secret_file(fact: SecretFileFact) -> list[Finding]:
     return [Finding(OK, name, f"{fact.path} mode {fact.mode:04o}, owner {fact.owner}")]
 
 
+def check_not_held(fact: SecretFileFact, role: str) -> list[Finding]:
+    """A secret this role of host must never hold (the master key on a compute or login
+    node: docs/security.md, "Where each secret lives")."""
+    if not fact.exists:
+        return [Finding(OK, fact.what, f"not on this {role} host, as it should be")]
+    return [Finding(ERROR, fact.what, f"{fact.path} is on this {role} host, which never "
+                    "needs it (no hook or job reads it)", f"shred -u {fact.path}; jobs get "
+                    "their run's key from the federation daemon")]
+
+
 def check_jwt(fact: JwtFact, now: float) -> list[Finding]:
     name = f"token ({fact.what})"
     if fact.error:

@@ -71,7 +71,7 @@ def examine(site: SiteConfig, options: Options, env: Mapping[str, str] = os.envi
     findings: list[Finding] = []
     findings += _slurm(site, roles, options)
     findings += checks.check_munge(gather.munge_fact(_munge_socket(site, options)))
-    findings += _secrets(site, daemon, env)
+    findings += _secrets(site, roles, env)
     findings += _certificates(site, daemon, clock())
     if daemon:
         findings += _tokens(site, clock())
@@ -128,16 +128,18 @@ def _key_file(site: SiteConfig) -> Path | None:
     return site.sync.key_file if site.sync is not None else None
 
 
-def _secrets(site: SiteConfig, daemon: bool, env: Mapping[str, str]) -> list[Finding]:
-    """The master key (a daemon host's; elsewhere only its mode, if a copy is there) and
-    the daemon's other secrets."""
+def _secrets(site: SiteConfig, roles: set[str], env: Mapping[str, str]) -> list[Finding]:
+    """The master key and the daemon's other secrets on a daemon host; on any other, the
+    master key's absence."""
+    daemon = "daemon" in roles
     key = master_key_path(_key_file(site), env)
-    findings = checks.check_secret_file(gather.secret_file_fact(
+    found = gather.secret_file_fact(
         "master key", key, required=daemon, owners=SECRET_OWNERS,
-        create_fix=f"`slurm-geo keys create --key-file {key}` on the first daemon host, a "
-                   "copy (0600) on the others (docs/install.md, section 5)"))
+        create_fix=f"`slurm-geo keys init {key}` on the first daemon host, a copy (0600) "
+                   "at the control site's (docs/install.md, section 5)")
     if not daemon:
-        return findings
+        return checks.check_not_held(found, "/".join(sorted(roles)))
+    findings = checks.check_secret_file(found)
     fed = site.federation
     named: list[tuple[str, Path | None]] = []
     if fed is not None:
