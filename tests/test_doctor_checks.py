@@ -357,3 +357,9 @@ def test_a_compute_or_login_node_holding_the_master_key_is_an_error():
     only_error(checks.check_not_held(secret(), "compute"), "master key", "compute host",
                "shred -u /etc/slurm-geo/master.key")
     assert levels(checks.check_not_held(secret(exists=False), "login")) == [OK]
+
+
+def test_a_user_on_a_daemon_host_is_told_the_daemon_checks_need_root():
+    assert checks.daemon_checks_skipped(roles_given=False).level == WARN  # found, not asked
+    asked = checks.daemon_checks_skipped(roles_given=True)
+    assert asked.level == ERROR and "sudo slurm-geo doctor" in asked.line()

@@ -51,7 +51,8 @@ def doctor(config: Path | None, roles: tuple[str, ...], systemd_root: Path,
     site = load_config(config)
     chosen = roles or detect_roles(site, systemd_root)
     findings = examine(site, Options(chosen, systemd_root, munge_socket, clock_offset_s,
-                                     stores=not no_stores, link_rate=link_rate))
+                                     stores=not no_stores, link_rate=link_rate,
+                                     roles_given=bool(roles)))
     if as_json:
         click.echo(json.dumps({"roles": list(chosen), "ok": not failed(findings),
                                "findings": [asdict(f) for f in findings]}, indent=2))

@@ -168,6 +168,15 @@ def check_secret_file(fact: SecretFileFact) -> list[Finding]:
     return [Finding(OK, name, f"{fact.path} mode {fact.mode:04o}, owner {fact.owner}")]
 
 
+def daemon_checks_skipped(roles_given: bool) -> Finding:
+    """A user who is neither root nor the service account, on a daemon host: the daemon's
+    checks read its secrets, which are not theirs to read."""
+    return Finding(ERROR if roles_given else WARN, "daemon",
+                   "the daemon host's checks (its key, secrets, tokens, units, etcd, stores) "
+                   "need root or the slurm-geo account; only the others ran",
+                   "run `sudo slurm-geo doctor`")
+
+
 def check_not_held(fact: SecretFileFact, role: str) -> list[Finding]:
     """A secret this role of host must never hold (the master key on a compute or login
     node: docs/security.md, "Where each secret lives")."""
