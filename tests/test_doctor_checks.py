@@ -363,3 +363,14 @@ def test_a_user_on_a_daemon_host_is_told_the_daemon_checks_need_root():
     assert checks.daemon_checks_skipped(roles_given=False).level == WARN  # found, not asked
     asked = checks.daemon_checks_skipped(roles_given=True)
     assert asked.level == ERROR and "sudo slurm-geo doctor" in asked.line()
+
+
+@pytest.mark.parametrize("level_found, level", [
+    ("Operator", OK), ("Administrator", OK), ("None", ERROR), ("", ERROR)])
+def test_the_daemons_account_is_a_slurm_operator(level_found, level):
+    from slurm_geo.doctor.facts import OperatorFact
+
+    found = checks.check_operator(OperatorFact("onprem", "slurm-geo", level_found))
+    assert levels(found) == [level]
+    if level == ERROR:
+        assert "adminlevel=Operator" in found[0].line()

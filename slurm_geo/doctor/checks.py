@@ -19,6 +19,7 @@ from slurm_geo.doctor.facts import (
     JwtFact,
     LinkFact,
     MungeFact,
+    OperatorFact,
     SecretFileFact,
     SlurmConfFact,
     SpankFact,
@@ -243,6 +244,23 @@ def check_unit(fact: UnitFact) -> list[Finding]:
                         f"create the account: useradd --system {fact.user} "
                         "(docs/install.md, section 4)")]
     return [Finding(OK, name, f"{fact.path}, enabled")]
+
+
+def check_operator(fact: OperatorFact) -> list[Finding]:
+    """The daemons' account is a Slurm operator of each CLI cluster (docs/install.md,
+    section 4): it holds, requeues and cancels other users' jobs and reads their scripts."""
+    name = f"account ({fact.cluster})"
+    if fact.error:
+        return [Finding(ERROR, name, f"cannot ask the cluster's accounting about {fact.user}: "
+                        f"{fact.error}", "check slurmdbd and the cluster's slurm.conf")]
+    if fact.level not in ("Operator", "Administrator"):
+        said = "is not in" if not fact.level else f"has AdminLevel {fact.level} in"
+        return [Finding(ERROR, name, f"{fact.user} {said} {fact.cluster}'s accounting: the "
+                        "federation daemon cannot hold, requeue or read others' jobs",
+                        f"sacctmgr -i add user {fact.user} account=ACCOUNT "
+                        f"cluster={fact.cluster}; sacctmgr -i modify user {fact.user} set "
+                        "adminlevel=Operator")]
+    return [Finding(OK, name, f"{fact.user} is a Slurm {fact.level} of {fact.cluster}")]
 
 
 def check_etcd(fact: EtcdFact) -> list[Finding]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_geo.accounts import SERVICE_ACCOUNT
-from slurm_geo.config.model import SiteConfig
+from slurm_geo.config.model import ClusterConfig, SiteConfig
 from slurm_geo.config.paths import master_key_path
 from slurm_geo.doctor import ROLES, checks, gather
 from slurm_geo.doctor.checks import Finding
@@ -84,6 +84,11 @@ def examine(site: SiteConfig, options: Options, env: Mapping[str, str] = os.envi
         for unit in daemon_units(site):
             findings += checks.check_unit(gather.unit_fact(unit, options.systemd_root))
         fed = site.federation
+        if fed is not None:
+            for cluster in _cli_clusters_here(site):
+                assert cluster.slurm_conf is not None
+                findings += checks.check_operator(gather.operator_fact(
+                    cluster.name, cluster.slurm_conf, SERVICE_ACCOUNT))
         if fed is not None and fed.replicated:
             findings += checks.check_etcd(gather.etcd_fact(fed))
         if options.stores:
@@ -117,16 +122,19 @@ def _slurm(site: SiteConfig, roles: set[str], options: Options) -> list[Finding]
     if not roles & {"login", "compute", "controller"}:
         return []
     findings: list[Finding] = []
-    for cluster in site.clusters.values():
-        if cluster.access != "cli" or cluster.slurm_conf is None:
-            continue
-        if cluster.name != site.home_cluster and not cluster.slurm_conf.exists():
-            continue
+    for cluster in _cli_clusters_here(site):
+        assert cluster.slurm_conf is not None
         conf = gather.slurm_conf_fact(cluster.name, cluster.slurm_conf)
         findings += checks.check_slurm_conf(conf, controller="controller" in roles)
         version, version_error = gather.slurm_version(cluster.slurm_conf)
         findings += checks.check_spank(gather.spank_fact(conf, version, version_error))
     return findings
+
+
+def _cli_clusters_here(site: SiteConfig) -> list[ClusterConfig]:
+    """The home cluster if reached by CLI, and every CLI cluster whose slurm.conf is here."""
+    return [c for c in site.clusters.values() if c.access == "cli" and c.slurm_conf is not None
+            and (c.name == site.home_cluster or c.slurm_conf.exists())]
 
 
 def _munge_socket(site: SiteConfig, options: Options) -> Path | None:

@@ -118,3 +118,11 @@ class LinkFact:
     up_s: float = 0.0
     down_s: float = 0.0
     error: str = ""
+
+
+@dataclass(frozen=True)
+class OperatorFact:
+    cluster: str
+    user: str
+    level: str = ""  # AdminLevel in the cluster's accounting; "": no such user
+    error: str = ""

@@ -32,6 +32,7 @@ from slurm_geo.doctor.facts import (
     LinkFact,
     MemberHealth,
     MungeFact,
+    OperatorFact,
     SecretFileFact,
     SlurmConfFact,
     SpankFact,
@@ -123,6 +124,16 @@ def slurm_version(slurm_conf: Path) -> tuple[tuple[int, int] | None, str]:
         return client_slurm_version(slurm_conf), ""
     except SlurmCommandError as exc:
         return None, _one_line(exc)
+
+
+def operator_fact(cluster: str, slurm_conf: Path, user: str) -> OperatorFact:
+    from slurm_geo.slurm.admin import admin_level
+    from slurm_geo.slurm.errors import SlurmCommandError
+
+    try:
+        return OperatorFact(cluster, user, admin_level(slurm_conf, user))
+    except SlurmCommandError as exc:
+        return OperatorFact(cluster, user, error=_one_line(exc))
 
 
 def munge_fact(socket_path: Path | None) -> MungeFact:
@@ -415,7 +426,7 @@ def short_reason(text: str) -> str:
         return found[-1].strip()
     if "ConnectTimeout" in text or "timed out" in text:
         return "no answer in time (timed out)"
-    return text[:200]
+    return text[:300]
 
 
 def _one_line(exc: BaseException) -> str:

@@ -72,6 +72,14 @@ def add_users(slurm_conf: Path, cluster: str, account: str, users: list[str],
           f"cluster={cluster}"], timeout_s, slurm_conf)
 
 
+def admin_level(slurm_conf: Path, user: str, timeout_s: float = 20) -> str:
+    """`user`'s AdminLevel in the cluster's accounting (None, Operator, Administrator); ""
+    when accounting knows no such user."""
+    out = _run(["sacctmgr", "--noheader", "--parsable2", "show", "user", user,
+                "format=adminlevel"], timeout_s, slurm_conf)
+    return out.strip().splitlines()[0] if out.strip() else ""
+
+
 def set_admin_level(slurm_conf: Path, user: str, level: str, timeout_s: float = 20) -> None:
     """Give `user` Slurm's AdminLevel `level` (None, Operator, Administrator) if it has
     another: an Operator holds, releases, requeues and cancels any job and reads its
