@@ -80,28 +80,35 @@ def examine(site: SiteConfig, options: Options, env: Mapping[str, str] = os.envi
         findings += _secrets(site, roles, env)
     findings += _certificates(site, daemon, clock())
     if daemon:
-        findings += _tokens(site, clock())
-        for unit in daemon_units(site):
-            findings += checks.check_unit(gather.unit_fact(unit, options.systemd_root))
-        fed = site.federation
-        if fed is not None:
-            for cluster in _cli_clusters_here(site):
-                assert cluster.slurm_conf is not None
-                findings += checks.check_operator(gather.operator_fact(
-                    cluster.name, cluster.slurm_conf, SERVICE_ACCOUNT))
-        if fed is not None and fed.replicated:
-            findings += checks.check_etcd(gather.etcd_fact(fed))
-        if options.stores:
-            for store in site.stores.values():
-                findings += checks.check_store(gather.store_fact(
-                    store.name, store.url, store.endpoint_url, store.ca_file))
-                if options.link_rate:
-                    findings += checks.check_link(gather.link_fact(
-                        store.name, store.url, store.endpoint_url, store.ca_file))
+        findings += _daemon_host(site, options, clock())
     if site.federation is not None:
         findings += checks.check_clock(
             [gather.clock_fact(url, site.federation.ca_file) for url in site.federation.job_urls],
             options.clock_offset_s)
+    return findings
+
+
+def _daemon_host(site: SiteConfig, options: Options, now: float) -> list[Finding]:
+    """What only a daemon host holds or does: tokens, units, the Slurm operator account,
+    etcd, the stores with the daemons' credentials."""
+    findings = _tokens(site, now)
+    for unit in daemon_units(site):
+        findings += checks.check_unit(gather.unit_fact(unit, options.systemd_root))
+    fed = site.federation
+    if fed is not None:
+        for cluster in _cli_clusters_here(site):
+            assert cluster.slurm_conf is not None
+            findings += checks.check_operator(gather.operator_fact(
+                cluster.name, cluster.slurm_conf, SERVICE_ACCOUNT))
+        if fed.replicated:
+            findings += checks.check_etcd(gather.etcd_fact(fed))
+    if options.stores:
+        for store in site.stores.values():
+            findings += checks.check_store(gather.store_fact(
+                store.name, store.url, store.endpoint_url, store.ca_file))
+            if options.link_rate:
+                findings += checks.check_link(gather.link_fact(
+                    store.name, store.url, store.endpoint_url, store.ca_file))
     return findings
 
 
