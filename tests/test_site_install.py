@@ -6,7 +6,7 @@ time everything is unchanged), and what it put there is complete, with the right
 the units pass `systemd-analyze verify` with their Documentation= man pages, the hooks run
 with the venv's Python, `--help`, `man` and bash completion work from the installed package.
 
-The checkout is copied first (its tracked and unignored files), so nothing is built in it,
+The checkout is copied first (tests/wheel_build.py), so nothing is built in it,
 and the venv sees this machine's packages (--system-site-packages, no network) but its own
 slurm_geo: the editable install of the checkout stays as it is.
 """
@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import tarfile
 import zipfile
@@ -26,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.site import plan
+from tests.wheel_build import REPO, build_artifacts, run
 
-REPO = Path(__file__).resolve().parents[1]
 VERSION = "0.1.0"
 
 pytestmark = [
@@ -52,43 +51,10 @@ SHIPPED = (
 )
 
 
-def run(argv: list[str | Path], **kwargs) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in argv], capture_output=True, text=True,
-                          timeout=kwargs.pop("timeout", 300), check=False, **kwargs)
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> dict[str, Path]:
     """The sdist built from a copy of the checkout, and the wheel built from the sdist."""
-    tmp = tmp_path_factory.mktemp("artifacts")
-    source = tmp / "source"
-    listed = run(["git", "-C", REPO, "ls-files", "-z", "--cached", "--others",
-                  "--exclude-standard"])
-    if listed.returncode == 0:
-        for name in filter(None, listed.stdout.split("\0")):
-            if (REPO / name).is_file():
-                (source / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(REPO / name, source / name)
-    else:  # not a git checkout: the tree less what builds and runs leave
-        shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-            ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "slurm-*.out"))
-    dist = tmp / "dist"
-    dist.mkdir()
-    done = run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
-                "print(build_meta.build_sdist(sys.argv[1]))", dist], cwd=source)
-    assert done.returncode == 0, done.stderr[-2000:]
-    sdist = dist / done.stdout.strip().splitlines()[-1]
-    with tarfile.open(sdist) as archive:  # filter= from 3.11.4; Debian 12 has 3.11.2
-        if hasattr(tarfile, "data_filter"):
-            archive.extractall(tmp / "unpacked", filter="data")
-        else:
-            archive.extractall(tmp / "unpacked")  # noqa: S202 - our own sdist
-    [unpacked] = (tmp / "unpacked").iterdir()
-    done = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                "--disable-pip-version-check", "-w", dist, unpacked])
-    assert done.returncode == 0, done.stderr[-2000:]
-    [wheel] = dist.glob("*.whl")
-    return {"sdist": sdist, "wheel": wheel}
+    return build_artifacts(tmp_path_factory.mktemp("artifacts"))
 
 
 @pytest.fixture(scope="module")
