@@ -393,9 +393,9 @@ def clock_fact(url: str, ca_file: Path | None) -> ClockFact:
     """The federation daemon's Date header (GET /v1/leader, which every replica answers)."""
     from slurm_geo.lease.protocol import LEADER_PATH
 
-    context = ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
     started = time.time()
-    try:
+    try:  # a CA file that is missing or not PEM: this check's error, not a traceback
+        context = ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
         with urllib.request.urlopen(url.rstrip("/") + LEADER_PATH, timeout=TIMEOUT_S,
                                     context=context) as response:
             date = response.headers.get("Date")
