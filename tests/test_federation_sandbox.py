@@ -325,3 +325,58 @@ def test_a_hopeless_home_queue_is_left_for_rented(fed_sandbox: Sandbox):
     finally:
         for job_id in blockers:
             onprem.cancel(job_id)
+
+
+def test_the_replicas_restarted_one_at_a_time_keep_the_job_its_lease_and_its_fences(
+        fed_sandbox: Sandbox):
+    """docs/install.md, "Upgrading": one replica at a time, the follower first, while a
+    geo job trains at home. Each replica is stopped as systemd stops it (SIGTERM: the
+    leader gives its key up) and started again by `sandbox up` with the checkout's code,
+    as an upgrade installs it. The job is never moved, requeued or fenced, its lease stays
+    generation 0 on its one Slurm job, nothing is trained twice, and it ends as an
+    uninterrupted run does."""
+    import signal
+
+    settings = drill.DrillSettings(steps=1600, ckpt_every=40, step_delay_s=0.05)
+    site, clients = _site_and_clients(fed_sandbox)
+    view = losses.FederationView(site)
+    started = time.time()
+    deadline = started + 420
+    training = drill.submit_training(site, clients["onprem"], settings, ROOT / "rolling",
+                                     fed_sandbox.layout)
+    logical = f"onprem-{training.job_id}"
+    leased = drill.wait_for(lambda: drill.audit_entry(view, "lease", logical, "onprem",
+                                                      started), deadline, "the job's lease")
+    daemons = {"home": "federation", "control": "federation-control"}
+    first = drill.wait_for(view.leader, deadline, "a leader")
+    leaders = [first]
+    for name in (next(n for n in daemons if n != first), first):  # the follower first
+        pid = fed_sandbox.processes.running_pid(daemons[name])
+        assert pid is not None, daemons[name]
+        losses.signal_pids({pid}, signal.SIGTERM)
+        drill.wait_for(lambda p=pid: not _alive(p), deadline, f"replica {name} to stop")
+        fed_sandbox.up(progress=lambda _m: None)
+        assert fed_sandbox.processes.running_pid(daemons[name]) not in (None, pid)
+        leaders.append(drill.wait_for(view.leader, deadline, "a leader"))
+    restarted = time.time()
+    assert leaders[1] == first and leaders[2] != first, leaders  # the lead moved once
+    finished = drill.wait_for(lambda: drill.audit_entry(view, "finished", logical, None,
+                                                        started), deadline, "the job's end")
+    assert finished.unix_time > restarted  # it trained through both restarts
+    entries = view.entries(logical_job=logical)
+    assert [e.kind for e in entries if e.kind in ("lease", "requeue", "fence", "decision",
+                                                   "cancel")] == ["lease"], entries
+    assert (leased.detail["generation"], leased.detail["job_id"]) == (0, training.job_id)
+    assert finished.detail["cluster"] == "onprem" and "COMPLETED" in finished.what
+    steps = [line.step for line in drill.trace_lines(training.traces)]
+    assert steps == list(range(1, settings.steps + 1)), steps[:5]  # none twice, none lost
+    assert _final_weights(training, training.job_id, "onprem") == \
+        drill.reference_weights(settings)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
