@@ -22,6 +22,11 @@ MARKER = re.compile(r"^<!-- walk: ([a-z0-9-]+) -->\n```sh\n(.*?)^```$", re.M | r
 # does with the lines `site install` prints (follow_up), which section 1 says to do once
 # the site config (section 2) is in place; the rest are install.md's blocks.
 ORDER = ("packages", "account", "site-install", "config", "conf", "key", "csr", "ca")
+# A compute node: what install.md asks of every host, none of what it asks of the
+# daemons' hosts (the service account, the master key, the daemon's certificate, the units
+# enabled), and the site CA's certificate copied to where the config names it (section 6:
+# "at the same path on every host that runs home jobs").
+COMPUTE_ORDER = ("packages", "site-install", "config", "conf")
 CLUSTER = "onprem"  # docs/examples/site.toml's home cluster
 # Lines of a walked block the walk leaves out, and why (a substring of the line).
 NOT_WALKED = {"'torch==": "training nodes only: this host is no training node, and torch "
@@ -63,7 +68,7 @@ def walked(body: str) -> str:
 
 def printed(output: str) -> dict[str, list[str]]:
     """What `site install` prints for the admin, by heading: "slurm.conf", "plugstack.conf"
-    and "then" (the commands), each line stripped of its indent and comment."""
+    and "then" (the commands, with their comments), each line stripped of its indent."""
     sections: dict[str, list[str]] = {"slurm.conf": [], "plugstack.conf": [], "then": []}
     current: str | None = None
     for line in output.splitlines():
@@ -74,7 +79,7 @@ def printed(output: str) -> dict[str, list[str]]:
         elif line.startswith("Then:"):
             current = "then"
         elif current and line.startswith("  ") and line.strip():
-            sections[current].append(line.split("   #", 1)[0].strip())
+            sections[current].append(line.strip())
         elif not line.strip():
             continue
         else:
@@ -82,7 +87,8 @@ def printed(output: str) -> dict[str, list[str]]:
     return sections
 
 
-def follow_up(lines: dict[str, list[str]]) -> tuple[str, list[str]]:
+def follow_up(lines: dict[str, list[str]],
+              daemon_host: bool = True) -> tuple[str, list[str]]:
     """The admin's part after `site install`, as shell: the printed lines added to
     slurm.conf and plugstack.conf (CLUSTER: this cluster's name), then the printed commands,
     but for what cannot run on a machine whose daemons systemd does not run (here: a chroot):
@@ -93,16 +99,18 @@ def follow_up(lines: dict[str, list[str]]) -> tuple[str, list[str]]:
               "cat >> /etc/slurm/plugstack.conf <<'EOF'",
               *(line.replace("CLUSTER", CLUSTER) for line in lines["plugstack.conf"]), "EOF"]
     changed = []
-    for command in lines["then"]:
-        command = command.replace("CLUSTER", CLUSTER)
-        if command.startswith("scontrol reconfigure"):
-            changed.append(command)
+    for line in lines["then"]:
+        line = line.replace("CLUSTER", CLUSTER)
+        command, _, comment = line.partition("   #")
+        if not daemon_host and "on the daemons' hosts" in comment:
             continue
-        if "systemctl" in command:
-            changed.append(command)
-            units = command.split("--now", 1)[1].split()
-            command = "systemctl enable " + " ".join(units)
-        script.append(command)
+        if command.startswith("scontrol reconfigure"):
+            changed.append(line)
+            continue
+        if "systemctl" in command and "--now" in command:
+            changed.append(line)
+            command = "systemctl enable " + command.split("--now", 1)[1].strip()
+        script.append(command.strip())
     return "\n".join(script) + "\n", changed
 
 
@@ -154,7 +162,7 @@ cat > /etc/slurm/slurm.conf <<'EOF'
 export PIP_NO_INDEX=1 PIP_FIND_LINKS=/walk/wheelhouse PIP_DISABLE_PIP_VERSION_CHECK=1
 for step in {steps}; do
   if [ "$step" = conf ]; then
-    /opt/slurm-geo/bin/python /walk/follow_up.py out/site-install.out > steps/conf.sh
+    /opt/slurm-geo/bin/python /walk/follow_up.py out/site-install.out {role} > steps/conf.sh
   fi
   # one admin's shell: each step starts where the one before left off (cd)
   (cd "$(cat /walk/cwd)" && bash -ex /walk/steps/$step.sh) > out/$step.out 2>&1
@@ -189,7 +197,9 @@ PROBES = {
 
 
 def walk_script(steps: tuple[str, ...] = ORDER) -> str:
-    return WALK.format(hostname=HOSTNAME, slurm_conf=SLURM_CONF, steps=" ".join(steps))
+    role = "daemon" if "key" in steps else "compute"
+    return WALK.format(hostname=HOSTNAME, slurm_conf=SLURM_CONF, steps=" ".join(steps),
+                       role=role)
 
 
 def probes_script() -> str:
@@ -201,7 +211,7 @@ def probes_script() -> str:
 FOLLOW_UP = """import sys
 sys.path.insert(0, "/walk")
 from install_walk import follow_up, printed
-script, _changed = follow_up(printed(open(sys.argv[1]).read()))
+script, _changed = follow_up(printed(open(sys.argv[1]).read()), sys.argv[2] == "daemon")
 print("set -e")
 print(script, end="")
 """

@@ -296,7 +296,7 @@ def test_failures_are_said_in_the_os_words(text, short):
     assert short_reason(text) == short
 
 
-def test_a_host_is_a_daemon_host_where_the_key_or_a_daemons_unit_is(tmp_path):
+def test_a_host_is_a_daemon_host_where_the_key_or_a_daemons_enabled_unit_is(tmp_path):
     from slurm_geo.config import parse_config
     from slurm_geo.doctor.examine import detect_roles
 
@@ -316,6 +316,10 @@ def test_a_host_is_a_daemon_host_where_the_key_or_a_daemons_unit_is(tmp_path):
     unit = tmp_path / "lib/systemd/system/slurm-geo-federation.service"
     unit.parent.mkdir(parents=True)
     unit.write_text("[Service]\nUser=slurm-geo\n")
+    assert "daemon" not in detect_roles(site, tmp_path, env)  # site install: every host
+    wants = tmp_path / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True)
+    (wants / unit.name).symlink_to(unit)
     assert "daemon" in detect_roles(site, tmp_path, env)
 
 

@@ -53,7 +53,7 @@ import pytest
 
 from slurm_geo.sandbox import rootfs
 from tests import install_walk
-from tests.install_walk import ORDER, blocks, follow_up, printed, walked
+from tests.install_walk import COMPUTE_ORDER, ORDER, blocks, follow_up, printed, walked
 from tests.wheel_build import REPO, build_artifacts
 
 INSTALL_MD = REPO / "docs" / "install.md"
@@ -104,6 +104,7 @@ Then:
 """
     lines = printed(output)
     assert lines["slurm.conf"] == ["PlugStackConfig=/etc/slurm/plugstack.conf", "JobRequeue=1"]
+    assert follow_up(lines, daemon_host=False)[0].count("systemctl") == 0
     script, changed = follow_up(lines)
     assert "cluster=onprem\n" in script and "PlugStackConfig=/etc/slurm/plugstack.conf\n" in script
     assert "slurm-geo policy export-lua --cluster onprem --dir /etc/slurm\n" in script
@@ -139,27 +140,36 @@ def _wheelhouse(wheel: Path, target: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def walk(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The walk, once: its /walk directory (out/STEP.out, .rc; out/probe-NAME.out, .rc)."""
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The image (built when missing), the wheel, and the wheelhouse for the root's Python."""
     try:
         rootfs.ensure_image(rootfs.HOME_2411_IMAGE_DIR, rootfs.HOME_2411)
     except rootfs.RegistryUnreachable as exc:
         pytest.skip(str(exc))
-    tmp = tmp_path_factory.mktemp("walk")
+    tmp = tmp_path_factory.mktemp("artifacts")
     wheel = build_artifacts(tmp / "build")["wheel"]
+    (tmp / "wheelhouse").mkdir()
+    _wheelhouse(wheel, tmp / "wheelhouse")
+    return wheel, tmp / "wheelhouse"
+
+
+def _walk(tmp: Path, artifacts: tuple[Path, Path], steps: tuple[str, ...]) -> Path:
+    """One walk, in a root of its own: its /walk directory (out/STEP.out, .rc;
+    out/probe-NAME.out, .err, .rc)."""
+    wheel, wheelhouse = artifacts
     here = tmp / "walk"
-    for name in ("out", "steps", "wheelhouse"):
+    for name in ("out", "steps"):
         (here / name).mkdir(parents=True)
-    _wheelhouse(wheel, here / "wheelhouse")
+    shutil.copytree(wheelhouse, here / "wheelhouse")
     shutil.copy2(wheel, here / wheel.name)
     shutil.copy2(REPO / "docs/examples/site.toml", here / "site.toml")
     shutil.copy2(Path(install_walk.__file__), here / "install_walk.py")
     (here / "follow_up.py").write_text(install_walk.FOLLOW_UP)
     found = blocks(INSTALL_MD.read_text())
-    for name in ORDER:
+    for name in steps:
         if name in found:
             (here / "steps" / f"{name}.sh").write_text(walked(found[name]))
-    (here / "walk.sh").write_text(install_walk.walk_script())
+    (here / "walk.sh").write_text(install_walk.walk_script(steps))
     (here / "probes.sh").write_text(install_walk.probes_script())
     host = tmp / "root.sh"
     host.write_text(install_walk.root_script(rootfs.HOME_2411_IMAGE_DIR, tmp / "root", here))
@@ -171,6 +181,19 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"apt-get update cannot reach Debian's registry: "
                     f"{_read(here, 'apt-update.out')[-300:]}")
     return here
+
+
+@pytest.fixture(scope="module")
+def walk(tmp_path_factory: pytest.TempPathFactory, artifacts: tuple[Path, Path]) -> Path:
+    """install.md walked on a daemon host that is also the controller (ORDER)."""
+    return _walk(tmp_path_factory.mktemp("walk"), artifacts, ORDER)
+
+
+@pytest.fixture(scope="module")
+def compute_walk(tmp_path_factory: pytest.TempPathFactory,
+                 artifacts: tuple[Path, Path]) -> Path:
+    """install.md walked on a compute node: what it asks of every host (COMPUTE_ORDER)."""
+    return _walk(tmp_path_factory.mktemp("compute"), artifacts, COMPUTE_ORDER)
 
 
 def _read(walk_dir: Path, name: str) -> str:
@@ -245,3 +268,32 @@ def test_doctor_reports_only_what_the_walk_leaves_missing(walk: Path) -> None:
                   "tls (CA site-ca.pem)", "unit slurm-geo-federation.service",
                   "unit slurm-geo-checkpoint-sync.service"):
         assert levels.get(check) == "ok", (check, levels)
+
+
+# What doctor reports on the compute node, and why.
+COMPUTE_ERRORS = {
+    "tls (CA provider-ca.pem)": EXPECTED_ERRORS["tls (CA provider-ca.pem)"],
+    "tls (CA s3-ca.pem)": EXPECTED_ERRORS["tls (CA s3-ca.pem)"],
+    "tls (CA site-ca.pem)": "the site CA's certificate comes from the daemon host "
+                            "(section 6): not copied here",
+    "federation daemon": EXPECTED_ERRORS["federation daemon"],
+}
+
+
+@pytest.mark.slow
+def test_a_compute_node_walked_is_no_daemon_host(compute_walk: Path) -> None:
+    """Every host runs site install, which puts the daemons' units in place, and gets the
+    same site config: doctor must not take a compute node for a daemon host (and fail it
+    for the master key and units it must not have)."""
+    for step in COMPUTE_ORDER:
+        assert _read(compute_walk, f"{step}.rc") == "0", (
+            step, _read(compute_walk, f"{step}.out")[-3000:])
+    assert _read(compute_walk, "probe-doctor.rc") == "60"
+    report = json.loads(_read(compute_walk, "probe-doctor.out"))
+    assert set(report["roles"]) == {"login", "compute", "controller"}
+    problems = {f["check"]: f["what"] for f in report["findings"] if f["level"] != "ok"}
+    assert set(problems) == set(COMPUTE_ERRORS), json.dumps(problems, indent=1)
+    levels = {f["check"]: f["level"] for f in report["findings"]}
+    for check in ("slurm.conf (onprem)", "spank plugin (onprem)", "munge", "master key"):
+        assert levels.get(check) == "ok", (check, levels)
+    assert _probe(compute_walk, "submit-as") == "root:root 755"  # no service account here

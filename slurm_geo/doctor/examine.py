@@ -41,17 +41,18 @@ class Options:
 def detect_roles(site: SiteConfig, systemd_root: Path,
                  env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
     """What this host is, from the config and what is installed: daemon where a daemon's
-    unit or the master key is, controller where slurmctld is, compute where slurmd is;
-    login always (every host with slurm-geo submits)."""
+    unit is enabled or the master key is (site install puts the units on every host, and
+    only the daemons' hosts enable them), controller where slurmctld is, compute where
+    slurmd is; login always (every host with slurm-geo submits)."""
     roles = ["login"]
     if shutil.which("slurmd"):
         roles.append("compute")
     if shutil.which("slurmctld"):
         roles.append("controller")
     key = master_key_path(_key_file(site), env)
-    units = [gather.unit_fact(unit, systemd_root).path for unit in daemon_units(site)]
+    units = [gather.unit_fact(unit, systemd_root) for unit in daemon_units(site)]
     if (site.federation is not None or site.sync is not None) and \
-            (key.exists() or any(units)):
+            (key.exists() or any(unit.path and unit.enabled for unit in units)):
         roles.append("daemon")
     return tuple(roles)
 
