@@ -7,15 +7,22 @@ and UTS namespace of its own, entered by chroot (tests/install_walk.py; the imag
 never changed). The wheel is built from this checkout as a release is
 (tests/wheel_build.py) and copied there with docs/examples/site.toml, as an admin would.
 
-The walk runs install.md's blocks marked `<!-- walk: NAME -->`, as written, in
-install_walk.ORDER: the packages (apt-get, the venv, the wheel, the symlink on PATH), the
-service account (section 4, which section 1 says to create before site install), `slurm-geo
-site install`, then what it prints for the admin (the slurm.conf and plugstack.conf lines
-added, the commands run), the site config from docs/examples/site.toml with `slurm-geo
-config check`, `slurm-geo keys init` and its chown, the federation daemon's key,
-certificate request and a site CA signing it (section 6). pip gets slurm-geo's
-dependencies from a wheelhouse (PIP_NO_INDEX, PIP_FIND_LINKS: the doc's pip commands are
-unchanged), fetched beforehand for the root's Python; apt reaches Debian's registry.
+Two walks, each in a root of its own: a daemon host that is also the controller, and a
+compute node. The daemon host's runs install.md's blocks marked `<!-- walk: NAME -->`,
+as written, in install_walk.ORDER: the packages (apt-get, the venv, the wheel, the symlink
+on PATH), the service account (section 4, which section 1 says to create before site
+install), `slurm-geo site install`, the site config from docs/examples/site.toml with
+`slurm-geo config check`, then what site install printed for the admin (the slurm.conf and
+plugstack.conf lines added, the commands run: section 1 says to, once the config is in
+place), `slurm-geo keys init` and its chown, the federation daemon's key, certificate
+request and a site CA signing it (section 6). pip gets slurm-geo's dependencies from a
+wheelhouse (PIP_NO_INDEX, PIP_FIND_LINKS: the doc's pip commands are unchanged), fetched
+beforehand for the root's Python; apt reaches Debian's registry. The compute node's runs
+what install.md asks of every host (install_walk.COMPUTE_ORDER) and none of the printed
+commands marked for the daemons' hosts. Then `slurm-geo --help`, `man slurm-geo`, bash
+completion, and `slurm-geo doctor --json` with the roles it finds, whose every problem must
+be one the test names (EXPECTED_ERRORS, COMPUTE_ERRORS) and whose checks of what the walk
+put in place must pass.
 
 What is not run as written, and what the walk does or checks instead:
 - `pip install 'torch==...'`: training nodes only (install_walk.NOT_WALKED).
@@ -36,7 +43,7 @@ What is not run as written, and what the walk does or checks instead:
 
 Needs root (namespaces, mounts, chroot), the image (built when missing: Debian's
 registry) and the registries (apt, and PyPI for the wheelhouse): skipped, saying so, when
-they cannot be reached. About a minute and a half.
+they cannot be reached. About a minute; the roots (0.8 GB each) are removed after.
 """
 
 from __future__ import annotations
@@ -177,6 +184,17 @@ def _walk(tmp: Path, artifacts: tuple[Path, Path], steps: tuple[str, ...]) -> Pa
                            "bash", str(host)], capture_output=True, text=True, timeout=900,
                           check=False)
     assert done.returncode == 0, done.stderr[-2000:]
+    # The root's files are 0.8 GB (apt's packages, the venv): kept only as far as the tests
+    # read them, which absolute path each line site install printed names exists there.
+    root = tmp / "root"
+    named = {path: (root / "upper" / path.lstrip("/")).exists()
+             or (rootfs.HOME_2411_IMAGE_DIR / path.lstrip("/")).exists()
+             for path in _named_paths(_read(here, "site-install.out"))}
+    (here / "out" / "named.json").write_text(json.dumps(named))
+    (here / "out" / "config.exists").write_text(
+        str((root / "upper/etc/slurm-geo/config.toml").is_file()))
+    shutil.rmtree(root)
+    shutil.rmtree(here / "wheelhouse")
     if _read(here, "apt-update.rc") == "75":
         pytest.skip(f"apt-get update cannot reach Debian's registry: "
                     f"{_read(here, 'apt-update.out')[-300:]}")
@@ -194,6 +212,13 @@ def compute_walk(tmp_path_factory: pytest.TempPathFactory,
                  artifacts: tuple[Path, Path]) -> Path:
     """install.md walked on a compute node: what it asks of every host (COMPUTE_ORDER)."""
     return _walk(tmp_path_factory.mktemp("compute"), artifacts, COMPUTE_ORDER)
+
+
+def _named_paths(output: str) -> set[str]:
+    """The absolute paths in the slurm.conf and plugstack.conf lines site install printed."""
+    lines = printed(output)
+    return {path for line in lines["slurm.conf"] + lines["plugstack.conf"]
+            for path in re.findall(r"(?<![\w.])(/[\w./-]+)", line)}
 
 
 def _read(walk_dir: Path, name: str) -> str:
@@ -221,15 +246,11 @@ def test_every_step_of_install_md_runs_as_written(walk: Path) -> None:
 def test_the_lines_site_install_prints_name_files_that_now_exist(walk: Path) -> None:
     lines = printed(_read(walk, "site-install.out"))
     assert lines["slurm.conf"] and lines["plugstack.conf"] and lines["then"]
-    root = walk.parent / "root"
-    named = {path for line in lines["slurm.conf"] + lines["plugstack.conf"]
-             for path in re.findall(r"(?<![\w.])(/[\w./-]+)", line)}
+    named = json.loads(_read(walk, "named.json"))
     assert "/usr/local/lib/slurm-geo/geo_directives.so" in named
-    for path in sorted(named - {"/etc/slurm-geo/config.toml"}):  # written by a later step
-        inside = path.lstrip("/")
-        assert (root / "upper" / inside).exists() or \
-            (rootfs.HOME_2411_IMAGE_DIR / inside).exists(), path
-    assert (root / "upper/etc/slurm-geo/config.toml").is_file()
+    assert "/usr/local/libexec/slurm-geo/check_directives.py" in named
+    assert [path for path, there in named.items() if not there] == [], named
+    assert _read(walk, "config.exists") == "True"
     assert _probe(walk, "submit-as") == "root:slurm-geo 4750"  # the account came first
     wants = _probe(walk, "wants").split()
     for unit in ("slurm-geo-federation.service", "slurm-geo-checkpoint-sync.service",
