@@ -227,6 +227,15 @@ def test_an_unreachable_daemon_is_an_error_with_no_clock_verdict():
                "federation daemon", "does not answer")
 
 
+def test_a_daemon_not_asked_for_want_of_its_ca_file_says_so(tmp_path):
+    from slurm_geo.doctor.gather import clock_fact
+
+    fact = clock_fact("https://fed:9852", tmp_path / "site-ca.pem")
+    only_error(checks.check_clock([fact]), "federation daemon", "https://fed:9852",
+               "cannot be asked", f"{tmp_path / 'site-ca.pem'} cannot be read",
+               "No such file or directory", "[federation] ca_file")
+
+
 def test_the_clock_is_one_verdict_on_the_replica_it_is_furthest_from():
     replicas = [ClockFact("https://home:9852", NOW, NOW - 2),
                 ClockFact("https://control:9852", NOW, NOW + 1),

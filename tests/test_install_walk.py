@@ -297,7 +297,7 @@ COMPUTE_ERRORS = {
     "tls (CA s3-ca.pem)": EXPECTED_ERRORS["tls (CA s3-ca.pem)"],
     "tls (CA site-ca.pem)": "the site CA's certificate comes from the daemon host "
                             "(section 6): not copied here",
-    "federation daemon": EXPECTED_ERRORS["federation daemon"],
+    "federation daemon": "not asked: the site CA's certificate is not here (above)",
 }
 
 
@@ -314,6 +314,8 @@ def test_a_compute_node_walked_is_no_daemon_host(compute_walk: Path) -> None:
     assert set(report["roles"]) == {"login", "compute", "controller"}
     problems = {f["check"]: f["what"] for f in report["findings"] if f["level"] != "ok"}
     assert set(problems) == set(COMPUTE_ERRORS), json.dumps(problems, indent=1)
+    assert "cannot be asked: its CA file /etc/slurm-geo/site-ca.pem" in \
+        problems["federation daemon"]
     levels = {f["check"]: f["level"] for f in report["findings"]}
     for check in ("slurm.conf (onprem)", "spank plugin (onprem)", "munge", "master key"):
         assert levels.get(check) == "ok", (check, levels)

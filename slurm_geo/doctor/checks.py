@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from slurm_geo.doctor.facts import (
+    CA_UNREADABLE,
     ClockFact,
     EtcdFact,
     JwtFact,
@@ -319,7 +320,11 @@ def check_clock(facts: Sequence[ClockFact], clock_offset_s: float = 0.0) -> list
     """This host's clock against each federation daemon's (its HTTP Date header): a daemon
     that does not answer is an error of its own; the clock is one verdict, on the daemon it
     is furthest from (the replicas' own clocks are their hosts' doctors' to judge)."""
-    findings = [Finding(ERROR, "federation daemon", f"{f.url} does not answer: {f.error}",
+    findings = [Finding(ERROR, "federation daemon", f"{f.url} cannot be asked: {f.error}",
+                        "put the CA's certificate there (docs/install.md, section 6) or "
+                        "correct [federation] ca_file")
+                if f.error.startswith(CA_UNREADABLE) else
+                Finding(ERROR, "federation daemon", f"{f.url} does not answer: {f.error}",
                         "start it (`systemctl start slurm-geo-federation`) or correct "
                         "[federation] public_url / [[federation.replicas]] url")
                 for f in facts if f.error]

@@ -107,7 +107,10 @@ class ClockFact:
     url: str
     our_time: float | None = None  # this host's clock, mid-request
     their_time: float | None = None  # the daemon's Date header
-    error: str = ""
+    error: str = ""  # starts with CA_UNREADABLE where the daemon was not asked
+
+
+CA_UNREADABLE = "its CA file"
 
 
 @dataclass(frozen=True)

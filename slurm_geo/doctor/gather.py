@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_geo.doctor.facts import (
+    CA_UNREADABLE,
     ClockFact,
     EtcdFact,
     JwtFact,
@@ -393,9 +394,13 @@ def clock_fact(url: str, ca_file: Path | None) -> ClockFact:
     """The federation daemon's Date header (GET /v1/leader, which every replica answers)."""
     from slurm_geo.lease.protocol import LEADER_PATH
 
-    started = time.time()
     try:  # a CA file that is missing or not PEM: this check's error, not a traceback
         context = ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
+    except (OSError, ValueError) as exc:
+        return ClockFact(url, error=f"{CA_UNREADABLE} {ca_file} cannot be read "
+                                    f"({_one_line(exc)})")
+    started = time.time()
+    try:
         with urllib.request.urlopen(url.rstrip("/") + LEADER_PATH, timeout=TIMEOUT_S,
                                     context=context) as response:
             date = response.headers.get("Date")
