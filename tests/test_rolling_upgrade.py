@@ -212,8 +212,8 @@ def test_replicas_of_the_last_release_upgraded_one_at_a_time_keep_the_job(
                  str(replica_config(tmp_path, etcd, prefix, ports, name))],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
 
-    def leading() -> str:
-        answers = eventually(lambda: {n: says(p) for n, p in ports.items()},
+    def leading(among: tuple[str, ...] = SITES) -> str:
+        answers = eventually(lambda: {n: says(ports[n]) for n in among},
                              lambda a: all(a.values()) and any(v["leading"] for v in a.values()),
                              timeout_s=30, interval_s=0.1)
         return next(n for n, said in answers.items() if said["leading"])
@@ -228,6 +228,8 @@ def test_replicas_of_the_last_release_upgraded_one_at_a_time_keep_the_job(
         for name in (follower, first):
             os.kill(processes[name].pid, signal.SIGTERM)
             assert processes[name].wait(30) == 0
+            if name == first:  # as docs/install.md says: the upgraded one leads before
+                assert leading(among=(follower,)) == follower  # the last one is restarted
             start(name, ROOT)
             leaders.append(leading())
         assert leaders == [first, follower]  # the lead moved once, to the upgraded replica
