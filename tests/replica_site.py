@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from slurm_geo.federation.etcd.leadership import Leadership
 from slurm_geo.federation.runtime import open_federation_state
 from slurm_geo.federation.service import Metrics, serve
 from slurm_geo.federation.wiring import Wiring
+from slurm_geo.lease.protocol import LEADER_PATH
 from slurm_geo.registry import RegistryReader
 from tests.test_federation_daemon import KEY, TTL, Site
 
@@ -158,3 +160,37 @@ def toml(tables: dict[str, Any]) -> str:
                     lines.extend(f"{k} = {json.dumps(v)}" for k, v in row.items())
     emit("", tables)
     return "\n".join(lines) + "\n"
+
+
+def process_config(tmp_path: Path, etcd_url: str, prefix: str, ports: dict[str, int],
+                   name: str, lease_ttl_s: float | None = None) -> Path:
+    """The site config of replica `name` run as its own `slurm-geo-federation` process, on
+    the etcd at `etcd_url`: keys every release knows. Clusters no process here reaches."""
+    (tmp_path / "pfs").mkdir(exist_ok=True)
+    clusters = {cluster: {"region": region, "access": "cli", "store": "pfs", "timeout_s": 1,
+                          "slurm_conf": str(tmp_path / f"{cluster}.conf")}
+                for cluster, region in (("onprem", "home"), ("rented", "eu"))}
+    federation: dict[str, Any] = {
+        "key_file": str(tmp_path / "master.key"), "probe_interval_s": 1,
+        "leader_ttl_s": LEADER_TTL_S, "etcd_endpoints": [etcd_url], "etcd_prefix": prefix,
+        "replica": name, "listen_port": ports[name],
+        "replicas": [{"name": n, "site": site, "url": f"http://127.0.0.1:{ports[n]}"}
+                     for n, site in SITES.items()]}
+    if lease_ttl_s is not None:
+        federation["lease_ttl_s"] = lease_ttl_s
+    path = tmp_path / f"{name}.toml"
+    path.write_text(toml({
+        "site": {"home_cluster": "onprem"}, "clusters": clusters,
+        "stores": {"pfs": {"url": f"file://{tmp_path / 'pfs'}", "region": "home"}},
+        "federation": federation}))
+    return path
+
+
+def says(port: int) -> dict | None:
+    """A replica process's answer to GET /v1/leader, or None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{LEADER_PATH}",
+                                    timeout=2) as response:
+            return json.loads(response.read())
+    except OSError:
+        return None

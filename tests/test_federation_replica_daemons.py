@@ -4,53 +4,21 @@ the other leads at its next campaign (measured, printed). Started and stopped by
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from slurm_geo.lease.protocol import LEADER_PATH
 from tests.etcd_server import MASTER_KEY, EtcdMember, fresh_prefix
 from tests.helpers import eventually
-from tests.replica_site import SITES, free_port, toml
+from tests.replica_site import LEADER_TTL_S, SITES, free_port, process_config, says
 
 ROOT = Path(__file__).resolve().parent.parent
-LEADER_TTL_S = 2
-
-
-def config_of(tmp_path: Path, etcd: EtcdMember, prefix: str, ports: dict[str, int],
-              name: str) -> Path:
-    (tmp_path / "pfs").mkdir(exist_ok=True)
-    clusters = {cluster: {"region": region, "access": "cli", "store": "pfs", "timeout_s": 1,
-                          "slurm_conf": str(tmp_path / f"{cluster}.conf")}
-                for cluster, region in (("onprem", "home"), ("rented", "eu"))}
-    path = tmp_path / f"{name}.toml"
-    path.write_text(toml({
-        "site": {"home_cluster": "onprem"}, "clusters": clusters,
-        "stores": {"pfs": {"url": f"file://{tmp_path / 'pfs'}", "region": "home"}},
-        "federation": {"key_file": str(tmp_path / "master.key"), "probe_interval_s": 1,
-                       "leader_ttl_s": LEADER_TTL_S, "etcd_endpoints": [etcd.client_url],
-                       "etcd_prefix": prefix, "replica": name, "listen_port": ports[name],
-                       "replicas": [{"name": n, "site": site,
-                                     "url": f"http://127.0.0.1:{ports[n]}"}
-                                    for n, site in SITES.items()]}}))
-    return path
-
-
-def says(port: int) -> dict | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{LEADER_PATH}",
-                                    timeout=2) as response:
-            return json.loads(response.read())
-    except OSError:
-        return None
 
 
 @pytest.fixture
@@ -67,7 +35,7 @@ def daemons(tmp_path: Path, etcd: EtcdMember
         log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 (the process keeps it)
         started[name] = subprocess.Popen(
             [sys.executable, "-m", "slurm_geo.federation.entry", "--config",
-             str(config_of(tmp_path, etcd, prefix, ports, name))],
+             str(process_config(tmp_path, etcd.client_url, prefix, ports, name))],
             stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
     yield started, ports

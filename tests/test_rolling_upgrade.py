@@ -34,9 +34,8 @@ from slurm_geo.federation.fencing import known_fence
 from slurm_geo.federation.model import JobStatus
 from tests.etcd_server import EtcdMember, fresh_prefix
 from tests.helpers import eventually
-from tests.replica_site import LEADER_TTL_S, SITES, ReplicatedSite, free_port, toml
+from tests.replica_site import SITES, ReplicatedSite, free_port, process_config, says
 from tests.test_federation_daemon import KEY, OPTIONS, RUN, Clock
-from tests.test_federation_replica_daemons import says
 
 
 @pytest.fixture
@@ -127,27 +126,6 @@ def release_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def replica_config(tmp_path: Path, etcd: EtcdMember, prefix: str, ports: dict[str, int],
-                   name: str) -> Path:
-    """Keys the release knows too. Clusters no process here reaches: both go out, and the
-    job's lease (an hour) keeps any move from being decided."""
-    (tmp_path / "pfs").mkdir(exist_ok=True)
-    clusters = {cluster: {"region": region, "access": "cli", "store": "pfs", "timeout_s": 1,
-                          "slurm_conf": str(tmp_path / f"{cluster}.conf")}
-                for cluster, region in (("onprem", "home"), ("rented", "eu"))}
-    path = tmp_path / f"{name}.toml"
-    path.write_text(toml({
-        "site": {"home_cluster": "onprem"}, "clusters": clusters,
-        "stores": {"pfs": {"url": f"file://{tmp_path / 'pfs'}", "region": "home"}},
-        "federation": {"key_file": str(tmp_path / "master.key"), "probe_interval_s": 1,
-                       "leader_ttl_s": LEADER_TTL_S, "lease_ttl_s": 3600,
-                       "etcd_endpoints": [etcd.client_url], "etcd_prefix": prefix,
-                       "replica": name, "listen_port": ports[name],
-                       "replicas": [{"name": n, "site": s, "url": f"http://127.0.0.1:{ports[n]}"}
-                                    for n, s in SITES.items()]}}))
-    return path
-
-
 def seed(endpoint: str, prefix: str) -> None:
     """A job that failed over to rented (generation 1, Slurm job 77), training under its
     lease, written as a person's command writes (no leader: no layout version either)."""
@@ -209,7 +187,9 @@ def test_replicas_of_the_last_release_upgraded_one_at_a_time_keep_the_job(
         with open(tmp_path / f"{name}.log", "ab") as log:
             processes[name] = subprocess.Popen(
                 [sys.executable, "-m", "slurm_geo.federation.entry", "--config",
-                 str(replica_config(tmp_path, etcd, prefix, ports, name))],
+                 # a lease of an hour: no move is decided while replicas restart
+                 str(process_config(tmp_path, etcd.client_url, prefix, ports, name,
+                                    lease_ttl_s=3600))],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
 
     def leading(among: tuple[str, ...] = SITES) -> str:
