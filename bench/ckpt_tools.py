@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_geo.ckpt import LocalDirStore, Tensor
-from slurm_geo.ckpt.codec import Compressors, encode_parts, encode_plane, split_planes
-from slurm_geo.ckpt.keys import RunKeys, chunk_id
-from slurm_geo.ckpt.manifest import FORMAT_VERSION
-from slurm_geo.ckpt.pack import PackWriter, pack_id_of
+from slurm_geo.ckpt.format.codec import Compressors, encode_parts, encode_plane, split_planes
+from slurm_geo.ckpt.format.keys import RunKeys, chunk_id
+from slurm_geo.ckpt.format.manifest import FORMAT_VERSION
+from slurm_geo.ckpt.format.pack import PackWriter, pack_id_of
 
 MB = 1e6
 

@@ -49,8 +49,8 @@ from ckpt_tools import (
 )
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository
-from slurm_geo.ckpt.chunking import DEFAULT_CHUNK_SIZE, fixed_chunks
-from slurm_geo.ckpt.writer import DEFAULT_OPTIONS
+from slurm_geo.ckpt.format.chunking import DEFAULT_CHUNK_SIZE, fixed_chunks
+from slurm_geo.ckpt.repo.writer import DEFAULT_OPTIONS
 
 HERE = Path(__file__).resolve().parent
 RUN = "bench"

@@ -40,8 +40,8 @@ import torch
 import torch.multiprocessing as mp
 from dcp_bench_ranks import FS, OURS, Plan
 
-from slurm_geo.ckpt.keys import create_master_key_file
-from slurm_geo.ckpt.writer import DEFAULT_OPTIONS
+from slurm_geo.ckpt.format.keys import create_master_key_file
+from slurm_geo.ckpt.repo.writer import DEFAULT_OPTIONS
 
 HERE = Path(__file__).resolve().parent
 MB = 1e6

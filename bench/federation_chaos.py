@@ -68,8 +68,8 @@ sys.path.insert(0, str(ROOT))
 
 from slurm_geo.config.model import SiteConfig, load_config  # noqa: E402
 from slurm_geo.drills import drill, losses, sharded  # noqa: E402
-from slurm_geo.federation.audit import Entry  # noqa: E402
 from slurm_geo.federation.model import answering  # noqa: E402
+from slurm_geo.federation.state.audit import Entry  # noqa: E402
 from slurm_geo.sandbox import Sandbox, netns  # noqa: E402
 from slurm_geo.sandbox.users import ALICE  # noqa: E402
 from slurm_geo.slurm import SlurmClient, SlurmError, connect  # noqa: E402

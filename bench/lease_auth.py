@@ -67,8 +67,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import lease_site  # noqa: E402
 
+from slurm_geo.federation.access.tls import server_context  # noqa: E402
 from slurm_geo.federation.model import JobStatus, LogicalJob, token_digest  # noqa: E402
-from slurm_geo.federation.tls import server_context  # noqa: E402
 from slurm_geo.lease.client import FederatedRun, Placement, tls_context  # noqa: E402
 from slurm_geo.lease.munge import MungeCommands  # noqa: E402
 from slurm_geo.lease.protocol import METRICS_PATH, Verdict  # noqa: E402

@@ -55,12 +55,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor  # noqa: E402
-from slurm_geo.ckpt.keys import load_master_key  # noqa: E402
-from slurm_geo.ckpt.open_store import open_store  # noqa: E402
-from slurm_geo.ckpt.replicate import copy_checkpoint, needed_objects, sizes_of  # noqa: E402
-from slurm_geo.ckpt.store import Store  # noqa: E402
-from slurm_geo.ckpt.transfer_plan import TransferPlan  # noqa: E402
-from slurm_geo.ckpt.verified import absent, read_record, record_of, write_record  # noqa: E402
+from slurm_geo.ckpt.format.keys import load_master_key  # noqa: E402
+from slurm_geo.ckpt.ops.replicate import copy_checkpoint, needed_objects, sizes_of  # noqa: E402
+from slurm_geo.ckpt.ops.verified import absent, read_record, record_of, write_record  # noqa: E402
+from slurm_geo.ckpt.stores.open_store import open_store  # noqa: E402
+from slurm_geo.ckpt.stores.store import Store  # noqa: E402
+from slurm_geo.ckpt.stores.transfer_plan import TransferPlan  # noqa: E402
 from slurm_geo.config import load_config  # noqa: E402
 from slurm_geo.sandbox import Sandbox, netns, root_from_env, wire  # noqa: E402
 from slurm_geo.sandbox.sites import Site, WanLink  # noqa: E402

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from slurm_geo.ckpt.keys import KeyFile
-from slurm_geo.ckpt.store import Bytes, LocalDirStore
+from slurm_geo.ckpt.format.keys import KeyFile
+from slurm_geo.ckpt.stores.store import Bytes, LocalDirStore
 from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.names import tree_id, tree_naming_key
 from slurm_geo.stage.trees import Staged, Trees

@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from stage_trees import dataset  # noqa: E402
 from sync_wan import BOTO3_UPLOAD  # noqa: E402
 
-from slurm_geo.ckpt.keys import load_master_key  # noqa: E402
-from slurm_geo.ckpt.store import LocalDirStore  # noqa: E402
-from slurm_geo.ckpt.transfer_plan import plan_transfers  # noqa: E402
+from slurm_geo.ckpt.format.keys import load_master_key  # noqa: E402
+from slurm_geo.ckpt.stores.store import LocalDirStore  # noqa: E402
+from slurm_geo.ckpt.stores.transfer_plan import plan_transfers  # noqa: E402
 from slurm_geo.config import load_config  # noqa: E402
 from slurm_geo.sandbox import Sandbox, netns, root_from_env, wire  # noqa: E402
 from slurm_geo.sandbox.layout import S3_BUCKET  # noqa: E402
@@ -62,10 +62,10 @@ from slurm_geo.stage.walk import LocalOpener  # noqa: E402
 # Run in the home site: copy the snapshot to the off-site store, print the report.
 COPY = """
 import json, sys, time
-from slurm_geo.ckpt.keys import load_master_key
-from slurm_geo.ckpt.open_store import open_store
-from slurm_geo.ckpt.store import LocalDirStore
-from slurm_geo.ckpt.transfer_plan import TransferPlan
+from slurm_geo.ckpt.format.keys import load_master_key
+from slurm_geo.ckpt.stores.open_store import open_store
+from slurm_geo.ckpt.stores.store import LocalDirStore
+from slurm_geo.ckpt.stores.transfer_plan import TransferPlan
 from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.replicate import copy_snapshot
 from slurm_geo.stage.trees import Trees
@@ -184,7 +184,7 @@ def main() -> None:
         site = load_config(layout.site_config)
         assert site.sync is not None
         offsite = site.stores[site.sync.destination]
-        from slurm_geo.ckpt.open_store import open_store
+        from slurm_geo.ckpt.stores.open_store import open_store
         os.environ.update(sandbox.s3_env())
         there = open_store(offsite.url, offsite.endpoint_url or None)
         try:

@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor  # noqa: E402
-from slurm_geo.ckpt.keys import load_master_key  # noqa: E402
-from slurm_geo.ckpt.manifest import with_bases  # noqa: E402
-from slurm_geo.ckpt.names import key_name, latest_name, pack_name  # noqa: E402
-from slurm_geo.ckpt.open_store import open_store  # noqa: E402
+from slurm_geo.ckpt.format.keys import load_master_key  # noqa: E402
+from slurm_geo.ckpt.format.manifest import with_bases  # noqa: E402
+from slurm_geo.ckpt.format.names import key_name, latest_name, pack_name  # noqa: E402
+from slurm_geo.ckpt.stores.open_store import open_store  # noqa: E402
 from slurm_geo.config import load_config  # noqa: E402
 from slurm_geo.sandbox import Sandbox, netns, root_from_env  # noqa: E402
 from slurm_geo.sandbox.layout import S3_BUCKET  # noqa: E402

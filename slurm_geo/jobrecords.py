@@ -22,7 +22,7 @@ co-tenant can still make `.slurm-geo-<uid>/` before that user's first job does: 
 are then refused in one line (denial of service, never a forged record). A shared
 directory without the sticky bit lets every writer rename anything in it; records there are
 still never forged, but may be hidden: `chmod +t` it, as the stores ask
-(slurm_geo.ckpt.store).
+(slurm_geo.ckpt.stores.store).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def s3_env(sandbox: Sandbox) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def s3_client(s3_endpoint, s3_env):
-    from slurm_geo.ckpt.s3store import make_s3_client
+    from slurm_geo.ckpt.stores.s3store import make_s3_client
 
     return make_s3_client(s3_endpoint, "us-east-1", access_key_id=s3_env["AWS_ACCESS_KEY_ID"],
                           secret_access_key=s3_env["AWS_SECRET_ACCESS_KEY"],
@@ -174,7 +174,7 @@ def s3_prefix(s3_client) -> Iterator[str]:
 
 @pytest.fixture
 def s3_store(s3_client, s3_prefix):
-    from slurm_geo.ckpt.s3store import S3Store
+    from slurm_geo.ckpt.stores.s3store import S3Store
 
     return S3Store(S3_BUCKET, s3_prefix, s3_client)
 

@@ -212,7 +212,7 @@ class FakeFederated:
 
     def run_key(self) -> tuple[str, Any]:
         from slurm_geo.ckpt import LocalDirStore, load_master_key
-        from slurm_geo.ckpt.runkey import unwrap_run_keys
+        from slurm_geo.ckpt.repo.runkey import unwrap_run_keys
 
         store = LocalDirStore(Path(self.store.removeprefix("file://")))
         os.environ.update(self.store_env)  # only rank 0 asks, as FederatedRun.run_key does

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from slurm_geo.ckpt.keys import KeyFile, MasterKeys
-from slurm_geo.federation.etcd.kv import EtcdKV, EtcdTLS
-from slurm_geo.federation.etcd.layout import Layout
-from slurm_geo.federation.etcd.leadership import Leadership
-from slurm_geo.federation.etcd.state import EtcdFederationState
+from slurm_geo.ckpt.format.keys import KeyFile, MasterKeys
 from slurm_geo.federation.model import Replica
+from slurm_geo.federation.state.etcd.kv import EtcdKV, EtcdTLS
+from slurm_geo.federation.state.etcd.layout import Layout
+from slurm_geo.federation.state.etcd.leadership import Leadership
+from slurm_geo.federation.state.etcd.state import EtcdFederationState
 from slurm_geo.sandbox import certs
 from slurm_geo.sandbox.etcd_members import (
     MEMBER_SITES,

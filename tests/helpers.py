@@ -97,7 +97,7 @@ def process_environment(pid: int) -> dict[str, str] | None:
 def stored_packs(store) -> list[str]:
     """Every pack object of a checkpoint store, under either prefix (the shared `packs/`
     of formats 1-3, a run's `run-packs/<run>/` of formats 4 and 5), sorted."""
-    from slurm_geo.ckpt.usage import pack_sizes
+    from slurm_geo.ckpt.ops.usage import pack_sizes
 
     return sorted(pack_sizes(store))
 

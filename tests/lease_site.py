@@ -16,13 +16,13 @@ from typing import Any
 from slurm_geo.ckpt import LocalDirStore
 from slurm_geo.config.model import parse_config
 from slurm_geo.daemon.httpserver import DEFAULT_LIMITS, BoundedHTTPServer, Limits
-from slurm_geo.federation.audit import AuditLog
-from slurm_geo.federation.authn import Authenticator
-from slurm_geo.federation.bandwidth import BandwidthModel
-from slurm_geo.federation.core import Federation
+from slurm_geo.federation.access.authn import Authenticator
+from slurm_geo.federation.daemon.service import Metrics, serve
+from slurm_geo.federation.decide.bandwidth import BandwidthModel
+from slurm_geo.federation.engine.core import Federation
 from slurm_geo.federation.model import JobStatus, LogicalJob, token_digest
-from slurm_geo.federation.service import Metrics, serve
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.state.audit import AuditLog
+from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.client import Placement
 from slurm_geo.lease.munge import FakeMunge

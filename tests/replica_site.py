@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_geo.ckpt.keys import KeyFile
+from slurm_geo.ckpt.format.keys import KeyFile
 from slurm_geo.config.model import SiteConfig, parse_config
 from slurm_geo.daemon.httpserver import BoundedHTTPServer
-from slurm_geo.federation.authn import Authenticator
-from slurm_geo.federation.bandwidth import BandwidthModel
-from slurm_geo.federation.core import Federation
-from slurm_geo.federation.entry import run_round
-from slurm_geo.federation.etcd.leadership import Leadership
-from slurm_geo.federation.runtime import open_federation_state
-from slurm_geo.federation.service import Metrics, serve
+from slurm_geo.federation.access.authn import Authenticator
+from slurm_geo.federation.daemon.entry import run_round
+from slurm_geo.federation.daemon.service import Metrics, serve
+from slurm_geo.federation.decide.bandwidth import BandwidthModel
+from slurm_geo.federation.engine.core import Federation
+from slurm_geo.federation.engine.runtime import open_federation_state
+from slurm_geo.federation.state.etcd.leadership import Leadership
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.protocol import LEADER_PATH
 from slurm_geo.registry import RegistryReader

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_geo.ckpt.s3store import make_s3_client
+from slurm_geo.ckpt.stores.s3store import make_s3_client
 from slurm_geo.sandbox.certs import make_ca
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX
 from slurm_geo.sandbox.processes import port_is_open, wait_until

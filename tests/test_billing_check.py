@@ -255,7 +255,7 @@ def sync_state(path, transfers):
 
 
 def audit_log(path, copies):
-    from slurm_geo.federation.audit import AuditLog
+    from slurm_geo.federation.state.audit import AuditLog
 
     for step, when in copies:
         with AuditLog(path, clock=lambda w=when: w) as audit:

@@ -393,7 +393,7 @@ def _copy_entry(audit, **detail):
 
 
 def test_the_daemons_copies_are_transfers_as_checkpoint_sync_records_them(tmp_path):
-    from slurm_geo.federation.audit import AuditLog
+    from slurm_geo.federation.state.audit import AuditLog
 
     nov = datetime(2026, 11, 12, tzinfo=UTC).timestamp()
     with AuditLog(tmp_path / "audit.db", clock=lambda: nov) as audit:
@@ -413,7 +413,7 @@ def test_the_daemons_copies_are_transfers_as_checkpoint_sync_records_them(tmp_pa
 
 
 def test_a_failback_copy_is_charged_as_egress_to_the_job(tmp_path):
-    from slurm_geo.federation.audit import AuditLog
+    from slurm_geo.federation.state.audit import AuditLog
     from slurm_geo.registry.db import Registry
 
     nov = datetime(2026, 11, 12, tzinfo=UTC).timestamp()

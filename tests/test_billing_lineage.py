@@ -18,8 +18,8 @@ from slurm_geo.billing.lineage import (
     from_state,
     merge,
 )
-from slurm_geo.federation.audit import Entry, utc_iso
 from slurm_geo.federation.model import Incarnation, JobStatus, LogicalJob
+from slurm_geo.federation.state.audit import Entry, utc_iso
 from slurm_geo.slurm.models import Owner
 
 # onprem-50 trained on onprem:50 from t=100 and was moved to rented:1 at t=500 (the drill);

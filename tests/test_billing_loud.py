@@ -152,7 +152,7 @@ def test_an_unreadable_sync_state_fails_egress_alone(tmp_path, clusters, clock):
 
 def _audit_with_a_damaged_page(path: Path) -> None:
     """An audit log that opens (its first page is whole) but cannot be read to its end."""
-    from slurm_geo.federation.audit import AuditLog
+    from slurm_geo.federation.state.audit import AuditLog
 
     with AuditLog(path, clock=lambda: T0) as audit:
         for i in range(200):

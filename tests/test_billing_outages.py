@@ -11,7 +11,7 @@ from slurm_geo.billing.db import JOB_COLUMNS
 from slurm_geo.billing.ingest import incarnation_row
 from slurm_geo.billing.lineage import LegOwner
 from slurm_geo.billing.outages import Outage, cut_short, outages_of, start_known
-from slurm_geo.federation.audit import Entry
+from slurm_geo.federation.state.audit import Entry
 from slurm_geo.slurm.models import AccountingRecord, JobState
 
 T0 = int(datetime(2026, 11, 10, 8, 0, tzinfo=UTC).timestamp())

@@ -17,12 +17,12 @@ from slurm_geo.billing import costs, invoice, service
 from slurm_geo.billing.config import BillingConfig, ClusterFacts, PriceEntry
 from slurm_geo.billing.db import BillingDB
 from slurm_geo.billing.periods import parse_period
-from slurm_geo.ckpt.keys import create_master_key_file, load_master_key
+from slurm_geo.ckpt.format.keys import create_master_key_file, load_master_key
 from slurm_geo.config.daemons import FederationConfig, ReplicaConfig
-from slurm_geo.federation.audit import AuditLog
-from slurm_geo.federation.etcd.audit import EtcdAuditLog
 from slurm_geo.federation.model import FederationStateError, JobStatus, LogicalJob
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.state.audit import AuditLog
+from slurm_geo.federation.state.etcd.audit import EtcdAuditLog
+from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.registry import Registry
 from slurm_geo.slurm.models import AccountingRecord, JobState, Owner
 from slurm_geo.sync.jobdirs import SourceStatus

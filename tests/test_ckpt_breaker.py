@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_geo.ckpt.breaker import BreakerStore, StoreSkipped
 from slurm_geo.ckpt.errors import ObjectMissing, StoreUnavailable
-from slurm_geo.ckpt.open_store import DECIDING, open_store
-from slurm_geo.ckpt.retry import RetryingStore
-from slurm_geo.ckpt.s3store import S3Unavailable
-from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.stores.breaker import BreakerStore, StoreSkipped
+from slurm_geo.ckpt.stores.open_store import DECIDING, open_store
+from slurm_geo.ckpt.stores.retry import RetryingStore
+from slurm_geo.ckpt.stores.s3store import S3Unavailable
+from slurm_geo.ckpt.stores.store import LocalDirStore
 
 
 class Flaky:

@@ -14,10 +14,9 @@ from click.testing import CliRunner
 from test_ckpt_sharded import save_on_two_ranks
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
-from slurm_geo.ckpt.check import READ_ALL, PackSelection, check_store, parse_subset
-from slurm_geo.ckpt.keys import KeyFile, write_key_file
-from slurm_geo.ckpt.manifest import with_bases
-from slurm_geo.ckpt.names import (
+from slurm_geo.ckpt.format.keys import KeyFile, write_key_file
+from slurm_geo.ckpt.format.manifest import with_bases
+from slurm_geo.ckpt.format.names import (
     PACK_PREFIXES,
     key_name,
     latest_name,
@@ -25,7 +24,8 @@ from slurm_geo.ckpt.names import (
     pack_name,
     promoted_name,
 )
-from slurm_geo.ckpt.usage import pack_sizes
+from slurm_geo.ckpt.ops.check import READ_ALL, PackSelection, check_store, parse_subset
+from slurm_geo.ckpt.ops.usage import pack_sizes
 from slurm_geo.cli import cli
 from slurm_geo.errors import ConfigError
 
@@ -126,7 +126,7 @@ def test_a_local_stores_delta_bases_are_read_by_ranges_not_kept_as_packs(site, m
         return real_get_range(self, name, start, length)
 
     monkeypatch.setattr(LocalDirStore, "get_range", counting_get_range)
-    monkeypatch.setattr("slurm_geo.ckpt.check.CHECK_CACHED_PACKS", 0)
+    monkeypatch.setattr("slurm_geo.ckpt.ops.check.CHECK_CACHED_PACKS", 0)
     assert check_store(store, KEY, READ_ALL, threads=1).ok
     manifests = [repository.manifest(run, step)
                  for run in repository.runs() for step in repository.steps(run)]

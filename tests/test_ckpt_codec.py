@@ -9,8 +9,9 @@ import struct
 import pytest
 import zstandard
 
-from slurm_geo.ckpt.chunking import GEAR, CdcParams, content_defined_chunks, fixed_chunks
-from slurm_geo.ckpt.codec import (
+from slurm_geo.ckpt.errors import MalformedData
+from slurm_geo.ckpt.format.chunking import GEAR, CdcParams, content_defined_chunks, fixed_chunks
+from slurm_geo.ckpt.format.codec import (
     SAMPLE_MIN,
     SPARSE_AT_LEAST,
     Compressors,
@@ -29,7 +30,6 @@ from slurm_geo.ckpt.codec import (
     split_planes,
     xor_bytes,
 )
-from slurm_geo.ckpt.errors import MalformedData
 
 
 def float32_bytes(count: int, seed: int = 0) -> bytes:

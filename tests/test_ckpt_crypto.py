@@ -19,7 +19,6 @@ import pytest
 import zstandard
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from slurm_geo.ckpt.codec import decode, delta_base_id, encode
 from slurm_geo.ckpt.errors import (
     CkptError,
     CorruptObject,
@@ -28,7 +27,8 @@ from slurm_geo.ckpt.errors import (
     UnsupportedFormat,
     WrongKey,
 )
-from slurm_geo.ckpt.keys import (
+from slurm_geo.ckpt.format.codec import decode, delta_base_id, encode
+from slurm_geo.ckpt.format.keys import (
     KeyFile,
     LiveKeyFile,
     RunKeys,
@@ -41,8 +41,8 @@ from slurm_geo.ckpt.keys import (
     promotion_key,
     write_key_file,
 )
-from slurm_geo.ckpt.pack import Entry, PackReader, PackWriter, check_pack_id
-from slurm_geo.ckpt.seal import Kind, open_legacy, open_sealed, open_with_ring, seal
+from slurm_geo.ckpt.format.pack import Entry, PackReader, PackWriter, check_pack_id
+from slurm_geo.ckpt.format.seal import Kind, open_legacy, open_sealed, open_with_ring, seal
 
 MASTER = bytes(range(32))
 DATA_KEY = bytes(range(32, 64))

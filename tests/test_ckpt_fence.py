@@ -13,7 +13,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.errors import CorruptObject, ImmutableCheckpoint, LegacyObject, WrongKey
-from slurm_geo.ckpt.fence import (
+from slurm_geo.ckpt.format.keys import INFO_SEAL, derive_key, fence_key, fingerprint, promotion_key
+from slurm_geo.ckpt.format.seal import Kind, seal
+from slurm_geo.ckpt.ops.replicate import copy_checkpoint
+from slurm_geo.ckpt.repo.fence import (
     Fence,
     FencedCheckpoint,
     FenceRegression,
@@ -21,10 +24,7 @@ from slurm_geo.ckpt.fence import (
     unadmitted_steps,
     write_fence,
 )
-from slurm_geo.ckpt.keys import INFO_SEAL, derive_key, fence_key, fingerprint, promotion_key
-from slurm_geo.ckpt.replicate import copy_checkpoint
-from slurm_geo.ckpt.runkey import NoControlKey, NoRunKey, RunKeyRepository, unwrap_run_key
-from slurm_geo.ckpt.seal import Kind, seal
+from slurm_geo.ckpt.repo.runkey import NoControlKey, NoRunKey, RunKeyRepository, unwrap_run_key
 
 KEY = bytes(range(32))
 OPTIONS = WriteOptions(chunk_size=4096, pack_size=16 * 1024)

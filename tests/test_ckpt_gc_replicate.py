@@ -11,9 +11,9 @@ import pytest
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.errors import ImmutableCheckpoint, StoreBusy
-from slurm_geo.ckpt.gc import collect_garbage
-from slurm_geo.ckpt.locks import is_fresh, parse_lock, why_stale
-from slurm_geo.ckpt.replicate import copy_checkpoint
+from slurm_geo.ckpt.ops.gc import collect_garbage
+from slurm_geo.ckpt.ops.replicate import copy_checkpoint
+from slurm_geo.ckpt.repo.locks import is_fresh, parse_lock, why_stale
 from tests.helpers import stored_packs
 
 KEY = bytes(range(32))

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt.errors import CorruptObject
-from slurm_geo.ckpt.keys import RunKeys, chunk_id
-from slurm_geo.ckpt.layout import Item, Layout, Shard, shard_path
-from slurm_geo.ckpt.manifest import (
+from slurm_geo.ckpt.format.keys import RunKeys, chunk_id
+from slurm_geo.ckpt.format.layout import Item, Layout, Shard, shard_path
+from slurm_geo.ckpt.format.manifest import (
     BlobEntry,
     ChunkRef,
     Manifest,

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from slurm_geo.ckpt.errors import CorruptObject, StepMismatch, UnsafeObjectName, UnsupportedFormat
-from slurm_geo.ckpt.manifest import (
+from slurm_geo.ckpt.format.manifest import (
     BlobEntry,
     ChunkRef,
     Manifest,
@@ -20,7 +20,7 @@ from slurm_geo.ckpt.manifest import (
     parse_latest,
     parse_manifest,
 )
-from slurm_geo.ckpt.names import (
+from slurm_geo.ckpt.format.names import (
     check_object_name,
     check_run_id,
     manifest_name,

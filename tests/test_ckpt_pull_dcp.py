@@ -19,8 +19,8 @@ from test_ckpt_sharded import COLUMNS, KEY, ROWS, RUN, half, repo, save_on_two_r
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from slurm_geo.ckpt.errors import StoreBusy
-from slurm_geo.ckpt.gc import collect_garbage
-from slurm_geo.ckpt.names import manifest_name
+from slurm_geo.ckpt.format.names import manifest_name
+from slurm_geo.ckpt.ops.gc import collect_garbage
 from slurm_geo.torch.distributed import StorageWriter
 from tests.helpers import stored_packs
 

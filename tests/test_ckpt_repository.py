@@ -27,15 +27,15 @@ from slurm_geo.ckpt import (
     WriteOptions,
     WrongKey,
 )
-from slurm_geo.ckpt.chunking import CdcParams
-from slurm_geo.ckpt.codec import Method, encode, encode_delta_parts
-from slurm_geo.ckpt.keys import SALT_SIZE, RunKeys, chunk_id
-from slurm_geo.ckpt.manifest import FORMAT_VERSION, ChunkRef
-from slurm_geo.ckpt.names import PACK_PREFIXES, pack_name
-from slurm_geo.ckpt.pack import HEADER_SIZE, Entry, PackReader, PackWriter
-from slurm_geo.ckpt.reader import ChunkReader
-from slurm_geo.ckpt.seal import Kind, open_sealed, seal
-from slurm_geo.ckpt.writer import DELTA_LAG, DELTA_PROBES, DeltaProbe, delta_kind
+from slurm_geo.ckpt.format.chunking import CdcParams
+from slurm_geo.ckpt.format.codec import Method, encode, encode_delta_parts
+from slurm_geo.ckpt.format.keys import SALT_SIZE, RunKeys, chunk_id
+from slurm_geo.ckpt.format.manifest import FORMAT_VERSION, ChunkRef
+from slurm_geo.ckpt.format.names import PACK_PREFIXES, pack_name
+from slurm_geo.ckpt.format.pack import HEADER_SIZE, Entry, PackReader, PackWriter
+from slurm_geo.ckpt.format.seal import Kind, open_sealed, seal
+from slurm_geo.ckpt.repo.reader import ChunkReader
+from slurm_geo.ckpt.repo.writer import DELTA_LAG, DELTA_PROBES, DeltaProbe, delta_kind
 from tests.helpers import pack_files, stored_packs
 
 RUN = "run-1"
@@ -314,7 +314,7 @@ def test_a_sparse_blob_in_a_pack_older_than_version_3_is_corrupt(store, monkeypa
     keys, chunk = RunKeys(os.urandom(32)), bytes(4096)
     blob = encode(chunk, element_size=4)
     assert blob[0] == Method.SPARSE_PLANES
-    monkeypatch.setattr("slurm_geo.ckpt.pack.VERSION", 2)
+    monkeypatch.setattr("slurm_geo.ckpt.format.pack.VERSION", 2)
     writer = PackWriter(keys.data_key, os.urandom(SALT_SIZE))
     cid = chunk_id(keys.id_key, chunk, 2)
     entry = writer.add(cid, blob)
@@ -331,10 +331,10 @@ def write_as_format_1(monkeypatch) -> None:
     def xor_delta_parts(data, base, base_id, *, level):
         return encode_delta_parts(data, base, base_id, element_size=1, level=level)
 
-    monkeypatch.setattr("slurm_geo.ckpt.writer.encode_patch_parts", xor_delta_parts)
+    monkeypatch.setattr("slurm_geo.ckpt.repo.writer.encode_patch_parts", xor_delta_parts)
     for module in ("writer", "repository"):
-        monkeypatch.setattr(f"slurm_geo.ckpt.{module}.FORMAT_VERSION", 1)
-    monkeypatch.setattr("slurm_geo.ckpt.pack.VERSION", 1)
+        monkeypatch.setattr(f"slurm_geo.ckpt.repo.{module}.FORMAT_VERSION", 1)
+    monkeypatch.setattr("slurm_geo.ckpt.format.pack.VERSION", 1)
 
 
 def test_checkpoints_of_format_1_writers_still_read(store, repo, monkeypatch):
@@ -372,7 +372,7 @@ def test_packs_of_format_2_checkpoints_stay_shared_and_new_ones_go_under_the_run
     """A store written before format 4: its packs stay in packs/, read, checked and kept
     by gc; the next save goes under run-packs/<run>/, in full, and everything reads."""
     for module in ("writer", "repository"):
-        monkeypatch.setattr(f"slurm_geo.ckpt.{module}.FORMAT_VERSION", 2)
+        monkeypatch.setattr(f"slurm_geo.ckpt.repo.{module}.FORMAT_VERSION", 2)
     old = repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
     monkeypatch.undo()
     assert old.format == 2 and all(n.startswith("packs/") for n in stored_packs(store))
@@ -384,8 +384,8 @@ def test_packs_of_format_2_checkpoints_stay_shared_and_new_ones_go_under_the_run
     for step in (1, 2):
         assert repo.read_checkpoint(RUN, step).tensors == state(1)
         assert repo.verify(RUN, step) == []
-    from slurm_geo.ckpt.check import READ_ALL, check_store
-    from slurm_geo.ckpt.gc import collect_garbage
+    from slurm_geo.ckpt.ops.check import READ_ALL, check_store
+    from slurm_geo.ckpt.ops.gc import collect_garbage
 
     assert check_store(store, master, READ_ALL).ok
     kept = collect_garbage(store, repo, datetime.now(UTC), dry_run=True)

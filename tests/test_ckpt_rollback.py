@@ -10,8 +10,8 @@ import struct
 import pytest
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
-from slurm_geo.ckpt.names import latest_name, manifest_name
-from slurm_geo.ckpt.rollback import RolledBack, high_water, rollback
+from slurm_geo.ckpt.format.names import latest_name, manifest_name
+from slurm_geo.ckpt.format.rollback import RolledBack, high_water, rollback
 
 KEY = bytes(range(32))
 OPTIONS = WriteOptions(chunk_size=4096, pack_size=16 * 1024)

@@ -25,8 +25,7 @@ from slurm_geo.ckpt.errors import (
     StoreUnavailable,
     WrongKey,
 )
-from slurm_geo.ckpt.fence import Fence, read_fence, write_fence
-from slurm_geo.ckpt.keys import (
+from slurm_geo.ckpt.format.keys import (
     KeyFile,
     LiveKeyFile,
     fence_key,
@@ -35,7 +34,8 @@ from slurm_geo.ckpt.keys import (
     promotion_key,
     write_key_file,
 )
-from slurm_geo.ckpt.rotate import (
+from slurm_geo.ckpt.format.seal import Kind, seal
+from slurm_geo.ckpt.ops.rotate import (
     MAX_PASSES,
     Outcome,
     RotationRefused,
@@ -44,8 +44,8 @@ from slurm_geo.ckpt.rotate import (
     judge,
     rotate_master_key,
 )
-from slurm_geo.ckpt.runkey import RunKeyRepository, unwrap_run_key
-from slurm_geo.ckpt.seal import Kind, seal
+from slurm_geo.ckpt.repo.fence import Fence, read_fence, write_fence
+from slurm_geo.ckpt.repo.runkey import RunKeyRepository, unwrap_run_key
 from slurm_geo.cli import ckpt as cli_ckpt
 from slurm_geo.cli import cli
 

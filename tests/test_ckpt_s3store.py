@@ -28,11 +28,11 @@ from slurm_geo.ckpt import (
     UnsafeObjectName,
     WriteOptions,
 )
-from slurm_geo.ckpt.open_store import ACCEPTED_FORMS, open_store
-from slurm_geo.ckpt.retry import RetryingStore, is_permanent
-from slurm_geo.ckpt.s3store import S3Store, S3Unavailable, classify_s3_error, make_s3_client
-from slurm_geo.ckpt.store import LocalDirStore
-from slurm_geo.ckpt.transfer_plan import (
+from slurm_geo.ckpt.stores.open_store import ACCEPTED_FORMS, open_store
+from slurm_geo.ckpt.stores.retry import RetryingStore, is_permanent
+from slurm_geo.ckpt.stores.s3store import S3Store, S3Unavailable, classify_s3_error, make_s3_client
+from slurm_geo.ckpt.stores.store import LocalDirStore
+from slurm_geo.ckpt.stores.transfer_plan import (
     DEFAULT_MULTIPART_THRESHOLD,
     DEFAULT_PART_SIZE,
     MIB,

@@ -23,17 +23,17 @@ from test_sync_promotion import attempt_on
 
 from slurm_geo.ckpt import LocalDirStore, Manifest, Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.errors import ImmutableCheckpoint, StoreBusy
-from slurm_geo.ckpt.gc import collect_garbage
-from slurm_geo.ckpt.layout import Item, Layout, Shard
-from slurm_geo.ckpt.locks import push_lock
-from slurm_geo.ckpt.manifest import SHARDED_FORMAT, with_bases
-from slurm_geo.ckpt.names import manifest_name
-from slurm_geo.ckpt.prune import prune_run
-from slurm_geo.ckpt.replicate import copy_checkpoint
-from slurm_geo.ckpt.reseal import reseal
-from slurm_geo.ckpt.runkey import unwrap_run_key
-from slurm_geo.ckpt.seal import Kind
-from slurm_geo.ckpt.sharded import commit_sharded, write_shards
+from slurm_geo.ckpt.format.layout import Item, Layout, Shard
+from slurm_geo.ckpt.format.manifest import SHARDED_FORMAT, with_bases
+from slurm_geo.ckpt.format.names import manifest_name
+from slurm_geo.ckpt.format.seal import Kind
+from slurm_geo.ckpt.ops.gc import collect_garbage
+from slurm_geo.ckpt.ops.prune import prune_run
+from slurm_geo.ckpt.ops.replicate import copy_checkpoint
+from slurm_geo.ckpt.ops.reseal import reseal
+from slurm_geo.ckpt.repo.locks import push_lock
+from slurm_geo.ckpt.repo.runkey import unwrap_run_key
+from slurm_geo.ckpt.repo.sharded import commit_sharded, write_shards
 from slurm_geo.policy.retention import RetentionPolicy
 from slurm_geo.sync.worker import Outcome
 from tests.helpers import stored_packs

@@ -14,9 +14,9 @@ import torch
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor
 from slurm_geo.ckpt.errors import CorruptObject
-from slurm_geo.ckpt.layout import Item, Layout, Shard
-from slurm_geo.ckpt.sharded import Fill, StoredReader, commit_sharded, write_shards
-from slurm_geo.ckpt.writer import WriteOptions
+from slurm_geo.ckpt.format.layout import Item, Layout, Shard
+from slurm_geo.ckpt.repo.sharded import Fill, StoredReader, commit_sharded, write_shards
+from slurm_geo.ckpt.repo.writer import WriteOptions
 from slurm_geo.torch.distributed import _byte_span
 
 RUN = "reads"

@@ -15,9 +15,9 @@ import pytest
 from helpers import as_uid, reachable_dir
 
 from slurm_geo.ckpt.errors import UnsafeObjectName, UnsafeStoreDirectory
-from slurm_geo.ckpt.gc import collect_garbage
-from slurm_geo.ckpt.repository import Repository
-from slurm_geo.ckpt.store import LocalDirStore, directory_fault
+from slurm_geo.ckpt.ops.gc import collect_garbage
+from slurm_geo.ckpt.repo.repository import Repository
+from slurm_geo.ckpt.stores.store import LocalDirStore, directory_fault
 from slurm_geo.sandbox.users import ALICE, BOB
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root does")
@@ -172,7 +172,7 @@ def test_a_copy_root_makes_leaves_the_runs_latest_pointer_to_its_owner(pfs, tmp_
     pfs before its job had ever saved there, and made `latest/<run>`, theirs; the sticky
     `latest/` then refused the owner's every save. Root's copy makes no pointer there (a
     reader lists the steps; a resume is told its step); alice's next save makes hers."""
-    from slurm_geo.ckpt.replicate import copy_checkpoint
+    from slurm_geo.ckpt.ops.replicate import copy_checkpoint
     from tests.test_ckpt_gc_replicate import KEY, OPTIONS, metadata, repo, tensors
 
     source_store, source = repo(tmp_path, "rented")
@@ -197,8 +197,8 @@ def test_a_copy_root_makes_leaves_the_runs_latest_pointer_to_its_owner(pfs, tmp_
 
 
 def test_a_copy_into_a_private_store_still_writes_the_pointer(tmp_path):
-    from slurm_geo.ckpt.replicate import copy_checkpoint
-    from slurm_geo.ckpt.retry import RetryingStore
+    from slurm_geo.ckpt.ops.replicate import copy_checkpoint
+    from slurm_geo.ckpt.stores.retry import RetryingStore
     from tests.test_ckpt_gc_replicate import KEY, metadata, repo, tensors
 
     source_store, source = repo(tmp_path, "rented")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt.errors import ObjectMissing, StoreUnavailable, UnsafeObjectName
-from slurm_geo.ckpt.retry import RetryingStore
-from slurm_geo.ckpt.store import LocalDirStore, Store
+from slurm_geo.ckpt.stores.retry import RetryingStore
+from slurm_geo.ckpt.stores.store import LocalDirStore, Store
 
 # The sandbox's S3 fixtures; each S3 test gets a fresh key prefix.
 

@@ -1,13 +1,13 @@
-"""Pure tests of what checkpoints cost (slurm_geo.ckpt.usage), of the off-site status read
+"""Pure tests of what checkpoints cost (slurm_geo.ckpt.ops.usage), of the off-site status read
 from checkpoint-sync's rows (slurm_geo.sync.offsite), and of how sizes are printed."""
 
 from __future__ import annotations
 
 import pytest
 
-from slurm_geo.ckpt.manifest import BlobEntry, ChunkRef, Manifest, Metadata, TensorEntry
-from slurm_geo.ckpt.names import pack_name
-from slurm_geo.ckpt.usage import checkpoint_usage, dedup_ratio, run_usage, store_usage
+from slurm_geo.ckpt.format.manifest import BlobEntry, ChunkRef, Manifest, Metadata, TensorEntry
+from slurm_geo.ckpt.format.names import pack_name
+from slurm_geo.ckpt.ops.usage import checkpoint_usage, dedup_ratio, run_usage, store_usage
 from slurm_geo.cli.ckpt_usage import human_ratio
 from slurm_geo.cli.progress import human_bytes
 from slurm_geo.sync.jobdirs import SourceStatus

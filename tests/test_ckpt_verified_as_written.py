@@ -10,16 +10,16 @@ from datetime import UTC, datetime
 import pytest
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
-from slurm_geo.ckpt.digests import CheckedWrites, expected_digest, stored_digest
 from slurm_geo.ckpt.errors import CorruptObject, StoreUnavailable, WrongKey
-from slurm_geo.ckpt.keys import load_master_key
-from slurm_geo.ckpt.names import PACK_PREFIXES, verified_name
-from slurm_geo.ckpt.replicate import copy_checkpoint, needed_objects, sizes_of
-from slurm_geo.ckpt.s3store import S3Store
-from slurm_geo.ckpt.store import Bytes, Store
-from slurm_geo.ckpt.sums import composite_b64, sha256_b64
-from slurm_geo.ckpt.transfer_plan import MIN_PART_SIZE, TransferPlan
-from slurm_geo.ckpt.verified import absent, read_record, record_of, write_record
+from slurm_geo.ckpt.format.keys import load_master_key
+from slurm_geo.ckpt.format.names import PACK_PREFIXES, verified_name
+from slurm_geo.ckpt.ops.replicate import copy_checkpoint, needed_objects, sizes_of
+from slurm_geo.ckpt.ops.verified import absent, read_record, record_of, write_record
+from slurm_geo.ckpt.stores.digests import CheckedWrites, expected_digest, stored_digest
+from slurm_geo.ckpt.stores.s3store import S3Store
+from slurm_geo.ckpt.stores.store import Bytes, Store
+from slurm_geo.ckpt.stores.sums import composite_b64, sha256_b64
+from slurm_geo.ckpt.stores.transfer_plan import MIN_PART_SIZE, TransferPlan
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX
 from tests.seaweed_server import DAEMONS, needs_weed
 

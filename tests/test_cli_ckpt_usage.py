@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor
-from slurm_geo.ckpt.keys import KeyFile, write_key_file
-from slurm_geo.ckpt.usage import pack_sizes
+from slurm_geo.ckpt.format.keys import KeyFile, write_key_file
+from slurm_geo.ckpt.ops.usage import pack_sizes
 from slurm_geo.cli import cli
 from slurm_geo.sync.state import StateDB, Status
 

@@ -127,7 +127,7 @@ def site(tmp_path_factory) -> dict[str, Path]:
         load_master_key,
     )
     from slurm_geo.federation.model import JobStatus, LogicalJob
-    from slurm_geo.federation.state import FederationState
+    from slurm_geo.federation.state.sqlite import FederationState
     from slurm_geo.sync.state import StateDB
 
     root = tmp_path_factory.mktemp("site")
@@ -264,7 +264,7 @@ def test_status_dashes_an_empty_reason_and_prints_no_none(site, monkeypatch,
 
 def test_federation_status_names_no_leader_with_empty_fields():
     from slurm_geo.federation.model import Replica
-    from slurm_geo.federation.replication import ReplicationStatus, render
+    from slurm_geo.federation.operator.replication import ReplicationStatus, render
 
     shown = render(ReplicationStatus(False, Replica("", "", "http://127.0.0.1:1"), [], []))
     assert "leader: - at site - (http://127.0.0.1:1)" in shown

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, load_master_key
-from slurm_geo.ckpt.skeleton import encode_skeleton
+from slurm_geo.ckpt.files.skeleton import encode_skeleton
 from slurm_geo.cli.progress import (
     REDRAW_S,
     Progress,

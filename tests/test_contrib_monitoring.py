@@ -17,7 +17,7 @@ import pytest
 import requests
 import yaml
 
-from slurm_geo.federation.service import Metrics
+from slurm_geo.federation.daemon.service import Metrics
 from tests.test_sync_support import (
     ROOT,
     free_port,

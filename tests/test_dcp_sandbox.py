@@ -13,7 +13,7 @@ import pytest
 from conftest import user_dir
 from helpers import eventually, sbatch_as
 
-from slurm_geo.ckpt.keys import create_master_key_file
+from slurm_geo.ckpt.format.keys import create_master_key_file
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.users import ALICE, job_environment, run_as
 from slurm_geo.slurm import CliSlurmClient

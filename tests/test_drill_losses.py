@@ -40,7 +40,7 @@ def test_a_daemon_alone_leads_by_a_name_the_drill_can_wait_for(tmp_path):
     timed out there on every fresh machine)."""
     from slurm_geo.config import parse_config
     from slurm_geo.drills.losses import ALONE, FederationView
-    from slurm_geo.federation.audit import AuditLog
+    from slurm_geo.federation.state.audit import AuditLog
 
     AuditLog(tmp_path / "audit.db").close()
     site = parse_config({

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_geo.federation.audit import (
+from slurm_geo.federation.state.audit import (
     GENESIS,
     AuditError,
     AuditLog,
@@ -21,7 +21,7 @@ from slurm_geo.federation.audit import (
     entry_hash,
     utc_iso,
 )
-from slurm_geo.federation.etcd.audit import EtcdAuditLog
+from slurm_geo.federation.state.etcd.audit import EtcdAuditLog
 from tests.etcd_server import EtcdMember, fresh_prefix, open_replica
 
 T0 = 1_795_975_200.0  # 2026-11-29T18:00:00Z

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from slurm_geo.cli import cli
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.federation.audit import AuditChainBroken, AuditLog
+from slurm_geo.federation.state.audit import AuditChainBroken, AuditLog
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ import json
 import pytest
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor
-from slurm_geo.ckpt.runkey import unwrap_run_key
-from slurm_geo.federation.authn import Authenticator, Caller
+from slurm_geo.ckpt.repo.runkey import unwrap_run_key
+from slurm_geo.federation.access.authn import Authenticator, Caller
+from slurm_geo.federation.act.registration import run_taken_by
+from slurm_geo.federation.decide.owners import owner_environment
 from slurm_geo.federation.model import JobStatus
-from slurm_geo.federation.owners import owner_environment
-from slurm_geo.federation.registration import run_taken_by
 from slurm_geo.lease.munge import FakeMunge, MungeUnavailable
 from slurm_geo.lease.protocol import (
     ENV_KEY_TOKEN,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_geo.federation.bandwidth import BandwidthModel, Throughput
+from slurm_geo.federation.decide.bandwidth import BandwidthModel, Throughput
 
 GB = 10**9
 MIB = 2**20

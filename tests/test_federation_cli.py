@@ -10,7 +10,7 @@ import sys
 import time
 
 from slurm_geo.federation.model import JobStatus, LogicalJob
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.state.sqlite import FederationState
 
 CONFIG = """
 [site]
@@ -79,8 +79,8 @@ def on_call_site(tmp_path):
     completed; onprem-3 sharing Slurm id 3 with rented:3."""
     from dataclasses import fields
 
+    from slurm_geo.federation.act.resubmit import ScriptOptions
     from slurm_geo.federation.model import ClusterStatus, Health
-    from slurm_geo.federation.resubmit import ScriptOptions
 
     (tmp_path / "pfs").mkdir()
     key = tmp_path / "master.key"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_geo.ckpt.keys import create_master_key_file
+from slurm_geo.ckpt.format.keys import create_master_key_file
 from slurm_geo.config.model import StoreConfig
 from slurm_geo.errors import ConfigError
-from slurm_geo.federation.credentials import (
+from slurm_geo.federation.act.credentials import (
     job_environment,
     parse_credentials,
     read_job_credentials,
@@ -122,7 +122,7 @@ def test_the_daemon_does_not_start_on_a_bad_credentials_file(tmp_path):
     config = tmp_path / "config.toml"
     config.write_text(CONFIG.format(root=tmp_path, creds=creds))
 
-    result = subprocess.run([sys.executable, "-m", "slurm_geo.federation.entry", "--config",
+    result = subprocess.run([sys.executable, "-m", "slurm_geo.federation.daemon.entry", "--config",
                              str(config)], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "NOTIFY_SOCKET": ""})
 

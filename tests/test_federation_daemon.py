@@ -20,13 +20,13 @@ import pytest
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.config.model import parse_config
-from slurm_geo.federation.audit import AuditLog
-from slurm_geo.federation.authn import Authenticator
-from slurm_geo.federation.bandwidth import BandwidthModel
-from slurm_geo.federation.core import Federation
-from slurm_geo.federation.identities import IncarnationSecrets
+from slurm_geo.federation.access.authn import Authenticator
+from slurm_geo.federation.decide.bandwidth import BandwidthModel
+from slurm_geo.federation.engine.core import Federation
 from slurm_geo.federation.model import ClusterStatus, JobStatus, LeftHome
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.state.audit import AuditLog
+from slurm_geo.federation.state.identities import IncarnationSecrets
+from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.munge import FakeMunge
 from slurm_geo.lease.protocol import (
@@ -441,7 +441,7 @@ def test_a_lease_renewed_while_the_move_verifies_abandons_the_move(site):
 
 
 def test_metrics_gauges_are_set_afresh_each_round(site):
-    from slurm_geo.federation.service import Metrics
+    from slurm_geo.federation.daemon.service import Metrics
 
     metrics = Metrics()
     job_id = site.home_job_training()

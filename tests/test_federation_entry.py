@@ -18,8 +18,8 @@ from systemd_units import settings
 from slurm_geo.config.model import SiteConfig, load_config, parse_config
 from slurm_geo.daemon.process import Wakeup
 from slurm_geo.errors import ConfigError
-from slurm_geo.federation.entry import live_site, run_loop
-from slurm_geo.federation.service import Metrics
+from slurm_geo.federation.daemon.entry import live_site, run_loop
+from slurm_geo.federation.daemon.service import Metrics
 from slurm_geo.site import UNITS
 from tests.test_federation_daemon import TTL, Site, lose_home
 

@@ -15,11 +15,7 @@ from typing import Any
 import etcd3gw
 import pytest
 
-from slurm_geo.ckpt.keys import KeyFile
-from slurm_geo.federation.etcd.kv import EtcdKV
-from slurm_geo.federation.etcd.layout import Layout
-from slurm_geo.federation.etcd.leadership import Standing, Step, next_step
-from slurm_geo.federation.etcd.state import EtcdFederationState
+from slurm_geo.ckpt.format.keys import KeyFile
 from slurm_geo.federation.model import (
     ClusterStatus,
     FederationStateError,
@@ -30,6 +26,10 @@ from slurm_geo.federation.model import (
     StaleJob,
     token_digest,
 )
+from slurm_geo.federation.state.etcd.kv import EtcdKV
+from slurm_geo.federation.state.etcd.layout import Layout
+from slurm_geo.federation.state.etcd.leadership import Standing, Step, next_step
+from slurm_geo.federation.state.etcd.state import EtcdFederationState
 from slurm_geo.slurm.models import Owner
 from tests.etcd_server import (
     MASTER_KEY,

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import etcd3gw
 import pytest
 
-from slurm_geo.federation.etcd.audit import EtcdAuditLog
-from slurm_geo.federation.etcd.state import EtcdFederationState
 from slurm_geo.federation.model import NotLeader
+from slurm_geo.federation.state.etcd.audit import EtcdAuditLog
+from slurm_geo.federation.state.etcd.state import EtcdFederationState
 from tests.etcd_server import EtcdMember, data_bytes, fresh_prefix, open_replica
 from tests.test_federation_audit import Clock, fill
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from slurm_geo.ckpt.keys import KeyFile
-from slurm_geo.federation.etcd.kv import ABSENT, EtcdKV, EtcdRefused, EtcdTLS
-from slurm_geo.federation.etcd.state import EtcdFederationState
+from slurm_geo.ckpt.format.keys import KeyFile
+from slurm_geo.federation.state.etcd.kv import ABSENT, EtcdKV, EtcdRefused, EtcdTLS
+from slurm_geo.federation.state.etcd.state import EtcdFederationState
 from slurm_geo.sandbox.sites import Site
 from tests.etcd_server import (
     MASTER_KEY,
@@ -147,7 +147,7 @@ def test_the_replicas_user_writes_the_federation_prefix_alone(secure, leader) ->
 
 
 def test_federation_status_reads_each_trusted_member_with_auth_on(secure, leader) -> None:
-    from slurm_geo.federation.replication import member_views
+    from slurm_geo.federation.operator.replication import member_views
 
     members = leader.kv.ask_each_member("/cluster/member/list")
     views = member_views(leader.kv.ask_each_member("/maintenance/status"), members[0][1])

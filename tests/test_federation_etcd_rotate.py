@@ -15,14 +15,14 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_geo.ckpt import LocalDirStore
-from slurm_geo.ckpt.keys import KeyFile, LiveKeyFile, federation_state_key, fingerprint
-from slurm_geo.ckpt.rotate import Outcome, RotationRefused, rotate_master_key
-from slurm_geo.ckpt.seal import sealing_fingerprint
+from slurm_geo.ckpt.format.keys import KeyFile, LiveKeyFile, federation_state_key, fingerprint
+from slurm_geo.ckpt.format.seal import sealing_fingerprint
+from slurm_geo.ckpt.ops.rotate import Outcome, RotationRefused, rotate_master_key
 from slurm_geo.cli import cli
-from slurm_geo.federation.etcd.layout import Layout
-from slurm_geo.federation.etcd.reseal import NAME, SealedState
-from slurm_geo.federation.etcd.state import EtcdFederationState
 from slurm_geo.federation.model import FederationStateError, JobStatus, Lease
+from slurm_geo.federation.state.etcd.layout import Layout
+from slurm_geo.federation.state.etcd.reseal import NAME, SealedState
+from slurm_geo.federation.state.etcd.state import EtcdFederationState
 from tests.etcd_server import MASTER_KEY, EtcdMember, fresh_prefix, open_replica
 from tests.replica_site import toml
 from tests.test_federation_state import NAME as JOB

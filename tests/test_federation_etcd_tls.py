@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from slurm_geo.ckpt.keys import KeyFile
-from slurm_geo.federation.etcd.kv import ABSENT, EtcdKV, EtcdTLS
+from slurm_geo.ckpt.format.keys import KeyFile
 from slurm_geo.federation.model import StateUnavailable
+from slurm_geo.federation.state.etcd.kv import ABSENT, EtcdKV, EtcdTLS
 from slurm_geo.sandbox import certs
 from tests.etcd_server import ETCD, MASTER_KEY, TIMING, free_port, require_etcd
 from tests.helpers import eventually

@@ -15,10 +15,10 @@ from test_federation_daemon import KEY, OPTIONS, RUN, Site
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor
 from slurm_geo.ckpt.errors import LegacyObject, WrongKey
-from slurm_geo.ckpt.fence import read_fence, unadmitted_steps
-from slurm_geo.ckpt.runkey import unwrap_run_key
-from slurm_geo.ckpt.seal import Kind, seal
-from slurm_geo.federation.fencing import RECHECK_S, daemon_lookup, known_fence
+from slurm_geo.ckpt.format.seal import Kind, seal
+from slurm_geo.ckpt.repo.fence import read_fence, unadmitted_steps
+from slurm_geo.ckpt.repo.runkey import unwrap_run_key
+from slurm_geo.federation.act.fencing import RECHECK_S, daemon_lookup, known_fence
 
 FENCE = f"fences/{RUN}"
 

@@ -21,7 +21,7 @@ from slurm_geo.daemon.httpserver import (
     PrereadHandler,
     request_length,
 )
-from slurm_geo.federation.refusals import Refusal, RefusalAudit, clip
+from slurm_geo.federation.access.refusals import Refusal, RefusalAudit, clip
 from slurm_geo.lease.client import post as post_signed
 from slurm_geo.lease.protocol import LEASE_PATH, KeyRequest, LeaseRequest
 

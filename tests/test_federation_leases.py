@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_geo.federation.leases import Verdict, decide
+from slurm_geo.federation.decide.leases import Verdict, decide
 from slurm_geo.federation.model import JobStatus, Lease, LogicalJob
 from slurm_geo.lease.protocol import Action, LeaseRequest
 

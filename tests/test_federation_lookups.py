@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_geo.federation.lookups import LookupLimits, SlurmLookups, TooManyLookups, UnknownJob
+from slurm_geo.federation.access.lookups import (
+    LookupLimits,
+    SlurmLookups,
+    TooManyLookups,
+    UnknownJob,
+)
 from tests.test_federation_authn import dump
 from tests.test_federation_daemon import Clock, Site
 

@@ -16,7 +16,7 @@ import threading
 
 from test_federation_daemon import Site
 
-from slurm_geo.ckpt.store import Bytes, Store
+from slurm_geo.ckpt.stores.store import Bytes, Store
 from slurm_geo.federation.model import JobStatus
 
 # Only a deadlock waits this long; a renewal answered off the lock takes milliseconds.

@@ -1,5 +1,5 @@
 """Moves read nothing back (issue 32): the federation daemon resumes a moved job from the
-newest checkpoint whose verification record (slurm_geo.ckpt.verified) it trusts and whose
+newest checkpoint whose verification record (slurm_geo.ckpt.ops.verified) it trusts and whose
 objects are all there, without reading the checkpoint; a missing object sends it to the
 previous one; a checkpoint without a (trusted) record is read in full, as before."""
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from slurm_geo.ckpt import Repository
-from slurm_geo.ckpt.manifest import with_bases
-from slurm_geo.ckpt.names import verified_name
-from slurm_geo.ckpt.replicate import copy_checkpoint
-from slurm_geo.ckpt.verified import read_record, record_of, write_record
+from slurm_geo.ckpt.format.manifest import with_bases
+from slurm_geo.ckpt.format.names import verified_name
+from slurm_geo.ckpt.ops.replicate import copy_checkpoint
+from slurm_geo.ckpt.ops.verified import read_record, record_of, write_record
 from slurm_geo.federation.model import JobStatus
 from tests.test_federation_daemon import KEY, RUN, TTL, Site
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_geo.federation.act.resubmit import ScriptOptions
 from slurm_geo.federation.model import (
     ClusterStatus,
     Health,
@@ -19,7 +20,7 @@ from slurm_geo.federation.model import (
     LogicalJob,
     UnknownLogicalJob,
 )
-from slurm_geo.federation.operations import (
+from slurm_geo.federation.operator.operations import (
     AmbiguousJobReference,
     Display,
     NotActionable,
@@ -28,9 +29,8 @@ from slurm_geo.federation.operations import (
     resolve,
     resubmit,
 )
-from slurm_geo.federation.output import JobOutput, OutputFile, expand, output_file
-from slurm_geo.federation.resubmit import ScriptOptions
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.operator.output import JobOutput, OutputFile, expand, output_file
+from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.slurm import JobInfo, JobSpec, JobState
 from slurm_geo.slurm.fake import FakeSlurm
 from tests.test_federation_daemon import TTL, Site, lose_home

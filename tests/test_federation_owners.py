@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.config.model import ClusterConfig, RemoteAccount
-from slurm_geo.federation.model import JobStatus, LogicalJob
-from slurm_geo.federation.owners import (
+from slurm_geo.federation.act.registration import NotRegistered
+from slurm_geo.federation.decide.owners import (
     accepted_directives,
     owner_environment,
     owner_refusal,
 )
-from slurm_geo.federation.registration import NotRegistered
+from slurm_geo.federation.model import JobStatus, LogicalJob
 from slurm_geo.slurm import JobSpec, Owner
 from tests.test_federation_daemon import (
     ALICE,
@@ -154,7 +154,7 @@ def test_an_environment_slurmdbd_records_after_registration_is_learned_for_resta
     """A job slurmdbd had not recorded after PENDING_TRIES requests is registered without
     its environment, which the daemon reads again later, so its restart still finds
     `python` on the owner's PATH."""
-    from slurm_geo.federation import registration
+    from slurm_geo.federation.act import registration
     from slurm_geo.slurm import SlurmError
     recorded = site.onprem.batch_environment
 
@@ -178,7 +178,7 @@ def test_a_move_during_an_outage_reads_the_environment_slurmdbd_kept(site, monke
     """Registered before slurmdbd had its environment, lost seconds later: the move asks
     slurmdbd (which may outlive the controller) once more, so the moved job finds
     `python` on its owner's PATH."""
-    from slurm_geo.federation import registration
+    from slurm_geo.federation.act import registration
     from slurm_geo.slurm import SlurmError
 
     def not_yet(job_id):

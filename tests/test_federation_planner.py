@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from slurm_geo.config.model import Prices
-from slurm_geo.federation.planner import (
+from slurm_geo.federation.decide.planner import (
     ClusterView,
     Cost,
     JobNeeds,
@@ -413,7 +413,7 @@ def test_materialising_a_world_of_unknown_size_is_unknown_not_free():
 def test_what_no_approval_overrides(changes, cluster, owner_refused, expected):
     from dataclasses import replace as replaced
 
-    from slurm_geo.federation.planner import policy_refusal
+    from slurm_geo.federation.decide.planner import policy_refusal
 
     found = policy_refusal(replaced(DIRECTIVES, **changes), RULES, cluster, owner_refused)
     assert (expected in found) if expected else found == ""

@@ -22,6 +22,15 @@ from typing import Any
 import pytest
 
 from slurm_geo.config.model import Prices
+from slurm_geo.federation.decide.planner import ClusterView, JobNeeds, Plan, plan
+from slurm_geo.federation.decide.reconcile import (
+    PlanPurpose,
+    Settings,
+    Snapshot,
+    StepKind,
+    failback_key,
+    reconcile,
+)
 from slurm_geo.federation.model import (
     ClusterStatus,
     Health,
@@ -30,15 +39,6 @@ from slurm_geo.federation.model import (
     Lease,
     LeftHome,
     LogicalJob,
-)
-from slurm_geo.federation.planner import ClusterView, JobNeeds, Plan, plan
-from slurm_geo.federation.reconcile import (
-    PlanPurpose,
-    Settings,
-    Snapshot,
-    StepKind,
-    failback_key,
-    reconcile,
 )
 from slurm_geo.policy.directives import Directives
 from slurm_geo.policy.geo import GeoPolicy, GeoRules

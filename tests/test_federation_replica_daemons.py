@@ -34,7 +34,7 @@ def daemons(tmp_path: Path, etcd: EtcdMember
     for name in SITES:
         log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 (the process keeps it)
         started[name] = subprocess.Popen(
-            [sys.executable, "-m", "slurm_geo.federation.entry", "--config",
+            [sys.executable, "-m", "slurm_geo.federation.daemon.entry", "--config",
              str(process_config(tmp_path, etcd.client_url, prefix, ports, name))],
             stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_geo.ckpt.names import fence_name
+from slurm_geo.ckpt.format.names import fence_name
 from slurm_geo.cli import cli
-from slurm_geo.federation.entry import run_round
+from slurm_geo.federation.daemon.entry import run_round
 from slurm_geo.federation.model import JobStatus, LogicalJob, token_digest
 from slurm_geo.lease.client import ELECTION_WAIT_S, FederatedRun, Placement
 from slurm_geo.lease.protocol import (

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from slurm_geo.federation.resubmit import (
+from slurm_geo.federation.act.resubmit import (
     ENV_GENERATION,
     ENV_KEY_TOKEN,
     ENV_RESUME_STEP,

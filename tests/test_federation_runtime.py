@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt import create_master_key_file
-from slurm_geo.ckpt.pacing import PacedStore
+from slurm_geo.ckpt.stores.pacing import PacedStore
 from slurm_geo.errors import ConfigError
+from slurm_geo.federation.engine.runtime import build
 from slurm_geo.federation.model import Lease
-from slurm_geo.federation.runtime import build
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.state.sqlite import FederationState
 
 
 def write_config(tmp_path: Path, federation: bool = True, sync: bool = True) -> Path:

@@ -205,9 +205,9 @@ def _final_weights(training, job_id: int, cluster: str) -> str | None:
 
 def _provider_sees_only_what_it_held(sandbox: Sandbox, site, run: str, resumed: int) -> None:
     from slurm_geo.ckpt.errors import WrongKey
-    from slurm_geo.ckpt.keys import load_master_key
-    from slurm_geo.ckpt.open_store import open_store
-    from slurm_geo.ckpt.runkey import RunKeyRepository, unwrap_run_keys
+    from slurm_geo.ckpt.format.keys import load_master_key
+    from slurm_geo.ckpt.repo.runkey import RunKeyRepository, unwrap_run_keys
+    from slurm_geo.ckpt.stores.open_store import open_store
 
     store = open_store(site.stores["pfs"].url)
     ring = unwrap_run_keys(store, load_master_key(sandbox.layout.master_key), run)

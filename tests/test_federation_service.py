@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import lease_site
 import pytest
 
-from slurm_geo.ckpt.runkey import unwrap_run_key
+from slurm_geo.ckpt.repo.runkey import unwrap_run_key
 from slurm_geo.lease.client import FederatedRun, Fenced, Placement
 from slurm_geo.lease.munge import FakeMunge
 from slurm_geo.lease.protocol import LEASE_PATH, LeaseRequest

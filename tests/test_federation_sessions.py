@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from slurm_geo.federation.identities import IncarnationSecrets
-from slurm_geo.federation.sessions import Step, decide
+from slurm_geo.federation.access.sessions import Step, decide
+from slurm_geo.federation.state.identities import IncarnationSecrets
 from slurm_geo.lease.protocol import ENV_LEASE_SECRET, LEASE_PATH, LeaseRequest
 from slurm_geo.lease.signing import Credentials, SecretSigner, secret_bytes
 from tests.test_federation_authn import dump

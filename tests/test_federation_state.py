@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from slurm_geo.federation.etcd.state import EtcdFederationState
 from slurm_geo.federation.model import (
     TRANSITIONS,
     ClusterStatus,
@@ -32,7 +31,8 @@ from slurm_geo.federation.model import (
     UnknownLogicalJob,
     token_digest,
 )
-from slurm_geo.federation.state import SCHEMA_VERSION, FederationState
+from slurm_geo.federation.state.etcd.state import EtcdFederationState
+from slurm_geo.federation.state.sqlite import SCHEMA_VERSION, FederationState
 from slurm_geo.slurm.models import Owner
 from tests.etcd_server import EtcdMember, fresh_prefix, open_replica
 
@@ -570,7 +570,7 @@ def test_a_newer_schema_is_refused(path: Path) -> None:
 
 # --- migration from version 1 ------------------------------------------------------------------
 
-# Version 1's schema, verbatim from `git show 13825e1:slurm_geo/federation/state.py` (the
+# Version 1's schema, verbatim from `git show 13825e1:slurm_geo/federation/state/sqlite.py` (the
 # last version-1 commit of that file): per-job facts and daemon watermarks in `meta`.
 V1_SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from lease_site import free_port, start
 
-from slurm_geo.ckpt.keys import create_master_key_file
+from slurm_geo.ckpt.format.keys import create_master_key_file
 from slurm_geo.errors import ConfigError
-from slurm_geo.federation import entry
-from slurm_geo.federation.resubmit import Incoming, ScriptOptions, resubmission
-from slurm_geo.federation.tls import ca_pem, server_context
+from slurm_geo.federation.access.tls import ca_pem, server_context
+from slurm_geo.federation.act.resubmit import Incoming, ScriptOptions, resubmission
+from slurm_geo.federation.daemon import entry
 from slurm_geo.lease.client import FederatedRun, FederationUnreachable, post, tls_context
 from slurm_geo.lease.protocol import (
     ENV_FEDERATION_CA,

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from slurm_geo.federation.cancels import Canceller, accounting_overdue, canceller
-from slurm_geo.federation.pending import (
+from slurm_geo.federation.decide.cancels import Canceller, accounting_overdue, canceller
+from slurm_geo.federation.decide.pending import (
     MOVABLE_REASONS,
     STAYS_REASONS,
     queue_move_blocker,

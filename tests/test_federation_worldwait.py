@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_geo.federation.leases import Action, Verdict, decide
-from slurm_geo.federation.planner import (
+from slurm_geo.federation.decide.leases import Action, Verdict, decide
+from slurm_geo.federation.decide.planner import (
     WORLD_GIVE_WAY_S,
     Cadence,
     WorldStaging,
@@ -15,7 +15,7 @@ from slurm_geo.federation.planner import (
     stage_s,
     with_checkpoints,
 )
-from slurm_geo.federation.worldwait import world_wait
+from slurm_geo.federation.decide.worldwait import world_wait
 from tests.test_federation_leases import NOW, TTL, ask, job, lease
 
 GB = 10**9

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from slurm_geo.ckpt.keys import KeyFile
-from slurm_geo.ckpt.runkey import unwrap_run_keys
+from slurm_geo.ckpt.format.keys import KeyFile
+from slurm_geo.ckpt.repo.runkey import unwrap_run_keys
 from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.record import PinnedTree, WorldRecord, manifest_digest, write_world_record
 from slurm_geo.stage.trees import Trees

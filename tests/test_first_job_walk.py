@@ -108,8 +108,8 @@ def test_alice_walks_the_first_geo_job_page_and_bob_is_refused(sandbox, site, re
                                                               daemon_runs_this_checkout):
     import torch
 
-    from slurm_geo.federation.audit import AuditLog
-    from slurm_geo.federation.state import FederationState
+    from slurm_geo.federation.state.audit import AuditLog
+    from slurm_geo.federation.state.sqlite import FederationState
     from slurm_geo.slurm import CliSlurmClient
     from slurm_geo.slurm.models import JobState
 
@@ -214,7 +214,7 @@ def test_a_lost_first_job_restarted_at_home_runs_where_alice_submitted_it(
     """root's scancel is a lost job (federation.cancels): the daemon restarts it at home as
     generation 1, in the directory alice ran sbatch in, so the page's `python train.py`
     and `--output=first.out` mean what they meant (in /tmp it failed: no train.py)."""
-    from slurm_geo.federation.state import FederationState
+    from slurm_geo.federation.state.sqlite import FederationState
     from slurm_geo.slurm import CliSlurmClient
 
     work = page_job(sandbox, request.node.name)

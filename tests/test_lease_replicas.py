@@ -14,9 +14,9 @@ from pathlib import Path
 import lease_site
 import pytest
 
-from slurm_geo.federation.followers import follower_reply, leader_status, retry_after_s
+from slurm_geo.federation.daemon.followers import follower_reply, leader_status, retry_after_s
 from slurm_geo.federation.model import Replica
-from slurm_geo.federation.replication import (
+from slurm_geo.federation.operator.replication import (
     MemberView,
     ReplicationStatus,
     ReplicaView,

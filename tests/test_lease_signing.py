@@ -9,7 +9,7 @@ import hmac
 
 import pytest
 
-from slurm_geo.ckpt.keys import RunKeyRing
+from slurm_geo.ckpt.format.keys import RunKeyRing
 from slurm_geo.lease.protocol import (
     HEADER_INCARNATION,
     HEADER_MUNGE,

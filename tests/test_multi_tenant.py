@@ -24,11 +24,11 @@ from conftest import user_dir
 from helpers import eventually, incarnation_environment, process_environment, sbatch_as
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor
-from slurm_geo.ckpt.fence import read_fence
-from slurm_geo.ckpt.keys import load_master_key
+from slurm_geo.ckpt.format.keys import load_master_key
+from slurm_geo.ckpt.repo.fence import read_fence
 from slurm_geo.drills import drill
-from slurm_geo.federation.audit import AuditLog
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.state.audit import AuditLog
+from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.render import federation_port, federation_url
 from slurm_geo.sandbox.sites import Site

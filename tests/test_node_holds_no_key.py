@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from slurm_geo.ckpt import LocalDirStore, Repository, create_master_key_file
-from slurm_geo.ckpt.runkey import unwrap_run_keys
+from slurm_geo.ckpt.repo.runkey import unwrap_run_keys
 from slurm_geo.torch.checkpointer import Checkpointer
 
 try:
@@ -64,8 +64,8 @@ JOB_RESUMES = """
 import hashlib, json, sys
 import torch
 from slurm_geo.ckpt import LocalDirStore
-from slurm_geo.ckpt.keys import RunKeyRing
-from slurm_geo.ckpt.runkey import RunKeyRepository
+from slurm_geo.ckpt.format.keys import RunKeyRing
+from slurm_geo.ckpt.repo.runkey import RunKeyRepository
 from slurm_geo.torch.checkpointer import Checkpointer
 
 store, run, ring = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3])
@@ -161,7 +161,7 @@ def hook_env(site: dict[str, Path], restart: int) -> dict[str, str]:
 
 
 def test_no_hook_opens_the_master_key_and_the_job_still_resumes_intact(site):
-    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.ckpt.format.keys import load_master_key
 
     key = load_master_key(site["key"])
     expected = save_10_and_20(site["pfs"], key)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import os
 
-from slurm_geo.ckpt.keys import KeyFile
-from slurm_geo.ckpt.runkey import unwrap_run_keys
-from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.format.keys import KeyFile
+from slurm_geo.ckpt.repo.runkey import unwrap_run_keys
+from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.stage.outputs import ship
 from tests.test_federation_cli import on_call_site, slurm_geo
 
@@ -109,7 +109,7 @@ def test_a_followed_log_fetches_only_its_new_parts(tmp_path, monkeypatch):
     from slurm_geo.cli.shipped import shipped_logs
     from slurm_geo.config.model import load_config
     from slurm_geo.federation.model import Incarnation
-    from slurm_geo.federation.state import FederationState
+    from slurm_geo.federation.state.sqlite import FederationState
     from slurm_geo.stage import outputs
 
     config, home = shipped_site(tmp_path)

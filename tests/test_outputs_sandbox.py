@@ -25,7 +25,7 @@ SETTINGS = drill.DrillSettings(steps=6000, ckpt_every=40, step_delay_s=0.05)
 SHIP = """
 import sys
 from slurm_geo.cli.ckpt_owner import run_key
-from slurm_geo.ckpt.open_store import open_store_or_named
+from slurm_geo.ckpt.stores.open_store import open_store_or_named
 from slurm_geo.config.model import load_config
 from slurm_geo.stage.outputs import ship
 run, log, home, local = sys.argv[1:5]

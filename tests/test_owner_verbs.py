@@ -17,7 +17,7 @@ from helpers import eventually, sbatch_as
 
 from slurm_geo.drills import drill
 from slurm_geo.exitcodes import ExitCode
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.sites import Site
 from slurm_geo.sandbox.stages import federation_daemon_name

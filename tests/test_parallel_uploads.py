@@ -13,13 +13,13 @@ from botocore.exceptions import ClientError
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.errors import StoreUnavailable
-from slurm_geo.ckpt.names import PACK_PREFIXES, key_name, manifest_name
-from slurm_geo.ckpt.open_store import paced
-from slurm_geo.ckpt.pacing import TokenBucket
-from slurm_geo.ckpt.replicate import copy_checkpoint
-from slurm_geo.ckpt.retry import is_permanent
-from slurm_geo.ckpt.s3store import S3Store, S3Unavailable
-from slurm_geo.ckpt.transfer_plan import MIB, TransferPlan
+from slurm_geo.ckpt.format.names import PACK_PREFIXES, key_name, manifest_name
+from slurm_geo.ckpt.ops.replicate import copy_checkpoint
+from slurm_geo.ckpt.stores.open_store import paced
+from slurm_geo.ckpt.stores.pacing import TokenBucket
+from slurm_geo.ckpt.stores.retry import is_permanent
+from slurm_geo.ckpt.stores.s3store import S3Store, S3Unavailable
+from slurm_geo.ckpt.stores.transfer_plan import MIB, TransferPlan
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX
 from slurm_geo.sync.state import StateDB, Status
 from slurm_geo.sync.worker import Attempt, Guard, Interrupted, Limits, Outcome, Route

@@ -12,10 +12,10 @@ import uuid
 
 import pytest
 
-from slurm_geo.ckpt.s3store import S3Store, make_s3_client
+from slurm_geo.ckpt.stores.s3store import S3Store, make_s3_client
 from slurm_geo.config.model import Prices
-from slurm_geo.federation.bandwidth import BandwidthModel
-from slurm_geo.federation.planner import ClusterView, JobNeeds, plan
+from slurm_geo.federation.decide.bandwidth import BandwidthModel
+from slurm_geo.federation.decide.planner import ClusterView, JobNeeds, plan
 from slurm_geo.policy.directives import Directives
 from slurm_geo.policy.geo import GeoPolicy, GeoRules
 from slurm_geo.sandbox import netns

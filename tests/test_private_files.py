@@ -142,7 +142,7 @@ def _sync(path: Path) -> Any:
 
 
 def _audit(path: Path) -> Any:
-    from slurm_geo.federation.audit import AuditLog
+    from slurm_geo.federation.state.audit import AuditLog
     log = AuditLog(path)
     log.append("decision", "a", "opened", "a test")
     return log
@@ -159,7 +159,7 @@ def _billing(path: Path) -> Any:
 
 
 def _federation(path: Path) -> Any:
-    from slurm_geo.federation.state import FederationState
+    from slurm_geo.federation.state.sqlite import FederationState
     return FederationState(path)
 
 
@@ -245,8 +245,8 @@ def test_every_file_the_daemons_leave_is_private(tmp_path: Path) -> None:
     databases written through their openers, all under umask 022 in state directories an
     installer made 0755: afterwards every file and directory in them is private."""
     from slurm_geo.billing.db import BillingDB
-    from slurm_geo.federation.audit import AuditLog
-    from slurm_geo.federation.state import FederationState
+    from slurm_geo.federation.state.audit import AuditLog
+    from slurm_geo.federation.state.sqlite import FederationState
     from slurm_geo.registry import Registry
     from tests.test_sync_support import (
         Trainer,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.config import load_config
-from slurm_geo.federation.owners import own_dir
+from slurm_geo.federation.decide.owners import own_dir
 from slurm_geo.sandbox import provider, remote_site, stages
 from slurm_geo.sandbox import provider_render as prender
 from slurm_geo.sandbox.layout import SandboxLayout

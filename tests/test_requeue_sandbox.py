@@ -22,7 +22,7 @@ from conftest import user_dir
 from helpers import eventually, sbatch_as
 
 from slurm_geo.ckpt import LocalDirStore
-from slurm_geo.ckpt.keys import create_master_key_file
+from slurm_geo.ckpt.format.keys import create_master_key_file
 from slurm_geo.hooks.node import newest_steps
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.processes import has_marker

@@ -15,9 +15,9 @@ import lease_site
 import pytest
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor
-from slurm_geo.ckpt.names import latest_name, manifest_name
-from slurm_geo.ckpt.rollback import RolledBack, resume_rollback
-from slurm_geo.federation.highwater import lease_marks
+from slurm_geo.ckpt.format.names import latest_name, manifest_name
+from slurm_geo.ckpt.format.rollback import RolledBack, resume_rollback
+from slurm_geo.federation.act.highwater import lease_marks
 from slurm_geo.federation.model import JobStatus, Lease
 from slurm_geo.lease import places
 from slurm_geo.lease.client import FederatedRun, Placement

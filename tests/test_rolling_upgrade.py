@@ -28,10 +28,10 @@ from typing import Any
 import pytest
 
 from slurm_geo.ckpt import Repository
-from slurm_geo.ckpt.fence import read_fence
-from slurm_geo.federation.etcd.version import LAYOUT_VERSION, read_version
-from slurm_geo.federation.fencing import known_fence
+from slurm_geo.ckpt.repo.fence import read_fence
+from slurm_geo.federation.act.fencing import known_fence
 from slurm_geo.federation.model import JobStatus
+from slurm_geo.federation.state.etcd.version import LAYOUT_VERSION, read_version
 from tests.etcd_server import EtcdMember, fresh_prefix
 from tests.helpers import eventually
 from tests.replica_site import SITES, ReplicatedSite, free_port, process_config, says
@@ -129,12 +129,12 @@ def release_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def seed(endpoint: str, prefix: str) -> None:
     """A job that failed over to rented (generation 1, Slurm job 77), training under its
     lease, written as a person's command writes (no leader: no layout version either)."""
-    from slurm_geo.ckpt.keys import KeyFile
-    from slurm_geo.federation.etcd.kv import EtcdKV
-    from slurm_geo.federation.etcd.layout import Layout
-    from slurm_geo.federation.etcd.leadership import Bystander
-    from slurm_geo.federation.etcd.state import EtcdFederationState
+    from slurm_geo.ckpt.format.keys import KeyFile
     from slurm_geo.federation.model import Lease, LogicalJob, Replica, token_digest
+    from slurm_geo.federation.state.etcd.kv import EtcdKV
+    from slurm_geo.federation.state.etcd.layout import Layout
+    from slurm_geo.federation.state.etcd.leadership import Bystander
+    from slurm_geo.federation.state.etcd.state import EtcdFederationState
 
     layout = Layout(prefix)
     state = EtcdFederationState(EtcdKV([endpoint], KeyFile(KEY)), layout,
@@ -171,7 +171,7 @@ def etcd_view(endpoint: str, prefix: str) -> dict[str, Any]:
 @pytest.mark.slow
 def test_replicas_of_the_last_release_upgraded_one_at_a_time_keep_the_job(
         release_code: Path, etcd: EtcdMember, tmp_path: Path):
-    assert not (release_code / "slurm_geo/federation/etcd/version.py").exists()  # 0.1's
+    assert not (release_code / "slurm_geo/federation/state/etcd/version.py").exists()  # 0.1's
     key = tmp_path / "master.key"
     key.write_bytes(KEY)
     key.chmod(0o600)
@@ -186,7 +186,7 @@ def test_replicas_of_the_last_release_upgraded_one_at_a_time_keep_the_job(
         env.pop("NOTIFY_SOCKET", None)
         with open(tmp_path / f"{name}.log", "ab") as log:
             processes[name] = subprocess.Popen(
-                [sys.executable, "-m", "slurm_geo.federation.entry", "--config",
+                [sys.executable, "-m", "slurm_geo.federation.daemon.entry", "--config",
                  # a lease of an hour: no move is decided while replicas restart
                  str(process_config(tmp_path, etcd.client_url, prefix, ports, name,
                                     lease_ttl_s=3600))],

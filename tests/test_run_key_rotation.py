@@ -16,11 +16,11 @@ import struct
 import pytest
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
-from slurm_geo.ckpt.check import READ_ALL, check_store
 from slurm_geo.ckpt.errors import CorruptObject, WrongKey
-from slurm_geo.ckpt.keys import KEY_SIZE, MAX_RUN_KEYS, RunKeyRing
-from slurm_geo.ckpt.replicate import copy_checkpoint
-from slurm_geo.ckpt.runkey import (
+from slurm_geo.ckpt.format.keys import KEY_SIZE, MAX_RUN_KEYS, RunKeyRing
+from slurm_geo.ckpt.ops.check import READ_ALL, check_store
+from slurm_geo.ckpt.ops.replicate import copy_checkpoint
+from slurm_geo.ckpt.repo.runkey import (
     NoControlKey,
     RunKeyRepository,
     carry_run_keys,
@@ -28,7 +28,7 @@ from slurm_geo.ckpt.runkey import (
     unwrap_run_keys,
 )
 from slurm_geo.config.model import ClusterConfig
-from slurm_geo.federation.mover import rotates_run_key
+from slurm_geo.federation.act.mover import rotates_run_key
 from slurm_geo.lease.protocol import KeyReply
 from tests.test_federation_daemon import KEY, RUN, lose_home
 from tests.test_federation_owners import rest_site

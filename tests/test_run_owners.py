@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.federation.act.registration import run_taken_by
 from slurm_geo.federation.model import JobStatus, RunOwner
-from slurm_geo.federation.registration import run_taken_by
-from slurm_geo.federation.runowners import AssignRefused, assign, assign_refusal
+from slurm_geo.federation.operator.runowners import AssignRefused, assign, assign_refusal
 from slurm_geo.slurm import Owner
 from tests.test_federation_authn import operator_run
 from tests.test_federation_daemon import BOB as DAEMON_BOB
@@ -175,7 +175,8 @@ def test_the_admins_command_gives_run_r_and_says_so(monkeypatch, capsys, tmp_pat
                             "--force"], monkeypatch, capsys, site)
     assert code == 0 and "now belongs to alice, taken from bob" in out
     # Whoever cannot read the master key is no admin: one line, exit 47, nothing changed.
-    monkeypatch.setattr("slurm_geo.federation.ownerclient.can_read_key", lambda _key: False)
+    monkeypatch.setattr("slurm_geo.federation.operator.ownerclient.can_read_key",
+                        lambda _key: False)
     code, out, err = run_cli(["federation", "runs", "assign", "r", "--owner", "bob",
                               "--force"], monkeypatch, capsys, site)
     assert code == ExitCode.NOT_OWNER and "admin's command" in err and err.count("\n") == 1
@@ -192,7 +193,7 @@ def test_the_admins_command_gives_run_r_and_says_so(monkeypatch, capsys, tmp_pat
     (0, True, [], None, True),                                          # an admin
 ])
 def test_who_gets_a_runs_key_from_a_login_shell(uid, admin, jobs, assigned, goes):
-    from slurm_geo.federation.ownerverbs import key_goes_to
+    from slurm_geo.federation.operator.ownerverbs import key_goes_to
 
     assert key_goes_to(uid, admin, jobs, assigned) is goes
 
@@ -200,7 +201,7 @@ def test_who_gets_a_runs_key_from_a_login_shell(uid, admin, jobs, assigned, goes
 def test_a_given_run_s_key_goes_to_its_new_owner_s_login_shell_only(site):
     """`slurm-geo ckpt ls/pull RUN` from a login shell: bob, once given the run, gets its
     key ring before any job of his names it; alice does not."""
-    from slurm_geo.federation.ownerverbs import answer
+    from slurm_geo.federation.operator.ownerverbs import answer
     from slurm_geo.lease.protocol import OWNER_PATH, OwnerRequest
 
     run = operator_run(site)
@@ -239,7 +240,7 @@ def test_alice_approves_her_own_jobs_move_and_bob_is_refused(site):
     """`slurm-geo approve` from a login shell, by MUNGE to the daemon: her own job's
     move is planned; bob's approval of it is refused (NOT_OWNER), and so is any
     approval where the job's policy forbids (NOT_ACTIONABLE, one line)."""
-    from slurm_geo.federation.ownerverbs import answer
+    from slurm_geo.federation.operator.ownerverbs import answer
     from slurm_geo.lease.protocol import OWNER_PATH, OwnerRequest
 
     site.home_job_training()

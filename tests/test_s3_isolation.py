@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor, WriteOptions
-from slurm_geo.ckpt.retry import is_permanent
-from slurm_geo.ckpt.s3store import S3Store, S3Unavailable, make_s3_client
-from slurm_geo.ckpt.transfer_plan import DEFAULT_PLAN, MIB, TransferPlan
+from slurm_geo.ckpt.stores.retry import is_permanent
+from slurm_geo.ckpt.stores.s3store import S3Store, S3Unavailable, make_s3_client
+from slurm_geo.ckpt.stores.transfer_plan import DEFAULT_PLAN, MIB, TransferPlan
 from slurm_geo.config import load_config
 from slurm_geo.config.tables import StoreConfig, parse_store
 from slurm_geo.errors import ConfigError
-from slurm_geo.federation.credentials import (
+from slurm_geo.federation.act.credentials import (
     IamRunKeys,
     job_environment,
     run_policy,

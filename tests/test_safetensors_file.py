@@ -19,9 +19,9 @@ from slurm_geo.ckpt import (
     create_master_key_file,
     load_master_key,
 )
-from slurm_geo.ckpt.files import pull_tensor_file, push_tensor_file
-from slurm_geo.ckpt.safetensors import is_safetensors_file, read_safetensors_file
-from slurm_geo.ckpt.skeleton import TensorFileError
+from slurm_geo.ckpt.files.pushpull import pull_tensor_file, push_tensor_file
+from slurm_geo.ckpt.files.safetensors import is_safetensors_file, read_safetensors_file
+from slurm_geo.ckpt.files.skeleton import TensorFileError
 
 RUN = "ft"
 

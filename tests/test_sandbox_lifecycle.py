@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from slurm_geo.ckpt.s3store import S3Store, S3Unavailable, make_s3_client
+from slurm_geo.ckpt.stores.s3store import S3Store, S3Unavailable, make_s3_client
 from slurm_geo.cli import main
 from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox import Sandbox

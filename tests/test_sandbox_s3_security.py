@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from slurm_geo.ckpt.s3store import make_s3_client
+from slurm_geo.ckpt.stores.s3store import make_s3_client
 from slurm_geo.config import load_config
 from slurm_geo.sandbox import netns
 from slurm_geo.sandbox.seaweed import SeaweedServer
@@ -98,8 +98,8 @@ def test_the_sandboxs_s3_across_the_wan_is_tls_verified_against_the_site_ca(sand
 def test_the_sandboxs_federation_config_mints_keys_that_keep_runs_apart(sandbox, s3_env):
     """What the daemon does at a move (job_environment with the offsite store's job_keys),
     against the sandbox's own server: run A's key cannot touch run B's objects."""
-    from slurm_geo.ckpt.s3store import S3Store, S3Unavailable
-    from slurm_geo.federation.credentials import bucket_and_prefix, job_environment
+    from slurm_geo.ckpt.stores.s3store import S3Store, S3Unavailable
+    from slurm_geo.federation.act.credentials import bucket_and_prefix, job_environment
 
     offsite = load_config(sandbox.layout.site_config).stores["offsite"]
     bucket, prefix = bucket_and_prefix(offsite.url)

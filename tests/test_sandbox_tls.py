@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from cryptography import x509
 
 from slurm_geo.config.model import parse_config
-from slurm_geo.federation.tls import ca_pem, server_context
+from slurm_geo.federation.access.tls import ca_pem, server_context
 from slurm_geo.sandbox.certs import (
     ensure_etcd_tls,
     ensure_rest_tls,

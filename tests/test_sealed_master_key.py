@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from systemd_units import installed_here, settings
 
-from slurm_geo.ckpt.keys import create_master_key_file, load_master_key
+from slurm_geo.ckpt.format.keys import create_master_key_file, load_master_key
 from slurm_geo.config.paths import KEY_FILE_ENV, master_key_path
 from slurm_geo.drills.losses import secrets_found
 from slurm_geo.site import UNITS

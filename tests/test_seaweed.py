@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor, WriteOptions
-from slurm_geo.ckpt.retry import is_permanent
-from slurm_geo.ckpt.s3store import S3Store, S3Unavailable
-from slurm_geo.ckpt.transfer_plan import MIB, TransferPlan
+from slurm_geo.ckpt.stores.retry import is_permanent
+from slurm_geo.ckpt.stores.s3store import S3Store, S3Unavailable
+from slurm_geo.ckpt.stores.transfer_plan import MIB, TransferPlan
 from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox import Sandbox, service_account, stages
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX, SandboxLayout

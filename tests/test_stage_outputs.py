@@ -11,7 +11,7 @@ import random
 import pytest
 
 from slurm_geo.ckpt.errors import CorruptObject, UnsafeObjectName, WrongKey
-from slurm_geo.ckpt.keys import RunKeyRing
+from slurm_geo.ckpt.format.keys import RunKeyRing
 from slurm_geo.stage import outputs as out
 from slurm_geo.stage.outputs_fetch import fetch_outputs, shipped_indexes
 from tests.helpers import eventually

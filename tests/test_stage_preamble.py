@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import pytest
 
-from slurm_geo.ckpt.keys import KeyFile, RunKeyRing
-from slurm_geo.ckpt.store import LocalDirStore, Store
+from slurm_geo.ckpt.format.keys import KeyFile, RunKeyRing
+from slurm_geo.ckpt.stores.store import LocalDirStore, Store
 from slurm_geo.lease.client import FederatedRun, Fenced
 from slurm_geo.lease.handoff import ENV_KEY_HANDOFF, HandoffError, bound_to, open_reply, seal_reply
 from slurm_geo.lease.protocol import KeyReply, TreeGrant

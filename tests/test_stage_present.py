@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from slurm_geo.ckpt.keys import KeyFile
-from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.format.keys import KeyFile
+from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.policy.world import Input, World
 from slurm_geo.sandbox.users import ALICE, BOB
 from slurm_geo.stage.keys import MasterTreeKeys

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from slurm_geo.ckpt.errors import CorruptObject, WrongKey
-from slurm_geo.ckpt.keys import RunKeyRing
-from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.format.keys import RunKeyRing
+from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.stage.record import (
     PinnedTree,
     WorldRecord,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt.errors import ObjectMissing
-from slurm_geo.ckpt.keys import KeyFile
-from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.format.keys import KeyFile
+from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.names import snapshot_name, tree_latest_name
 from slurm_geo.stage.replicate import copy_snapshot

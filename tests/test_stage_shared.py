@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt import LocalDirStore
-from slurm_geo.ckpt.codec import encode_parts
-from slurm_geo.ckpt.keys import SALT_SIZE, RunKeyRing, as_master_keys
-from slurm_geo.ckpt.manifest import ChunkRef
-from slurm_geo.ckpt.seal import Kind, seal
-from slurm_geo.federation.worldgrants import shared_label, tree_grants
+from slurm_geo.ckpt.format.codec import encode_parts
+from slurm_geo.ckpt.format.keys import SALT_SIZE, RunKeyRing, as_master_keys
+from slurm_geo.ckpt.format.manifest import ChunkRef
+from slurm_geo.ckpt.format.seal import Kind, seal
+from slurm_geo.federation.act.worldgrants import shared_label, tree_grants
 from slurm_geo.lease.protocol import TreeGrant
 from slurm_geo.sandbox.users import ALICE as ALICE_USER
 from slurm_geo.sandbox.users import BOB as BOB_USER
@@ -271,7 +271,7 @@ def forge(top: Path, grant: TreeGrant, remove_newest_packs: bool = False) -> Non
     newest = trees.snapshots(grant.tree)[-1]
     base = trees.manifest(grant.tree, newest, grant.domain)
     keys = grant.ring.current
-    from slurm_geo.ckpt.pack import PackWriter, pack_id_of
+    from slurm_geo.ckpt.format.pack import PackWriter, pack_id_of
     writer = PackWriter(keys.data_key, os.urandom(SALT_SIZE))
     planted = {ref.id: writer.add_parts(bytes.fromhex(ref.id),
                                         encode_parts(os.urandom(ref.size)))

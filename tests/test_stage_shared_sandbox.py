@@ -16,8 +16,8 @@ import pytest
 
 from slurm_geo.ckpt import LocalDirStore
 from slurm_geo.ckpt.errors import CkptError
-from slurm_geo.ckpt.keys import LiveKeyFile
-from slurm_geo.ckpt.runkey import unwrap_run_keys
+from slurm_geo.ckpt.format.keys import LiveKeyFile
+from slurm_geo.ckpt.repo.runkey import unwrap_run_keys
 from slurm_geo.drills import drill
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.users import ALICE, BOB, SandboxUser, job_environment
@@ -35,7 +35,7 @@ def test_a_second_users_job_on_a_world_readable_dataset_stages_no_new_chunk(
         sandbox: Sandbox) -> None:
     from slurm_geo.config.model import load_config
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.runtime import federation_config
+    from slurm_geo.federation.engine.runtime import federation_config
     from slurm_geo.slurm import connect
 
     site = load_config(sandbox.layout.site_config)

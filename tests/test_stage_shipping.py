@@ -9,7 +9,7 @@ import io
 import os
 from pathlib import Path
 
-from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.policy.world import Input, World
 from slurm_geo.sandbox.users import ALICE
 from slurm_geo.stage.outputs import latest_index, read_file, read_log

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_geo.ckpt.keys import RunKeyRing
+from slurm_geo.ckpt.format.keys import RunKeyRing
 from slurm_geo.lease.protocol import ENV_LEASE_SECRET, KeyReply
 from slurm_geo.stage import srunargs
 from slurm_geo.stage.node import Choice

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_geo.ckpt.keys import KeyFile, RunKeyRing
-from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.format.keys import KeyFile, RunKeyRing
+from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.lease.protocol import ENV_LEASE_SECRET, ENV_STORE, KeyReply, TreeGrant
 from slurm_geo.sandbox.users import ALICE, BOB
 from slurm_geo.stage import task

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 DRIVER = """
 import json, os, sys
 from pathlib import Path
-from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.lease.protocol import KeyReply
 from slurm_geo.policy.world import Input, World
 from slurm_geo.stage.preamble import enter_world

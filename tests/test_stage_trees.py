@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_geo.ckpt.chunking import CdcParams, content_defined_chunks
 from slurm_geo.ckpt.errors import CorruptObject, ObjectMissing, UnsafeObjectName, WrongKey
-from slurm_geo.ckpt.keys import KeyFile
-from slurm_geo.ckpt.seal import Kind, seal
-from slurm_geo.ckpt.store import Bytes, LocalDirStore
-from slurm_geo.ckpt.writer import WriteOptions
+from slurm_geo.ckpt.format.chunking import CdcParams, content_defined_chunks
+from slurm_geo.ckpt.format.keys import KeyFile
+from slurm_geo.ckpt.format.seal import Kind, seal
+from slurm_geo.ckpt.repo.writer import WriteOptions
+from slurm_geo.ckpt.stores.store import Bytes, LocalDirStore
 from slurm_geo.stage.cdc import stream_chunks
 from slurm_geo.stage.keys import GivenTreeKeys, MasterTreeKeys, NoTreeKey
 from slurm_geo.stage.manifest import parse_tree
@@ -435,7 +435,7 @@ def test_tree_ids_depend_on_the_label_and_the_master_key():
 
 
 def test_a_master_key_rotation_seals_tree_keys_again(store, tmp_path):
-    from slurm_geo.ckpt.rotate import rewrap_store
+    from slurm_geo.ckpt.ops.rotate import rewrap_store
 
     source = write_tree(tmp_path / "src", {"f": b"x" * 5000})
     trees_of(store).stage("t", LocalOpener(source), "home:src")

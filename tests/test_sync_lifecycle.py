@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_geo.ckpt.pacing import TokenBucket
+from slurm_geo.ckpt.stores.pacing import TokenBucket
 from slurm_geo.policy.retention import RetentionPolicy
 from slurm_geo.sync.planner import lowest_steps, next_work, reconcile, retry_delay_s
 from slurm_geo.sync.scanner import Found, RootScan

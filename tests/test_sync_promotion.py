@@ -10,9 +10,9 @@ import threading
 import pytest
 from test_ckpt_fence import KEY, legacy_seal, repo, save
 
-from slurm_geo.ckpt.pacing import TokenBucket
-from slurm_geo.ckpt.runkey import unwrap_run_key
-from slurm_geo.ckpt.seal import Kind, seal
+from slurm_geo.ckpt.format.seal import Kind, seal
+from slurm_geo.ckpt.repo.runkey import unwrap_run_key
+from slurm_geo.ckpt.stores.pacing import TokenBucket
 from slurm_geo.sync.state import StateDB, Status
 from slurm_geo.sync.worker import Attempt, Guard, Limits, Outcome, Route
 

@@ -14,9 +14,9 @@ import pytest
 import requests
 
 from slurm_geo.ckpt import Repository, load_master_key
-from slurm_geo.ckpt.names import PACK_PREFIXES
-from slurm_geo.ckpt.open_store import open_store
-from slurm_geo.ckpt.s3store import S3Store
+from slurm_geo.ckpt.format.names import PACK_PREFIXES
+from slurm_geo.ckpt.stores.open_store import open_store
+from slurm_geo.ckpt.stores.s3store import S3Store
 from slurm_geo.config.model import load_config
 from slurm_geo.sandbox.layout import S3_BUCKET
 from slurm_geo.sandbox.render import sync_metrics_port

@@ -13,10 +13,10 @@ from sqlite_utils import Database
 from test_ckpt_fence import KEY, repo
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor
-from slurm_geo.ckpt.check import READ_ALL, check_store
-from slurm_geo.ckpt.manifest import with_bases
-from slurm_geo.ckpt.names import manifest_name
-from slurm_geo.ckpt.pacing import TokenBucket
+from slurm_geo.ckpt.format.manifest import with_bases
+from slurm_geo.ckpt.format.names import manifest_name
+from slurm_geo.ckpt.ops.check import READ_ALL, check_store
+from slurm_geo.ckpt.stores.pacing import TokenBucket
 from slurm_geo.sync.daemon import _parse_last_scrub
 from slurm_geo.sync.metrics import Live, SyncCollector
 from slurm_geo.sync.scrub import DAY_S, LastScrub, pick_scrub, scrub_due_at

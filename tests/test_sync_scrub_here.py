@@ -23,9 +23,9 @@ from test_sync_scrub import Site
 
 from slurm_geo.ckpt import Tensor
 from slurm_geo.ckpt.errors import CorruptObject
-from slurm_geo.ckpt.names import manifest_name
-from slurm_geo.ckpt.pacing import TokenBucket
-from slurm_geo.ckpt.scrub_store import (
+from slurm_geo.ckpt.format.names import manifest_name
+from slurm_geo.ckpt.stores.pacing import TokenBucket
+from slurm_geo.ckpt.stores.scrub_store import (
     REPORT_NAME,
     ScrubReport,
     parse_report,
@@ -33,7 +33,7 @@ from slurm_geo.ckpt.scrub_store import (
     scrub_store,
     write_report,
 )
-from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.sync.metrics import Live, SyncCollector
 from slurm_geo.sync.scrub import judge_report, report_recheck_s
 from slurm_geo.sync.scrub_remote import pack_needs
@@ -344,7 +344,7 @@ def test_scrub_here_on_s3_finds_a_flip_at_rest_and_the_daemon_repairs_reading_kb
         tmp_path, weed):
     """The destination is a real S3 server: scrub-here (the CLI, S3 credentials from its
     environment, no key) reads its packs; checkpoint-sync's scrub turn reads KB."""
-    from slurm_geo.ckpt.s3store import S3Store
+    from slurm_geo.ckpt.stores.s3store import S3Store
     from slurm_geo.sandbox.layout import S3_BUCKET, S3_PREFIX
 
     prefix = f"{S3_PREFIX}/scrub-here-{os.getpid()}"

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
-from slurm_geo.ckpt.keys import create_master_key_file
+from slurm_geo.ckpt.format.keys import create_master_key_file
 from slurm_geo.sandbox.layout import S3_BUCKET
 
 ROOT = Path(__file__).resolve().parent.parent

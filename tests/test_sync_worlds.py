@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_geo.ckpt.keys import KeyFile
-from slurm_geo.ckpt.repository import Repository
-from slurm_geo.ckpt.store import LocalDirStore
-from slurm_geo.ckpt.transfer_plan import DEFAULT_PLAN
+from slurm_geo.ckpt.format.keys import KeyFile
+from slurm_geo.ckpt.repo.repository import Repository
+from slurm_geo.ckpt.stores.store import LocalDirStore
+from slurm_geo.ckpt.stores.transfer_plan import DEFAULT_PLAN
 from slurm_geo.cli import cli
 from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.outputs import read_log, ship

@@ -20,7 +20,7 @@ from slurm_geo.ckpt import (
     WrongKey,
     create_master_key_file,
 )
-from slurm_geo.ckpt.store import Bytes
+from slurm_geo.ckpt.stores.store import Bytes
 from slurm_geo.torch import checkpointer as checkpointer_module
 from slurm_geo.torch.checkpointer import (
     Checkpointer,

@@ -33,9 +33,9 @@ from dcp_ranks import (
 )
 
 from slurm_geo.ckpt import LocalDirStore, Repository, create_master_key_file, load_master_key
-from slurm_geo.ckpt.manifest import SHARDED_FORMAT
-from slurm_geo.ckpt.names import manifest_name
-from slurm_geo.ckpt.runkey import rotate_run_keys
+from slurm_geo.ckpt.format.manifest import SHARDED_FORMAT
+from slurm_geo.ckpt.format.names import manifest_name
+from slurm_geo.ckpt.repo.runkey import rotate_run_keys
 from tests.helpers import pack_files
 
 pytestmark = pytest.mark.slow

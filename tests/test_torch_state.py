@@ -13,7 +13,7 @@ import numpy
 import pytest
 import torch
 
-from slurm_geo.ckpt.manifest import DTYPE_SIZES
+from slurm_geo.ckpt.format.manifest import DTYPE_SIZES
 from slurm_geo.torch.rng import capture_rng, restore_rng
 from slurm_geo.torch.state import (
     TORCH_DTYPE_NAMES,

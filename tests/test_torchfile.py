@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository
-from slurm_geo.ckpt.files import pull_tensor_file, push_tensor_file
-from slurm_geo.ckpt.skeleton import TensorFileError
-from slurm_geo.ckpt.torchfile import read_torch_file
-from slurm_geo.ckpt.usage import pack_sizes
+from slurm_geo.ckpt.files.pushpull import pull_tensor_file, push_tensor_file
+from slurm_geo.ckpt.files.skeleton import TensorFileError
+from slurm_geo.ckpt.files.torchfile import read_torch_file
+from slurm_geo.ckpt.ops.usage import pack_sizes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -206,7 +206,7 @@ import os
 import sys
 from pathlib import Path
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository
-from slurm_geo.ckpt.files import pull_tensor_file, push_tensor_file
+from slurm_geo.ckpt.files.pushpull import pull_tensor_file, push_tensor_file
 root = Path({str(tmp_path)!r})
 (root / "store").mkdir()
 repository = Repository(LocalDirStore(root / "store"), os.urandom(32))
@@ -222,7 +222,7 @@ assert "torch" not in sys.modules, "torch was imported"
 
 def test_a_contiguous_tensor_reaches_the_writer_a_chunk_at_a_time(tmp_path):
     """Each chunk its own map, let go of once written: a 4 GB tensor is never resident."""
-    from slurm_geo.ckpt.repository import StreamedTensor
+    from slurm_geo.ckpt.repo.repository import StreamedTensor
 
     weights = torch.randn(3000)
     torch.save({"w": weights, "t": torch.zeros(3, 2).t()}, tmp_path / "in.pt")

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from slurm_geo.ckpt.parallel import run_all
-from slurm_geo.ckpt.transfer_plan import (
+from slurm_geo.ckpt.stores.parallel import run_all
+from slurm_geo.ckpt.stores.transfer_plan import (
     DEFAULT_PLAN,
     MAX_PARTS,
     MAX_STREAMS,

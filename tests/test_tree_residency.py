@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from slurm_geo.ckpt.keys import KeyFile, as_master_keys
-from slurm_geo.ckpt.repository import Repository
-from slurm_geo.ckpt.store import LocalDirStore
+from slurm_geo.ckpt.format.keys import KeyFile, as_master_keys
+from slurm_geo.ckpt.repo.repository import Repository
+from slurm_geo.ckpt.stores.store import LocalDirStore
+from slurm_geo.federation.act.worldgrants import root_residency, tree_grants
 from slurm_geo.federation.model import JobStatus, LogicalJob
-from slurm_geo.federation.worldgrants import root_residency, tree_grants
 from slurm_geo.policy.geo import GeoPolicy, GeoRules
 from slurm_geo.slurm import Owner
 from slurm_geo.stage.keys import MasterTreeKeys

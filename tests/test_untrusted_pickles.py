@@ -26,8 +26,8 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import WriteItemType
 
 from slurm_geo.ckpt import create_master_key_file
-from slurm_geo.ckpt.skeleton import TensorFileError
-from slurm_geo.ckpt.torchfile import read_torch_bytes, read_torch_file
+from slurm_geo.ckpt.files.skeleton import TensorFileError
+from slurm_geo.ckpt.files.torchfile import read_torch_bytes, read_torch_file
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.torch.distributed import StorageReader, StorageWriter
 from slurm_geo.torch.rng import capture_rng, restore_rng
@@ -390,5 +390,5 @@ def test_no_other_place_in_slurm_geo_unpickles():
                 found.append((path.relative_to(REPO).as_posix(), f"{node.value.id}.{node.attr}"))
             if isinstance(node, ast.keyword) and node.arg in ("weights_only", "allow_pickle"):
                 found.append((path.relative_to(REPO).as_posix(), node.arg))
-    assert found == [("slurm_geo/ckpt/torchpickle.py", "pickle.Unpickler")]
+    assert found == [("slurm_geo/ckpt/files/torchpickle.py", "pickle.Unpickler")]
     assert pickle  # the payloads above are pickled by the tests themselves

@@ -20,13 +20,13 @@ import pytest
 
 from slurm_geo.billing.db import SCHEMA_VERSION as BILLING_VERSION
 from slurm_geo.billing.db import BillingDB
-from slurm_geo.ckpt.keys import KeyFile
+from slurm_geo.ckpt.format.keys import KeyFile
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.federation.audit import SCHEMA_VERSION as AUDIT_VERSION
-from slurm_geo.federation.audit import AuditLog
-from slurm_geo.federation.runtime import open_federation_state
-from slurm_geo.federation.state import SCHEMA_VERSION as FEDERATION_VERSION
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.engine.runtime import open_federation_state
+from slurm_geo.federation.state.audit import SCHEMA_VERSION as AUDIT_VERSION
+from slurm_geo.federation.state.audit import AuditLog
+from slurm_geo.federation.state.sqlite import SCHEMA_VERSION as FEDERATION_VERSION
+from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.registry.db import SCHEMA_VERSION as REGISTRY_VERSION
 from slurm_geo.registry.db import Registry, RegistryReader
 from slurm_geo.sync.state import SCHEMA_VERSION as SYNC_VERSION
@@ -198,8 +198,8 @@ def _wait_healthy(member: Any) -> None:
 
 
 def test_the_etcd_state_keeps_jobs_leases_fences_and_gets_a_layout_version(restored: str):
-    from slurm_geo.federation.etcd.audit import EtcdAuditLog
-    from slurm_geo.federation.etcd.version import LAYOUT_VERSION, read_version
+    from slurm_geo.federation.state.etcd.audit import EtcdAuditLog
+    from slurm_geo.federation.state.etcd.version import LAYOUT_VERSION, read_version
     from tests.etcd_server import open_replica
 
     replica = open_replica([restored], u.ETCD_PREFIX, "home-a", site="home")
@@ -222,8 +222,8 @@ def test_the_etcd_state_keeps_jobs_leases_fences_and_gets_a_layout_version(resto
 
 
 def test_an_etcd_layout_a_newer_slurm_geo_wrote_is_refused_and_never_led(restored: str):
-    from slurm_geo.federation.etcd.kv import ABSENT, created_at
-    from slurm_geo.federation.etcd.version import LayoutTooNew, check_layout, settle_layout
+    from slurm_geo.federation.state.etcd.kv import ABSENT, created_at
+    from slurm_geo.federation.state.etcd.version import LayoutTooNew, check_layout, settle_layout
     from tests.etcd_server import open_replica
 
     replica = open_replica([restored], u.ETCD_PREFIX, "home-a", site="home")

@@ -22,7 +22,7 @@ import pytest
 from helpers import as_uid
 
 from slurm_geo.federation.model import JobStatus, LogicalJob
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.hooks.validator import check_on_disk, path_kind, run
 from slurm_geo.policy.directives import DIRECTIVES, DirectiveError, parse_options
 from slurm_geo.policy.world import Input, World, env_refusal

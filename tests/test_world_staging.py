@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt import LocalDirStore
-from slurm_geo.ckpt.keys import RunKeyRing, as_master_keys
+from slurm_geo.ckpt.format.keys import RunKeyRing, as_master_keys
+from slurm_geo.federation.act.worldgrants import grant_ids, shared_ids, tree_grants, world_roots
 from slurm_geo.federation.model import JobStatus, LogicalJob
-from slurm_geo.federation.worldgrants import grant_ids, shared_ids, tree_grants, world_roots
 from slurm_geo.lease.protocol import KeyReply, TreeGrant
 from slurm_geo.sandbox.users import ALICE as ALICE_USER
 from slurm_geo.sandbox.users import BOB as BOB_USER

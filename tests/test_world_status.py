@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from slurm_geo.ckpt.keys import KeyFile, as_master_keys
-from slurm_geo.ckpt.repository import Repository
+from slurm_geo.ckpt.format.keys import KeyFile, as_master_keys
+from slurm_geo.ckpt.repo.repository import Repository
 from slurm_geo.cli.federation import staging_lines
-from slurm_geo.federation.worldstatus import Observed, PinSize, job_world_status, summarise
+from slurm_geo.federation.operator.worldstatus import Observed, PinSize, job_world_status, summarise
 from slurm_geo.policy.geo import GeoPolicy
 from slurm_geo.stage.record import PinnedTree, WorldRecord, write_world_record
 from slurm_geo.stage.residency import checker

@@ -9,7 +9,14 @@ import zlib
 
 import pytest
 
-from slurm_geo.ckpt.ziparchive import MAX32, Member, _central, _end, crc32_combine, write_archive
+from slurm_geo.ckpt.files.ziparchive import (
+    MAX32,
+    Member,
+    _central,
+    _end,
+    crc32_combine,
+    write_archive,
+)
 
 
 @pytest.mark.parametrize("lengths", [(0, 5), (5, 0), (1, 1), (4096, 4096), (4 << 20, 1234),

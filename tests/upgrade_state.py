@@ -81,7 +81,7 @@ def populate_federation(state: Any) -> None:
 
 
 def readback_federation(state: Any) -> dict[str, Any]:
-    from slurm_geo.federation.fencing import known_fence
+    from slurm_geo.federation.act.fencing import known_fence
 
     jobs = {job.logical_job: job for job in state.jobs()}
     token = state.identities.token_owner(TOKEN)
@@ -166,7 +166,7 @@ def readback_billing(db: Any) -> dict[str, Any]:
 
 def _repository(root: Path) -> Any:
     from slurm_geo.ckpt import Repository
-    from slurm_geo.ckpt.store import LocalDirStore
+    from slurm_geo.ckpt.stores.store import LocalDirStore
 
     return Repository(LocalDirStore(root), MASTER_KEY)
 
@@ -175,9 +175,9 @@ WEIGHTS = struct.pack("<8f", *(0.5 * i for i in range(8)))
 
 
 def populate_store(root: Path) -> None:
-    from slurm_geo.ckpt.fence import Fence, write_fence
-    from slurm_geo.ckpt.manifest import Metadata
-    from slurm_geo.ckpt.repository import Tensor
+    from slurm_geo.ckpt.format.manifest import Metadata
+    from slurm_geo.ckpt.repo.fence import Fence, write_fence
+    from slurm_geo.ckpt.repo.repository import Tensor
 
     repository = _repository(root)
     for step in (100, 120):
@@ -188,7 +188,7 @@ def populate_store(root: Path) -> None:
 
 
 def readback_store(root: Path) -> dict[str, Any]:
-    from slurm_geo.ckpt.fence import read_fence
+    from slurm_geo.ckpt.repo.fence import read_fence
 
     repository = _repository(root)
     steps = repository.steps(RUN)

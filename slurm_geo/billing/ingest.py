@@ -25,9 +25,9 @@ from slurm_geo.billing.db import EGRESS_COLUMNS, EGRESS_KEY, JOB_COLUMNS, JOB_KE
 from slurm_geo.billing.lineage import LegOwner, Owners, attribute
 from slurm_geo.billing.outages import Outage, cut_short, estimate_flag, start_known
 from slurm_geo.billing.periods import Period, epoch, months_overlapping, next_watermark
-from slurm_geo.ckpt.names import manifest_name
+from slurm_geo.ckpt.format.names import manifest_name
 from slurm_geo.config.daemons import FederationConfig
-from slurm_geo.federation.audit import Entry
+from slurm_geo.federation.state.audit import Entry
 from slurm_geo.slurm.models import AccountingRecord, MalformedAccountingRow
 from slurm_geo.sync.reader import SyncStateReader
 

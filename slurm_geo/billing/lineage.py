@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from slurm_geo.billing.attribution import RegistryJob
 
 if TYPE_CHECKING:
-    from slurm_geo.federation.audit import Entry
     from slurm_geo.federation.model import Incarnation, LogicalJob
+    from slurm_geo.federation.state.audit import Entry
 
 FILE = "file://"
 COST_CENTER = "geo-cost-center"

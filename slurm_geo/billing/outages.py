@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from slurm_geo.federation.audit import Entry
+from slurm_geo.federation.state.audit import Entry
 
 
 @dataclass(frozen=True)

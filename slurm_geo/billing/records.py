@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, NamedTuple
 from slurm_geo.billing import lineage
 from slurm_geo.billing.attribution import RegistryJob
 from slurm_geo.billing.outages import Outage, outages_of
-from slurm_geo.federation.audit import AuditError, AuditLog, Entry
 from slurm_geo.federation.model import FederationStateError
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.state.audit import AuditError, AuditLog, Entry
+from slurm_geo.federation.state.sqlite import FederationState
 
 if TYPE_CHECKING:
     from slurm_geo.config.daemons import FederationConfig
-    from slurm_geo.federation.runtime import OpenedState
+    from slurm_geo.federation.engine.runtime import OpenedState
 from slurm_geo.registry import RegistryReader
 from slurm_geo.sync.reader import SyncStateReader
 
@@ -113,9 +113,9 @@ def replicated_records(config: FederationConfig) -> Iterator[OpenedState]:
     """The replicas' state and audit log in etcd, read as a person's command reads them:
     with the master key (they are sealed under it), leading nothing. etcd not answering
     is `StateUnavailable` (a FederationStateError): ingest fails, it does not bill blind."""
-    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.ckpt.format.keys import load_master_key
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.runtime import open_federation_state
+    from slurm_geo.federation.engine.runtime import open_federation_state
 
     keys = load_master_key(master_key_path(config.key_file, os.environ))
     opened = open_federation_state(config, keys, daemon=False, readonly=True)

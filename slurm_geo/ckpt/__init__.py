@@ -7,7 +7,7 @@ The names below are imported when first used, not with the package: a command th
 pushes a file would otherwise load every module here, numpy among them (measured: 95 ms
 of a 0.27 s `ckpt push` of a frozen-base checkpoint). `open_store` is not among them: it
 shares its name with its module, which importing the module would put in its place;
-import it from `slurm_geo.ckpt.open_store`.
+import it from `slurm_geo.ckpt.stores.open_store`.
 """
 
 from __future__ import annotations
@@ -28,23 +28,23 @@ if TYPE_CHECKING:
         UnsupportedFormat,
         WrongKey,
     )
-    from slurm_geo.ckpt.keys import create_master_key_file, load_master_key
-    from slurm_geo.ckpt.manifest import Manifest, Metadata
-    from slurm_geo.ckpt.repository import Checkpoint, Repository, Tensor
-    from slurm_geo.ckpt.retry import RetryingStore, is_permanent
-    from slurm_geo.ckpt.store import LocalDirStore, Store
-    from slurm_geo.ckpt.writer import WriteOptions
+    from slurm_geo.ckpt.format.keys import create_master_key_file, load_master_key
+    from slurm_geo.ckpt.format.manifest import Manifest, Metadata
+    from slurm_geo.ckpt.repo.repository import Checkpoint, Repository, Tensor
+    from slurm_geo.ckpt.repo.writer import WriteOptions
+    from slurm_geo.ckpt.stores.retry import RetryingStore, is_permanent
+    from slurm_geo.ckpt.stores.store import LocalDirStore, Store
 
 _HOMES = {
     **dict.fromkeys(["CkptError", "CorruptObject", "KeyFileError", "ObjectMissing",
                      "StepMismatch", "StoreUnavailable", "UnsafeObjectName",
                      "UnsupportedFormat", "WrongKey"], "errors"),
-    **dict.fromkeys(["create_master_key_file", "load_master_key"], "keys"),
-    **dict.fromkeys(["Manifest", "Metadata"], "manifest"),
-    **dict.fromkeys(["Checkpoint", "Repository", "Tensor"], "repository"),
-    **dict.fromkeys(["RetryingStore", "is_permanent"], "retry"),
-    **dict.fromkeys(["LocalDirStore", "Store"], "store"),
-    "WriteOptions": "writer",
+    **dict.fromkeys(["create_master_key_file", "load_master_key"], "format.keys"),
+    **dict.fromkeys(["Manifest", "Metadata"], "format.manifest"),
+    **dict.fromkeys(["Checkpoint", "Repository", "Tensor"], "repo.repository"),
+    **dict.fromkeys(["RetryingStore", "is_permanent"], "stores.retry"),
+    **dict.fromkeys(["LocalDirStore", "Store"], "stores.store"),
+    "WriteOptions": "repo.writer",
 }
 
 __all__ = [

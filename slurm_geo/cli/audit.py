@@ -45,7 +45,7 @@ def audit() -> None:
 @json_option
 def verify(db_path: Path | None, expect_head: str | None, as_json: bool) -> None:
     """Recompute every hash and link; exit 56 naming the first bad entry."""
-    from slurm_geo.federation.audit import AuditChainBroken
+    from slurm_geo.federation.state.audit import AuditChainBroken
 
     expected = _parse_head(expect_head) if expect_head else None
     path, log = _open_log(db_path)
@@ -88,13 +88,13 @@ def show(db_path: Path | None, logical_job: str | None, since_seq: int,
 
 def _open_log(db_path: Path | None) -> tuple[str, Audit]:
     """The log `--db` names, else the config's: where it is, and the log, read-only."""
-    from slurm_geo.federation.audit import AuditLog
+    from slurm_geo.federation.state.audit import AuditLog
 
     if db_path is not None:
         return str(db_path), AuditLog(db_path, readonly=True)
     from slurm_geo.config.model import load_config
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.runtime import open_federation_state
+    from slurm_geo.federation.engine.runtime import open_federation_state
 
     try:
         site = load_config(chosen_config())
@@ -106,7 +106,7 @@ def _open_log(db_path: Path | None) -> tuple[str, Audit]:
                           "give --db PATH")
     if not config.replicated:
         return str(config.audit_path), AuditLog(config.audit_path, readonly=True)
-    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.ckpt.format.keys import load_master_key
 
     keys = load_master_key(master_key_path(config.key_file, os.environ))
     where = f"etcd {config.etcd_prefix}"

@@ -22,7 +22,7 @@ from slurm_geo.config.paths import DEFAULT_KEY_FILE, KEY_FILE_ENV, master_key_pa
 from slurm_geo.errors import ConfigError
 
 if TYPE_CHECKING:
-    from slurm_geo.federation.etcd.reseal import SealedState
+    from slurm_geo.federation.state.etcd.reseal import SealedState
 
 key_file_option = click.option(
     "--key-file", type=click.Path(path_type=Path), default=None,
@@ -50,7 +50,7 @@ def keys() -> None:
 def keys_init(path: Path, as_json: bool) -> None:
     """Create a new master key file at PATH (mode 0600; refuses to overwrite)."""
     from slurm_geo.ckpt import create_master_key_file
-    from slurm_geo.ckpt.keys import fingerprint
+    from slurm_geo.ckpt.format.keys import fingerprint
 
     if path.exists():
         raise ConfigError(f"{path} already exists; a new key would orphan every checkpoint "
@@ -87,7 +87,7 @@ def keys_rotate(store_specs: tuple[str, ...], dry_run: bool, federation_state: b
     the key file still holds both keys, which every reader uses; run it again with the
     same stores. Exit 1 when an object was refused or the rotation did not finish.
     """
-    from slurm_geo.ckpt.rotate import Outcome, rotate_master_key
+    from slurm_geo.ckpt.ops.rotate import Outcome, rotate_master_key
 
     stores = {spec: _open(spec, config) for spec in dict.fromkeys(store_specs)}
     also = _federation_state(config, key_file) if federation_state else {}
@@ -108,11 +108,11 @@ def keys_rotate(store_specs: tuple[str, ...], dry_run: bool, federation_state: b
 
 def _federation_state(config: Path | None, key_file: Path) -> dict[str, SealedState]:
     """The federation state in etcd the config names, as the rotation re-seals it."""
-    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.ckpt.format.keys import load_master_key
     from slurm_geo.config.model import load_config
-    from slurm_geo.federation.etcd.layout import Layout
-    from slurm_geo.federation.etcd.reseal import NAME, SealedState
-    from slurm_geo.federation.runtime import federation_config, open_kv
+    from slurm_geo.federation.engine.runtime import federation_config, open_kv
+    from slurm_geo.federation.state.etcd.layout import Layout
+    from slurm_geo.federation.state.etcd.reseal import NAME, SealedState
 
     site = load_config(config)
     fed = federation_config(site)
@@ -125,7 +125,7 @@ def _federation_state(config: Path | None, key_file: Path) -> dict[str, SealedSt
 
 
 def _print_rotation(report, key_file: Path) -> None:
-    from slurm_geo.ckpt.rotate import Outcome
+    from slurm_geo.ckpt.ops.rotate import Outcome
 
     rows = [{"store": s.store, "rewrapped": len(s.rewrapped), "current": len(s.current),
              "refused": len(s.refused), "unfinished": s.unfinished or ""}
@@ -297,7 +297,7 @@ def stats(store_url: str, run: str | None, key_file: Path, as_json: bool) -> Non
     store's total, with the packs no checkpoint references (from manifests and one
     listing of the packs; nothing else is read)."""
     from slurm_geo.ckpt import Repository, load_master_key
-    from slurm_geo.ckpt.usage import pack_sizes
+    from slurm_geo.ckpt.ops.usage import pack_sizes
     from slurm_geo.cli import ckpt_usage as shown
 
     store = _open(store_url)
@@ -356,7 +356,7 @@ def check(store_url: str, read_data: bool, subset: str | None, key_file: Path,
     there, whole; with --read-data every chunk too. Exit 1 naming each damaged object and
     the checkpoints (RUN@STEP) it affects."""
     from slurm_geo.ckpt import load_master_key
-    from slurm_geo.ckpt.check import READ_ALL, check_store, parse_subset
+    from slurm_geo.ckpt.ops.check import READ_ALL, check_store, parse_subset
 
     if read_data and subset:
         raise ConfigError("give --read-data or --read-data-subset, not both")
@@ -413,7 +413,7 @@ def reseal(store_url: str, dry_run: bool, key_file: Path, as_json: bool) -> None
     rewrites the ones it knows.
     """
     from slurm_geo.ckpt import load_master_key
-    from slurm_geo.ckpt.reseal import reseal as reseal_store
+    from slurm_geo.ckpt.ops.reseal import reseal as reseal_store
 
     report = reseal_store(_open(store_url), load_master_key(key_file), dry_run=dry_run)
     if as_json:
@@ -439,7 +439,7 @@ def reseal(store_url: str, dry_run: bool, key_file: Path, as_json: bool) -> None
 def gc(store_url: str, dry_run: bool, key_file: Path, as_json: bool) -> None:
     """Delete packs no checkpoint references (refuses while a push is in flight)."""
     from slurm_geo.ckpt import Repository, load_master_key
-    from slurm_geo.ckpt.gc import collect_garbage
+    from slurm_geo.ckpt.ops.gc import collect_garbage
 
     store = _open(store_url)
     report = collect_garbage(store, Repository(store, load_master_key(key_file)),
@@ -475,7 +475,7 @@ def prune(run: str, store_url: str, offsite_url: str | None, keep_local: int | N
     from dataclasses import replace
 
     from slurm_geo.ckpt import Repository, load_master_key
-    from slurm_geo.ckpt.prune import prune_run
+    from slurm_geo.ckpt.ops.prune import prune_run
     from slurm_geo.policy.retention import RetentionPolicy
 
     policy = _site_retention() or RetentionPolicy()
@@ -517,14 +517,14 @@ def _promoted(repository, run: str, step: int) -> bool:
 
 
 def _open(url: str, config: Path | None = None):
-    from slurm_geo.ckpt.open_store import open_store_or_named
+    from slurm_geo.ckpt.stores.open_store import open_store_or_named
 
     return open_store_or_named(url, config or chosen_config())
 
 
 def _copy_with_progress(source, source_store, destination, run: str, step: int, verb: str,
                         as_json: bool):
-    from slurm_geo.ckpt.replicate import copy_checkpoint
+    from slurm_geo.ckpt.ops.replicate import copy_checkpoint
 
     with progress(f"{verb} {run}@{step}", as_json) as bar:
         return copy_checkpoint(source, source_store, destination, run, step, on_bytes=bar)

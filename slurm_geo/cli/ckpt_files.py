@@ -15,14 +15,15 @@ from slurm_geo.errors import ConfigError
 
 def push_tensor_file(path: Path, repository, run: str, step: int, as_json: bool) -> dict:
     """Without torch: the file is read through a restricted unpickler, mapped."""
-    from slurm_geo.ckpt import Metadata, files
+    from slurm_geo.ckpt import Metadata
+    from slurm_geo.ckpt.files import pushpull
 
     metadata = Metadata(global_step=step, optimizer_step=step, epoch=0, loss=None,
                         created_at=datetime.now(UTC).isoformat(),
                         cluster=os.environ.get("SLURM_CLUSTER_NAME", ""),
                         job_id=os.environ.get("SLURM_JOB_ID", ""))
     with progress(f"push {run}@{step}", as_json) as bar:
-        manifest, nbytes = files.push_tensor_file(repository, path, run, metadata, on_bytes=bar)
+        manifest, nbytes = pushpull.push_tensor_file(repository, path, run, metadata, on_bytes=bar)
     return {"run": run, "step": step, "parent": manifest.parent_step,
             "tensors": len(manifest.tensors), "bytes": nbytes}
 
@@ -30,10 +31,10 @@ def push_tensor_file(path: Path, repository, run: str, step: int, as_json: bool)
 def pull_tensor_file(repository, run: str, step: int, path: Path, as_json: bool) -> dict:
     """Without torch, streaming: a file torch.load(weights_only=True) reads, or a
     safetensors file."""
-    from slurm_geo.ckpt import files
+    from slurm_geo.ckpt.files import pushpull
 
     with progress(f"pull {run}@{step}", as_json) as bar:
-        left_out = files.pull_tensor_file(repository, run, step, path, on_bytes=bar)
+        left_out = pushpull.pull_tensor_file(repository, run, step, path, on_bytes=bar)
     if left_out and not as_json:
         click.echo(f"slurm-geo: note: {path.name} holds the model's weights only (safetensors "
                    f"holds tensors); left out: {', '.join(left_out)}; pull to FILE.pt for "

@@ -36,7 +36,7 @@ def owner_site(key_file: Path):  # type: ignore[no-untyped-def]
 
 def run_key(site: Any, run: str) -> Any:
     """The run's key ring (docs/format.md §4.2), as the daemon released it to its owner."""
-    from slurm_geo.federation.ownerclient import OwnerClient
+    from slurm_geo.federation.operator.ownerclient import OwnerClient
     from slurm_geo.lease.protocol import KeyReply
 
     return KeyReply.from_json(OwnerClient(site).ask("run-key", run=run)).data_keys
@@ -44,21 +44,21 @@ def run_key(site: Any, run: str) -> Any:
 
 def owned_runs(site: Any) -> list[str]:
     """The runs the caller's jobs name (an admin's: every job's), as the daemon says."""
-    from slurm_geo.federation.ownerclient import OwnerClient
+    from slurm_geo.federation.operator.ownerclient import OwnerClient
 
     views = OwnerClient(site).ask("status")["views"]
     return sorted({v["run"] for v in views if v["run"]})
 
 
 def run_repository(store: Any, site: Any, run: str):  # type: ignore[no-untyped-def]
-    from slurm_geo.ckpt.runkey import RunKeyRepository
+    from slurm_geo.ckpt.repo.runkey import RunKeyRepository
 
     return RunKeyRepository(store, run, run_key(site, run))
 
 
 def with_run_key_of(source: Any, store: Any, run: str):  # type: ignore[no-untyped-def]
     """`store` (a pulled copy) read with the run key `source` holds."""
-    from slurm_geo.ckpt.runkey import RunKeyRepository
+    from slurm_geo.ckpt.repo.runkey import RunKeyRepository
 
     return RunKeyRepository(store, run, source._keys(run))
 

@@ -1,5 +1,5 @@
 """What `slurm-geo ckpt ls` and `ckpt stats` print about sizes, stored bytes, dedup and
-off-site replicas (the arithmetic: slurm_geo.ckpt.usage; off-site: slurm_geo.sync.offsite)."""
+off-site replicas (the arithmetic: slurm_geo.ckpt.ops.usage; off-site: slurm_geo.sync.offsite)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from slurm_geo.ckpt.manifest import Manifest
-from slurm_geo.ckpt.usage import RunUsage, checkpoint_usage, run_usage, store_usage
+from slurm_geo.ckpt.format.manifest import Manifest
+from slurm_geo.ckpt.ops.usage import RunUsage, checkpoint_usage, run_usage, store_usage
 from slurm_geo.cli.progress import human_bytes
 from slurm_geo.errors import SlurmGeoError
 

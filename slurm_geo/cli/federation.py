@@ -27,9 +27,9 @@ def plan(job: str, config: Path | None, as_json: bool) -> None:
     """Where logical job JOB (e.g. onprem-1234) should run now: every cluster's predicted
     transfer, queue wait and cost, whether it is eligible, and the choice with its reason.
     Read-only: the federation daemon makes the moves."""
-    from slurm_geo.federation.operations import resolve
-    from slurm_geo.federation.planner import plan_to_json, render_plan
-    from slurm_geo.federation.runtime import build
+    from slurm_geo.federation.decide.planner import plan_to_json, render_plan
+    from slurm_geo.federation.engine.runtime import build
+    from slurm_geo.federation.operator.operations import resolve
 
     federation = build(config, daemon=False)
     chosen = federation.plan_for(resolve(federation.state, job))
@@ -48,11 +48,11 @@ def status(job: str | None, config: Path | None, as_json: bool) -> None:
     CLUSTER:JOBID of any incarnation, a Slurm job id or a run name, here as in cancel,
     resubmit, logs, plan and approve."""
     from slurm_geo.config.model import load_config
+    from slurm_geo.federation.engine.runtime import federation_config, slurm_client
     from slurm_geo.federation.model import UnknownLogicalJob
-    from slurm_geo.federation.operations import current_in_slurm, display_state, resolve
-    from slurm_geo.federation.ownerclient import OwnerClient, reads_daemon_files
-    from slurm_geo.federation.runtime import federation_config, slurm_client
-    from slurm_geo.federation.views import job_view
+    from slurm_geo.federation.operator.operations import current_in_slurm, display_state, resolve
+    from slurm_geo.federation.operator.ownerclient import OwnerClient, reads_daemon_files
+    from slurm_geo.federation.operator.views import job_view
 
     site = load_config(config)
     if not reads_daemon_files(site):  # a user: the daemon answers for her own jobs
@@ -82,12 +82,12 @@ def _world_staging(site: SiteConfig, job: Any) -> dict[str, Any] | None:
     import time
 
     from slurm_geo.ckpt.errors import CkptError
-    from slurm_geo.ckpt.keys import LiveKeyFile
-    from slurm_geo.ckpt.open_store import DECIDING, open_store
+    from slurm_geo.ckpt.format.keys import LiveKeyFile
+    from slurm_geo.ckpt.stores.open_store import DECIDING, open_store
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.runtime import federation_config
-    from slurm_geo.federation.worldgrants import world_roots
-    from slurm_geo.federation.worldstatus import job_world_status
+    from slurm_geo.federation.act.worldgrants import world_roots
+    from slurm_geo.federation.engine.runtime import federation_config
+    from slurm_geo.federation.operator.worldstatus import job_world_status
 
     if not job.run or not world_roots(job):
         return None
@@ -112,10 +112,10 @@ def _open_state(site: SiteConfig) -> State | None:
     """The state, read-only; None before the daemon alone on SQLite ever started."""
     import os
 
-    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.ckpt.format.keys import load_master_key
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.runtime import federation_config, open_federation_state
-    from slurm_geo.federation.state import FederationState
+    from slurm_geo.federation.engine.runtime import federation_config, open_federation_state
+    from slurm_geo.federation.state.sqlite import FederationState
 
     config = federation_config(site)
     if not config.replicated:
@@ -240,12 +240,12 @@ def approve(job: str, cluster: str, config: Path | None, as_json: bool) -> None:
     chooses CLUSTER; a running job moves at its next checkpoint. Never where the job's
     policy forbids (residency, data class, --geo-clusters, --geo-failover=never). A user
     approves moves of her own jobs (asked of the daemon); an admin, of any."""
-    from slurm_geo.federation.operations import resolve
-    from slurm_geo.federation.runtime import build
+    from slurm_geo.federation.engine.runtime import build
+    from slurm_geo.federation.operator.operations import resolve
 
     site = _asks_daemon(config)
     if site is not None:  # a user: the daemon approves her own job's move
-        from slurm_geo.federation.ownerclient import OwnerClient
+        from slurm_geo.federation.operator.ownerclient import OwnerClient
 
         report = OwnerClient(site).ask("approve", job, cluster=cluster)
     else:
@@ -270,12 +270,12 @@ def cancel(job: str, config: Path | None, as_json: bool) -> None:
     trainer still running is fenced at its next renewal and exits 33), and every
     incarnation Slurm still runs or queues is cancelled on the clusters that answer.
     Those it cannot reach are listed; run it again once they answer. Audited."""
-    from slurm_geo.federation import operations
-    from slurm_geo.federation.runtime import build
+    from slurm_geo.federation.engine.runtime import build
+    from slurm_geo.federation.operator import operations
 
     site = _asks_daemon(config)
     if site is not None:  # a user: the daemon cancels her own job
-        from slurm_geo.federation.ownerclient import OwnerClient
+        from slurm_geo.federation.operator.ownerclient import OwnerClient
 
         report = OwnerClient(site).ask("cancel", job)
     else:
@@ -302,8 +302,8 @@ def _asks_daemon(config: Path | None) -> SiteConfig | None:
 
     from slurm_geo.config.model import load_config
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.ownerclient import can_read_key, reads_daemon_files
-    from slurm_geo.federation.runtime import federation_config
+    from slurm_geo.federation.engine.runtime import federation_config
+    from slurm_geo.federation.operator.ownerclient import can_read_key, reads_daemon_files
 
     site = load_config(config)
     if site.federation is None:
@@ -322,17 +322,17 @@ def resubmit(job: str, config: Path | None, as_json: bool) -> None:
     """Resubmit logical job JOB, which ended failed, as a new generation from its newest
     checkpoint that verifies: at home if home answers, else where the plan chooses. Its
     lost-restart count starts again. Audited."""
-    from slurm_geo.federation import operations
-    from slurm_geo.federation.runtime import build
+    from slurm_geo.federation.engine.runtime import build
+    from slurm_geo.federation.operator import operations
 
     site = _asks_daemon(config)
     if site is not None:  # a user: the daemon resubmits her own job
-        from slurm_geo.federation.ownerclient import OwnerClient
+        from slurm_geo.federation.operator.ownerclient import OwnerClient
 
         moved = OwnerClient(site).ask("resubmit", job)
     else:
         federation = build(config, daemon=False)
-        from slurm_geo.federation.views import resubmitted_view
+        from slurm_geo.federation.operator.views import resubmitted_view
 
         moved = resubmitted_view(operations.resubmit(
             federation, operations.resolve(federation.state, job), _who()))
@@ -357,9 +357,13 @@ def logs(job: str, follow: bool, config: Path | None) -> None:
     admin's); one that shipped none says where its file would be."""
     from slurm_geo.config.model import load_config
     from slurm_geo.federation.model import UnknownLogicalJob
-    from slurm_geo.federation.operations import resolve
-    from slurm_geo.federation.output import JobOutput
-    from slurm_geo.federation.ownerclient import AskedState, OwnerClient, reads_daemon_files
+    from slurm_geo.federation.operator.operations import resolve
+    from slurm_geo.federation.operator.output import JobOutput
+    from slurm_geo.federation.operator.ownerclient import (
+        AskedState,
+        OwnerClient,
+        reads_daemon_files,
+    )
 
     site = load_config(config)
     users = {name: c.rest_user for name, c in site.clusters.items()
@@ -399,11 +403,11 @@ def federation_status(config: Path | None, as_json: bool) -> None:
     import os
     import ssl
 
-    from slurm_geo.ckpt.keys import load_master_key
+    from slurm_geo.ckpt.format.keys import load_master_key
     from slurm_geo.config.model import load_config
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.replication import render, replication_status
-    from slurm_geo.federation.runtime import federation_config, open_kv
+    from slurm_geo.federation.engine.runtime import federation_config, open_kv
+    from slurm_geo.federation.operator.replication import render, replication_status
 
     fed = federation_config(load_config(config))
     tls = ssl.create_default_context(cafile=None if fed.ca_file is None else str(fed.ca_file))
@@ -441,8 +445,8 @@ def federation_runs_assign(run: str, user: str, force: bool, config: Path | None
     daemons' service account: whoever reads the federation state and the master key).
     Audited."""
     from slurm_geo.exitcodes import ExitCode
-    from slurm_geo.federation.runowners import AssignRefused, assign
-    from slurm_geo.federation.runtime import build
+    from slurm_geo.federation.engine.runtime import build
+    from slurm_geo.federation.operator.runowners import AssignRefused, assign
 
     if _asks_daemon(config) is not None:
         raise AssignRefused("federation runs assign is an admin's command: run it as root or "

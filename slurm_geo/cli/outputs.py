@@ -21,8 +21,12 @@ STORE_HELP = ("Read from this store (a URL or a [stores] name) instead of the ho
 def job_of(site: Any, job: str) -> Any:
     """The logical job `job` names, from the state (an admin) or the daemon (a user)."""
     from slurm_geo.federation.model import UnknownLogicalJob
-    from slurm_geo.federation.operations import resolve
-    from slurm_geo.federation.ownerclient import AskedState, OwnerClient, reads_daemon_files
+    from slurm_geo.federation.operator.operations import resolve
+    from slurm_geo.federation.operator.ownerclient import (
+        AskedState,
+        OwnerClient,
+        reads_daemon_files,
+    )
 
     if not reads_daemon_files(site):
         asked = AskedState(OwnerClient(site), job)

@@ -26,11 +26,11 @@ class Shipped:
 def run_ring(site: Any, store: Any, run: str) -> Any:
     """The run's key ring: from the master key where this process reads it, else asked
     of the federation daemon as the run's owner."""
-    from slurm_geo.ckpt.keys import LiveKeyFile, RunKeyRing
-    from slurm_geo.ckpt.repository import Repository
+    from slurm_geo.ckpt.format.keys import LiveKeyFile, RunKeyRing
+    from slurm_geo.ckpt.repo.repository import Repository
     from slurm_geo.cli.ckpt_owner import run_key
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.runtime import federation_config
+    from slurm_geo.federation.engine.runtime import federation_config
 
     key_file = master_key_path(federation_config(site).key_file, os.environ)
     if os.access(key_file, os.R_OK):
@@ -40,7 +40,7 @@ def run_ring(site: Any, store: Any, run: str) -> Any:
 
 
 def shipped_of(site: Any, job: Any, store_spec: str | None, with_key: bool = True) -> Shipped:
-    from slurm_geo.ckpt.open_store import open_store, open_store_or_named
+    from slurm_geo.ckpt.stores.open_store import open_store, open_store_or_named
     from slurm_geo.errors import ConfigError
 
     if store_spec is not None:

@@ -30,8 +30,8 @@ def scrub_here(url: str, as_json: bool, no_report: bool, rate_mb_s: float) -> No
     """Read every pack of the store at URL, check each against its name (its hash) and
     write the report to scrub/report for checkpoint-sync. Needs no key: sealed objects
     (manifests, keys) are left to checkpoint-sync. Exit 1 when a pack is damaged."""
-    from slurm_geo.ckpt.open_store import open_store
-    from slurm_geo.ckpt.scrub_store import REPORT_NAME, scrub_store, write_report
+    from slurm_geo.ckpt.stores.open_store import open_store
+    from slurm_geo.ckpt.stores.scrub_store import REPORT_NAME, scrub_store, write_report
     from slurm_geo.cli.progress import human_bytes, progress
 
     store = open_store(url)

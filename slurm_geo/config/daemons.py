@@ -268,7 +268,7 @@ def etcd_prefix(value: Any, where: str) -> str:
 
 
 def check_etcd_prefix(prefix: str) -> str:
-    """The prefix every federation key lives under in etcd (slurm_geo.federation.etcd.layout
+    """The prefix every federation key lives under in etcd (slurm_geo.federation.state.etcd.layout
     checks its own with this too)."""
     if not _ETCD_PREFIX.fullmatch(prefix):
         raise ValueError(f"etcd prefix {prefix!r}: expected /name[/name...] of letters, "

@@ -3,7 +3,7 @@
 Each function looks at one piece and returns its fact (slurm_geo.doctor.facts), catching
 every failure into the fact: the doctor reports, it never stops at the first broken piece.
 Slurm's commands run through slurm_geo.slurm; munge through slurm_geo.lease.munge; etcd
-through slurm_geo.federation.etcd; stores through slurm_geo.ckpt.open_store.
+through slurm_geo.federation.state.etcd; stores through slurm_geo.ckpt.stores.open_store.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from slurm_geo.doctor.facts import (
 if TYPE_CHECKING:
     from cryptography.x509 import Certificate
 
-    from slurm_geo.ckpt.store import Store
+    from slurm_geo.ckpt.stores.store import Store
     from slurm_geo.config.daemons import FederationConfig
 
 UNIT_DIRS = ("etc/systemd/system", "usr/local/lib/systemd/system", "lib/systemd/system",
@@ -305,8 +305,8 @@ def etcd_fact(config: FederationConfig) -> EtcdFact:
     """Each endpoint's /maintenance/status and the member list, through the federation's
     etcd client. No value is read or written, so no master key is opened: the client gets
     a throwaway one."""
-    from slurm_geo.federation.replication import member_views
-    from slurm_geo.federation.runtime import open_kv
+    from slurm_geo.federation.engine.runtime import open_kv
+    from slurm_geo.federation.operator.replication import member_views
 
     class Throwaway:
         def keys(self) -> tuple[bytes, ...]:
@@ -331,7 +331,7 @@ def etcd_fact(config: FederationConfig) -> EtcdFact:
 def store_fact(name: str, url: str, endpoint_url: str, ca_file: Path | None) -> StoreFact:
     """Write, read back, list, check and delete one object under doctor/ with this
     process's credentials (a daemon's: run the doctor with the daemons' environment)."""
-    from slurm_geo.ckpt.open_store import Patience, open_store
+    from slurm_geo.ckpt.stores.open_store import Patience, open_store
 
     quick = Patience(attempts=2, connect_timeout_s=3.0, read_timeout_s=10.0)
     operations: list[tuple[str, str]] = []
@@ -365,7 +365,7 @@ LINK_PROBE_BYTES = 4_000_000
 def link_fact(name: str, url: str, endpoint_url: str, ca_file: Path | None,
               size: int = LINK_PROBE_BYTES) -> LinkFact:
     """One timed write and read back of `size` random bytes under doctor/, then deleted."""
-    from slurm_geo.ckpt.open_store import Patience, open_store
+    from slurm_geo.ckpt.stores.open_store import Patience, open_store
 
     probe = f"doctor/link-{socket.gethostname() or 'host'}-{secrets.token_hex(6)}"
     body = secrets.token_bytes(size)

@@ -31,7 +31,7 @@ from slurm_geo.drills.picture import draw_timeline
 from slurm_geo.drills.report import DrillReport, Sample
 from slurm_geo.drills.settings import DrillSettings
 from slurm_geo.drills.waits import DrillFailed, Progress, wait_for, wait_or_none
-from slurm_geo.federation.audit import Entry
+from slurm_geo.federation.state.audit import Entry
 from slurm_geo.sandbox import Sandbox, netns
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.sites import Site
@@ -504,9 +504,9 @@ def offsite_kept(sandbox: Sandbox, site: SiteConfig, view: losses.FederationView
 def provider_secrets(sandbox: Sandbox, site: SiteConfig, run: str) -> list[str]:
     """The master key or the run's key where the rented provider keeps data: remote's
     etcd member and the S3 server there (each found says where; none is the target)."""
-    from slurm_geo.ckpt.keys import load_master_key
-    from slurm_geo.ckpt.open_store import open_store
-    from slurm_geo.ckpt.runkey import unwrap_run_key
+    from slurm_geo.ckpt.format.keys import load_master_key
+    from slurm_geo.ckpt.repo.runkey import unwrap_run_key
+    from slurm_geo.ckpt.stores.open_store import open_store
 
     assert site.sync is not None
     master = load_master_key(sandbox.layout.master_key)

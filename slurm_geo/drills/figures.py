@@ -21,7 +21,7 @@ def replication(site: SiteConfig, view: losses.FederationView, run: str,
     if site.sync is None:
         return {"replicated_bytes": 0, "replication_seconds": 0.0, "replications": [],
                 "predicted_transfer_s": None, "actual_transfer_s": None}
-    from slurm_geo.federation.bandwidth import BandwidthModel
+    from slurm_geo.federation.decide.bandwidth import BandwidthModel
 
     state = SyncStateReader(site.sync.state)  # it verified checkpoints: it must be there
     model = BandwidthModel.restore(view.bandwidth_snapshot())

@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 
 from slurm_geo.config.model import SiteConfig
-from slurm_geo.federation.audit import AuditLog, Entry
+from slurm_geo.federation.state.audit import AuditLog, Entry
 from slurm_geo.sandbox import Sandbox, netns, stages
 from slurm_geo.sandbox.layout import REPLICA_NAMES
 from slurm_geo.sandbox.sites import Site
@@ -43,9 +43,9 @@ class FederationView:
     from SQLite for a daemon alone, else from etcd (read-only: a person's view)."""
 
     def __init__(self, site: SiteConfig):
-        from slurm_geo.ckpt.keys import load_master_key
+        from slurm_geo.ckpt.format.keys import load_master_key
         from slurm_geo.config.paths import master_key_path
-        from slurm_geo.federation.runtime import federation_config, open_federation_state
+        from slurm_geo.federation.engine.runtime import federation_config, open_federation_state
 
         config = federation_config(site)
         self.replicated = config.replicated
@@ -81,9 +81,9 @@ class FederationView:
         nobody to the drill's waits)."""
         if not self.replicated:
             return self._config.this_replica.name or ALONE
-        from slurm_geo.federation.etcd.layout import Layout
-        from slurm_geo.federation.etcd.leadership import replica_from_json
         from slurm_geo.federation.model import StateUnavailable
+        from slurm_geo.federation.state.etcd.layout import Layout
+        from slurm_geo.federation.state.etcd.leadership import replica_from_json
 
         try:
             found = self._state.kv.get(Layout(self._config.etcd_prefix).leader)
@@ -96,7 +96,7 @@ class FederationView:
         now: what its jobs and peers see, the moment it can act."""
         import ssl
 
-        from slurm_geo.federation.replication import ask_replica
+        from slurm_geo.federation.operator.replication import ask_replica
 
         ca = self._config.ca_file
         tls = ssl.create_default_context(cafile=None if ca is None else str(ca))
@@ -116,7 +116,7 @@ class FederationView:
     def _read(self, what: Any) -> Any:
         if self.replicated:
             return what(self._state)
-        from slurm_geo.federation.state import FederationState
+        from slurm_geo.federation.state.sqlite import FederationState
 
         state = FederationState(self._config.state, readonly=True)
         try:

@@ -96,7 +96,7 @@ def account_uids(layout: SandboxLayout, person: SandboxUser) -> dict[str, int]:
 def reference_output(settings: DrillSettings) -> str:
     """What rank 0 of the same job, uninterrupted, prints: on as many ranks, in
     processes of this host, with a throwaway store and key."""
-    from slurm_geo.ckpt.keys import create_master_key_file
+    from slurm_geo.ckpt.format.keys import create_master_key_file
 
     with tempfile.TemporaryDirectory() as scratch:
         store, key = Path(scratch) / "store", Path(scratch) / "key"

@@ -117,8 +117,8 @@ def offsite_repository(sandbox: Sandbox, site: SiteConfig) -> Repository:
     """The run's checkpoints at checkpoint-sync's destination, read with the daemons' key
     to the store and the master key (root's, as the drill runs)."""
     from slurm_geo.ckpt import Repository
-    from slurm_geo.ckpt.keys import load_master_key
-    from slurm_geo.ckpt.open_store import open_store
+    from slurm_geo.ckpt.format.keys import load_master_key
+    from slurm_geo.ckpt.stores.open_store import open_store
     from slurm_geo.sandbox.layout import S3_REGION
 
     assert site.sync is not None
@@ -135,7 +135,7 @@ def measured(sandbox: Sandbox, site: SiteConfig, run: str, steps: list[int],
     loss): their windows from checkpoint-sync's state, their stored bytes from the
     destination's manifests (None where one does not open)."""
     from slurm_geo.ckpt.errors import CkptError
-    from slurm_geo.ckpt.usage import checkpoint_usage
+    from slurm_geo.ckpt.ops.usage import checkpoint_usage
     from slurm_geo.sync.reader import SyncStateReader
 
     if site.sync is None or not steps:

@@ -12,14 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_geo.ckpt.keys import MasterKeys
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.format.keys import MasterKeys
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.config.model import FederationConfig, SiteConfig
-from slurm_geo.federation.audit import AuditLog
-from slurm_geo.federation.etcd.audit import EtcdAuditLog
-from slurm_geo.federation.etcd.leadership import Leadership
-from slurm_geo.federation.etcd.state import EtcdFederationState
-from slurm_geo.federation.state import FederationState
+from slurm_geo.federation.state.audit import AuditLog
+from slurm_geo.federation.state.etcd.audit import EtcdAuditLog
+from slurm_geo.federation.state.etcd.leadership import Leadership
+from slurm_geo.federation.state.etcd.state import EtcdFederationState
+from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.registry import RegistryReader
 from slurm_geo.slurm import SlurmClient
 

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo import jobrecords
-from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
-from slurm_geo.ckpt.store import LocalDirStore, Store
+from slurm_geo.ckpt.format.names import run_of_manifest_name, step_of_manifest_name
+from slurm_geo.ckpt.stores.store import LocalDirStore, Store
 from slurm_geo.hooks.context import JobContext
 from slurm_geo.lease import places  # imported as root: the epilog reads as the job's owner
 from slurm_geo.sync.jobdirs import Protection

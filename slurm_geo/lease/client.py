@@ -20,7 +20,7 @@ and held in memory only (lease protocol 2: slurm_geo.lease.signing).
 
 The lease is renewed by a thread every third of its TTL; `may_train()` compares the last
 successful renewal with the job's own monotonic clock, so a process that was frozen (or
-cut off) knows its lease is stale the moment it runs again. See slurm_geo.federation.leases.
+cut off) knows its lease is stale the moment it runs again. See slurm_geo.federation.decide.leases.
 
 With replicas of the daemon, each request goes to the one that led last; a redirect to the
 leader is followed (to a replica of the list only, the request signed afresh), and a
@@ -48,10 +48,10 @@ from typing import Any, Protocol
 
 from slurm_geo.ckpt import Repository
 from slurm_geo.ckpt.errors import CkptError
-from slurm_geo.ckpt.keys import RunKeyRing
-from slurm_geo.ckpt.open_store import open_store
-from slurm_geo.ckpt.rollback import high_water, resume_rollback
-from slurm_geo.ckpt.runkey import RunKeyRepository
+from slurm_geo.ckpt.format.keys import RunKeyRing
+from slurm_geo.ckpt.format.rollback import high_water, resume_rollback
+from slurm_geo.ckpt.repo.runkey import RunKeyRepository
+from slurm_geo.ckpt.stores.open_store import open_store
 from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.lease import handoff, places, protocol

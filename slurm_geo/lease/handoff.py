@@ -27,7 +27,7 @@ import os
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from slurm_geo.ckpt.keys import derive_key
+from slurm_geo.ckpt.format.keys import derive_key
 from slurm_geo.lease.protocol import KeyReply
 from slurm_geo.lease.signing import secret_bytes
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from slurm_geo import jobrecords
 from slurm_geo.ckpt.errors import UnsafeObjectName
-from slurm_geo.ckpt.names import STEP_DIGITS, check_run_id, manifest_prefix
+from slurm_geo.ckpt.format.names import STEP_DIGITS, check_run_id, manifest_prefix
 
 META_DIR = jobrecords.META_DIR  # the node hooks' records directory (in a private one)
 CKPT_DIR_ENV = "SLURM_GEO_CKPT_DIR"

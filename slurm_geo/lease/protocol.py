@@ -1,7 +1,7 @@
 """The lease protocol between training jobs and the federation daemon, defined once: the
 paths, the request and reply bodies, their strict parsing, and the SLURM_GEO_* variables
 an incarnation the daemon submits is told where to find it. The service
-(slurm_geo.federation.service), the daemon and the client (slurm_geo.lease.client) all use
+(slurm_geo.federation.daemon.service), the daemon and the client (slurm_geo.lease.client) all use
 these types; docs/federation.md ("Lease protocol") specifies them as a wire protocol.
 
 Every body is a JSON object. Requests carry `"protocol": PROTOCOL_VERSION`; a missing one
@@ -22,8 +22,8 @@ from enum import Enum
 from typing import Any
 
 from slurm_geo.ckpt.errors import UnsafeObjectName
-from slurm_geo.ckpt.keys import RunKeyRing
-from slurm_geo.ckpt.names import check_run_id
+from slurm_geo.ckpt.format.keys import RunKeyRing
+from slurm_geo.ckpt.format.names import check_run_id
 from slurm_geo.names import NAME_RULE, is_name
 
 PROTOCOL_VERSION = 2
@@ -330,7 +330,7 @@ RUN_RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or di
 # --- names a request carries: one grammar each, checked wherever a request enters ----------
 
 def check_run(run: str) -> str:
-    """`run` if it is a run id (slurm_geo.ckpt.names, the store's own rule: it becomes an
+    """`run` if it is a run id (slurm_geo.ckpt.format.names, the store's own rule: it becomes an
     object name); ProtocolError otherwise."""
     try:
         return check_run_id(run)

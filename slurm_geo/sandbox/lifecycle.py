@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from slurm_geo.atomic import write_if_changed
-from slurm_geo.ckpt.keys import create_master_key_file
+from slurm_geo.ckpt.format.keys import create_master_key_file
 from slurm_geo.config import load_config
 from slurm_geo.config.daemons import DEFAULT_ETCD_PREFIX
 from slurm_geo.errors import SandboxError

@@ -18,7 +18,7 @@ which a resumed put does, stays allowed: it removes no stored object.
 
 A key per run is finer: the federation daemon mints it through the IAM API the S3 port
 serves (`-s3.iam.readOnly=false`, the daemons' key only), with the statements of
-slurm_geo.federation.credentials.run_policy, which SeaweedFS enforces per key prefix.
+slurm_geo.federation.act.credentials.run_policy, which SeaweedFS enforces per key prefix.
 
 What jobs sharing the server's host must not reach, its master, volume server and filer,
 check no S3 key: `security.toml` (`security_toml`) has them sign every volume and filer
@@ -41,7 +41,7 @@ from pathlib import Path
 
 from slurm_geo.atomic import write_if_changed
 from slurm_geo.errors import SandboxError
-from slurm_geo.federation.credentials import parse_credentials
+from slurm_geo.federation.act.credentials import parse_credentials
 from slurm_geo.sandbox import certs
 from slurm_geo.sandbox.certs import Issued as SiteCa
 from slurm_geo.sandbox.layout import S3_BUCKET, S3_REGION, SandboxLayout
@@ -51,7 +51,7 @@ WEED_PROGRAM = "weed"
 DAEMONS_IDENTITY = "daemons"
 # SeaweedFS's account for identities that name none; bucket policies name users under it.
 DEFAULT_ACCOUNT = "000000000000"
-LOCKS_PREFIX = "locks/"  # slurm_geo.ckpt.names.lock_name: what a job deletes
+LOCKS_PREFIX = "locks/"  # slurm_geo.ckpt.format.names.lock_name: what a job deletes
 # Volumes are files of at most this size, grown as written (no preallocation). A bucket
 # takes 7 at its first write and the filer's own log some more; 160 give about 20 GB,
 # room for drills of 512 MiB checkpoints and the 1 GB replication benchmark, and take no
@@ -374,7 +374,7 @@ def ensure_bucket(endpoint: str, daemons: S3Credentials, bucket: str, policy: st
     `endpoint` is verified against `ca_file`."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from slurm_geo.ckpt.s3store import make_s3_client
+    from slurm_geo.ckpt.stores.s3store import make_s3_client
 
     client = make_s3_client(endpoint, S3_REGION, access_key_id=daemons.access_key_id,
                             secret_access_key=daemons.secret_access_key, ca_file=ca_file)

@@ -170,7 +170,7 @@ def _federation_daemon(layout: SandboxLayout, s3_env: dict[str, str], site: Site
     """The federation daemon at `site`, run as its systemd unit runs it: as the service
     account (sandbox.service_account), from the site Python every account can run."""
     return Daemon(federation_daemon_name(site),
-                  [str(layout.site_python), "-I", "-m", "slurm_geo.federation.entry",
+                  [str(layout.site_python), "-I", "-m", "slurm_geo.federation.daemon.entry",
                    "--config", str(layout.federation_config(site))],
                   env=s3_env, port=render.federation_port(layout),
                   user=service_account.NAME, group=service_account.NAME,

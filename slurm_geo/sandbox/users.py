@@ -82,7 +82,7 @@ def share_home_store(layout: SandboxLayout) -> None:
     if stat.S_IMODE(layout.pfs_dir.stat().st_mode) != 0o1777:
         for directory, _subdirs, _files in os.walk(layout.pfs_dir):  # a sandbox from before
             os.chmod(directory, 0o1777)
-    from slurm_geo.ckpt.store import LocalDirStore
+    from slurm_geo.ckpt.stores.store import LocalDirStore
 
     LocalDirStore(layout.pfs_dir)  # root makes the directories every run shares, not a user
 

@@ -1,6 +1,6 @@
 """Content-defined cuts of a staged file (docs/format.md §7.2's gear hash), vectorised.
 
-The cuts are exactly those of `slurm_geo.ckpt.chunking.content_defined_chunks` (the
+The cuts are exactly those of `slurm_geo.ckpt.format.chunking.content_defined_chunks` (the
 specified algorithm, tested equal): the gear hash at a position depends on the last 64
 bytes only, h[q] = sum over k < 64 of GEAR[b[q-k]] << k (mod 2**64), so numpy computes it
 for a block of positions at once by doubling the window six times (1, 2, 4 ... 64 bytes),
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from slurm_geo.ckpt.chunking import GEAR, CdcParams
+from slurm_geo.ckpt.format.chunking import GEAR, CdcParams
 
 _WINDOW = 64
 _GEAR = np.array(GEAR, dtype=np.uint64)

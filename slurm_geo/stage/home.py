@@ -32,9 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_geo.ckpt.errors import CkptError
-from slurm_geo.ckpt.keys import RandomBytes, RunKeyRing
-from slurm_geo.ckpt.open_store import open_store
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.format.keys import RandomBytes, RunKeyRing
+from slurm_geo.ckpt.stores.open_store import open_store
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.lease.protocol import KeyReply, TreeGrant
 from slurm_geo.stage.keys import GivenTreeKeys

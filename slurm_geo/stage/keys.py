@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from slurm_geo.ckpt.errors import CkptError
-from slurm_geo.ckpt.keyholder import SealedKeyRings
-from slurm_geo.ckpt.keys import MasterKeys, RandomBytes, RunKeyRing
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.format.keys import MasterKeys, RandomBytes, RunKeyRing
+from slurm_geo.ckpt.repo.keyholder import SealedKeyRings
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.stage.names import tree_key_name
 

@@ -17,16 +17,16 @@ from typing import Any
 
 import zstandard
 
-from slurm_geo.ckpt.chunking import CdcParams
 from slurm_geo.ckpt.errors import (
     CorruptObject,
     MalformedData,
     UnsafeObjectName,
     UnsupportedFormat,
 )
-from slurm_geo.ckpt.manifest import MAX_CHUNK_SIZE, ChunkRef
-from slurm_geo.ckpt.names import is_hex_id
-from slurm_geo.ckpt.pack import ENTRY_OVERHEAD, HEADER_SIZE
+from slurm_geo.ckpt.format.chunking import CdcParams
+from slurm_geo.ckpt.format.manifest import MAX_CHUNK_SIZE, ChunkRef
+from slurm_geo.ckpt.format.names import is_hex_id
+from slurm_geo.ckpt.format.pack import ENTRY_OVERHEAD, HEADER_SIZE
 from slurm_geo.stage.names import check_tree_id
 
 TREE_FORMAT = 1

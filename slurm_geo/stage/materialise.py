@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_geo.ckpt.manifest import ChunkRef
-from slurm_geo.ckpt.reader import ChunkReader, default_workers, ordered_map, worker_pool
+from slurm_geo.ckpt.format.manifest import ChunkRef
+from slurm_geo.ckpt.repo.reader import ChunkReader, default_workers, ordered_map, worker_pool
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.stage.manifest import DIR, FILE, ROOT, SYMLINK, TreeEntry, TreeManifest

@@ -16,8 +16,8 @@ import hmac
 import re
 
 from slurm_geo.ckpt.errors import UnsafeObjectName
-from slurm_geo.ckpt.keys import derive_key
-from slurm_geo.ckpt.names import STEP_DIGITS, is_hex_id
+from slurm_geo.ckpt.format.keys import derive_key
+from slurm_geo.ckpt.format.names import STEP_DIGITS, is_hex_id
 
 TREE_KEYS = "tree-keys"
 TREE_PACKS = "tree-packs"

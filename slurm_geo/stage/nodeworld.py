@@ -25,7 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
-from slurm_geo.ckpt.open_store import open_store
+from slurm_geo.ckpt.stores.open_store import open_store
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.lease import protocol

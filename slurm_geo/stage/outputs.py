@@ -37,10 +37,10 @@ from typing import Any
 import zstandard
 
 from slurm_geo.ckpt.errors import CorruptObject, UnsafeObjectName
-from slurm_geo.ckpt.keys import SALT_SIZE, RandomBytes, RunKeyRing
-from slurm_geo.ckpt.names import check_object_name, check_run_id
-from slurm_geo.ckpt.seal import Kind, open_sealed, seal, sealing_fingerprint
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.format.keys import SALT_SIZE, RandomBytes, RunKeyRing
+from slurm_geo.ckpt.format.names import check_object_name, check_run_id
+from slurm_geo.ckpt.format.seal import Kind, open_sealed, seal, sealing_fingerprint
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 

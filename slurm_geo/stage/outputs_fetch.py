@@ -18,8 +18,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_geo.ckpt.keys import RunKeyRing
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.format.keys import RunKeyRing
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.stage.outputs import (
     Index,
     ShippedFile,

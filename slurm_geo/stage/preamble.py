@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from slurm_geo.ckpt.errors import CorruptObject, StoreUnavailable
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.lease.protocol import KeyReply
 from slurm_geo.policy.world import World
 from slurm_geo.stage.keys import GivenTreeKeys

@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from slurm_geo.ckpt.errors import CorruptObject, UnsafeObjectName
-from slurm_geo.ckpt.keys import SALT_SIZE, RandomBytes, RunKeyRing
-from slurm_geo.ckpt.names import check_run_id
-from slurm_geo.ckpt.seal import Kind, open_sealed, seal, sealing_fingerprint
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.format.keys import SALT_SIZE, RandomBytes, RunKeyRing
+from slurm_geo.ckpt.format.names import check_run_id
+from slurm_geo.ckpt.format.seal import Kind, open_sealed, seal, sealing_fingerprint
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.stage.names import check_tree_id, snapshot_name
 
 WORLDS = "worlds"

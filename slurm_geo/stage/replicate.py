@@ -1,5 +1,5 @@
 """Copying a staged tree's snapshot to another store (docs/format.md §11), the way
-`slurm_geo.ckpt.replicate.copy_checkpoint` copies a checkpoint: the domain's key ring
+`slurm_geo.ckpt.ops.replicate.copy_checkpoint` copies a checkpoint: the domain's key ring
 first (sealed under the master key, copied as it is), then the packs the destination
 lacks, then the snapshot's manifest (the commit point: a reader finds a snapshot only
 once every pack it names is there), then the tree's latest pointer when the destination's
@@ -16,9 +16,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from slurm_geo.ckpt.errors import CkptError, StoreUnavailable
-from slurm_geo.ckpt.parallel import run_all
-from slurm_geo.ckpt.replicate import copy_if_missing, copy_object
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.ops.replicate import copy_if_missing, copy_object
+from slurm_geo.ckpt.stores.parallel import run_all
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.stage.keys import TreeKeyHolder
 from slurm_geo.stage.names import (
     snapshot_name,

@@ -3,7 +3,7 @@
 tree-residency/<domain>: sealed (kind 2) under R = HKDF(M, absent, "slurm-geo/v1/tree-residency")
 
 The federation daemon writes it when it grants a job a domain at home
-(slurm_geo.federation.worldgrants): the data classes of the roots it was granted for and
+(slurm_geo.federation.act.worldgrants): the data classes of the roots it was granted for and
 the regions they may reside in. checkpoint-sync, which copies a run's world off-site under
 its own account, never trusts what a user's job wrote (the world record is the job's): it
 opens this object under the master key before it copies a pinned snapshot of the domain
@@ -26,9 +26,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, ObjectMissing, StoreUnavailable
-from slurm_geo.ckpt.keys import SALT_SIZE, MasterKeys, RandomBytes, fingerprint, residency_key
-from slurm_geo.ckpt.seal import Kind, open_sealed, seal, sealing_fingerprint
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.format.keys import (
+    SALT_SIZE,
+    MasterKeys,
+    RandomBytes,
+    fingerprint,
+    residency_key,
+)
+from slurm_geo.ckpt.format.seal import Kind, open_sealed, seal, sealing_fingerprint
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.stage.names import check_tree_id
 
 TREE_RESIDENCY = "tree-residency"

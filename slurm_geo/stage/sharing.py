@@ -2,7 +2,7 @@
 docs/security.md "Shared staged trees").
 
 A world-readable root is staged in one tree of a domain whose key every job that declares
-it is given (slurm_geo.federation.worldgrants), so a second user's job on the same
+it is given (slurm_geo.federation.act.worldgrants), so a second user's job on the same
 dataset stores no new chunk. Every holder of that key can also write the domain's
 objects, so a stager there trusts nothing it did not write itself:
 
@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from slurm_geo.ckpt.errors import CkptError
-from slurm_geo.ckpt.manifest import ChunkRef
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.format.manifest import ChunkRef
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.stage.manifest import FILE, TreeManifest
 from slurm_geo.stage.names import snapshot_name, tree_pack_name
 from slurm_geo.stage.walk import StageSourceError

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from slurm_geo.ckpt.keys import RunKeyRing
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.format.keys import RunKeyRing
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.stage.outputs import PeriodicShipper, incarnation_name
 from slurm_geo.stage.preamble import Finished
 from slurm_geo.stage.present import Presentation

@@ -22,14 +22,14 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 
-from slurm_geo.ckpt.chunking import CdcParams
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, ObjectMissing
-from slurm_geo.ckpt.keys import SALT_SIZE, RandomBytes, RunKeys
-from slurm_geo.ckpt.manifest import FORMAT_VERSION, ChunkRef
-from slurm_geo.ckpt.reader import ChunkReader, default_workers, ordered_map, worker_pool
-from slurm_geo.ckpt.seal import Kind, open_sealed, seal, sealing_fingerprint
-from slurm_geo.ckpt.store import Bytes, Store
-from slurm_geo.ckpt.writer import ChunkWriter, WriteOptions
+from slurm_geo.ckpt.format.chunking import CdcParams
+from slurm_geo.ckpt.format.keys import SALT_SIZE, RandomBytes, RunKeys
+from slurm_geo.ckpt.format.manifest import FORMAT_VERSION, ChunkRef
+from slurm_geo.ckpt.format.seal import Kind, open_sealed, seal, sealing_fingerprint
+from slurm_geo.ckpt.repo.reader import ChunkReader, default_workers, ordered_map, worker_pool
+from slurm_geo.ckpt.repo.writer import ChunkWriter, WriteOptions
+from slurm_geo.ckpt.stores.store import Bytes, Store
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.stage.cdc import stream_chunks
 from slurm_geo.stage.keys import TreeKeyHolder

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from slurm_geo.ckpt.pacing import TokenBucket
+from slurm_geo.ckpt.stores.pacing import TokenBucket
 from slurm_geo.daemon.events import event
 from slurm_geo.daemon.notify import Notifier
 from slurm_geo.daemon.process import Wakeup, apply_priority

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_geo.ckpt.pacing import TokenBucket
+from slurm_geo.ckpt.stores.pacing import TokenBucket
 from slurm_geo.daemon.events import event
 from slurm_geo.sync.runtime import Runtime
 from slurm_geo.sync.state import Replica, StateDB, Status, SyncError

@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from slurm_geo.ckpt.errors import ObjectMissing, StoreUnavailable, UnsafeObjectName
-from slurm_geo.ckpt.names import check_object_name
-from slurm_geo.ckpt.store import Bytes
+from slurm_geo.ckpt.format.names import check_object_name
+from slurm_geo.ckpt.stores.store import Bytes
 from slurm_geo.daemon.events import event
 
 log = logging.getLogger("slurm_geo.sync")

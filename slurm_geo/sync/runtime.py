@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_geo.ckpt.errors import CkptError
-from slurm_geo.ckpt.keys import LiveKeyFile, MasterKeys
-from slurm_geo.ckpt.open_store import open_store as default_open_store
-from slurm_geo.ckpt.store import Store
-from slurm_geo.ckpt.transfer_plan import DEFAULT_PLAN, TransferPlan, plan_transfers
+from slurm_geo.ckpt.format.keys import LiveKeyFile, MasterKeys
+from slurm_geo.ckpt.stores.open_store import open_store as default_open_store
+from slurm_geo.ckpt.stores.store import Store
+from slurm_geo.ckpt.stores.transfer_plan import DEFAULT_PLAN, TransferPlan, plan_transfers
 from slurm_geo.config.model import SiteConfig, SyncConfig, load_config
 from slurm_geo.config.paths import master_key_path
 from slurm_geo.errors import ConfigError

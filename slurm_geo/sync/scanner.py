@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurm_geo.ckpt.errors import CkptError, UnsafeObjectName
-from slurm_geo.ckpt.names import run_of_manifest_name, step_of_manifest_name
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.format.names import run_of_manifest_name, step_of_manifest_name
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.stage.record import WORLDS
 
 WORLDS_PREFIX = f"{WORLDS}/"

@@ -1,6 +1,6 @@
 """A scrub turn with `[sync] scrub_at = "destination"`: no replica read back.
 
-`slurm-geo sync scrub-here` (slurm_geo.ckpt.scrub_store), run next to the destination
+`slurm-geo sync scrub-here` (slurm_geo.ckpt.stores.scrub_store), run next to the destination
 store, has read its packs and written `scrub/report`. The turn reads that report (a few
 KB), opens the replica's own sealed objects (the run's key ring and its manifest: KB, and
 only checkpoint-sync holds the key), lists its packs with their sizes (one listing per
@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, ObjectMissing, StoreUnavailable
-from slurm_geo.ckpt.keys import MasterKeys
-from slurm_geo.ckpt.manifest import Manifest, with_bases
-from slurm_geo.ckpt.pacing import PacedStore
-from slurm_geo.ckpt.repository import Repository
-from slurm_geo.ckpt.scrub_store import ScrubReport, read_report
-from slurm_geo.ckpt.store import Store
+from slurm_geo.ckpt.format.keys import MasterKeys
+from slurm_geo.ckpt.format.manifest import Manifest, with_bases
+from slurm_geo.ckpt.repo.repository import Repository
+from slurm_geo.ckpt.stores.pacing import PacedStore
+from slurm_geo.ckpt.stores.scrub_store import ScrubReport, read_report
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.daemon.events import event
 from slurm_geo.sync.scrub import NO_REPORT, REPORT_MARK, Findings, judge_report, last_checked
 from slurm_geo.sync.state import Replica, StateDB

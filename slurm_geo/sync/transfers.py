@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from slurm_geo.ckpt.names import PACK_PREFIXES, manifest_name
+from slurm_geo.ckpt.format.names import PACK_PREFIXES, manifest_name
 from slurm_geo.sync.state import Replica, StateDB
 
 

@@ -5,11 +5,11 @@ of docs/format.md §8); packs already at the destination are skipped, and an S3 
 put resumes the parts an interrupted one left. Each object put is checked against the
 digest the destination keeps of it, so the replica is verified without being read back
 (docs/checkpoint-sync.md, "What verified proves"), and a verification record is left next
-to it for the federation daemon's moves (slurm_geo.ckpt.verified). Each status change is
+to it for the federation daemon's moves (slurm_geo.ckpt.ops.verified). Each status change is
 written as it happens, so a kill at any point leaves the state one step behind the truth,
 never ahead of it.
 
-Stores are wrapped by `slurm_geo.ckpt.open_store.paced`: a token bucket caps the bytes
+Stores are wrapped by `slurm_geo.ckpt.stores.open_store.paced`: a token bucket caps the bytes
 sent to (and read from) the destination, and before every object the attempt's
 `Guard` checks whether it must stop (SIGTERM) or has run out of time. The copy puts up to
 `Route.streams` packs at once, from threads of its own: what they put is queued and
@@ -28,16 +28,16 @@ from enum import Enum
 from typing import TypeVar
 
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, StoreUnavailable
-from slurm_geo.ckpt.keys import MasterKeys
-from slurm_geo.ckpt.manifest import with_bases
-from slurm_geo.ckpt.names import PACK_PREFIXES, key_name, manifest_name, promoted_name
-from slurm_geo.ckpt.open_store import paced
-from slurm_geo.ckpt.pacing import TokenBucket
-from slurm_geo.ckpt.replicate import CopyReport, DamagedAtSource, copy_checkpoint
-from slurm_geo.ckpt.repository import Repository
-from slurm_geo.ckpt.retry import is_permanent
-from slurm_geo.ckpt.store import Store
-from slurm_geo.ckpt.verified import record_of, write_record
+from slurm_geo.ckpt.format.keys import MasterKeys
+from slurm_geo.ckpt.format.manifest import with_bases
+from slurm_geo.ckpt.format.names import PACK_PREFIXES, key_name, manifest_name, promoted_name
+from slurm_geo.ckpt.ops.replicate import CopyReport, DamagedAtSource, copy_checkpoint
+from slurm_geo.ckpt.ops.verified import record_of, write_record
+from slurm_geo.ckpt.repo.repository import Repository
+from slurm_geo.ckpt.stores.open_store import paced
+from slurm_geo.ckpt.stores.pacing import TokenBucket
+from slurm_geo.ckpt.stores.retry import is_permanent
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.daemon.events import event
 from slurm_geo.sync.planner import retry_delay_s
 from slurm_geo.sync.scrub_remote import scrub_here_report
@@ -252,7 +252,7 @@ class Attempt:
     # --- copy and verify ----------------------------------------------------------------
 
     def _copy(self, replica: Replica) -> CopyReport:
-        """Copy the checkpoint, verified as written (slurm_geo.ckpt.replicate): each object
+        """Copy the checkpoint, verified as written (slurm_geo.ckpt.ops.replicate): each object
         put is checked against the digest the destination then keeps, none is read back. A
         replica found REPLICATED (the daemon stopped before it was marked verified) is
         copied again: what is there already costs a digest's comparison, not a transfer."""
@@ -278,7 +278,7 @@ class Attempt:
 
     def _verify(self, replica: Replica, report: CopyReport) -> Result:
         """Mark the replica verified from its copy's checks, and leave the verification
-        record next to it (slurm_geo.ckpt.verified) for any daemon that later moves the
+        record next to it (slurm_geo.ckpt.ops.verified) for any daemon that later moves the
         run there: the record, not a read, is what a move trusts."""
         if report.bytes_read_back:  # a destination that keeps no digests
             self._record_read(self._copy_started)

@@ -23,9 +23,9 @@ from functools import partial
 from pathlib import Path
 
 from slurm_geo.ckpt.errors import CkptError, StoreUnavailable
-from slurm_geo.ckpt.open_store import paced
-from slurm_geo.ckpt.pacing import TokenBucket
-from slurm_geo.ckpt.store import LocalDirStore, Store
+from slurm_geo.ckpt.stores.open_store import paced
+from slurm_geo.ckpt.stores.pacing import TokenBucket
+from slurm_geo.ckpt.stores.store import LocalDirStore, Store
 from slurm_geo.daemon.events import event
 from slurm_geo.stage.residency import checker as residency_checker
 from slurm_geo.sync.jobdirs import FILE

@@ -27,12 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from slurm_geo.ckpt.errors import CkptError, CorruptObject, ObjectMissing, StoreUnavailable
-from slurm_geo.ckpt.keys import MasterKeys, RunKeyRing
-from slurm_geo.ckpt.pack import check_pack_id
-from slurm_geo.ckpt.replicate import copy_object
-from slurm_geo.ckpt.repository import Repository
-from slurm_geo.ckpt.runkey import carry_run_keys
-from slurm_geo.ckpt.store import Bytes, Store
+from slurm_geo.ckpt.format.keys import MasterKeys, RunKeyRing
+from slurm_geo.ckpt.format.pack import check_pack_id
+from slurm_geo.ckpt.ops.replicate import copy_object
+from slurm_geo.ckpt.repo.repository import Repository
+from slurm_geo.ckpt.repo.runkey import carry_run_keys
+from slurm_geo.ckpt.stores.store import Bytes, Store
 from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.names import (
     snapshot_name,

@@ -49,8 +49,8 @@ from slurm_geo.ckpt import (
     StoreUnavailable,
     Tensor,
 )
-from slurm_geo.ckpt.manifest import check_metadata
-from slurm_geo.ckpt.names import key_name, manifest_name
+from slurm_geo.ckpt.format.manifest import check_metadata
+from slurm_geo.ckpt.format.names import key_name, manifest_name
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.torch.rng import capture_rng, restore_rng

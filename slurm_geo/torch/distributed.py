@@ -55,16 +55,16 @@ from torch.futures import Future
 
 from slurm_geo.ckpt import Metadata as CheckpointMetadata
 from slurm_geo.ckpt import Repository, Tensor
-from slurm_geo.ckpt.keys import RunKeyRing, load_master_key
-from slurm_geo.ckpt.layout import BYTES_DTYPE, Item, Layout, Shard, shard_path
-from slurm_geo.ckpt.locks import push_lock
-from slurm_geo.ckpt.manifest import DTYPE_SIZES, Manifest, TensorEntry, tensor_nbytes
-from slurm_geo.ckpt.open_store import open_store, open_store_or_named
-from slurm_geo.ckpt.runkey import RunKeyRepository
-from slurm_geo.ckpt.sharded import Fill, StoredReader, commit_sharded, write_shards
-from slurm_geo.ckpt.skeleton import TensorFileError
-from slurm_geo.ckpt.torchpickle import MAX_ARCHIVE_BYTES
-from slurm_geo.ckpt.writer import DEFAULT_OPTIONS, WriteOptions
+from slurm_geo.ckpt.files.skeleton import TensorFileError
+from slurm_geo.ckpt.files.torchpickle import MAX_ARCHIVE_BYTES
+from slurm_geo.ckpt.format.keys import RunKeyRing, load_master_key
+from slurm_geo.ckpt.format.layout import BYTES_DTYPE, Item, Layout, Shard, shard_path
+from slurm_geo.ckpt.format.manifest import DTYPE_SIZES, Manifest, TensorEntry, tensor_nbytes
+from slurm_geo.ckpt.repo.locks import push_lock
+from slurm_geo.ckpt.repo.runkey import RunKeyRepository
+from slurm_geo.ckpt.repo.sharded import Fill, StoredReader, commit_sharded, write_shards
+from slurm_geo.ckpt.repo.writer import DEFAULT_OPTIONS, WriteOptions
+from slurm_geo.ckpt.stores.open_store import open_store, open_store_or_named
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.torch.state import TORCH_DTYPE_NAMES, TORCH_DTYPES, load_torch_bytes, tensor_bytes

@@ -51,7 +51,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from slurm_geo.ckpt import Repository, create_master_key_file, load_master_key
-from slurm_geo.ckpt.open_store import open_store_or_named
+from slurm_geo.ckpt.stores.open_store import open_store_or_named
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.torch.distributed import StorageReader, StorageWriter
 from slurm_geo.torch.exit import run_rank

@@ -40,9 +40,9 @@ import torch.distributed.checkpoint as dcp
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from slurm_geo.ckpt.keys import RunKeyRing, derive_key
-from slurm_geo.ckpt.open_store import open_store
-from slurm_geo.ckpt.runkey import RunKeyRepository
+from slurm_geo.ckpt.format.keys import RunKeyRing, derive_key
+from slurm_geo.ckpt.repo.runkey import RunKeyRepository
+from slurm_geo.ckpt.stores.open_store import open_store
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.lease.client import FederatedRun, Fenced, store_ca_here
 from slurm_geo.lease.munge import BadCredential, MungeCommands
@@ -229,7 +229,7 @@ class RankedRun:
 
     def _take(self, payload: bytes) -> RunKeyRing:
         """The key ring of a share rank 0 sent; its store key goes into this rank's
-        environment, where the store is opened (slurm_geo.ckpt.open_store)."""
+        environment, where the store is opened (slurm_geo.ckpt.stores.open_store)."""
         try:
             body = json.loads(payload)
             ring = RunKeyRing.of([bytes.fromhex(k) for k in body["keys"]])

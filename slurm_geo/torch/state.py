@@ -29,11 +29,11 @@ from typing import Any
 import torch
 
 from slurm_geo.ckpt import Tensor
-from slurm_geo.ckpt.manifest import DTYPE_SIZES
-from slurm_geo.ckpt.repository import StreamedTensor
-from slurm_geo.ckpt.skeleton import SKELETON_FORMAT, SkeletonEncoder
-from slurm_geo.ckpt.tensorfile import FileRegion, map_range
-from slurm_geo.ckpt.torchfile import read_torch_bytes, read_torch_file
+from slurm_geo.ckpt.files.skeleton import SKELETON_FORMAT, SkeletonEncoder
+from slurm_geo.ckpt.files.tensorfile import FileRegion, map_range
+from slurm_geo.ckpt.files.torchfile import read_torch_bytes, read_torch_file
+from slurm_geo.ckpt.format.manifest import DTYPE_SIZES
+from slurm_geo.ckpt.repo.repository import StreamedTensor
 
 TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {
     dtype: name
@@ -88,7 +88,7 @@ def unflatten_state(tensors: Iterable[Tensor], extra_state: bytes) -> Any:
 def tensors_from_torch_file(path: Path | str) -> tuple[list[Tensor], bytes]:
     """A `torch.save` file of a state dict as checkpoint tensors and skeleton.
 
-    Read through slurm-geo's restricted, bounded unpickler (`slurm_geo.ckpt.torchpickle`),
+    Read through slurm-geo's restricted, bounded unpickler (`slurm_geo.ckpt.files.torchpickle`),
     never torch's: nothing the file names is run, and a file that would expand beyond
     bounds is refused; a `TensorFileError` names the file. Tensor bytes are mapped from
     the file. torch's legacy format (before 1.6) is refused: save it again.

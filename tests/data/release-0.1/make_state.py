@@ -28,10 +28,11 @@ FIXED = u.NOW
 
 
 def main(out: Path, etcd: bool) -> None:
-    from slurm_geo.billing.db import SCHEMA_VERSION as BILLING
-    from slurm_geo.billing.db import BillingDB
     from slurm_geo.federation.audit import SCHEMA_VERSION as AUDIT
     from slurm_geo.federation.audit import AuditLog
+
+    from slurm_geo.billing.db import SCHEMA_VERSION as BILLING
+    from slurm_geo.billing.db import BillingDB
     from slurm_geo.federation.state import SCHEMA_VERSION as FEDERATION
     from slurm_geo.federation.state import FederationState
     from slurm_geo.registry.db import Registry
@@ -82,6 +83,7 @@ def _etcd(out: Path) -> dict[str, object]:
     """The same state in etcd (one member), as the replicated daemon lays it out; saved as
     an etcd snapshot (revisions and versions kept: every value is sealed for them)."""
     from slurm_geo.federation.etcd.audit import EtcdAuditLog
+
     from tests.etcd_server import open_replica, start_cluster, stop_cluster
 
     with tempfile.TemporaryDirectory() as root:
