@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.ckpt.errors import ObjectMissing, StoreUnavailable, UnsafeObjectName
-from slurm_geo.ckpt.stores.retry import RetryingStore
+from slurm_geo.ckpt.stores.open_store import paced
+from slurm_geo.ckpt.stores.retry import RetryingStore, is_permanent
 from slurm_geo.ckpt.stores.store import LocalDirStore, Store
 
 # The sandbox's S3 fixtures; each S3 test gets a fresh key prefix.
@@ -165,3 +166,22 @@ def test_a_shared_stores_new_directories_take_the_roots_permissions(tmp_path, ro
     # for its owner's job), never writable by them.
     obj = (root / "packs" / "ab" / "abcdef").stat().st_mode & 0o777
     assert obj == ({0o1777: 0o644, 0o2770: 0o640}.get(root_mode, 0o600))
+
+
+@pytest.mark.parametrize("kwargs, permanent, side", [
+    ({}, False, None),
+    ({"permanent": True}, True, None),
+    ({"side": "source"}, False, "source"),
+])
+def test_an_unavailable_store_says_whether_retrying_helps_and_which_side_is_out(
+        kwargs, permanent, side):
+    exc = StoreUnavailable("packs/ab", "down", **kwargs)
+    assert (exc.permanent, exc.side, is_permanent(exc)) == (permanent, side, permanent)
+
+
+def test_a_paced_store_tags_a_failure_with_its_side(tmp_path):
+    store = paced(LocalDirStore(tmp_path), "destination")
+    store.put("a", b"file, not a directory")
+    with pytest.raises(StoreUnavailable) as info:
+        store.put("a/b", b"x")
+    assert info.value.side == "destination" and not info.value.permanent

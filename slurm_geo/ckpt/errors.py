@@ -91,9 +91,19 @@ class UnsafeStoreDirectory(CkptError):
 
 
 class StoreUnavailable(CkptError):
-    exit_code = ExitCode.STORE_UNAVAILABLE
+    """A store that could not serve a request. `permanent`: retrying cannot help (bad
+    credentials, no such bucket), so `RetryingStore` gives up at once. `side`: which store
+    of a transfer is out ("root", "source", "destination"), tagged by the `PacedStore` the
+    failure passed through; None where no transfer named it."""
 
-    def __init__(self, name: str, detail: str):
+    exit_code = ExitCode.STORE_UNAVAILABLE
+    permanent: bool
+    side: str | None
+
+    def __init__(self, name: str, detail: str, *, permanent: bool = False,
+                 side: str | None = None):
+        self.permanent = permanent
+        self.side = side
         super().__init__(
             name, f"store cannot access '{name}' ({detail}); check the store path and its mount"
         )

@@ -157,7 +157,7 @@ class Attempt:
         except StoreUnavailable as exc:
             if is_permanent(exc):
                 return self._failed(replica, str(exc))
-            return self._outage(replica, str(exc), getattr(exc, "side", "destination"))
+            return self._outage(replica, str(exc), exc.side or "destination")
         except DamagedAtSource as exc:
             return self._corrupted(replica, str(exc))
         except CorruptObject as exc:  # a put the destination holds otherwise: never counted
@@ -178,8 +178,7 @@ class Attempt:
         except Interrupted:
             return Result(replica.id, Outcome.INTERRUPTED)
         except StoreUnavailable as exc:
-            return Result(replica.id, Outcome.OUTAGE, str(exc), getattr(exc, "side",
-                                                                         "destination"))
+            return Result(replica.id, Outcome.OUTAGE, str(exc), exc.side or "destination")
         except (AttemptTimedOut, CkptError, StaleStatus) as exc:
             event(log, "scrub_failed", logging.WARNING, run=replica.run, step=replica.step,
                   destination=replica.destination, error=exc or type(exc).__name__)

@@ -282,8 +282,7 @@ def run_pass(state: StateDB, runs: list[tuple[str, str]], runtime: Runtime, guar
                                          complete=False, updated_at=now))
             event(log, "world_failed", logging.WARNING, run=run, destination=destination,
                   retry_in_s=round(delay, 1), error=exc,
-                  side=getattr(exc, "side", None) if isinstance(exc, StoreUnavailable)
-                  else None)
+                  side=exc.side if isinstance(exc, StoreUnavailable) else None)
             looked += 1
             continue
         now = clock()

@@ -131,5 +131,5 @@ class PacedStore:
         try:
             return operation()
         except StoreUnavailable as exc:
-            exc.side = self.side  # type: ignore[attr-defined]
+            exc.side = self.side
             raise

@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 
 
 def is_permanent(exc: StoreUnavailable) -> bool:
-    """Whether retrying cannot help; stores mark such failures with `permanent = True`."""
-    return bool(getattr(exc, "permanent", False))
+    """Whether retrying cannot help; stores raise such failures with `permanent=True`."""
+    return exc.permanent
 
 
 class RetryingStore:

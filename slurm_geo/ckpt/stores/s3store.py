@@ -69,6 +69,7 @@ class S3Unavailable(StoreUnavailable):
         self.bucket = bucket
         self.detail = detail
         self.permanent = permanent
+        self.side = None
         # Skips StoreUnavailable's message, whose advice (a path, a mount) is for directories.
         CkptError.__init__(self, name, f"S3 bucket '{bucket}' cannot access '{name}' "
                                        f"({detail}); {fix}")
