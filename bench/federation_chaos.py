@@ -6,8 +6,8 @@ incarnations training and never a resume from an unverified checkpoint; RTO <= d
 window + 15 s; steps lost <= one checkpoint interval; final weights bit-identical.
 
 Runs against its OWN sandbox (/var/tmp/sg-chaos, port base 23800), never the default one.
-Each trial submits a federated example_train job to onprem (slurm_geo.drills.drill's
-pieces) and applies one fault:
+Each trial submits a federated slurm_geo.examples.train job to onprem
+(slurm_geo.drills.drill's pieces) and applies one fault:
 
 - kill-random    SIGKILL onprem's slurmctld, slurmds, slurmstepds and the trainer once the
                  trainer reached a random step (before or after the first off-site copy);

@@ -2,8 +2,8 @@
 
 The federation daemon runs as replicas at home and control, their state in the three
 sites' etcd (`sandbox up --replicated`, its own sandbox at /var/tmp/sg-sitechaos, port
-base 23900). Each trial submits a federated example_train job to onprem and strikes once,
-at a random point:
+base 23900). Each trial submits a federated slurm_geo.examples.train job to onprem and
+strikes once, at a random point:
 
 - lose-leader: onprem killed; once the leader has decided the move, the leading replica
   is SIGKILLed (no resignation): its successor must finish the move;

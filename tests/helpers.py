@@ -139,7 +139,7 @@ def teed_trainer(script: str) -> tuple[list[str], int]:
     a provider's cluster writes on its own disk: its "started at step N" is the
     incarnation's first step), and the trainer's line number."""
     lines = script.splitlines()
-    trainer = next(i for i, line in enumerate(lines) if "example_train" in line)
+    trainer = next(i for i, line in enumerate(lines) if "slurm_geo.examples.train " in line)
     lines[trainer] = lines[trainer].replace(
         ' >> "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out" 2>&1',
         ' 2>&1 | tee -a "$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out"')

@@ -1,6 +1,6 @@
 """A sharded job on the real sandbox: 2 nodes x 2 tasks launched by srun (gloo on CPU)
 train an FSDP2 model and checkpoint it through DCP into alice's store
-(python -m slurm_geo.torch.example_sharded_train); a job of 1 node x 2 tasks resumes it,
+(python -m slurm_geo.examples.sharded_train); a job of 1 node x 2 tasks resumes it,
 resharded, from exactly the weights saved."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def sharded_script(job_dir: Path, out: Path, nodes: int, steps: int) -> str:
         "#!/bin/bash",
         f"#SBATCH --nodes={nodes} --ntasks-per-node=2 --output={out}",
         "srun --label bash -c 'echo task $SLURM_PROCID node $SLURMD_NODENAME uid $(id -u)'",
-        f"srun python -m slurm_geo.torch.example_sharded_train --run {RUN} "
+        f"srun python -m slurm_geo.examples.sharded_train --run {RUN} "
         f"--store file://{job_dir / 'store'} --key-file {job_dir / 'alice.key'} "
         f"--steps {steps} --ckpt-every 5",
     ]) + "\n"

@@ -43,12 +43,12 @@ def test_the_size_formula_is_the_trainers_state(ranks):
     """Weights and AdamW's moments after one step, counted in the trainer's own model."""
     torch = pytest.importorskip("torch")
     if ranks == 1:
-        from slurm_geo.torch.example_train import build
+        from slurm_geo.examples.train import build
         model, optimizer, _ = build(0, 48)
     else:
         from torch import nn
 
-        from slurm_geo.torch import example_sharded_train as sharded
+        from slurm_geo.examples import sharded_train as sharded
         model = nn.Sequential(nn.Linear(sharded.FEATURES, 48), nn.ReLU(), nn.Linear(48, 48),
                               nn.ReLU(), nn.Linear(48, sharded.OUTPUTS))
         optimizer = torch.optim.AdamW(model.parameters())

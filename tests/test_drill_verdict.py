@@ -150,7 +150,7 @@ def test_the_drill_submits_its_training_job_as_alice_with_her_login_environment(
     assert spec.environment["HOME"] == "/home/alice"
     assert spec.environment["SLURM_GEO_CONFIG"] == str(tmp_path / "config.toml")
     assert "SLURM_JOB_ID" not in spec.environment
-    assert "exec python -m slurm_geo.torch.example_train" in spec.script
+    assert "exec python -m slurm_geo.examples.train" in spec.script
     assert training.work.stat().st_uid == ALICE.uid
 
 

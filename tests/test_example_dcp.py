@@ -1,4 +1,4 @@
-"""The FSDP2 + DCP example (slurm_geo.torch.example_dcp_train) end to end under torchrun on
+"""The FSDP2 + DCP example (slurm_geo.examples.dcp_train) end to end under torchrun on
 CPU: two ranks save, one rank resumes from their checkpoint (resharded) and goes on."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from slurm_geo.ckpt import LocalDirStore, Repository, create_master_key_file
-from slurm_geo.torch.example_dcp_train import BATCH, local_batch, parse_args
+from slurm_geo.examples.dcp_train import BATCH, local_batch, parse_args
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN = "dcp-run"
@@ -23,7 +23,7 @@ def torchrun(ranks: int, store: Path, key: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(ranks), "-m", "slurm_geo.torch.example_dcp_train", "--",
+               "--nproc-per-node", str(ranks), "-m", "slurm_geo.examples.dcp_train", "--",
                "--store", f"file://{store}", "--run", RUN, "--key-file", str(key), *args]
     done = subprocess.run(command, cwd=REPO_ROOT, env=env, text=True, capture_output=True,
                           timeout=240)

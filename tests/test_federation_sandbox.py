@@ -157,7 +157,7 @@ def test_partition_thawed_trainer_is_fenced_and_cancelled(partition_trial):
     # the job for its queue and back before, so G is not always 0).
     generation, home_job = int(trial.hit.split()[1]), int(trial.hit.rsplit(":", 1)[1])
     stale_output = drill.job_output(runner.jobs[trial.index].dirs, home_job, "onprem")
-    # Printed only by example_train's `except SlurmGeoError` on Fenced, which returns 33.
+    # Printed only by slurm_geo.examples.train's `except SlurmGeoError` on Fenced, which returns 33.
     assert "error: this incarnation is fenced" in stale_output, stale_output
     assert "final step" not in stale_output
     audit = runner.view
@@ -184,7 +184,7 @@ def test_partition_thawed_trainer_is_fenced_and_cancelled(partition_trial):
 
 
 def test_partition_never_two_incarnations_training(partition_trial):
-    # Needs example_train to check its lease again after each step's compute, before the
+    # Needs slurm_geo.examples.train to check its lease again after each step's compute, before the
     # step counts (trace, checkpoint): a process frozen mid-step finishes it after the thaw.
     _chaos, _runner, trial = partition_trial
     assert trial.error is None, trial.error

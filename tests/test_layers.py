@@ -37,6 +37,8 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
      "no torch; the drills drive it from outside"),
     ("slurm_geo.torch", ("slurm_geo.federation",),
      "the training side talks to the daemon over its protocol, never through its code"),
+    ("slurm_geo.torch", ("slurm_geo.examples",),
+     "the example trainers are the training side's users, not part of the library"),
     ("slurm_geo.ckpt",
      ("slurm_geo.sync", "slurm_geo.federation", "slurm_geo.torch", "slurm_geo.billing",
       "slurm_geo.cli", "slurm_geo.sandbox"),

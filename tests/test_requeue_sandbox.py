@@ -1,5 +1,5 @@
 """Same-cluster semantics of geo jobs on the real sandbox, with a real PyTorch trainer
-(python -m slurm_geo.torch.example_train, CPU):
+(python -m slurm_geo.examples.train, CPU):
 
 - on its time limit, a job with --geo-ckpt-dir gets SIGUSR1 (its default --signal),
   checkpoints, is requeued and continues from the step it reached;
@@ -61,7 +61,7 @@ def trainer_script(sandbox: Sandbox, ckpt: Path, out: Path, steps: int,
         'echo "incarnation ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME pid $$ uid $(id -u)"',
         f'echo $$ > "{ckpt.parent}/trainer.pid"',
         # exec: --signal=B:USR1 reaches only the batch shell, which becomes the trainer
-        f'exec python -m slurm_geo.torch.example_train --run {RUN} '
+        f'exec python -m slurm_geo.examples.train --run {RUN} '
         f'--store "$SLURM_GEO_CKPT_DIR" --key-file {ckpt.parent / "alice.key"} '
         f'--steps {steps} --ckpt-every {CKPT_EVERY}',
     ]) + "\n"

@@ -21,13 +21,13 @@ from slurm_geo.ckpt import (
     create_master_key_file,
 )
 from slurm_geo.ckpt.stores.store import Bytes
+from slurm_geo.examples.train import TrainConfig, train
 from slurm_geo.torch import checkpointer as checkpointer_module
 from slurm_geo.torch.checkpointer import (
     Checkpointer,
     NoValidCheckpoint,
     optimizer_step_count,
 )
-from slurm_geo.torch.example_train import TrainConfig, train
 from slurm_geo.torch.signals import RequeueOnSignal
 from slurm_geo.torch.state import unflatten_state
 from tests.helpers import pack_files

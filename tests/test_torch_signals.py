@@ -85,7 +85,7 @@ def test_a_requeue_the_job_asks_for_is_marked_planned_first(env, comment, marked
 
 def start_trainer(store: Path, key: Path, run: str, *args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}  # no scontrol
-    command = [sys.executable, "-m", "slurm_geo.torch.example_train", "--run", run,
+    command = [sys.executable, "-m", "slurm_geo.examples.train", "--run", run,
                "--store", str(store), "--key-file", str(key), *args]
     return subprocess.Popen(command, cwd=REPO_ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -286,7 +286,7 @@ def reference_weights(settings: DrillSettings) -> str:
     import torch
 
     from slurm_geo.ckpt import LocalDirStore, Repository
-    from slurm_geo.torch import example_train
+    from slurm_geo.examples import train as example_train
     from slurm_geo.torch.checkpointer import Checkpointer
     from slurm_geo.torch.signals import RequeueOnSignal
     torch.use_deterministic_algorithms(True)
@@ -307,7 +307,7 @@ def submit_training(site: SiteConfig, client: SlurmClient, settings: DrillSettin
                     out_dir: Path, layout: SandboxLayout, person: SandboxUser = ALICE,
                     prefix: str = "drill", drill_world: world.DrillWorld | None = None
                     ) -> Training:
-    """Submit a federated example_train job of `person`'s to the home cluster, with a
+    """Submit a federated slurm_geo.examples.train job of `person`'s to the home cluster, with a
     fresh run id. It runs as that user, with the environment their login shell would
     hand sbatch: the site Python is `python` on its PATH, wherever the job runs."""
     run = f"{prefix}-{uuid.uuid4().hex[:8]}"
@@ -361,7 +361,7 @@ class TraceLine:
 
 
 def trace_lines(trace: Path | list[Path]) -> list[TraceLine]:
-    """The trace example_train --trace wrote: one line per trained step (of every trace
+    """The trace slurm_geo.examples.train --trace wrote: one line per trained step (of every trace
     given, in time order: each filesystem its incarnations ran on has one)."""
     lines = []
     for path in _each(trace):
@@ -394,7 +394,7 @@ def training_script(site: SiteConfig, run: str, settings: DrillSettings, work: P
                  f"{settings.ckpt_every} --step-delay {settings.step_delay_s} --hidden "
                  f"{settings.hidden} --trace {traced}")
     trainer = (sharded.trainer_command(run, settings, traced) if settings.ranks > 1 else
-               f"exec python -m slurm_geo.torch.example_train {arguments}")
+               f"exec python -m slurm_geo.examples.train {arguments}")
     out = '"$work/train-$SLURM_CLUSTER_NAME-$SLURM_JOB_ID.out"'
     return "\n".join([
         "#!/bin/bash",

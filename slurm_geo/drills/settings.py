@@ -9,7 +9,7 @@ from dataclasses import dataclass
 MIB = 1024 * 1024
 # Bytes of checkpoint per parameter: the fp32 weight and AdamW's two fp32 moments.
 BYTES_PER_PARAMETER = 3 * 4
-# The trainers' fixed widths (slurm_geo.torch.example_train, example_sharded_train).
+# The trainers' fixed widths (slurm_geo.examples.train, slurm_geo.examples.sharded_train).
 FEATURES, OUTPUTS = 16, 4
 # Checkpoints come at least this much slower than checkpoint-sync handles one, which is
 # one crossing of the link: the copy, verified as it is written (issue 32; until then a

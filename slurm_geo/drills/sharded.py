@@ -1,5 +1,5 @@
 """The drill with a job of many ranks (`slurm-geo drill --ranks 4`): a sharded job of 2
-tasks per node (slurm_geo.torch.example_sharded_train under srun, rank 0 holding the
+tasks per node (slurm_geo.examples.sharded_train under srun, rank 0 holding the
 lease) fails over from onprem's 2 nodes to rented. With `reshard`, rented offers only
 one node (the other drained for the drill), so the job, which asks for `--nodes=1-2`,
 resumes there on half the ranks, resharded by DCP from the checkpoint the daemon
@@ -45,7 +45,7 @@ def batch_lines(settings: DrillSettings) -> list[str]:
 
 
 def trainer_command(run: str, settings: DrillSettings, trace: str) -> str:
-    return (f"srun python -m slurm_geo.torch.example_sharded_train --run {run} --federated "
+    return (f"srun python -m slurm_geo.examples.sharded_train --run {run} --federated "
             f"--steps {settings.steps} --ckpt-every {settings.ckpt_every} "
             f"--step-delay {settings.step_delay_s} --hidden {settings.hidden} --trace {trace}")
 
@@ -107,7 +107,7 @@ def reference_output(settings: DrillSettings) -> str:
                 "--hidden", str(settings.hidden)]
         port = _free_port()
         ranks = [subprocess.Popen(
-            [sys.executable, "-m", "slurm_geo.torch.example_sharded_train", *args],
+            [sys.executable, "-m", "slurm_geo.examples.sharded_train", *args],
             env={**os.environ, "RANK": str(rank), "WORLD_SIZE": str(settings.ranks),
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
             stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True)

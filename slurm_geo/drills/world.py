@@ -4,7 +4,7 @@ where it moves.
 The world is the owner's, made at home before the job is submitted, under
 `<home>/geo-drill-<id>/`: `data/` a dataset of random bytes (`--world-mb`, default 256 MiB,
 in files of at most 64 MiB), `project/train.py` a copy of the drill's trainer
-(slurm_geo.torch.example_train), `venv/` a virtualenv made as the owner from the site
+(slurm_geo.examples.train), `venv/` a virtualenv made as the owner from the site
 Python's interpreter (its packages through a .pth file: the venv exists only at home),
 `outputs/` where the job writes its per-incarnation files (its `--geo-outputs`), and
 `job/` its working directory. The job declares `--geo-inputs=data,project --geo-env=venv
@@ -124,7 +124,7 @@ def make_world(layout: SandboxLayout, person: SandboxUser, mb: float) -> DrillWo
                 handle.write(block)
                 digest.update(block)
         files += 1
-    from slurm_geo.torch import example_train
+    from slurm_geo.examples import train as example_train
     shutil.copyfile(example_train.__file__, root / "project" / "train.py")
     subprocess.run(["chown", "-R", f"{person.uid}:{person.uid}", str(root)], check=True)
     subprocess.run(["chmod", "-R", "go-rwx", str(root)], check=True)

@@ -1,7 +1,7 @@
 """A small MLP sharded with FSDP2 on CPU (gloo), checkpointed through PyTorch Distributed
 Checkpoint into a slurm-geo store (docs/training.md, "Sharded, multi-rank jobs").
 
-    torchrun --standalone --nproc-per-node 2 -m slurm_geo.torch.example_dcp_train -- \\
+    torchrun --standalone --nproc-per-node 2 -m slurm_geo.examples.dcp_train -- \\
         --store file:///shared/ckpt --run RUN --key-file master.key --steps N --every K \\
         [--init-key]
 
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if "RANK" not in os.environ:
         print("error: run under torchrun (python -m torch.distributed.run "
-              "--nproc-per-node N -m slurm_geo.torch.example_dcp_train -- --run ...)",
+              "--nproc-per-node N -m slurm_geo.examples.dcp_train -- --run ...)",
               file=sys.stderr)
         return 2
     torch.set_num_threads(1)

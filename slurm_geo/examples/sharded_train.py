@@ -1,9 +1,9 @@
 """A small, deterministic training script of many ranks (srun or torchrun, gloo on CPU):
 an MLP sharded with FSDP2, AdamW, checkpointed through DCP into a slurm-geo store.
 
-    srun python -m slurm_geo.torch.example_sharded_train --run RUN --federated \\
+    srun python -m slurm_geo.examples.sharded_train --run RUN --federated \\
         --steps N --ckpt-every K
-    python -m torch.distributed.run --nproc-per-node 4 .../example_sharded_train.py --run RUN \\
+    python -m torch.distributed.run --nproc-per-node 4 .../examples/sharded_train.py --run RUN \\
         --store file:///DIR --key-file F --steps N --ckpt-every K
 
 With --federated rank 0 holds the run's lease (slurm_geo.torch.ranks.RankedRun) and every

@@ -1,8 +1,8 @@
 """A small, deterministic CPU training script wired to Checkpointer and RequeueOnSignal.
 
-    python -m slurm_geo.torch.example_train --run RUN --store DIR --key-file F \\
+    python -m slurm_geo.examples.train --run RUN --store DIR --key-file F \\
         --steps N --ckpt-every K [--stop-after M] [--init-key] [--delta]
-    python -m slurm_geo.torch.example_train --run RUN --federated --steps N --ckpt-every K
+    python -m slurm_geo.examples.train --run RUN --federated --steps N --ckpt-every K
 
 With --federated the job holds a training lease from the federation daemon and finds its
 store from the site config or, on a cluster it was moved to, its environment
