@@ -8,6 +8,7 @@ back on failback. Beside it: a job writing to its own directory, and a run nobod
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -24,6 +25,7 @@ from slurm_geo.federation.state.audit import AuditLog
 from slurm_geo.federation.state.etcd.audit import EtcdAuditLog
 from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.registry import Registry
+from slurm_geo.slurm.fake import FakeSlurm
 from slurm_geo.slurm.models import AccountingRecord, JobState, Owner
 from slurm_geo.sync.jobdirs import SourceStatus
 from slurm_geo.sync.state import Source, StateDB
@@ -40,13 +42,15 @@ OBJECTS = 13                                             # objects per checkpoin
 GB = 10**9
 
 
-class Accounting:
+class Accounting(FakeSlurm):
     """A cluster's accounting as the Slurm layer answers it (REST clusters' shape)."""
 
     def __init__(self, cluster: str, records: list[AccountingRecord]):
-        self.cluster, self.records = cluster, records
+        super().__init__(cluster)
+        self.records = records
 
-    def accounting(self, start: datetime, end: datetime) -> list[AccountingRecord]:
+    def accounting(self, job_ids: Iterable[int] = (), start: datetime | None = None,
+                   end: datetime | None = None) -> list[AccountingRecord]:
         return self.records
 
 

@@ -3,8 +3,8 @@ transfers and the federation daemon's copies, into the billing database. Increme
 watermark, idempotent, streamed in batches.
 
 Each cluster is asked, through the Slurm layer, for every incarnation (requeues included)
-that overlaps [watermark, until): CLI clusters by `CliSlurmClient.accounting_rows` (sacct
---parsable2, read a line at a time), REST clusters by `SlurmClient.accounting`. Records
+that overlaps [watermark, until), by `SlurmClient.accounting_rows`: CLI clusters read
+sacct --parsable2 a line at a time, REST clusters stream slurmrestd's one document. Records
 are upserted on slurmdbd's own key (cluster, job id, submit time), so fetching a record
 twice replaces it with itself. The next watermark is `until`, or earlier when an
 incarnation had not finished (it must be fetched again). Rows that cannot be read go to
@@ -28,6 +28,7 @@ from slurm_geo.billing.periods import Period, epoch, months_overlapping, next_wa
 from slurm_geo.ckpt.format.names import manifest_name
 from slurm_geo.config.daemons import FederationConfig
 from slurm_geo.federation.state.audit import Entry
+from slurm_geo.slurm.client import SlurmClient
 from slurm_geo.slurm.models import AccountingRecord, MalformedAccountingRow
 from slurm_geo.sync.reader import SyncStateReader
 
@@ -185,15 +186,13 @@ def _write_batch(db: BillingDB, columns: list[str], rows: list[list[Any]],
         db.add_problems(problems)
 
 
-def fetch_accounting(client: Any, since: int, until: int
+def fetch_accounting(client: SlurmClient, since: int, until: int
                      ) -> Iterable[AccountingRecord | MalformedAccountingRow]:
     """Every incarnation overlapping [since, until) that the cluster's accounting holds, or
     a SlurmError: a window that cannot be read completely is never an empty one. CLI
     clusters stream `sacct --parsable2`; REST ones answer one JSON document."""
-    window = {"start": datetime.fromtimestamp(since, UTC),
-              "end": datetime.fromtimestamp(until, UTC)}
-    rows = getattr(client, "accounting_rows", None)
-    return rows(**window) if callable(rows) else client.accounting(**window)
+    return client.accounting_rows(datetime.fromtimestamp(since, UTC),
+                                  datetime.fromtimestamp(until, UTC))
 
 
 def accounting_source(cluster: str) -> str:
@@ -202,7 +201,7 @@ def accounting_source(cluster: str) -> str:
     return f"accounting:{cluster}"
 
 
-def ingest_cluster(db: BillingDB, client: Any, since: int, until: int, lineage: Lineage,
+def ingest_cluster(db: BillingDB, client: SlurmClient, since: int, until: int, lineage: Lineage,
                    prices: costs.PriceTable, outages: Sequence[Outage] = ()) -> IngestStats:
     """One cluster's window [since, until) through its SlurmClient; moves its watermark
     only once the whole window is in (a SlurmError leaves it where it was)."""

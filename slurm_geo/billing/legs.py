@@ -21,6 +21,7 @@ from slurm_geo.billing.costs import PriceTable
 from slurm_geo.billing.db import JOB_COLUMNS, LINE_COLUMNS
 from slurm_geo.billing.outages import Outage
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.slurm.client import SlurmClient
 from slurm_geo.slurm.models import AccountingRecord, MalformedAccountingRow
 
 _ELAPSED = list(JOB_COLUMNS).index("elapsed_s")
@@ -74,7 +75,7 @@ def leg_cost(cluster: str, job_id: int,
         any(line["price_from"] is None for line in lines), flags)
 
 
-def leg_costs(config: BillingConfig, clients: Mapping[str, Any],
+def leg_costs(config: BillingConfig, clients: Mapping[str, SlurmClient],
               jobs: Sequence[tuple[str, int]], now: int) -> list[LegCost]:
     """Each job's cost as billing bills it now. A record billing could not read (the
     registry, the daemon's records, a cluster's accounting) is said in the leg's flags,

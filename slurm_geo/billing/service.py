@@ -39,7 +39,9 @@ from slurm_geo.billing.sources import (
     covered_until,
     ingested_key,
 )
+from slurm_geo.config.model import ClusterConfig, SiteConfig
 from slurm_geo.errors import SlurmGeoError
+from slurm_geo.slurm.client import SlurmClient
 from slurm_geo.slurm.models import MalformedAccountingRow
 from slurm_geo.sync.reader import SyncStateReader
 
@@ -72,7 +74,7 @@ class IngestResult:
                 "exit_code": self.exit_code}
 
 
-def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[Any], now: int,
+def run_ingest(db: BillingDB, config: BillingConfig, clients: Sequence[SlurmClient], now: int,
                since: int | None = None, until: int | None = None) -> IngestResult:
     """Ingest each source from its watermark (or `since`) to `until` (default: now).
 
@@ -123,7 +125,7 @@ class _Window:
         return self.since if self.since is not None else (watermark or self.first)
 
 
-def _ingest_cluster(db: BillingDB, client: Any, window: _Window, lineage: ingest.Lineage,
+def _ingest_cluster(db: BillingDB, client: SlurmClient, window: _Window, lineage: ingest.Lineage,
                     outages: Sequence[Outage], table: PriceTable, result: IngestResult
                     ) -> SourceRun:
     source = ingest.accounting_source(client.cluster)
@@ -225,7 +227,7 @@ class CheckResult:
             ("since", "until", "ingest_after"), (iso(t) for t in window), strict=True))}
 
 
-def run_check(db: BillingDB, config: BillingConfig, clients: Sequence[Any], period: Period,
+def run_check(db: BillingDB, config: BillingConfig, clients: Sequence[SlurmClient], period: Period,
               now: int, strict: bool = False) -> CheckResult:
     """Compare what billing holds of `period` with what each source accounts for now,
     up to where ingest read that source completely (`sources.covered_key`); what it billed
@@ -274,7 +276,7 @@ def _compared(db: BillingDB, source: str, period: Period, now: int, settle_s: in
     return found.compared
 
 
-def _accounted(client: Any, window: Period, lineage: ingest.Lineage,
+def _accounted(client: SlurmClient, window: Period, lineage: ingest.Lineage,
                outages: Sequence[Outage]) -> Iterator[check.Incarnation]:
     """The cluster's incarnations of `window` as ingest would store them now; rows it
     could not bill (flagged in reports) are left out on both sides."""
@@ -374,6 +376,7 @@ def is_month(period: Period) -> bool:
     return bool(re.fullmatch(r"\d{4}-\d{2}", period.label))
 
 
-def connect_all(site: Any, names: Sequence[str], connect: Callable[[Any], Any]) -> list[Any]:
+def connect_all(site: SiteConfig, names: Sequence[str],
+                connect: Callable[[ClusterConfig], SlurmClient]) -> list[SlurmClient]:
     """Clients for `names` (default: every cluster of the site), by the Slurm layer."""
     return [connect(site.cluster(name)) for name in (names or sorted(site.clusters))]

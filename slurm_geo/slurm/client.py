@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 
-from slurm_geo.slurm.models import AccountingRecord, JobInfo, JobSpec, NodeInfo
+from slurm_geo.slurm.models import (
+    AccountingRecord,
+    JobInfo,
+    JobSpec,
+    MalformedAccountingRow,
+    NodeInfo,
+)
 
 
 class SlurmClient(ABC):
@@ -78,6 +84,15 @@ class SlurmClient(ABC):
 
         Either `job_ids`, or a window [start, end) the records overlap.
         """
+
+    def accounting_rows(self, start: datetime, end: datetime
+                        ) -> Iterator[AccountingRecord | MalformedAccountingRow]:
+        """The records `accounting(start=, end=)` answers, one at a time, for a large
+        window (billing ingest). A backend that reads them a line at a time (the CLI's
+        `sacct --parsable2`) yields a record it cannot read as a MalformedAccountingRow
+        instead of failing the window; one that answers a whole document (slurmrestd)
+        streams that document's records."""
+        yield from self.accounting(start=start, end=end)
 
 
 def overlaps(record: AccountingRecord, start: datetime, end: datetime) -> bool:
