@@ -21,12 +21,12 @@ from slurm_geo.federation.daemon.entry import run_round
 from slurm_geo.federation.daemon.service import Metrics, serve
 from slurm_geo.federation.decide.bandwidth import BandwidthModel
 from slurm_geo.federation.engine.core import Federation
-from slurm_geo.federation.engine.runtime import open_federation_state
 from slurm_geo.federation.state.etcd.leadership import Leadership
+from slurm_geo.federation.state.open import open_federation_state
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.protocol import LEADER_PATH
 from slurm_geo.registry import RegistryReader
-from tests.test_federation_daemon import KEY, TTL, Site
+from tests.kit.federation import KEY, TTL, Site
 
 LEADER_TTL_S = 2  # [federation] leader_ttl_s's least: failovers in seconds
 SITES = {"home-a": "home", "control-b": "control"}

@@ -17,18 +17,16 @@ sandbox, no Slurm.
 
 from __future__ import annotations
 
-import struct
-import sys
-import time
 from pathlib import Path
 
 import click
 import pytest
 
 from slurm_geo.cells import cell
-from slurm_geo.cli import PROG, cli, main
+from slurm_geo.cli import PROG, cli
 from slurm_geo.cli.tree import walk
 from slurm_geo.exitcodes import ExitCode
+from tests.kit.cli import cli_site, run_cli
 
 LEAVES = {" ".join(path[1:]): command for path, command in walk(cli, PROG)
           if not isinstance(command, click.Group)}
@@ -115,77 +113,9 @@ def test_every_command_taking_a_cluster_job_run_step_or_key_is_walked():
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> dict[str, Path]:
-    """A config with clusters onprem and rented, stores pfs and off (file://), a SQLite
-    federation state holding onprem-9 (completed), a master key, run r at step 10 in pfs,
-    an empty sync state and an empty sandbox directory."""
-    from slurm_geo.ckpt import (
-        LocalDirStore,
-        Metadata,
-        Repository,
-        Tensor,
-        create_master_key_file,
-        load_master_key,
-    )
-    from slurm_geo.federation.model import JobStatus, LogicalJob
-    from slurm_geo.federation.state.sqlite import FederationState
-    from slurm_geo.sync.state import StateDB
-
-    root = tmp_path_factory.mktemp("site")
-    for name in ("pfs", "off", "sandbox"):
-        (root / name).mkdir()
-    key = root / "master.key"
-    create_master_key_file(key)
-    (root / "config.toml").write_text(f"""
-[site]
-home_cluster = "onprem"
-[clusters.onprem]
-region = "home"
-access = "cli"
-slurm_conf = "/nonexistent/onprem.conf"
-store = "pfs"
-[clusters.rented]
-region = "cloud"
-access = "cli"
-slurm_conf = "/nonexistent/rented.conf"
-store = "off"
-[stores.pfs]
-url = "file://{root}/pfs"
-region = "home"
-[stores.off]
-url = "file://{root}/off"
-region = "cloud"
-[federation]
-state = "{root}/fed.db"
-audit_path = "{root}/audit.db"
-key_file = "{key}"
-[billing]
-database = "{root}/billing.db"
-""")
-    Repository(LocalDirStore(root / "pfs"), load_master_key(key)).write_checkpoint(
-        "r", [Tensor("w", "float32", (2,), struct.pack("<2f", 1, 2))], b"{}",
-        Metadata(10, 10, 1, 0.123456789, "2026-11-29T12:00:00Z", "", ""))
-    now = time.time()
-    state = FederationState(root / "fed.db")
-    state.add_job(LogicalJob("onprem-9", "run-9", "onprem", "#!/bin/bash\n", {}, {}, 0,
-                             "onprem", 9, None, JobStatus.COMPLETED, None, None, now, now))
-    state.close()
-    StateDB(root / "sync.db").close()
-    return {"root": root, "key": key, "config": root / "config.toml"}
-
-
-def run_cli(argv: list[str], monkeypatch, capsys, site) -> tuple[int, str, str]:
-    """`slurm-geo ARGV` through the real entry point (its error handling included); an
-    exception escaping it is the traceback a user would see, and fails the test."""
-    monkeypatch.setenv("SLURM_GEO_CONFIG", str(site["config"]))
-    monkeypatch.delenv("SLURM_GEO_KEY_FILE", raising=False)
-    monkeypatch.setattr(sys, "argv", [PROG, *argv])
-    try:
-        main()
-        code: object = 0
-    except SystemExit as exited:
-        code = exited.code
-    said = capsys.readouterr()
-    return (code if isinstance(code, int) else 0 if code is None else 1), said.out, said.err
+    """tests.kit.cli's site: clusters onprem and rented, stores pfs and off, onprem-9
+    completed, run r at step 10 in pfs, a master key."""
+    return cli_site(tmp_path_factory.mktemp("site"))
 
 
 @pytest.mark.parametrize(("command", "kind"), sorted(CASES), ids=lambda v: v.replace(" ", "-"))

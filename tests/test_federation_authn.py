@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from slurm_geo.ckpt import Metadata, Repository, Tensor
 from slurm_geo.ckpt.repo.runkey import unwrap_run_key
 from slurm_geo.federation.access.authn import Authenticator, Caller
 from slurm_geo.federation.act.registration import run_taken_by
@@ -26,16 +25,17 @@ from slurm_geo.lease.protocol import (
 )
 from slurm_geo.lease.signing import Credentials, MungeSigner, NotAuthenticated, SecretSigner
 from slurm_geo.slurm import JobState, Owner
-from tests.test_federation_daemon import (
+from tests.kit.federation import (
     ALICE,
     ALICE_ENV,
     BOB,
     KEY,
-    OPTIONS,
     RUN,
     TTL,
     Site,
+    dump,
     lose_home,
+    operator_run,
 )
 
 BODY = b'{"protocol": 2}'
@@ -44,12 +44,6 @@ BODY = b'{"protocol": 2}'
 @pytest.fixture
 def site(tmp_path) -> Site:
     return Site(tmp_path)
-
-
-def dump(site: Site) -> dict[str, list[tuple]]:
-    db = site.state.db
-    tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-    return {t: sorted(tuple(r) for r in db.execute(f"SELECT * FROM {t}")) for t in tables}
 
 
 def fences(site: Site) -> list[str]:
@@ -343,7 +337,7 @@ def test_a_job_discovered_pending_is_owned_by_who_submitted_it(site):
 def test_who_may_name_a_run(others, uid, stored_in, taken):
     from dataclasses import replace
 
-    from tests.test_federation_state import job
+    from tests.kit.builders import logical_job as job
 
     jobs = [replace(job(), logical_job=name, status=status,
                     owner=None if uid is None else Owner(f"u{uid}", uid, uid))
@@ -352,13 +346,6 @@ def test_who_may_name_a_run(others, uid, stored_in, taken):
     assert (reason is not None) is taken
 
 
-def operator_run(site: Site, run: str = "operator-run") -> str:
-    """A run an operator wrote into the home store (with the master key): no job of the
-    federation names it."""
-    Repository(site.stores["pfs"], KEY, OPTIONS).write_checkpoint(
-        run, [Tensor("w", "float32", (4,), bytes(16))], b"",
-        Metadata(3, 3, 0, 1.0, "2026-12-01T00:00:00Z", "onprem", "1"))
-    return run
 
 
 def test_a_stored_run_no_job_names_cannot_be_claimed_nor_its_key_released(site):

@@ -21,7 +21,7 @@ from slurm_geo.errors import ConfigError
 from slurm_geo.federation.daemon.entry import live_site, run_loop
 from slurm_geo.federation.daemon.service import Metrics
 from slurm_geo.site import UNITS
-from tests.test_federation_daemon import TTL, Site, lose_home
+from tests.kit.federation import TTL, Site, lose_home
 
 UNIT = UNITS / "slurm-geo-federation.service"
 

@@ -12,8 +12,8 @@ from slurm_geo.federation.access.lookups import (
     TooManyLookups,
     UnknownJob,
 )
-from tests.test_federation_authn import dump
-from tests.test_federation_daemon import Clock, Site
+from tests.kit.clock import ManualClock
+from tests.kit.federation import Site, dump
 
 LIMITS = LookupLimits(not_found_ttl_s=10, lookups=3, lookups_per_s=0.5, max_entries=2)
 
@@ -32,7 +32,7 @@ LIMITS = LookupLimits(not_found_ttl_s=10, lookups=3, lookups_per_s=0.5, max_entr
      ["asked", "asked", "asked", 429]),     # at most 2 ids remembered: 1 forgotten, asked
 ])
 def test_what_a_caller_may_make_the_daemon_ask_slurm(script, answers):
-    clock = Clock(0.0)
+    clock = ManualClock(0.0)
     lookups = SlurmLookups(clock, LIMITS)
     got = []
     for at, caller, job_id, known in script:

@@ -13,7 +13,7 @@ from slurm_geo.ckpt.format.names import verified_name
 from slurm_geo.ckpt.ops.replicate import copy_checkpoint
 from slurm_geo.ckpt.ops.verified import read_record, record_of, write_record
 from slurm_geo.federation.model import JobStatus
-from tests.test_federation_daemon import KEY, RUN, TTL, Site
+from tests.kit.federation import KEY, RUN, TTL, Site
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from slurm_geo.federation.operator.output import JobOutput, OutputFile, expand, 
 from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.slurm import JobInfo, JobSpec, JobState
 from slurm_geo.slurm.fake import FakeSlurm
-from tests.test_federation_daemon import TTL, Site, lose_home
+from tests.kit.federation import TTL, Site, lose_home
 
 # --- helpers ------------------------------------------------------------------------------
 

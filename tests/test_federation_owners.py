@@ -21,7 +21,7 @@ from slurm_geo.federation.decide.owners import (
 )
 from slurm_geo.federation.model import JobStatus, LogicalJob
 from slurm_geo.slurm import JobSpec, Owner
-from tests.test_federation_daemon import (
+from tests.kit.federation import (
     ALICE,
     ALICE_ENV,
     RUN,

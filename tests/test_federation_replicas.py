@@ -38,8 +38,9 @@ from slurm_geo.lease.signing import SecretSigner, secret_bytes
 from slurm_geo.slurm import Owner
 from tests.etcd_server import EtcdMember, fresh_prefix
 from tests.helpers import eventually
+from tests.kit.clock import ManualClock
+from tests.kit.federation import KEY, RUN, TTL, lose_home
 from tests.replica_site import LEADER_TTL_S, ReplicatedSite
-from tests.test_federation_daemon import KEY, RUN, TTL, Clock, lose_home
 
 SECRET = "5e" * 32
 TOKEN = "secret-token"
@@ -51,8 +52,8 @@ NAME = "onprem-5"
 def site(etcd: EtcdMember, tmp_path: Path) -> Iterator[ReplicatedSite]:
     # The daemons' clock is the wall clock's now, held still: the jobs' real signatures
     # fall in its window, and leases run out only when a test moves it on.
-    replicated = ReplicatedSite(tmp_path, clock=Clock(time.time()), etcd_url=etcd.client_url,
-                                prefix=fresh_prefix())
+    replicated = ReplicatedSite(tmp_path, clock=ManualClock(time.time()),
+                                etcd_url=etcd.client_url, prefix=fresh_prefix())
     yield replicated
     replicated.close()
 

@@ -13,8 +13,7 @@ from slurm_geo.federation.access.sessions import Step, decide
 from slurm_geo.federation.state.identities import IncarnationSecrets
 from slurm_geo.lease.protocol import ENV_LEASE_SECRET, LEASE_PATH, LeaseRequest
 from slurm_geo.lease.signing import Credentials, SecretSigner, secret_bytes
-from tests.test_federation_authn import dump
-from tests.test_federation_daemon import Site
+from tests.kit.federation import Site, dump
 
 B, S, NEW = "b" * 64, "5" * 64, "7" * 64
 FRESH = IncarnationSecrets(B)

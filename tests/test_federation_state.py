@@ -10,7 +10,6 @@ import os
 import sqlite3
 import stat
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,69 +30,24 @@ from slurm_geo.federation.model import (
     UnknownLogicalJob,
     token_digest,
 )
-from slurm_geo.federation.state.etcd.state import EtcdFederationState
 from slurm_geo.federation.state.sqlite import SCHEMA_VERSION, FederationState
 from slurm_geo.slurm.models import Owner
-from tests.etcd_server import EtcdMember, fresh_prefix, open_replica
+from tests.kit.builders import CLOUD, EDGE, HOME, NAME, NOW
+from tests.kit.builders import logical_job as job
+from tests.kit.state import (  # noqa: F401 - the fixtures path, sqlite_state and state
+    State,
+    dump,
+    path_fixture,
+    sqlite_state_fixture,
+    state_fixture,
+)
 
-NOW = 1_800_000_000.0
-NAME = "onprem-7"
-HOME, CLOUD, EDGE = "onprem", "cloud", "edge"
 TTL_S = 30.0
-
-
-def job(**overrides: Any) -> LogicalJob:
-    base = LogicalJob(NAME, "run-7", HOME, "#!/bin/bash\necho 'hi'; echo \"$x\"\n",
-                      {"nodes": 2}, {"--geo-failover": "auto"}, generation=0, cluster=HOME,
-                      job_id=7, resume_step=None, status=JobStatus.RUNNING,
-                      created_at=NOW - 3600, updated_at=NOW - 3600)
-    return replace(base, **overrides)
 
 
 def lease(generation: int = 0, *, renewed_at: float = NOW - 5, released: bool = False,
           cluster: str = HOME, job_id: int = 7) -> Lease:
     return Lease(NAME, generation, cluster, job_id, 0, renewed_at, 100, released)
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "federation" / "state.db"
-
-
-State = FederationState | EtcdFederationState
-
-
-@pytest.fixture
-def sqlite_state(path: Path) -> Iterator[FederationState]:
-    db = FederationState(path)
-    yield db
-    db.close()
-
-
-@pytest.fixture(params=["sqlite", "etcd"])
-def state(request: pytest.FixtureRequest, path: Path) -> Iterator[State]:
-    """Each test of the public interface, on SQLite and on etcd (the leading replica)."""
-    if request.param == "sqlite":
-        yield request.getfixturevalue("sqlite_state")
-        return
-    etcd: EtcdMember = request.getfixturevalue("etcd")
-    replica = open_replica([etcd.client_url], fresh_prefix(), "onprem-a")
-    assert replica.leadership.campaign()
-    yield replica
-    replica.leadership.resign()
-    replica.close()
-
-
-def dump(state: State) -> dict[str, Any]:
-    """Every row of every table, or every key under the prefix with its revision: what
-    "nothing was written" compares."""
-    if isinstance(state, EtcdFederationState):
-        return {f.key: (f.value, f.mod_revision)
-                for f in state.kv.range(state.layout.prefix + "/")}
-    tables = [r[0] for r in state.db.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-    return {t: sorted(tuple(r) for r in state.db.execute(f"SELECT * FROM {t}"))
-            for t in tables}
 
 
 def owner(state: State, token: str) -> tuple[str, int] | None:

@@ -27,7 +27,7 @@ from slurm_geo.lease.protocol import (
     LeaseRequest,
 )
 from slurm_geo.sandbox.certs import Issued, issue_server, make_ca
-from tests.test_federation_daemon import Site, lose_home
+from tests.kit.federation import Site, lose_home
 
 LEASE = LeaseRequest("run-a", "rented", 77, 0, 1, None).to_json()
 

@@ -142,14 +142,14 @@ def test_sacct_parsable_rows_carry_the_requester():
 
 @pytest.fixture
 def site(tmp_path):
-    from tests.test_federation_daemon import Site
+    from tests.kit.federation import Site
 
     return Site(tmp_path)
 
 
 def test_an_owners_scancel_ends_the_job_cancelled_never_restarted(site):
     from slurm_geo.federation.model import JobStatus
-    from tests.test_federation_daemon import ALICE, TTL
+    from tests.kit.federation import ALICE, TTL
 
     job_id = site.home_job_training()
     site.onprem.cancel(job_id, by_uid=ALICE.uid)  # alice's own scancel
@@ -165,7 +165,7 @@ def test_an_owners_scancel_ends_the_job_cancelled_never_restarted(site):
 
 
 def test_roots_scancel_is_a_lost_job_restarted(site):
-    from tests.test_federation_daemon import TTL
+    from tests.kit.federation import TTL
 
     job_id = site.home_job_training()
     site.onprem.cancel(job_id, by_uid=0)

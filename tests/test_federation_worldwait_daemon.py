@@ -1,4 +1,4 @@
-"""The daemon with fakes (tests.test_federation_daemon.Site): a move a person approves for
+"""The daemon with fakes (tests.kit.federation.Site): a move a person approves for
 a job whose world is staged at home only waits for it at the target; the trainer trains
 on meanwhile, and is released once the world's record is there (federation.worldwait)."""
 
@@ -13,7 +13,7 @@ from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.record import PinnedTree, WorldRecord, manifest_digest, write_world_record
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.walk import LocalOpener
-from tests.test_federation_daemon import KEY, RUN, Site
+from tests.kit.federation import KEY, RUN, Site
 
 
 def stage_world(site: Site, store: str, data: Path) -> None:

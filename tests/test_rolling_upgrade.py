@@ -34,14 +34,15 @@ from slurm_geo.federation.model import JobStatus
 from slurm_geo.federation.state.etcd.version import LAYOUT_VERSION, read_version
 from tests.etcd_server import EtcdMember, fresh_prefix
 from tests.helpers import eventually
+from tests.kit.clock import ManualClock
+from tests.kit.federation import KEY, OPTIONS, RUN
 from tests.replica_site import SITES, ReplicatedSite, free_port, process_config, says
-from tests.test_federation_daemon import KEY, OPTIONS, RUN, Clock
 
 
 @pytest.fixture
 def site(etcd: EtcdMember, tmp_path: Path) -> Iterator[ReplicatedSite]:
-    replicated = ReplicatedSite(tmp_path, clock=Clock(time.time()), etcd_url=etcd.client_url,
-                                prefix=fresh_prefix())
+    replicated = ReplicatedSite(tmp_path, clock=ManualClock(time.time()),
+                                etcd_url=etcd.client_url, prefix=fresh_prefix())
     yield replicated
     replicated.close()
 

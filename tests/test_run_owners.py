@@ -14,10 +14,14 @@ from slurm_geo.federation.act.registration import run_taken_by
 from slurm_geo.federation.model import JobStatus, RunOwner
 from slurm_geo.federation.operator.runowners import AssignRefused, assign, assign_refusal
 from slurm_geo.slurm import Owner
-from tests.test_federation_authn import operator_run
-from tests.test_federation_daemon import BOB as DAEMON_BOB
-from tests.test_federation_daemon import Site
-from tests.test_federation_state import job, path, sqlite_state, state  # noqa: F401
+from tests.kit.builders import logical_job as job
+from tests.kit.federation import BOB as DAEMON_BOB
+from tests.kit.federation import Site, operator_run
+from tests.kit.state import (  # noqa: F401 - the fixtures path, sqlite_state and state
+    path_fixture,
+    sqlite_state_fixture,
+    state_fixture,
+)
 
 ALICE, BOB = Owner("alice", 2001, 2001), Owner("bob", 2002, 2002)
 
@@ -68,7 +72,7 @@ def test_an_assignment_decides_who_may_name_the_run(others, uid, assigned, taken
     assert (reason is not None) is taken
 
 
-def test_an_assignment_is_kept_and_replaced_on_both_backends(state) -> None:  # noqa: F811
+def test_an_assignment_is_kept_and_replaced_on_both_backends(state) -> None:
     assert state.identities.run_owner("r") is None
     state.identities.assign_run(RunOwner("r", ALICE, "root", 5.0))
     assert state.identities.run_owner("r") == RunOwner("r", ALICE, "root", 5.0)
@@ -149,14 +153,13 @@ def test_a_bad_owner_or_run_is_one_line_and_changes_nothing(site, user, run, cod
 
 def test_the_admins_command_gives_run_r_and_says_so(monkeypatch, capsys, tmp_path_factory):
     """`slurm-geo federation runs assign` through the real entry point, on a SQLite state
-    and file stores (tests/test_cli_error_classes.py's site: run r in pfs, no job names
+    and file stores (tests.kit.cli's site: run r in pfs, no job names
     it): --json, a refusal without --force, an unknown user, a user who is no admin."""
     import json
 
-    from tests.test_cli_error_classes import run_cli
-    from tests.test_cli_error_classes import site as cli_site
+    from tests.kit.cli import cli_site, run_cli
 
-    site = cli_site.__wrapped__(tmp_path_factory)  # type: ignore[attr-defined]
+    site = cli_site(tmp_path_factory.mktemp("site"))
     code, out, err = run_cli(["federation", "runs", "assign", "r", "--owner", "bob",
                               "--json"], monkeypatch, capsys, site)
     assert code == 0, err

@@ -34,7 +34,7 @@ from slurm_geo.stage.public import ancestors_private, entry_private, has_acl
 from slurm_geo.stage.record import read_world_record
 from slurm_geo.stage.trees import Trees
 from tests.helpers import as_uid, reachable_dir
-from tests.test_federation_daemon import ALICE, BOB, KEY
+from tests.kit.federation import ALICE, BOB, KEY
 from tests.test_world_staging import job
 
 # --- the rule, table-driven ---------------------------------------------------------------

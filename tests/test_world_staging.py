@@ -27,7 +27,7 @@ from slurm_geo.stage.keys import GivenTreeKeys, MasterTreeKeys, NoTreeKey
 from slurm_geo.stage.record import manifest_digest, read_world_record
 from slurm_geo.stage.trees import Trees
 from tests.helpers import as_uid, reachable_dir
-from tests.test_federation_daemon import ALICE, BOB, KEY, RUN, Site, directives
+from tests.kit.federation import ALICE, BOB, KEY, RUN, Site, directives
 
 DATA = "/home/alice/data"
 VENV = "/home/alice/venv"
