@@ -28,7 +28,7 @@ from slurm_geo.ckpt import (
     WrongKey,
 )
 from slurm_geo.ckpt.format.chunking import CdcParams
-from slurm_geo.ckpt.format.codec import Method, encode, encode_delta_parts
+from slurm_geo.ckpt.format.codec import Method, encode
 from slurm_geo.ckpt.format.keys import SALT_SIZE, RunKeys, chunk_id
 from slurm_geo.ckpt.format.manifest import FORMAT_VERSION, ChunkRef
 from slurm_geo.ckpt.format.names import PACK_PREFIXES, pack_name
@@ -146,7 +146,8 @@ def test_bad_tensors_are_refused_before_writing(store, repo, tensors, match):
 
 @pytest.mark.parametrize(
     "options",
-    [{"chunk_size": 100}, {"chunk_size": 0}, {"max_delta_depth": 17}, {"workers": -1}],
+    [{"chunk_size": 100}, {"chunk_size": 0}, {"max_delta_depth": 17}, {"workers": -1},
+     {"format_version": 3}, {"format_version": 5}, {"format_version": 6}],
 )
 def test_write_options_are_checked(options):
     with pytest.raises(ValueError):
@@ -310,12 +311,11 @@ def test_the_delta_probe_decides_on_the_bytes_of_its_first_attempts(tried, pays)
     assert probe.deltas_pay is pays
 
 
-def test_a_sparse_blob_in_a_pack_older_than_version_3_is_corrupt(store, monkeypatch):
+def test_a_sparse_blob_in_a_pack_older_than_version_3_is_corrupt(store):
     keys, chunk = RunKeys(os.urandom(32)), bytes(4096)
     blob = encode(chunk, element_size=4)
     assert blob[0] == Method.SPARSE_PLANES
-    monkeypatch.setattr("slurm_geo.ckpt.format.pack.VERSION", 2)
-    writer = PackWriter(keys.data_key, os.urandom(SALT_SIZE))
+    writer = PackWriter(keys.data_key, os.urandom(SALT_SIZE), version=2)
     cid = chunk_id(keys.id_key, chunk, 2)
     entry = writer.add(cid, blob)
     pack_id, data = writer.finish()
@@ -325,29 +325,30 @@ def test_a_sparse_blob_in_a_pack_older_than_version_3_is_corrupt(store, monkeypa
         ChunkReader(store, keys, 2, RUN).read(ref)
 
 
-def write_as_format_1(monkeypatch) -> None:
-    """Make the writer what format 1 writers were: HMAC-SHA256 chunk ids, version 1 packs
-    named by SHA-256, and xor blobs (method 3) for every delta."""
-    def xor_delta_parts(data, base, base_id, *, level):
-        return encode_delta_parts(data, base, base_id, element_size=1, level=level)
+@pytest.mark.parametrize("format_version, pack_version", [(1, 1), (2, 3), (FORMAT_VERSION, 3)])
+def test_a_writer_told_a_format_writes_its_packs_and_manifest(store, master, format_version,
+                                                                pack_version):
+    options = dataclasses.replace(OPTIONS, format_version=format_version)
+    assert options.pack_version == pack_version
+    manifest = Repository(store, master, options).write_checkpoint(RUN, state(1), EXTRA,
+                                                                   metadata(1))
+    assert manifest.format == format_version
+    assert {p.read_bytes()[8] for p in pack_files(store.root)} == {pack_version}
 
-    monkeypatch.setattr("slurm_geo.ckpt.repo.writer.encode_patch_parts", xor_delta_parts)
-    for module in ("writer", "repository"):
-        monkeypatch.setattr(f"slurm_geo.ckpt.repo.{module}.FORMAT_VERSION", 1)
-    monkeypatch.setattr("slurm_geo.ckpt.format.pack.VERSION", 1)
 
-
-def test_checkpoints_of_format_1_writers_still_read(store, repo, monkeypatch):
+def test_checkpoints_of_format_1_writers_still_read(store, repo, master):
     """Byte-identical, verified, including over a chain of xor deltas; a save of today on
-    top of them shares none of their chunks (they are named another way) but reads back."""
-    write_as_format_1(monkeypatch)
+    top of them shares none of their chunks (they are named another way) but reads back.
+    A format 1 writer is what those writers were: HMAC-SHA256 chunk ids, version 1 packs
+    named by SHA-256, xor blobs (method 3) for every delta."""
+    old_writer = Repository(store, master, dataclasses.replace(OPTIONS, format_version=1))
     weights, saved = noise(3 * CHUNK, 3), []
     for step in (1, 2, 3):
         weights = fine_tune_step(weights, step)
         saved.append(weights)
-        repo.write_checkpoint(RUN, [Tensor("w", "uint8", (3 * CHUNK,), weights)], b"",
-                              metadata(step), parent=step - 1 if step > 1 else None, delta=True)
-    monkeypatch.undo()
+        old_writer.write_checkpoint(RUN, [Tensor("w", "uint8", (3 * CHUNK,), weights)], b"",
+                                    metadata(step), parent=step - 1 if step > 1 else None,
+                                    delta=True)
     assert {p.read_bytes()[8] for p in pack_files(store.root)} == {1}
     changed = repo.manifest(RUN, 3).tensors[0].chunks[0]
     assert repo.manifest(RUN, 3).format == 1
@@ -368,13 +369,11 @@ def test_checkpoints_of_format_1_writers_still_read(store, repo, monkeypatch):
 
 
 def test_packs_of_format_2_checkpoints_stay_shared_and_new_ones_go_under_the_run(
-        store, repo, master, monkeypatch):
+        store, repo, master):
     """A store written before format 4: its packs stay in packs/, read, checked and kept
     by gc; the next save goes under run-packs/<run>/, in full, and everything reads."""
-    for module in ("writer", "repository"):
-        monkeypatch.setattr(f"slurm_geo.ckpt.repo.{module}.FORMAT_VERSION", 2)
-    old = repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
-    monkeypatch.undo()
+    old_writer = Repository(store, master, dataclasses.replace(OPTIONS, format_version=2))
+    old = old_writer.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
     assert old.format == 2 and all(n.startswith("packs/") for n in stored_packs(store))
     new = repo.write_checkpoint(RUN, state(1), EXTRA, metadata(2), parent=1)
     assert new.format == FORMAT_VERSION

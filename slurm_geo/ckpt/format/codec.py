@@ -166,13 +166,14 @@ def encode(data: Buffer, *, element_size: int = 1, level: int = DEFAULT_LEVEL,
 
 
 def encode_parts(data: Buffer, *, element_size: int = 1, level: int = DEFAULT_LEVEL,
-                 compressors: Compressors | None = None) -> list[Buffer]:
-    """`encode` as pieces to be concatenated, sparing a copy of the chunk when encrypting."""
+                 compressors: Compressors | None = None, sparse: bool = True) -> list[Buffer]:
+    """`encode` as pieces to be concatenated, sparing a copy of the chunk when encrypting.
+    `sparse=False` for a pack older than version 3, which holds no sparse planes."""
     zstd = compressors or Compressors(level)
     if element_size in PLANE_ELEMENT_SIZES and data and len(data) % element_size == 0:
         elements = np.frombuffer(data, _UNSIGNED[element_size])
         nonzero = np.count_nonzero(elements)
-        if nonzero <= (1 - SPARSE_AT_LEAST) * len(elements):
+        if sparse and nonzero <= (1 - SPARSE_AT_LEAST) * len(elements):
             parts = _sparse_planes_parts(elements, element_size, zstd)
         else:
             parts = _planes_parts(data, element_size, zstd)

@@ -32,6 +32,9 @@ from slurm_geo.ckpt.format.pack import ENTRY_OVERHEAD, HEADER_SIZE
 FORMAT_VERSION = 4
 SHARDED_FORMAT = 5
 FORMAT_VERSIONS = (1, 2, 3, 4, 5)
+# What a single-process writer may be asked to write (`WriteOptions.format_version`): the
+# current format, and the older ones tests write to check they still read.
+WRITABLE_FORMATS = (1, 2, FORMAT_VERSION)
 SHARDED_FORMATS = (3, 5)
 RUN_PACKS_FROM = 4
 LATEST_FORMAT = 2

@@ -30,7 +30,7 @@ MAGIC = b"SGEOPACK"
 # format, not as damage.
 PATCH_VERSION = 2
 BLAKE3_VERSION = 3
-VERSION = BLAKE3_VERSION  # what writers write
+VERSION = BLAKE3_VERSION  # what writers write unless told an older version
 VERSIONS = (1, PATCH_VERSION, BLAKE3_VERSION)
 _HEADER = struct.Struct(f"<8sB{SALT_SIZE}s")
 _ENTRY_HEAD = struct.Struct("<32sI")
@@ -61,12 +61,15 @@ class PackWriter:
     reuse for the next pack once the previous one is stored: no per-blob copies.
     """
 
-    def __init__(self, data_key: bytes, salt: bytes, buffer: mmap.mmap | None = None):
+    def __init__(self, data_key: bytes, salt: bytes, buffer: mmap.mmap | None = None, *,
+                 version: int = VERSION):
+        if version not in VERSIONS:
+            raise ValueError(f"pack version {version} is not one of {VERSIONS}")
         self._key = derive_key(data_key, salt, INFO_PACK)
         self._buffer = pack_buffer(HEADER_SIZE) if buffer is None else buffer
         self._size = 0
         with self._reserve(HEADER_SIZE) as header:
-            _HEADER.pack_into(header, 0, MAGIC, VERSION, salt)
+            _HEADER.pack_into(header, 0, MAGIC, version, salt)
 
     @property
     def size(self) -> int:

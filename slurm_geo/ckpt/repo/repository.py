@@ -25,7 +25,6 @@ from slurm_geo.ckpt.format.keys import (
 )
 from slurm_geo.ckpt.format.manifest import (
     DTYPE_SIZES,
-    FORMAT_VERSION,
     PLANE_DTYPES,
     BlobEntry,
     ChunkRef,
@@ -151,7 +150,8 @@ class Repository:
                tally: _Tally) -> Manifest:
         parent = None if parent_manifest is None else parent_manifest.step
         chunk_size = self._options.chunk_size
-        sharing = _sharing(parent_manifest, run, self._keys(run, create=True).current)
+        sharing = _sharing(parent_manifest, run, self._keys(run, create=True).current,
+                           self._options.format_version)
         reusable = _reusable_chunks(sharing, chunk_size, unchanged)
         bases = _delta_bases(sharing, chunk_size) if delta else {}
         with self.chunk_writer(run, sharing) as writer:
@@ -175,7 +175,7 @@ class Repository:
                     for t, slots in zip(tensors, tensor_slots, strict=True)
                 ),
                 extra_state=BlobEntry(len(extra), tuple(map(writer.ref, extra_slots))),
-                format=FORMAT_VERSION,
+                format=self._options.format_version,
             )
         self.commit(manifest, lambda: None)
         return manifest
@@ -197,8 +197,10 @@ class Repository:
         """A writer of `run`'s new chunks, referencing the ones `parent` already stores."""
         keys = self._keys(run, create=create).current
         return ChunkWriter(self._store, keys, self._options, self._random_bytes,
-                           _known_refs(_sharing(parent, run, keys)),
-                           ChunkReader(self._store, keys, FORMAT_VERSION, run).read, run)
+                           _known_refs(_sharing(parent, run, keys,
+                                                      self._options.format_version)),
+                           ChunkReader(self._store, keys, self._options.format_version,
+                                       run).read, run)
 
     def run_keys(self, run: str) -> RunKeyRing:
         """The run's key ring, from its wrapped keys (raises if missing or damaged)."""
@@ -493,13 +495,14 @@ def check_tensors(tensors: Sequence[TensorToWrite]) -> None:
                              f"{dtype}{list(shape)}")
 
 
-def _sharing(parent: Manifest | None, run: str, keys: RunKeys) -> Manifest | None:
+def _sharing(parent: Manifest | None, run: str, keys: RunKeys,
+             written_as: int) -> Manifest | None:
     """The parent, when it is of the same run and written as ours are (format 4 and 5),
     under the key ours are sealed with: a parent of version 1 names its chunks another way,
     one of version 2 or 3 keeps its packs where any run's key may write, and one under a key
     the run has rotated away from (§4.2) is readable by whoever held that key, so none of
     these is shared (the first save after an upgrade or a rotation is stored in full)."""
-    if parent is None or parent.run != run or parent.format < FORMAT_VERSION:
+    if parent is None or parent.run != run or parent.format < written_as:
         return None
     if parent.key is not None and parent.key != keys.fingerprint:
         return None

@@ -38,11 +38,20 @@ from slurm_geo.ckpt.format.manifest import (
     FORMAT_VERSION,
     MAX_CHUNK_SIZE,
     MAX_DELTA_DEPTH,
+    WRITABLE_FORMATS,
     ChunkRef,
     packs_run,
 )
 from slurm_geo.ckpt.format.names import pack_name
-from slurm_geo.ckpt.format.pack import Entry, PackWriter, pack_buffer, pack_id_of
+from slurm_geo.ckpt.format.pack import (
+    BLAKE3_VERSION,
+    PATCH_VERSION,
+    VERSION,
+    Entry,
+    PackWriter,
+    pack_buffer,
+    pack_id_of,
+)
 from slurm_geo.ckpt.repo.reader import default_workers, worker_pool
 from slurm_geo.ckpt.stores.store import Bytes, Store
 
@@ -96,6 +105,10 @@ class WriteOptions:
     max_delta_depth: int = 3
     cdc: CdcParams = CdcParams()
     workers: int = 0  # threads hashing and encoding chunks; 0: one per core, at most 4
+    # The manifest format written (docs/format.md): the current one, or an older one a
+    # test writes to check it still reads. Format 1 writes what its writers did: version 1
+    # packs, so xor deltas only and no sparse planes.
+    format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
         if self.chunk_size % CHUNK_SIZE_MULTIPLE or not 0 < self.chunk_size <= MAX_CHUNK_SIZE:
@@ -104,10 +117,17 @@ class WriteOptions:
             raise ValueError(f"max_delta_depth must be 0 to {MAX_DELTA_DEPTH}")
         if self.workers < 0:
             raise ValueError("workers must be 0 (automatic) or more")
+        if self.format_version not in WRITABLE_FORMATS:
+            raise ValueError(f"format_version must be one of {WRITABLE_FORMATS}")
 
     @property
     def threads(self) -> int:
         return self.workers or default_workers()
+
+    @property
+    def pack_version(self) -> int:
+        """The version of the packs this format's writers write."""
+        return 1 if self.format_version == 1 else VERSION
 
     @property
     def window(self) -> int:
@@ -186,7 +206,7 @@ class ChunkWriter:
         pack_object: Callable[[str], str] | None = None,
     ):
         self._store = store
-        packs = packs_run(run, FORMAT_VERSION)  # where this format puts packs
+        packs = packs_run(run, options.format_version)  # where this format puts packs
         self._pack_object = pack_object or (lambda pack_id: pack_name(pack_id, packs))
         self._keys = keys
         self._options = options
@@ -255,7 +275,7 @@ class ChunkWriter:
     # Worker threads.
 
     def _encode(self, data: memoryview, element_size: int, base: ChunkRef | None) -> _Encoded:
-        cid = chunk_id(self._keys.id_key, data, FORMAT_VERSION).hex()
+        cid = chunk_id(self._keys.id_key, data, self._options.format_version).hex()
         if cid in self._known or cid in self._stored:  # stored earlier in the order
             return _Encoded(cid, len(data), None, None)
         base = None if base is None else self._delta_base(base, len(data))
@@ -270,7 +290,8 @@ class ChunkWriter:
         base_data, base_id = self._read_base(base), bytes.fromhex(base.id)
         xored = xor_bytes(data, base_data)
         changed = changed_fraction(xored, element_size)
-        if delta_kind(changed, element_size) == Method.ZSTD_PATCH:
+        if (delta_kind(changed, element_size) == Method.ZSTD_PATCH
+                and self._options.pack_version >= PATCH_VERSION):
             delta = encode_patch_parts(data, base_data, base_id, level=self._options.zstd_level)
         else:
             delta = encode_xored_parts(xored, base_id, element_size=element_size,
@@ -284,7 +305,8 @@ class ChunkWriter:
         return _Encoded(cid, len(data), delta, base, tried)
 
     def _own_encoding(self, data: memoryview, element_size: int) -> list[Buffer]:
-        return encode_parts(data, element_size=element_size, compressors=self._compressors())
+        return encode_parts(data, element_size=element_size, compressors=self._compressors(),
+                            sparse=self._options.pack_version >= BLAKE3_VERSION)
 
     def _delta_base(self, parent_chunk: ChunkRef, size: int) -> ChunkRef | None:
         """The parent's chunk, or the root of its delta chain when that is too long."""
@@ -314,7 +336,8 @@ class ChunkWriter:
         assert encoded.blob is not None  # only known or stored chunks skip encoding
         if self._pack is None:
             buffer = self._spare_buffers.pop() if self._spare_buffers else self._new_buffer()
-            self._pack = PackWriter(self._keys.data_key, self._random_bytes(SALT_SIZE), buffer)
+            self._pack = PackWriter(self._keys.data_key, self._random_bytes(SALT_SIZE), buffer,
+                                    version=self._options.pack_version)
         entry = self._pack.add_parts(bytes.fromhex(encoded.id), encoded.blob)
         self._stored[encoded.id] = _Stored(len(self._uploads), entry, encoded.size,
                                            encoded.base)
