@@ -149,6 +149,12 @@ needs_build = pytest.mark.skipif(
     reason="needs cc and Slurm's headers (apt-get install gcc libslurm-dev)")
 
 
+def options(**given) -> Options:
+    """Install options with the pages and completion script the CLI would pass in."""
+    return Options(man_pages={"slurm-geo.1": ".TH SLURM-GEO 1\n"},
+                   completion="complete -F _slurm_geo_completion slurm-geo\n", **given)
+
+
 def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
     return {str(p.relative_to(root)): (p.read_bytes(), stat.S_IMODE(p.stat().st_mode))
             for p in sorted(root.rglob("*")) if p.is_file()}
@@ -157,11 +163,11 @@ def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
 @needs_build
 def test_install_twice_changes_nothing_the_second_time(tmp_path):
     root = tmp_path / "root"
-    first = install(Options(root=root))
+    first = install(options(root=root))
     assert {act for _item, act in first.done} == {"create"}
     before = _tree(root)
     mtimes = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
-    second = install(Options(root=root))
+    second = install(options(root=root))
     assert {act for _item, act in second.done} == {"unchanged"}
     assert _tree(root) == before
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} == mtimes
@@ -169,7 +175,7 @@ def test_install_twice_changes_nothing_the_second_time(tmp_path):
     assert not first.setuid and before["usr/local/libexec/slurm-geo/submit-as"][1] == 0o755
     hook = root / "usr/local/libexec/slurm-geo/prolog.py"
     hook.chmod(0o777)
-    third = install(Options(root=root))
+    third = install(options(root=root))
     assert [(item.kind, act) for item, act in third.done if act != "unchanged"] == \
         [("hook", "update")]
     assert stat.S_IMODE(hook.stat().st_mode) == 0o755
@@ -190,14 +196,14 @@ def test_a_setuid_item_keeps_its_bit_and_owner_once_written(tmp_path):
 
 @needs_build
 def test_a_dry_run_writes_nothing(tmp_path):
-    report = install(Options(root=tmp_path / "root", dry_run=True))
+    report = install(options(root=tmp_path / "root", dry_run=True))
     assert {act for _item, act in report.done} == {"create"}
     assert not (tmp_path / "root").exists()
 
 
 def test_missing_slurm_headers_are_one_line_naming_the_package(tmp_path):
     with pytest.raises(SiteInstallError, match="apt-get install libslurm-dev") as raised:
-        install(Options(root=tmp_path / "root", slurm_include=tmp_path))
+        install(options(root=tmp_path / "root", slurm_include=tmp_path))
     assert raised.value.exit_code == ExitCode.SITE_INSTALL
     assert not (tmp_path / "root").exists()
 

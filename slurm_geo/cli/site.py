@@ -47,7 +47,8 @@ def install(root: Path, prefix: str, slurm_include: Path, dry_run: bool,
     if not PurePosixPath(prefix).is_absolute():
         raise SiteInstallError(f"--prefix {prefix} is not an absolute path; give one such "
                                "as /usr/local")
-    report = run_install(Options(root=root, prefix=PurePosixPath(prefix),
+    report = run_install(Options(man_pages=_man_pages(), completion=_bash_completion(),
+                                 root=root, prefix=PurePosixPath(prefix),
                                  slurm_include=slurm_include, dry_run=dry_run))
     if as_json:
         click.echo(json.dumps(report.as_json(), indent=2))
@@ -72,3 +73,20 @@ def install(root: Path, prefix: str, slurm_include: Path, dry_run: bool,
     click.echo("\nThen:")
     for line in data["next"]:
         click.echo(f"  {line}")
+
+
+def _man_pages() -> dict[str, str]:
+    from slurm_geo.cli import PROG, cli
+    from slurm_geo.cli.manpages import pages
+
+    return pages(cli, PROG)
+
+
+def _bash_completion() -> str:
+    from click.shell_completion import get_completion_class
+
+    from slurm_geo.cli import COMPLETE_VAR, PROG, cli
+
+    script_class = get_completion_class("bash")
+    assert script_class is not None
+    return script_class(cli, {}, PROG, COMPLETE_VAR).source() + "\n"

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -35,8 +36,13 @@ class SiteInstallError(SlurmGeoError):
     exit_code = ExitCode.SITE_INSTALL
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Options:
+    """What to install where. The man pages ({file name: roff}) and the bash completion
+    script come from the command line's own tree, which passes them in."""
+
+    man_pages: Mapping[str, str]
+    completion: str
     root: Path = Path("/")
     prefix: PurePosixPath = PurePosixPath("/usr/local")
     slurm_include: Path = Path("/usr/include")
@@ -126,9 +132,9 @@ def planned(layout: plan.Layout, options: Options, gid: int | None) -> list[plan
                            0o755 if gid is None else plan.SETUID_MODE,
                            None if gid is None else 0, gid))
     items += [plan.Item("man", layout.man1 / name, text.encode(), 0o644)
-              for name, text in sorted(_man_pages().items())]
+              for name, text in sorted(options.man_pages.items())]
     items.append(plan.Item("completion", layout.completions / "slurm-geo",
-                           _bash_completion().encode(), 0o644))
+                           options.completion.encode(), 0o644))
     return items
 
 
@@ -167,23 +173,6 @@ def _build(compiler: str, include: Path) -> tuple[bytes, bytes]:
                 error = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
                 raise SiteInstallError(f"building {argv[-1]} failed: {error[0][:300]}")
         return (out / plan.SPANK_PLUGIN).read_bytes(), (out / "submit-as").read_bytes()
-
-
-def _man_pages() -> dict[str, str]:
-    from slurm_geo.cli import PROG, cli
-    from slurm_geo.cli.manpages import pages
-
-    return pages(cli, PROG)
-
-
-def _bash_completion() -> str:
-    from click.shell_completion import get_completion_class
-
-    from slurm_geo.cli import COMPLETE_VAR, PROG, cli
-
-    script_class = get_completion_class("bash")
-    assert script_class is not None
-    return script_class(cli, {}, PROG, COMPLETE_VAR).source() + "\n"
 
 
 def _under(root: Path, path: PurePosixPath) -> Path:
