@@ -119,7 +119,7 @@ def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     keep_freed_memory()
     try:
-        cli.main(complete_var=COMPLETE_VAR, standalone_mode=False)
+        cli.main(prog_name=PROG, complete_var=COMPLETE_VAR, standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(ExitCode.INTERRUPTED)

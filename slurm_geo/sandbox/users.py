@@ -176,14 +176,12 @@ def ensure_site_python(layout: SandboxLayout, progress) -> bool:
     return published
 
 
-# What pip's console script would be; the daemons' programs are the service account's and
-# root's, started from the suite's Python (sandbox.stages), so only the users' command.
-COMMAND_SCRIPT = """#!{python}
-import sys
-
-from slurm_geo.cli import main
-
-sys.exit(main())
+# What pip's console script does, run as the package's own entry (`-m slurm_geo`); `-P`:
+# the user's working directory is not on the path, as it is not for a console script. The
+# daemons' programs are the service account's and root's, started from the suite's Python
+# (sandbox.stages), so only the users' command.
+COMMAND_SCRIPT = """#!/bin/sh
+exec {python} -P -m slurm_geo "$@"
 """
 
 
