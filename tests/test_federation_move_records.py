@@ -12,6 +12,13 @@ from slurm_geo.ckpt.format.manifest import with_bases
 from slurm_geo.ckpt.format.names import verified_name
 from slurm_geo.ckpt.ops.replicate import copy_checkpoint
 from slurm_geo.ckpt.ops.verified import read_record, record_of, write_record
+from slurm_geo.federation.act.resumepoint import (
+    FROM_SCRATCH,
+    REFUSED,
+    Resume,
+    ResumePoint,
+    newest_verified,
+)
 from slurm_geo.federation.model import JobStatus
 from tests.kit.federation import KEY, RUN, TTL, Site
 
@@ -130,3 +137,33 @@ def test_a_checkpoint_without_a_record_is_read_in_full_as_before(site):
     assert site.job().resume_step == 20
     assert away.bytes_read > 0
     assert any("no verification record" in k for k in verify_lines(site))
+
+
+@pytest.mark.parametrize("resume, step, valid", [
+    (Resume.AT_STEP, 40, True), (Resume.AT_STEP, None, False),
+    (Resume.FROM_SCRATCH, None, True), (Resume.FROM_SCRATCH, 40, False),
+    (Resume.REFUSED, None, True), (Resume.REFUSED, 40, False),
+])
+def test_a_resume_point_has_a_step_exactly_when_it_resumes_at_one(resume, step, valid):
+    if not valid:
+        with pytest.raises(ValueError):
+            ResumePoint(resume, step)
+        return
+    point = ResumePoint(resume, step)
+    assert (point.step, point.refused) == (step, resume is Resume.REFUSED)
+
+
+@pytest.mark.parametrize("saved, lost, expected", [
+    ((), (), FROM_SCRATCH),
+    ((20, 40), (), ResumePoint.at(40)),
+    ((20, 40), (40,), ResumePoint.at(20)),
+    ((20,), (20,), REFUSED),
+])
+def test_the_resume_point_in_a_store_is_its_newest_verified_step(site, saved, lost, expected):
+    site.home_job_training()
+    replicated(site, *saved)
+    for step in lost:
+        site.stores["away"].delete(own_packs(site, step)[0])
+    site.restart()
+    job = site.state.jobs()[0]
+    assert newest_verified(site.federation.wiring, job, "away") == expected

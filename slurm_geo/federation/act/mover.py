@@ -51,7 +51,7 @@ from slurm_geo.federation.act.fencing import daemon_lookup, known_fence, set_fen
 from slurm_geo.federation.act.probes import nodes_up
 from slurm_geo.federation.act.registration import learn_environment
 from slurm_geo.federation.act.resubmit import Incoming, ScriptOptions, fitted, resubmission
-from slurm_geo.federation.act.resumepoint import newest_verified
+from slurm_geo.federation.act.resumepoint import FROM_SCRATCH, newest_verified
 from slurm_geo.federation.decide.bandwidth import BandwidthModel
 from slurm_geo.federation.decide.owners import own_dir, owner_environment
 from slurm_geo.federation.model import (
@@ -97,13 +97,13 @@ class Mover:
         carries = bool(job.run) and current_up and source_store != target_store
         if carries:
             self._carry_newest(job, source_store, target_store)
-        resume = newest_verified(w, job, target_store) if job.run else None
-        if resume is False:
+        resume = newest_verified(w, job, target_store) if job.run else FROM_SCRATCH
+        if resume.refused:
             return None
         try:
             with self._lock:
                 moved = w.state.begin_generation(
-                    job.logical_job, job.generation, target, resume, w.clock(),
+                    job.logical_job, job.generation, target, resume.step, w.clock(),
                     left_home=left_home, recovery=recovery,
                     live_lease_ttl_s=w.config.lease_ttl_s)
         except StaleJob as exc:

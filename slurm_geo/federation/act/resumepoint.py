@@ -11,6 +11,9 @@ step if the chosen one does not read back intact: slurm_geo.torch.checkpointer).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum
+
 from slurm_geo.ckpt import Repository
 from slurm_geo.ckpt.errors import CkptError, StoreUnavailable
 from slurm_geo.ckpt.format.rollback import high_water, rollback
@@ -24,10 +27,42 @@ from slurm_geo.federation.wiring import Wiring
 VERIFY_OLDER_LIMIT = 5  # checkpoints tried, newest first, before a move gives up
 
 
-def newest_verified(w: Wiring, job: LogicalJob, store_name: str) -> int | None | bool:
+class Resume(Enum):
+    AT_STEP = "at step"  # from the checkpoint `step`
+    FROM_SCRATCH = "from scratch"  # the run has no checkpoint in the store
+    REFUSED = "refused"  # checkpoints exist but none verifies, or the store rolled back
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a moved job resumes in the target store; `step` is set for AT_STEP only."""
+
+    resume: Resume
+    step: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.step is not None) != (self.resume is Resume.AT_STEP):
+            raise ValueError(f"{self.resume.value} with step {self.step!r}")
+
+    @classmethod
+    def at(cls, step: int) -> ResumePoint:
+        return cls(Resume.AT_STEP, step)
+
+    @property
+    def refused(self) -> bool:
+        """The move must not happen: it would resume from unverified or older data."""
+        return self.resume is Resume.REFUSED
+
+
+FROM_SCRATCH = ResumePoint(Resume.FROM_SCRATCH)
+REFUSED = ResumePoint(Resume.REFUSED)
+
+
+def newest_verified(w: Wiring, job: LogicalJob, store_name: str) -> ResumePoint:
     """The newest step the store's fence admits that is verified in `store_name` (of the
-    VERIFY_OLDER_LIMIT newest); None when the run has no such checkpoint there; False (and
-    audited) when checkpoints exist but none is verified, or the store rolled back."""
+    VERIFY_OLDER_LIMIT newest); FROM_SCRATCH when the run has no such checkpoint there;
+    REFUSED (and audited) when checkpoints exist but none is verified, or the store rolled
+    back. A store that cannot be reached raises StoreUnavailable."""
     repository = Repository(w.paced_stores[store_name], w.master_keys)
     listed = repository.steps(job.run)
     rolled_back = rollback(job.run, store_name, listed, high_water_in(w, job, store_name))
@@ -36,18 +71,18 @@ def newest_verified(w: Wiring, job: LogicalJob, store_name: str) -> int | None |
                    "verify", job.logical_job, f"{job.run} rolled back in {store_name}",
                    str(rolled_back), run=job.run, store=store_name,
                    newest=rolled_back.newest, high_water=rolled_back.high_water)
-        return False
+        return REFUSED
     stale = set(unadmitted_steps(repository, job.run, daemon_lookup(known_fence(job))))
     steps = [s for s in listed if s not in stale]
     if not steps:
         w.audit.append("verify", job.logical_job, f"no checkpoint of {job.run} in "
                        f"{store_name}", "the new incarnation starts from scratch",
                        store=store_name)
-        return None
+        return FROM_SCRATCH
     for step in reversed(steps[-VERIFY_OLDER_LIMIT:]):
         if resumable(w, job, repository, step, store_name):
-            return step
-    return False
+            return ResumePoint.at(step)
+    return REFUSED
 
 
 def resumable(w: Wiring, job: LogicalJob, repository: Repository, step: int,
