@@ -9,11 +9,11 @@ from slurm_geo.policy.retention import RetentionPolicy
 from slurm_geo.sync.planner import lowest_steps, next_work, reconcile, retry_delay_s
 from slurm_geo.sync.scanner import Found, RootScan
 from slurm_geo.sync.state import (
+    LIFECYCLE,
     TRANSITIONS,
     IllegalTransition,
     Replica,
     Status,
-    check_transition,
 )
 
 S = Status
@@ -31,10 +31,10 @@ ALLOWED = {
 @pytest.mark.parametrize("wanted", list(Status))
 def test_only_the_drawn_transitions_are_allowed(current, wanted):
     if (current, wanted) in ALLOWED:
-        check_transition(1, current, wanted)
+        LIFECYCLE.check(1, current, wanted)
     else:
         with pytest.raises(IllegalTransition, match=f"{current.value} -> {wanted.value}"):
-            check_transition(1, current, wanted)
+            LIFECYCLE.check(1, current, wanted)
 
 
 def test_the_table_and_the_diagram_agree():

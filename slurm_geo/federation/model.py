@@ -35,6 +35,7 @@ from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.lifecycle import Lifecycle
 from slurm_geo.policy.world import World
 from slurm_geo.slurm.models import Owner
 
@@ -152,9 +153,7 @@ class StateUnavailable(FederationStateError):
         super().__init__(f"the federation state in etcd is unavailable: {detail}")
 
 
-def check_transition(logical_job: str, current: JobStatus, wanted: JobStatus) -> None:
-    if wanted not in TRANSITIONS[current]:
-        raise IllegalTransition(logical_job, current, wanted)
+LIFECYCLE: Lifecycle[JobStatus, str] = Lifecycle(JobStatus, TRANSITIONS, IllegalTransition)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A *logical job* is what the user submitted once; it runs as one or more Slurm jo
 job id on each cluster it moves to), each as one or more *incarnations* (a requeue keeps
 the job id and starts a new incarnation). Lineage links each Slurm job to its logical job.
 
-Incarnation lifecycle (transitions enforced by `_move`):
+Incarnation lifecycle (`LIFECYCLE`, checked by `_move` on every change):
 
     RUNNING --> REQUEUED    ended, and Slurm queued the job again (time limit + requeue,
                             preemption, node failure); the next incarnation follows.
@@ -36,6 +36,7 @@ from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.lifecycle import Lifecycle
 from slurm_geo.private import private_database
 from slurm_geo.sqlite_tx import immediate_transaction, reading
 
@@ -52,18 +53,19 @@ class IncarnationState(Enum):
         return self is not IncarnationState.RUNNING
 
 
-_ALLOWED = {
+class IllegalTransition(SlurmGeoError):
+    def __init__(self, incarnation: Incarnation, current: IncarnationState,
+                 wanted: IncarnationState):
+        super().__init__(f"job {incarnation.cluster}:{incarnation.job_id} incarnation "
+                         f"{incarnation.restart}: cannot go from {current.value} to "
+                         f"{wanted.value}")
+
+
+LIFECYCLE: Lifecycle[IncarnationState, Incarnation] = Lifecycle(IncarnationState, {
     IncarnationState.RUNNING: {IncarnationState.REQUEUED, IncarnationState.ENDED},
     IncarnationState.REQUEUED: set(),
     IncarnationState.ENDED: set(),
-}
-
-
-class IllegalTransition(SlurmGeoError):
-    def __init__(self, cluster: str, job_id: int, restart: int, current: IncarnationState,
-                 wanted: IncarnationState):
-        super().__init__(f"job {cluster}:{job_id} incarnation {restart}: cannot go from "
-                         f"{current.value} to {wanted.value}")
+}, IllegalTransition)
 
 
 class RegistryUnreadable(SlurmGeoError):
@@ -288,9 +290,7 @@ class Registry:
     @staticmethod
     def _move(db: sqlite3.Connection, incarnation: Incarnation, wanted: IncarnationState,
               now: float, exit_code: str | None) -> None:
-        if wanted not in _ALLOWED[incarnation.state]:
-            raise IllegalTransition(incarnation.cluster, incarnation.job_id,
-                                    incarnation.restart, incarnation.state, wanted)
+        LIFECYCLE.check(incarnation, incarnation.state, wanted)
         db.execute(
             "UPDATE incarnations SET state = ?, ended_at = ?, exit_code = ? WHERE cluster = ? "
             "AND job_id = ? AND restart = ? AND state = ?",

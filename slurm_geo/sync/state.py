@@ -52,6 +52,7 @@ from sqlite_utils import Database
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.lifecycle import Lifecycle
 from slurm_geo.sqlite_tx import open_database
 from slurm_geo.sync.jobdirs import SourceStatus
 
@@ -133,9 +134,7 @@ class StaleStatus(SyncError):
         super().__init__(f"replica {replica_id} is no longer {expected.value}")
 
 
-def check_transition(replica_id: int, current: Status, wanted: Status) -> None:
-    if wanted not in TRANSITIONS[current]:
-        raise IllegalTransition(replica_id, current, wanted)
+LIFECYCLE: Lifecycle[Status, int] = Lifecycle(Status, TRANSITIONS, IllegalTransition)
 
 
 @dataclass(frozen=True)
@@ -372,7 +371,7 @@ class StateDB:
         """Change status `expected` -> `wanted` (an allowed transition) and set `changes`;
         raises StaleStatus if the row is no longer `expected`. Counters in `changes` given
         as ("+", n) are added to."""
-        check_transition(replica_id, expected, wanted)
+        LIFECYCLE.check(replica_id, expected, wanted)
         self.update(replica_id, expected, now, status=wanted.value, **changes)
 
     def update(self, replica_id: int, expected: Status, now: float, **changes: Any) -> None:

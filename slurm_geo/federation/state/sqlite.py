@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.federation.model import (
+    LIFECYCLE,
     ClusterStatus,
     FederationStateError,
     Health,
@@ -33,7 +34,6 @@ from slurm_geo.federation.model import (
     LogicalJob,
     StaleJob,
     UnknownLogicalJob,
-    check_transition,
 )
 from slurm_geo.federation.state.identities import Identities, forget_incarnation, put_token
 from slurm_geo.federation.state.schema import (
@@ -238,7 +238,7 @@ class FederationState:
                 raise UnknownLogicalJob(logical_job)
             if row["generation"] != expected_generation:
                 raise StaleJob(logical_job, f"at generation {expected_generation}")
-            check_transition(logical_job, JobStatus(row["status"]), JobStatus.MOVING)
+            LIFECYCLE.check(logical_job, JobStatus(row["status"]), JobStatus.MOVING)
             if live_lease_ttl_s is not None and _lease_live(db, logical_job,
                                                             expected_generation, now,
                                                             live_lease_ttl_s):
@@ -358,7 +358,7 @@ class FederationState:
 
 def _check_status(db: sqlite3.Connection, logical_job: str, expected: JobStatus,
                   wanted: JobStatus) -> sqlite3.Row:
-    check_transition(logical_job, expected, wanted)
+    LIFECYCLE.check(logical_job, expected, wanted)
     row: sqlite3.Row | None = db.execute(
         "SELECT status, generation FROM jobs WHERE logical_job = ?",
         (logical_job,)).fetchone()

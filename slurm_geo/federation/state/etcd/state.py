@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from slurm_geo.federation.model import (
+    LIFECYCLE,
     Health,
     Incarnation,
     JobStatus,
@@ -28,7 +29,6 @@ from slurm_geo.federation.model import (
     LogicalJob,
     StaleJob,
     UnknownLogicalJob,
-    check_transition,
 )
 from slurm_geo.federation.state.etcd import records
 from slurm_geo.federation.state.etcd.identities import EtcdIdentities, change_job, forget_tokens
@@ -138,7 +138,7 @@ class EtcdFederationState:
                     now: float) -> LogicalJob:
         """`expected` -> `wanted`, if that is a transition and the job is still `expected`;
         IllegalTransition or StaleJob otherwise, and nothing is written."""
-        check_transition(logical_job, expected, wanted)
+        LIFECYCLE.check(logical_job, expected, wanted)
 
         def attempt(tx: Transaction) -> LogicalJob:
             job = self._job_in(tx, logical_job)
@@ -190,7 +190,7 @@ class EtcdFederationState:
                 raise UnknownLogicalJob(logical_job)
             if job.generation != expected_generation:
                 raise StaleJob(logical_job, f"at generation {expected_generation}")
-            check_transition(logical_job, job.status, JobStatus.MOVING)
+            LIFECYCLE.check(logical_job, job.status, JobStatus.MOVING)
             if live_lease_ttl_s is not None:
                 held = tx.get(self.layout.lease(logical_job))
                 lease = None if held is None else records.lease_from(held)
