@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +14,10 @@ import pytest
 from slurm_geo.config import SiteConfig, load_config
 from slurm_geo.sandbox import Sandbox, remote_site, root_from_env
 from slurm_geo.sandbox.layout import S3_BUCKET
-from slurm_geo.sandbox.users import ALICE, SandboxUser
+from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import CliSlurmClient, SlurmClient, SlurmError, connect
 from tests.etcd_server import EtcdMember, start_cluster, stop_cluster
+from tests.kit.sandbox import user_dir
 
 
 @pytest.fixture(scope="session")
@@ -106,32 +106,6 @@ def cluster_dir(sandbox: Sandbox, cluster: str, shared_dir: Path, name: str) -> 
         there.mkdir(exist_ok=True)
         os.chown(there, account.uid, account.uid)
     return inside
-
-
-def host_path(sandbox: Sandbox, path: Path) -> Path:
-    """A path a job wrote, as the test reads it: on the provider's machine, through the
-    operator's view of its disk; else the path itself."""
-    layout = sandbox.layout
-    if remote_site.is_provider(layout) and path.is_relative_to(
-            remote_site.work_dir(ALICE.name)):
-        return remote_site.operator_path(layout, ALICE.name, path)
-    return path
-
-
-def user_dir(sandbox: Sandbox, person: SandboxUser, name: str) -> Path:
-    """An empty directory of that user's, for one test: theirs, 0700."""
-    tests = sandbox.layout.project_dir(person.name) / "tests"
-    path = tests / name.replace("/", "_")
-    for directory in (tests, path):
-        directory.mkdir(exist_ok=True)
-        os.chown(directory, person.uid, person.uid)
-        directory.chmod(0o700)
-    for stale in path.iterdir():
-        if stale.is_dir():
-            shutil.rmtree(stale)
-        else:
-            stale.unlink()
-    return path
 
 
 # --- the sandbox's S3 endpoint, one fresh prefix per test ---------------------------------

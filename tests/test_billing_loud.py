@@ -18,6 +18,7 @@ from slurm_geo.billing.periods import parse_period
 from slurm_geo.billing.sources import Outcome, SourceRun
 from slurm_geo.slurm.fake import FakeSlurm
 from slurm_geo.slurm.models import JobSpec
+from tests.kit.clock import ManualClock
 from tests.test_slurm_accounting_errors import NO_SLURMDBD
 from tests.test_slurm_submission import OK_PING, Answer, rest_client
 
@@ -29,17 +30,9 @@ PRICES = (PriceEntry(0, 0.0, 0.01, 0.0, 0.0, cluster="onprem", source="t"),
           PriceEntry(0, 2.5, 0.04, 0.09, 5.0, cluster="rented", source="t"))
 
 
-class Clock:
-    def __init__(self, now: int):
-        self.now = now
-
-    def __call__(self) -> float:
-        return float(self.now)
-
-
 @pytest.fixture
 def clock():
-    return Clock(T0)
+    return ManualClock(T0)
 
 
 @pytest.fixture

@@ -340,8 +340,8 @@ def test_a_federated_job_with_a_ckpt_dir_ends_with_the_truth_in_its_epilog(sandb
     from slurm_geo.sandbox.users import ALICE
     from slurm_geo.sync.state import StateDB
     from slurm_geo.sync.truth import failing_runs
-    from tests.conftest import user_dir
     from tests.helpers import eventually
+    from tests.kit.sandbox import user_dir
     from tests.test_docs_training import first_job_blocks
 
     trainer, script = first_job_blocks()

@@ -10,6 +10,7 @@ from slurm_geo.ckpt.stores.open_store import DECIDING, open_store
 from slurm_geo.ckpt.stores.retry import RetryingStore
 from slurm_geo.ckpt.stores.s3store import S3Unavailable
 from slurm_geo.ckpt.stores.store import LocalDirStore
+from tests.kit.clock import ManualClock
 
 
 class Flaky:
@@ -48,16 +49,8 @@ class Flaky:
         return name in self.objects
 
 
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def breaker(open_for_s: float = 3.0) -> tuple[BreakerStore, Flaky, Clock]:
-    inner, clock = Flaky(), Clock()
+def breaker(open_for_s: float = 3.0) -> tuple[BreakerStore, Flaky, ManualClock]:
+    inner, clock = Flaky(), ManualClock(100.0)
     return BreakerStore(inner, "offsite", open_for_s, monotonic=clock), inner, clock
 
 

@@ -25,6 +25,7 @@ from slurm_geo.cli.progress import (
     progress,
 )
 from tests.helpers import pack_files
+from tests.kit.clock import ManualClock
 
 MIB = 1024 * 1024
 
@@ -32,14 +33,6 @@ MIB = 1024 * 1024
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.mark.parametrize("count, text", [
@@ -81,7 +74,7 @@ def test_counts_of_objects_are_not_bytes():
 
 
 def test_redraws_are_throttled_and_the_final_line_stays():
-    out, clock = Terminal(), Clock()
+    out, clock = Terminal(), ManualClock(100.0)
     bar = Progress("push r@1", out, draw=True, clock=clock)
     for done in range(1, 11):  # ten reports within one redraw interval: one line drawn
         clock.now += REDRAW_S / 20
@@ -97,7 +90,7 @@ def test_redraws_are_throttled_and_the_final_line_stays():
 
 
 def test_a_second_stage_leaves_the_first_ones_line():
-    out, clock = Terminal(), Clock()
+    out, clock = Terminal(), ManualClock(100.0)
     bar = Progress("check manifests", out, draw=True, unit="manifests", clock=clock)
     clock.now += 1
     bar(4, 4)

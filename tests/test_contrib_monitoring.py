@@ -18,7 +18,7 @@ import requests
 import yaml
 
 from slurm_geo.federation.daemon.service import Metrics
-from tests.test_sync_support import (
+from tests.kit.sync import (
     ROOT,
     free_port,
     master_key,

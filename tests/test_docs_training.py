@@ -78,8 +78,8 @@ def first_job_blocks() -> tuple[str, str]:
 def test_the_first_geo_job_runs_as_alice_from_her_login_shell(sandbox, request):
     from slurm_geo.sandbox import login
     from slurm_geo.sandbox.users import ALICE
-    from tests.conftest import user_dir
     from tests.helpers import eventually
+    from tests.kit.sandbox import user_dir
 
     trainer, script = first_job_blocks()
     work = user_dir(sandbox, ALICE, request.node.name)

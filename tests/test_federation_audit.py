@@ -23,20 +23,7 @@ from slurm_geo.federation.state.audit import (
 )
 from slurm_geo.federation.state.etcd.audit import EtcdAuditLog
 from tests.etcd_server import EtcdMember, fresh_prefix, open_replica
-
-T0 = 1_795_975_200.0  # 2026-11-29T18:00:00Z
-
-
-class Clock:
-    def __init__(self, start: float = T0):
-        self.now = start
-
-    def __call__(self) -> float:
-        self.now += 1.5
-        return self.now
-
-
-Log = AuditLog | EtcdAuditLog
+from tests.kit.audit import T0, Log, audit_clock, fill
 
 
 @pytest.fixture(params=["sqlite", "etcd"])
@@ -55,16 +42,8 @@ def open_log(request: pytest.FixtureRequest, tmp_path: Path
     replica.close()
 
 
-def fill(log: Log, n: int = 6) -> Log:
-    for i in range(1, n + 1):
-        log.append("decision", f"onprem:{i % 2}", f"move to rented #{i}", "onprem is down",
-                   checkpoint={"run": "llm", "step": 100 * i}, clusters=["onprem", "rented"],
-                   bytes=i * 10**9)
-    return log
-
-
 def filled(path: Path, n: int = 6) -> AuditLog:
-    log = AuditLog(path, clock=Clock())
+    log = AuditLog(path, clock=audit_clock())
     fill(log, n)
     return log
 
@@ -80,7 +59,7 @@ def attack(path: Path, *statements: tuple[str, tuple]) -> None:
 
 
 def test_appends_chain_from_genesis_and_verify(open_log):
-    log = fill(open_log(Clock()), 3)
+    log = fill(open_log(audit_clock()), 3)
     first, second, third = log.entries()
     assert (first.seq, first.prev_hash, first.time) == (1, GENESIS, "2026-11-29T18:00:01.500000Z")
     assert second.prev_hash == first.hash and third.prev_hash == second.hash
@@ -94,7 +73,7 @@ def test_appends_chain_from_genesis_and_verify(open_log):
 
 
 def test_entries_are_selected_by_job_kind_and_sequence(open_log):
-    log = fill(open_log(Clock()), 4)
+    log = fill(open_log(audit_clock()), 4)
     log.append("transfer", "onprem:1", "copied", "a move")
     assert [e.seq for e in log.entries(kind="transfer")] == [5]
     assert [e.seq for e in log.entries(kind="decision", logical_job="onprem:1")] == [1, 3]
@@ -114,7 +93,7 @@ def test_the_hash_is_sha256_of_the_canonical_fields(open_log):
 
 
 def test_an_empty_log_verifies(open_log):
-    log = open_log(Clock())
+    log = open_log(audit_clock())
     assert log.head() == (0, GENESIS)
     assert log.verify().ok and log.verify().entries == 0
     assert log.verify(expected_head=(0, GENESIS)).ok
@@ -249,7 +228,7 @@ HOSTILE = ["'; DROP TABLE audit; --", 'job "quoted"', "new\nline", "tab\tand \\ 
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_names_are_stored_verbatim(open_log, name):
-    log = open_log(Clock())
+    log = open_log(audit_clock())
     log.append(name, name, name, name, **{name: name})
     (entry,) = log.entries(logical_job=name)
     assert (entry.kind, entry.logical_job, entry.what, entry.why) == (name,) * 4
@@ -258,14 +237,14 @@ def test_names_are_stored_verbatim(open_log, name):
 
 
 def test_entries_filter_by_job_and_seq(open_log):
-    log = fill(open_log(Clock()))
+    log = fill(open_log(audit_clock()))
     assert [e.seq for e in log.entries(logical_job="onprem:1")] == [1, 3, 5]
     assert [e.seq for e in log.entries(since_seq=4)] == [5, 6]
     assert [e.seq for e in log.entries("onprem:0", since_seq=2)] == [4, 6]
 
 
 def test_detail_must_be_json(open_log):
-    log = open_log(Clock())
+    log = open_log(audit_clock())
     with pytest.raises(TypeError):
         log.append("decision", None, "x", "y", when=object())
     with pytest.raises(ValueError):

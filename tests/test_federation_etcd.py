@@ -39,20 +39,15 @@ from tests.etcd_server import (
     open_replica,
 )
 from tests.helpers import eventually
-from tests.test_federation_state import CLOUD, HOME, NAME, NOW, dump, job
+from tests.kit.builders import CLOUD, HOME, NAME, NOW
+from tests.kit.builders import logical_job as job
+from tests.kit.clock import ManualClock
+from tests.kit.state import dump
 
 TTL_S = 5  # [federation] leader_ttl_s's default
 # Leadership changing hands on a real etcd: short, as the sandbox's replicas run it
 # (etcd's floor is 1.5 election timeouts, 1.5 s by default).
 LIVE_TTL_S = 2
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -206,7 +201,7 @@ def test_a_leader_that_could_not_renew_for_a_ttl_stops_writing_before_etcd_lets_
         etcd: EtcdMember, prefix: str) -> None:
     """Stalled past its TTL (a pause, a partition), a leader refuses its own writes: etcd
     may hand the key to another replica from then on."""
-    clock = Clock()
+    clock = ManualClock(1000.0)
     onprem = open_replica([etcd.client_url], prefix, "onprem-a", ttl_s=60, clock=clock)
     try:
         assert onprem.leadership.campaign()
@@ -224,7 +219,7 @@ def test_a_leader_that_could_not_renew_for_a_ttl_stops_writing_before_etcd_lets_
 
 def test_ticks_renew_the_lease_and_a_stalled_leader_gives_the_key_up(
         etcd: EtcdMember, prefix: str) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     onprem = open_replica([etcd.client_url], prefix, "onprem-a", ttl_s=TTL_S, clock=clock)
     leadership = onprem.leadership
     try:

@@ -16,11 +16,11 @@ from slurm_geo.federation.model import NotLeader
 from slurm_geo.federation.state.etcd.audit import EtcdAuditLog
 from slurm_geo.federation.state.etcd.state import EtcdFederationState
 from tests.etcd_server import EtcdMember, data_bytes, fresh_prefix, open_replica
-from tests.test_federation_audit import Clock, fill
+from tests.kit.audit import audit_clock, fill
 
 
 def audit_of(replica: EtcdFederationState) -> EtcdAuditLog:
-    return EtcdAuditLog(replica.kv, replica.layout, replica.leadership, clock=Clock())
+    return EtcdAuditLog(replica.kv, replica.layout, replica.leadership, clock=audit_clock())
 
 
 @pytest.fixture

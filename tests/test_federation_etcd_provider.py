@@ -26,7 +26,8 @@ from tests.etcd_server import (
     open_replica,
     start_sandbox_cluster,
 )
-from tests.test_federation_state import HOME, NAME, NOW, job
+from tests.kit.builders import HOME, NAME, NOW
+from tests.kit.builders import logical_job as job
 
 pytestmark = pytest.mark.slow
 

@@ -24,9 +24,10 @@ from slurm_geo.federation.state.etcd.layout import Layout
 from slurm_geo.federation.state.etcd.reseal import NAME, SealedState
 from slurm_geo.federation.state.etcd.state import EtcdFederationState
 from tests.etcd_server import MASTER_KEY, EtcdMember, fresh_prefix, open_replica
+from tests.kit.builders import NAME as JOB
+from tests.kit.builders import NOW
+from tests.kit.builders import logical_job as job
 from tests.replica_site import toml
-from tests.test_federation_state import NAME as JOB
-from tests.test_federation_state import NOW, job
 
 
 @pytest.fixture

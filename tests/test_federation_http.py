@@ -24,6 +24,7 @@ from slurm_geo.daemon.httpserver import (
 from slurm_geo.federation.access.refusals import Refusal, RefusalAudit, clip
 from slurm_geo.lease.client import post as post_signed
 from slurm_geo.lease.protocol import LEASE_PATH, KeyRequest, LeaseRequest
+from tests.kit.clock import ManualClock
 
 
 def address(site: LeaseSite) -> tuple[str, int]:
@@ -258,13 +259,6 @@ def test_json_nested_too_deep_is_a_bad_request_not_a_crash(tmp_path):
 
 # --- the refusal budget, on a clock of the test's -------------------------------------------
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 def recorder() -> tuple[list[dict], object]:
     written: list[dict] = []
@@ -279,7 +273,7 @@ REFUSAL = Refusal("refused", None, "refused POST /v1/lease (400)", "malformed re
 
 def test_one_entry_per_source_per_interval_counting_the_ones_left_out():
     written, append = recorder()
-    clock = Clock()
+    clock = ManualClock(1000.0)
     audit = RefusalAudit(append, clock, interval_s=60)
     for _ in range(1000):
         audit.refused("10.0.0.9", 400, "/v1/lease", REFUSAL)
@@ -293,7 +287,7 @@ def test_one_entry_per_source_per_interval_counting_the_ones_left_out():
 
 def test_the_sources_remembered_are_bounded_and_a_crowd_beyond_them_shares_one_budget():
     written, append = recorder()
-    clock = Clock()
+    clock = ManualClock(1000.0)
     audit = RefusalAudit(append, clock, interval_s=60, max_sources=3)
     for i in range(10):
         audit.refused(f"10.0.0.{i}", 403, "/v1/key", REFUSAL)

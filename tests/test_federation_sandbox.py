@@ -38,8 +38,8 @@ from slurm_geo.drills import drill, losses, sharded
 from slurm_geo.sandbox import Sandbox, remote_site
 from slurm_geo.sandbox.seaweed import S3Credentials
 from slurm_geo.sandbox.users import ALICE, BOB
-from tests.conftest import user_dir
 from tests.helpers import incarnation_environment
+from tests.kit.sandbox import user_dir
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

@@ -25,8 +25,8 @@ import pytest
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.sandbox import Sandbox, login
 from slurm_geo.sandbox.users import ALICE, BOB, SandboxUser
-from tests.conftest import user_dir
 from tests.helpers import eventually
+from tests.kit.sandbox import user_dir
 from tests.test_docs_training import first_job_blocks
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -248,7 +248,7 @@ def test_every_file_the_daemons_leave_is_private(tmp_path: Path) -> None:
     from slurm_geo.federation.state.audit import AuditLog
     from slurm_geo.federation.state.sqlite import FederationState
     from slurm_geo.registry import Registry
-    from tests.test_sync_support import (
+    from tests.kit.sync import (
         Trainer,
         all_verified,
         master_key,

@@ -24,7 +24,7 @@ from slurm_geo.lease.client import FederatedRun, Placement
 from slurm_geo.lease.munge import FakeMunge
 from slurm_geo.lease.protocol import LeaseReply, Verdict
 from slurm_geo.lease.signing import MungeSigner
-from tests.test_federation_state import job
+from tests.kit.builders import logical_job as job
 
 MUNGED = FakeMunge()
 
@@ -170,9 +170,11 @@ def site(tmp_path):
     from slurm_geo.federation.model import LogicalJob
 
     now = 1.0
-    site.federation.state.add_job(LogicalJob(
-        "onprem-9", "run-h", "onprem", "#!/bin/bash\n", {}, {}, 0, "onprem", 9, None,
-        JobStatus.RUNNING, None, None, now, now, owner=lease_site.ALICE))
+    site.federation.state.add_job(LogicalJob(logical_job="onprem-9", run="run-h", home="onprem",
+                                             script="#!/bin/bash\n", spec={}, directives={},
+                                             generation=0, cluster="onprem", job_id=9,
+                                             resume_step=None, status=JobStatus.RUNNING,
+                                             created_at=now, updated_at=now, owner=lease_site.ALICE))
     yield site
     site.close()
 

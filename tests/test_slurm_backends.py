@@ -10,8 +10,8 @@ import pytest
 from slurm_geo.sandbox import remote_site
 from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import JobNotFound, JobSpec, JobState, SlurmRejected
-from tests.conftest import host_path
 from tests.helpers import eventually
+from tests.kit.sandbox import host_path
 
 pytestmark = pytest.mark.sandbox
 

@@ -11,17 +11,10 @@ from slurm_geo.slurm.client import SlurmClient
 from slurm_geo.slurm.errors import ControllerUnreachable, JobNotFound, SlurmRejected
 from slurm_geo.slurm.fake import FakeSlurm
 from slurm_geo.slurm.models import JobSpec, JobState, NodeInfo, Owner
+from tests.kit.clock import ManualClock
 
 T0 = 1_700_000_000.0
 HOSTILE_SCRIPT = "#!/bin/bash\necho \"it's\"; echo foo'; rm -rf /'\n"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def at(seconds: float) -> datetime:
@@ -29,12 +22,12 @@ def at(seconds: float) -> datetime:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock(T0)
 
 
 @pytest.fixture
-def fake(clock: Clock) -> FakeSlurm:
+def fake(clock: ManualClock) -> FakeSlurm:
     return FakeSlurm("onprem", clock=clock)
 
 

@@ -20,8 +20,8 @@ from slurm_geo.drills import drill, losses
 from slurm_geo.sandbox import Sandbox, remote_site
 from slurm_geo.sandbox.users import ALICE, BOB
 from slurm_geo.slurm import JobSpec, JobState
-from tests.conftest import user_dir
 from tests.helpers import teed_trainer, with_directive
+from tests.kit.sandbox import user_dir
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

@@ -24,7 +24,7 @@ from slurm_geo.sandbox.users import ALICE, BOB, SandboxUser, job_environment
 from slurm_geo.slurm import JobSpec
 from slurm_geo.stage.names import tree_packs_prefix
 from slurm_geo.stage.record import PinnedTree, read_world_record
-from tests.conftest import user_dir
+from tests.kit.sandbox import user_dir
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -35,7 +35,7 @@ def test_a_second_users_job_on_a_world_readable_dataset_stages_no_new_chunk(
         sandbox: Sandbox) -> None:
     from slurm_geo.config.model import load_config
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.engine.runtime import federation_config
+    from slurm_geo.federation.state.open import federation_config
     from slurm_geo.slurm import connect
 
     site = load_config(sandbox.layout.site_config)

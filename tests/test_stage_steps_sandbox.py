@@ -24,8 +24,8 @@ from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.users import ALICE, BOB
 from slurm_geo.slurm import CliSlurmClient
 from slurm_geo.slurm.models import JobState
-from tests.conftest import user_dir
 from tests.helpers import as_uid, eventually, reachable_dir, sbatch_as
+from tests.kit.sandbox import user_dir
 from tests.test_stage_preamble import stage_world
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from slurm_geo.ckpt import LocalDirStore, Repository
 from slurm_geo.sync.metrics import METRIC_NAMES
 from tests.helpers import pack_files
-from tests.test_sync_support import (
+from tests.kit.sync import (
     ROOT,
     Trainer,
     all_verified,

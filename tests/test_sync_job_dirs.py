@@ -25,7 +25,7 @@ from slurm_geo.sync.reader import SyncStateReader
 from slurm_geo.sync.runtime import load_runtime
 from slurm_geo.sync.sources import READ_MARK
 from slurm_geo.sync.state import Source, StateDB
-from tests.test_sync_support import (
+from tests.kit.sync import (
     Trainer,
     all_verified,
     master_key,

@@ -23,7 +23,7 @@ from slurm_geo.registry import Registry
 from slurm_geo.sync.daemon import Daemon
 from slurm_geo.sync.ownedfiles import OwnedDirStore, SkippedFiles, refusal
 from slurm_geo.sync.runtime import load_runtime
-from tests.test_sync_support import Trainer, master_key, site_config, statuses
+from tests.kit.sync import Trainer, master_key, site_config, statuses
 
 SECRET = b"ROOT-ONLY-SECRET-" + os.urandom(16).hex().encode()
 
@@ -159,7 +159,7 @@ def alices_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
     (her real account; the sandbox need only have been up once, not be up now)."""
     from slurm_geo.sandbox import Sandbox, root_from_env
     from slurm_geo.sandbox.users import ALICE as ALICE_USER
-    from tests.conftest import user_dir
+    from tests.kit.sandbox import user_dir
 
     box = Sandbox(root_from_env(None))
     if os.geteuid() != 0 or not box.layout.project_dir(ALICE).is_dir():

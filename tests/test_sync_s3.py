@@ -26,7 +26,7 @@ from slurm_geo.sync.metrics import Live, SyncCollector
 from slurm_geo.sync.runtime import load_runtime
 from slurm_geo.sync.state import StateDB, Status
 from tests.helpers import pack_files
-from tests.test_sync_support import (
+from tests.kit.sync import (
     MIB,
     TcpProxy,
     Trainer,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slurm_geo.ckpt import LocalDirStore, StoreUnavailable
 from slurm_geo.sync.scanner import Found, RootScan, scan_root
-from tests.test_sync_support import Trainer, master_key
+from tests.kit.sync import Trainer, master_key
 
 
 def test_only_checkpoints_with_a_manifest_in_place_are_found(tmp_path):

@@ -50,8 +50,8 @@ from slurm_geo.sync.worldstate import (
     world_offsite,
     world_rows,
 )
+from tests.kit.sync import Trainer, master_key, site_config
 from tests.test_stage_trees import OPTIONS, CountingStore, listing, write_tree
-from tests.test_sync_support import Trainer, master_key, site_config
 
 TREE = "d" * 32
 

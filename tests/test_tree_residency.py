@@ -47,8 +47,8 @@ from slurm_geo.sync.worker import Guard
 from slurm_geo.sync.worldpass import PassGuard, run_pass
 from slurm_geo.sync.worlds import WorldCopy
 from slurm_geo.sync.worldstate import WorldRow, world_rows
+from tests.kit.sync import master_key, site_config
 from tests.test_stage_trees import OPTIONS
-from tests.test_sync_support import master_key, site_config
 from tests.test_sync_worlds import dataset, trained
 
 ALICE = Owner("alice", 2001, 2001)
@@ -58,8 +58,9 @@ ANYWHERE = ("home", "remote")
 
 
 def job(directives: dict[str, str], spec: dict | None = None) -> LogicalJob:
-    return LogicalJob("onprem-1", "run-a", "onprem", "#!/bin/bash\n", spec or {}, directives,
-                      0, "onprem", 1, None, JobStatus.RUNNING, owner=ALICE)
+    return LogicalJob(logical_job="onprem-1", run="run-a", home="onprem", script="#!/bin/bash\n",
+                      spec=spec or {}, directives=directives, generation=0, cluster="onprem",
+                      job_id=1, resume_step=None, status=JobStatus.RUNNING, owner=ALICE)
 
 
 # --- pure ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from slurm_geo.drills import drill
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.users import ALICE, job_environment, run_as
 from slurm_geo.slurm import JobSpec
-from tests.conftest import user_dir
+from tests.kit.sandbox import user_dir
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

@@ -14,8 +14,8 @@ import pytest
 from slurm_geo.sandbox import Sandbox, login
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.users import ALICE, job_environment, run_as
-from tests.conftest import user_dir
 from tests.helpers import eventually
+from tests.kit.sandbox import user_dir
 
 
 @pytest.mark.parametrize("cluster", ["onprem", "rented"])

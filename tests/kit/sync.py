@@ -1,4 +1,4 @@
-"""Shared pieces of the checkpoint-sync tests (no tests here): a training-like writer of
+"""Shared pieces of the checkpoint-sync tests: a training-like writer of
 checkpoints, site configs with a [sync] table, the daemon as a subprocess, a TCP proxy
 that can take the S3 endpoint away, and reading the state database."""
 
@@ -24,7 +24,7 @@ from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOpt
 from slurm_geo.ckpt.format.keys import create_master_key_file
 from slurm_geo.sandbox.layout import S3_BUCKET
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 MIB = 1024 * 1024
 
 

@@ -1,0 +1,37 @@
+"""Paths of the sandbox's users as a test reads and writes them (tests/conftest.py's
+fixtures and the sandbox tests use these)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from slurm_geo.sandbox import Sandbox, remote_site
+from slurm_geo.sandbox.users import ALICE, SandboxUser
+
+
+def host_path(sandbox: Sandbox, path: Path) -> Path:
+    """A path a job wrote, as the test reads it: on the provider's machine, through the
+    operator's view of its disk; else the path itself."""
+    layout = sandbox.layout
+    if remote_site.is_provider(layout) and path.is_relative_to(
+            remote_site.work_dir(ALICE.name)):
+        return remote_site.operator_path(layout, ALICE.name, path)
+    return path
+
+
+def user_dir(sandbox: Sandbox, person: SandboxUser, name: str) -> Path:
+    """An empty directory of that user's, for one test: theirs, 0700."""
+    tests = sandbox.layout.project_dir(person.name) / "tests"
+    path = tests / name.replace("/", "_")
+    for directory in (tests, path):
+        directory.mkdir(exist_ok=True)
+        os.chown(directory, person.uid, person.uid)
+        directory.chmod(0o700)
+    for stale in path.iterdir():
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink()
+    return path
