@@ -35,8 +35,9 @@ VENV = "/home/alice/venv"
 
 def job(world: dict[str, str], spec: dict | None = None, owner: Owner | None = ALICE
         ) -> LogicalJob:
-    return LogicalJob("onprem-1", RUN, "onprem", "#!/bin/bash\n", spec or {}, world, 0,
-                      "onprem", 1, None, JobStatus.RUNNING, owner=owner)
+    return LogicalJob(logical_job="onprem-1", run=RUN, home="onprem", script="#!/bin/bash\n",
+                      spec=spec or {}, directives=world, generation=0, cluster="onprem", job_id=1,
+                      resume_step=None, status=JobStatus.RUNNING, owner=owner)
 
 
 @pytest.mark.parametrize(("world", "spec", "roots"), [
@@ -192,7 +193,7 @@ def stage_as(uid: int, pfs: Path, ring: RunKeyRing, grants, run: str = RUN,
     return as_uid(uid, action)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root does")
+@pytest.mark.root(reason="runs users as root does")
 def test_the_home_job_stages_its_world_as_its_owner_and_pins_it(top):
     tmp_path = top
     pfs = world_store(tmp_path)
@@ -244,7 +245,7 @@ def test_the_home_job_stages_its_world_as_its_owner_and_pins_it(top):
     assert pin.snapshot == 2 and pin.manifest_sha256 == manifest_digest(store, grant.tree, 2)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root does")
+@pytest.mark.root(reason="runs users as root does")
 def test_a_domains_directories_come_with_its_key_so_no_other_user_can_take_them(top):
     """In a shared store the daemon makes a domain's tree-packs/ and trees/ directories
     with its key (as a run's with its key), root's and sticky: alice's job writes in them,
@@ -309,6 +310,7 @@ def test_only_the_home_job_stages_what_its_key_reply_grants(tmp_path):
 
 def test_a_home_federated_run_starts_staging_with_its_key_reply(tmp_path, monkeypatch):
     from slurm_geo.lease.client import FederatedRun, Placement
+    from slurm_geo.stage.homestart import stage_home_world
 
     (tmp_path / "pfs").mkdir()
     store = LocalDirStore(tmp_path / "pfs")
@@ -320,7 +322,8 @@ def test_a_home_federated_run_starts_staging_with_its_key_reply(tmp_path, monkey
     for generation in (0, 1):
         placement = Placement(RUN, "onprem", 5, 0, generation, None, "http://127.0.0.1:9",
                               f"file://{store.root}", "")
-        federated = FederatedRun(placement, signer=object(), env={})  # type: ignore[arg-type]
+        federated = FederatedRun(placement, signer=object(), env={},  # type: ignore[arg-type]
+                                 stage_world=stage_home_world)
         monkeypatch.setattr(federated, "_call",  # the daemon's answer, as it sends it
                             lambda path, body, election_wait_s=0.0: (200, reply.to_json()))
         assert federated.run_key() == (RUN, ring)

@@ -38,6 +38,7 @@ from torch import nn
 from slurm_geo.ckpt import LocalDirStore, Repository, create_master_key_file, load_master_key
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.lease.client import FederatedRun
+from slurm_geo.stage.homestart import stage_home_world
 from slurm_geo.torch.checkpointer import Checkpointer
 from slurm_geo.torch.signals import EXIT_REQUEUE, RequeueOnSignal
 
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         with RequeueOnSignal() as stop:
             federated = None
             if args.federated:
-                federated = FederatedRun.from_environment(args.run)
+                federated = FederatedRun.from_environment(args.run, stage_world=stage_home_world)
                 federated.acquire()
                 repository = federated.repository()
                 run = federated.placement.run

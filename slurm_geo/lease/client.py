@@ -41,7 +41,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -120,11 +120,19 @@ def signer_for(placement: Placement) -> Signer:
     return MungeSigner(MungeCommands(placement.munge_socket))
 
 
+# What the home job (generation 0) does with a key reply that grants trees of its world:
+# (reply, generation, store URL, store endpoint) -> a background stager, or None. The
+# stager is stage.home's (slurm_geo.stage.homestart.stage_home_world); the lease sits
+# below it, so the job's entry passes it in.
+WorldStager = Callable[[protocol.KeyReply, int, str, str], Any]
+
+
 class FederatedRun:
     def __init__(self, placement: Placement, *, clock: Any = time.monotonic,
                  signer: Signer | None = None, where: places.Where | None = None,
-                 env: Mapping[str, str] = os.environ):
+                 env: Mapping[str, str] = os.environ, stage_world: WorldStager | None = None):
         self.placement = placement
+        self._stage_world = stage_world
         # Where its checkpoints go (said at start, recorded for the node epilog):
         self.where = where or places.unknown(placement.cluster, placement.store_url)
         self._ckpt_dir = env.get(places.CKPT_DIR_ENV) or None
@@ -158,12 +166,13 @@ class FederatedRun:
         self._session = "" if self._handed is None else self._handed[1]
         if self._session:
             self._signer = _session_signer(placement, self._session)
-        # The home job's stager of its world (the trees its key reply grants: stage.home),
-        # running in the background once it has its key; None elsewhere and without any.
+        # The home job's stager of its world (the trees its key reply grants), started by
+        # `stage_world` once it has its key; None elsewhere, without any, or without one.
         self.stager: Any = None
 
     @classmethod
-    def from_environment(cls, run: str, env: Mapping[str, str] = os.environ
+    def from_environment(cls, run: str, env: Mapping[str, str] = os.environ,
+                         stage_world: WorldStager | None = None
                          ) -> FederatedRun:
         cluster = env.get("SLURM_CLUSTER_NAME", "")
         job_id = int(env.get("SLURM_JOB_ID", "0"))
@@ -172,7 +181,8 @@ class FederatedRun:
         if env.get(protocol.ENV_GENERATION):
             if isinstance(env, MutableMapping):
                 store_ca_here(env)
-            return cls(_submitted_placement(run, cluster, job_id, restart, env), env=env)
+            return cls(_submitted_placement(run, cluster, job_id, restart, env), env=env,
+                       stage_world=stage_world)
         from slurm_geo.config.model import load_config
 
         site = load_config(None)
@@ -189,7 +199,8 @@ class FederatedRun:
                              store.endpoint_url,
                              munge_socket=munge_socket(config.munge_socket, here.slurm_conf),
                              federation_ca=_read_ca(config.ca_file),
-                             federation_urls=config.job_urls), where=where, env=env)
+                             federation_urls=config.job_urls), where=where, env=env,
+                   stage_world=stage_world)
 
     # --- the lease ------------------------------------------------------------------------
 
@@ -396,11 +407,11 @@ class FederatedRun:
         store_ca_here(os.environ)
         self.store_env = dict(reply.store_env)
         self._announce(reply.run)
-        if reply.trees and self.stager is None and self.placement.generation == 0:
-            from slurm_geo.stage.home import for_key_reply  # only a job granted a world
-
-            self.stager = for_key_reply(reply, self.placement.generation,
-                                        self.placement.store_url, self.placement.store_endpoint)
+        if (reply.trees and self.stager is None and self.placement.generation == 0
+                and self._stage_world is not None):
+            self.stager = self._stage_world(reply, self.placement.generation,
+                                            self.placement.store_url,
+                                            self.placement.store_endpoint)
         return reply
 
     def hand_over(self) -> str:

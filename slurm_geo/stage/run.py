@@ -29,6 +29,7 @@ from slurm_geo.lease.client import FederatedRun
 from slurm_geo.lease.handoff import ENV_KEY_HANDOFF
 from slurm_geo.policy.directives import JOB_PREFIX, from_environment
 from slurm_geo.policy.world import World
+from slurm_geo.stage.homestart import stage_home_world
 from slurm_geo.stage.preamble import enter_world
 from slurm_geo.stage.shipping import OutputsUploader
 from slurm_geo.stage.steps import seal_node_keys
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         if not env.get(protocol.ENV_RUN):  # moved before it named its run: nothing staged
             return enter_world(None, None, script, world, job)
         # A copy: the secret and token stay in the environment the trainer inherits.
-        federated = FederatedRun.from_environment(env[protocol.ENV_RUN], dict(env))
+        federated = FederatedRun.from_environment(env[protocol.ENV_RUN], dict(env),
+                                                   stage_world=stage_home_world)
         federated.acquire()
         reply = federated.key_reply()
         store = open_store(env[protocol.ENV_STORE],

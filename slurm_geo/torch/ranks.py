@@ -47,6 +47,7 @@ from slurm_geo.errors import SlurmGeoError
 from slurm_geo.lease.client import FederatedRun, Fenced, store_ca_here
 from slurm_geo.lease.munge import BadCredential, MungeCommands
 from slurm_geo.lease.signing import secret_bytes
+from slurm_geo.stage.homestart import stage_home_world
 from slurm_geo.torch.distributed import StorageReader, StorageWriter
 
 NONCE_SIZE = 12
@@ -92,7 +93,7 @@ class RankedRun:
 
     @classmethod
     def from_environment(cls, run: str) -> RankedRun:
-        return cls(FederatedRun.from_environment(run))
+        return cls(FederatedRun.from_environment(run, stage_world=stage_home_world))
 
     @property
     def is_leader(self) -> bool:
