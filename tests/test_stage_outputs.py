@@ -15,7 +15,7 @@ from slurm_geo.ckpt.format.keys import RunKeyRing
 from slurm_geo.stage import outputs as out
 from slurm_geo.stage.outputs_fetch import fetch_outputs, shipped_indexes
 from tests.helpers import eventually
-from tests.test_stage_trees import CountingStore
+from tests.kit.trees import CountingStore
 
 RUN, INC = "run-a", "rented-42"
 

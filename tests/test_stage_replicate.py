@@ -18,7 +18,7 @@ from slurm_geo.stage.names import snapshot_name, tree_latest_name
 from slurm_geo.stage.replicate import copy_snapshot
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.walk import LocalOpener
-from tests.test_stage_trees import MASTER, OPTIONS, CountingStore, listing, write_tree
+from tests.kit.trees import MASTER, OPTIONS, CountingStore, listing, write_tree
 
 
 def stores(tmp_path: Path) -> tuple[CountingStore, CountingStore]:

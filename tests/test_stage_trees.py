@@ -19,8 +19,7 @@ from slurm_geo.ckpt.errors import CorruptObject, ObjectMissing, UnsafeObjectName
 from slurm_geo.ckpt.format.chunking import CdcParams, content_defined_chunks
 from slurm_geo.ckpt.format.keys import KeyFile
 from slurm_geo.ckpt.format.seal import Kind, seal
-from slurm_geo.ckpt.repo.writer import WriteOptions
-from slurm_geo.ckpt.stores.store import Bytes, LocalDirStore
+from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.stage.cdc import stream_chunks
 from slurm_geo.stage.keys import GivenTreeKeys, MasterTreeKeys, NoTreeKey
 from slurm_geo.stage.manifest import parse_tree
@@ -35,26 +34,7 @@ from slurm_geo.stage.names import (
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.walk import LocalOpener, StageSourceError
 from tests.helpers import as_uid, reachable_dir
-
-SMALL = CdcParams(min_size=4096, mask_bits=13, max_size=65536)
-OPTIONS = WriteOptions(cdc=SMALL, pack_size=1 << 20, workers=2)
-MASTER = bytes(range(32))
-
-
-class CountingStore(LocalDirStore):
-    """The bytes every put wrote, by object name."""
-
-    def __init__(self, root: Path):
-        super().__init__(root)
-        self.puts: dict[str, int] = {}
-
-    def put(self, name: str, data: Bytes) -> None:
-        super().put(name, data)
-        self.puts[name] = self.puts.get(name, 0) + len(data)
-
-    def counted(self) -> int:
-        total, self.puts = sum(self.puts.values()), {}
-        return total
+from tests.kit.trees import MASTER, OPTIONS, SMALL, CountingStore, listing, write_tree
 
 
 @pytest.fixture
@@ -65,43 +45,6 @@ def store(tmp_path: Path) -> CountingStore:
 
 def trees_of(store: LocalDirStore) -> Trees:
     return Trees(store, MasterTreeKeys(store, KeyFile(MASTER)), OPTIONS)
-
-
-def write_tree(root: Path, files: dict[str, bytes | str], modes: dict[str, int] | None = None
-               ) -> Path:
-    """Files (bytes), links ("->target" strings) and empty directories (paths ending in
-    '/'), then the modes given."""
-    root.mkdir(parents=True, exist_ok=True)
-    for path, content in files.items():
-        where = root / path
-        where.parent.mkdir(parents=True, exist_ok=True)
-        if path.endswith("/"):
-            where.mkdir(exist_ok=True)
-        elif isinstance(content, str):
-            os.symlink(content.removeprefix("->"), where)
-        else:
-            where.write_bytes(content)
-    for path, mode in (modes or {}).items():
-        os.chmod(root / path, mode)
-    return root
-
-
-def listing(root: Path) -> dict[str, tuple]:
-    """What a tree shows: per path its type, mode, content or link target, mtime."""
-    found: dict[str, tuple] = {}
-    for directory, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(directory) / name
-            info = path.lstat()
-            relative = path.relative_to(root).as_posix()
-            if stat.S_ISLNK(info.st_mode):
-                found[relative] = ("link", os.readlink(path), info.st_mtime_ns)
-            elif stat.S_ISDIR(info.st_mode):
-                found[relative] = ("dir", stat.S_IMODE(info.st_mode), info.st_mtime_ns)
-            else:
-                found[relative] = ("file", stat.S_IMODE(info.st_mode), path.read_bytes(),
-                                   info.st_mtime_ns)
-    return found
 
 
 # --- content-defined cuts ---------------------------------------------------------------

@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import random
 import threading
 from pathlib import Path
 
@@ -51,14 +50,10 @@ from slurm_geo.sync.worldstate import (
     world_rows,
 )
 from tests.kit.sync import Trainer, master_key, site_config
-from tests.test_stage_trees import OPTIONS, CountingStore, listing, write_tree
+from tests.kit.trees import OPTIONS, CountingStore, listing
+from tests.kit.worlds import dataset, trained
 
 TREE = "d" * 32
-
-
-def dataset(root: Path, files: int = 3, size: int = 300_000) -> Path:
-    return write_tree(root, {f"shard-{i}.bin": random.Random(i).randbytes(size)
-                             for i in range(files)})
 
 
 def stage_world(store: LocalDirStore, key: bytes, run: str, source: Path,
@@ -76,13 +71,6 @@ def stage_world(store: LocalDirStore, key: bytes, run: str, source: Path,
     ring = Repository(store, key).run_keys(run)
     write_world_record(store, ring, record, os.urandom)
     return record
-
-
-def trained(root: Path, key: bytes, run: str) -> Trainer:
-    trainer = Trainer(root, key, run)
-    trainer.train(2)
-    trainer.save()
-    return trainer
 
 
 def copy_world(home, away, key, run: str, sound: set[str] | None = None,

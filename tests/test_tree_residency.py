@@ -16,19 +16,8 @@ from typing import Any
 import pytest
 
 from slurm_geo.ckpt.format.keys import KeyFile, as_master_keys
-from slurm_geo.ckpt.repo.repository import Repository
 from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.federation.act.worldgrants import root_residency, tree_grants
-from slurm_geo.federation.model import JobStatus, LogicalJob
-from slurm_geo.policy.geo import GeoPolicy, GeoRules
-from slurm_geo.slurm import Owner
-from slurm_geo.stage.keys import MasterTreeKeys
-from slurm_geo.stage.record import (
-    PinnedTree,
-    WorldRecord,
-    manifest_digest,
-    write_world_record,
-)
 from slurm_geo.stage.residency import (
     TreeResidency,
     checker,
@@ -38,8 +27,6 @@ from slurm_geo.stage.residency import (
     residency_name,
     write_residency,
 )
-from slurm_geo.stage.trees import Trees
-from slurm_geo.stage.walk import LocalOpener
 from slurm_geo.sync.metrics import Live, SyncCollector
 from slurm_geo.sync.runtime import load_runtime
 from slurm_geo.sync.state import StateDB
@@ -47,20 +34,10 @@ from slurm_geo.sync.worker import Guard
 from slurm_geo.sync.worldpass import PassGuard, run_pass
 from slurm_geo.sync.worlds import WorldCopy
 from slurm_geo.sync.worldstate import WorldRow, world_rows
-from tests.kit.sync import master_key, site_config
-from tests.test_stage_trees import OPTIONS
-from tests.test_sync_worlds import dataset, trained
+from tests.kit.sync import site_config
+from tests.kit.worlds import RULES, alice_stages, dataset, granted, job, stores
 
-ALICE = Owner("alice", 2001, 2001)
-RULES = GeoRules(GeoPolicy(data_classes={"restricted": ("home",)}),
-                 {"onprem": "home", "rented": "remote"})
 ANYWHERE = ("home", "remote")
-
-
-def job(directives: dict[str, str], spec: dict | None = None) -> LogicalJob:
-    return LogicalJob(logical_job="onprem-1", run="run-a", home="onprem", script="#!/bin/bash\n",
-                      spec=spec or {}, directives=directives, generation=0, cluster="onprem",
-                      job_id=1, resume_step=None, status=JobStatus.RUNNING, owner=ALICE)
 
 
 # --- pure ---------------------------------------------------------------------------------
@@ -110,29 +87,6 @@ def test_the_residency_of_each_root(directives, expected):
 
 
 # --- the daemon writes it, checkpoint-sync reads it ---------------------------------------
-
-def stores(tmp_path: Path) -> tuple[LocalDirStore, LocalDirStore, bytes, Path]:
-    key_file, key = master_key(tmp_path)
-    for name in ("home", "away"):
-        (tmp_path / name).mkdir()
-    trained(tmp_path / "home", key, "run-a")
-    return LocalDirStore(tmp_path / "home"), LocalDirStore(tmp_path / "away"), key, key_file
-
-
-def alice_stages(home: LocalDirStore, key: bytes, tree: str, source: Path) -> None:
-    """What alice's job does with what it was granted: stage, then pin in its record."""
-    trees = Trees(home, MasterTreeKeys(home, KeyFile(key)), OPTIONS)
-    snapshot = trees.stage(tree, LocalOpener(source), f"home:{source}").manifest.snapshot
-    pin = PinnedTree("input", str(source), tree, tree, snapshot,
-                     manifest_digest(home, tree, snapshot))
-    write_world_record(home, Repository(home, key).run_keys("run-a"),
-                       WorldRecord("run-a", (pin,), 1.0), os.urandom)
-
-
-def granted(home: LocalDirStore, key: bytes, data: Path, data_class: str) -> str:
-    grants = tree_grants(job({"geo-inputs": f"{data}:{data_class}"}), home, key, create=True,
-                         rules=RULES)
-    return next(g.domain for g in grants if g.path == str(data))
 
 
 def copy(home, away, key, region: str) -> WorldRow:
@@ -310,7 +264,7 @@ def test_a_world_copied_before_its_domain_was_narrowed_is_withdrawn(tmp_path, ca
     state.close()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root does")
+@pytest.mark.root(reason="runs users as root does")
 def test_no_user_writes_tree_residency_in_a_shared_local_store():
     """tree-residency/ of a shared store (1777, as the sandbox's pfs) is the daemons' (0755):
     alice can neither put her own object there first nor replace the daemon's."""

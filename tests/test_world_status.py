@@ -20,8 +20,7 @@ from slurm_geo.stage.record import PinnedTree, WorldRecord, write_world_record
 from slurm_geo.stage.residency import checker
 from slurm_geo.sync.worlds import WorldCopy
 from slurm_geo.sync.worldstate import WorldRow
-from tests.test_sync_worlds import dataset
-from tests.test_tree_residency import alice_stages, granted, job, stores
+from tests.kit.worlds import alice_stages, dataset, granted, job, stores
 
 D = "/pfs/data"
 PIN = PinnedTree("input", D, "a" * 32, "a" * 32, 2, "0" * 64)
