@@ -22,9 +22,9 @@ from slurm_geo.billing.db import SCHEMA_VERSION as BILLING_VERSION
 from slurm_geo.billing.db import BillingDB
 from slurm_geo.ckpt.format.keys import KeyFile
 from slurm_geo.errors import SlurmGeoError
-from slurm_geo.federation.engine.runtime import open_federation_state
 from slurm_geo.federation.state.audit import SCHEMA_VERSION as AUDIT_VERSION
 from slurm_geo.federation.state.audit import AuditLog
+from slurm_geo.federation.state.open import open_federation_state
 from slurm_geo.federation.state.sqlite import SCHEMA_VERSION as FEDERATION_VERSION
 from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.registry.db import SCHEMA_VERSION as REGISTRY_VERSION

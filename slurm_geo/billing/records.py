@@ -1,7 +1,7 @@
 """Who owns what, read from the other daemons' records for `billing ingest`. Thin I/O:
 each database through its owner's read API (`RegistryReader`, `FederationState` and
-`AuditLog` opened read-only, or the replicas' state in etcd, `SyncStateReader`); what
-follows from them is `billing.lineage`'s.
+`AuditLog` opened read-only, or the replicas' state in etcd through
+federation.state.open, `SyncStateReader`); what follows from them is `billing.lineage`'s.
 
 A record that does not exist yet (no geo job started, no federation daemon run) is no
 records; one that exists and cannot be read stops ingest with its own error, rather than
@@ -24,12 +24,12 @@ from slurm_geo.billing.outages import Outage, outages_of
 from slurm_geo.federation.model import FederationStateError
 from slurm_geo.federation.state.audit import AuditError, AuditLog, Entry
 from slurm_geo.federation.state.sqlite import FederationState
+from slurm_geo.registry import RegistryReader
+from slurm_geo.sync.reader import SyncStateReader
 
 if TYPE_CHECKING:
     from slurm_geo.config.daemons import FederationConfig
-    from slurm_geo.federation.engine.runtime import OpenedState
-from slurm_geo.registry import RegistryReader
-from slurm_geo.sync.reader import SyncStateReader
+    from slurm_geo.federation.state.open import OpenedState
 
 
 class Ownership(NamedTuple):
@@ -112,13 +112,11 @@ def audit_entries(path: Path | None, kinds: Sequence[str],
 def replicated_records(config: FederationConfig) -> Iterator[OpenedState]:
     """The replicas' state and audit log in etcd, read as a person's command reads them:
     with the master key (they are sealed under it), leading nothing. etcd not answering
-    is `StateUnavailable` (a FederationStateError): ingest fails, it does not bill blind."""
-    from slurm_geo.ckpt.format.keys import load_master_key
-    from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.engine.runtime import open_federation_state
+    is `StateUnavailable` (a FederationStateError): ingest fails, it does not bill blind.
+    Opened by federation.state.open, as the commands open it: never the daemon's code."""
+    from slurm_geo.federation.state.open import open_replicas_to_read
 
-    keys = load_master_key(master_key_path(config.key_file, os.environ))
-    opened = open_federation_state(config, keys, daemon=False, readonly=True)
+    opened = open_replicas_to_read(config, os.environ)
     try:
         yield opened
     finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from slurm_geo.cli.options import chosen_config, config_option
 from slurm_geo.errors import ConfigError
 
 if TYPE_CHECKING:
-    from slurm_geo.federation.wiring import Audit
+    from slurm_geo.federation.state.interface import Audit
 
 _db_flag = click.option(
     "--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -93,8 +92,7 @@ def _open_log(db_path: Path | None) -> tuple[str, Audit]:
     if db_path is not None:
         return str(db_path), AuditLog(db_path, readonly=True)
     from slurm_geo.config.model import load_config
-    from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.engine.runtime import open_federation_state
+    from slurm_geo.federation.state.open import open_replicas_to_read
 
     try:
         site = load_config(chosen_config())
@@ -106,11 +104,7 @@ def _open_log(db_path: Path | None) -> tuple[str, Audit]:
                           "give --db PATH")
     if not config.replicated:
         return str(config.audit_path), AuditLog(config.audit_path, readonly=True)
-    from slurm_geo.ckpt.format.keys import load_master_key
-
-    keys = load_master_key(master_key_path(config.key_file, os.environ))
-    where = f"etcd {config.etcd_prefix}"
-    return where, open_federation_state(config, keys, daemon=False, readonly=True).audit
+    return f"etcd {config.etcd_prefix}", open_replicas_to_read(config).audit
 
 
 def _parse_head(text: str) -> tuple[int, str]:

@@ -110,9 +110,9 @@ def _federation_state(config: Path | None, key_file: Path) -> dict[str, SealedSt
     """The federation state in etcd the config names, as the rotation re-seals it."""
     from slurm_geo.ckpt.format.keys import load_master_key
     from slurm_geo.config.model import load_config
-    from slurm_geo.federation.engine.runtime import federation_config, open_kv
     from slurm_geo.federation.state.etcd.layout import Layout
     from slurm_geo.federation.state.etcd.reseal import NAME, SealedState
+    from slurm_geo.federation.state.open import federation_config, open_kv
 
     site = load_config(config)
     fed = federation_config(site)

@@ -13,7 +13,7 @@ import click
 
 if TYPE_CHECKING:
     from slurm_geo.config.model import SiteConfig
-    from slurm_geo.federation.wiring import State
+    from slurm_geo.federation.state.interface import State
 
 CONFIG_HELP = "Site config (default: $SLURM_GEO_CONFIG or /etc/slurm-geo/config.toml)."
 JSON_HELP = "Print JSON."
@@ -48,11 +48,12 @@ def status(job: str | None, config: Path | None, as_json: bool) -> None:
     CLUSTER:JOBID of any incarnation, a Slurm job id or a run name, here as in cancel,
     resubmit, logs, plan and approve."""
     from slurm_geo.config.model import load_config
-    from slurm_geo.federation.engine.runtime import federation_config, slurm_client
+    from slurm_geo.federation.engine.runtime import slurm_client
     from slurm_geo.federation.model import UnknownLogicalJob
     from slurm_geo.federation.operator.operations import current_in_slurm, display_state, resolve
     from slurm_geo.federation.operator.ownerclient import OwnerClient, reads_daemon_files
     from slurm_geo.federation.operator.views import job_view
+    from slurm_geo.federation.state.open import federation_config
 
     site = load_config(config)
     if not reads_daemon_files(site):  # a user: the daemon answers for her own jobs
@@ -86,8 +87,8 @@ def _world_staging(site: SiteConfig, job: Any) -> dict[str, Any] | None:
     from slurm_geo.ckpt.stores.open_store import DECIDING, open_store
     from slurm_geo.config.paths import master_key_path
     from slurm_geo.federation.act.worldgrants import world_roots
-    from slurm_geo.federation.engine.runtime import federation_config
     from slurm_geo.federation.operator.worldstatus import job_world_status
+    from slurm_geo.federation.state.open import federation_config
 
     if not job.run or not world_roots(job):
         return None
@@ -110,18 +111,13 @@ def _print_views(views: list[dict[str, Any]], job: str | None, as_json: bool) ->
 
 def _open_state(site: SiteConfig) -> State | None:
     """The state, read-only; None before the daemon alone on SQLite ever started."""
-    import os
-
-    from slurm_geo.ckpt.format.keys import load_master_key
-    from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.engine.runtime import federation_config, open_federation_state
+    from slurm_geo.federation.state.open import federation_config, open_replicas_to_read
     from slurm_geo.federation.state.sqlite import FederationState
 
     config = federation_config(site)
     if not config.replicated:
         return FederationState(config.state, readonly=True) if config.state.exists() else None
-    keys = load_master_key(master_key_path(config.key_file, os.environ))
-    return open_federation_state(config, keys, daemon=False, readonly=True).state
+    return open_replicas_to_read(config).state
 
 
 def _where(cluster: str, job_id: int | None) -> str:
@@ -302,8 +298,8 @@ def _asks_daemon(config: Path | None) -> SiteConfig | None:
 
     from slurm_geo.config.model import load_config
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.engine.runtime import federation_config
     from slurm_geo.federation.operator.ownerclient import can_read_key, reads_daemon_files
+    from slurm_geo.federation.state.open import federation_config
 
     site = load_config(config)
     if site.federation is None:
@@ -406,8 +402,8 @@ def federation_status(config: Path | None, as_json: bool) -> None:
     from slurm_geo.ckpt.format.keys import load_master_key
     from slurm_geo.config.model import load_config
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.engine.runtime import federation_config, open_kv
     from slurm_geo.federation.operator.replication import render, replication_status
+    from slurm_geo.federation.state.open import federation_config, open_kv
 
     fed = federation_config(load_config(config))
     tls = ssl.create_default_context(cafile=None if fed.ca_file is None else str(fed.ca_file))

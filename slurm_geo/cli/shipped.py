@@ -30,7 +30,7 @@ def run_ring(site: Any, store: Any, run: str) -> Any:
     from slurm_geo.ckpt.repo.repository import Repository
     from slurm_geo.cli.ckpt_owner import run_key
     from slurm_geo.config.paths import master_key_path
-    from slurm_geo.federation.engine.runtime import federation_config
+    from slurm_geo.federation.state.open import federation_config
 
     key_file = master_key_path(federation_config(site).key_file, os.environ)
     if os.access(key_file, os.R_OK):

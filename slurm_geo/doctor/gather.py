@@ -305,8 +305,8 @@ def etcd_fact(config: FederationConfig) -> EtcdFact:
     """Each endpoint's /maintenance/status and the member list, through the federation's
     etcd client. No value is read or written, so no master key is opened: the client gets
     a throwaway one."""
-    from slurm_geo.federation.engine.runtime import open_kv
     from slurm_geo.federation.operator.replication import member_views
+    from slurm_geo.federation.state.open import open_kv
 
     class Throwaway:
         def keys(self) -> tuple[bytes, ...]:

@@ -28,6 +28,7 @@ import psutil
 
 from slurm_geo.config.model import SiteConfig
 from slurm_geo.federation.state.audit import AuditLog, Entry
+from slurm_geo.federation.state.interface import Audit
 from slurm_geo.sandbox import Sandbox, netns, stages
 from slurm_geo.sandbox.layout import REPLICA_NAMES
 from slurm_geo.sandbox.sites import Site
@@ -43,19 +44,16 @@ class FederationView:
     from SQLite for a daemon alone, else from etcd (read-only: a person's view)."""
 
     def __init__(self, site: SiteConfig):
-        from slurm_geo.ckpt.format.keys import load_master_key
-        from slurm_geo.config.paths import master_key_path
-        from slurm_geo.federation.engine.runtime import federation_config, open_federation_state
+        from slurm_geo.federation.state.open import federation_config, open_replicas_to_read
 
         config = federation_config(site)
         self.replicated = config.replicated
         if not self.replicated:
-            self.audit: Any = AuditLog(config.audit_path, readonly=True)
-            self._state: Any = None
+            self.audit: Audit = AuditLog(config.audit_path, readonly=True)
+            self._state: Any = None  # the etcd state, whose kv names the leader
             self._config = config
             return
-        keys = load_master_key(master_key_path(config.key_file, os.environ))
-        opened = open_federation_state(config, keys, daemon=False, readonly=True)
+        opened = open_replicas_to_read(config, os.environ)
         self.audit, self._state, self._config = opened.audit, opened.state, config
 
     def entries(self, logical_job: str | None = None) -> list[Entry]:

@@ -1,9 +1,10 @@
 """What every part of the federation daemon is built with: the site, its clients and
-stores, the state, the audit log and the clock. Assembled once (federation.runtime, or a
-test), passed in; no part reaches for a module singleton or the wall clock.
+stores, the state, the audit log and the clock. Assembled once (federation.engine.runtime,
+or a test), passed in; no part reaches for a module singleton or the wall clock.
 
-The state and the audit log are SQLite files for a daemon alone, or etcd for one replica
-among several (federation.etcd), whose `leadership` says whether it may act."""
+The state and the audit log are the one interface of federation.state.interface: SQLite
+files for a daemon alone, or etcd for one replica among several (federation.state.etcd),
+whose `leadership` says whether it may act."""
 
 from __future__ import annotations
 
@@ -13,19 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_geo.ckpt.format.keys import MasterKeys
+from slurm_geo.ckpt.repo.repository import Repository
 from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.config.model import FederationConfig, SiteConfig
-from slurm_geo.federation.state.audit import AuditLog
-from slurm_geo.federation.state.etcd.audit import EtcdAuditLog
 from slurm_geo.federation.state.etcd.leadership import Leadership
-from slurm_geo.federation.state.etcd.state import EtcdFederationState
-from slurm_geo.federation.state.sqlite import FederationState
+from slurm_geo.federation.state.interface import Audit, State
 from slurm_geo.registry import RegistryReader
 from slurm_geo.slurm import SlurmClient
-
-# The two backends of one interface (federation.state and federation.etcd.state).
-State = FederationState | EtcdFederationState
-Audit = AuditLog | EtcdAuditLog
 
 
 @dataclass
@@ -49,6 +44,13 @@ class Wiring:
 
     def store_of(self, cluster: str) -> str:
         return self.site.cluster(cluster).store
+
+    def repository(self, store_name: str, *, paced: bool = False) -> Repository:
+        """The checkpoints in store `store_name`, under the site's master keys: over its
+        store for small objects, or with `paced` over the bandwidth-capped one (bulk copies
+        and probes)."""
+        return Repository((self.paced_stores if paced else self.stores)[store_name],
+                          self.master_keys)
 
     def forget_announcements(self) -> None:
         """A new term of leadership says again what a restarted daemon would."""

@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slurm_geo.federation.state.etcd.identities import EtcdIdentities
-from slurm_geo.federation.state.identities import Identities, IncarnationSecrets
+from slurm_geo.federation.state.identities import IncarnationSecrets
+from slurm_geo.federation.state.interface import IdentityStore
 from slurm_geo.lease.munge import REPLAYED, BadCredential, Munge, MungeUnavailable
 from slurm_geo.lease.signing import (
     SIGNATURE_WINDOW_S,
@@ -59,7 +59,7 @@ class Authenticator:
     """`clock`: the daemon's wall clock (signatures carry wall-clock timestamps); the
     nonces it remembers start empty, so what was signed before it was made is refused."""
 
-    def __init__(self, identities: Identities | EtcdIdentities, munge: Munge,
+    def __init__(self, identities: IdentityStore, munge: Munge,
                  clock: Callable[[], float], window_s: float = SIGNATURE_WINDOW_S):
         self.identities, self.munge, self.clock = identities, munge, clock
         self.window_s = window_s

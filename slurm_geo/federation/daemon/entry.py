@@ -243,7 +243,8 @@ def handle_hup(federation: Federation, notifier: Notifier,
 def reload_config(federation: Federation, load_site: Callable[[], SiteConfig]) -> bool:
     """Re-read the config and take what can change live (`live_site`); a config that does
     not load or validate is one warning line, and the one in force stays."""
-    from slurm_geo.federation.engine.runtime import check_files_read_at_use, federation_config
+    from slurm_geo.federation.engine.runtime import check_files_read_at_use
+    from slurm_geo.federation.state.open import federation_config
 
     try:
         new = load_site()

@@ -15,7 +15,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from slurm_geo.ckpt import Repository
 from slurm_geo.ckpt.errors import CkptError
 from slurm_geo.ckpt.format.manifest import with_bases
 from slurm_geo.config.model import SiteConfig
@@ -61,7 +60,8 @@ from slurm_geo.federation.model import (
     Replica,
     answering,
 )
-from slurm_geo.federation.wiring import Audit, State, Wiring
+from slurm_geo.federation.state.interface import Audit, State
+from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.munge import MungeCommands, munge_socket
 from slurm_geo.lease.protocol import KeyRequest, LeaseRequest
 from slurm_geo.lease.signing import Credentials
@@ -389,7 +389,7 @@ def approved_move(fed: Federation, logical_job: str, target: str, who: str) -> L
 def _checkpoint_bytes(wiring: Wiring, job: LogicalJob, store_name: str) -> int:
     """Stored size of the run's newest checkpoint: what a move must carry (0 if none)."""
     try:
-        repository = Repository(wiring.stores[store_name], wiring.master_keys)
+        repository = wiring.repository(store_name)
         steps = repository.steps(job.run)
         if not steps:
             return 0
@@ -412,7 +412,7 @@ def _checkpoint_times(wiring: Wiring, job: LogicalJob, store_name: str,
     """When the run's `newest` checkpoints were made (Unix seconds; none unreadable): how
     often the job checkpoints, which a world staged meanwhile shares the link with."""
     try:
-        repository = Repository(wiring.stores[store_name], wiring.master_keys)
+        repository = wiring.repository(store_name)
         made = [repository.manifest(job.run, step).metadata.created_at
                 for step in repository.steps(job.run)[-newest:]]
     except CkptError:

@@ -1,17 +1,18 @@
 """Build a Federation from the site config: clients, stores, key, state, audit log.
 
 The state and audit log are SQLite files for a daemon alone, or etcd for a replica among
-several (`open_federation_state`); a replica's Leadership says when it may act."""
+several (federation.state.open, which readers use too); a replica's Leadership says when
+it may act."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from slurm_geo.ckpt.format.keys import LiveKeyFile, MasterKeys
+from slurm_geo.ckpt.format.keys import LiveKeyFile
 from slurm_geo.ckpt.stores.open_store import DECIDING, open_store, paced
 from slurm_geo.ckpt.stores.pacing import TokenBucket
 from slurm_geo.ckpt.stores.store import Store
@@ -22,30 +23,14 @@ from slurm_geo.config.model import (
     load_config,
 )
 from slurm_geo.config.paths import master_key_path
-from slurm_geo.errors import ConfigError
 from slurm_geo.federation.access.tls import ca_pem
 from slurm_geo.federation.act.credentials import read_job_credentials
 from slurm_geo.federation.decide.bandwidth import BandwidthModel
 from slurm_geo.federation.engine.core import Federation
-from slurm_geo.federation.model import Replica, StateUnavailable
-from slurm_geo.federation.state.audit import AuditLog
-from slurm_geo.federation.state.etcd.audit import EtcdAuditLog
-from slurm_geo.federation.state.etcd.kv import EtcdKV, EtcdTLS
-from slurm_geo.federation.state.etcd.layout import Layout
-from slurm_geo.federation.state.etcd.leadership import Bystander, Leadership
-from slurm_geo.federation.state.etcd.state import EtcdFederationState
-from slurm_geo.federation.state.etcd.version import check_layout
-from slurm_geo.federation.state.sqlite import FederationState
-from slurm_geo.federation.wiring import Audit, State, Wiring
+from slurm_geo.federation.state.open import federation_config, open_federation_state
+from slurm_geo.federation.wiring import Wiring
 from slurm_geo.registry import RegistryReader
 from slurm_geo.slurm import SlurmClient, connect
-
-
-def federation_config(site: SiteConfig) -> FederationConfig:
-    if site.federation is None:
-        raise ConfigError(f"{site.source} has no [federation] table; the federation daemon "
-                          "needs one, and a store = \"NAME\" per cluster (docs/federation.md)")
-    return site.federation
 
 
 def check_files_read_at_use(site: SiteConfig) -> None:
@@ -64,47 +49,6 @@ def slurm_client(cluster: ClusterConfig, config: FederationConfig) -> SlurmClien
     # in the middle of one must not hold up the move it causes.
     call_timeout = max(3.0, 3 * config.probe_interval_s)
     return connect(replace(cluster, timeout_s=min(cluster.timeout_s, call_timeout)))
-
-
-@dataclass(frozen=True)
-class OpenedState:
-    state: State
-    audit: Audit
-    leadership: Leadership | None  # None: a daemon alone, or a command: they always act
-
-
-def open_federation_state(config: FederationConfig, master_keys: MasterKeys, *,
-                          clock: Callable[[], float] = time.time, daemon: bool = True,
-                          readonly: bool = False) -> OpenedState:
-    """The state and audit log `config` names: SQLite files for a daemon alone (`readonly`
-    for commands that only look); else etcd. There the daemon is replica `config.replica`,
-    whose Leadership leads only once it campaigns; a command (not `daemon`) leads nothing
-    and writes as a person's command does (leadership.Bystander)."""
-    if not config.replicated:
-        return OpenedState(FederationState(config.state, readonly=readonly),
-                           AuditLog(config.audit_path, clock=clock, readonly=readonly), None)
-    kv = open_kv(config, master_keys)
-    layout, me = Layout(config.etcd_prefix), config.this_replica
-    try:  # a state a newer slurm-geo laid out: one line, before anything reads it
-        check_layout(kv, layout)
-    except StateUnavailable:
-        pass  # etcd down: every read says so; the leader settles the layout once it wins
-    replica = Replica(me.name, me.site, me.url)
-    if not daemon:
-        writer = Bystander(layout, replica)  # its audit entries say who ran it
-        return OpenedState(EtcdFederationState(kv, layout, writer),
-                           EtcdAuditLog(kv, layout, writer, clock=clock), None)
-    leadership = Leadership(kv, layout, replica, ttl_s=config.leader_ttl_s)
-    return OpenedState(EtcdFederationState(kv, layout, leadership),
-                       EtcdAuditLog(kv, layout, leadership, clock=clock, replica=me.name),
-                       leadership)
-
-
-def open_kv(config: FederationConfig, master_keys: MasterKeys) -> EtcdKV:
-    """etcd at `config`'s endpoints, its values sealed under `master_keys`."""
-    return EtcdKV(config.etcd_endpoints, master_keys,
-                  tls=EtcdTLS(config.etcd_ca_file, config.etcd_cert, config.etcd_key,
-                              config.etcd_user, config.etcd_password_file))
 
 
 def build(config_path: Path | None, env: Mapping[str, str] = os.environ,

@@ -28,7 +28,7 @@ from slurm_geo.federation.model import (
     UnknownLogicalJob,
     answering,
 )
-from slurm_geo.federation.wiring import State
+from slurm_geo.federation.state.interface import State
 from slurm_geo.slurm import JobInfo, SlurmClient, SlurmError
 from slurm_geo.slurm.errors import JobNotFound
 

@@ -18,7 +18,7 @@ from pathlib import PurePosixPath
 
 from slurm_geo.federation.act.resubmit import ScriptOptions, resubmitted_name, working_dir
 from slurm_geo.federation.model import Incarnation, LogicalJob
-from slurm_geo.federation.wiring import State
+from slurm_geo.federation.state.interface import State
 
 SLURM_DEFAULT_OUTPUT = "slurm-%j.out"
 READ_CHUNK = 1 << 16

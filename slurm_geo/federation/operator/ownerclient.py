@@ -16,7 +16,7 @@ from typing import Any
 from slurm_geo.config.model import SiteConfig
 from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
-from slurm_geo.federation.engine.runtime import federation_config
+from slurm_geo.federation.state.open import federation_config
 from slurm_geo.lease.client import _read_ca, post, tls_context
 from slurm_geo.lease.munge import MungeCommands, MungeUnavailable, munge_socket
 from slurm_geo.lease.protocol import OWNER_PATH, OwnerRequest

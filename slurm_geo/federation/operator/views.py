@@ -9,7 +9,7 @@ from typing import Any
 
 from slurm_geo.federation.model import LogicalJob
 from slurm_geo.federation.operator.operations import Display
-from slurm_geo.federation.wiring import State
+from slurm_geo.federation.state.interface import State
 from slurm_geo.policy.directives import DirectiveError
 from slurm_geo.slurm import JobInfo
 
