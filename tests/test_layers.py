@@ -6,7 +6,9 @@ import` counts wherever it stands: at the top, inside a function (the lazy impor
 the submodule `pkg.name` when there is one, else of `pkg`. Imports by string
 (`importlib.import_module`, the CLI's lazy command table) are not seen.
 
-Asserted: no import cycle between modules; the layer rules in RULES; no module over
+Asserted: no import cycle between modules; the layer rules in RULES; the readers' rules
+in READERS (what of another package one may import) and NEVER_LOADED (what nothing one
+imports, directly or not, may be); no module over
 MAX_MODULE_LINES lines and no class over MAX_CLASS_LINES (STYLE.md: "modules under ~600").
 """
 
@@ -53,6 +55,28 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
      "the Slurm layer is the bottom: everything above asks it, it asks nothing above"),
     ("slurm_geo.daemon", ("slurm_geo",),
      "the plumbing both daemons share stands on nothing of theirs"),
+    ("slurm_geo.sync", ("slurm_geo.federation", "slurm_geo.billing"),
+     "checkpoint-sync runs alone on a site without the federation daemon; billing reads it"),
+]
+
+# (package, a package it reads, the only modules of it it may import, why): a reader of
+# another's records goes through that package's readers, never through its running parts.
+READERS: list[tuple[str, str, tuple[str, ...], str]] = [
+    ("slurm_geo.billing", "slurm_geo.federation",
+     ("slurm_geo.federation.model", "slurm_geo.federation.state"),
+     "billing reads the daemon's records (its state and audit log), never loading the "
+     "daemon: no engine, daemon, act, operator, access or decide"),
+    ("slurm_geo.billing", "slurm_geo.sync", ("slurm_geo.sync.reader",),
+     "billing reads checkpoint-sync's transfers through its reader, not its daemon"),
+]
+
+# (package, what nothing it loads may be: its imports, theirs, and so on, why).
+NEVER_LOADED: list[tuple[str, tuple[str, ...], str]] = [
+    ("slurm_geo.billing",
+     tuple(f"slurm_geo.federation.{room}"
+           for room in ("decide", "access", "act", "engine", "operator", "daemon"))
+     + tuple(f"slurm_geo.sync.{part}" for part in ("daemon", "runtime", "worker", "entry")),
+     "reading the federation's and checkpoint-sync's records loads neither daemon"),
 ]
 
 
@@ -233,6 +257,47 @@ def test_layer_rule(package: str, forbidden: tuple[str, ...], why: str):
                  and any(_within(imp.target, name) for name in forbidden)]
     if offending:
         pytest.fail(f"{package} must import none of {', '.join(forbidden)} ({why}):\n"
+                    + "\n".join(offending), pytrace=False)
+
+
+@pytest.mark.parametrize("package, read, allowed, why", READERS,
+                         ids=[f"{rule[0]}-reads-{rule[1]}" for rule in READERS])
+def test_reader_rule(package: str, read: str, allowed: tuple[str, ...], why: str):
+    named = [package, read, *allowed]
+    assert not [name for name in named if name not in MODULES], \
+        f"a rule names a module that is not there (renamed?): {named}"
+    offending = [f"  {imp.where()}: {imp.importer} imports {imp.target}"
+                 for imp in sorted(IMPORTS, key=lambda i: (module_path(i.importer), i.line))
+                 if _within(imp.importer, package) and _within(imp.target, read)
+                 and not any(_within(imp.target, name) for name in allowed)]
+    if offending:
+        pytest.fail(f"{package} may import of {read} only {', '.join(allowed)} ({why}):\n"
+                    + "\n".join(offending), pytrace=False)
+
+
+@pytest.mark.parametrize("package, forbidden, why", NEVER_LOADED,
+                         ids=[rule[0] for rule in NEVER_LOADED])
+def test_never_loaded(package: str, forbidden: tuple[str, ...], why: str):
+    assert not [name for name in (package, *forbidden) if name not in MODULES], \
+        f"a rule names a package that is not there (renamed?): {(package, *forbidden)}"
+    start = [name for name in MODULES if _within(name, package)]
+    via = dict.fromkeys(start, "")  # module -> the module that loaded it first
+    work = list(start)
+    while work:
+        name = work.pop(0)
+        for target in sorted(GRAPH.get(name, set())):
+            if target not in via:
+                via[target] = name
+                work.append(target)
+    offending = []
+    for name in sorted(via):
+        if any(_within(name, prefix) for prefix in forbidden):
+            chain = [name]
+            while via[chain[-1]]:
+                chain.append(via[chain[-1]])
+            offending.append("  " + " <- ".join(chain))
+    if offending:
+        pytest.fail(f"{package} loads {', '.join(forbidden)} ({why}):\n"
                     + "\n".join(offending), pytrace=False)
 
 
