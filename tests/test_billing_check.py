@@ -9,7 +9,13 @@ from slurm_geo.billing import check, service, sources
 from slurm_geo.billing.db import BillingDB
 from slurm_geo.billing.periods import Period, parse_period
 from slurm_geo.slurm.models import JobSpec
-from tests.test_billing_loud import HOUR, T0, clock, clusters, config  # noqa: F401 - fixtures
+from tests.kit.billing import (  # noqa: F401 - the fixtures clock and clusters
+    HOUR,
+    T0,
+    clock_fixture,
+    clusters_fixture,
+    config,
+)
 
 W = Period("w", T0, T0 + 10 * HOUR)
 INC = check.Incarnation(job_id=7, submit_ts=T0, start_ts=T0 + 60, end_ts=T0 + 60 + HOUR,
@@ -118,7 +124,7 @@ def test_compare_transfers(billed, recorded, expected):
 NOV = parse_period("2026-11")
 
 
-def ingest_and_check(tmp_path, clusters, clock, **extra):  # noqa: F811 - fixture names
+def ingest_and_check(tmp_path, clusters, clock, **extra):
     cfg = config(tmp_path, **extra)
     with BillingDB(tmp_path / "billing.db") as db:
         ingested = service.run_ingest(db, cfg, list(clusters.values()), clock.now)
@@ -126,7 +132,7 @@ def ingest_and_check(tmp_path, clusters, clock, **extra):  # noqa: F811 - fixtur
         return service.run_check(db, cfg, list(clusters.values()), NOV, clock.now + 60)
 
 
-def test_a_clean_ingest_checks_clean(tmp_path, clusters, clock):  # noqa: F811
+def test_a_clean_ingest_checks_clean(tmp_path, clusters, clock):
     result = ingest_and_check(tmp_path, clusters, clock)
     assert result.differences == [] and result.exit_code == 0
     assert [(r.source, r.detail) for r in result.sources] == [
@@ -139,7 +145,7 @@ def test_a_clean_ingest_checks_clean(tmp_path, clusters, clock):  # noqa: F811
     assert rented.until == clock.now - sources.ACCOUNTING_SETTLE_S
 
 
-def test_a_row_deleted_from_the_billing_database_is_named(tmp_path, clusters, clock):  # noqa: F811
+def test_a_row_deleted_from_the_billing_database_is_named(tmp_path, clusters, clock):
     ingest_and_check(tmp_path, clusters, clock)
     with BillingDB(tmp_path / "billing.db") as db:
         db.conn.execute("DELETE FROM jobs WHERE cluster = 'rented'")
@@ -155,7 +161,7 @@ def test_a_row_deleted_from_the_billing_database_is_named(tmp_path, clusters, cl
         "(7200 cpu-s and 0 gpu-s) is in Slurm's accounting, not in billing"]
 
 
-def test_requeues_and_jobs_still_running_agree(tmp_path, clusters, clock):  # noqa: F811
+def test_requeues_and_jobs_still_running_agree(tmp_path, clusters, clock):
     """A requeue is an incarnation on both sides; a job running at ingest is compared up
     to the same moment on both sides, however long it has run since."""
     rented = clusters["rented"]
@@ -175,8 +181,8 @@ def test_requeues_and_jobs_still_running_agree(tmp_path, clusters, clock):  # no
     assert again.differences == []
 
 
-def test_a_zero_second_incarnation_deleted_from_billing_is_named(tmp_path, clusters,  # noqa: F811
-                                                                  clock):  # noqa: F811
+def test_a_zero_second_incarnation_deleted_from_billing_is_named(tmp_path, clusters,
+                                                                  clock):
     """A job that requeues itself within the second it started is worth nothing, yet its
     record missing from billing is still a difference, named (it once passed unseen)."""
     rented = clusters["rented"]
@@ -203,7 +209,7 @@ def test_a_zero_second_incarnation_deleted_from_billing_is_named(tmp_path, clust
                for d in result.differences), [d.message for d in result.differences]
 
 
-def test_a_cluster_never_ingested_shows_every_job_it_ran(tmp_path, clusters, clock):  # noqa: F811
+def test_a_cluster_never_ingested_shows_every_job_it_ran(tmp_path, clusters, clock):
     clusters["rented"].refuse_token()
     with BillingDB(tmp_path / "billing.db") as db:
         service.run_ingest(db, config(tmp_path), list(clusters.values()), clock.now)
@@ -216,7 +222,7 @@ def test_a_cluster_never_ingested_shows_every_job_it_ran(tmp_path, clusters, clo
                for d in result.differences)
 
 
-def test_a_cluster_that_cannot_be_read_is_reported_not_passed(tmp_path, clusters, clock):  # noqa: F811
+def test_a_cluster_that_cannot_be_read_is_reported_not_passed(tmp_path, clusters, clock):
     with BillingDB(tmp_path / "billing.db") as db:
         service.run_ingest(db, config(tmp_path), list(clusters.values()), clock.now)
         clusters["rented"].go_down()
@@ -227,7 +233,7 @@ def test_a_cluster_that_cannot_be_read_is_reported_not_passed(tmp_path, clusters
     assert failed.source == "accounting:rented" and "controller unreachable" in failed.detail
 
 
-def test_a_period_not_ingested_yet_is_skipped(tmp_path, clusters, clock):  # noqa: F811
+def test_a_period_not_ingested_yet_is_skipped(tmp_path, clusters, clock):
     with BillingDB(tmp_path / "billing.db") as db:
         service.run_ingest(db, config(tmp_path), list(clusters.values()), clock.now)
         result = service.run_check(db, config(tmp_path), list(clusters.values()),
@@ -265,7 +271,7 @@ def audit_log(path, copies):
                          destination_region="home")
 
 
-def test_egress_agrees_then_names_what_billing_lacks(tmp_path, clusters, clock):  # noqa: F811
+def test_egress_agrees_then_names_what_billing_lacks(tmp_path, clusters, clock):
     sync_state(tmp_path / "sync.db", [("chunks/a", 10**9, T0 + 10), ("chunks/b", 5, T0 + 20)])
     audit_log(tmp_path / "audit.db", [(120, T0 + 30)])
     extra = {"sync_state": tmp_path / "sync.db", "federation_audit": tmp_path / "audit.db"}
@@ -290,7 +296,7 @@ def test_egress_agrees_then_names_what_billing_lacks(tmp_path, clusters, clock):
         "billing holds 0" in messages
 
 
-def test_an_unreadable_sync_state_is_reported_by_check_too(tmp_path, clusters, clock):  # noqa: F811
+def test_an_unreadable_sync_state_is_reported_by_check_too(tmp_path, clusters, clock):
     sync_state(tmp_path / "sync.db", [])
     extra = {"sync_state": tmp_path / "sync.db"}
     clock.now = T0 + 3 * HOUR

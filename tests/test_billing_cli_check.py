@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_billing_ingest import cli, hook, sacct_line  # noqa: F401 - hook: the fixture
-from tests.test_slurm_submission import slurm_bin  # noqa: F401 - the fixture, used by name
+from tests.kit.billing import cli, hook_fixture, sacct_line  # noqa: F401 - the fixture hook
+from tests.kit.slurm import slurm_bin_fixture  # noqa: F401 - the fixture slurm_bin
 
 ROWS = [sacct_line(1, cluster="onprem"),
         sacct_line(2, cluster="onprem", state="REQUEUED", end="2026-11-02T10:30:05",
@@ -29,7 +29,7 @@ exit 1
 
 
 @pytest.fixture
-def site(tmp_path, slurm_bin, hook) -> dict[str, str]:  # noqa: F811 - the fixture
+def site(tmp_path, slurm_bin, hook) -> dict[str, str]:
     """One CLI cluster whose sacct is the stand-in; sacct prints times in UTC here."""
     import sys
 
@@ -76,7 +76,7 @@ def test_check_passes_after_a_clean_ingest(site):
                                   "cpu-s,", "12000", "gpu-s"]
 
 
-def test_check_fails_naming_a_row_deleted_from_the_billing_database(tmp_path, site, hook):  # noqa: F811
+def test_check_fails_naming_a_row_deleted_from_the_billing_database(tmp_path, site, hook):
     assert cli("ingest", *WINDOW, env=site).returncode == 0
     with sqlite3.connect(tmp_path / "billing.db") as conn:
         conn.execute("DELETE FROM jobs WHERE job_id = 2 AND state = 'REQUEUED'")
@@ -116,8 +116,8 @@ def test_check_json_for_scripts(tmp_path, site):
                                                           "incarnation"]
 
 
-def test_ingest_exits_non_zero_and_alerts_when_slurmdbd_is_down(tmp_path, site, hook,  # noqa: F811
-                                                                 slurm_bin):  # noqa: F811
+def test_ingest_exits_non_zero_and_alerts_when_slurmdbd_is_down(tmp_path, site, hook,
+                                                                 slurm_bin):
     (slurm_bin / "sacct").write_text(DOWN)
     run = cli("ingest", "--alert", env=site)
     assert run.returncode == 52

@@ -4,13 +4,9 @@ stored verbatim, bad input flagged, restarts, repricing; and the CLI's one-line 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -21,6 +17,7 @@ from slurm_geo.billing.db import BillingDB
 from slurm_geo.billing.lineage import Owners
 from slurm_geo.billing.periods import parse_period
 from slurm_geo.slurm import parse
+from tests.kit.billing import cli, hook_fixture, sacct_line  # noqa: F401 - the fixture hook
 
 CLUSTERS = {"onprem": ClusterFacts("onprem", "home", "onprem"),
             "rented": ClusterFacts("rented", "remote", "gpu-market")}
@@ -29,14 +26,6 @@ PRICES = [PriceEntry(0, 0.0, 0.01, 0.0, 0.0, cluster="onprem", source="t"),
 HOSTILE = ["it's \"quoted\"", "x'); DROP TABLE jobs; --", "Robert\"; DELETE FROM jobs;",
            "ünïcödé ✓"]
 PIPE_NAME = "a|b"  # the name is sacct's last field: it may hold the delimiter
-
-
-def sacct_line(job_id, *, cluster="rented", user="alice", account="ml", state="COMPLETED",
-               submit="2026-11-02T10:00:00", start="2026-11-02T10:00:05",
-               end="2026-11-02T11:00:05", elapsed=3600, alloc="cpu=8,gres/gpu=2,node=1",
-               admin="geo:cost_center=ml-research", name="train"):
-    return "|".join(map(str, [job_id, cluster, user, account, "gpu", state, submit, start, end,
-                              elapsed, alloc, "0:0", "n1", admin, "", name]))
 
 
 LINES = [
@@ -164,11 +153,6 @@ def test_running_incarnations_hold_the_watermark(db):
 
 # --- the CLI: thin, one-line errors, exit codes ---------------------------------------------
 
-def cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "slurm_geo", "billing", *args],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
-
 
 @pytest.fixture
 def site_config(tmp_path):
@@ -264,28 +248,6 @@ def test_stored_lines_and_pricing_on_the_fly_agree(db, by):
     assert {k: v.as_dict() for k, v in stored.clusters.items()} == \
         {k: v.as_dict() for k, v in fly.clusters.items()}
     assert sorted(map(repr, stored.flags)) == sorted(map(repr, fly.flags))
-
-
-@pytest.fixture
-def hook() -> Iterator[tuple[str, list]]:
-    """A local webhook: its URL, and the JSON bodies POSTed to it."""
-    received: list = []
-
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's naming
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/hook", received
-    finally:
-        server.shutdown()
 
 
 def test_budget_alerts_reach_the_webhook(tmp_path, site_config, hook):

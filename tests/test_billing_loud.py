@@ -5,54 +5,25 @@ the next run bills what was missed. Over FakeSlurm, a stub slurmrestd and real f
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from slurm_geo.billing import service, sources
-from slurm_geo.billing.config import BillingConfig, ClusterFacts, PriceEntry
 from slurm_geo.billing.db import BillingDB
 from slurm_geo.billing.errors import SourceUnreadable
 from slurm_geo.billing.periods import parse_period
 from slurm_geo.billing.sources import Outcome, SourceRun
-from slurm_geo.slurm.fake import FakeSlurm
-from slurm_geo.slurm.models import JobSpec
-from tests.kit.clock import ManualClock
-from tests.test_slurm_accounting_errors import NO_SLURMDBD
-from tests.test_slurm_submission import OK_PING, Answer, rest_client
-
-T0 = int(datetime(2026, 11, 2, 10, 0, tzinfo=UTC).timestamp())
-HOUR = 3600
-CLUSTERS = {"onprem": ClusterFacts("onprem", "home", "onprem"),
-            "rented": ClusterFacts("rented", "remote", "gpu-market")}
-PRICES = (PriceEntry(0, 0.0, 0.01, 0.0, 0.0, cluster="onprem", source="t"),
-          PriceEntry(0, 2.5, 0.04, 0.09, 5.0, cluster="rented", source="t"))
-
-
-@pytest.fixture
-def clock():
-    return ManualClock(T0)
-
-
-@pytest.fixture
-def clusters(clock):
-    """onprem and rented, each with one job of 2 CPUs that ran an hour from T0 + 60."""
-    fakes = {name: FakeSlurm(name, clock=clock) for name in ("onprem", "rented")}
-    for fake in fakes.values():
-        job = fake.submit(JobSpec(script="#!/bin/bash\n", cpus_per_task=2))
-        clock.now = T0 + 60
-        fake.start(job)
-        clock.now = T0 + 60 + HOUR
-        fake.finish(job)
-        clock.now = T0
-    clock.now = T0 + 2 * HOUR
-    return fakes
-
-
-def config(tmp_path: Path, **extra) -> BillingConfig:
-    return BillingConfig(database=tmp_path / "billing.db", prices=PRICES, clusters=CLUSTERS,
-                         **extra)
+from tests.kit.billing import (  # noqa: F401 - the fixtures clock and clusters
+    CLUSTERS,
+    HOUR,
+    PRICES,
+    T0,
+    clock_fixture,
+    clusters_fixture,
+    config,
+)
+from tests.kit.slurm import NO_SLURMDBD, OK_PING, Answer, rest_client
 
 
 def outcomes(result) -> dict[str, str]:

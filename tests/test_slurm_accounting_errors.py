@@ -22,12 +22,13 @@ from slurm_geo.slurm.errors import (
 from slurm_geo.slurm.fake import FakeSlurm
 from slurm_geo.slurm.models import JobSpec
 from slurm_geo.slurm.rest_backend import accounting_problem
-from tests.test_slurm_submission import (
+from tests.kit.slurm import (  # noqa: F401 - slurm_bin_fixture: the fixture slurm_bin
     EXPIRED_PING,
+    NO_SLURMDBD,
     OK_PING,
     Answer,
     rest_client,
-    slurm_bin,  # noqa: F401 - the fixture, used by name
+    slurm_bin_fixture,
     stand_in,
 )
 
@@ -43,9 +44,6 @@ RECORD = {"job_id": 7, "name": "train", "user": "alice", "account": "ml", "parti
 NOTHING_FOUND = {"errors": [{"description": "Nothing found", "error_number": 9003,
                              "error": "Nothing found with query", "source": "slurmdb_jobs_get"}],
                  "jobs": []}
-NO_SLURMDBD = {"errors": [{"description": "Failed connecting to slurmdbd", "error_number": 7000,
-                           "error": "Unable to connect to database",
-                           "source": "slurmdb_jobs_get"}], "jobs": []}
 EXPIRED_JOBS = {"errors": [{"error_number": 1007, "error": "Protocol authentication error",
                             "source": "slurmdb_jobs_get"}], "jobs": []}
 NO_QOS = {"errors": [{"description": "Nothing found", "error_number": 9003,
@@ -148,7 +146,7 @@ def test_an_answer_cut_off_is_an_outage(tmp_path):
 
 # --- the CLI backend: sacct talks to slurmdbd --------------------------------------------
 
-def test_sacct_that_cannot_reach_slurmdbd_is_an_accounting_outage(slurm_bin: Path):  # noqa: F811
+def test_sacct_that_cannot_reach_slurmdbd_is_an_accounting_outage(slurm_bin: Path):
     stand_in(slurm_bin, "sacct", "")
     script = slurm_bin / "sacct"
     script.write_text("#!/bin/sh\necho 'sacct: error: Problem talking to the database: "

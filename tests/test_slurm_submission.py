@@ -6,11 +6,7 @@ backend talks to a stub HTTP session that answers with slurmrestd's JSON bodies.
 from __future__ import annotations
 
 import json
-import os
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,40 +17,23 @@ from slurm_geo.slurm.errors import (
     TokenRejected,
 )
 from slurm_geo.slurm.models import DEFAULT_JOB_PATH, JobSpec, Owner
-from slurm_geo.slurm.rest_backend import RestLogin, RestSlurmClient, token_problem
+from slurm_geo.slurm.rest_backend import token_problem
+from tests.kit.slurm import (  # noqa: F401 - slurm_bin_fixture: the fixture slurm_bin
+    EXPIRED_PING,
+    MARKER,
+    OK_PING,
+    RECORDER,
+    Answer,
+    StubSession,
+    rest_client,
+    slurm_bin_fixture,
+    stand_in,
+    token,
+)
 
 ALICE = Owner("alice", 2001, 2100)
-MARKER = "SLURM_GEO_TEST_DAEMON_ONLY"
 
 # --- the CLI backend ------------------------------------------------------------------------
-
-RECORDER = """#!{python} -I
-import json, sys
-environ = open("/proc/self/environ", "rb").read().split(b"\\0")
-env = dict(e.decode().split("=", 1) for e in environ if e)
-record = {{"argv": sys.argv[1:], "env": env, "stdin": sys.stdin.read()}}
-open({out!r}, "w").write(json.dumps(record))
-print({answer!r})
-"""
-
-
-@pytest.fixture
-def slurm_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A directory of stand-in Slurm commands, first on this process's PATH, which also
-    holds a variable of the caller's own that no job may see."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv(MARKER, "the daemon's own")
-    return bin_dir
-
-
-def stand_in(bin_dir: Path, name: str, answer: str) -> Path:
-    out = bin_dir.parent / f"{name}.json"
-    path = bin_dir / name
-    path.write_text(RECORDER.format(python=sys.executable, out=str(out), answer=answer))
-    path.chmod(0o755)
-    return out
 
 
 def request_fields(stdin: str) -> list[str]:
@@ -130,62 +109,7 @@ def test_no_stored_environment_is_a_refusal_that_names_the_slurm_conf_flag(slurm
 
 # --- the REST backend -----------------------------------------------------------------------
 
-@dataclass
-class Answer:
-    status_code: int
-    body: dict[str, Any]
 
-    def json(self) -> dict[str, Any]:
-        return self.body
-
-    @property
-    def text(self) -> str:
-        return json.dumps(self.body)
-
-
-@dataclass
-class StubSession:
-    """slurmrestd: `answers` by (method, path after the version); every request kept."""
-
-    answers: dict[tuple[str, str], Answer]
-    requests: list[dict[str, Any]] = field(default_factory=list)
-
-    def request(self, method: str, url: str, headers: dict[str, str], timeout: float,
-                **kwargs: Any) -> Answer:
-        self.requests.append({"method": method, "url": url, "headers": headers, **kwargs})
-        if url.endswith("/openapi/v3"):
-            return Answer(200, {"paths": {"/slurm/v0.0.38/ping": {}}})
-        path = url.split("/v0.0.38/", 1)[1]
-        return self.answers.get((method, path), Answer(404, {"errors": [{"error": "no"}]}))
-
-    def get(self, url: str, headers: dict[str, str], timeout: float, **kwargs: Any) -> Answer:
-        return self.request("GET", url, headers, timeout, **kwargs)
-
-
-def token(tmp_path: Path, name: str, mode: int = 0o600) -> Path:
-    path = tmp_path / f"{name}.jwt"
-    path.write_text(f"jwt-of-{name}\n")
-    path.chmod(mode)
-    return path
-
-
-def rest_client(tmp_path: Path, answers: dict[tuple[str, str], Answer],
-                daemon_mode: int = 0o600) -> tuple[RestSlurmClient, StubSession]:
-    client = RestSlurmClient("rented", "https://r.example", "geo", token(tmp_path, "geo",
-                                                                         daemon_mode), 5.0,
-                             {"alice": RestLogin("geo-alice", token(tmp_path, "alice"))})
-    session = StubSession(answers)
-    client._http = session  # type: ignore[assignment]
-    return client, session
-
-
-OK_PING = Answer(200, {"pings": [{"hostname": "h", "ping": "UP", "status": 0}],
-                       "errors": []})
-# slurmrestd 22.05 (v0.0.38) with an expired JWT: slurmctld refuses it, and the handler
-# returns resp_error(errors, 1007, ...) (src/plugins/openapi/v0.0.38/api.c).
-EXPIRED_PING = Answer(500, {"pings": [], "errors": [
-    {"description": "slurmctld config is unable to load", "error_number": 1007,
-     "error": "Protocol authentication error", "source": "slurm_load_ctl_conf"}]})
 EXPIRED_SUBMIT = Answer(200, {"errors": [
     {"description": "Batch job submission failed", "error_number": 1007,
      "error": "Protocol authentication error", "source": "slurm_submit_batch_job()"}]})
