@@ -164,9 +164,11 @@ def serve_site(conn: Connection, directory: str, trainers: int, ttl_s: float,
     made = []
     for i in range(trainers):
         logical_job, job_id = f"onprem-{FIRST_JOB_ID + i}", FIRST_JOB_ID + i
-        state.add_job(LogicalJob(logical_job, f"run-{i}", "onprem", "#!/bin/bash\n", {}, {},
-                                 0, "onprem", job_id, None, JobStatus.RUNNING, None, None,
-                                 clock, clock, owner=lease_site.ALICE))
+        state.add_job(LogicalJob(logical_job=logical_job, run=f"run-{i}", home="onprem",
+                                 script="#!/bin/bash\n", spec={}, directives={}, generation=0,
+                                 cluster="onprem", job_id=job_id, resume_step=None,
+                                 status=JobStatus.RUNNING, created_at=clock, updated_at=clock,
+                                 owner=lease_site.ALICE))
         state.begin_generation(logical_job, 0, "rented", None, clock)
         secret, token = new_secret(), new_secret()
         state.identities.put_secret(logical_job, 1, secret)
@@ -175,9 +177,10 @@ def serve_site(conn: Connection, directory: str, trainers: int, ttl_s: float,
     home = None
     if munged is not None:
         me = pwd.getpwuid(os.getuid())
-        state.add_job(LogicalJob(f"onprem-{HOME_JOB_ID}", "run-home", "onprem",
-                                 "#!/bin/bash\n", {}, {}, 0, "onprem", HOME_JOB_ID, None,
-                                 JobStatus.RUNNING, None, None, clock, clock,
+        state.add_job(LogicalJob(logical_job=f"onprem-{HOME_JOB_ID}", run="run-home", home="onprem",
+                                 script="#!/bin/bash\n", spec={}, directives={}, generation=0,
+                                 cluster="onprem", job_id=HOME_JOB_ID, resume_step=None,
+                                 status=JobStatus.RUNNING, created_at=clock, updated_at=clock,
                                  owner=Owner(me.pw_name, me.pw_uid, me.pw_gid)))
         home = HOME_JOB_ID
     # Plain values: this module is __mp_main__ here and __main__ in the parent.

@@ -99,9 +99,10 @@ def start(tmp_path: Path, *, tls: ssl.SSLContext | None = None,
     federation_ = Federation(wiring, {}, BandwidthModel(),
                              Authenticator(state.identities, munged, time.time))
     now = time.time()
-    state.add_job(LogicalJob("onprem-5", "run-a", "onprem", "#!/bin/bash\n", {}, {}, 0,
-                             "onprem", 5, None, JobStatus.RUNNING, None, None, now, now,
-                             owner=ALICE))
+    state.add_job(LogicalJob(logical_job="onprem-5", run="run-a", home="onprem",
+                             script="#!/bin/bash\n", spec={}, directives={}, generation=0,
+                             cluster="onprem", job_id=5, resume_step=None, status=JobStatus.RUNNING,
+                             created_at=now, updated_at=now, owner=ALICE))
     state.begin_generation("onprem-5", 0, "rented", None, now)
     state.identities.put_secret("onprem-5", 1, SECRET)
     state.submitted("onprem-5", 1, 77, token_digest("secret-token"), now)

@@ -88,9 +88,11 @@ def write_federation(tmp_path, pfs):
 def record_federation(state, audit, clock: list[float], pfs) -> None:
     directives = {"geo-ckpt-dir": str(pfs), "geo-cost-center": "ml-research",
                   "geo-failover": "auto"}
-    state.add_job(LogicalJob("onprem-50", "drill-a", "onprem", "#!/bin/bash\n", {}, directives,
-                             0, "onprem", 50, None, JobStatus.RUNNING, created_at=T0,
-                             updated_at=T0, owner=Owner("alice", 1000, 1000)))
+    state.add_job(LogicalJob(logical_job="onprem-50", run="drill-a", home="onprem",
+                             script="#!/bin/bash\n", spec={}, directives=directives, generation=0,
+                             cluster="onprem", job_id=50, resume_step=None,
+                             status=JobStatus.RUNNING, created_at=T0, updated_at=T0,
+                             owner=Owner("alice", 1000, 1000)))
     audit.append("register", "onprem-50", "registered onprem:50 (run drill-a) of alice",
                  "first lease", cluster="onprem", job_id=50, run="drill-a",
                  directives=directives, owner="alice", uid=1000, gid=1000)

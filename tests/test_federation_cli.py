@@ -40,8 +40,10 @@ def test_status_lists_logical_jobs_and_shows_one(tmp_path):
     config.write_text(CONFIG.format(root=tmp_path))
     now = time.time()
     state = FederationState(tmp_path / "fed.db")
-    state.add_job(LogicalJob("onprem-7", "run-x", "onprem", "#!/bin/bash\n", {}, {}, 0,
-                             "onprem", 7, None, JobStatus.RUNNING, None, None, now, now))
+    state.add_job(LogicalJob(logical_job="onprem-7", run="run-x", home="onprem",
+                             script="#!/bin/bash\n", spec={}, directives={}, generation=0,
+                             cluster="onprem", job_id=7, resume_step=None, status=JobStatus.RUNNING,
+                             created_at=now, updated_at=now))
     state.close()
     listing = slurm_geo("status", config=config)
     assert listing.returncode == 0, listing.stderr
@@ -93,9 +95,10 @@ def on_call_site(tmp_path):
     output = ScriptOptions(output=f"{tmp_path}/out-%j.txt").to_json()
     for number, status in ((7, JobStatus.RUNNING), (8, JobStatus.RUNNING),
                            (9, JobStatus.COMPLETED), (3, JobStatus.RUNNING)):
-        state.add_job(LogicalJob(f"onprem-{number}", f"run-{number}", "onprem",
-                                 "#!/bin/bash\n", output, {}, 0, "onprem", number, None,
-                                 status, None, None, now, now))
+        state.add_job(LogicalJob(logical_job=f"onprem-{number}", run=f"run-{number}", home="onprem",
+                                 script="#!/bin/bash\n", spec=output, directives={}, generation=0,
+                                 cluster="onprem", job_id=number, resume_step=None, status=status,
+                                 created_at=now, updated_at=now))
     state.begin_generation("onprem-7", 0, "rented", 40, now, recovery=True)
     state.submitted("onprem-7", 1, 3, "digest", now)
     state.await_approval("onprem-8", "rented", now)

@@ -14,8 +14,10 @@ NOW = 1000.0
 
 def job(generation=1, cluster="rented", job_id=7, status=JobStatus.RUNNING, move_to=None,
         move_after=None) -> LogicalJob:
-    return LogicalJob("onprem-1", "run", "onprem", "#!/bin/bash\n", {}, {}, generation,
-                      cluster, job_id, 40, status, move_to, move_after, 0.0, 0.0)
+    return LogicalJob(logical_job="onprem-1", run="run", home="onprem", script="#!/bin/bash\n",
+                      spec={}, directives={}, generation=generation, cluster=cluster, job_id=job_id,
+                      resume_step=40, status=status, move_to=move_to, move_after_step=move_after,
+                      created_at=0.0, updated_at=0.0)
 
 
 def lease(generation=1, restart=0, renewed=NOW - 1, released=False, last_step=40) -> Lease:

@@ -231,8 +231,10 @@ def test_resubmit_of_a_cancelled_job_says_a_cancel_is_final(site):
 
 
 def add(state: FederationState, logical: str, run: str, cluster: str, job_id: int) -> None:
-    state.add_job(LogicalJob(logical, run, cluster, "#!/bin/bash\n", {}, {}, 0, cluster,
-                             job_id, None, JobStatus.RUNNING, created_at=1.0, updated_at=1.0))
+    state.add_job(LogicalJob(logical_job=logical, run=run, home=cluster, script="#!/bin/bash\n",
+                             spec={}, directives={}, generation=0, cluster=cluster, job_id=job_id,
+                             resume_step=None, status=JobStatus.RUNNING, created_at=1.0,
+                             updated_at=1.0))
 
 
 @pytest.fixture
@@ -275,8 +277,9 @@ def test_an_unknown_reference_is_one_line(state, ref):
 
 def job_in(status: JobStatus, cluster: str = "onprem",
            awaiting: str | None = None) -> LogicalJob:
-    return LogicalJob("onprem-7", "run-a", "onprem", "", {}, {}, 1, cluster, 7, 40, status,
-                      awaiting_approval=awaiting)
+    return LogicalJob(logical_job="onprem-7", run="run-a", home="onprem", script="", spec={},
+                      directives={}, generation=1, cluster=cluster, job_id=7, resume_step=40,
+                      status=status, awaiting_approval=awaiting)
 
 
 def health(status: ClusterStatus) -> dict[str, Health]:
@@ -349,8 +352,9 @@ def test_expand(pattern, job_id, name, user, expanded):
     ({"working_dir": "rel"}, 1, OutputFile("rel/slurm-12.out", False)),
 ])
 def test_output_file(options, generation, where):
-    job = LogicalJob("onprem-7", "r", "onprem", "", spec(**options), {}, generation,
-                     "rented", 12, None, JobStatus.RUNNING)
+    job = LogicalJob(logical_job="onprem-7", run="r", home="onprem", script="",
+                     spec=spec(**options), directives={}, generation=generation, cluster="rented",
+                     job_id=12, resume_step=None, status=JobStatus.RUNNING)
     assert output_file(job, incarnation(generation)) == where
 
 
@@ -372,8 +376,9 @@ def test_output_file(options, generation, where):
 ])
 def test_output_file_of_a_job_whose_submit_directory_is_known(options, generation, cluster,
                                                                where):
-    job = LogicalJob("onprem-7", "r", "onprem", "", spec(**options), {}, generation,
-                     cluster, 12, None, JobStatus.RUNNING)
+    job = LogicalJob(logical_job="onprem-7", run="r", home="onprem", script="",
+                     spec=spec(**options), directives={}, generation=generation, cluster=cluster,
+                     job_id=12, resume_step=None, status=JobStatus.RUNNING)
     at = Incarnation("onprem-7", generation, cluster, 12, None, 0.0, None, None, None)
     assert output_file(job, at) == where
 

@@ -262,9 +262,10 @@ def test_the_registry_record_is_enough_without_a_stored_environment(site):
 
 def test_a_job_without_a_recorded_owner_is_never_submitted(site):
     now = site.clock()
-    site.state.add_job(LogicalJob("onprem-77", "run-a", "onprem", script(), {},
-                                  directives(), 0, "onprem", None, None, JobStatus.RUNNING,
-                                  created_at=now, updated_at=now))
+    site.state.add_job(LogicalJob(logical_job="onprem-77", run="run-a", home="onprem",
+                                  script=script(), spec={}, directives=directives(), generation=0,
+                                  cluster="onprem", job_id=None, resume_step=None,
+                                  status=JobStatus.RUNNING, created_at=now, updated_at=now))
     site.state.begin_generation("onprem-77", 0, "onprem", None, now)  # a move half done
     site.tick(rounds=2)
     assert site.onprem.submitted == [] and site.rented.submitted == []

@@ -67,8 +67,10 @@ def moved_to_rented(site: ReplicatedSite) -> None:
     """onprem-5 at generation 1 on rented (Slurm job 77), with its secret and key token,
     written by the leader, home-a."""
     state, now = site.daemons["home-a"].federation.state, site.clock()
-    state.add_job(LogicalJob(NAME, RUN, "onprem", "#!/bin/bash\n", {}, {}, 0, "onprem", 5,
-                             None, JobStatus.RUNNING, None, None, now, now, owner=ALICE))
+    state.add_job(LogicalJob(logical_job=NAME, run=RUN, home="onprem", script="#!/bin/bash\n",
+                             spec={}, directives={}, generation=0, cluster="onprem", job_id=5,
+                             resume_step=None, status=JobStatus.RUNNING, created_at=now,
+                             updated_at=now, owner=ALICE))
     state.begin_generation(NAME, 0, "rented", None, now)
     state.identities.put_secret(NAME, 1, SECRET)
     state.submitted(NAME, 1, 77, token_digest(TOKEN), now)

@@ -170,11 +170,10 @@ def site(tmp_path):
     from slurm_geo.federation.model import LogicalJob
 
     now = 1.0
-    site.federation.state.add_job(LogicalJob(logical_job="onprem-9", run="run-h", home="onprem",
-                                             script="#!/bin/bash\n", spec={}, directives={},
-                                             generation=0, cluster="onprem", job_id=9,
-                                             resume_step=None, status=JobStatus.RUNNING,
-                                             created_at=now, updated_at=now, owner=lease_site.ALICE))
+    site.federation.state.add_job(LogicalJob(
+        logical_job="onprem-9", run="run-h", home="onprem", script="#!/bin/bash\n", spec={},
+        directives={}, generation=0, cluster="onprem", job_id=9, resume_step=None,
+        status=JobStatus.RUNNING, created_at=now, updated_at=now, owner=lease_site.ALICE))
     yield site
     site.close()
 

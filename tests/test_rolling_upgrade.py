@@ -141,8 +141,10 @@ def seed(endpoint: str, prefix: str) -> None:
     state = EtcdFederationState(EtcdKV([endpoint], KeyFile(KEY)), layout,
                                 Bystander(layout, Replica("seed", "home", "http://x:1")))
     now = time.time()
-    state.add_job(LogicalJob(NAME, RUN, "onprem", "#!/bin/bash\n", {}, {}, 0, "onprem", 5,
-                             None, JobStatus.RUNNING, None, None, now, now))
+    state.add_job(LogicalJob(logical_job=NAME, run=RUN, home="onprem", script="#!/bin/bash\n",
+                             spec={}, directives={}, generation=0, cluster="onprem", job_id=5,
+                             resume_step=None, status=JobStatus.RUNNING, created_at=now,
+                             updated_at=now))
     state.begin_generation(NAME, 0, "rented", 40, now)
     state.identities.put_secret(NAME, 1, SECRET)
     state.submitted(NAME, 1, 77, token_digest(TOKEN), now)

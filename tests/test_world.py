@@ -55,9 +55,11 @@ def test_world_of_directives():
 
 
 def test_a_logical_job_lists_its_world():
-    job = LogicalJob("onprem-1", "r", "onprem", "#!/bin/sh\n", {},
-                     {"geo-ckpt-dir": "/c", "geo-inputs": "/pfs/ds:restricted",
-                      "geo-env": "/v"}, 0, "onprem", 1, None, JobStatus.RUNNING)
+    job = LogicalJob(logical_job="onprem-1", run="r", home="onprem", script="#!/bin/sh\n",
+                     spec={}, directives={"geo-ckpt-dir": "/c",
+                                          "geo-inputs": "/pfs/ds:restricted", "geo-env": "/v"},
+                     generation=0, cluster="onprem", job_id=1, resume_step=None,
+                     status=JobStatus.RUNNING)
     assert job.world == World((Input("/pfs/ds", "restricted"),), "/v", ())
 
 
@@ -105,7 +107,7 @@ def test_path_kind(world_dir):
     assert path_kind("/dev/null") == "other"
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="switches to another uid")
+@pytest.mark.root(reason="switches to another uid")
 @pytest.mark.parametrize(("name", "answer"), [
     ("venv", "ok"),
     ("link", "ok"),
@@ -122,7 +124,7 @@ def test_env_is_looked_at_as_the_submitting_user(world_dir, name, answer):
     assert got.startswith(answer.format(root=world_dir))
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root")
+@pytest.mark.root(reason="needs root")
 def test_root_looks_at_nothing_on_disk(world_dir):
     check_on_disk(str(world_dir / "gone"))  # root never follows a user's path
     check_on_disk(None)
@@ -250,9 +252,10 @@ def test_status_shows_the_declared_world(tmp_path):
     world = {"geo-ckpt-dir": "/pfs/c", "geo-inputs": "/pfs/ds:restricted,/home/alice/p",
              "geo-outputs": "/pfs/out"}
     for number, directives in ((7, world), (8, {"geo-ckpt-dir": "/pfs/c"})):
-        state.add_job(LogicalJob(f"onprem-{number}", f"run-{number}", "onprem",
-                                 "#!/bin/bash\n", {}, directives, 0, "onprem", number, None,
-                                 JobStatus.RUNNING, None, None, now, now))
+        state.add_job(LogicalJob(logical_job=f"onprem-{number}", run=f"run-{number}", home="onprem",
+                                 script="#!/bin/bash\n", spec={}, directives=directives,
+                                 generation=0, cluster="onprem", job_id=number, resume_step=None,
+                                 status=JobStatus.RUNNING, created_at=now, updated_at=now))
     state.close()
     shown = _status("onprem-7", config=config)
     assert shown.returncode == 0, shown.stderr

@@ -51,12 +51,14 @@ def populate_federation(state: Any) -> None:
 
     alice = Owner("alice", 2001, 2001)
     for name, job_id in ((MOVED, 7), (AT_HOME, 8)):
-        state.add_job(LogicalJob(
-            name, f"run-{job_id}", HOME, f"#!/bin/bash\nsrun train.py  # {name}\n",
-            {"nodes": 2, "gres": "gpu:4"}, {"--geo-failover": "auto",
-                                           "--geo-ckpt-dir": "/ckpt/x"},
-            generation=0, cluster=HOME, job_id=job_id, resume_step=None,
-            status=JobStatus.RUNNING, created_at=NOW - 3600, updated_at=NOW - 3600))
+        state.add_job(LogicalJob(logical_job=name, run=f"run-{job_id}", home=HOME,
+                                 script=f"#!/bin/bash\nsrun train.py  # {name}\n",
+                                 spec={"nodes": 2, "gres": "gpu:4"},
+                                 directives={"--geo-failover": "auto",
+                                             "--geo-ckpt-dir": "/ckpt/x"},
+                                 generation=0, cluster=HOME, job_id=job_id, resume_step=None,
+                                 status=JobStatus.RUNNING, created_at=NOW - 3600,
+                                 updated_at=NOW - 3600))
         state.identities.claim_owner(name, alice, {"PATH": "/usr/bin:/bin", "LANG": "C"})
         state.identities.put_secret(name, 0, f"bootstrap-{name}-0")
     state.put_lease(Lease(AT_HOME, 0, HOME, 8, 0, NOW - 5, 50, False), True)

@@ -156,8 +156,10 @@ class StateUnavailable(FederationStateError):
 LIFECYCLE: Lifecycle[JobStatus, str] = Lifecycle(JobStatus, TRANSITIONS, IllegalTransition)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LogicalJob:
+    """One logical job as the state holds it (21 fields: built by keyword only)."""
+
     logical_job: str
     run: str
     home: str

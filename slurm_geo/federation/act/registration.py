@@ -323,9 +323,10 @@ class Registrar:
         script = w.clients[w.home].batch_script(job_id)
         options = replace(script_options(script), submit_dir=found.info.work_dir) \
             .with_directives(found.directives.as_options())
-        return LogicalJob(f"{w.home}-{job_id}", run, w.home, script, options.to_json(),
-                          found.directives.as_options(), 0, w.home, job_id, None,
-                          JobStatus.RUNNING, created_at=now, updated_at=now,
+        return LogicalJob(logical_job=f"{w.home}-{job_id}", run=run, home=w.home, script=script,
+                          spec=options.to_json(), directives=found.directives.as_options(),
+                          generation=0, cluster=w.home, job_id=job_id, resume_step=None,
+                          status=JobStatus.RUNNING, created_at=now, updated_at=now,
                           owner=found.owner, owner_env=found.environment)
 
     def _add(self, job: LogicalJob, why: str) -> None:

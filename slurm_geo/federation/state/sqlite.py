@@ -56,12 +56,16 @@ def _job_from_row(row: sqlite3.Row) -> LogicalJob:
     if row["owner_user"] is not None and None not in (row["owner_uid"], row["owner_gid"]):
         owner = Owner(row["owner_user"], row["owner_uid"], row["owner_gid"])
     return LogicalJob(
-        row["logical_job"], row["run"], row["home"], row["script"], json.loads(row["spec"]),
-        json.loads(row["directives"]), row["generation"], row["cluster"], row["job_id"],
-        row["resume_step"], JobStatus(row["status"]), row["move_to"], row["move_after_step"],
-        row["created_at"], row["updated_at"],
-        LeftHome(row["left_home"]) if row["left_home"] else None, row["lost_restarts"],
-        row["recoveries"], row["awaiting_approval"], owner, json.loads(row["owner_env"]))
+        logical_job=row["logical_job"], run=row["run"], home=row["home"], script=row["script"],
+        spec=json.loads(row["spec"]), directives=json.loads(row["directives"]),
+        generation=row["generation"], cluster=row["cluster"], job_id=row["job_id"],
+        resume_step=row["resume_step"], status=JobStatus(row["status"]),
+        move_to=row["move_to"], move_after_step=row["move_after_step"],
+        created_at=row["created_at"], updated_at=row["updated_at"],
+        left_home=LeftHome(row["left_home"]) if row["left_home"] else None,
+        lost_restarts=row["lost_restarts"], recoveries=row["recoveries"],
+        awaiting_approval=row["awaiting_approval"], owner=owner,
+        owner_env=json.loads(row["owner_env"]))
 
 
 def _owner_values(job: LogicalJob) -> tuple[str | None, int | None, int | None, str]:
