@@ -756,3 +756,14 @@ def test_a_failed_pack_upload_fails_the_save_and_commits_nothing(store, master):
     with pytest.raises(StoreUnavailable, match="disk full"):
         repo.write_checkpoint(RUN, state(), EXTRA, metadata(1))
     assert store.list("manifests/") == [] and store.list("locks/") == []
+
+
+def test_a_repository_on_another_store_has_the_same_keys(tmp_path, repo):
+    written = repo.write_checkpoint(RUN, state(1), EXTRA, metadata(1))
+    (tmp_path / "other").mkdir()
+    other = LocalDirStore(tmp_path / "other")
+    for name in repo.store.list(""):
+        other.put(name, repo.store.get(name))
+    there = repo.on(other)
+    assert there.store is other and there.master_keys.keys() == repo.master_keys.keys()
+    assert there.manifest(RUN, 1) == written and there.verify(RUN, 1) == []

@@ -167,3 +167,11 @@ def test_the_resume_point_in_a_store_is_its_newest_verified_step(site, saved, lo
     site.restart()
     job = site.state.jobs()[0]
     assert newest_verified(site.federation.wiring, job, "away") == expected
+
+
+@pytest.mark.parametrize("paced", [False, True])
+def test_the_wiring_gives_the_repository_of_a_named_store(site, paced):
+    wiring = site.federation.wiring
+    repository = wiring.repository("away", paced=paced)
+    assert repository.store is (wiring.paced_stores if paced else wiring.stores)["away"]
+    assert repository.master_keys.keys() == (KEY,)

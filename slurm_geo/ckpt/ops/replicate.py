@@ -95,9 +95,9 @@ def copy_checkpoint(source: Repository, source_store: Store, destination: Store,
                     streams, on_done=handled)
     copied = [size for size in moved if size is not None]
     # Checked last, right before the commit point: a fence set during the copy still holds.
-    check_admitted(Repository(destination, source.master_keys), manifest, fence)
+    replica = source.on(destination)
+    check_admitted(replica, manifest, fence)
     checked.put(name, sealed)
-    replica = Repository(destination, source.master_keys)
     pointed = replica.pointer(run)
     latest_left = (pointed is None or pointed < step) and \
         not _point_forward(replica, destination, run, step)

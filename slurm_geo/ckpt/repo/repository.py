@@ -184,6 +184,11 @@ class Repository:
     def store(self) -> Store:
         return self._store
 
+    def on(self, store: Store) -> Repository:
+        """The same master keys over another store (where a copy goes), with the default
+        write options."""
+        return Repository(store, self.master_keys)
+
     @property
     def options(self) -> WriteOptions:
         return self._options

@@ -116,7 +116,7 @@ def carry_run_keys(source: Repository, destination: Store, run: str) -> None:
     if isinstance(source, RunKeyRepository):
         return
     mine = source.run_keys(run)
-    there = Repository(destination, source.master_keys)
+    there = source.on(destination)
     theirs = there.run_keys(run)
     if not theirs.holds(mine):
         there.put_run_keys(run, mine.merged(theirs))

@@ -100,7 +100,7 @@ class Refencer:
         store = self.wiring.stores[store_name]
         if not store.exists(key_name(job.run)):
             return  # nothing of the run is there to fence
-        repository = Repository(store, self.wiring.master_keys)
+        repository = self.wiring.repository(store_name)
         stored = trusted_fence(repository, job.run)
         if stored is not None and stored.generation >= fence.generation:
             return

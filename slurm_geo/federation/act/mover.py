@@ -57,6 +57,7 @@ from slurm_geo.federation.decide.owners import own_dir, owner_environment
 from slurm_geo.federation.model import (
     Health,
     Incarnation,
+    IncarnationEnd,
     JobStatus,
     LeftHome,
     LogicalJob,
@@ -124,7 +125,7 @@ class Mover:
         if moved.run:  # a job that never trained has no checkpoint to protect yet
             target_store = w.store_of(moved.cluster)
             self._ensure_run_key(moved, target_store)
-            repository = Repository(w.stores[target_store], w.master_keys)
+            repository = w.repository(target_store)
             self._rotate_run_key(moved, repository, target_store)
             set_fence(repository, Fence(moved.run, moved.generation, moved.cluster,
                                         moved.resume_step, _utc(w.clock())))
@@ -159,7 +160,7 @@ class Mover:
         for incarnation in stale:
             w.state.confirm_leading()
             cluster = incarnation.cluster
-            reason = "ended"
+            reason = IncarnationEnd.ENDED
             if incarnation.job_id is not None:
                 try:
                     info = w.clients[cluster].job(incarnation.job_id)
@@ -167,7 +168,7 @@ class Mover:
                     info = None
                 if info is not None and not info.state.is_terminal():
                     w.clients[cluster].cancel(incarnation.job_id)
-                    reason = "cancelled: fenced"
+                    reason = IncarnationEnd.FENCED
             self._fence_store(job, cluster)
             w.state.end_incarnation(job.logical_job, incarnation.generation, reason,
                                     w.clock())
@@ -186,7 +187,7 @@ class Mover:
                 or not w.stores[store_name].exists(key_name(job.run)):
             return  # nothing of the run is there to fence
         fence = Fence(job.run, job.generation, job.cluster, job.resume_step, _utc(w.clock()))
-        set_fence(Repository(w.stores[store_name], w.master_keys), fence)
+        set_fence(w.repository(store_name), fence)
 
     def _ensure_run_key(self, job: LogicalJob, store_name: str) -> None:
         """The run keeps one data key everywhere: a store without it gets the sealed key
@@ -210,15 +211,15 @@ class Mover:
     def _carry_newest(self, job: LogicalJob, source_store: str, target_store: str) -> None:
         w = self.wiring
         source, target = w.paced_stores[source_store], w.paced_stores[target_store]
-        repository = Repository(source, w.master_keys)
+        repository = w.repository(source_store, paced=True)
         steps = repository.steps(job.run)
         if not steps:
             return
         started = time.monotonic()
         report = copy_checkpoint(repository, source, target, job.run, steps[-1],
                                  fence=daemon_lookup(known_fence(job)))
-        write_record(Repository(target, w.master_keys), record_of(report, w.clock(),
-                                                                   "federation"))
+        write_record(w.repository(target_store, paced=True),
+                     record_of(report, w.clock(), "federation"))
         seconds = time.monotonic() - started
         if report.bytes_copied and seconds > 0:
             self.bandwidth.observe(source_store, target_store, report.bytes_copied, seconds)

@@ -63,7 +63,7 @@ def newest_verified(w: Wiring, job: LogicalJob, store_name: str) -> ResumePoint:
     VERIFY_OLDER_LIMIT newest); FROM_SCRATCH when the run has no such checkpoint there;
     REFUSED (and audited) when checkpoints exist but none is verified, or the store rolled
     back. A store that cannot be reached raises StoreUnavailable."""
-    repository = Repository(w.paced_stores[store_name], w.master_keys)
+    repository = w.repository(store_name, paced=True)
     listed = repository.steps(job.run)
     rolled_back = rollback(job.run, store_name, listed, high_water_in(w, job, store_name))
     if rolled_back is not None:  # never a silent resume from older data (format §8.6)
