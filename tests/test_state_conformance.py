@@ -12,6 +12,8 @@ a member lost) are in test_federation_state.py and test_federation_etcd*.py."""
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -524,3 +526,18 @@ def test_one_script_reads_back_the_same_on_both_backends(sqlite_backend: Backend
     for what, read in on_sqlite.items():
         assert on_etcd[what] == read, what
     assert on_sqlite["audit"][2].ok and on_sqlite["audit"][1][0] == 5
+
+
+# --- readers open the state without the daemon ----------------------------------------------
+
+def test_the_opener_and_billings_reader_load_nothing_of_the_federation_above_its_state(
+        ) -> None:
+    """A reader (billing, a command) opens the state through federation.state.open: in a
+    fresh interpreter, importing it loads only federation.model and federation.state."""
+    code = ("import sys, slurm_geo.federation.state.open, slurm_geo.billing.records\n"
+            "print(*sorted(m for m in sys.modules if m.startswith('slurm_geo.federation.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                            text=True).stdout.split()
+    above = [m for m in loaded if not m.startswith(("slurm_geo.federation.state",
+                                                    "slurm_geo.federation.model"))]
+    assert "slurm_geo.federation.state.open" in loaded and above == []
