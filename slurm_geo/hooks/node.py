@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo import jobrecords
+from slurm_geo.atomic import write_atomic
 from slurm_geo.ckpt.format.names import run_of_manifest_name, step_of_manifest_name
 from slurm_geo.ckpt.stores.store import LocalDirStore, Store
 from slurm_geo.hooks.context import JobContext
@@ -272,18 +273,7 @@ def _last_prolog_restart(meta: Path, job: JobContext) -> int | None:
 
 def write_json(path: Path, value: Any) -> None:
     """Atomically: temp file, fsync, rename, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(value, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(path, json.dumps(value, indent=1, sort_keys=True) + "\n")
 
 
 def read_json(path: Path) -> Any:

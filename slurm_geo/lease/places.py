@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo import jobrecords
+from slurm_geo.atomic import write_atomic
 from slurm_geo.ckpt.errors import UnsafeObjectName
 from slurm_geo.ckpt.format.names import STEP_DIGITS, check_run_id, manifest_prefix
 
@@ -152,9 +153,7 @@ def write_record(ckpt_dir: Path, record: RunRecord) -> None:
     if directory is None:
         raise FileNotFoundError(f"no records directory in {ckpt_dir}")
     path = directory / record_name(record.cluster, record.job_id)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(asdict(record), indent=1, sort_keys=True) + "\n")
 
 
 def own_mark(record: RunRecord | None, run: str, store_url: str) -> int | None:

@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
+from slurm_geo.atomic import write_atomic
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.lease import handoff, protocol
@@ -107,12 +108,7 @@ def write_presentation(workspace_path: Path, data: Mapping[str, object]) -> Path
     """`presentation.json`, whole or not at all (written aside, then renamed): its being
     there says the world is ready."""
     path = workspace_path / PRESENTATION
-    temp = workspace_path / f".{PRESENTATION}.new"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle)
-    os.rename(temp, path)
+    write_atomic(path, json.dumps(data), 0o600)
     return path
 
 
