@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.lifecycle import Lifecycle
 from slurm_geo.policy.world import World
-from slurm_geo.slurm.models import Owner
+from slurm_geo.slurm.models import JobState, Owner
 
 
 class JobStatus(Enum):
@@ -192,6 +192,48 @@ class LogicalJob:
         return World.from_options(self.directives)
 
 
+class IncarnationEnd(StrEnum):
+    """Why an incarnation ended, as both backends store it: the values are the strings
+    0.1 wrote, so either release reads the other's records.
+
+    Slurm's final state, lowercased, when the daemon saw the job end (`from_slurm`);
+    `CANCELLED` also when a person cancelled the logical job (`slurm-geo cancel`, or its
+    owner's scancel); `ENDED` when a move or a cancel found it already over in Slurm;
+    `FENCED` when a move cancelled it there. A reason this release does not know (a newer
+    release's, read during a rolling upgrade) reads as itself, named OTHER, and is kept."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    NODE_FAIL = "node_fail"
+    PREEMPTED = "preempted"
+    BOOT_FAIL = "boot_fail"
+    DEADLINE = "deadline"
+    OUT_OF_MEMORY = "out_of_memory"
+    REVOKED = "revoked"
+    SPECIAL_EXIT = "special_exit"
+    UNKNOWN = "unknown"
+    ENDED = "ended"
+    FENCED = "cancelled: fenced"
+
+    @classmethod
+    def from_slurm(cls, state: JobState) -> IncarnationEnd:
+        return cls(state.value.lower())
+
+    @classmethod
+    def read(cls, stored: str | None) -> IncarnationEnd | None:
+        return None if stored is None else cls(stored)
+
+    @classmethod
+    def _missing_(cls, value: object) -> IncarnationEnd | None:
+        if not isinstance(value, str):
+            return None
+        other = str.__new__(cls, value)
+        other._name_, other._value_ = "OTHER", value
+        return other
+
+
 @dataclass(frozen=True)
 class Incarnation:
     logical_job: str
@@ -202,7 +244,7 @@ class Incarnation:
     submitted_at: float
     training_at: float | None
     ended_at: float | None
-    end_reason: str | None
+    end_reason: IncarnationEnd | None
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from slurm_geo.federation.engine.leaseservice import LeaseService, Reply
 from slurm_geo.federation.model import (
     FederationStateError,
     Health,
+    IncarnationEnd,
     JobStatus,
     Lease,
     LeftHome,
@@ -271,7 +272,8 @@ class Federation:
         done = state is JobState.COMPLETED and not gave_up
         status = JobStatus.COMPLETED if done else JobStatus.FAILED
         self.state.move_status(job.logical_job, JobStatus.RUNNING, status, now)
-        self.state.end_incarnation(job.logical_job, job.generation, state.value.lower(), now)
+        self.state.end_incarnation(job.logical_job, job.generation,
+                                   IncarnationEnd.from_slurm(state), now)
         self._failback_planned.pop(job.logical_job, None)
         lease = snap.lease
         trained = lease is not None and lease.generation == job.generation
@@ -432,7 +434,7 @@ def _owner_cancelled(state: State, audit: Audit, now: float, job: LogicalJob,
     """Its owner's scancel: cancelled as `slurm-geo cancel` would (status first, then the
     lease), audited as a cancel by her (slurm_geo.federation.decide.cancels)."""
     state.move_status(job.logical_job, JobStatus.RUNNING, JobStatus.CANCELLED, now)
-    state.end_incarnation(job.logical_job, job.generation, "cancelled", now)
+    state.end_incarnation(job.logical_job, job.generation, IncarnationEnd.CANCELLED, now)
     state.release_lease(job.logical_job)
     who = job.owner.user if job.owner is not None else ("" if info is None else info.user)
     audit.append("cancel", job.logical_job, f"cancelled at generation {job.generation}",

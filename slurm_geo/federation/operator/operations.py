@@ -20,6 +20,7 @@ from slurm_geo.federation.model import (
     FederationStateError,
     Health,
     Incarnation,
+    IncarnationEnd,
     JobStatus,
     LeftHome,
     LogicalJob,
@@ -228,7 +229,8 @@ def _cancel_incarnation(federation: Federation, job: LogicalJob, incarnation: In
             outcome = _cancel_in_slurm(federation.clients[cluster], incarnation)
         except SlurmError as exc:
             return Outcome(incarnation.generation, cluster, job_id, "not reached", str(exc))
-    reason = "cancelled" if outcome.result in ("cancelled", "not submitted") else "ended"
+    reason = (IncarnationEnd.CANCELLED if outcome.result in ("cancelled", "not submitted")
+              else IncarnationEnd.ENDED)
     federation.state.end_incarnation(job.logical_job, incarnation.generation, reason,
                                      federation.clock())
     return outcome

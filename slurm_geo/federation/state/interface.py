@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from slurm_geo.federation.model import (
     Health,
     Incarnation,
+    IncarnationEnd,
     JobStatus,
     Lease,
     LeftHome,
@@ -136,7 +137,7 @@ class State(Protocol):
         """The job's incarnations, by generation."""
         ...
 
-    def end_incarnation(self, logical_job: str, generation: int, reason: str,
+    def end_incarnation(self, logical_job: str, generation: int, reason: IncarnationEnd,
                         now: float) -> None: ...
 
     # --- leases ---------------------------------------------------------------------------

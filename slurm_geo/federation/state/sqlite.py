@@ -28,6 +28,7 @@ from slurm_geo.federation.model import (
     FederationStateError,
     Health,
     Incarnation,
+    IncarnationEnd,
     JobStatus,
     Lease,
     LeftHome,
@@ -285,14 +286,15 @@ class FederationState:
         with self._lock:
             rows = self.db.execute("SELECT * FROM incarnations WHERE logical_job = ? "
                                    "ORDER BY generation", (logical_job,)).fetchall()
-        return [Incarnation(**dict(r)) for r in rows]
+        return [Incarnation(**{**dict(r), "end_reason": IncarnationEnd.read(r["end_reason"])})
+                for r in rows]
 
-    def end_incarnation(self, logical_job: str, generation: int, reason: str,
+    def end_incarnation(self, logical_job: str, generation: int, reason: IncarnationEnd,
                         now: float) -> None:
         with self.transaction() as db:
             db.execute("UPDATE incarnations SET ended_at = ?, end_reason = ? WHERE "
                        "logical_job = ? AND generation = ? AND ended_at IS NULL",
-                       (now, reason, logical_job, generation))
+                       (now, str(reason), logical_job, generation))
             forget_incarnation(db, logical_job, generation)
 
     # --- leases and tokens ----------------------------------------------------------------

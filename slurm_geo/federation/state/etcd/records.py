@@ -15,6 +15,7 @@ from slurm_geo.federation.model import (
     ClusterStatus,
     Health,
     Incarnation,
+    IncarnationEnd,
     JobStatus,
     Lease,
     LeftHome,
@@ -52,7 +53,7 @@ def incarnation_record(incarnation: Incarnation) -> Record:
 
 
 def incarnation_from(record: Record) -> Incarnation:
-    return Incarnation(**record)
+    return Incarnation(**{**record, "end_reason": IncarnationEnd.read(record["end_reason"])})
 
 
 def lease_record(lease: Lease) -> Record:

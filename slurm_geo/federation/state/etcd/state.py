@@ -23,6 +23,7 @@ from slurm_geo.federation.model import (
     LIFECYCLE,
     Health,
     Incarnation,
+    IncarnationEnd,
     JobStatus,
     Lease,
     LeftHome,
@@ -239,7 +240,7 @@ class EtcdFederationState:
         if changed is not None:
             tx.put(key, records.incarnation_record(changed))
 
-    def end_incarnation(self, logical_job: str, generation: int, reason: str,
+    def end_incarnation(self, logical_job: str, generation: int, reason: IncarnationEnd,
                         now: float) -> None:
         def attempt(tx: Transaction) -> None:
             self._change_incarnation(tx, logical_job, generation, lambda i: replace(
