@@ -28,9 +28,6 @@ class LinkBytes:
     a: EndBytes
     b: EndBytes
 
-    def sent_by(self, site: Site) -> int:
-        return self.a.sent if site is self.which.sites[0] else self.b.sent
-
 
 @dataclass(frozen=True)
 class Crossing:

@@ -46,11 +46,6 @@ class JobState(Enum):
     def is_terminal(self) -> bool:
         return self in _TERMINAL
 
-    def is_active(self) -> bool:
-        """Holds resources or is about to: the job may still write checkpoints."""
-        return self in (JobState.RUNNING, JobState.CONFIGURING, JobState.COMPLETING,
-                        JobState.SUSPENDED, JobState.SIGNALING, JobState.STAGE_OUT)
-
 
 _TERMINAL = frozenset({
     JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED, JobState.TIMEOUT,

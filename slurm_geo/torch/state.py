@@ -118,11 +118,6 @@ def _records(tensors: Sequence[Tensor | StreamedTensor]) -> list[Tensor]:
     return records
 
 
-def save_torch_file(tensors: Iterable[Tensor], extra_state: bytes, path: Path | str) -> None:
-    """The inverse of `tensors_from_torch_file`: a `torch.save` file of the state."""
-    torch.save(unflatten_state(tensors, extra_state), path)
-
-
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The C-contiguous bytes of a CPU tensor's elements; a view when it is contiguous."""
     tensor = tensor.detach()

@@ -31,8 +31,3 @@ def composite_b64(parts: list[Bytes]) -> str:
     """S3's composite SHA-256 of an object uploaded as `parts`, in order."""
     inner = b"".join(hashlib.sha256(part).digest() for part in parts)
     return f"{base64.b64encode(hashlib.sha256(inner).digest()).decode()}-{len(parts)}"
-
-
-def hex_of_b64(digest: str) -> str:
-    """The hex form of a base64 SHA-256 (what checkpoint-sync's state records)."""
-    return base64.b64decode(digest).hex()

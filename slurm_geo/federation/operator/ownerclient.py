@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_geo.config.model import SiteConfig
-from slurm_geo.errors import ConfigError, SlurmGeoError
+from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.federation.state.open import federation_config
 from slurm_geo.lease.client import _read_ca, post, tls_context
@@ -103,12 +103,6 @@ class OwnerClient:
 def _exit_code(value: Any) -> int:
     codes = {int(c) for c in ExitCode}
     return value if type(value) is int and value in codes else ExitCode.FAILURE
-
-
-def require_config(site: SiteConfig) -> None:
-    if site.federation is None:
-        raise ConfigError(f"{site.source} has no [federation] table: there is no daemon to "
-                          "ask")
 
 
 class AskedState:
