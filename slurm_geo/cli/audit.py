@@ -92,7 +92,7 @@ def _open_log(db_path: Path | None) -> tuple[str, Audit]:
     if db_path is not None:
         return str(db_path), AuditLog(db_path, readonly=True)
     from slurm_geo.config.model import load_config
-    from slurm_geo.federation.state.open import open_replicas_to_read
+    from slurm_geo.federation.state.open import read_audit
 
     try:
         site = load_config(chosen_config())
@@ -102,9 +102,8 @@ def _open_log(db_path: Path | None) -> tuple[str, Audit]:
     if config is None:
         raise ConfigError(f"{site.source} has no [federation] table with audit_path; "
                           "give --db PATH")
-    if not config.replicated:
-        return str(config.audit_path), AuditLog(config.audit_path, readonly=True)
-    return f"etcd {config.etcd_prefix}", open_replicas_to_read(config).audit
+    where = f"etcd {config.etcd_prefix}" if config.replicated else str(config.audit_path)
+    return where, read_audit(config)
 
 
 def _parse_head(text: str) -> tuple[int, str]:

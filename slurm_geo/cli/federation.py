@@ -111,13 +111,9 @@ def _print_views(views: list[dict[str, Any]], job: str | None, as_json: bool) ->
 
 def _open_state(site: SiteConfig) -> State | None:
     """The state, read-only; None before the daemon alone on SQLite ever started."""
-    from slurm_geo.federation.state.open import federation_config, open_replicas_to_read
-    from slurm_geo.federation.state.sqlite import FederationState
+    from slurm_geo.federation.state.open import federation_config, read_state
 
-    config = federation_config(site)
-    if not config.replicated:
-        return FederationState(config.state, readonly=True) if config.state.exists() else None
-    return open_replicas_to_read(config).state
+    return read_state(federation_config(site))
 
 
 def _where(cluster: str, job_id: int | None) -> str:

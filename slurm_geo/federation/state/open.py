@@ -81,6 +81,22 @@ def open_replicas_to_read(config: FederationConfig,
     return open_federation_state(config, keys, daemon=False, readonly=True)
 
 
+def read_state(config: FederationConfig, env: Mapping[str, str] = os.environ) -> State | None:
+    """The state, read-only, as a command reads it: the SQLite file (None before a daemon
+    alone ever started) or the replicas' in etcd."""
+    if not config.replicated:
+        return FederationState(config.state, readonly=True) if config.state.exists() else None
+    return open_replicas_to_read(config, env).state
+
+
+def read_audit(config: FederationConfig, env: Mapping[str, str] = os.environ) -> Audit:
+    """The audit log, read-only, as a command reads it: the SQLite file (AuditError, naming
+    it, where there is none) or the replicas' in etcd."""
+    if not config.replicated:
+        return AuditLog(config.audit_path, readonly=True)
+    return open_replicas_to_read(config, env).audit
+
+
 def open_kv(config: FederationConfig, master_keys: MasterKeys) -> EtcdKV:
     """etcd at `config`'s endpoints, its values sealed under `master_keys`."""
     return EtcdKV(config.etcd_endpoints, master_keys,
