@@ -18,7 +18,7 @@ from slurm_geo.hooks.context import job_context
 from slurm_geo.lease import places
 from slurm_geo.lease.places import Final, RunRecord, SyncFacts, Where
 from slurm_geo.sync.jobdirs import Protection
-from tests.test_prolog_hooks import RUN, env_for, save
+from tests.kit.hooks import RUN, env_for, save
 
 SYNC = SyncFacts(roots=("pfs",), destination="offsite", home_cluster="onprem")
 PFS = "file:///pfs"
@@ -341,8 +341,8 @@ def test_a_federated_job_with_a_ckpt_dir_ends_with_the_truth_in_its_epilog(sandb
     from slurm_geo.sync.state import StateDB
     from slurm_geo.sync.truth import failing_runs
     from tests.helpers import eventually
+    from tests.kit.docs import first_job_blocks
     from tests.kit.sandbox import user_dir
-    from tests.test_docs_training import first_job_blocks
 
     trainer, script = first_job_blocks()
     work = user_dir(sandbox, ALICE, request.node.name)

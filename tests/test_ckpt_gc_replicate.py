@@ -2,40 +2,18 @@
 
 from __future__ import annotations
 
-import random
-import struct
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
-from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
+from slurm_geo.ckpt import LocalDirStore, Repository, Tensor
 from slurm_geo.ckpt.errors import ImmutableCheckpoint, StoreBusy
 from slurm_geo.ckpt.ops.gc import collect_garbage
 from slurm_geo.ckpt.ops.replicate import copy_checkpoint
 from slurm_geo.ckpt.repo.locks import is_fresh, parse_lock, why_stale
 from tests.helpers import stored_packs
-
-KEY = bytes(range(32))
-OPTIONS = WriteOptions(chunk_size=4096, pack_size=16 * 1024)
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-
-
-def metadata(step: int) -> Metadata:
-    return Metadata(step, step, 0, 1.0, "2026-11-29T12:00:00Z", "onprem", "1")
-
-
-def tensors(seed: int) -> list[Tensor]:
-    rng = random.Random(seed)
-    data = struct.pack("<2048f", *(rng.gauss(0, 1) for _ in range(2048)))
-    return [Tensor("w", "float32", (2048,), data)]
-
-
-def repo(tmp_path, name="store", clock=lambda: NOW):
-    root = tmp_path / name
-    root.mkdir(exist_ok=True)
-    store = LocalDirStore(root)
-    return store, Repository(store, KEY, OPTIONS, clock=clock)
+from tests.kit.ckpt import KEY, NOW, OPTIONS, metadata, repo, tensors
 
 
 def test_promoted_checkpoint_is_neither_overwritten_nor_deleted(tmp_path):

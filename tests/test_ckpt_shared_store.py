@@ -20,7 +20,7 @@ from slurm_geo.ckpt.repo.repository import Repository
 from slurm_geo.ckpt.stores.store import LocalDirStore, directory_fault
 from slurm_geo.sandbox.users import ALICE, BOB
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root does")
+pytestmark = pytest.mark.root(reason="runs users as root does")
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def test_a_copy_root_makes_leaves_the_runs_latest_pointer_to_its_owner(pfs, tmp_
     `latest/` then refused the owner's every save. Root's copy makes no pointer there (a
     reader lists the steps; a resume is told its step); alice's next save makes hers."""
     from slurm_geo.ckpt.ops.replicate import copy_checkpoint
-    from tests.test_ckpt_gc_replicate import KEY, OPTIONS, metadata, repo, tensors
+    from tests.kit.ckpt import KEY, OPTIONS, metadata, repo, tensors
 
     source_store, source = repo(tmp_path, "rented")
     for step in (1, 2):
@@ -199,7 +199,7 @@ def test_a_copy_root_makes_leaves_the_runs_latest_pointer_to_its_owner(pfs, tmp_
 def test_a_copy_into_a_private_store_still_writes_the_pointer(tmp_path):
     from slurm_geo.ckpt.ops.replicate import copy_checkpoint
     from slurm_geo.ckpt.stores.retry import RetryingStore
-    from tests.test_ckpt_gc_replicate import KEY, metadata, repo, tensors
+    from tests.kit.ckpt import KEY, metadata, repo, tensors
 
     source_store, source = repo(tmp_path, "rented")
     source.write_checkpoint("r", tensors(1), b"", metadata(1))

@@ -8,23 +8,18 @@ import inspect
 import os
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from slurm_geo.ckpt.errors import StepMismatch
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.torch import Checkpointer, NoValidCheckpoint, RequeueOnSignal, request_requeue
+from tests.kit.docs import first_job_blocks, text
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "training.md"
 ERRORS = {"StepMismatch": StepMismatch, "NoValidCheckpoint": NoValidCheckpoint}
 API = {"Checkpointer": Checkpointer, "save": Checkpointer.save, "wait": Checkpointer.wait,
        "resume": Checkpointer.resume, "RequeueOnSignal": RequeueOnSignal,
        "request_requeue": request_requeue}
-
-
-def text() -> str:
-    return PAGE.read_text()
 
 
 def test_every_row_of_the_exit_code_table_is_exitcodes_py():
@@ -64,14 +59,6 @@ def _split(params: str) -> list[str]:
         else:
             current += char
     return [*parts, current]
-
-
-def first_job_blocks() -> tuple[str, str]:
-    """The page's first geo job: its trainer and its job script."""
-    section = text().split("## Your first geo job", 1)[1].split("\n## ", 1)[0]
-    python = re.findall(r"```python\n(.*?)```", section, re.S)[0]
-    bash = re.findall(r"```bash\n(.*?)```", section, re.S)[0]
-    return python, bash
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ from tests.kit.federation import (
     Site,
     directives,
     lose_home,
+    rest_site,
     script,
 )
 
@@ -270,13 +271,6 @@ def test_a_job_without_a_recorded_owner_is_never_submitted(site):
     site.tick(rounds=2)
     assert site.onprem.submitted == [] and site.rented.submitted == []
     assert sum("owner is unknown" in k for k in site.kinds()) == 1
-
-
-def rest_site(tmp_path: Path, users: dict) -> Site:
-    token = tmp_path / "geo.jwt"
-    return Site(tmp_path, rented_cluster={
-        "access": "rest", "rest_url": "https://r.example", "rest_user": "geo",
-        "token_file": str(token), "users": users})
 
 
 def test_a_rest_cluster_without_an_account_for_the_owner_is_ineligible_and_says_why(

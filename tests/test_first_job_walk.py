@@ -26,8 +26,8 @@ from slurm_geo.exitcodes import ExitCode
 from slurm_geo.sandbox import Sandbox, login
 from slurm_geo.sandbox.users import ALICE, BOB, SandboxUser
 from tests.helpers import eventually
+from tests.kit.docs import first_job_blocks
 from tests.kit.sandbox import user_dir
-from tests.test_docs_training import first_job_blocks
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow, pytest.mark.timeout(1800)]
 

@@ -24,7 +24,7 @@ from slurm_geo.lease import places
 from slurm_geo.sandbox.users import ALICE, BOB
 from slurm_geo.sync.jobdirs import Protection
 from tests.helpers import as_uid
-from tests.test_prolog_hooks import env_for
+from tests.kit.hooks import env_for
 
 # --- the rules ----------------------------------------------------------------------------
 
@@ -61,8 +61,7 @@ def test_which_records_directories_a_user_trusts(kind, owner, mode, why):
 
 # --- as alice and bob ----------------------------------------------------------------------
 
-pytestmark_root = pytest.mark.skipif(os.geteuid() != 0,
-                                     reason="needs root to act as alice and bob")
+pytestmark_root = pytest.mark.root(reason="needs root to act as alice and bob")
 CLUSTER, JOB = "onprem", 42
 
 

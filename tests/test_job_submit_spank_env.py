@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from slurm_geo.policy.lua import export_files, lua_string
-from tests.test_policy_geo import RULES
+from tests.kit.policy import RULES
 
 LUA = shutil.which("lua5.1") or shutil.which("lua")
 HARNESS = """

@@ -25,15 +25,10 @@ from slurm_geo.policy.directives import (
     parse_options,
     to_environment,
 )
-from slurm_geo.policy.geo import GeoPolicy, GeoRules, check, effective_residency
+from slurm_geo.policy.geo import GeoPolicy, check, effective_residency
 from slurm_geo.policy.lua import export_files, lua_string, policy_lua
+from tests.kit.policy import REGIONS, RULES
 
-REGIONS = {"home", "remote"}
-POLICY = parse_policy(
-    {"require_cost_center": True, "signal_lead_s": 60, "max_restarts": 3,
-     "data_classes": {"restricted": ["home"]}, "budgets": {"ml": 500, "ops": 99.5}},
-    REGIONS, "[policy]")
-RULES = GeoRules(POLICY, {"onprem": "home", "rented": "remote"})
 OK = {"geo-ckpt-dir": "/pfs/ckpt/run1", "geo-cost-center": "ml"}
 
 # (id, directives, cluster, exit code: 0 accepted / 5 mistake / 6 forbidden, message part)

@@ -23,6 +23,7 @@ from slurm_geo.private import (
     shared_directory,
     wanted_mode,
 )
+from tests.kit.files import check_tree
 
 NOBODY = 65534  # the account the attacker runs as here: no file of its own
 
@@ -112,10 +113,9 @@ def passable_dir() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
+@pytest.mark.root(reason="needs root, to give the file to another account")
 def test_a_too_open_file_of_another_account_is_refused_in_one_line(passable_dir: Path,
                                                                     ) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root, to give the file to another account")
     state = passable_dir / "state"
     state.mkdir(mode=0o700)
     os.chown(state, NOBODY, NOBODY)  # the daemon's own directory ...
@@ -225,18 +225,6 @@ def test_sqlite_gives_its_companions_the_database_files_mode(tmp_path: Path) -> 
 
 
 # --- what the daemons leave behind ----------------------------------------------------------
-
-def check_tree(top: Path, file_bits: int, dir_bits: int) -> list[str]:
-    """Each entry under `top` (itself included) whose mode is not exactly what a private
-    one has: `file_bits` for files, `dir_bits` for directories (setgid allowed)."""
-    wrong = []
-    for path in [top, *sorted(top.rglob("*"))]:
-        info = os.lstat(path)
-        want = dir_bits if stat.S_ISDIR(info.st_mode) else file_bits
-        bits = stat.S_IMODE(info.st_mode) & ~stat.S_ISGID
-        if stat.S_ISLNK(info.st_mode) or bits != want:
-            wrong.append(f"{path} {stat.S_IMODE(info.st_mode):04o} (want {want:04o})")
-    return wrong
 
 
 def test_every_file_the_daemons_leave_is_private(tmp_path: Path) -> None:

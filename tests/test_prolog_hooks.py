@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import struct
 import subprocess
 import sys
 import time
@@ -15,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor
+from slurm_geo.ckpt import LocalDirStore, Repository
 from slurm_geo.hooks import ctld, node
 from slurm_geo.hooks.context import job_context
 from slurm_geo.policy.directives import Directives
@@ -24,26 +22,9 @@ from slurm_geo.site import HOOKS
 from slurm_geo.slurm.errors import SlurmRejected
 from slurm_geo.sync.jobdirs import Protection
 from tests.helpers import pack_files, stored_packs
+from tests.kit.hooks import RUN, env_for, save
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-RUN = "train-1"
-
-
-def env_for(ckpt_dir: Path | None, restart: int = 0, **extra: str) -> dict[str, str]:
-    env = {"SLURM_JOB_ID": "42", "SLURM_CLUSTER_NAME": "onprem", "SLURMD_NODENAME": "n1",
-           "SLURM_JOB_RESTART_COUNT": str(restart), "SLURM_JOB_UID": str(os.getuid()),
-           "SLURM_JOB_GID": str(os.getgid()), "SLURM_JOB_USER": "alice",
-           "SLURM_JOB_NAME": "train", "SLURM_JOB_NODELIST": "n1", **extra}
-    if ckpt_dir is not None:
-        env["SPANK_GEO_CKPT_DIR"] = str(ckpt_dir)
-        env["SPANK_GEO_RESIDENCY"] = "home"
-    return env
-
-
-def save(repo: Repository, step: int) -> None:
-    data = struct.pack("<512f", *(random.Random(step).gauss(0, 1) for _ in range(512)))
-    repo.write_checkpoint(RUN, [Tensor("model.w", "float32", (512,), data)], b"{}",
-                          Metadata(step, step, 0, 1.0, "2026-11-29T15:00:00Z", "onprem", "42"))
 
 
 @pytest.fixture
@@ -413,7 +394,7 @@ def open_dir():
     shutil.rmtree(path)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as slurmd runs hooks")
+@pytest.mark.root(reason="needs root, as slurmd runs hooks")
 def test_the_prolog_works_as_the_jobs_user(open_dir):
     ckpt = open_dir / "alice" / "ckpt"
     env = {**env_for(ckpt), "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOBODY)}
@@ -423,7 +404,7 @@ def test_the_prolog_works_as_the_jobs_user(open_dir):
     assert os.geteuid() == 0 and os.getegid() == 0  # root's ids are back
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as slurmd runs hooks")
+@pytest.mark.root(reason="needs root, as slurmd runs hooks")
 def test_a_planted_link_leads_nowhere_the_user_could_not_write(open_dir, tmp_path):
     protected = tmp_path / "root-only"
     protected.mkdir(mode=0o755)
@@ -471,7 +452,7 @@ def test_a_hook_without_the_jobs_uid_logs_one_line_and_does_nothing(tmp_path, ho
     assert not ckpt.exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as slurmd runs hooks")
+@pytest.mark.root(reason="needs root, as slurmd runs hooks")
 def test_as_root_the_hooks_never_act_for_an_unknown_user(tmp_path):
     env = env_for(tmp_path / "ckpt")
     del env["SLURM_JOB_GID"]

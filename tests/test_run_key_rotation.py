@@ -30,8 +30,7 @@ from slurm_geo.ckpt.repo.runkey import (
 from slurm_geo.config.model import ClusterConfig
 from slurm_geo.federation.act.mover import rotates_run_key
 from slurm_geo.lease.protocol import KeyReply
-from tests.kit.federation import KEY, RUN, lose_home
-from tests.test_federation_owners import rest_site
+from tests.kit.federation import KEY, RUN, lose_home, rest_site
 
 OPTIONS = WriteOptions(chunk_size=4096, pack_size=16 * 1024)
 A, B, C = (bytes([n]) * KEY_SIZE for n in (1, 2, 3))

@@ -15,9 +15,9 @@ import pytest
 from slurm_geo.config import load_config
 from slurm_geo.sandbox import Sandbox, root_from_env
 from slurm_geo.sandbox.processes import ProcessTable
-from tests.test_private_files import check_tree
+from tests.kit.files import check_tree
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root(reason="reads the sandbox's files")]
 
 PRIVATE_SINCE = (Path(__file__).parents[1] / "slurm_geo" / "private.py").stat().st_mtime
 

@@ -238,3 +238,10 @@ def operator_run(site: Site, run: str = "operator-run") -> str:
         run, [Tensor("w", "float32", (4,), bytes(16))], b"",
         Metadata(3, 3, 0, 1.0, "2026-12-01T00:00:00Z", "onprem", "1"))
     return run
+
+
+def rest_site(tmp_path: Path, users: dict) -> Site:
+    token = tmp_path / "geo.jwt"
+    return Site(tmp_path, rented_cluster={
+        "access": "rest", "rest_url": "https://r.example", "rest_user": "geo",
+        "token_file": str(token), "users": users})
