@@ -27,6 +27,7 @@ from slurm_geo.federation.model import (
     Health,
     IllegalTransition,
     Incarnation,
+    IncarnationEnd,
     JobStatus,
     Lease,
     LeftHome,
@@ -284,10 +285,11 @@ def an_ended_incarnation_loses_its_token_and_keeps_its_secret(b: Backend) -> Non
     b.state.identities.put_secret(NAME, 1, "secret-1")
     b.state.submitted(NAME, 1, 8, token_digest("t-1"), NOW)
     assert b.state.identities.token_owner("t-1") == TokenOwner(NAME, 1, None)
-    b.state.end_incarnation(NAME, 1, "lost", NOW + 1)
-    b.state.end_incarnation(NAME, 1, "again", NOW + 2)
+    b.state.end_incarnation(NAME, 1, IncarnationEnd.NODE_FAIL, NOW + 1)
+    b.state.end_incarnation(NAME, 1, IncarnationEnd.ENDED, NOW + 2)
     assert b.state.incarnations(NAME)[1] == Incarnation(NAME, 1, CLOUD, 8, None, NOW, None,
-                                                        NOW + 1, "lost")
+                                                        NOW + 1, IncarnationEnd.NODE_FAIL)
+    assert type(b.state.incarnations(NAME)[1].end_reason) is IncarnationEnd
     assert b.state.identities.token_owner("t-1") is None
     assert b.state.identities.secret(NAME, 1) == "secret-1"
     assert b.state.identities.secret(NAME, 2) is None
@@ -496,7 +498,7 @@ def script(b: Backend) -> dict[str, Any]:
     s.identities.put_secret(NAME, 1, "secret-1")
     s.submitted(NAME, 1, 70, token_digest("t-1"), NOW - 19)
     s.identities.use_token("t-1", 0)
-    s.end_incarnation(NAME, 0, "lost", NOW - 18)
+    s.end_incarnation(NAME, 0, IncarnationEnd.FENCED, NOW - 18)
     s.put_lease(a_lease(1, cluster=CLOUD, job_id=70, renewed_at=NOW - 10), True)
     s.plan_move(NAME, 1, HOME, 150, NOW - 5)
     s.count_lost_restart("onprem-9", NOW - 4)
