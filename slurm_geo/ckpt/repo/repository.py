@@ -233,7 +233,7 @@ class Repository:
 
     def read_tensors(self, manifest: Manifest) -> Iterator[Tensor]:
         """The manifest's tensors in order, each chunk verified (it may be cut down to some)."""
-        return self._tensors(manifest, self.chunk_reader(manifest))
+        return _tensors(manifest, self.chunk_reader(manifest), self._options)
 
     def point_latest(self, run: str, step: int) -> None:
         """Name `step` as the run's latest checkpoint (after its manifest is in place)."""
@@ -244,8 +244,9 @@ class Repository:
         """Every tensor and the extra state of a checkpoint, each chunk verified."""
         manifest = self.manifest(run, step)
         reader = self.chunk_reader(manifest)
-        tensors = [t._replace(data=bytes(t.data)) for t in self._tensors(manifest, reader)]
-        return Checkpoint(manifest, tensors, bytes(self._blob(manifest.extra_state, reader)))
+        options = self._options
+        tensors = [t._replace(data=bytes(t.data)) for t in _tensors(manifest, reader, options)]
+        return Checkpoint(manifest, tensors, bytes(_blob(manifest.extra_state, reader, options)))
 
     def iter_tensors(self, run: str, step: int) -> Iterator[Tensor]:
         """The checkpoint's tensors one at a time, in manifest order, each chunk verified.
@@ -259,7 +260,7 @@ class Repository:
         """The checkpoint's opaque non-tensor state, verified."""
         manifest = self.manifest(run, step)
         reader = self.chunk_reader(manifest)
-        return bytes(self._blob(manifest.extra_state, reader))
+        return bytes(_blob(manifest.extra_state, reader, self._options))
 
     def manifest(self, run: str, step: int) -> Manifest:
         return self.open_manifest(run, step, self._store.get(manifest_name(run, step)))
@@ -365,35 +366,6 @@ class Repository:
                              hash_packs=True)
         return _faults(manifest, reader, self._options, on_bytes)
 
-    def _tensors(self, manifest: Manifest, reader: ChunkReader) -> Iterator[Tensor]:
-        """Chunks are decoded straight into each tensor's buffer, `window` at a time,
-        reading ahead across tensor boundaries."""
-
-        def fill(job: tuple[ChunkRef, bytearray, int]) -> bytearray:
-            ref, data, offset = job
-            reader.read_into(ref, data, offset)
-            return data
-
-        threads, window = self._options.threads, self._options.window
-        with worker_pool(threads, "slurm-geo-read") as pool, fetch_pool(threads) as fetcher:
-            jobs = prefetched(_fill_jobs(manifest.tensors), _ref_of_job, reader, fetcher, window)
-            filled = ordered_map(fill, jobs, pool, window)
-            try:
-                for entry in manifest.tensors:
-                    data = bytearray()
-                    for _ref in entry.chunks:
-                        data = next(filled)
-                    yield Tensor(entry.path, entry.dtype, entry.shape, data)
-            finally:
-                filled.close()  # cancel the read-ahead before the pool waits for it
-
-    def _blob(self, blob: BlobEntry, reader: ChunkReader) -> bytearray:
-        with worker_pool(self._options.threads, "slurm-geo-read") as pool:
-            data = bytearray()
-            for chunk in ordered_map(reader.read, blob.chunks, pool, self._options.window):
-                data += chunk
-            return data
-
     def _keys(self, run: str, create: bool = False) -> RunKeyRing:
         return self._holder.ring(run, create)
 
@@ -432,6 +404,38 @@ def add_tensor(writer: ChunkWriter, tensor: TensorToWrite, chunk_size: int,
         slots.append(writer.add(chunk, element_size, bases[i] if i < len(bases) else None))
         on_chunk(len(chunk))
     return slots
+
+
+def _tensors(manifest: Manifest, reader: ChunkReader, options: WriteOptions
+             ) -> Iterator[Tensor]:
+    """Chunks are decoded straight into each tensor's buffer, `window` at a time,
+    reading ahead across tensor boundaries."""
+
+    def fill(job: tuple[ChunkRef, bytearray, int]) -> bytearray:
+        ref, data, offset = job
+        reader.read_into(ref, data, offset)
+        return data
+
+    threads, window = options.threads, options.window
+    with worker_pool(threads, "slurm-geo-read") as pool, fetch_pool(threads) as fetcher:
+        jobs = prefetched(_fill_jobs(manifest.tensors), _ref_of_job, reader, fetcher, window)
+        filled = ordered_map(fill, jobs, pool, window)
+        try:
+            for entry in manifest.tensors:
+                data = bytearray()
+                for _ref in entry.chunks:
+                    data = next(filled)
+                yield Tensor(entry.path, entry.dtype, entry.shape, data)
+        finally:
+            filled.close()  # cancel the read-ahead before the pool waits for it
+
+
+def _blob(blob: BlobEntry, reader: ChunkReader, options: WriteOptions) -> bytearray:
+    with worker_pool(options.threads, "slurm-geo-read") as pool:
+        data = bytearray()
+        for chunk in ordered_map(reader.read, blob.chunks, pool, options.window):
+            data += chunk
+        return data
 
 
 def _faults(manifest: Manifest, reader: ChunkReader, options: WriteOptions,
