@@ -3,7 +3,6 @@ and multi-rank checkpoints pulled to files torch reads (with torch)."""
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import click
 
 from slurm_geo.cli.progress import progress
 from slurm_geo.errors import ConfigError
+from slurm_geo.jobenv import JobEnv
 
 
 def push_tensor_file(path: Path, repository, run: str, step: int, as_json: bool) -> dict:
@@ -18,10 +18,10 @@ def push_tensor_file(path: Path, repository, run: str, step: int, as_json: bool)
     from slurm_geo.ckpt import Metadata
     from slurm_geo.ckpt.files import pushpull
 
+    job = JobEnv.from_environ()
     metadata = Metadata(global_step=step, optimizer_step=step, epoch=0, loss=None,
                         created_at=datetime.now(UTC).isoformat(),
-                        cluster=os.environ.get("SLURM_CLUSTER_NAME", ""),
-                        job_id=os.environ.get("SLURM_JOB_ID", ""))
+                        cluster=job.cluster, job_id=job.job_id)
     with progress(f"push {run}@{step}", as_json) as bar:
         manifest, nbytes = pushpull.push_tensor_file(repository, path, run, metadata, on_bytes=bar)
     return {"run": run, "step": step, "parent": manifest.parent_step,

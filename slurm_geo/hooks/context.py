@@ -16,6 +16,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from slurm_geo.jobenv import JobEnv
 from slurm_geo.policy.directives import (
     DIRECTIVES,
     SPANK_PREFIX,
@@ -53,9 +54,9 @@ class JobContext:
         return f"{self.cluster}-{self.job_id}"
 
 
-def _int(env: Mapping[str, str], key: str, default: int = 0) -> int:
+def _int(text: str, default: int = 0) -> int:
     try:
-        return int(env.get(key, default))
+        return int(text or default)
     except ValueError:
         return default
 
@@ -64,9 +65,8 @@ def _int(env: Mapping[str, str], key: str, default: int = 0) -> int:
 _NO_ID = 2**32 - 1
 
 
-def _id(env: Mapping[str, str], key: str) -> int | None:
+def _id(text: str) -> int | None:
     """A uid or gid as Slurm writes it (decimal digits), or None."""
-    text = env.get(key, "")
     if not (text.isascii() and text.isdigit()) or int(text) >= _NO_ID:
         return None
     return int(text)
@@ -81,24 +81,25 @@ def job_context(env: Mapping[str, str]) -> JobContext:
     """The job of this hook. Directives were checked at submission; one that no longer
     parses (a config change since) is logged and dropped, never fatal here."""
     raw = raw_directives(env)
+    slurm = JobEnv.from_environ(env)
     try:
         directives = from_environment(env, SPANK_PREFIX)
     except DirectiveError as exc:
-        log.warning("job %s: %s; keeping only the checkpoint directory", env.get("SLURM_JOB_ID"),
+        log.warning("job %s: %s; keeping only the checkpoint directory", slurm.job_id or None,
                     exc)
         directives = Directives(ckpt_dir=raw.get("geo-ckpt-dir"))
     return JobContext(
-        cluster=env.get("SLURM_CLUSTER_NAME", ""),
-        job_id=_int(env, "SLURM_JOB_ID"),
-        restart=_int(env, "SLURM_JOB_RESTART_COUNT"),
-        uid=_id(env, "SLURM_JOB_UID"),
-        gid=_id(env, "SLURM_JOB_GID"),
-        user=env.get("SLURM_JOB_USER", ""),
-        name=env.get("SLURM_JOB_NAME", ""),
-        node=env.get("SLURMD_NODENAME", ""),
-        nodes=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", ""),
-        exit_code=env.get("SLURM_JOB_EXIT_CODE2", ""),
+        cluster=slurm.cluster,
+        job_id=_int(slurm.job_id),
+        restart=_int(slurm.job_restart_count),
+        uid=_id(slurm.uid),
+        gid=_id(slurm.gid),
+        user=slurm.user,
+        name=slurm.name,
+        node=slurm.node,
+        nodes=slurm.nodes,
+        exit_code=slurm.exit_code2,
         directives=directives,
-        comment=env.get("SLURM_JOB_COMMENT", ""),
+        comment=slurm.comment,
         raw_directives=raw,
     )

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from slurm_geo.jobenv import JobEnv
+
 log = logging.getLogger("slurm_geo.hooks")
 
 DEFAULT_LOG = Path("/var/log/slurm-geo/hooks.log")
@@ -34,20 +36,20 @@ def run_hook(name: str, env: Mapping[str, str] = os.environ,
 
         job = job_context(env)
         if not job.ids_known:
+            slurm = JobEnv.from_environ(env)
             log.warning("%s of job %s does nothing: SLURM_JOB_UID/SLURM_JOB_GID missing or "
                         "not an id (%r/%r), and a hook never acts as root for a job", name,
-                        env.get("SLURM_JOB_ID", "?"), env.get("SLURM_JOB_UID"),
-                        env.get("SLURM_JOB_GID"))
+                        slurm.job_id or "?", slurm.uid or None, slurm.gid or None)
             return 0
         site = _site_or_none()
         _dispatch(name, job, site, env, clock())
     except Exception as exc:
         if type(exc).__name__ == "RecordsRefused":  # slurm_geo.jobrecords, imported or not
             # A co-tenant's directory in place of the job's records: one line, no traceback.
-            log.error("%s of job %s: %s", name, env.get("SLURM_JOB_ID", "?"), exc)
+            log.error("%s of job %s: %s", name, JobEnv.from_environ(env).job_id or "?", exc)
         else:
             log.exception("%s of job %s failed; the job goes on without it", name,
-                          env.get("SLURM_JOB_ID", "?"))
+                          JobEnv.from_environ(env).job_id or "?")
     return 0
 
 
@@ -193,7 +195,7 @@ def controller_client(site: Any, cluster: str, env: Mapping[str, str]) -> Any:
     from slurm_geo.slurm import CliSlurmClient
 
     configured = site.clusters.get(cluster) if site else None
-    conf = (env.get("SLURM_CONF") or (configured and configured.slurm_conf)
+    conf = (JobEnv.from_environ(env).slurm_conf or (configured and configured.slurm_conf)
             or "/etc/slurm/slurm.conf")
     timeout = configured.timeout_s if configured else 10.0
     return CliSlurmClient(cluster, Path(conf), timeout)

@@ -54,6 +54,7 @@ from slurm_geo.ckpt.repo.runkey import RunKeyRepository
 from slurm_geo.ckpt.stores.open_store import open_store
 from slurm_geo.errors import ConfigError, SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.jobenv import JobEnv
 from slurm_geo.lease import handoff, places, protocol
 from slurm_geo.lease.handoff import ENV_KEY_HANDOFF
 from slurm_geo.lease.munge import MungeCommands, MungeUnavailable, munge_socket
@@ -174,10 +175,10 @@ class FederatedRun:
     def from_environment(cls, run: str, env: Mapping[str, str] = os.environ,
                          stage_world: WorldStager | None = None
                          ) -> FederatedRun:
-        cluster = env.get("SLURM_CLUSTER_NAME", "")
-        job_id = int(env.get("SLURM_JOB_ID", "0"))
-        restart = int(env.get("SLURM_RESTART_COUNT") or env.get("SLURM_JOB_RESTART_COUNT")
-                      or 0)
+        job = JobEnv.from_environ(env)
+        cluster = job.cluster
+        job_id = int(job.job_id or "0")
+        restart = int(job.restart_count or job.job_restart_count or 0)
         if env.get(protocol.ENV_GENERATION):
             if isinstance(env, MutableMapping):
                 store_ca_here(env)

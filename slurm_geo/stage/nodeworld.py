@@ -28,6 +28,7 @@ from pathlib import Path
 from slurm_geo.ckpt.stores.open_store import open_store
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.jobenv import JobEnv
 from slurm_geo.lease import protocol
 from slurm_geo.policy.directives import JOB_PREFIX, from_environment
 from slurm_geo.policy.world import World
@@ -54,7 +55,7 @@ def present_here(workspace: Workspace, environ: dict[str, str], batch_node: str,
                  batch_workspace: Path, sealed: str, python: str = sys.executable
                  ) -> dict[str, object]:
     """Present the world in `workspace` (open, exclusively locked); what it wrote."""
-    node = environ.get("SLURMD_NODENAME", "")
+    node = JobEnv.from_environ(environ).node
     if node == batch_node:
         with open(batch_workspace / PRESENTATION, "rb") as handle:  # the batch step's
             presented = json.load(handle)
@@ -100,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     for number in IGNORED:
         signal.signal(number, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, ENDS)  # an end waits for the workspace
-    node = environ.get("SLURMD_NODENAME", "")
+    job = JobEnv.from_environ(environ)
+    node = job.node
     try:
-        workspace = node_workspace(Path(args.base), environ.get("SLURM_JOB_ID", ""), node)
+        workspace = node_workspace(Path(args.base), job.job_id, node)
         with workspace:
             present_here(workspace, environ, args.batch_node, args.batch_workspace, sealed)
             print(f"{READY} {node}", flush=True)

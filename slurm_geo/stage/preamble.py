@@ -40,6 +40,7 @@ from typing import Any, TextIO
 
 from slurm_geo.ckpt.errors import CorruptObject, StoreUnavailable
 from slurm_geo.ckpt.stores.store import Store
+from slurm_geo.jobenv import JobEnv
 from slurm_geo.lease.protocol import KeyReply
 from slurm_geo.policy.world import World
 from slurm_geo.stage.keys import GivenTreeKeys
@@ -228,7 +229,8 @@ def _on_every_node(presentation: Presentation, workspace: Workspace, base: Path,
     assert srun is not None
     shim = write_shim(workspace, python, srun, base)
     print(f"slurm-geo: world: on every node of the allocation "
-          f"({environ.get('SLURM_JOB_NODELIST', '-')}): the tasks of srun steps run in it",
+          f"({JobEnv.from_environ(environ).job_nodelist or '-'}): the tasks of srun steps "
+          "run in it",
           file=out, flush=True)
     return step, {**env, "PATH": f"{shim}:{env.get('PATH', '')}"}
 

@@ -24,6 +24,7 @@ import sys
 from slurm_geo.ckpt.stores.open_store import open_store
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.jobenv import JobEnv
 from slurm_geo.lease import protocol
 from slurm_geo.lease.client import FederatedRun
 from slurm_geo.lease.handoff import ENV_KEY_HANDOFF
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         script = _script(args)
         world = World.of(from_environment(env, JOB_PREFIX))
-        job = env.get("SLURM_JOB_ID") or str(os.getpid())
+        job = JobEnv.from_environ(env).job_id or str(os.getpid())
         if not env.get(protocol.ENV_RUN):  # moved before it named its run: nothing staged
             return enter_world(None, None, script, world, job)
         # A copy: the secret and token stay in the environment the trainer inherits.

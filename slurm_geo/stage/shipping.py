@@ -22,6 +22,7 @@ from typing import TextIO
 
 from slurm_geo.ckpt.format.keys import RunKeyRing
 from slurm_geo.ckpt.stores.store import Store
+from slurm_geo.jobenv import JobEnv
 from slurm_geo.stage.outputs import PeriodicShipper, incarnation_name
 from slurm_geo.stage.preamble import Finished
 from slurm_geo.stage.present import Presentation
@@ -71,7 +72,7 @@ class OutputsUploader:
                          env: Mapping[str, str], job: str) -> OutputsUploader | None:
         """The uploader of the incarnation these variables describe; None where Slurm
         named no cluster (nothing to name its objects by)."""
-        cluster = env.get("SLURM_CLUSTER_NAME")
+        cluster = JobEnv.from_environ(env).cluster
         if not cluster:
             return None
         return cls(store, ring, run, cluster, job, log_file(), ship_interval(env))

@@ -49,6 +49,7 @@ from typing import IO
 from slurm_geo.atomic import write_atomic
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.jobenv import JobEnv
 from slurm_geo.lease import handoff, protocol
 from slurm_geo.lease.protocol import KeyReply
 from slurm_geo.stage.workspace import Workspace
@@ -68,8 +69,8 @@ class StepWorldError(SlurmGeoError):
 
 def bound(environ: Mapping[str, str]) -> bytes:
     """What a world step's sealed keys are bound to: this job and restart only."""
-    return (f"slurm-geo/node-world:{environ.get('SLURM_JOB_ID', '')}:"
-            f"{environ.get('SLURM_RESTART_COUNT', '0') or '0'}").encode()
+    job = JobEnv.from_environ(environ)
+    return f"slurm-geo/node-world:{job.job_id}:{job.restart_count or '0'}".encode()
 
 
 def seal_node_keys(reply: KeyReply, environ: Mapping[str, str]) -> str | None:
@@ -86,7 +87,7 @@ def open_node_keys(sealed: str, environ: Mapping[str, str]) -> KeyReply:
                                              bound(environ))
     except handoff.HandoffError:
         raise StepWorldError(f"{ENV_NODE_KEYS} does not open for job "
-                             f"{environ.get('SLURM_JOB_ID', '?')}: it was sealed for "
+                             f"{JobEnv.from_environ(environ).job_id or '?'}: it was sealed for "
                              "another job or restart") from None
     return reply
 
@@ -212,8 +213,8 @@ def start_world_step(workspace: Workspace, base: Path, environ: Mapping[str, str
                      ) -> tuple[WorldStep | None, str]:
     """Start the world step where this is a Slurm job with srun and sealed keys: (the
     step, "" ) or (None, why not: the line the job's output gets)."""
-    node = environ.get("SLURMD_NODENAME", "")
-    job = environ.get("SLURM_JOB_ID", "")
+    slurm = JobEnv.from_environ(environ)
+    node, job = slurm.node, slurm.job_id
     if not job or not node:
         return None, NOT_IN_A_JOB
     if srun is None:
@@ -221,7 +222,7 @@ def start_world_step(workspace: Workspace, base: Path, environ: Mapping[str, str
     if sealed is None:
         return None, "no lease secret to seal the world's keys for the nodes with"
     try:
-        nodes = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
+        nodes = int(slurm.num_nodes or 1)
     except ValueError:
         nodes = 1
     step = WorldStep(world_step_argv(srun, python, nodes, base, node, workspace.path),

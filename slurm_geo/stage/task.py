@@ -26,6 +26,7 @@ from pathlib import Path
 
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.jobenv import JobEnv
 from slurm_geo.stage.nsexec import PLAN_VARIABLE
 from slurm_geo.stage.present import ENV_PREFIX, Presentation
 from slurm_geo.stage.steps import PRESENTATION, StepWorldError, node_job
@@ -98,11 +99,12 @@ def enter(command: list[str], base: Path, cwd: str | None = None,
     """Become `command` in this node's world of the job (exec); an exit code where that
     cannot be (one line on stderr). `python` runs stage.nsexec."""
     env = dict(os.environ if environ is None else environ)
-    node = env.get("SLURMD_NODENAME", "")
+    job = JobEnv.from_environ(env)
+    node = job.node
     try:
         if not command:
             raise StepWorldError("no command to run: give it after --")
-        presentation = open_world(base, env.get("SLURM_JOB_ID", ""), node, os.getuid())
+        presentation = open_world(base, job.job_id, node, os.getuid())
         argv, task_env, workdir = presentation.command(
             command, task_environment(env, shim_dir), python)
         where = task_cwd(cwd, presentation, batch_root, bool(cwd) and os.path.isdir(cwd or ""))

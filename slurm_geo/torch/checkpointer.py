@@ -53,6 +53,7 @@ from slurm_geo.ckpt.format.manifest import check_metadata
 from slurm_geo.ckpt.format.names import key_name, manifest_name
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.jobenv import JobEnv
 from slurm_geo.torch.rng import capture_rng, restore_rng
 from slurm_geo.torch.state import StateFormatError, flatten_state, unflatten_state
 
@@ -310,12 +311,12 @@ class Checkpointer:
         name = manifest_name(self._run, step)
         if derived is not None and derived != step:
             raise StepMismatch(name, step, derived)
+        job = JobEnv.from_environ(self._env)
         metadata = Metadata(
             global_step=step, optimizer_step=step if derived is None else derived, epoch=epoch,
             loss=_loss_value(loss),
             created_at=_moment(self._clock()),
-            cluster=self._env.get("SLURM_CLUSTER_NAME", ""),
-            job_id=self._env.get("SLURM_JOB_ID", ""),
+            cluster=job.cluster, job_id=job.job_id,
         )
         check_metadata(name, metadata)
         return metadata

@@ -67,6 +67,7 @@ from slurm_geo.ckpt.repo.writer import DEFAULT_OPTIONS, WriteOptions
 from slurm_geo.ckpt.stores.open_store import open_store, open_store_or_named
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
+from slurm_geo.jobenv import JobEnv
 from slurm_geo.torch.state import TORCH_DTYPE_NAMES, TORCH_DTYPES, load_torch_bytes, tensor_bytes
 
 DCP_VERSION = "1.0.0"  # what DCP's own FileSystemWriter records (CURRENT_DCP_VERSION)
@@ -218,7 +219,7 @@ class StorageWriter(_DcpWriter):
         meta = CheckpointMetadata(
             self.step, self.step, self.epoch, self.loss,
             datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            os.environ.get("SLURM_CLUSTER_NAME", ""), os.environ.get("SLURM_JOB_ID", ""))
+            *_job_names())
         try:
             commit_sharded(self._stored.repository, self.run, list(entries.values()), layout,
                            meta, self._parent, self._before_commit or (lambda: None))
@@ -516,3 +517,9 @@ def _step_of(checkpoint_id: Any) -> int:
         raise ValueError(f"checkpoint_id {checkpoint_id!r} is not a step (a whole number): "
                          "a slurm-geo checkpoint is named by its run and step")
     return int(checkpoint_id)
+
+
+def _job_names() -> tuple[str, str]:
+    """(cluster, job id) of the Slurm job this process runs in; "" outside one."""
+    job = JobEnv.from_environ()
+    return job.cluster, job.job_id
