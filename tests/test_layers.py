@@ -8,13 +8,16 @@ the submodule `pkg.name` when there is one, else of `pkg`. Imports by string
 
 Asserted: no import cycle between modules; the layer rules in RULES; the readers' rules
 in READERS (what of another package one may import) and NEVER_LOADED (what nothing one
-imports, directly or not, may be); no module over
+imports, directly or not, may be); Slurm's commands run from the Slurm layer only and
+Slurm's variables read through slurm_geo.jobenv only (an AST scan of each module's
+literals, beside the import graph); no module over
 MAX_MODULE_LINES lines and no class over MAX_CLASS_LINES (STYLE.md: "modules under ~600").
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,6 +302,101 @@ def test_never_loaded(package: str, forbidden: tuple[str, ...], why: str):
     if offending:
         pytest.fail(f"{package} loads {', '.join(forbidden)} ({why}):\n"
                     + "\n".join(offending), pytrace=False)
+
+
+# --- Slurm's commands and Slurm's variables -------------------------------------------------
+
+# The client commands of Slurm (not its daemons, which the sandbox starts as any service).
+SLURM_COMMANDS = frozenset({"sbatch", "srun", "scontrol", "squeue", "sacct", "sacctmgr",
+                            "scancel", "sinfo", "sreport", "salloc", "sattach", "sstat"})
+SLURM_LAYER = "slurm_geo.slurm"
+# The one reader of Slurm's own SLURM_* variables (and SLURMD_NODENAME) in a job or hook.
+JOB_ENV = "slurm_geo.jobenv"
+# The example trainers are the library's users (the rule for torch says so), not part of it.
+NOT_THE_LIBRARY = ("slurm_geo.examples",)
+_SLURM_VARIABLE = re.compile(r"SLURMD?_(?!GEO_)[A-Z0-9_]+")
+
+
+def slurm_command_argvs(source: str) -> list[tuple[int, str]]:
+    """(line, command) of every list or tuple whose first item is the literal name of one
+    of Slurm's commands: an argv, whoever runs it (subprocess, os.exec*, a runner passed
+    in, the sandbox's exec_in)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.List, ast.Tuple)) and node.elts:
+            first = node.elts[0]
+            if isinstance(first, ast.Constant) and first.value in SLURM_COMMANDS:
+                found.append((node.lineno, first.value))
+    return sorted(found)
+
+
+def slurm_variable_reads(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every read of a Slurm variable by its literal name: `env[NAME]`,
+    `env.get(NAME)` (and .pop, .setdefault, os.getenv), `NAME in env`, or the name passed
+    to any function (a helper that reads it). Writing one (a job's environment being
+    built, a dict's key) is not a read."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[ast.expr] = []
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            names = [node.slice]
+        elif isinstance(node, ast.Call):
+            names = list(node.args)
+        elif isinstance(node, ast.Compare) and any(
+                isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            names = [node.left]
+        found += [(node.lineno, name.value) for name in names
+                  if isinstance(name, ast.Constant) and isinstance(name.value, str)
+                  and _SLURM_VARIABLE.fullmatch(name.value)]
+    return sorted(found)
+
+
+def test_slurm_commands_are_run_by_the_slurm_layer_only():
+    offending = [f"  {module_path(name)}:{line}: {command}"
+                 for name, source in sorted(SOURCES.items())
+                 if not _within(name, SLURM_LAYER)
+                 and not any(_within(name, other) for other in NOT_THE_LIBRARY)
+                 for line, command in slurm_command_argvs(source)]
+    if offending:
+        pytest.fail("Slurm's commands are run from slurm_geo/slurm/ only (a function there; "
+                    "admin.py for a site's administration):\n" + "\n".join(offending),
+                    pytrace=False)
+
+
+def test_slurm_variables_are_read_in_one_place():
+    offending = [f"  {module_path(name)}:{line}: {variable}"
+                 for name, source in sorted(SOURCES.items())
+                 if name != JOB_ENV and not _within(name, SLURM_LAYER)
+                 and not any(_within(name, other) for other in NOT_THE_LIBRARY)
+                 for line, variable in slurm_variable_reads(source)]
+    if offending:
+        pytest.fail(f"Slurm's variables are read through {JOB_ENV} (JobEnv.from_environ) "
+                    "only:\n" + "\n".join(offending), pytrace=False)
+
+
+@pytest.mark.parametrize("source, found", [
+    ("subprocess.run(['scontrol', 'requeue', job])", [(1, "scontrol")]),
+    ("os.execv(srun, ('srun', *words))", [(1, "srun")]),
+    ("argv = ['sbatch', '--parsable']\nrun(argv)", [(1, "sbatch")]),
+    ("subprocess.run(['mariadb-admin', 'ping'])", []),
+    ("shutil.which('sbatch')", []),
+])
+def test_slurm_command_argvs_are_found(source, found):
+    assert slurm_command_argvs(source) == found
+
+
+@pytest.mark.parametrize("source, found", [
+    ("os.environ['SLURM_JOB_ID']", [(1, "SLURM_JOB_ID")]),
+    ("env.get('SLURMD_NODENAME', '')", [(1, "SLURMD_NODENAME")]),
+    ("os.getenv('SLURM_CONF')", [(1, "SLURM_CONF")]),
+    ("'SLURM_JOB_ID' in env", [(1, "SLURM_JOB_ID")]),
+    ("_int(env, 'SLURM_JOB_ID')", [(1, "SLURM_JOB_ID")]),  # a helper that reads it
+    ("env.get('SLURM_GEO_RUN')", []),  # slurm-geo's own
+    ("env['SLURM_JWT'] = token", []),  # written, not read
+    ("{'SLURM_CONF': path}", []),
+])
+def test_slurm_variable_reads_are_found(source, found):
+    assert slurm_variable_reads(source) == found
 
 
 def test_no_module_is_too_long():

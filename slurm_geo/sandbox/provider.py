@@ -34,6 +34,7 @@ from slurm_geo.sandbox import provider_render as render
 from slurm_geo.sandbox import rootfs
 from slurm_geo.sandbox.processes import Daemon, ProcessTable, wait_until
 from slurm_geo.sandbox.provider_render import ACCOUNTS, Account, Ports, SiteDirs
+from slurm_geo.slurm import admin
 
 COMMAND_TIMEOUT_S = 30
 START_TIMEOUT_S = 60
@@ -153,7 +154,7 @@ class ProviderSite:
         return [
             *database,
             Daemon("slurmctld", [*inside, "/usr/sbin/slurmctld", "-D"],
-                   health_check=lambda: self._answers(["scontrol", "ping"], "UP")),
+                   health_check=lambda: self._answers(admin.ping_argv(), "UP")),
             *(Daemon(name, [*inside, "/usr/sbin/slurmd", "-D", "-N", name],
                      health_check=lambda name=name: self._node_up(name))  # type: ignore[misc]
               for name, _port in self.nodes),
@@ -170,7 +171,7 @@ class ProviderSite:
         return done.returncode == 0 and needle in done.stdout
 
     def _node_up(self, node: str) -> bool:
-        done = exec_in(self, ["sinfo", "-h", "-n", node, "-o", "%T"], check=False)
+        done = exec_in(self, admin.node_state_argv(node), check=False)
         return done.returncode == 0 and any(
             state.rstrip("*") in {"idle", "mixed", "allocated", "drained", "draining"}
             for state in done.stdout.split())
@@ -265,18 +266,18 @@ def _init_database(site: ProviderSite) -> None:
 def _register(site: ProviderSite) -> None:
     """The cluster, an account, the tenants' users and their service account (a Slurm
     operator: it may cancel, hold and requeue its tenants' jobs) in slurmdbd, once."""
-    listed = exec_in(site, ["sacctmgr", "-n", "-P", "list", "user", "format=user"]).stdout
+    listed = exec_in(site, admin.list_users_argv()).stdout
     if render.SERVICE_ACCOUNT.name in listed.split():
         return
-    sacctmgr = ["sacctmgr", "-i"]
-    exec_in(site, [*sacctmgr, "add", "cluster", site.cluster], check=False)
-    exec_in(site, [*sacctmgr, "add", "account", "tenants", f"cluster={site.cluster}"],
+    sacctmgr = admin.sacctmgr_change_argv
+    exec_in(site, sacctmgr("add", "cluster", site.cluster), check=False)
+    exec_in(site, sacctmgr("add", "account", "tenants", f"cluster={site.cluster}"),
             check=False)
     names = ",".join(a.name for a in (*site.accounts, render.SERVICE_ACCOUNT))
-    exec_in(site, [*sacctmgr, "add", "user", names, "account=tenants",
-                   f"cluster={site.cluster}"])
-    exec_in(site, [*sacctmgr, "modify", "user", render.SERVICE_ACCOUNT.name, "set",
-                   "adminlevel=operator"])
+    exec_in(site, sacctmgr("add", "user", names, "account=tenants",
+                           f"cluster={site.cluster}"))
+    exec_in(site, sacctmgr("modify", "user", render.SERVICE_ACCOUNT.name, "set",
+                           "adminlevel=operator"))
 
 
 def namespace_alive(site: ProviderSite) -> bool:
@@ -339,8 +340,7 @@ def prepare(site: ProviderSite) -> None:
 def mint_token(site: ProviderSite, account: Account) -> Path:
     """A fresh JWT for `account`, from the site's slurmctld, into its token file (0600,
     root's: whoever uses it gets a copy of their own)."""
-    done = exec_in(site, ["scontrol", "token", f"username={account.name}",
-                          f"lifespan={TOKEN_LIFESPAN_S}"])
+    done = exec_in(site, admin.token_argv(account.name, TOKEN_LIFESPAN_S))
     found = re.search(r"SLURM_JWT=(\S+)", done.stdout)
     if not found:
         raise SandboxError(f"scontrol token for {account.name} in the provider site printed "

@@ -147,7 +147,7 @@ def stop_daemon(layout: SandboxLayout, name: str) -> None:
 
 def scontrol(layout: SandboxLayout, args: list[str]) -> None:
     """An operator's `scontrol` at the provider (root there: the drill's own hand)."""
-    provider.exec_in(site(layout), ["scontrol", *args])
+    provider.exec_in(site(layout), admin.scontrol_argv(*args))
 
 
 def admin_output(layout: SandboxLayout, argv: list[str]) -> str:
@@ -158,8 +158,7 @@ def admin_output(layout: SandboxLayout, argv: list[str]) -> str:
 
 def issue_token(layout: SandboxLayout, user: str, lifespan_s: int) -> str:
     """A JWT for `user` from the provider's slurmctld (a test's expired token)."""
-    printed = admin_output(layout, ["scontrol", "token", f"username={user}",
-                                    f"lifespan={lifespan_s}"])
+    printed = admin_output(layout, admin.token_argv(user, lifespan_s))
     return printed.strip().removeprefix("SLURM_JWT=")
 
 

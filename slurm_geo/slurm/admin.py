@@ -93,11 +93,7 @@ def set_admin_level(slurm_conf: Path, user: str, level: str, timeout_s: float = 
 
 def issue_token(slurm_conf: Path, username: str, lifespan_s: int, timeout_s: float = 20) -> str:
     """A JWT for `username` from the cluster's slurmctld (needs root or SlurmUser)."""
-    out = _run(
-        ["scontrol", "token", f"username={username}", f"lifespan={lifespan_s}"],
-        timeout_s,
-        slurm_conf,
-    )
+    out = _run(token_argv(username, lifespan_s), timeout_s, slurm_conf)
     match = re.search(r"SLURM_JWT=(\S+)", out)
     if not match:
         raise SlurmCommandError("scontrol token", f"no SLURM_JWT in output {out!r}")
@@ -132,3 +128,37 @@ def drain_node(slurm_conf: Path, node: str, reason: str, timeout_s: float = 20) 
 
 def resume_node(slurm_conf: Path, node: str, timeout_s: float = 20) -> None:
     _run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], timeout_s, slurm_conf)
+
+
+# --- the same commands for a site reached another way ---------------------------------
+# The sandbox's provider site runs its Slurm in its own namespaces: its administration
+# (sandbox.provider, sandbox.remote_site) runs these there, as that site's root.
+
+def scontrol_argv(*args: str) -> list[str]:
+    """An operator's `scontrol ARGS...` (`update NodeName=... State=DRAIN`, ...)."""
+    return ["scontrol", *args]
+
+
+def ping_argv() -> list[str]:
+    """`scontrol ping`: prints "UP" for a controller that answers."""
+    return scontrol_argv("ping")
+
+
+def token_argv(username: str, lifespan_s: int) -> list[str]:
+    """`scontrol token`: prints SLURM_JWT=... for `username` (root or SlurmUser only)."""
+    return scontrol_argv("token", f"username={username}", f"lifespan={lifespan_s}")
+
+
+def node_state_argv(node: str) -> list[str]:
+    """`sinfo`: one node's state(s), one word each ("idle", "down*", ...)."""
+    return ["sinfo", "-h", "-n", node, "-o", "%T"]
+
+
+def list_users_argv() -> list[str]:
+    """`sacctmgr`: the users the accounting knows, one a line."""
+    return ["sacctmgr", "-n", "-P", "list", "user", "format=user"]
+
+
+def sacctmgr_change_argv(*args: str) -> list[str]:
+    """`sacctmgr -i ARGS...`: a change to the accounting, without asking to confirm."""
+    return ["sacctmgr", "-i", *args]

@@ -18,10 +18,9 @@ two bytecodes of whatever the main thread was doing. The training loop polls
    `scontrol` is not usable, a batch script can test for 75 and requeue itself, or an
    admin can list 75 in slurm.conf's `RequeueExit` for the same effect.
 
-These are the only Slurm commands on the training side. They live here rather than in
-`slurm_geo.slurm` because it runs on a compute node inside the job, with none of the
-controller-side configuration (clusters, REST endpoints) that package is built around,
-and they need nothing but the job's own id.
+These are the only Slurm commands on the training side; like every Slurm command they
+are run by the Slurm layer (slurm_geo.slurm.jobside: they need nothing but the job's own
+id and restart count, none of the clusters' configuration), imported only when a job asks.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from slurm_geo.exitcodes import ExitCode
-from slurm_geo.policy.restarts import with_planned_mark
 
 EXIT_REQUEUE = ExitCode.REQUEUE  # EX_TEMPFAIL: state saved, run again to continue
 
@@ -45,44 +43,11 @@ Runner = Callable[..., "subprocess.CompletedProcess[Any]"]
 
 
 def request_requeue(env: Mapping[str, str] = os.environ, run: Runner = subprocess.run) -> bool:
-    """Ask Slurm to requeue the job this process runs in; False outside Slurm or on failure."""
-    job_id = env.get("SLURM_JOB_ID")
-    if not job_id:
-        log.info("not in a Slurm job (SLURM_JOB_ID is unset); nothing to requeue")
-        return False
-    _mark_planned(job_id, env, run)
-    command = ["scontrol", "requeue", job_id]
-    try:
-        result = run(command, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("%s failed: %s; exiting %d for the batch script", command, exc, EXIT_REQUEUE)
-        return False
-    if result.returncode != 0:
-        log.warning("%s exited %d: %s; exiting %d for the batch script", command,
-                    result.returncode, (result.stderr or "").strip(), EXIT_REQUEUE)
-        return False
-    log.info("job %s requeued", job_id)
-    return True
+    """Ask Slurm to requeue the job this process runs in; False outside Slurm or on failure
+    (slurm_geo.slurm.jobside, loaded only when a job asks)."""
+    from slurm_geo.slurm.jobside import requeue_self
 
-
-def _mark_planned(job_id: str, env: Mapping[str, str], run: Runner) -> None:
-    """Mark this incarnation's requeue as planned; without the mark it merely counts."""
-    restart = env.get("SLURM_RESTART_COUNT", "0")
-    read = ["squeue", "--noheader", f"--jobs={job_id}", "--format=%k"]
-    try:
-        shown = run(read, capture_output=True, text=True, timeout=60, check=False)
-        current = (shown.stdout or "").strip() if shown.returncode == 0 else ""
-        comment = with_planned_mark("" if current == "(null)" else current,
-                                    int(restart) if restart.isdigit() else 0)
-        update = ["scontrol", "update", f"JobId={job_id}", f"Comment={comment}"]
-        marked = run(update, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("marking the requeue of job %s as planned failed: %s; it counts toward "
-                    "max_restarts", job_id, exc)
-        return
-    if marked.returncode != 0:
-        log.warning("marking the requeue of job %s as planned failed: %s; it counts toward "
-                    "max_restarts", job_id, (marked.stderr or "").strip())
+    return requeue_self(env, run)
 
 
 class RequeueOnSignal:
