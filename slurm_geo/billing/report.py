@@ -20,6 +20,7 @@ from typing import Any
 from slurm_geo.billing import costs
 from slurm_geo.billing.attribution import NO_COST_CENTER
 from slurm_geo.billing.periods import Period
+from slurm_geo.cells import table
 
 GROUP_BY = ("cost-center", "user", "cluster", "job")
 FORMATS = ("table", "csv", "json")
@@ -285,11 +286,9 @@ def _table(doc: dict[str, Any]) -> str:
                     "cpu_usd", "gpu_usd", "fee_usd", "egress_usd", "total_usd"))]
 
     rows = [head] + [cells(r["key"], r) for r in doc["rows"]] + [cells("TOTAL", doc["total"])]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [f"period {doc['period']['label']} ({doc['period']['start']} .. "
              f"{doc['period']['end']}, UTC)"]
-    lines += ["  ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                        for i, (v, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
+    lines.append(table(rows, right=range(1, len(head))))
     if doc["flags"]:
         lines.append(f"\n{len(doc['flags'])} flag(s) need a look:")
         lines += [f"  [{f['kind']}] {f['cluster']} {f['subject']}"

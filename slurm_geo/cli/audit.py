@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from slurm_geo.cells import table
 from slurm_geo.cli.options import chosen_config, config_option
 from slurm_geo.errors import ConfigError
 
@@ -122,8 +123,5 @@ def _table(rows: list[dict[str, Any]]) -> str:
         text = "".join("?" if ord(c) < 32 or ord(c) == 127 else c for c in str(value))
         return text if len(text) <= 60 else text[:57] + "..."
 
-    header = [c.upper() for c in _COLUMNS]
-    cells = [header] + [[cell(r, c) for c in _COLUMNS] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-                     for r in cells)
+    return table([[c.upper() for c in _COLUMNS]] + [[cell(r, c) for c in _COLUMNS]
+                                                    for r in rows])

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from slurm_geo.cells import table
 from slurm_geo.cli.options import chosen_config, config_option
 
 db_option = click.option("--db", "db_path", type=click.Path(path_type=Path), default=None,
@@ -176,7 +177,7 @@ def _ingest_table(result: Any) -> str:
             mark = run.as_dict()["watermark"]
             detail = f"watermark stays at {mark}" if mark else "no watermark yet"
         rows.append((run.source, run.outcome.value, _window(run), detail))
-    lines = _columns(rows)
+    lines = [table(rows)]
     if result.repriced:
         lines.append(f"prices changed: {result.repriced} row(s) repriced")
     return "\n".join(lines)
@@ -202,7 +203,7 @@ def _check_table(result: Any) -> str:
             outcome += f"; billed {iso(later[0])} .. {iso(later[1])} not compared yet " \
                        f"(ingest again after {iso(later[2])})"
         rows.append((run.source, _window(run), outcome))
-    return "\n".join([f"billing check {result.period.label}", *_columns(rows)])
+    return "\n".join([f"billing check {result.period.label}", table(rows)])
 
 
 def _window(run: Any) -> str:
@@ -214,12 +215,6 @@ def _window(run: Any) -> str:
 def _totals(totals: dict[str, int] | None) -> str:
     names = {"cpu_seconds": "cpu-s", "gpu_seconds": "gpu-s"}
     return ", ".join(f"{value} {names.get(key, key)}" for key, value in (totals or {}).items())
-
-
-def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-            .rstrip() for row in rows]
 
 
 @billing.command()

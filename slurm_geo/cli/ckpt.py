@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from slurm_geo.cells import cell
+from slurm_geo.cells import cell, table
 from slurm_geo.cli.ckpt_files import pull_multi_rank, pull_tensor_file, push_tensor_file
 from slurm_geo.cli.ckpt_targets import no_run, only_run, parse_target, require_run
 from slurm_geo.cli.options import chosen_config, config_option
@@ -550,8 +550,5 @@ def _report(result: dict, as_json: bool, template: str, **extra: str) -> None:
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
-    cells = [[c.upper() for c in columns]] + [
-        [cell(row[c]) for c in columns] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-                     for r in cells)
+    return table([[c.upper() for c in columns]] + [[cell(row[c]) for c in columns]
+                                                    for row in rows])

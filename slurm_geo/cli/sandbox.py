@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from slurm_geo.cells import table
 from slurm_geo.errors import SandboxError
 from slurm_geo.sandbox.layout import ROOT_ENV, root_from_env
 from slurm_geo.sandbox.sites import Site, WanLink
@@ -242,6 +243,4 @@ def _accounting_table(records) -> str:
          f"{r.elapsed_s} s", ",".join(f"{k}={v}" for k, v in sorted(r.allocated_tres.items())))
         for r in records
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+    return table(rows)

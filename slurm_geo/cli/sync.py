@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from slurm_geo.cells import table
+
 if TYPE_CHECKING:
     from slurm_geo.sync.follow import Followed
 
@@ -289,10 +291,7 @@ def _table(rows: list[dict[str, Any]], columns: list[str], wrap: bool = True) ->
         text = str(value)
         return text if len(text) <= 60 or not wrap else text[:57] + "..."
 
-    cells = [[c.upper() for c in columns]] + [[cell(r, c) for c in columns] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-                     for r in cells)
+    return table([[c.upper() for c in columns]] + [[cell(r, c) for c in columns] for r in rows])
 
 
 from slurm_geo.cli.sync_scrub import scrub_here  # noqa: E402  (its own module: it holds no key)

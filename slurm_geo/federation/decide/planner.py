@@ -61,6 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_geo.cells import table
 from slurm_geo.config.model import Prices
 from slurm_geo.policy.directives import DirectiveError, Directives
 from slurm_geo.policy.geo import GeoRules, check
@@ -528,9 +529,7 @@ def render_plan(plan: Plan) -> str:
         rows.append([name, "yes" if c.eligible else "no", number(c.transfer_s),
                      number(c.queue_wait_s), number(c.total_s), f"{c.cost_usd:.2f}",
                      c.why_not or "-"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-             for r in rows]
+    lines = [table(rows)]
     lines.append(f"choice: {plan.choice} — {plan.reason}")
     if plan.needs_approval:
         lines.append("the move needs approval: the job's --geo-failover is not auto")

@@ -9,11 +9,11 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from slurm_geo.cells import cell
+from slurm_geo.cells import cell, table
 from slurm_geo.config.daemons import FederationConfig
 from slurm_geo.federation.model import Replica
 from slurm_geo.federation.state.etcd.kv import EtcdKV
@@ -120,22 +120,16 @@ def render(status: ReplicationStatus) -> str:
     rows = [("REPLICA", "SITE", "URL", "REACHABLE", "LEADS")] + [
         (r.name or "-", r.site or "-", r.url, yes(r.reachable), yes(r.leading))
         for r in status.replicas]
-    lines = _columns(rows)
+    lines = [table(rows)]
     leader = status.leader
     lines.append("leader: " + ("none (an election is under way, or no replica runs)"
                                if leader is None else f"{cell(leader.name)} at site "
                                f"{cell(leader.site)} ({cell(leader.url)})"))
     if status.replicated:
         lines.append("")
-        lines += _columns([("ETCD MEMBER", "ENDPOINT", "HEALTHY", "RAFT LEADER",
+        lines.append(table([("ETCD MEMBER", "ENDPOINT", "HEALTHY", "RAFT LEADER",
                             "RAFT INDEX", "LAG", "ERROR")] + [
             (m.name or "-", m.endpoint, yes(m.healthy), yes(m.raft_leader),
              "-" if m.raft_index is None else str(m.raft_index),
-             "-" if m.lag is None else str(m.lag), m.error or "-") for m in status.members])
+             "-" if m.lag is None else str(m.lag), m.error or "-") for m in status.members]))
     return "\n".join(lines)
-
-
-def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-            .rstrip() for row in rows]
