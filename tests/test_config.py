@@ -12,18 +12,7 @@ from slurm_geo.errors import ConfigError
 from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.render import site_config
 from slurm_geo.sandbox.sites import Site
-
-GOOD = {
-    "site": {"home_cluster": "onprem"},
-    "clusters": {
-        "onprem": {"region": "home", "access": "cli", "slurm_conf": "/etc/slurm/slurm.conf"},
-        "rented": {"region": "eu", "access": "rest", "rest_url": "https://r.example:6820/",
-                   "rest_user": "geo", "token_file": "/etc/slurm-geo/rented.jwt",
-                   "timeout_s": 5, "prices": {"gpu_hour": 2.5, "egress_per_gb": 0.09}},
-    },
-    "stores": {"offsite": {"url": "s3://bucket/ckpt", "region": "eu",
-                           "endpoint_url": "https://minio:9000"}},
-}
+from tests.kit.site import GOOD, federated
 
 
 def test_good_config_reads_into_typed_values():
@@ -120,13 +109,6 @@ def test_the_rest_user_mapping_table_in_the_docs_is_current():
     from slurm_geo.config.tables import REMOTE_ACCOUNT_SETTINGS
     docs = Path(__file__).resolve().parent.parent / "docs" / "install.md"
     assert settings_table(REMOTE_ACCOUNT_SETTINGS) in docs.read_text()
-
-
-def federated(**table) -> dict:
-    raw = {**GOOD, "clusters": {name: {**c, "store": "offsite"}
-                                for name, c in GOOD["clusters"].items()},
-           "federation": table}
-    return raw
 
 
 def test_a_federation_table_reads_into_settings():

@@ -10,7 +10,7 @@ import pytest
 from slurm_geo.config import parse_config
 from slurm_geo.config.daemons import ReplicaConfig
 from slurm_geo.errors import ConfigError
-from tests.test_config import federated
+from tests.kit.site import federated
 
 HOME = {"name": "home-a", "site": "home", "url": "https://fed-home.example:9852"}
 CONTROL = {"name": "control-b", "site": "control", "url": "https://fed-control.example:9852"}

@@ -18,6 +18,7 @@ from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import JobSpec, SlurmRejected, connect
 from slurm_geo.slurm.models import JobState
+from tests.kit.sandbox import connect_onprem, wait_done
 
 pytestmark = pytest.mark.sandbox
 
@@ -39,18 +40,6 @@ def squeue_names(sandbox: Sandbox) -> list[str]:
                          env={**os.environ, "SLURM_CONF": str(sandbox.layout.onprem.slurm_conf)},
                          timeout=30, check=True).stdout
     return out.split()
-
-
-def wait_done(sandbox: Sandbox, job_id: int, timeout_s: float = 90) -> JobState:
-    client = connect_onprem(sandbox)
-    info = eventually(lambda: client.job(job_id), lambda j: j.state.is_terminal(), timeout_s)
-    return info.state
-
-
-def connect_onprem(sandbox: Sandbox):
-    from slurm_geo.slurm import CliSlurmClient
-
-    return CliSlurmClient("onprem", sandbox.layout.onprem.slurm_conf, timeout_s=10)
 
 
 GOOD = ["--geo-residency=home,remote", "--geo-data-class=internal",

@@ -4,40 +4,16 @@ code for each mistake, never a traceback."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 from slurm_geo.federation.model import JobStatus, LogicalJob
 from slurm_geo.federation.state.sqlite import FederationState
-
-CONFIG = """
-[site]
-home_cluster = "onprem"
-[clusters.onprem]
-region = "home"
-access = "cli"
-slurm_conf = "/nonexistent/slurm.conf"
-store = "pfs"
-[stores.pfs]
-url = "file://{root}/pfs"
-region = "home"
-[federation]
-state = "{root}/fed.db"
-audit_path = "{root}/audit.db"
-"""
-
-
-def slurm_geo(*args: str, config) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slurm_geo", *args], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "SLURM_GEO_CONFIG":
-                                                      str(config)})
+from tests.kit.cli import on_call_site, slurm_geo
+from tests.kit.site import write_site
 
 
 def test_status_lists_logical_jobs_and_shows_one(tmp_path):
-    config = tmp_path / "config.toml"
-    config.write_text(CONFIG.format(root=tmp_path))
+    config = write_site(tmp_path)
     now = time.time()
     state = FederationState(tmp_path / "fed.db")
     state.add_job(LogicalJob(logical_job="onprem-7", run="run-x", home="onprem",
@@ -54,8 +30,7 @@ def test_status_lists_logical_jobs_and_shows_one(tmp_path):
 
 
 def test_an_unknown_job_is_one_line_and_exit_12(tmp_path):
-    config = tmp_path / "config.toml"
-    config.write_text(CONFIG.format(root=tmp_path))
+    config = write_site(tmp_path)
     result = slurm_geo("status", "onprem-404", config=config)
     assert result.returncode == 12  # JOB_NOT_FOUND
     assert result.stderr.strip().splitlines() == [
@@ -64,8 +39,7 @@ def test_an_unknown_job_is_one_line_and_exit_12(tmp_path):
 
 
 def test_a_config_without_federation_says_what_to_add(tmp_path):
-    config = tmp_path / "config.toml"
-    config.write_text(CONFIG.format(root=tmp_path).split("[federation]")[0])
+    config = write_site(tmp_path, federation=None)
     result = slurm_geo("status", config=config)
     assert result.returncode == 3
     assert "has no [federation] table" in result.stderr
@@ -73,38 +47,6 @@ def test_a_config_without_federation_says_what_to_add(tmp_path):
 
 
 # --- what on-call sees, cancel, resubmit, logs ----------------------------------------------
-
-
-def on_call_site(tmp_path):
-    """A config with a master key, and a state: onprem-7 recovered onto rented:3 from step
-    40; onprem-8 waiting for a move to be approved while onprem is out; onprem-9
-    completed; onprem-3 sharing Slurm id 3 with rented:3."""
-    from dataclasses import fields
-
-    from slurm_geo.federation.act.resubmit import ScriptOptions
-    from slurm_geo.federation.model import ClusterStatus, Health
-
-    (tmp_path / "pfs").mkdir()
-    key = tmp_path / "master.key"
-    key.write_bytes(bytes(range(32)))
-    key.chmod(0o600)
-    config = tmp_path / "config.toml"
-    config.write_text(CONFIG.format(root=tmp_path) + f'key_file = "{key}"\n')
-    state = FederationState(tmp_path / "fed.db")
-    now = time.time()
-    output = ScriptOptions(output=f"{tmp_path}/out-%j.txt").to_json()
-    for number, status in ((7, JobStatus.RUNNING), (8, JobStatus.RUNNING),
-                           (9, JobStatus.COMPLETED), (3, JobStatus.RUNNING)):
-        state.add_job(LogicalJob(logical_job=f"onprem-{number}", run=f"run-{number}", home="onprem",
-                                 script="#!/bin/bash\n", spec=output, directives={}, generation=0,
-                                 cluster="onprem", job_id=number, resume_step=None, status=status,
-                                 created_at=now, updated_at=now))
-    state.begin_generation("onprem-7", 0, "rented", 40, now, recovery=True)
-    state.submitted("onprem-7", 1, 3, "digest", now)
-    state.await_approval("onprem-8", "rented", now)
-    state.put_health(Health("onprem", ClusterStatus.OUT, 3, now, None, "ping timed out"))
-    state.close()
-    return config, {f.name for f in fields(LogicalJob)}
 
 
 def test_status_shows_what_on_call_needs(tmp_path):

@@ -16,7 +16,7 @@ from slurm_geo.federation.decide.planner import (
     with_checkpoints,
 )
 from slurm_geo.federation.decide.worldwait import world_wait
-from tests.test_federation_leases import NOW, TTL, ask, job, lease
+from tests.kit.leases import NOW, TTL, ask, job, lease
 
 GB = 10**9
 RATES = {("pfs", "offsite"): 25e6}  # bytes/s: 200 Mbit/s

@@ -239,7 +239,7 @@ def test_alices_real_job_keeps_its_records_in_her_own_directory_past_bobs(sandbo
     whatever bob planted."""
     from slurm_geo.slurm.models import JobState
     from tests.helpers import eventually, sbatch_as
-    from tests.test_directives_sandbox import wait_done
+    from tests.kit.sandbox import wait_done
 
     top = sandbox.layout.root / "test-shared-ckpt"
     top.mkdir(mode=0o755, exist_ok=True)

@@ -11,7 +11,7 @@ from slurm_geo.ckpt.format.keys import KeyFile
 from slurm_geo.ckpt.repo.runkey import unwrap_run_keys
 from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.stage.outputs import ship
-from tests.test_federation_cli import on_call_site, slurm_geo
+from tests.kit.cli import on_call_site, slurm_geo
 
 
 def shipped_site(tmp_path):

@@ -19,7 +19,7 @@ from slurm_geo.config.tables import ClusterConfig
 from slurm_geo.errors import ConfigError
 from slurm_geo.slurm import CertificateRejected, ControllerUnreachable, connect
 from slurm_geo.slurm.rest_tls import certificate_fix
-from tests.test_tls_relay import start_relay, stop, write_tls
+from tests.kit.tls import start_relay, stop, write_tls
 
 PING = {"pings": [{"hostname": "h", "ping": "UP", "status": 0}], "errors": []}
 

@@ -17,15 +17,14 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 
 from slurm_geo.ckpt.format.keys import KeyFile, RunKeyRing
-from slurm_geo.ckpt.stores.store import LocalDirStore, Store
+from slurm_geo.ckpt.stores.store import Store
 from slurm_geo.lease.client import FederatedRun, Fenced
 from slurm_geo.lease.handoff import ENV_KEY_HANDOFF, HandoffError, bound_to, open_reply, seal_reply
 from slurm_geo.lease.protocol import KeyReply, TreeGrant
@@ -33,35 +32,19 @@ from slurm_geo.policy.world import Input, World
 from slurm_geo.sandbox.users import ALICE, BOB
 from slurm_geo.stage.keys import MasterTreeKeys
 from slurm_geo.stage.preamble import enter_world, supervise
-from slurm_geo.stage.record import PinnedTree, WorldRecord, manifest_digest, write_world_record
+from slurm_geo.stage.record import PinnedTree, manifest_digest, write_world_record
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.walk import LocalOpener
-from tests.helpers import as_uid, reachable_dir
-
-MASTER = bytes(range(32))
-PYTHON = "/usr/bin/python3"  # one alice may run
-RUN = "run-preamble"
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A directory alice and bob may both create in (as /scratch is), removed after."""
-    with reachable_dir("preamble", 0o1777, "/var/tmp") as path:
-        yield path
-
-
-@dataclass
-class Staged:
-    store: LocalDirStore
-    reply: KeyReply
-    record: WorldRecord
-    world: World
-    data_home: str
-    work_home: str
-    files: dict[str, bytes]
-    report: Path
-    base: Path
-
+from tests.helpers import as_uid
+from tests.kit.stage import (  # noqa: F401 - base_fixture: the fixture base
+    MASTER,
+    PYTHON,
+    RUN,
+    Staged,
+    base_fixture,
+    home_path,
+    stage_world,
+)
 
 SCRIPT = b"""#!/bin/bash
 set -e
@@ -77,43 +60,6 @@ if [ -n "$WAIT_FOR" ]; then
 fi
 exit 7
 """
-
-
-def home_path(tag: str) -> str:
-    """A home path that exists nowhere on this machine (its parent neither)."""
-    return f"/slurm-geo-home-{os.getpid()}-{tag}"
-
-
-def stage_world(base: Path, tag: str) -> Staged:
-    data, work = base / "home-data", base / "home-llm"
-    files = {"tokens.bin": os.urandom(400_000), "sub/labels.txt": b"cat\ndog\n"}
-    for name, content in files.items():
-        (data / name).parent.mkdir(parents=True, exist_ok=True)
-        (data / name).write_bytes(content)
-    work.mkdir()
-    (work / "project.txt").write_text("llm-7b\n")
-    store_dir = base / "store"
-    store_dir.mkdir()
-    store = LocalDirStore(store_dir)
-    master = MasterTreeKeys(store, KeyFile(MASTER))
-    trees = Trees(store, master)
-    data_home, work_home = home_path(tag) + "/data", home_path(tag) + "/llm"
-    pins, grants = [], []
-    roots: tuple[tuple[Literal["input", "workdir"], Path, str, str], ...] = (
-        ("input", data, data_home, "d" * 32), ("workdir", work, work_home, "e" * 32))
-    for what, source, home, tree in roots:
-        done = trees.stage(tree, LocalOpener(source), f"home:{home}")
-        snapshot = done.manifest.snapshot
-        pins.append(PinnedTree(what, home, tree, tree, snapshot,
-                               manifest_digest(store, tree, snapshot)))
-        grants.append(TreeGrant(what, home, tree, tree, master.ring(tree)))
-    ring = RunKeyRing.of(os.urandom(32))
-    record = WorldRecord(RUN, tuple(pins), time.time())
-    write_world_record(store, ring, record, os.urandom)
-    subprocess.run(["chmod", "-R", "a+rX", str(store_dir)], check=True)
-    report = base / "report.txt"
-    return Staged(store, KeyReply(RUN, ring, trees=tuple(grants)), record,
-                  World((Input(data_home),)), data_home, work_home, files, report, base)
 
 
 def as_alice(staged: Staged, store: Store | None = None, wait_for: Path | None = None,
@@ -322,7 +268,7 @@ def test_a_squashfs_environment_runs_the_script_inside_the_image(base: Path) -> 
     """--geo-env an enroot squashfs image, staged as a one-file tree: the preamble unpacks
     it as the root and runs the job's script inside it (a copy in the image's root: the
     workspace is not there), the dataset at its home path in it."""
-    from tests.test_stage_present import build_image, userns_works
+    from tests.kit.stage import build_image, userns_works
 
     if not (shutil.which("mksquashfs") and shutil.which("unsquashfs")):
         pytest.skip("squashfs-tools is not installed (make install adds it)")

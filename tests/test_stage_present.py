@@ -38,6 +38,7 @@ from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.walk import LocalOpener
 from slurm_geo.stage.workspace import Workspace, WorkspaceError
 from tests.helpers import as_uid, reachable_dir
+from tests.kit.stage import build_image, userns_works
 
 MASTER = bytes(range(32))
 PYTHON = "/usr/bin/python3"  # one alice may run (the test runner's may be root's own)
@@ -55,20 +56,6 @@ def base() -> Iterator[Path]:
 def missing_home(tag: str) -> str:
     """A home path that exists nowhere on this machine (its parent neither)."""
     return f"/slurm-geo-home-{os.getpid()}-{tag}/data"
-
-
-def userns_works(base: Path) -> bool:
-    probe = base / "probe"
-    probe.mkdir()
-    probe.chmod(0o777)
-    result = as_uid(ALICE.uid, lambda: _probe(probe))
-    return result == "ok"
-
-
-def _probe(directory: Path) -> None:
-    node = Node.probe(directory, PYTHON)
-    if node.userns is not None:
-        raise RuntimeError(node.userns)
 
 
 # The choice of mode: pure, table-tested.
@@ -319,19 +306,6 @@ def test_apptainer_argv_binds_every_root_at_its_home_path() -> None:
     assert variables["SLURM_GEO_INPUT_0"] == "/pfs/data"
     assert variables["SLURM_GEO_WORLD_ROOT"] == ""
     assert variables["SLURM_GEO_WORKDIR"] == "/home/a/llm"
-
-
-def build_image(directory: Path) -> None:
-    """A tiny root: dash and the libraries it loads, and a file to tell it by."""
-    for binary in ("/bin/dash", "/bin/cat"):
-        shutil.copy2(binary, directory / "bin" / Path(binary).name)
-        libraries = subprocess.run(["ldd", binary], capture_output=True, text=True,
-                                   check=True).stdout
-        for word in libraries.split():
-            if word.startswith("/") and Path(word).exists():
-                target = directory / word.lstrip("/")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(word, target)
 
 
 def test_a_squashfs_image_unpacked_and_run_as_the_root(base: Path) -> None:

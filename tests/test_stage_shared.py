@@ -35,7 +35,7 @@ from slurm_geo.stage.record import read_world_record
 from slurm_geo.stage.trees import Trees
 from tests.helpers import as_uid, reachable_dir
 from tests.kit.federation import ALICE, BOB, KEY
-from tests.test_world_staging import job
+from tests.kit.federation import world_job as job
 
 # --- the rule, table-driven ---------------------------------------------------------------
 
@@ -99,7 +99,7 @@ def test_a_shared_label_names_the_class_and_regions_so_a_narrower_grant_is_anoth
 
 # --- alice and bob, as themselves ---------------------------------------------------------
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs users as root does")
+needs_root = pytest.mark.root(reason="runs users as root does")
 
 
 @pytest.fixture

@@ -16,9 +16,13 @@ from slurm_geo.stage.outputs import latest_index, read_file, read_log
 from slurm_geo.stage.preamble import enter_world
 from slurm_geo.stage.shipping import OutputsUploader, log_file, output_roots, ship_interval
 from tests.helpers import as_uid
-from tests.test_stage_preamble import PYTHON, RUN, base, home_path, stage_world
-
-__all__ = ["base"]  # the fixture, used by name
+from tests.kit.stage import (  # noqa: F401 - base_fixture: the fixture base
+    PYTHON,
+    RUN,
+    base_fixture,
+    home_path,
+    stage_world,
+)
 
 SCRIPT = b"""#!/bin/bash
 echo "trained: step 3"

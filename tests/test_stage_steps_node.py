@@ -31,11 +31,11 @@ from slurm_geo.stage.steps import node_workspace, seal_node_keys
 from slurm_geo.stage.trees import Trees
 from slurm_geo.stage.walk import LocalOpener
 from tests.helpers import as_uid
-from tests.test_stage_preamble import (  # noqa: F401 - base: a fixture
+from tests.kit.stage import (  # noqa: F401 - base_fixture: the fixture base
     MASTER,
     PYTHON,
     RUN,
-    base,
+    base_fixture,
     home_path,
     stage_world,
 )
@@ -66,7 +66,7 @@ def run_task(environ: dict[str, str], base_dir: Path, cwd: str, out: Path) -> in
 
 
 def test_tasks_on_another_node_read_the_world_fetched_there_at_its_home_paths(
-        base: Path) -> None:  # noqa: F811 - the fixture
+        base: Path) -> None:
     staged = stage_world(base, "nodes")
     environ = {"PATH": "/ws/bin:/usr/bin:/bin", "SLURM_JOB_ID": "42",
                "SLURMD_NODENAME": "n2", "SLURM_RESTART_COUNT": "0",
@@ -118,7 +118,7 @@ def test_tasks_on_another_node_read_the_world_fetched_there_at_its_home_paths(
 
 
 def test_a_task_on_a_node_without_the_job_s_world_is_refused_in_one_line(
-        base: Path) -> None:  # noqa: F811 - the fixture
+        base: Path) -> None:
     err = base / "err.txt"
     err.touch()
     err.chmod(0o666)
@@ -165,7 +165,7 @@ def test_a_workspace_being_made_is_never_swept_and_a_second_open_is_refused(
 
 
 def test_a_task_runs_python_from_the_venv_staged_at_its_home_path(
-        base: Path) -> None:  # noqa: F811 - the fixture
+        base: Path) -> None:
     """The ML case: `srun python train.py` (or torchrun) from a venv that exists only
     at home; on the task's node its python is the venv's, at the venv's home path."""
     base_dir = base

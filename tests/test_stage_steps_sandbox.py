@@ -26,7 +26,7 @@ from slurm_geo.slurm import CliSlurmClient
 from slurm_geo.slurm.models import JobState
 from tests.helpers import as_uid, eventually, reachable_dir, sbatch_as
 from tests.kit.sandbox import user_dir
-from tests.test_stage_preamble import stage_world
+from tests.kit.stage import stage_world
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

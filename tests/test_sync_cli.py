@@ -92,7 +92,7 @@ def test_sync_commands_have_help(args):
 
 
 def test_lag_is_zero_once_the_newest_is_verified():
-    from tests.test_sync_lifecycle import replica
+    from tests.kit.sync import replica
 
     rows = [replica(100, Status.VERIFIED), replica(200, Status.SKIPPED)]
     [summary] = run_summaries(rows, now=1e9)
@@ -103,7 +103,7 @@ def test_status_rows_name_each_runs_job_and_list_directories_without_runs():
     from slurm_geo.cli.sync import status_rows
     from slurm_geo.sync.jobdirs import SourceStatus
     from slurm_geo.sync.state import Source
-    from tests.test_sync_lifecycle import replica
+    from tests.kit.sync import replica
 
     job_root = "file:///pfs/ckpt/llm-7b"
     replicas = [replica(100, Status.VERIFIED, run="llm-7b", root=job_root),

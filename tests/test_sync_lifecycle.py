@@ -12,11 +12,10 @@ from slurm_geo.sync.state import (
     LIFECYCLE,
     TRANSITIONS,
     IllegalTransition,
-    Replica,
     Status,
 )
+from tests.kit.sync import S, replica
 
-S = Status
 ALLOWED = {
     (S.PENDING, S.UPLOADING), (S.PENDING, S.SKIPPED),
     (S.UPLOADING, S.REPLICATED), (S.UPLOADING, S.PENDING), (S.UPLOADING, S.FAILED),
@@ -55,16 +54,6 @@ def test_only_damage_leads_out_of_verified_and_nothing_but_verification_leads_in
 
 
 # --- planner ------------------------------------------------------------------------------
-
-def replica(step, status=S.PENDING, *, id=None, run="r", root="pfs", sequence=None,
-            next_attempt_at=0.0, discovered_at=0.0):
-    return Replica(
-        id=id if id is not None else step, root=root, run=run, step=step,
-        destination="offsite", sequence=step // 100 - 1 if sequence is None else sequence,
-        status=status, promoted=False, manifest_sha256=None, bytes=0, attempts=0, failures=0,
-        charged=0, outages=0, corruptions=0, created_at=None, discovered_at=discovered_at,
-        started_at=None, replicated_at=None, verified_at=None,
-        next_attempt_at=next_attempt_at, lag_s=None, last_error=None)
 
 
 def scan(*steps, run="r", root="pfs", promoted=()):

@@ -27,6 +27,7 @@ from slurm_geo.hooks.validator import check_on_disk, path_kind, run
 from slurm_geo.policy.directives import DIRECTIVES, DirectiveError, parse_options
 from slurm_geo.policy.world import Input, World, env_refusal
 from slurm_geo.site import SPANK_SOURCE
+from tests.kit.site import write_site
 
 REPO = Path(__file__).resolve().parent.parent
 NOBODY = 65534
@@ -131,8 +132,7 @@ def test_root_looks_at_nothing_on_disk(world_dir):
 
 
 def test_the_validator_checks_env_after_the_rules(tmp_path):
-    config = tmp_path / "config.toml"
-    config.write_text(STATUS_CONFIG.format(root=tmp_path))
+    config = write_site(tmp_path)
     out = tmp_path / "said"
     with out.open("w") as said:
         code = run([f"--config={config}", "--geo-env=/v", "--geo-outputs=/v/out"], said)
@@ -221,21 +221,6 @@ def test_job_submit_lua_reads_every_directive():
 
 # --- slurm-geo status ---------------------------------------------------------------------
 
-STATUS_CONFIG = """
-[site]
-home_cluster = "onprem"
-[clusters.onprem]
-region = "home"
-access = "cli"
-slurm_conf = "/nonexistent/slurm.conf"
-store = "pfs"
-[stores.pfs]
-url = "file://{root}/pfs"
-region = "home"
-[federation]
-state = "{root}/fed.db"
-audit_path = "{root}/audit.db"
-"""
 
 
 def _status(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
@@ -245,8 +230,7 @@ def _status(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_status_shows_the_declared_world(tmp_path):
-    config = tmp_path / "config.toml"
-    config.write_text(STATUS_CONFIG.format(root=tmp_path))
+    config = write_site(tmp_path)
     now = time.time()
     state = FederationState(tmp_path / "fed.db")
     world = {"geo-ckpt-dir": "/pfs/c", "geo-inputs": "/pfs/ds:restricted,/home/alice/p",

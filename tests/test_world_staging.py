@@ -17,7 +17,6 @@ import pytest
 from slurm_geo.ckpt import LocalDirStore
 from slurm_geo.ckpt.format.keys import RunKeyRing, as_master_keys
 from slurm_geo.federation.act.worldgrants import grant_ids, shared_ids, tree_grants, world_roots
-from slurm_geo.federation.model import JobStatus, LogicalJob
 from slurm_geo.lease.protocol import KeyReply, TreeGrant
 from slurm_geo.sandbox.users import ALICE as ALICE_USER
 from slurm_geo.sandbox.users import BOB as BOB_USER
@@ -28,16 +27,10 @@ from slurm_geo.stage.record import manifest_digest, read_world_record
 from slurm_geo.stage.trees import Trees
 from tests.helpers import as_uid, reachable_dir
 from tests.kit.federation import ALICE, BOB, KEY, RUN, Site, directives
+from tests.kit.federation import world_job as job
 
 DATA = "/home/alice/data"
 VENV = "/home/alice/venv"
-
-
-def job(world: dict[str, str], spec: dict | None = None, owner: Owner | None = ALICE
-        ) -> LogicalJob:
-    return LogicalJob(logical_job="onprem-1", run=RUN, home="onprem", script="#!/bin/bash\n",
-                      spec=spec or {}, directives=world, generation=0, cluster="onprem", job_id=1,
-                      resume_step=None, status=JobStatus.RUNNING, owner=owner)
 
 
 @pytest.mark.parametrize(("world", "spec", "roots"), [

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ from slurm_geo.ckpt import (
     load_master_key,
 )
 from slurm_geo.cli import PROG, main
-from slurm_geo.federation.model import JobStatus
+from slurm_geo.federation.model import JobStatus, LogicalJob
 from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.sync.state import StateDB
 from tests.kit.builders import logical_job
@@ -65,3 +67,44 @@ def run_cli(argv: list[str], monkeypatch, capsys, site) -> tuple[int, str, str]:
         code = exited.code
     said = capsys.readouterr()
     return (code if isinstance(code, int) else 0 if code is None else 1), said.out, said.err
+
+
+
+
+def slurm_geo(*args: str, config) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slurm_geo", *args], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "SLURM_GEO_CONFIG":
+                                                      str(config)})
+
+
+def on_call_site(tmp_path):
+    """A config with a master key, and a state: onprem-7 recovered onto rented:3 from step
+    40; onprem-8 waiting for a move to be approved while onprem is out; onprem-9
+    completed; onprem-3 sharing Slurm id 3 with rented:3."""
+    from dataclasses import fields
+
+    from slurm_geo.federation.act.resubmit import ScriptOptions
+    from slurm_geo.federation.model import ClusterStatus, Health
+
+    (tmp_path / "pfs").mkdir()
+    key = tmp_path / "master.key"
+    key.write_bytes(bytes(range(32)))
+    key.chmod(0o600)
+    config = write_site(tmp_path, federation={"state": f"{tmp_path}/fed.db",
+                                              "audit_path": f"{tmp_path}/audit.db",
+                                              "key_file": str(key)})
+    state = FederationState(tmp_path / "fed.db")
+    now = time.time()
+    output = ScriptOptions(output=f"{tmp_path}/out-%j.txt").to_json()
+    for number, status in ((7, JobStatus.RUNNING), (8, JobStatus.RUNNING),
+                           (9, JobStatus.COMPLETED), (3, JobStatus.RUNNING)):
+        state.add_job(LogicalJob(logical_job=f"onprem-{number}", run=f"run-{number}", home="onprem",
+                                 script="#!/bin/bash\n", spec=output, directives={}, generation=0,
+                                 cluster="onprem", job_id=number, resume_step=None, status=status,
+                                 created_at=now, updated_at=now))
+    state.begin_generation("onprem-7", 0, "rented", 40, now, recovery=True)
+    state.submitted("onprem-7", 1, 3, "digest", now)
+    state.await_approval("onprem-8", "rented", now)
+    state.put_health(Health("onprem", ClusterStatus.OUT, 3, now, None, "ping timed out"))
+    state.close()
+    return config, {f.name for f in fields(LogicalJob)}

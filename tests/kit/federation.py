@@ -21,13 +21,18 @@ from slurm_geo.config.model import parse_config
 from slurm_geo.federation.access.authn import Authenticator
 from slurm_geo.federation.decide.bandwidth import BandwidthModel
 from slurm_geo.federation.engine.core import Federation
-from slurm_geo.federation.model import ClusterStatus
+from slurm_geo.federation.model import ClusterStatus, JobStatus, LogicalJob
 from slurm_geo.federation.state.audit import AuditLog
 from slurm_geo.federation.state.identities import IncarnationSecrets
 from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.federation.wiring import Wiring
 from slurm_geo.lease.munge import FakeMunge
-from slurm_geo.lease.protocol import KEY_PATH, LEASE_PATH, KeyRequest, LeaseRequest
+from slurm_geo.lease.protocol import (
+    KEY_PATH,
+    LEASE_PATH,
+    KeyRequest,
+    LeaseRequest,
+)
 from slurm_geo.lease.signing import Credentials, MungeSigner, SecretSigner, secret_bytes
 from slurm_geo.policy.directives import BY_OPTION
 from slurm_geo.registry import Registry, RegistryReader
@@ -245,3 +250,11 @@ def rest_site(tmp_path: Path, users: dict) -> Site:
     return Site(tmp_path, rented_cluster={
         "access": "rest", "rest_url": "https://r.example", "rest_user": "geo",
         "token_file": str(token), "users": users})
+
+
+def world_job(world: dict[str, str], spec: dict | None = None,
+              owner: Owner | None = ALICE) -> LogicalJob:
+    """onprem-1 of RUN, running at home with the world `world` (its directives)."""
+    return LogicalJob(logical_job="onprem-1", run=RUN, home="onprem", script="#!/bin/bash\n",
+                      spec=spec or {}, directives=world, generation=0, cluster="onprem", job_id=1,
+                      resume_step=None, status=JobStatus.RUNNING, owner=owner)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from slurm_geo.sandbox import Sandbox, remote_site
 from slurm_geo.sandbox.users import ALICE, SandboxUser
+from slurm_geo.slurm.models import JobState
+from tests.helpers import eventually
 
 
 def host_path(sandbox: Sandbox, path: Path) -> Path:
@@ -35,3 +37,15 @@ def user_dir(sandbox: Sandbox, person: SandboxUser, name: str) -> Path:
         else:
             stale.unlink()
     return path
+
+
+def wait_done(sandbox: Sandbox, job_id: int, timeout_s: float = 90) -> JobState:
+    client = connect_onprem(sandbox)
+    info = eventually(lambda: client.job(job_id), lambda j: j.state.is_terminal(), timeout_s)
+    return info.state
+
+
+def connect_onprem(sandbox: Sandbox):
+    from slurm_geo.slurm import CliSlurmClient
+
+    return CliSlurmClient("onprem", sandbox.layout.onprem.slurm_conf, timeout_s=10)

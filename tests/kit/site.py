@@ -93,3 +93,26 @@ def write_site(root: Path, name: str = "config.toml", **settings: Any) -> Path:
 def load_site(root: Path, **settings: Any) -> SiteConfig:
     """The `SiteConfig` of `write_site(root, **settings)`, loaded as the daemons load it."""
     return load_config(write_site(root, **settings))
+
+
+# A whole valid config as parse_config takes it: onprem by the CLI, rented by REST, an S3
+# store (test_config.py and test_config_replicas.py build on it).
+GOOD = {
+    "site": {"home_cluster": "onprem"},
+    "clusters": {
+        "onprem": {"region": "home", "access": "cli", "slurm_conf": "/etc/slurm/slurm.conf"},
+        "rented": {"region": "eu", "access": "rest", "rest_url": "https://r.example:6820/",
+                   "rest_user": "geo", "token_file": "/etc/slurm-geo/rented.jwt",
+                   "timeout_s": 5, "prices": {"gpu_hour": 2.5, "egress_per_gb": 0.09}},
+    },
+    "stores": {"offsite": {"url": "s3://bucket/ckpt", "region": "eu",
+                           "endpoint_url": "https://minio:9000"}},
+}
+
+
+def federated(**table) -> dict:
+    """GOOD with both clusters' store offsite and `table` as its [federation]."""
+    raw = {**GOOD, "clusters": {name: {**c, "store": "offsite"}
+                                for name, c in GOOD["clusters"].items()},
+           "federation": table}
+    return raw

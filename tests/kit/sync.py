@@ -23,6 +23,10 @@ import numpy as np
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.format.keys import create_master_key_file
 from slurm_geo.sandbox.layout import S3_BUCKET
+from slurm_geo.sync.state import (
+    Replica,
+    Status,
+)
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 MIB = 1024 * 1024
@@ -238,3 +242,17 @@ def _quietly(action: Callable[[], Any]) -> None:
         action()
     except OSError:
         pass
+
+
+S = Status
+
+
+def replica(step, status=S.PENDING, *, id=None, run="r", root="pfs", sequence=None,
+            next_attempt_at=0.0, discovered_at=0.0):
+    return Replica(
+        id=id if id is not None else step, root=root, run=run, step=step,
+        destination="offsite", sequence=step // 100 - 1 if sequence is None else sequence,
+        status=status, promoted=False, manifest_sha256=None, bytes=0, attempts=0, failures=0,
+        charged=0, outages=0, corruptions=0, created_at=None, discovered_at=discovered_at,
+        started_at=None, replicated_at=None, verified_at=None,
+        next_attempt_at=next_attempt_at, lag_s=None, last_error=None)
