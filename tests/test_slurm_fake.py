@@ -178,11 +178,22 @@ def test_hold_and_release_a_pending_job(fake):
     assert fake.job(job_id).state is JobState.RUNNING
 
 
-@pytest.mark.parametrize("action", ["hold", "release"])
-def test_hold_and_release_refuse_a_running_job(fake, action):
+def test_hold_and_release_of_a_running_job_only_mark_it(fake):
+    # As both real backends do (tests/test_slurm_contract.py): it runs on.
     job_id = fake.submit(spec())
     fake.start(job_id)
-    with pytest.raises(SlurmRejected, match="no longer pending"):
+    fake.hold(job_id)
+    assert fake.job(job_id).state is JobState.RUNNING and not fake.job(job_id).held
+    fake.release(job_id)
+    assert fake.job(job_id).state is JobState.RUNNING
+
+
+@pytest.mark.parametrize("action", ["hold", "release"])
+def test_hold_and_release_refuse_a_finished_job(fake, action):
+    job_id = fake.submit(spec())
+    fake.start(job_id)
+    fake.finish(job_id)
+    with pytest.raises(SlurmRejected, match="already finished"):
         getattr(fake, action)(job_id)
 
 

@@ -153,15 +153,17 @@ class FakeSlurm(SlurmClient):
             return dict(self._known(job_id).spec.environment)
 
     def hold(self, job_id: int, comment: str | None = None) -> None:
+        """As scontrol and slurmrestd do: a pending job is held; a running one is only
+        marked (it runs on, its reason says held); a finished one is refused."""
         with self._controller():
-            job = self._pending(job_id, "hold")
+            job = self._unfinished(job_id, "hold")
             job.reason = HELD_REASON
             if comment is not None:
                 job.spec = replace(job.spec, comment=comment)
 
     def release(self, job_id: int) -> None:
         with self._controller():
-            job = self._pending(job_id, "release")
+            job = self._unfinished(job_id, "release")
             job.reason = IDLE_REASON
 
     def ping(self) -> float:
@@ -297,10 +299,10 @@ class FakeSlurm(SlurmClient):
             raise JobNotFound(self.cluster, job_id)
         return job
 
-    def _pending(self, job_id: int, action: str) -> _Job:
+    def _unfinished(self, job_id: int, action: str) -> _Job:
         job = self._held_by_ctld(job_id)
-        if job.state is not JobState.PENDING:
-            raise SlurmRejected(self.cluster, action, "Job is no longer pending execution")
+        if job.state.is_terminal():
+            raise SlurmRejected(self.cluster, action, "Job has already finished")
         return job
 
     def _end(self, job: _Job, state: JobState, exit_code: int) -> None:
