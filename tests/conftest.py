@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from slurm_geo.config import SiteConfig, load_config
-from slurm_geo.sandbox import Sandbox, remote_site, root_from_env
+from slurm_geo.sandbox import Sandbox, root_from_env
 from slurm_geo.sandbox.layout import S3_BUCKET
 from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import CliSlurmClient, SlurmClient, SlurmError, connect
 from tests.etcd_server import EtcdMember, start_cluster, stop_cluster
-from tests.kit.sandbox import user_dir
+from tests.kit.sandbox import cluster_dir, user_dir
 
 
 @pytest.fixture(scope="session")
@@ -92,20 +92,6 @@ def run_dir(sandbox: Sandbox, cluster, shared_dir: Path, request) -> Path:
     the provider's machine (`--remote-slurm provider`), which has none of home's files,
     her account's own directory there (read it from here with `host_path`)."""
     return cluster_dir(sandbox, cluster.cluster, shared_dir, request.node.name)
-
-
-def cluster_dir(sandbox: Sandbox, cluster: str, shared_dir: Path, name: str) -> Path:
-    """`shared_dir`, or on the provider's machine alice's account's directory `name`."""
-    layout = sandbox.layout
-    if cluster != layout.rented.name or not remote_site.is_provider(layout):
-        return shared_dir
-    inside = remote_site.work_dir(ALICE.name) / "tests" / name.replace("/", "_")
-    account = remote_site.account_for(ALICE.name)
-    for directory in (inside.parent, inside):
-        there = remote_site.operator_path(layout, ALICE.name, directory)
-        there.mkdir(exist_ok=True)
-        os.chown(there, account.uid, account.uid)
-    return inside
 
 
 # --- the sandbox's S3 endpoint, one fresh prefix per test ---------------------------------
@@ -187,3 +173,11 @@ def etcd_cluster(tmp_path) -> Iterator[list[EtcdMember]]:
     members = start_cluster(root, 3)
     yield members
     stop_cluster(members)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `root` needs root (other users' ids, chown, namespaces, mounts): as
+    anyone else it is skipped, saying why. `make test-unit` deselects them all."""
+    mark = item.get_closest_marker("root")
+    if mark is not None and os.geteuid() != 0:
+        pytest.skip(mark.kwargs.get("reason", "needs root"))

@@ -34,7 +34,7 @@ from slurm_geo.slurm.windows import incarnation_order
 from tests.provider_sites import free_base, running
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and mounts need root")]
+              pytest.mark.root(reason="namespaces and mounts need root")]
 
 ALICE = Owner("alice", 2001, 2001)
 T = TypeVar("T")

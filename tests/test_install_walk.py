@@ -49,7 +49,6 @@ they cannot be reached. About a minute; the roots (0.8 GB each) are removed afte
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -81,8 +80,7 @@ EXPECTED_ERRORS = {
     "federation daemon": "it does not run here (systemd does not)",
 }
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0,
-                                reason="namespaces, mounts and chroot need root")
+pytestmark = pytest.mark.root(reason="namespaces, mounts and chroot need root")
 
 
 def test_the_walked_blocks_are_marked_in_install_md() -> None:

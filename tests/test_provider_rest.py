@@ -28,7 +28,7 @@ from slurm_geo.slurm.rest_backend import RestLogin, RestSlurmClient
 from tests.provider_sites import free_base, running
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and mounts need root")]
+              pytest.mark.root(reason="namespaces and mounts need root")]
 
 ALICE = Owner("alice", 2001, 2001)
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,6 @@ run only when the sandbox under test has the provider remote)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 
@@ -136,7 +135,7 @@ def test_tokens_are_the_daemons_alone(live) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and mounts need root")
+@pytest.mark.root(reason="namespaces and mounts need root")
 def test_the_sandbox_provider_site_comes_up_and_down_leaves_nothing(tmp_path: Path) -> None:
     """The site as the sandbox makes it (its own MariaDB and slurmdbd, two slurmds,
     slurmrestd on a unix socket), on loopback ports of its own, without a sandbox: the

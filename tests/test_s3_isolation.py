@@ -6,7 +6,6 @@ The rules the config and the daemon apply are checked without a server first."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import socket
 import ssl
@@ -205,7 +204,7 @@ def test_master_volume_and_filer_refuse_reads_and_deletes_without_the_servers_ce
 
 @needs_weed
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+@pytest.mark.root(reason="needs root to act as another user")
 def test_the_servers_local_sockets_refuse_other_users(weed):
     """weed also serves its gRPC and filer on unix sockets in /tmp, mode 0755 root's: a
     user cannot connect to them."""

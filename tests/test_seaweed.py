@@ -149,7 +149,7 @@ def test_the_sandboxs_server_runs_as_its_account_with_a_tmp_of_its_own():
     assert not str(installed_program(layout)).startswith("/root")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files away")
+@pytest.mark.root(reason="needs root to give files away")
 def test_an_older_sandboxs_root_owned_server_files_are_handed_to_its_account(tmp_path):
     """A sandbox brought up before the server had an account of its own left its data,
     keys and identities root's: `up` hands them all over (the daemons' key excepted),

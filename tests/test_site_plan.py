@@ -181,7 +181,7 @@ def test_install_twice_changes_nothing_the_second_time(tmp_path):
     assert stat.S_IMODE(hook.stat().st_mode) == 0o755
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+@pytest.mark.root(reason="chown needs root")
 def test_a_setuid_item_keeps_its_bit_and_owner_once_written(tmp_path):
     from slurm_geo.site.install import _present, _write
 

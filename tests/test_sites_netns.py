@@ -28,8 +28,9 @@ from slurm_geo.sandbox.layout import SandboxLayout
 from slurm_geo.sandbox.sites import Site, WanLink
 from tests.helpers import eventually
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                                reason="network namespaces need root and iproute2")
+pytestmark = [pytest.mark.root(reason="network namespaces need root"),
+              pytest.mark.skipif(shutil.which("ip") is None,
+                                 reason="network namespaces need iproute2")]
 
 PEER = str(Path(__file__).with_name("site_peer.py"))
 PORT = 5701

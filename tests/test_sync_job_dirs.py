@@ -37,8 +37,7 @@ from tests.kit.sync import (
 )
 
 NOBODY = pwd.getpwnam("nobody")
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon reads users' "
-                                                        "directories as root")
+as_root = pytest.mark.root(reason="the daemon reads users' directories as root")
 
 
 class Site:

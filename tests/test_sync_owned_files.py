@@ -27,8 +27,7 @@ from tests.kit.sync import Trainer, master_key, site_config, statuses
 
 SECRET = b"ROOT-ONLY-SECRET-" + os.urandom(16).hex().encode()
 
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon reads users' "
-                                                        "directories as root")
+as_root = pytest.mark.root(reason="the daemon reads users' directories as root")
 
 
 def _stat(mode: int, uid: int) -> os.stat_result:
@@ -76,6 +75,7 @@ def _give(path: Path, who: pwd.struct_passwd) -> None:
         os.lchown(p, who.pw_uid, who.pw_gid)
 
 
+@as_root
 def test_the_owners_files_are_read_and_links_and_others_files_are_not(
         tmp_path: Path, owner: pwd.struct_passwd, secret: Path,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -111,6 +111,7 @@ def test_the_owners_files_are_read_and_links_and_others_files_are_not(
         store.put("packs/ab/new", b"x")
 
 
+@as_root
 def test_a_link_in_place_of_the_directory_or_another_owner_is_refused(
         tmp_path: Path, owner: pwd.struct_passwd, secret: Path) -> None:
     link = tmp_path / "ckpt"
@@ -214,6 +215,7 @@ def test_alices_link_to_a_root_only_file_is_never_read_nor_uploaded(
                for r in caplog.records)
 
 
+@as_root
 def test_a_configured_root_reads_any_accounts_files_but_never_through_a_link(
         tmp_path: Path, owner: pwd.struct_passwd, secret: Path) -> None:
     root = tmp_path / "pfs"
