@@ -126,17 +126,15 @@ def _dash(value: object) -> str:
     return cell(value)
 
 
-_LIST = "{:<18} {:<20} {:<17} {:>3} {:>10} {:>10}  {:<20} {}"
-
-
 def _render_list(views: list[dict[str, Any]]) -> str:
-    lines = [_LIST.format("LOGICAL JOB", "RUN", "STATUS", "GEN", "RECOVERIES", "RESUMED AT",
-                          "WHERE", "REASON").rstrip()]
-    for v in views:
-        lines.append(_LIST.format(v["logical_job"], _dash(v["run"]), v["shown"]["state"],
-                                  v["generation"], v["recoveries"], _dash(v["resume_step"]),
-                                  v["where"], _dash(v["shown"]["reason"])).rstrip())
-    return "\n".join(lines)
+    from slurm_geo.cells import table
+
+    header = ("LOGICAL JOB", "RUN", "STATUS", "GEN", "RECOVERIES", "RESUMED AT", "WHERE",
+              "REASON")
+    return table([header] + [
+        (v["logical_job"], _dash(v["run"]), v["shown"]["state"], str(v["generation"]),
+         str(v["recoveries"]), _dash(v["resume_step"]), v["where"],
+         _dash(v["shown"]["reason"])) for v in views], right=(3, 4, 5))
 
 
 def _render(view: dict[str, Any]) -> str:
@@ -182,6 +180,7 @@ def staging_lines(staging: dict[str, Any] | None) -> list[str]:
     """Where the world is staged (federation.worldstatus): the lag and bytes pending, a
     line per root with its size and its state at each other store, and why the job is
     not movable while its world is staged nowhere but home."""
+    from slurm_geo.cells import table
     from slurm_geo.cli.progress import human_bytes, human_seconds
 
     if not staging:
@@ -194,14 +193,12 @@ def staging_lines(staging: dict[str, Any] | None) -> list[str]:
     lines = [f"  staging: home store {staging['home_store']}, lag "
              f"{'-' if lag is None else human_seconds(lag)}, pending {pending}"]
     stores = sorted({name for r in staging["roots"] for name in r["stores"]})
-    width = max([len(r["path"]) for r in staging["roots"]] + [4])
-    lines.append(f"    {'ROOT':<{width}}  {'WHAT':<7} {'CLASS':<10} {'SIZE':>9}  "
-                 + "  ".join(stores))
-    for r in staging["roots"]:
-        size = "-" if r["bytes"] is None else human_bytes(r["bytes"])
-        where = "  ".join(f"{name}: {r['stores'].get(name, '-')}" for name in stores)
-        lines.append(f"    {r['path']:<{width}}  {r['what']:<7} {r['data_class']:<10} "
-                     f"{size:>9}  {where}".rstrip())
+    rows = [("ROOT", "WHAT", "CLASS", "SIZE", *stores)] + [
+        (r["path"], r["what"], r["data_class"],
+         "-" if r["bytes"] is None else human_bytes(r["bytes"]),
+         *(f"{name}: {r['stores'].get(name, '-')}" for name in stores))
+        for r in staging["roots"]]
+    lines += [f"    {line}" for line in table(rows, right=(3,)).splitlines()]
     for name, error in sorted(staging.get("errors", {}).items()):
         lines.append(f"    {name}: not read ({error})")
     if staging["why_not_movable"]:
