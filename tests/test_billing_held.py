@@ -18,7 +18,6 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from conftest import user_dir
 from helpers import eventually, sbatch_as
 
 from slurm_geo.billing import service
@@ -29,6 +28,7 @@ from slurm_geo.exitcodes import ExitCode
 from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import CliSlurmClient, JobState
 from slurm_geo.slurm.parse import tres_text
+from tests.kit.sandbox import user_dir
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

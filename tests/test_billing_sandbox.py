@@ -59,7 +59,7 @@ def workload(site, sandbox):
     preemption). Returns (period covering them, {cluster: (short id, requeued id)}).
     Shared by the module's tests (each ingests into a database of its own): the jobs
     take ~25 s of Slurm's time to run, requeue and settle."""
-    from conftest import cluster_dir, user_dir
+    from tests.kit.sandbox import cluster_dir, user_dir
 
     home_dir = user_dir(sandbox, ALICE, "billing-workload")
     rented_admin = CliSlurmClient("rented", sandbox.layout.cluster("rented").slurm_conf,
@@ -220,9 +220,8 @@ def test_an_expired_rented_token_fails_ingest_and_a_later_ingest_bills_the_misse
         site, sandbox, shared_dir, tmp_path):
     import dataclasses
 
-    from conftest import cluster_dir
-
     from slurm_geo.slurm import admin
+    from tests.kit.sandbox import cluster_dir
 
     config = billing_config(site)
     good = connect(site.cluster("rented"))

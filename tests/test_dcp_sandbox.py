@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import user_dir
 from helpers import eventually, sbatch_as
 
 from slurm_geo.ckpt.format.keys import create_master_key_file
@@ -18,6 +17,7 @@ from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.users import ALICE, job_environment, run_as
 from slurm_geo.slurm import CliSlurmClient
 from slurm_geo.slurm.models import JobState
+from tests.kit.sandbox import user_dir
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

@@ -10,7 +10,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import user_dir
 from helpers import eventually, sbatch_as
 
 from slurm_geo.policy.directives import Directives, to_environment
@@ -18,7 +17,7 @@ from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.users import ALICE
 from slurm_geo.slurm import JobSpec, SlurmRejected, connect
 from slurm_geo.slurm.models import JobState
-from tests.kit.sandbox import connect_onprem, wait_done
+from tests.kit.sandbox import connect_onprem, user_dir, wait_done
 
 pytestmark = pytest.mark.sandbox
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import user_dir
 from helpers import eventually, incarnation_environment, process_environment, sbatch_as
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor
@@ -34,6 +33,7 @@ from slurm_geo.sandbox.render import federation_port, federation_url
 from slurm_geo.sandbox.sites import Site
 from slurm_geo.sandbox.users import ALICE, BOB, SandboxUser, job_environment, run_as
 from slurm_geo.slurm import CliSlurmClient, JobState
+from tests.kit.sandbox import user_dir
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

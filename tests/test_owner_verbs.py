@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import user_dir
 from helpers import eventually, sbatch_as
 
 from slurm_geo.drills import drill
@@ -22,6 +21,7 @@ from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.sites import Site
 from slurm_geo.sandbox.stages import federation_daemon_name
 from slurm_geo.sandbox.users import ALICE, BOB, SandboxUser, job_environment, run_as
+from tests.kit.sandbox import user_dir
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

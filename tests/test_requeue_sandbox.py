@@ -18,7 +18,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import user_dir
 from helpers import eventually, sbatch_as
 
 from slurm_geo.ckpt import LocalDirStore
@@ -29,6 +28,7 @@ from slurm_geo.sandbox.processes import has_marker
 from slurm_geo.sandbox.users import ALICE, job_environment, run_as
 from slurm_geo.slurm import CliSlurmClient
 from slurm_geo.slurm.models import JobState
+from tests.kit.sandbox import user_dir
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

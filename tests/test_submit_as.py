@@ -19,7 +19,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import user_dir
 
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.users import ALICE, BOB, run_as
@@ -32,6 +31,7 @@ from slurm_geo.slurm.submit_as import (
     MalformedRequest,
     request,
 )
+from tests.kit.sandbox import user_dir
 
 HELPER = SUBMIT_AS_PATH
 

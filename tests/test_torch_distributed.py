@@ -113,9 +113,8 @@ def srun_launcher(sandbox, directory: Path) -> Callable[[int, Callable, tuple], 
 def ranks(request, tmp_path: Path) -> Ranks:
     if request.param == "here":
         return Ranks(tmp_path, launch_here)
-    from conftest import user_dir
-
     from slurm_geo.sandbox.users import ALICE
+    from tests.kit.sandbox import user_dir
 
     sandbox = request.getfixturevalue("sandbox")
     directory = user_dir(sandbox, ALICE, f"dcp-{request.node.name}")

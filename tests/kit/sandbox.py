@@ -9,6 +9,7 @@ from pathlib import Path
 
 from slurm_geo.sandbox import Sandbox, remote_site
 from slurm_geo.sandbox.users import ALICE, SandboxUser
+from slurm_geo.slurm import CliSlurmClient
 from slurm_geo.slurm.models import JobState
 from tests.helpers import eventually
 
@@ -46,6 +47,19 @@ def wait_done(sandbox: Sandbox, job_id: int, timeout_s: float = 90) -> JobState:
 
 
 def connect_onprem(sandbox: Sandbox):
-    from slurm_geo.slurm import CliSlurmClient
 
     return CliSlurmClient("onprem", sandbox.layout.onprem.slurm_conf, timeout_s=10)
+
+
+def cluster_dir(sandbox: Sandbox, cluster: str, shared_dir: Path, name: str) -> Path:
+    """`shared_dir`, or on the provider's machine alice's account's directory `name`."""
+    layout = sandbox.layout
+    if cluster != layout.rented.name or not remote_site.is_provider(layout):
+        return shared_dir
+    inside = remote_site.work_dir(ALICE.name) / "tests" / name.replace("/", "_")
+    account = remote_site.account_for(ALICE.name)
+    for directory in (inside.parent, inside):
+        there = remote_site.operator_path(layout, ALICE.name, directory)
+        there.mkdir(exist_ok=True)
+        os.chown(there, account.uid, account.uid)
+    return inside
