@@ -211,6 +211,37 @@ def test_per_job_budgets_from_policy():
     assert [(a.subject, a.spent_usd) for a in alerts] == [("onprem:1", 600.0)]
 
 
+def line(center: str, job: str, usd: float | None) -> tuple[report.Owner, costs.CostLine]:
+    owner = report.Owner("onprem", f"onprem:{job}", f"onprem-{job}" if job else "", "alice",
+                         center)
+    return owner, costs.CostLine("cpu", "onprem", 0, 3600, 3600.0, 1.0, 0, usd)
+
+
+@pytest.mark.parametrize("lines, alerts, exceeded", [
+    ([], [], False),
+    # monthly: warned at 80% of ml's 1000 USD, exceeded past ops' 50
+    ([line("ml", "1", 450.0), line("ml", "2", 400.0)], [("warning", "ml", "month")], False),
+    ([line("ops", "3", 30.0), line("ops", "3", 30.0)], [("exceeded", "ops", "month")], True),
+    # per job ([policy.budgets] ml: 500 USD): two lines of one job add up; unpriced is 0
+    ([line("ml", "1", 300.0), line("ml", "1", 250.0), line("ml", "2", None)],
+     [("exceeded", "ml", "onprem-1")], True),
+    # monthly alerts first, then per-job ones
+    ([line("ml", "1", 900.0), line("ops", "3", 60.0)],
+     [("warning", "ml", "month"), ("exceeded", "ops", "month"), ("exceeded", "ml", "onprem-1")],
+     True),
+    # a line of no logical job counts under its Slurm job
+    ([line("ml", "", 501.0)], [("exceeded", "ml", "onprem:")], True),
+])
+def test_a_periods_budgets_are_decided_in_one_call(lines, alerts, exceeded):
+    found = budgets.check_budgets(lines, {"ml": 1000.0, "ops": 50.0}, 80.0, {"ml": 500.0},
+                                  "2026-11")
+    assert [(a.level, a.cost_center, a.subject) for a in found.alerts] == alerts
+    assert bool(found.exceeded) is exceeded
+    assert found.exceeded == [a for a in found.alerts if a.level == "exceeded"]
+    assert found.spent == {c: sum(usd or 0.0 for o, (*_, usd) in lines if o.cost_center == c)
+                           for c in {o.cost_center for o, _ in lines}}
+
+
 def test_webhook_reports_failure_without_raising():
     class Down:
         def post(self, url, json, timeout):

@@ -4,6 +4,8 @@ Two budgets exist. `[billing.budgets]` is USD per calendar month and cost center
 center past `warn_pct` of it gets a warning, past all of it an "exceeded" alert.
 `[policy.budgets]` is USD per job (the cap --geo-max-cost is checked against at
 submission); a logical job that cost more than its cost center's cap is reported too.
+`check_budgets` decides both for a period (`billing budgets`, `billing ingest
+--check-budgets`); the command only prints what it found and exits 51 on `exceeded`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,30 @@ class Alert:
     spent_usd: float
     budget_usd: float
     message: str
+
+
+@dataclass(frozen=True)
+class BudgetCheck:
+    """One period's budgets checked: USD spent per cost center and the alerts, monthly
+    budgets' first (by cost center), then per-job budgets' (by cost center and job)."""
+
+    period: str
+    spent: dict[str, float]
+    alerts: list[Alert]
+
+    @property
+    def exceeded(self) -> list[Alert]:
+        """The alerts of a budget overspent (not those only past `warn_pct`)."""
+        return [a for a in self.alerts if a.level == "exceeded"]
+
+
+def check_budgets(lines: Iterable[tuple[Owner, CostLine]], monthly: Mapping[str, float],
+                  warn_pct: float, job_caps: Mapping[str, float], period: str) -> BudgetCheck:
+    """`lines`: the period's cost lines; `monthly`: [billing.budgets]; `job_caps`:
+    [policy.budgets]."""
+    centers, jobs = spending(lines)
+    return BudgetCheck(period, centers, check_monthly(centers, monthly, warn_pct, period)
+                       + check_jobs(jobs, job_caps))
 
 
 def check_monthly(spent: Mapping[str, float], budgets: Mapping[str, float], warn_pct: float,

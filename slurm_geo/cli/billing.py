@@ -302,7 +302,7 @@ def budgets(period_text: str | None, webhook: str | None, no_webhook: bool,
 def _check_budgets(db_path: Path | None, period_text: str | None, webhook: str | None,
                    no_webhook: bool, as_json: bool) -> None:
     from slurm_geo.billing import service
-    from slurm_geo.billing.budgets import check_jobs, check_monthly, post_webhook, spending
+    from slurm_geo.billing.budgets import check_budgets, post_webhook
     from slurm_geo.billing.errors import BudgetExceeded
     from slurm_geo.billing.report import Flag
 
@@ -310,9 +310,9 @@ def _check_budgets(db_path: Path | None, period_text: str | None, webhook: str |
     period = _period(period_text)
     flags: list[Flag] = []
     with opened(db_path or config.database, readonly=True) as db:
-        centers, jobs = spending(service.period_lines(db, period, flags))
-    alerts = (check_monthly(centers, config.budgets, config.warn_pct, period.label)
-              + check_jobs(jobs, config.job_budgets))
+        found = check_budgets(service.period_lines(db, period, flags), config.budgets,
+                              config.warn_pct, config.job_budgets, period.label)
+    alerts = found.alerts
     for alert in alerts:
         click.echo(f"slurm-geo: {alert.level}: {alert.message}", err=True)
     url = None if no_webhook else (webhook or config.webhook_url)
@@ -322,16 +322,15 @@ def _check_budgets(db_path: Path | None, period_text: str | None, webhook: str |
             click.echo(f"slurm-geo: warning: {problem}; the alerts above were not delivered",
                        err=True)
     if as_json:
-        click.echo(json.dumps({"period": period.label, "spent": centers,
+        click.echo(json.dumps({"period": period.label, "spent": found.spent,
                                "budgets": dict(config.budgets),
                                "alerts": [a.__dict__ for a in alerts]}, indent=2))
     elif not alerts:
         click.echo(f"{period.label}: no budget exceeded ({len(config.budgets)} monthly "
                    f"budget(s) in [billing.budgets], {len(config.job_budgets)} per-job in "
                    "[policy.budgets])")
-    exceeded = [a for a in alerts if a.level == "exceeded"]
-    if exceeded:
-        raise BudgetExceeded(f"{len(exceeded)} budget(s) exceeded in {period.label}")
+    if found.exceeded:
+        raise BudgetExceeded(f"{len(found.exceeded)} budget(s) exceeded in {period.label}")
 
 
 def _load() -> tuple[Any, Any]:
