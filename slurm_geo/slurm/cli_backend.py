@@ -30,7 +30,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -104,6 +104,9 @@ def sbatch_arguments(spec: JobSpec) -> list[str]:
 def sbatch_environment(spec: JobSpec, slurm_conf: Path) -> dict[str, str]:
     """sbatch's whole environment for `spec`, which it exports to the job."""
     return {"PATH": DEFAULT_JOB_PATH, **spec.environment, "SLURM_CONF": str(slurm_conf)}
+
+
+SACCT_JSON = ("sacct", "--json", "--duplicates", "--allusers", "--allocations")
 
 
 class CliSlurmClient(SlurmClient):
@@ -194,24 +197,15 @@ class CliSlurmClient(SlurmClient):
         out = self._sbatch_for(spec, ["--test-only"], "test-only submit", merge_stderr=True)
         return parse.expected_start_from_test_only(out)
 
-    def accounting(
-        self,
-        job_ids: Iterable[int] = (),
-        start: datetime | None = None,
-        end: datetime | None = None,
-    ) -> list[AccountingRecord]:
-        argv = ["sacct", "--json", "--duplicates", "--allusers", "--allocations"]
-        ids = [str(i) for i in job_ids]
-        if ids:
-            argv.append(f"--jobs={','.join(ids)}")
-        else:
-            if start is None or end is None:
-                raise ValueError("accounting needs job ids or a start and an end")
-            found: list[AccountingRecord] = []
-            for query in window_queries(argv, start, end):
-                found += parse.accounting(self._json(query, "accounting"), self.cluster)
-            return [r for r in one_per_incarnation(found) if overlaps(r, start, end)]
+    def accounting_of(self, job_ids: list[int]) -> list[AccountingRecord]:
+        argv = [*SACCT_JSON, f"--jobs={','.join(str(i) for i in job_ids)}"]
         return parse.accounting(self._json(argv, "accounting"), self.cluster)
+
+    def accounting_between(self, start: datetime, end: datetime) -> list[AccountingRecord]:
+        found: list[AccountingRecord] = []
+        for query in window_queries(list(SACCT_JSON), start, end):
+            found += parse.accounting(self._json(query, "accounting"), self.cluster)
+        return [r for r in one_per_incarnation(found) if overlaps(r, start, end)]
 
     def accounting_rows(self, start: datetime, end: datetime
                         ) -> Iterator[AccountingRecord | MalformedAccountingRow]:

@@ -73,17 +73,26 @@ class SlurmClient(ABC):
     def expected_start(self, spec: JobSpec) -> datetime | None:
         """When a job like `spec` would start if submitted now; None if Slurm cannot tell."""
 
-    @abstractmethod
-    def accounting(
-        self,
-        job_ids: Iterable[int] = (),
-        start: datetime | None = None,
-        end: datetime | None = None,
-    ) -> list[AccountingRecord]:
+    def accounting(self, job_ids: Iterable[int] = (), start: datetime | None = None,
+                   end: datetime | None = None) -> list[AccountingRecord]:
         """slurmdbd's records, every requeued incarnation included, all users.
 
         Either `job_ids`, or a window [start, end) the records overlap.
         """
+        ids = list(job_ids)
+        if ids:
+            return self.accounting_of(ids)
+        if start is None or end is None:
+            raise ValueError("accounting needs job ids or a start and an end")
+        return self.accounting_between(start, end)
+
+    @abstractmethod
+    def accounting_of(self, job_ids: list[int]) -> list[AccountingRecord]:
+        """slurmdbd's records of these jobs, every incarnation."""
+
+    @abstractmethod
+    def accounting_between(self, start: datetime, end: datetime) -> list[AccountingRecord]:
+        """slurmdbd's records that overlap [start, end), one per incarnation."""
 
     def accounting_rows(self, start: datetime, end: datetime
                         ) -> Iterator[AccountingRecord | MalformedAccountingRow]:

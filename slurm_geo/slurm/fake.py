@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -183,18 +183,12 @@ class FakeSlurm(SlurmClient):
             return self._now() + timedelta(seconds=self._expected)
         return self._expected
 
-    def accounting(
-        self,
-        job_ids: Iterable[int] = (),
-        start: datetime | None = None,
-        end: datetime | None = None,
-    ) -> list[AccountingRecord]:
+    def accounting_of(self, job_ids: list[int]) -> list[AccountingRecord]:
         with self._controller():
-            ids = list(job_ids)
-            if ids:
-                return [r for i in ids if i in self._jobs for r in self._records(self._jobs[i])]
-            if start is None or end is None:
-                raise ValueError("accounting needs job ids or a start and an end")
+            return [r for i in job_ids if i in self._jobs for r in self._records(self._jobs[i])]
+
+    def accounting_between(self, start: datetime, end: datetime) -> list[AccountingRecord]:
+        with self._controller():
             return [r for j in self._jobs.values() for r in self._records(j)
                     if overlaps(r, start, end)]
 

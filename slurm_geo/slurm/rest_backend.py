@@ -379,22 +379,15 @@ class RestSlurmClient(SlurmClient):
     def expected_start(self, spec: JobSpec) -> datetime | None:
         return estimate_start(datetime.now(UTC), spec, self.nodes(), self.jobs())
 
-    def accounting(
-        self,
-        job_ids: Iterable[int] = (),
-        start: datetime | None = None,
-        end: datetime | None = None,
-    ) -> list[AccountingRecord]:
-        ids = list(job_ids)
-        if ids:
-            records = []
-            for job_id in ids:
-                doc = self._call("GET", "slurmdb", f"job/{job_id}", "accounting", job_id=job_id,
-                                 missing_ok=True)
-                records += parse.accounting(doc, self.cluster)
-            return records
-        if start is None or end is None:
-            raise ValueError("accounting needs job ids or a start and an end")
+    def accounting_of(self, job_ids: list[int]) -> list[AccountingRecord]:
+        records = []
+        for job_id in job_ids:
+            doc = self._call("GET", "slurmdb", f"job/{job_id}", "accounting", job_id=job_id,
+                             missing_ok=True)
+            records += parse.accounting(doc, self.cluster)
+        return records
+
+    def accounting_between(self, start: datetime, end: datetime) -> list[AccountingRecord]:
         # slurmrestd 22.05 cannot parse a raw ':' in a query; urlencode escapes it.
         window = {"start_time": _server_time(start - WINDOW_SLACK),
                   "end_time": _server_time(end + WINDOW_SLACK)}
