@@ -7,14 +7,13 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from test_ckpt_check import OPTIONS, metadata, site_store, weights
-
 from slurm_geo.ckpt import LocalDirStore, Repository, Tensor
 from slurm_geo.ckpt.files.pushpull import pull_tensor_file, push_tensor_file
 from slurm_geo.ckpt.files.skeleton import encode_skeleton
 from slurm_geo.ckpt.ops.check import READ_ALL, check_store
 from slurm_geo.ckpt.ops.replicate import copy_checkpoint, pack_extents
 from tests.helpers import pack_files
+from tests.kit.check import OPTIONS, metadata, site_store, weights
 
 KEY = bytes(range(32))
 

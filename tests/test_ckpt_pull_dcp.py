@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from test_ckpt_sharded import COLUMNS, KEY, ROWS, RUN, half, repo, save_on_two_ranks
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from slurm_geo.ckpt.errors import StoreBusy
@@ -23,6 +22,7 @@ from slurm_geo.ckpt.format.names import manifest_name
 from slurm_geo.ckpt.ops.gc import collect_garbage
 from slurm_geo.torch.distributed import StorageWriter
 from tests.helpers import stored_packs
+from tests.kit.sharded import COLUMNS, KEY, ROWS, RUN, half, repo, save_on_two_ranks
 
 NOTE = "resumed at step 10; it's fine"  # DCP stores a value that is no container as bytes
 

@@ -10,13 +10,13 @@ import subprocess
 import sys
 
 import pytest
-from test_ckpt_fence import FORGED, KEY, legacy_seal, repo, save
 
 from slurm_geo.ckpt.errors import LegacyObject
 from slurm_geo.ckpt.format.keys import fence_key, fingerprint, promotion_key
 from slurm_geo.ckpt.format.seal import Kind, seal
 from slurm_geo.ckpt.ops.reseal import reseal
 from slurm_geo.ckpt.repo.runkey import unwrap_run_key
+from tests.kit.fence import FORGED, KEY, legacy_seal, repo, save
 
 MARKER_10 = "promoted/run/00000000000000000010"
 MARKER_20 = "promoted/run/00000000000000000020"

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_ckpt_fence import KEY, OPTIONS, fence, legacy_seal, save
 
 from slurm_geo.ckpt import LocalDirStore, Repository
 from slurm_geo.ckpt.errors import (
@@ -48,6 +47,12 @@ from slurm_geo.ckpt.repo.fence import Fence, read_fence, write_fence
 from slurm_geo.ckpt.repo.runkey import RunKeyRepository, unwrap_run_key
 from slurm_geo.cli import ckpt as cli_ckpt
 from slurm_geo.cli import cli
+from tests.kit.fence import KEY, OPTIONS, fence, legacy_seal, save
+from tests.kit.rotate import (  # noqa: F401 - key_file_fixture: the fixture key_file
+    key_file_fixture,
+    key_file_of,
+    rotate_fully,
+)
 
 RUNS = ("run", "run-b", "run-c")
 OTHER_KEY = bytes(range(64, 96))
@@ -109,13 +114,6 @@ def fence_of(run: str) -> Fence:
     return replace(fence(), run=run)
 
 
-def key_file_of(tmp_path: Path, key: bytes = KEY) -> Path:
-    path = tmp_path / "master.key"
-    path.write_bytes(key)
-    path.chmod(0o600)
-    return path
-
-
 def snapshot(store: LocalDirStore) -> dict[str, bytes]:
     return {name: store.get(name) for name in store.list("")}
 
@@ -127,12 +125,6 @@ def assert_everything_opens(store, master_keys) -> None:
         assert repository.latest(run) == 20
         assert read_fence(repository, run) == fence_of(run)
         assert repository.is_promoted(run, 10) is (run in RUNS[:2])
-
-
-def rotate_fully(stores, key_file: Path) -> RotationReport:
-    """Both runs, as an operator makes them with the copy to the control site between."""
-    assert rotate_master_key(stores, key_file).outcome is Outcome.RING_WRITTEN
-    return rotate_master_key(stores, key_file)
 
 
 def rotate_until_complete(stores, key_file: Path) -> RotationReport:
@@ -147,11 +139,6 @@ def rotate_until_complete(stores, key_file: Path) -> RotationReport:
 @pytest.fixture
 def home(tmp_path) -> LocalDirStore:
     return site_store(tmp_path / "home")
-
-
-@pytest.fixture
-def key_file(tmp_path) -> Path:
-    return key_file_of(tmp_path)
 
 
 def test_the_first_run_writes_the_key_ring_and_seals_nothing(home, key_file):

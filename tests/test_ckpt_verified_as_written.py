@@ -306,7 +306,7 @@ def test_a_record_opens_under_the_site_key_only_and_names_its_checkpoint(tmp_pat
 
 
 def test_a_master_key_rotation_seals_the_records_again(tmp_path):
-    from test_ckpt_rotate import key_file_of, rotate_fully
+    from tests.kit.rotate import key_file_of, rotate_fully
 
     source_store, source = source_repo(tmp_path)
     source.write_checkpoint("r", tensors(1), b"", metadata(1))

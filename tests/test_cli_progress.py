@@ -243,7 +243,7 @@ def test_a_torch_file_pull_and_push_report_the_tensor_bytes(tmp_path, key_file, 
 
 
 def test_the_drills_json_says_the_bytes_and_seconds_of_its_transfers():
-    from test_drill_verdict import report
+    from tests.kit.drills import report
 
     summary = report().to_json()
     assert (summary["bytes"], summary["seconds"]) == (summary["replicated_bytes"],

@@ -10,8 +10,6 @@ import random
 import struct
 
 import pytest
-from test_ckpt_fence import legacy_seal
-from test_federation_daemon import KEY, OPTIONS, RUN, Site
 
 from slurm_geo.ckpt import Metadata, Repository, Tensor
 from slurm_geo.ckpt.errors import LegacyObject, WrongKey
@@ -19,6 +17,8 @@ from slurm_geo.ckpt.format.seal import Kind, seal
 from slurm_geo.ckpt.repo.fence import read_fence, unadmitted_steps
 from slurm_geo.ckpt.repo.runkey import unwrap_run_key
 from slurm_geo.federation.act.fencing import RECHECK_S, daemon_lookup, known_fence
+from tests.kit.federation import KEY, OPTIONS, RUN, Site
+from tests.kit.fence import legacy_seal
 
 FENCE = f"fences/{RUN}"
 

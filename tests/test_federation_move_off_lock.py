@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import threading
 
-from test_federation_daemon import Site
-
 from slurm_geo.ckpt.stores.store import Bytes, Store
 from slurm_geo.federation.model import JobStatus
+from tests.kit.federation import Site
 
 # Only a deadlock waits this long; a renewal answered off the lock takes milliseconds.
 DEADLOCK_S = 60.0

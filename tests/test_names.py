@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_config_tables import SITE
 
 from slurm_geo.config import parse_config
 from slurm_geo.errors import ConfigError
@@ -18,6 +17,7 @@ from slurm_geo.names import NAME_RULE, is_name
 from slurm_geo.policy.directives import DirectiveError, parse_options
 from slurm_geo.policy.geo import GeoPolicy, GeoRules
 from slurm_geo.policy.lua import lua_comment, policy_lua
+from tests.kit.site import SITE
 
 HOSTILE = [
     "", " ", "a b", "x]]", "]]", "[[x", "--x", "-x", ".x", "_x", "a\nb", "a\rb", "a\x00b",

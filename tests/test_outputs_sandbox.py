@@ -11,12 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
-from test_owner_verbs import alices_training_job, geo, one_line_refusal
 
 from slurm_geo.drills import drill
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.sandbox import Sandbox
 from slurm_geo.sandbox.users import ALICE, BOB, job_environment, run_as
+from tests.kit.owners import alices_training_job, geo, one_line_refusal
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 

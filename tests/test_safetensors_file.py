@@ -252,8 +252,8 @@ def test_the_cli_pushes_and_pulls_a_safetensors_file_without_importing_torch(tmp
 
 
 def test_a_multi_rank_checkpoint_is_not_pulled_as_safetensors(tmp_path):
-    from test_ckpt_sharded import RUN as SHARDED_RUN
-    from test_ckpt_sharded import save_on_two_ranks
+    from tests.kit.sharded import RUN as SHARDED_RUN
+    from tests.kit.sharded import save_on_two_ranks
 
     key_file = tmp_path / "master.key"
     create_master_key_file(key_file)

@@ -5,30 +5,16 @@ run key is not carried, and the attempt says why."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
-from test_ckpt_fence import KEY, legacy_seal, repo, save
 
 from slurm_geo.ckpt.format.seal import Kind, seal
 from slurm_geo.ckpt.repo.runkey import unwrap_run_key
-from slurm_geo.ckpt.stores.pacing import TokenBucket
-from slurm_geo.sync.state import StateDB, Status
-from slurm_geo.sync.worker import Attempt, Guard, Limits, Outcome, Route
+from slurm_geo.sync.worker import Outcome
+from tests.kit.fence import KEY, legacy_seal, repo, save
+from tests.kit.sync import attempt_on
 
 MARKER = "promoted/run/00000000000000000010"
-
-
-def attempt_on(tmp_path, home_store, away_store):
-    state = StateDB(tmp_path / "sync.db")
-    (replica_id,) = state.add([{"root": "pfs", "run": "run", "step": 10,
-                                "destination": "offsite", "sequence": 0,
-                                "status": Status.PENDING.value}], now=0.0)
-    state.move(replica_id, Status.PENDING, Status.UPLOADING, 0.0)
-    route = Route("pfs", home_store, "home", "offsite", away_store, "eu")
-    attempt = Attempt(state, KEY, route, Guard(threading.Event(), float("inf")),
-                      TokenBucket(0), Limits(max_attempts=3))
-    return attempt, state.replica(replica_id)
 
 
 def test_a_promoted_checkpoints_marker_is_carried_to_its_replica(tmp_path):

@@ -18,8 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_ckpt_fence import KEY
-from test_sync_scrub import Site
 
 from slurm_geo.ckpt import Tensor
 from slurm_geo.ckpt.errors import CorruptObject
@@ -39,6 +37,9 @@ from slurm_geo.sync.scrub import judge_report, report_recheck_s
 from slurm_geo.sync.scrub_remote import pack_needs
 from slurm_geo.sync.state import StateDB, Status
 from slurm_geo.sync.worker import Attempt, Guard, Limits, Outcome, Route
+from tests.kit import fence, scrub
+from tests.kit.fence import KEY
+from tests.kit.scrub import Site
 from tests.seaweed_server import DAEMONS, needs_weed
 
 S = Status
@@ -155,9 +156,6 @@ def attempt(site: Site, clock: float = 3000.0, store=None) -> Attempt:
 @pytest.fixture
 def big_site(tmp_path, monkeypatch) -> Site:
     """Site with 1 MiB checkpoints: what a scrub turn reads is set against a replica."""
-    import test_ckpt_fence
-    import test_sync_scrub
-
     from slurm_geo.ckpt import WriteOptions
 
     def tensors(step):
@@ -165,10 +163,10 @@ def big_site(tmp_path, monkeypatch) -> Site:
         return [Tensor("frozen", "uint8", (len(frozen),), frozen),
                 *(t for t in small(step) if t.path != "frozen")]
 
-    small = test_sync_scrub.tensors
-    monkeypatch.setattr(test_sync_scrub, "tensors", tensors)
-    monkeypatch.setattr(test_ckpt_fence, "OPTIONS", WriteOptions(chunk_size=64 << 10,
-                                                                  pack_size=256 << 10))
+    small = scrub.tensors
+    monkeypatch.setattr(scrub, "tensors", tensors)
+    monkeypatch.setattr(fence, "OPTIONS", WriteOptions(chunk_size=64 << 10,
+                                                        pack_size=256 << 10))
     return Site(tmp_path)
 
 
@@ -395,10 +393,9 @@ class S3Site(Site):
     """Site's run@10 and run@20, replicated and verified at `destination` (S3)."""
 
     def __init__(self, tmp_path: Path, destination):
-        from test_ckpt_fence import OPTIONS, repo
-        from test_sync_scrub import save
-
         from slurm_geo.ckpt import Repository
+        from tests.kit.fence import OPTIONS, repo
+        from tests.kit.scrub import save
 
         self.home_store, self.home = repo(tmp_path, "home")
         self.away_store, self.away = destination, Repository(destination, KEY, OPTIONS)

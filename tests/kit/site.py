@@ -116,3 +116,28 @@ def federated(**table) -> dict:
                                 for name, c in GOOD["clusters"].items()},
            "federation": table}
     return raw
+
+
+SITE = {
+    "site": {"home_cluster": "onprem"},
+    "clusters": {
+        "onprem": {"region": "home", "access": "cli", "slurm_conf": "/etc/slurm/slurm.conf",
+                   "store": "pfs", "prices": {"cpu_hour": 0.01}},
+        "rented": {"region": "eu", "access": "rest", "rest_url": "https://r.example/",
+                   "rest_user": "geo", "token_file": "/etc/slurm-geo/rented.jwt",
+                   "provider": "market", "store": "offsite",
+                   "users": {"alice": {"account": "geo-alice",
+                                       "token_file": "/etc/slurm-geo/rented/alice.jwt"}}},
+    },
+    "stores": {"pfs": {"url": "file:///pfs/ckpt", "region": "home"},
+               "offsite": {"url": "s3://bucket/ckpt", "region": "eu"}},
+    "policy": {"data_classes": {"restricted": ["home"]}, "budgets": {"ml": 500}},
+    "retention": {"keep_local": 2},
+    "registry": {"path": "/var/lib/slurm-geo/registry.db"},
+    "billing": {"budgets": {"ml": 1000},
+                "prices": [{"provider": "market", "effective_from": "2026-12-01",
+                            "gpu_hour": 2, "cpu_hour": 0, "egress_per_gb": 0.1,
+                            "marketplace_fee_pct": 5}]},
+    "sync": {"roots": ["pfs"], "destination": "offsite"},
+    "federation": {},
+}

@@ -22,11 +22,15 @@ import numpy as np
 
 from slurm_geo.ckpt import LocalDirStore, Metadata, Repository, Tensor, WriteOptions
 from slurm_geo.ckpt.format.keys import create_master_key_file
+from slurm_geo.ckpt.stores.pacing import TokenBucket
 from slurm_geo.sandbox.layout import S3_BUCKET
 from slurm_geo.sync.state import (
     Replica,
+    StateDB,
     Status,
 )
+from slurm_geo.sync.worker import Attempt, Guard, Limits, Route
+from tests.kit.fence import KEY
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 MIB = 1024 * 1024
@@ -256,3 +260,15 @@ def replica(step, status=S.PENDING, *, id=None, run="r", root="pfs", sequence=No
         charged=0, outages=0, corruptions=0, created_at=None, discovered_at=discovered_at,
         started_at=None, replicated_at=None, verified_at=None,
         next_attempt_at=next_attempt_at, lag_s=None, last_error=None)
+
+
+def attempt_on(tmp_path, home_store, away_store):
+    state = StateDB(tmp_path / "sync.db")
+    (replica_id,) = state.add([{"root": "pfs", "run": "run", "step": 10,
+                                "destination": "offsite", "sequence": 0,
+                                "status": Status.PENDING.value}], now=0.0)
+    state.move(replica_id, Status.PENDING, Status.UPLOADING, 0.0)
+    route = Route("pfs", home_store, "home", "offsite", away_store, "eu")
+    attempt = Attempt(state, KEY, route, Guard(threading.Event(), float("inf")),
+                      TokenBucket(0), Limits(max_attempts=3))
+    return attempt, state.replica(replica_id)
