@@ -1,5 +1,5 @@
 """Two replicas of the federation daemon on one etcd, in this process: the clusters and
-stores of tests/test_federation_daemon.py's Site (FakeSlurm, directory stores, a fake
+stores of tests/kit/federation.py's Site (FakeSlurm, directory stores, a fake
 munged), each replica with its own Federation and lease service on a port of its own,
 their state shared in etcd under a prefix of the test's. `tick` runs a round of each, as
 their daemons' loops would: only the leader's decides."""

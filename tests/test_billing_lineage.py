@@ -18,9 +18,10 @@ from slurm_geo.billing.lineage import (
     from_state,
     merge,
 )
-from slurm_geo.federation.model import Incarnation, JobStatus, LogicalJob
+from slurm_geo.federation.model import JobStatus, LogicalJob
 from slurm_geo.federation.state.audit import Entry, utc_iso
 from slurm_geo.slurm.models import Owner
+from tests.kit import builders as kit
 
 # onprem-50 trained on onprem:50 from t=100 and was moved to rented:1 at t=500 (the drill);
 # run "shared" was continued by onprem-70 once onprem-60 had ended.
@@ -152,7 +153,8 @@ def logical_job(name, run, created, **over):
 
 
 def incarnation(name, generation, cluster, job_id, at):
-    return Incarnation(name, generation, cluster, job_id, None, at, None, None, None)
+    return kit.incarnation(logical_job=name, generation=generation, cluster=cluster,
+                           job_id=job_id, submitted_at=at, training_at=None)
 
 
 def test_a_legs_first_lease_survives_the_merge_whichever_record_is_earlier():

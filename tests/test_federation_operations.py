@@ -33,6 +33,7 @@ from slurm_geo.federation.operator.output import JobOutput, OutputFile, expand, 
 from slurm_geo.federation.state.sqlite import FederationState
 from slurm_geo.slurm import JobInfo, JobSpec, JobState
 from slurm_geo.slurm.fake import FakeSlurm
+from tests.kit import builders as kit
 from tests.kit.federation import TTL, Site, lose_home
 
 # --- helpers ------------------------------------------------------------------------------
@@ -323,7 +324,8 @@ def test_display_state(job, where, info, shown):
 
 
 def incarnation(generation: int, job_id: int | None = 12) -> Incarnation:
-    return Incarnation("onprem-7", generation, "rented", job_id, None, 0.0, None, None, None)
+    return kit.incarnation(generation=generation, cluster="rented", job_id=job_id,
+                           submitted_at=0.0, training_at=None)
 
 
 def spec(**options) -> dict:
@@ -379,7 +381,8 @@ def test_output_file_of_a_job_whose_submit_directory_is_known(options, generatio
     job = LogicalJob(logical_job="onprem-7", run="r", home="onprem", script="",
                      spec=spec(**options), directives={}, generation=generation, cluster=cluster,
                      job_id=12, resume_step=None, status=JobStatus.RUNNING)
-    at = Incarnation("onprem-7", generation, cluster, 12, None, 0.0, None, None, None)
+    at = kit.incarnation(generation=generation, cluster=cluster, job_id=12, submitted_at=0.0,
+                         training_at=None)
     assert output_file(job, at) == where
 
 

@@ -43,6 +43,7 @@ from slurm_geo.federation.model import (
 from slurm_geo.policy.directives import Directives
 from slurm_geo.policy.geo import GeoPolicy, GeoRules
 from slurm_geo.slurm.models import JobInfo, JobState
+from tests.kit import builders as kit
 
 NOW = 1_800_000_000.0
 HOME, CLOUD, EDGE = "onprem", "cloud", "edge"
@@ -80,9 +81,9 @@ def away(**overrides: Any) -> LogicalJob:
 
 def lease_of(owner: LogicalJob, **overrides: Any) -> Lease:
     """A live lease of `owner`'s current generation, renewed 5 s ago at checkpoint 100."""
-    base = Lease(owner.logical_job, owner.generation, owner.cluster, owner.job_id or 0,
-                 restart=0, renewed_at=NOW - 5, last_step=100, released=False)
-    return replace(base, **overrides)
+    return kit.lease(**{"logical_job": owner.logical_job, "generation": owner.generation,
+                        "cluster": owner.cluster, "job_id": owner.job_id or 0,
+                        "renewed_at": NOW - 5, "last_step": 100, **overrides})
 
 
 def expired(owner: LogicalJob, **overrides: Any) -> Lease:
@@ -99,11 +100,12 @@ def slurm(state: JobState, *, submitted: float | None = -3600.0,
           uid: int | None = ALICE_UID) -> JobInfo:
     """What Slurm says of the current incarnation (alice's); times are offsets from NOW.
     `cancelled_by`: who accounting says cancelled it (a uid or a user name)."""
-    return JobInfo(HOME, 7, NAME, state, reason, "alice", "ml", "gpu", "node1", 0,
-                   None if submitted is None else at(submitted),
-                   None if starts is None else at(starts),
-                   None if ended is None else at(ended), 60, None, uid=uid, gid=uid,
-                   cancelled_by=cancelled_by)
+    return kit.job_info(cluster=HOME, job_id=7, name=NAME, state=state, reason=reason,
+                        account="ml", partition="gpu",
+                        submit_time=None if submitted is None else at(submitted),
+                        start_time=None if starts is None else at(starts),
+                        end_time=None if ended is None else at(ended), uid=uid, gid=uid,
+                        cancelled_by=cancelled_by)
 
 
 def pending(*, submitted: float | None = -600.0, starts: float | None = 900.0,
@@ -141,7 +143,8 @@ def moves(current: str, choice: str, *, approval: bool = False) -> Plan:
 
 
 def incarnation(generation: int, cluster: str) -> Incarnation:
-    return Incarnation(NAME, generation, cluster, 7, None, NOW - 7200, NOW - 7100, None, None)
+    return kit.incarnation(logical_job=NAME, generation=generation, cluster=cluster,
+                           submitted_at=NOW - 7200, training_at=NOW - 7100)
 
 
 def snap(j: LogicalJob | None = None, *, lease: Lease | None = None,

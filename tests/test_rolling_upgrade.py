@@ -6,7 +6,7 @@ settles the layout's version. Throughout, the job's lease keeps being granted, i
 generation, incarnations and fences stay as they were, and no round submits it again.
 
 In the first test both the replicas before and after run this release's code, in this
-process (the clusters are tests/test_federation_daemon.py's FakeSlurm), and the trainer's
+process (the clusters are tests/kit/federation.py's FakeSlurm), and the trainer's
 renewals go on throughout. In the second (slow) the replicas are `slurm-geo-federation`
 processes of the last release (slurm-geo 0.1, its code from git at a4963d1) upgraded to
 this one's, the follower first: the lead moves once, to the upgraded replica, which writes
