@@ -19,6 +19,7 @@ from slurm_geo.federation.act.credentials import (
     parse_credentials,
     read_job_credentials,
 )
+from tests.kit.site import store, write_site
 
 DAEMON_ENV = {"AWS_ACCESS_KEY_ID": "daemon", "AWS_SECRET_ACCESS_KEY": "daemon-secret",
               "AWS_DEFAULT_REGION": "eu-west-1", "HOME": "/root"}
@@ -93,34 +94,17 @@ def test_a_missing_file_is_named(tmp_path):
         read_job_credentials(tmp_path / "nope.env")
 
 
-CONFIG = """
-[site]
-home_cluster = "onprem"
-[clusters.onprem]
-region = "home"
-access = "cli"
-slurm_conf = "/nonexistent/slurm.conf"
-store = "pfs"
-[stores.pfs]
-url = "file://{root}/pfs"
-region = "home"
-[stores.offsite]
-url = "s3://ckpt/p"
-region = "eu"
-endpoint_url = "http://127.0.0.1:9"
-job_credentials = "{creds}"
-[federation]
-state = "{root}/fed.db"
-audit_path = "{root}/audit.db"
-key_file = "{root}/master.key"
-"""
 
 
 def test_the_daemon_does_not_start_on_a_bad_credentials_file(tmp_path):
     creds = credentials_file(tmp_path, text="AWS_ACCESS_KEY_ID=job\n")
     create_master_key_file(tmp_path / "master.key")
-    config = tmp_path / "config.toml"
-    config.write_text(CONFIG.format(root=tmp_path, creds=creds))
+    config = write_site(tmp_path, stores={
+        "pfs": store(tmp_path / "pfs"),
+        "offsite": {"url": "s3://ckpt/p", "region": "eu", "endpoint_url": "http://127.0.0.1:9",
+                    "job_credentials": str(creds)}},
+        federation={"state": f"{tmp_path}/fed.db", "audit_path": f"{tmp_path}/audit.db",
+                    "key_file": f"{tmp_path}/master.key"})
 
     result = subprocess.run([sys.executable, "-m", "slurm_geo.federation.daemon.entry", "--config",
                              str(config)], capture_output=True, text=True, timeout=60,

@@ -20,6 +20,7 @@ from slurm_geo.lease.client import FederatedRun, Fenced, Placement
 from slurm_geo.lease.munge import FakeMunge
 from slurm_geo.lease.protocol import LEASE_PATH, LeaseRequest
 from slurm_geo.lease.signing import MungeSigner, SecretSigner, secret_bytes
+from tests.kit.site import cluster, write_site
 
 KEY, TTL, SECRET = lease_site.KEY, lease_site.TTL, lease_site.SECRET
 ALICE = lease_site.ALICE.uid
@@ -233,21 +234,8 @@ def test_a_home_job_finds_munged_in_the_config_and_reads_no_master_key(tmp_path,
                                                                       monkeypatch):
     conf = tmp_path / "slurm.conf"
     conf.write_text("AuthType=auth/munge\nAuthInfo=socket=/run/home/munge.socket\n")
-    config = tmp_path / "site.toml"
-    config.write_text(f"""
-[site]
-home_cluster = "onprem"
-[clusters.onprem]
-region = "home"
-access = "cli"
-slurm_conf = "{conf}"
-store = "pfs"
-[stores.pfs]
-url = "file://{tmp_path / 'pfs'}"
-region = "home"
-[federation]
-key_file = "{tmp_path / 'no-such-master.key'}"
-""")
+    config = write_site(tmp_path, "site.toml", clusters={"onprem": cluster(slurm_conf=conf)},
+                        federation={"key_file": tmp_path / "no-such-master.key"})
     monkeypatch.setenv("SLURM_GEO_CONFIG", str(config))
     env = {"SLURM_CLUSTER_NAME": "onprem", "SLURM_JOB_ID": "5"}
     run = FederatedRun.from_environment("run-a", env)

@@ -28,6 +28,7 @@ from slurm_geo.lease.protocol import (
 )
 from slurm_geo.sandbox.certs import Issued, issue_server, make_ca
 from tests.kit.federation import Site, lose_home
+from tests.kit.site import cluster, write_site
 
 LEASE = LeaseRequest("run-a", "rented", 77, 0, 1, None).to_json()
 
@@ -177,26 +178,11 @@ def test_the_daemon_will_not_start_with_a_tls_key_others_may_read(tmp_path, site
     key.chmod(0o644)
     create_master_key_file(tmp_path / "master.key")
     (tmp_path / "pfs").mkdir()
-    config = tmp_path / "config.toml"
-    config.write_text(f"""
-[site]
-home_cluster = "onprem"
-[clusters.onprem]
-region = "home"
-access = "cli"
-slurm_conf = "/etc/slurm/slurm.conf"
-store = "pfs"
-[stores.pfs]
-url = "file://{tmp_path / 'pfs'}"
-region = "home"
-[federation]
-state = "{tmp_path / 'fed.db'}"
-audit_path = "{tmp_path / 'audit.db'}"
-key_file = "{tmp_path / 'master.key'}"
-listen_port = {free_port()}
-tls_cert = "{cert}"
-tls_key = "{key}"
-""")
+    config = write_site(
+        tmp_path, clusters={"onprem": cluster(slurm_conf="/etc/slurm/slurm.conf")},
+        federation={"state": tmp_path / "fed.db", "audit_path": tmp_path / "audit.db",
+                    "key_file": tmp_path / "master.key", "listen_port": free_port(),
+                    "tls_cert": cert, "tls_key": key})
     assert entry.main(["--config", str(config)]) == 3
     assert capsys.readouterr().err == (f"slurm-geo-federation: error: [federation] tls_key "
                                        f"{key}: mode 0644 lets others in; chmod 600 it\n")
