@@ -26,6 +26,7 @@ from sqlite_utils import Database
 
 from slurm_geo.billing.config import ClusterFacts, PriceEntry
 from slurm_geo.billing.errors import BillingError
+from slurm_geo.closing import Closing
 from slurm_geo.sqlite_tx import open_database
 
 BUSY_TIMEOUT_S = 30.0
@@ -68,7 +69,7 @@ def upsert_sql(table: str, columns: Sequence[str], key: Sequence[str]) -> str:
             f"SET {updates}")
 
 
-class BillingDB:
+class BillingDB(Closing):
     """The database at `path`; `readonly` opens an existing one without creating it."""
 
     def __init__(self, path: Path, readonly: bool = False):
@@ -91,12 +92,6 @@ class BillingDB:
 
     def close(self) -> None:
         self.conn.close()
-
-    def __enter__(self) -> BillingDB:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _refuse_newer(self) -> None:
         """Before anything changes the file: a database a newer slurm-geo wrote is refused

@@ -34,6 +34,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from slurm_geo.closing import Closing
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.lifecycle import Lifecycle
@@ -132,7 +133,7 @@ def refuse_newer(db: sqlite3.Connection, path: Path) -> None:
                                  "slurm-geo on this host")
 
 
-class Registry:
+class Registry(Closing):
     def __init__(self, path: Path):
         # 0640 in 0750: its readers, the daemons (root without capabilities), read it
         # through the directory's group when SlurmUser is not root (docs/security.md).
@@ -156,12 +157,6 @@ class Registry:
 
     def close(self) -> None:
         self._db.close()
-
-    def __enter__(self) -> Registry:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         return immediate_transaction(self._db)

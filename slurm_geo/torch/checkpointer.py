@@ -51,6 +51,7 @@ from slurm_geo.ckpt import (
 )
 from slurm_geo.ckpt.format.manifest import check_metadata
 from slurm_geo.ckpt.format.names import key_name, manifest_name
+from slurm_geo.closing import Closing
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.jobenv import JobEnv
@@ -145,7 +146,7 @@ def _signature(tensor: torch.Tensor) -> tuple[Any, ...] | None:
             tensor.dtype, tensor.device, version)
 
 
-class Checkpointer:
+class Checkpointer(Closing):
     """Checkpoints of one run in `repository`, written by one background thread."""
 
     def __init__(
@@ -238,12 +239,6 @@ class Checkpointer:
             self.wait()
         finally:
             self._executor.shutdown(wait=True)
-
-    def __enter__(self) -> Checkpointer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def resume(
         self, model: Stateful, optimizer: torch.optim.Optimizer, scheduler: Stateful | None = None,

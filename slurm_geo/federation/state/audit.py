@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from slurm_geo.closing import Closing
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.sqlite_tx import immediate_transaction, open_database
@@ -126,7 +127,7 @@ def utc_iso(unix_s: float) -> str:
     return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class AuditLog:
+class AuditLog(Closing):
     """One audit database. `clock` gives Unix seconds; `readonly` never creates or writes
     (for `slurm-geo audit`), and raises AuditError when `path` is not an audit log."""
 
@@ -174,12 +175,6 @@ class AuditLog:
 
     def close(self) -> None:
         self._db.close()
-
-    def __enter__(self) -> AuditLog:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from slurm_geo.closing import Closing
 from slurm_geo.federation.state.audit import (
     GENESIS,
     ChainChecker,
@@ -38,7 +39,7 @@ from slurm_geo.federation.state.etcd.records import loads
 from slurm_geo.federation.state.etcd.transaction import Transaction, write
 
 
-class EtcdAuditLog:
+class EtcdAuditLog(Closing):
     def __init__(self, kv: EtcdKV, layout: Layout, leadership: WriteGuard, *,
                  clock: Callable[[], float] = time.time, replica: str | None = None):
         """`replica`: the name each entry's detail gives its writer (a daemon's own)."""
@@ -48,12 +49,6 @@ class EtcdAuditLog:
 
     def close(self) -> None:
         self.kv.close()
-
-    def __enter__(self) -> EtcdAuditLog:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def append(self, kind: str, logical_job: str | None, what: str, why: str,
                **detail: Any) -> Entry:
