@@ -14,6 +14,7 @@ from slurm_geo.sync.state import (
     IllegalTransition,
     Status,
 )
+from tests.kit.clock import ManualClock
 from tests.kit.sync import S, replica
 
 ALLOWED = {
@@ -145,19 +146,6 @@ def test_lowest_steps_bound_what_the_planner_reads():
 
 # --- bandwidth ------------------------------------------------------------------------------
 
-class FakeTime:
-    def __init__(self):
-        self.now = 0.0
-        self.slept = []
-
-    def clock(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.slept.append(seconds)
-        self.now += seconds
-
-
 @pytest.mark.parametrize("rate, sizes, expected_sleep", [
     (0, [10**9], 0.0),                       # no cap
     (1e6, [500_000, 500_000], 0.0),          # within the one-second burst
@@ -165,8 +153,8 @@ class FakeTime:
     (2e6, [8_000_000], 3.0),
 ])
 def test_token_bucket_holds_the_average_rate(rate, sizes, expected_sleep):
-    time = FakeTime()
-    bucket = TokenBucket(rate, time.clock)
+    time = ManualClock(0.0)
+    bucket = TokenBucket(rate, time)
     for size in sizes:
         bucket.take(size, time.sleep)
     assert sum(time.slept) == pytest.approx(expected_sleep)

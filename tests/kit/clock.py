@@ -7,12 +7,14 @@ class ManualClock:
     """A clock to pass where code takes `clock: Callable[[], float]` (or a monotonic one).
 
     `now` is the time, a plain attribute a test may read or set; `advance(s)` and
-    `sleep(s)` move it on. `step`, when not 0, moves it on by that much at every read
-    (a clock for code that must see time pass between two calls)."""
+    `sleep(s)` move it on (`slept` keeps each sleep asked for). `step`, when not 0, moves
+    it on by that much at every read (a clock for code that must see time pass between two
+    calls)."""
 
     def __init__(self, now: float = 1_800_000_000.0, *, step: float = 0.0) -> None:
         self.now = now
         self.step = step
+        self.slept: list[float] = []
 
     def __call__(self) -> float:
         if self.step:
@@ -27,6 +29,7 @@ class ManualClock:
 
     def sleep(self, seconds: float) -> None:
         """For code that takes a `sleep`: sleeping is the clock moving on."""
+        self.slept.append(seconds)
         self.advance(seconds)
 
     def __repr__(self) -> str:
