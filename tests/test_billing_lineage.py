@@ -18,7 +18,6 @@ from slurm_geo.billing.lineage import (
     from_state,
     merge,
 )
-from slurm_geo.federation.model import JobStatus, LogicalJob
 from slurm_geo.federation.state.audit import Entry, utc_iso
 from slurm_geo.slurm.models import Owner
 from tests.kit import builders as kit
@@ -145,11 +144,11 @@ def test_the_audit_log_names_runs_owners_and_every_leg():
 
 
 def logical_job(name, run, created, **over):
-    base = dict(logical_job=name, run=run, home="onprem", script="#!/bin/sh", spec={},
-                directives={"geo-cost-center": "ml-research"}, generation=1,
-                cluster="rented", job_id=1, resume_step=80, status=JobStatus.RUNNING,
-                created_at=created, owner=Owner("alice", 1000, 1000))
-    return LogicalJob(**{**base, **over})
+    return kit.logical_job(**{
+        "logical_job": name, "run": run, "script": "#!/bin/sh", "spec": {},
+        "directives": {"geo-cost-center": "ml-research"}, "generation": 1, "cluster": "rented",
+        "job_id": 1, "resume_step": 80, "created_at": created, "updated_at": 0.0,
+        "owner": Owner("alice", 1000, 1000), **over})
 
 
 def incarnation(name, generation, cluster, job_id, at):

@@ -67,10 +67,9 @@ def at(offset_s: float) -> datetime:
 
 def job(**overrides: Any) -> LogicalJob:
     """The job at home, generation 0, running as Slurm job 7; `overrides` change fields."""
-    base = LogicalJob(logical_job=NAME, run="run-7", home=HOME, script="#!/bin/bash\n", spec={},
-                      directives={}, generation=0, cluster=HOME, job_id=7, resume_step=None,
-                      status=JobStatus.RUNNING, created_at=NOW - 7200, updated_at=NOW - 7200)
-    return replace(base, **overrides)
+    return kit.logical_job(**{"logical_job": NAME, "home": HOME, "cluster": HOME,
+                              "script": "#!/bin/bash\n", "spec": {}, "directives": {},
+                              "created_at": NOW - 7200, "updated_at": NOW - 7200, **overrides})
 
 
 def away(**overrides: Any) -> LogicalJob:
