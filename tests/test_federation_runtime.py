@@ -14,55 +14,24 @@ from slurm_geo.errors import ConfigError
 from slurm_geo.federation.engine.runtime import build
 from slurm_geo.federation.model import Lease
 from slurm_geo.federation.state.sqlite import FederationState
+from tests.kit.site import cluster, store, write_site
 
 
 def write_config(tmp_path: Path, federation: bool = True, sync: bool = True) -> Path:
     for name in ("pfs", "away"):
         (tmp_path / name).mkdir(exist_ok=True)
-    text = f"""
-[site]
-home_cluster = "onprem"
-
-[clusters.onprem]
-region = "home"
-access = "cli"
-slurm_conf = "{tmp_path}/onprem/slurm.conf"
-timeout_s = 30
-store = "pfs"
-
-[clusters.rented]
-region = "eu"
-access = "cli"
-slurm_conf = "{tmp_path}/rented/slurm.conf"
-store = "away"
-
-[stores.pfs]
-url = "file://{tmp_path}/pfs"
-region = "home"
-
-[stores.away]
-url = "file://{tmp_path}/away"
-region = "eu"
-"""
-    if sync:
-        text += f"""
-[sync]
-roots = ["pfs"]
-destination = "away"
-state = "{tmp_path}/sync.db"
-bandwidth_mb_s = 25
-"""
-    if federation:
-        text += f"""
-[federation]
-state = "{tmp_path}/fed/federation.db"
-audit_path = "{tmp_path}/fed/audit.db"
-key_file = "{tmp_path}/master.key"
-probe_interval_s = 2
-"""
-    path = tmp_path / "config.toml"
-    path.write_text(text)
-    return path
+    tables = {"sync": {"roots": ["pfs"], "destination": "away", "state": f"{tmp_path}/sync.db",
+                       "bandwidth_mb_s": 25}} if sync else {}
+    return write_site(
+        tmp_path,
+        clusters={"onprem": cluster(slurm_conf=f"{tmp_path}/onprem/slurm.conf", timeout_s=30),
+                  "rented": cluster("eu", "away", slurm_conf=f"{tmp_path}/rented/slurm.conf")},
+        stores={"pfs": store(tmp_path / "pfs"), "away": store(tmp_path / "away", "eu")},
+        federation={"state": f"{tmp_path}/fed/federation.db",
+                    "audit_path": f"{tmp_path}/fed/audit.db",
+                    "key_file": f"{tmp_path}/master.key", "probe_interval_s": 2}
+        if federation else None,
+        **tables)
 
 
 def test_the_daemon_gets_short_timeouts_and_paced_stores(tmp_path):
