@@ -28,6 +28,23 @@ def open_database(path: Path, *, readonly: bool, missing: Callable[[], Exception
     return private_database(path, timeout_s=timeout_s, **options)
 
 
+def meta_schema_version(db: sqlite3.Connection) -> str | None:
+    """The schema version a database keeps in its `meta` table (key 'schema_version'),
+    as stored; None where it has no such table or row yet."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+                      ).fetchone():
+        return None
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return None if row is None else str(row[0])
+
+
+def newer_schema(db: sqlite3.Connection, supported: int) -> str | None:
+    """The database's schema version where a newer slurm-geo wrote it (above
+    `supported`), for its opener to refuse before it changes anything; else None."""
+    found = meta_schema_version(db)
+    return found if found is not None and found.isdigit() and int(found) > supported else None
+
+
 @contextmanager
 def immediate_transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """BEGIN IMMEDIATE takes the write lock up front, so two writers never both read and

@@ -27,7 +27,7 @@ from sqlite_utils import Database
 from slurm_geo.billing.config import ClusterFacts, PriceEntry
 from slurm_geo.billing.errors import BillingError
 from slurm_geo.closing import Closing
-from slurm_geo.sqlite_tx import open_database
+from slurm_geo.sqlite_tx import meta_schema_version, newer_schema, open_database
 
 BUSY_TIMEOUT_S = 30.0
 SCHEMA_VERSION = 1
@@ -96,13 +96,9 @@ class BillingDB(Closing):
     def _refuse_newer(self) -> None:
         """Before anything changes the file: a database a newer slurm-geo wrote is refused
         (its tables may not be this one's; moving it aside would lose what it holds)."""
-        if not self.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
-                                 "name = 'meta'").fetchone():
-            return
-        row = self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                ).fetchone()
-        if row is not None and str(row[0]).isdigit() and int(row[0]) > SCHEMA_VERSION:
-            raise BillingError(f"{self.path} has billing schema {row[0]}, written by a newer "
+        found = newer_schema(self.conn, SCHEMA_VERSION)
+        if found is not None:
+            raise BillingError(f"{self.path} has billing schema {found}, written by a newer "
                                f"slurm-geo (this one reads {SCHEMA_VERSION}); upgrade "
                                "slurm-geo on this host")
 
@@ -139,8 +135,7 @@ class BillingDB(Closing):
             self._check_columns([*((n, c) for n, c, _ in tables), ("cost_lines", LINE_COLUMNS)])
             self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
                               [str(SCHEMA_VERSION)])
-        found = self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                  ).fetchone()[0]
+        found = meta_schema_version(self.conn)
         if found != str(SCHEMA_VERSION):
             raise BillingError(f"{self.path} has billing schema {found}, this slurm-geo "
                                f"writes {SCHEMA_VERSION}; move it aside and ingest again")

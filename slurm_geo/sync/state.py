@@ -53,7 +53,7 @@ from sqlite_utils import Database
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.lifecycle import Lifecycle
-from slurm_geo.sqlite_tx import open_database
+from slurm_geo.sqlite_tx import newer_schema, open_database
 from slurm_geo.sync.jobdirs import SourceStatus
 
 SCHEMA_VERSION = 2  # 2: the scrub's columns, added to a version 1 table on open
@@ -227,12 +227,9 @@ class StateDB:
     def _refuse_newer(self) -> None:
         """Before anything changes the file: a state a newer checkpoint-sync wrote is
         refused (this one would otherwise number it down)."""
-        if not self.db["meta"].exists():
-            return
-        row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                              ).fetchone()
-        if row is not None and str(row[0]).isdigit() and int(row[0]) > SCHEMA_VERSION:
-            raise SyncError(f"the sync state {self.path} is schema version {row[0]}, written "
+        found = newer_schema(self.db.conn, SCHEMA_VERSION)
+        if found is not None:
+            raise SyncError(f"the sync state {self.path} is schema version {found}, written "
                             f"by a newer slurm-geo (this one reads {SCHEMA_VERSION}); upgrade "
                             "slurm-geo on this host")
 
