@@ -45,6 +45,21 @@ def newer_schema(db: sqlite3.Connection, supported: int) -> str | None:
     return found if found is not None and found.isdigit() and int(found) > supported else None
 
 
+def settle_schema(db: sqlite3.Connection, *, readonly: bool, refuse_newer: Callable[[], None],
+                  create: Callable[[], None]) -> None:
+    """A database just opened: read-only, refuse a schema a newer slurm-geo wrote; else
+    create (or bring up to date) this one's. Whatever is refused closes the connection
+    before it is raised, so no caller keeps a half-opened database."""
+    try:
+        if readonly:
+            refuse_newer()
+        else:
+            create()
+    except BaseException:
+        db.close()
+        raise
+
+
 @contextmanager
 def immediate_transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """BEGIN IMMEDIATE takes the write lock up front, so two writers never both read and

@@ -27,7 +27,7 @@ from sqlite_utils import Database
 from slurm_geo.billing.config import ClusterFacts, PriceEntry
 from slurm_geo.billing.errors import BillingError
 from slurm_geo.closing import Closing
-from slurm_geo.sqlite_tx import meta_schema_version, newer_schema, open_database
+from slurm_geo.sqlite_tx import meta_schema_version, newer_schema, open_database, settle_schema
 
 BUSY_TIMEOUT_S = 30.0
 SCHEMA_VERSION = 1
@@ -81,14 +81,8 @@ class BillingDB(Closing):
         conn.row_factory = sqlite3.Row
         self.conn = conn
         self.db = Database(conn)
-        try:
-            if readonly:
-                self._refuse_newer()
-            else:
-                self._create_schema()
-        except BillingError:
-            conn.close()
-            raise
+        settle_schema(conn, readonly=readonly, refuse_newer=self._refuse_newer,
+                      create=self._create_schema)
 
     def close(self) -> None:
         self.conn.close()

@@ -53,7 +53,7 @@ from sqlite_utils import Database
 from slurm_geo.errors import SlurmGeoError
 from slurm_geo.exitcodes import ExitCode
 from slurm_geo.lifecycle import Lifecycle
-from slurm_geo.sqlite_tx import newer_schema, open_database
+from slurm_geo.sqlite_tx import newer_schema, open_database, settle_schema
 from slurm_geo.sync.jobdirs import SourceStatus
 
 SCHEMA_VERSION = 2  # 2: the scrub's columns, added to a version 1 table on open
@@ -212,14 +212,8 @@ class StateDB:
                                  f"no sync state database at {self.path}; is checkpoint-sync "
                                  "running there? (see [sync] state in the config)"))
         self.db = Database(conn)
-        try:
-            if readonly:
-                self._refuse_newer()
-            else:
-                self._create_schema()
-        except SyncError:
-            conn.close()
-            raise
+        settle_schema(conn, readonly=readonly, refuse_newer=self._refuse_newer,
+                      create=self._create_schema)
 
     def close(self) -> None:
         self.db.conn.close()
