@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from slurm_geo.federation.state.audit import AuditLog
-from slurm_geo.federation.state.etcd.audit import EtcdAuditLog
+from slurm_geo.federation.state.interface import Audit
 from tests.kit.clock import ManualClock
 
 T0 = 1_795_975_200.0  # 2026-11-29T18:00:00Z
 
-Log = AuditLog | EtcdAuditLog
+Log = Audit
 
 
 def audit_clock() -> ManualClock:

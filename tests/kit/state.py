@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 
 from slurm_geo.federation.state.etcd.state import EtcdFederationState
+from slurm_geo.federation.state.interface import State
 from slurm_geo.federation.state.sqlite import FederationState
 from tests.etcd_server import EtcdMember, fresh_prefix, open_replica
-
-State = FederationState | EtcdFederationState
 
 
 @pytest.fixture(name="path")
