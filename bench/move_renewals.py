@@ -25,12 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_federation_daemon import KEY, RUN, Site  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from slurm_geo.ckpt import Metadata, Repository, Tensor  # noqa: E402
 from slurm_geo.ckpt.stores.open_store import paced  # noqa: E402
 from slurm_geo.ckpt.stores.pacing import TokenBucket  # noqa: E402
+from tests.kit.federation import KEY, RUN, Site  # noqa: E402
 
 TENSORS = 16
 TARGET_MAX_S = 1.0
