@@ -408,11 +408,17 @@ class FederatedRun:
         store_ca_here(os.environ)
         self.store_env = dict(reply.store_env)
         self._announce(reply.run)
-        if (reply.trees and self.stager is None and self.placement.generation == 0
-                and self._stage_world is not None):
-            self.stager = self._stage_world(reply, self.placement.generation,
-                                            self.placement.store_url,
-                                            self.placement.store_endpoint)
+        if reply.trees and self.stager is None and self.placement.generation == 0:
+            if self._stage_world is None:
+                # Not silent: the job declared a world that nothing stages, so the daemon
+                # will not move it where that world is missing (docs/federation.md).
+                log.warning("this job declared a world (--geo-inputs, --geo-env) and its "
+                            "trainer stages none: pass FederatedRun(..., stage_world="
+                            "slurm_geo.stage.homestart.stage_home_world)")
+            else:
+                self.stager = self._stage_world(reply, self.placement.generation,
+                                                self.placement.store_url,
+                                                self.placement.store_endpoint)
         return reply
 
     def hand_over(self) -> str:
