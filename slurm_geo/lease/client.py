@@ -63,6 +63,11 @@ from slurm_geo.lease.replicas import Answer, Move, next_hop, parse_urls, retry_a
 from slurm_geo.lease.signing import MungeSigner, SecretSigner, secret_bytes
 
 log = logging.getLogger(__name__)
+# A home job that declared a world (its key reply grants trees) whose trainer passes no
+# stager: the daemon will not move it where that world is missing (docs/training.md).
+NO_STAGER = ("this job declared a world (--geo-inputs, --geo-env) and its trainer stages "
+             "none: pass FederatedRun(..., stage_world="
+             "slurm_geo.stage.homestart.stage_home_world)")
 
 REQUEST_TIMEOUT_S = 5.0
 # How long a key request waits for an election: a follower leads within leader_ttl_s and
@@ -409,12 +414,8 @@ class FederatedRun:
         self.store_env = dict(reply.store_env)
         self._announce(reply.run)
         if reply.trees and self.stager is None and self.placement.generation == 0:
-            if self._stage_world is None:
-                # Not silent: the job declared a world that nothing stages, so the daemon
-                # will not move it where that world is missing (docs/federation.md).
-                log.warning("this job declared a world (--geo-inputs, --geo-env) and its "
-                            "trainer stages none: pass FederatedRun(..., stage_world="
-                            "slurm_geo.stage.homestart.stage_home_world)")
+            if self._stage_world is None:  # not silent: nothing stages the declared world
+                log.warning(NO_STAGER)
             else:
                 self.stager = self._stage_world(reply, self.placement.generation,
                                                 self.placement.store_url,
