@@ -181,3 +181,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     mark = item.get_closest_marker("root")
     if mark is not None and os.geteuid() != 0:
         pytest.skip(mark.kwargs.get("reason", "needs root"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the sandbox (the `sandbox` fixture, itself or through another) is
+    marked `sandbox` where its module forgot to: `-m "not sandbox"` (make test-unit) then
+    leaves it out instead of starting munge, MariaDB and Slurm. Runs before -m selects."""
+    for item in items:
+        if "sandbox" in getattr(item, "fixturenames", ()) and \
+                item.get_closest_marker("sandbox") is None:
+            item.add_marker(pytest.mark.sandbox)
