@@ -99,6 +99,7 @@ def test_roots_in_order_and_a_script_inside_the_workdir_not_twice() -> None:
 
 # The workspace: private, swept when stale, removed at the end.
 
+@pytest.mark.root(reason="runs as other users or in namespaces (failed as nobody)")
 def test_workspace_is_private_and_bob_cannot_read_it(base: Path) -> None:
     def alice() -> None:
         workspace = Workspace(base, "101").open()
@@ -121,6 +122,7 @@ def test_workspace_is_private_and_bob_cannot_read_it(base: Path) -> None:
     assert bob_list.startswith("PermissionError"), bob_list
 
 
+@pytest.mark.root(reason="runs as other users or in namespaces (failed as nobody)")
 def test_a_stale_workspace_of_a_killed_job_does_not_block_the_next(base: Path) -> None:
     def killed() -> None:
         Workspace(base, "7").open()
@@ -140,6 +142,7 @@ def test_a_stale_workspace_of_a_killed_job_does_not_block_the_next(base: Path) -
     assert as_uid(ALICE.uid, next_jobs) == "ok"
 
 
+@pytest.mark.root(reason="runs as other users or in namespaces (failed as nobody)")
 def test_a_user_directory_of_someone_else_is_refused(base: Path) -> None:
     (base / f"slurm-geo-{ALICE.uid}").mkdir()  # root's: as an attacker's would be
     answer = as_uid(ALICE.uid, lambda: Workspace(base, "1").open())
@@ -243,11 +246,13 @@ def test_a_staged_input_at_its_home_path_read_only_as_alice(base: Path) -> None:
     assert not Path(missing_home("namespace")).exists(), "a home path made on the host"
 
 
+@pytest.mark.root(reason="runs as other users or in namespaces (failed as nobody)")
 def test_the_mapped_mode_where_no_namespace_is_allowed(base: Path) -> None:
     got = present_and_check(base, CLOSED, "mapped")
     assert got["input"].endswith("/world" + missing_home("mapped"))
 
 
+@pytest.mark.root(reason="runs as other users or in namespaces (failed as nobody)")
 def test_a_root_without_a_staged_tree_is_refused_by_name(base: Path) -> None:
     def alice() -> None:
         with Workspace(base, "9") as workspace:

@@ -352,6 +352,7 @@ class Swapping:
         return getattr(self._store, attr)
 
 
+@pytest.mark.root(reason="runs as other users or in namespaces (failed as nobody)")
 def test_a_pin_binds_the_snapshot_as_staging_read_it_not_as_it_lies_later(top):
     """bob's snapshot stands for alice's unchanged tree; he swaps its object right after
     her stager read it: her pin keeps the digest of what she checked, so her moved job

@@ -9,6 +9,8 @@ import io
 import os
 from pathlib import Path
 
+import pytest
+
 from slurm_geo.ckpt.stores.store import LocalDirStore
 from slurm_geo.policy.world import Input, World
 from slurm_geo.sandbox.users import ALICE
@@ -31,6 +33,7 @@ exit 7
 """
 
 
+@pytest.mark.root(reason="runs as other users or in namespaces (failed as nobody)")
 def test_the_log_and_outputs_ship_home_under_the_run_key(base: Path) -> None:
     staged = stage_world(base, "ship")
     out_home = home_path("ship") + "/runs/out"

@@ -65,6 +65,7 @@ def run_task(environ: dict[str, str], base_dir: Path, cwd: str, out: Path) -> in
     return os.waitstatus_to_exitcode(status)
 
 
+@pytest.mark.root(reason="runs as other users or in namespaces (failed as nobody)")
 def test_tasks_on_another_node_read_the_world_fetched_there_at_its_home_paths(
         base: Path) -> None:
     staged = stage_world(base, "nodes")
@@ -117,6 +118,7 @@ def test_tasks_on_another_node_read_the_world_fetched_there_at_its_home_paths(
     assert bob.startswith("PermissionError"), bob
 
 
+@pytest.mark.root(reason="runs as other users or in namespaces (failed as nobody)")
 def test_a_task_on_a_node_without_the_job_s_world_is_refused_in_one_line(
         base: Path) -> None:
     err = base / "err.txt"
@@ -164,6 +166,7 @@ def test_a_workspace_being_made_is_never_swept_and_a_second_open_is_refused(
     other.close()
 
 
+@pytest.mark.root(reason="runs as other users or in namespaces (failed as nobody)")
 def test_a_task_runs_python_from_the_venv_staged_at_its_home_path(
         base: Path) -> None:
     """The ML case: `srun python train.py` (or torchrun) from a venv that exists only
