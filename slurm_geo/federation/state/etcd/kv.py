@@ -96,11 +96,11 @@ def sealed_name(key: str, at: At) -> str:
 
 
 @dataclass(frozen=True)
-class Found:
-    """A key as etcd holds it, its value opened."""
+class Held:
+    """A key as etcd holds it: the revision that last wrote it, the one that created it,
+    and how many times it was written since (its version)."""
 
     key: str
-    value: bytes
     mod_revision: int
     create_revision: int
     version: int
@@ -111,18 +111,17 @@ class Found:
 
 
 @dataclass(frozen=True)
-class Sealed:
+class Found(Held):
+    """A key as etcd holds it, its value opened."""
+
+    value: bytes
+
+
+@dataclass(frozen=True)
+class Sealed(Held):
     """A key as etcd holds it, its value not opened yet."""
 
-    key: str
     sealed: bytes
-    mod_revision: int
-    create_revision: int
-    version: int
-
-    @property
-    def at(self) -> At:
-        return At(self.create_revision, self.version)
 
     @property
     def name(self) -> str:
@@ -237,7 +236,8 @@ class EtcdKV:
                                    item.name)
         except CkptError as exc:
             raise SealBroken(item.key, str(exc)) from None
-        return Found(item.key, value, item.mod_revision, item.create_revision, item.version)
+        return Found(item.key, item.mod_revision, item.create_revision, item.version,
+                     value=value)
 
     # --- transactions --------------------------------------------------------------------
 
@@ -365,9 +365,9 @@ class EtcdKV:
 
 
 def _sealed(kvs: list[dict[str, Any]]) -> list[Sealed]:
-    return [Sealed(base64.b64decode(kv["key"]).decode("ascii"),
-                   base64.b64decode(kv.get("value", "")), int(kv["mod_revision"]),
-                   int(kv["create_revision"]), int(kv.get("version", 0))) for kv in kvs]
+    return [Sealed(base64.b64decode(kv["key"]).decode("ascii"), int(kv["mod_revision"]),
+                   int(kv["create_revision"]), int(kv.get("version", 0)),
+                   sealed=base64.b64decode(kv.get("value", ""))) for kv in kvs]
 
 
 def created_at(key: str, revision: int) -> Request:
