@@ -39,6 +39,9 @@ class Owner:
 
 @dataclass(slots=True)
 class Totals:
+    """Usage and cost summed over a report's cost lines: a group's, a cluster's or the
+    whole period's."""
+
     cpu_seconds: int = 0
     gpu_seconds: int = 0
     egress_bytes: int = 0

@@ -26,6 +26,9 @@ LARGE_STATE_MB = 16.0
 
 @dataclass(frozen=True)
 class DrillSettings:
+    """The drill's training job (steps, checkpoint interval, pace), how many checkpoints
+    must be verified off-site before the loss, and how long it all may take."""
+
     steps: int = 400
     ckpt_every: int = 40
     step_delay_s: float = 0.05

@@ -93,6 +93,9 @@ class Route:
 
 @dataclass(frozen=True)
 class Limits:
+    """How often and how long a replica is tried ([sync]: max_attempts, attempt_timeout_s,
+    retry_base_s, retry_max_s), the retries backing off from the base to the max."""
+
     max_attempts: int = 5
     timeout_s: float = 1800.0
     retry_base_s: float = 30.0

@@ -143,6 +143,9 @@ class ClusterView:
 
 @dataclass(frozen=True)
 class Cost:
+    """A move's predicted cost at a target, in USD: the rest of the job's GPU and CPU hours,
+    its checkpoint's (and world's) egress, the marketplace's fee on the hours."""
+
     gpu: float = 0.0
     cpu: float = 0.0
     egress: float = 0.0
