@@ -107,3 +107,40 @@ def test_the_package_table_names_every_module():
                 unnamed.append(f"{module}: row `{owner}` does not name `{short}`")
     assert not unnamed, ("docs/architecture.md's package table: say what each does\n"
                          + "\n".join(unnamed))
+
+
+def inner_orders(text: str) -> dict[str, list[str]]:
+    """The page's list of each package's rooms from the bottom up, e.g.
+    "- `slurm_geo.ckpt`: errors < format < stores < repo < ops < files."."""
+    orders = {}
+    for match in re.finditer(r"^- `(slurm_geo\.\w+)`: ([\w<\s]+)\.$", text, re.M):
+        orders[match.group(1)] = [name.strip() for name in match.group(2).split("<")]
+    return orders
+
+
+def room_in(package: str, name: str) -> str | None:
+    """The room of `package` (slurm_geo.X.Y) that module `name` stands in; None outside."""
+    parts = name.split(".")
+    return ".".join(parts[:3]) if len(parts) > 2 and ".".join(parts[:2]) == package else None
+
+
+def test_inside_federation_and_ckpt_imports_run_down_the_order_the_page_gives():
+    orders = inner_orders(DOC.read_text())
+    assert set(orders) >= {"slurm_geo.federation", "slurm_geo.ckpt"}, orders
+    found = modules()
+    wrong = []
+    for package, order in orders.items():
+        rank = {f"{package}.{room}": i for i, room in enumerate(order)}
+
+        rooms = {room_in(package, module) for module in found} - {None}
+        assert rooms <= set(rank), f"{package}: rooms the page's order leaves out: " \
+                                   f"{sorted(rooms - set(rank))}"
+        for module, path in found.items():
+            here = room_in(package, module)
+            if here is None:
+                continue
+            for target in imports_of(path):
+                there = room_in(package, target)
+                if there is not None and there != here and rank[there] > rank[here]:
+                    wrong.append(f"{module} imports {target}: {here} stands below {there}")
+    assert not wrong, "\n".join(wrong)
