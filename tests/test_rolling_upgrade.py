@@ -175,7 +175,7 @@ def etcd_view(endpoint: str, prefix: str) -> dict[str, Any]:
 @pytest.mark.slow
 def test_replicas_of_the_last_release_upgraded_one_at_a_time_keep_the_job(
         release_code: Path, etcd: EtcdMember, tmp_path: Path):
-    assert not (release_code / "slurm_geo/federation/state/etcd/version.py").exists()  # 0.1's
+    assert not (release_code / "slurm_geo/federation/etcd/version.py").exists()  # 0.1's
     key = tmp_path / "master.key"
     key.write_bytes(KEY)
     key.chmod(0o600)
@@ -186,11 +186,15 @@ def test_replicas_of_the_last_release_upgraded_one_at_a_time_keep_the_job(
     processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(name: str, code: Path) -> None:
+        # 0.1's daemon is slurm_geo.federation.entry; this one's, federation/daemon/entry
+        entry = "slurm_geo.federation.entry" \
+            if (code / "slurm_geo/federation/entry.py").exists() \
+            else "slurm_geo.federation.daemon.entry"
         env = {**os.environ, "PYTHONPATH": str(code)}
         env.pop("NOTIFY_SOCKET", None)
         with open(tmp_path / f"{name}.log", "ab") as log:
             processes[name] = subprocess.Popen(
-                [sys.executable, "-m", "slurm_geo.federation.daemon.entry", "--config",
+                [sys.executable, "-m", entry, "--config",
                  # a lease of an hour: no move is decided while replicas restart
                  str(process_config(tmp_path, etcd.client_url, prefix, ports, name,
                                     lease_ttl_s=3600))],
