@@ -524,7 +524,7 @@ def test_a_newer_schema_is_refused(path: Path) -> None:
 
 # --- migration from version 1 ------------------------------------------------------------------
 
-# Version 1's schema, verbatim from `git show 13825e1:slurm_geo/federation/state/sqlite.py` (the
+# Version 1's schema, verbatim from `git show 13825e1:slurm_geo/federation/state.py` (the
 # last version-1 commit of that file): per-job facts and daemon watermarks in `meta`.
 V1_SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
