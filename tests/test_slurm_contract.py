@@ -97,11 +97,18 @@ def _fake(_request) -> Driver:
     return Driver(fake, ALICE.name, Path("/tmp"), fake=fake)
 
 
+@pytest.fixture(scope="module")
+def sandbox_up(sandbox):
+    """The sandbox, brought up once for this module: a previous module may have stopped a
+    daemon, and no test here stops one."""
+    sandbox.up(progress=lambda _msg: None)
+    return sandbox
+
+
 def _real(request, cluster: str) -> Driver:
-    sandbox = request.getfixturevalue("sandbox")
+    sandbox = request.getfixturevalue("sandbox_up")
     site = request.getfixturevalue("site")
     shared_dir = request.getfixturevalue("shared_dir")
-    sandbox.up(progress=lambda _msg: None)  # a previous test may have stopped a daemon
     layout = sandbox.layout
     client = connect(site.cluster(cluster))
     working_dir = shared_dir
