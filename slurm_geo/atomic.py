@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 
@@ -12,19 +13,21 @@ def write_atomic(path: Path, content: str | bytes, mode: int | None = None,
     fsync. The file gets `mode` (None: what the umask leaves of 0o666) and `owner` (a uid
     and gid, when given) before the rename, so it is never there with others."""
     data = content.encode() if isinstance(content, str) else content
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    # Never through a link left in the temporary file's place; its mode whatever the umask.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+    # A fresh name nobody can guess, created here or not at all (O_EXCL): whatever another
+    # user planted beside `path` (a link, a FIFO, a hard link to their file) is neither
+    # followed nor written through, nor in the way.
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o666 if mode is None else mode)
     try:
         with os.fdopen(fd, "wb") as handle:
             if mode is not None:
                 os.fchmod(handle.fileno(), mode)
+            if owner is not None:
+                os.fchown(handle.fileno(), *owner)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        if owner is not None:
-            os.chown(tmp, *owner)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
