@@ -38,6 +38,7 @@ from slurm_geo.ckpt import LocalDirStore, Repository, create_master_key_file  # 
 from slurm_geo.sandbox import Sandbox, root_from_env  # noqa: E402
 from slurm_geo.sandbox.layout import S3_BUCKET, SandboxLayout  # noqa: E402
 from slurm_geo.sandbox.processes import port_is_open  # noqa: E402
+from slurm_geo.sandbox.sites import Site  # noqa: E402
 from slurm_geo.sync.reader import SyncStateReader  # noqa: E402
 from slurm_geo.sync.state import Replica, Status  # noqa: E402
 from slurm_geo.torch import Checkpointer  # noqa: E402
@@ -150,7 +151,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     layout = SandboxLayout(root_from_env(None))
-    if not port_is_open(layout.s3_port):
+    # The S3 server answers at the remote site's address (layout.s3_endpoint), not loopback.
+    if not port_is_open(layout.s3_port, layout.address(Site.REMOTE)):
         raise SystemExit("the sandbox's S3 endpoint is down: run `slurm-geo sandbox up`")
     with tempfile.TemporaryDirectory(prefix="sync-bench-") as tmp:
         report = run(Path(tmp), layout, args)
