@@ -43,6 +43,7 @@ def throwaway():
 
 
 @pytest.mark.slow
+@pytest.mark.root(reason="its blocks bring a sandbox up (munge, MariaDB, Slurm): root's")
 def test_every_other_block_runs_as_written(throwaway):
     for block in sh_blocks()[1:]:
         done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block],

@@ -53,6 +53,8 @@ def test_systemd_analyze_verify_accepts_each_daemon_with_the_drop_in(unit, tmp_p
     assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
 
 
+@pytest.mark.root(reason="opens the credential into a directory of mode 0500, as systemd "
+                         "(root) does for a service")
 def test_a_sealed_key_file_holds_no_form_of_the_key_and_opens_only_under_its_secret(
         tmp_path):
     plain, sealed = tmp_path / "master.key", tmp_path / "master.key.cred"

@@ -92,8 +92,10 @@ def test_the_sdist_and_the_wheel_carry_everything_installed_around_the_package(b
 
 
 def test_the_venv_imports_its_own_copy(venv):
+    # As a unit's ExecStart runs it: no PYTHONPATH of the shell that runs the tests.
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = run([venv / "bin" / "python", "-c", "import slurm_geo; print(slurm_geo.__file__)"],
-               cwd="/")
+               cwd="/", env=clean)
     assert Path(done.stdout.strip()).is_relative_to(venv), done.stdout
     here = run([sys.executable, "-c", "import slurm_geo; print(slurm_geo.__file__)"], cwd="/")
     assert Path(here.stdout.strip()).is_relative_to(REPO)  # the editable install untouched
